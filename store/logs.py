@@ -1,0 +1,39 @@
+"""Reading the two per-session logs back (replay on resume, gap fill after a lost push)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
+
+from store.errors import StoreUnavailable
+from store.keys import SessionKeys
+
+__all__ = ["read_input", "read_output"]
+
+
+async def _read(
+    client: Redis | RedisCluster, key: str, after: int, count: int
+) -> list[tuple[int, bytes]]:
+    # Entry ids are "<index>-0", so an exclusive range start is the last index delivered.
+    try:
+        rows: Any = await client.xrange(key, min=f"({after}-0", max="+", count=count)
+    except RedisError as exc:
+        raise StoreUnavailable(f"XRANGE {key} failed: {exc}") from exc
+    return [(int(entry_id.split(b"-", 1)[0]), fields[b"d"]) for entry_id, fields in rows]
+
+
+async def read_output(
+    client: Redis | RedisCluster, session_id: str, after_seq: int, count: int = 512
+) -> list[tuple[int, bytes]]:
+    """Output entries with ``server_event_seq > after_seq``, oldest first, at most ``count``."""
+    return await _read(client, SessionKeys(session_id).output_log, after_seq, count)
+
+
+async def read_input(
+    client: Redis | RedisCluster, session_id: str, after_index: int, count: int = 512
+) -> list[tuple[int, bytes]]:
+    """Input entries with index > ``after_index``, oldest first, at most ``count``."""
+    return await _read(client, SessionKeys(session_id).input_log, after_index, count)

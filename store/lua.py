@@ -1,0 +1,368 @@
+"""Every Lua script of the store, and nothing else.
+
+Each script is a compare-and-set: it reads what it must check and writes only if the check holds,
+atomically, so no read-then-write race exists in Python (style rule 6). Each starts with its
+KEYS/ARGV/returns contract and binds them to named locals.
+
+Conventions shared by all scripts:
+
+* Time is the Redis server's own clock (``TIME``), in milliseconds, so every gateway, worker and
+  reaper agrees on deadlines without trusting their host clocks. Redis >= 5 replicates script
+  effects, so non-deterministic commands are allowed.
+* Every key a script touches carries one hash tag (``store/keys.py``); keys derived inside a
+  script from a session id (the reaper) share that tag, so Redis Cluster keeps them in one slot.
+* Push notices are MessagePack arrays (``cmsgpack`` ships with Redis and Valkey) published with
+  ``SPUBLISH`` (sharded pub/sub, also valid on a single node). Output notice: ``{"e", first_seq,
+  {payload, ...}}`` or ``{"r", generation}`` (the lease moved to a newer connection). Worker
+  notice: ``{"i", session_id, first_index, {payload, ...}}``, ``{"o", session_id}`` (placed) or
+  ``{"c", session_id}`` (closed).
+* Statuses come back as short strings that ``store/scripts.py`` turns into enums.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ABANDON_OPEN",
+    "APPEND_INPUT",
+    "APPEND_OUTPUT",
+    "CLOSE_SESSION",
+    "DETACH",
+    "OPEN_SESSION",
+    "REAP",
+    "RESUME",
+    "WORKER_HEARTBEAT",
+]
+
+# Shared helpers, prepended to the scripts that need them.
+_PRELUDE = r"""
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Append already-encoded events to a session's output log, numbering them server_event_seq.
+-- Returns the first seq used; pushes all of them in one notice.
+local function append_events(rec, out_log, out_channel, payloads, max_entries)
+  local first = tonumber(redis.call('HGET', rec, 'out_seq') or '0') + 1
+  local seq = first - 1
+  for _, payload in ipairs(payloads) do
+    seq = seq + 1
+    redis.call('XADD', out_log, 'MAXLEN', '~', max_entries, seq .. '-0', 'd', payload)
+  end
+  redis.call('HSET', rec, 'out_seq', seq)
+  redis.call('SPUBLISH', out_channel, cmsgpack.pack('e', first, payloads))
+  return first
+end
+
+-- The one place a session ends: the terminal event goes last into the output log, the slot is
+-- released, the worker is told, and the keys get a retention TTL so a late resume can still
+-- replay up to the terminal event. Callers check that the session is not closed already.
+local function terminate(sid, rec, out_log, out_channel, worker, sessions, deadlines,
+                         worker_channel, terminal, reason)
+  local retention = tonumber(redis.call('HGET', rec, 'retention_ms') or '60000')
+  local max_entries = tonumber(redis.call('HGET', rec, 'out_max') or '2048')
+  append_events(rec, out_log, out_channel, {terminal}, max_entries + 1)
+  redis.call('HSET', rec, 'state', 'closed', 'reason', reason)
+  if redis.call('SREM', sessions, sid) == 1 then
+    redis.call('HINCRBY', worker, 'used', -1)
+  end
+  redis.call('ZREM', deadlines, sid)
+  redis.call('SPUBLISH', worker_channel, cmsgpack.pack('c', sid))
+  redis.call('PEXPIRE', rec, retention)
+  redis.call('PEXPIRE', out_log, retention)
+  redis.call('DEL', string.sub(rec, 1, -4) .. 'in')
+end
+
+-- When a session next needs the reaper: grace expiry once detached, idle expiry always.
+local function next_deadline(rec)
+  local f = redis.call('HMGET', rec, 'state', 'active_ms', 'idle_ms', 'detached_ms', 'grace_ms')
+  local deadline = tonumber(f[2]) + tonumber(f[3])
+  if f[1] == 'detached' then
+    deadline = math.min(deadline, tonumber(f[4]) + tonumber(f[5]))
+  end
+  return deadline
+end
+"""
+
+OPEN_SESSION = _PRELUDE + r"""
+-- Place a new session on one worker: check liveness and capacity, reserve the slot, write the
+-- record, all in the worker's slot, so two opens can never take the same slot (DESIGN §2.1).
+-- KEYS[1] worker record   KEYS[2] worker session set   KEYS[3] worker deadlines
+-- KEYS[4] session record  KEYS[5] abandoned tombstone  KEYS[6] worker input channel
+-- ARGV[1] session id  ARGV[2] store epoch  ARGV[3] token digest  ARGV[4] tenant
+-- ARGV[5] grace ms    ARGV[6] idle ms      ARGV[7] out log max entries  ARGV[8] retention ms
+-- returns {status, generation}: status ok | abandoned | exists | unavailable | full
+local worker, sessions, deadlines = KEYS[1], KEYS[2], KEYS[3]
+local rec, abandoned, worker_channel = KEYS[4], KEYS[5], KEYS[6]
+local sid, epoch, digest, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local grace_ms, idle_ms, out_max, retention_ms = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+
+if redis.call('EXISTS', abandoned) == 1 then return {'abandoned', 0} end
+if redis.call('EXISTS', rec) == 1 then return {'exists', 0} end
+local now = now_ms()
+local w = redis.call('HMGET', worker, 'state', 'alive_until', 'slots', 'used')
+if w[1] ~= 'live' or tonumber(w[2]) < now then return {'unavailable', 0} end
+if tonumber(w[4]) >= tonumber(w[3]) then return {'full', 0} end
+
+redis.call('HINCRBY', worker, 'used', 1)
+redis.call('SADD', sessions, sid)
+redis.call('HSET', rec, 'state', 'attached', 'epoch', epoch, 'gen', 1, 'digest', digest,
+  'rcid', '', 'tenant', tenant, 'out_seq', 0, 'in_n', 0, 'cseq', 0, 'created_ms', now,
+  'active_ms', now, 'detached_ms', 0, 'grace_ms', grace_ms, 'idle_ms', idle_ms,
+  'out_max', out_max, 'retention_ms', retention_ms)
+redis.call('ZADD', deadlines, now + tonumber(idle_ms), sid)
+redis.call('SPUBLISH', worker_channel, cmsgpack.pack('o', sid))
+return {'ok', 1}
+"""
+
+RESUME = _PRELUDE + r"""
+-- Attach a new connection: verify the token digest, bump the lease generation (the fencing
+-- token), rotate the token, tell the old connection it was replaced (DESIGN §2.7).
+-- A retry under the same control id after it landed returns the same answer (idempotent).
+-- KEYS[1] session record  KEYS[2] worker deadlines  KEYS[3] output channel  KEYS[4] output log
+-- ARGV[1] presented token digest  ARGV[2] new token digest  ARGV[3] control id
+-- ARGV[4] session id
+-- returns {status, generation, epoch, highest client seq, last server_event_seq,
+--          first retained server_event_seq (0 if the log is empty)}
+--   status ok | closed (token valid, session over: replay only) | unknown | bad_token
+local rec, deadlines, out_channel, out_log = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local presented, fresh, control_id, sid = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+
+if redis.call('EXISTS', rec) == 0 then return {'unknown', 0, '', 0, 0, 0} end
+local f = redis.call('HMGET', rec, 'state', 'gen', 'epoch', 'digest', 'rcid', 'cseq', 'out_seq')
+local state, gen, epoch, digest, rcid = f[1], tonumber(f[2]), f[3], f[4], f[5]
+local first = redis.call('XRANGE', out_log, '-', '+', 'COUNT', 1)
+local first_seq = 0
+if #first > 0 then first_seq = tonumber(string.match(first[1][1], '^(%d+)')) end
+local answer = function(status, g)
+  return {status, g, epoch, tonumber(f[6]), tonumber(f[7]), first_seq}
+end
+
+if control_id ~= '' and rcid == control_id and digest == fresh then return answer('ok', gen) end
+-- Digests, not tokens, are compared: a timing difference reveals nothing about the token.
+if digest ~= presented then return answer('bad_token', 0) end
+if state == 'closed' then return answer('closed', gen) end
+
+gen = gen + 1
+local now = now_ms()
+redis.call('HSET', rec, 'state', 'attached', 'gen', gen, 'digest', fresh, 'rcid', control_id,
+  'active_ms', now, 'detached_ms', 0)
+redis.call('ZADD', deadlines, next_deadline(rec), sid)
+redis.call('SPUBLISH', out_channel, cmsgpack.pack('r', gen))
+return answer('ok', gen)
+"""
+
+DETACH = _PRELUDE + r"""
+-- A connection was lost without session.close: start the disconnect grace, fenced on the
+-- generation that connection served, so an old socket cannot detach a newer lease (§2.6).
+-- KEYS[1] session record  KEYS[2] worker deadlines
+-- ARGV[1] session id  ARGV[2] store epoch  ARGV[3] generation served
+-- returns status: ok | stale | closed | unknown
+local rec, deadlines = KEYS[1], KEYS[2]
+local sid, epoch, gen = ARGV[1], ARGV[2], ARGV[3]
+
+local f = redis.call('HMGET', rec, 'state', 'epoch', 'gen')
+if not f[1] then return 'unknown' end
+if f[1] == 'closed' then return 'closed' end
+if f[2] ~= epoch or f[3] ~= gen or f[1] ~= 'attached' then return 'stale' end
+redis.call('HSET', rec, 'state', 'detached', 'detached_ms', now_ms())
+redis.call('ZADD', deadlines, next_deadline(rec), sid)
+return 'ok'
+"""
+
+APPEND_INPUT = _PRELUDE + r"""
+-- Fenced append of client commands to the input log, deduplicated by client sequence number,
+-- pushed to the worker in one notice (DESIGN §2.3, §2.4).
+-- KEYS[1] session record  KEYS[2] input log  KEYS[3] worker deadlines  KEYS[4] worker channel
+-- ARGV[1] session id  ARGV[2] store epoch  ARGV[3] generation  ARGV[4] input log max entries
+-- ARGV[5..] pairs: client seq ('' when the client sent none), encoded command
+-- returns {status, appended, highest client seq, current generation}
+--   status ok | stale | closed | unknown
+local rec, in_log, deadlines, worker_channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local sid, epoch, gen, in_max = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+
+local f = redis.call('HMGET', rec, 'state', 'epoch', 'gen', 'in_n', 'cseq')
+if not f[1] then return {'unknown', 0, 0, 0} end
+local cseq = tonumber(f[5])
+if f[1] == 'closed' then return {'closed', 0, cseq, tonumber(f[3])} end
+if f[2] ~= epoch or f[3] ~= gen or f[1] ~= 'attached' then
+  return {'stale', 0, cseq, tonumber(f[3])}
+end
+
+local n = tonumber(f[4])
+local first = n + 1
+local payloads = {}
+for i = 5, #ARGV, 2 do
+  local client_seq = tonumber(ARGV[i])
+  if client_seq == nil or client_seq > cseq then
+    if client_seq ~= nil then cseq = client_seq end
+    n = n + 1
+    redis.call('XADD', in_log, 'MAXLEN', '~', in_max, n .. '-0', 'd', ARGV[i + 1])
+    payloads[#payloads + 1] = ARGV[i + 1]
+  end
+end
+local now = now_ms()
+redis.call('HSET', rec, 'in_n', n, 'cseq', cseq, 'active_ms', now)
+redis.call('ZADD', deadlines, next_deadline(rec), sid)
+if #payloads > 0 then
+  redis.call('SPUBLISH', worker_channel, cmsgpack.pack('i', sid, first, payloads))
+end
+return {'ok', #payloads, cseq, tonumber(gen)}
+"""
+
+APPEND_OUTPUT = _PRELUDE + r"""
+-- A worker appends events to a session's output log. Fenced at the resource: a worker that
+-- was declared lost, or a session that is closed or placed elsewhere, is refused (§2.3, §2.9).
+-- With a terminal payload the session ends after the events, exactly once.
+-- KEYS[1] session record  KEYS[2] output log  KEYS[3] output channel  KEYS[4] worker record
+-- KEYS[5] worker session set  KEYS[6] worker deadlines  KEYS[7] worker channel
+-- ARGV[1] session id  ARGV[2] terminal payload ('' for none)  ARGV[3] terminal reason
+-- ARGV[4..] encoded events
+-- returns {status, first seq}: status ok | fenced | closed | unknown
+local rec, out_log, out_channel = KEYS[1], KEYS[2], KEYS[3]
+local worker, sessions, deadlines, worker_channel = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local sid, terminal, reason = ARGV[1], ARGV[2], ARGV[3]
+
+if redis.call('HGET', worker, 'state') == 'lost' or redis.call('HEXISTS', worker, 'state') == 0
+then
+  return {'fenced', 0}
+end
+local state = redis.call('HGET', rec, 'state')
+if not state then return {'unknown', 0} end
+if state == 'closed' then return {'closed', 0} end
+
+local first = 0
+if #ARGV > 3 then
+  local payloads = {}
+  for i = 4, #ARGV do payloads[#payloads + 1] = ARGV[i] end
+  first = append_events(rec, out_log, out_channel, payloads, redis.call('HGET', rec, 'out_max'))
+  redis.call('HSET', rec, 'active_ms', now_ms())
+end
+if terminal ~= '' then
+  terminate(sid, rec, out_log, out_channel, worker, sessions, deadlines, worker_channel,
+            terminal, reason)
+end
+return {'ok', first}
+"""
+
+CLOSE_SESSION = _PRELUDE + r"""
+-- End a session from outside its worker (abandoned open, operator close). Unfenced by design:
+-- closing is idempotent, and the closed state fences every later write.
+-- KEYS[1] session record  KEYS[2] output log  KEYS[3] output channel  KEYS[4] worker record
+-- KEYS[5] worker session set  KEYS[6] worker deadlines  KEYS[7] worker channel
+-- ARGV[1] session id  ARGV[2] terminal payload  ARGV[3] reason
+-- returns status: ok | closed | unknown
+local rec, out_log, out_channel = KEYS[1], KEYS[2], KEYS[3]
+local worker, sessions, deadlines, worker_channel = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local sid, terminal, reason = ARGV[1], ARGV[2], ARGV[3]
+
+local state = redis.call('HGET', rec, 'state')
+if not state then return 'unknown' end
+if state == 'closed' then return 'closed' end
+terminate(sid, rec, out_log, out_channel, worker, sessions, deadlines, worker_channel,
+          terminal, reason)
+return 'ok'
+"""
+
+ABANDON_OPEN = _PRELUDE + r"""
+-- A gateway gave up on an open whose outcome it does not know (timeout, cancellation). If the
+-- open landed, close it; if not, leave a tombstone so that a late open is refused (§2.10).
+-- KEYS[1..7] as CLOSE_SESSION  KEYS[8] abandoned tombstone
+-- ARGV[1] session id  ARGV[2] terminal payload  ARGV[3] tombstone ttl ms
+-- returns status: closed_open (the open had landed) | tombstoned | already_closed
+local rec, out_log, out_channel = KEYS[1], KEYS[2], KEYS[3]
+local worker, sessions, deadlines, worker_channel = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local abandoned = KEYS[8]
+local sid, terminal, ttl = ARGV[1], ARGV[2], ARGV[3]
+
+local state = redis.call('HGET', rec, 'state')
+if not state then
+  redis.call('SET', abandoned, '1', 'PX', ttl)
+  return 'tombstoned'
+end
+if state == 'closed' then return 'already_closed' end
+terminate(sid, rec, out_log, out_channel, worker, sessions, deadlines, worker_channel,
+          terminal, 'open_abandoned')
+return 'closed_open'
+"""
+
+REAP = _PRELUDE + r"""
+-- Run by any gateway, for one worker: declare the worker lost if its heartbeat lapsed (closing
+-- all its sessions with worker_lost), then expire due sessions. The state checks make exactly
+-- one reaper win and write exactly one terminal event (DESIGN §2.6, §2.8, §2.9).
+-- KEYS[1] worker record  KEYS[2] worker session set  KEYS[3] worker deadlines
+-- KEYS[4] worker channel
+-- ARGV[1] key prefix of this worker's sessions ('dg:{w...}:s:')
+-- ARGV[2] terminal payload: worker lost  ARGV[3] terminal: grace expired
+-- ARGV[4] terminal: idle expired         ARGV[5] max sessions to expire in this call
+-- returns {worker state, sessions ended}
+local worker, sessions, deadlines, worker_channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local prefix, lost_event, grace_event, idle_event = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local budget = tonumber(ARGV[5])
+
+local function keys_of(sid)
+  local base = prefix .. string.match(sid, '%.(%x+)$')
+  return base .. ':rec', base .. ':out', base .. ':events'
+end
+local function finish(sid, terminal, reason)
+  local rec, out_log, out_channel = keys_of(sid)
+  terminate(sid, rec, out_log, out_channel, worker, sessions, deadlines, worker_channel,
+            terminal, reason)
+end
+
+local now = now_ms()
+local w = redis.call('HMGET', worker, 'state', 'alive_until')
+local ended = 0
+if w[1] and w[1] ~= 'lost' and tonumber(w[2]) < now then
+  redis.call('HSET', worker, 'state', 'lost')
+  redis.call('PEXPIRE', worker, 86400000)
+  for _, sid in ipairs(redis.call('SMEMBERS', sessions)) do
+    local rec = keys_of(sid)
+    if redis.call('HGET', rec, 'state') ~= 'closed' then
+      finish(sid, lost_event, 'worker_lost')
+      ended = ended + 1
+    end
+  end
+  redis.call('DEL', sessions, deadlines)
+  return {'lost', ended}
+end
+
+for _, sid in ipairs(redis.call('ZRANGEBYSCORE', deadlines, '-inf', now, 'LIMIT', 0, budget)) do
+  local rec = keys_of(sid)
+  local f = redis.call('HMGET', rec, 'state', 'active_ms', 'idle_ms', 'detached_ms', 'grace_ms')
+  if not f[1] or f[1] == 'closed' then
+    redis.call('ZREM', deadlines, sid)
+  elseif f[1] == 'detached' and now >= tonumber(f[4]) + tonumber(f[5]) then
+    finish(sid, grace_event, 'disconnect_grace_expired')
+    ended = ended + 1
+  elseif now >= tonumber(f[2]) + tonumber(f[3]) then
+    finish(sid, idle_event, 'idle_ttl_expired')
+    ended = ended + 1
+  else
+    redis.call('ZADD', deadlines, next_deadline(rec), sid)
+  end
+end
+return {w[1] or 'unknown', ended}
+"""
+
+WORKER_HEARTBEAT = _PRELUDE + r"""
+-- Register (first call) or renew a worker. A worker once declared lost is fenced for good: it
+-- must stop writing and come back under a new id (DESIGN §2.9). Draining is sticky.
+-- KEYS[1] worker record
+-- ARGV[1] slots  ARGV[2] ttl ms  ARGV[3] register (1 on the first call, else 0)
+-- ARGV[4] drain (1 to stop admitting new sessions)
+-- returns {status, alive_until}: status live | draining | lost
+local worker = KEYS[1]
+local slots, ttl, register, drain = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+
+local state = redis.call('HGET', worker, 'state')
+if state == 'lost' or (not state and register ~= '1') then return {'lost', 0} end
+if not state then
+  redis.call('HSET', worker, 'used', 0)
+  state = 'live'
+end
+if drain == '1' then state = 'draining' end
+local alive_until = now_ms() + ttl
+redis.call('HSET', worker, 'state', state, 'slots', slots, 'alive_until', alive_until)
+return {state, alive_until}
+"""

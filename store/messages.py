@@ -1,0 +1,416 @@
+"""Typed commands (gateway -> worker) and events (worker -> gateway), and their log codec.
+
+These are the values the two logs carry. They are deliberately *not* Realtime JSON: the gateway
+alone knows the wire shapes (``gateway/protocol/codec.py``); the worker produces and consumes
+these typed values and never sees a websocket frame.
+
+Every class is a frozen, slotted, keyword-only dataclass. At most one field is ``bytes`` (audio):
+the codec stores it raw after the JSON header instead of as base64 (DESIGN.md §5: audio is
+stored as bytes), which saves a third of the log's memory and all the base64 work in the store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeAlias
+
+__all__ = [
+    "TERMINAL_KINDS",
+    "AppendAudio",
+    "AudioDelta",
+    "AudioDone",
+    "CancelResponse",
+    "ClearInput",
+    "CloseSession",
+    "Command",
+    "CommitInput",
+    "ContentPartAdded",
+    "ContentPartDone",
+    "CreateResponse",
+    "ErrorEvent",
+    "Event",
+    "Heartbeat",
+    "HeartbeatAck",
+    "InputCleared",
+    "InputCommitted",
+    "ItemAdded",
+    "ItemDone",
+    "JsonObject",
+    "MessageDecodeError",
+    "OutputItemAdded",
+    "OutputItemDone",
+    "ResponseCreated",
+    "ResponseDone",
+    "SessionClosed",
+    "SessionExpired",
+    "SessionUpdated",
+    "TranscriptDelta",
+    "TranscriptDone",
+    "UpdateSession",
+    "decode_message",
+    "encode_message",
+    "is_terminal",
+]
+
+JsonObject: TypeAlias = dict[str, Any]
+
+
+
+# --------------------------------------------------------------------------- commands
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UpdateSession:
+    """``session.update``: a Realtime session patch; the worker decides what may apply."""
+
+    KIND: ClassVar[str] = "update"
+    session: JsonObject
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppendAudio:
+    """``input_audio_buffer.append``: pcm16 little-endian mono at the session's input rate."""
+
+    KIND: ClassVar[str] = "append"
+    audio: bytes
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommitInput:
+    """``input_audio_buffer.commit``."""
+
+    KIND: ClassVar[str] = "commit"
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClearInput:
+    """``input_audio_buffer.clear``."""
+
+    KIND: ClassVar[str] = "clear"
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CreateResponse:
+    """``response.create``: optional per-response overrides, as sent."""
+
+    KIND: ClassVar[str] = "respond"
+    response: JsonObject | None = None
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelResponse:
+    """``response.cancel``."""
+
+    KIND: ClassVar[str] = "cancel"
+    response_id: str | None = None
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Heartbeat:
+    """``session.heartbeat``: keeps the lease alive; answered in order by the worker."""
+
+    KIND: ClassVar[str] = "heartbeat"
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CloseSession:
+    """``session.close``: an ordered, graceful end decided by the client."""
+
+    KIND: ClassVar[str] = "close"
+    reason: str = "client_close"
+    event_id: str | None = None
+
+
+Command: TypeAlias = (
+    UpdateSession
+    | AppendAudio
+    | CommitInput
+    | ClearInput
+    | CreateResponse
+    | CancelResponse
+    | Heartbeat
+    | CloseSession
+)
+
+# --------------------------------------------------------------------------- events
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionUpdated:
+    """The effective session configuration after an open or an update."""
+
+    KIND: ClassVar[str] = "session.updated"
+    session: JsonObject
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorEvent:
+    """A refusal or failure, attributed to a client event when there is one."""
+
+    KIND: ClassVar[str] = "error"
+    code: str
+    message: str
+    error_type: str = "invalid_request_error"
+    param: str | None = None
+    client_event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeartbeatAck:
+    """Answer to ``session.heartbeat``."""
+
+    KIND: ClassVar[str] = "heartbeat_ack"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputCommitted:
+    """The input buffer became a user item."""
+
+    KIND: ClassVar[str] = "input.committed"
+    item_id: str
+    previous_item_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputCleared:
+    """The input buffer was emptied."""
+
+    KIND: ClassVar[str] = "input.cleared"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemAdded:
+    """A conversation item was added (user item on commit, assistant item on response)."""
+
+    KIND: ClassVar[str] = "item.added"
+    item: JsonObject
+    previous_item_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemDone:
+    """A conversation item is final."""
+
+    KIND: ClassVar[str] = "item.done"
+    item: JsonObject
+    previous_item_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseCreated:
+    """A response started; ``response`` is the Realtime response object."""
+
+    KIND: ClassVar[str] = "response.created"
+    response: JsonObject
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseDone:
+    """A response ended (completed, cancelled, failed or incomplete)."""
+
+    KIND: ClassVar[str] = "response.done"
+    response: JsonObject
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutputItemAdded:
+    """An output item of a response started."""
+
+    KIND: ClassVar[str] = "output_item.added"
+    response_id: str
+    output_index: int
+    item: JsonObject
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutputItemDone:
+    """An output item of a response is final."""
+
+    KIND: ClassVar[str] = "output_item.done"
+    response_id: str
+    output_index: int
+    item: JsonObject
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ContentPartAdded:
+    """A content part of an output item started."""
+
+    KIND: ClassVar[str] = "content_part.added"
+    response_id: str
+    item_id: str
+    output_index: int
+    content_index: int
+    part: JsonObject
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ContentPartDone:
+    """A content part of an output item is final."""
+
+    KIND: ClassVar[str] = "content_part.done"
+    response_id: str
+    item_id: str
+    output_index: int
+    content_index: int
+    part: JsonObject
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AudioDelta:
+    """A chunk of output audio (pcm16 LE mono, the session's output rate)."""
+
+    KIND: ClassVar[str] = "audio.delta"
+    response_id: str
+    item_id: str
+    output_index: int
+    content_index: int
+    audio: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AudioDone:
+    """The audio of a content part is complete."""
+
+    KIND: ClassVar[str] = "audio.done"
+    response_id: str
+    item_id: str
+    output_index: int
+    content_index: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TranscriptDelta:
+    """A piece of the transcript of the output audio."""
+
+    KIND: ClassVar[str] = "transcript.delta"
+    response_id: str
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TranscriptDone:
+    """The full transcript of the output audio."""
+
+    KIND: ClassVar[str] = "transcript.done"
+    response_id: str
+    item_id: str
+    output_index: int
+    content_index: int
+    transcript: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionClosed:
+    """Terminal: a deliberate end (client close, runtime failure, worker loss)."""
+
+    KIND: ClassVar[str] = "session.closed"
+    reason: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionExpired:
+    """Terminal: the reaper ended the session (grace or idle expiry)."""
+
+    KIND: ClassVar[str] = "session.expired"
+    reason: str
+
+
+Event: TypeAlias = (
+    SessionUpdated
+    | ErrorEvent
+    | HeartbeatAck
+    | InputCommitted
+    | InputCleared
+    | ItemAdded
+    | ItemDone
+    | ResponseCreated
+    | ResponseDone
+    | OutputItemAdded
+    | OutputItemDone
+    | ContentPartAdded
+    | ContentPartDone
+    | AudioDelta
+    | AudioDone
+    | TranscriptDelta
+    | TranscriptDone
+    | SessionClosed
+    | SessionExpired
+)
+
+_CLASSES: tuple[type[Any], ...] = (
+    UpdateSession, AppendAudio, CommitInput, ClearInput, CreateResponse, CancelResponse,
+    Heartbeat, CloseSession,
+    SessionUpdated, ErrorEvent, HeartbeatAck, InputCommitted, InputCleared, ItemAdded, ItemDone,
+    ResponseCreated, ResponseDone, OutputItemAdded, OutputItemDone, ContentPartAdded,
+    ContentPartDone, AudioDelta, AudioDone, TranscriptDelta, TranscriptDone, SessionClosed,
+    SessionExpired,
+)
+_BY_KIND: dict[str, type[Any]] = {cls.KIND: cls for cls in _CLASSES}
+# The (at most one) bytes field of each class; found once, not per message.
+_BYTES_FIELD: dict[type[Any], str | None] = {
+    cls: next((f.name for f in dataclasses.fields(cls) if f.type in ("bytes", bytes)), None)
+    for cls in _CLASSES
+}
+TERMINAL_KINDS = frozenset({SessionClosed.KIND, SessionExpired.KIND})
+
+# JSON never contains a raw NUL (it would be escaped as \u0000), so NUL safely ends the header.
+_SEPARATOR = b"\0"
+
+
+class MessageDecodeError(ValueError):
+    """A log entry that this version cannot decode (corrupt, or from a newer writer)."""
+
+
+def encode_message(message: Command | Event) -> bytes:
+    """Encode a command or event as ``<json header>\\0<raw bytes field>``."""
+    cls = type(message)
+    blob_field = _BYTES_FIELD[cls]
+    header: dict[str, Any] = {"k": cls.KIND}
+    blob = b""
+    for f in dataclasses.fields(message):
+        value = getattr(message, f.name)
+        if f.name == blob_field:
+            blob = value
+        elif value is not None and value != f.default:
+            header[f.name] = value
+    return json.dumps(header, separators=(",", ":")).encode() + _SEPARATOR + blob
+
+
+def decode_message(data: bytes) -> Command | Event:
+    """Decode what :func:`encode_message` wrote.
+
+    Raises:
+        MessageDecodeError: unknown kind, bad JSON, or fields that do not fit the class.
+    """
+    head, sep, blob = data.partition(_SEPARATOR)
+    if not sep:
+        raise MessageDecodeError("missing header separator")
+    try:
+        header = json.loads(head)
+        cls = _BY_KIND[header.pop("k")]
+        blob_field = _BYTES_FIELD[cls]
+        if blob_field is not None:
+            header[blob_field] = blob
+        message: Command | Event = cls(**header)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise MessageDecodeError(f"undecodable log entry: {exc}") from exc
+    return message
+
+
+def is_terminal(event: Event) -> bool:
+    """Whether ``event`` ends its session (exactly one per session, always last)."""
+    return isinstance(event, SessionClosed | SessionExpired)
+

@@ -1,0 +1,272 @@
+"""Typed async wrappers around the Lua scripts: the only code that calls them.
+
+Each wrapper builds the keys from ``store/keys.py``, runs the script once (EVALSHA with a
+NOSCRIPT fallback, courtesy of redis-py's ``AsyncScript``), and turns its small answer into a
+typed value or one of ``store/errors.py``'s exceptions.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
+
+from store import lua
+from store.errors import LeaseLost, SessionGone, StoreUnavailable, WorkerFenced
+from store.keys import SessionKeys, WorkerKeys
+from store.messages import SessionClosed, SessionExpired, encode_message
+
+__all__ = [
+    "AppendResult",
+    "Lease",
+    "OpenStatus",
+    "ResumeResult",
+    "ResumeStatus",
+    "Scripts",
+    "SessionPolicy",
+    "WorkerBeat",
+]
+
+
+class OpenStatus(enum.Enum):
+    """Outcome of placing a session on one worker."""
+
+    OK = "ok"
+    ABANDONED = "abandoned"
+    EXISTS = "exists"
+    UNAVAILABLE = "unavailable"
+    FULL = "full"
+
+
+class ResumeStatus(enum.Enum):
+    """Outcome of a resume compare-and-set."""
+
+    OK = "ok"
+    CLOSED = "closed"
+    UNKNOWN = "unknown"
+    BAD_TOKEN = "bad_token"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Lease:
+    """The fencing token of one attachment: (store epoch, generation) of one session."""
+
+    session_id: str
+    epoch: str
+    generation: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionPolicy:
+    """Per-session limits written into the record at open (so every reaper agrees)."""
+
+    disconnect_grace_ms: int = 30_000
+    idle_ttl_ms: int = 300_000
+    output_log_max_entries: int = 2048
+    input_log_max_entries: int = 2048
+    closed_retention_ms: int = 60_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResumeResult:
+    """What a resume found: the new lease and where the output log stands."""
+
+    status: ResumeStatus
+    lease: Lease | None
+    last_client_seq: int
+    last_server_event_seq: int
+    first_retained_seq: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppendResult:
+    """A fenced input append: how many entries were new, and the highest client seq."""
+
+    appended: int
+    last_client_seq: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerBeat:
+    """A worker heartbeat's answer."""
+
+    state: str
+    alive_until_ms: int
+
+
+def _str(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Scripts:
+    """Every script, registered once per client."""
+
+    def __init__(self, client: Redis | RedisCluster) -> None:
+        self._client = client
+
+        def register(source: str) -> AsyncScript:
+            return client.register_script(source)
+
+        self._open = register(lua.OPEN_SESSION)
+        self._resume = register(lua.RESUME)
+        self._detach = register(lua.DETACH)
+        self._append_input = register(lua.APPEND_INPUT)
+        self._append_output = register(lua.APPEND_OUTPUT)
+        self._close = register(lua.CLOSE_SESSION)
+        self._abandon = register(lua.ABANDON_OPEN)
+        self._reap = register(lua.REAP)
+        self._heartbeat = register(lua.WORKER_HEARTBEAT)
+
+    async def _run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return await script(keys=list(keys), args=list(args))
+        except RedisError as exc:
+            raise StoreUnavailable(f"script failed: {exc}") from exc
+
+    async def open_session(
+        self, session_id: str, *, epoch: str, token_digest: str, tenant: str,
+        policy: SessionPolicy,
+    ) -> OpenStatus:
+        """Place ``session_id`` on the worker named in its id (one CAS in the worker's slot)."""
+        k = SessionKeys(session_id)
+        w = k.worker
+        answer = await self._run(
+            self._open,
+            [w.record, w.sessions, w.deadlines, k.record, k.abandoned, w.input_channel],
+            [session_id, epoch, token_digest, tenant, policy.disconnect_grace_ms,
+             policy.idle_ttl_ms, policy.output_log_max_entries, policy.closed_retention_ms],
+        )
+        return OpenStatus(_str(answer[0]))
+
+    async def resume(
+        self, session_id: str, *, presented_digest: str, new_digest: str, control_id: str
+    ) -> ResumeResult:
+        """Bump the generation if the presented token is right; idempotent per control id."""
+        k = SessionKeys(session_id)
+        answer = await self._run(
+            self._resume,
+            [k.record, k.worker.deadlines, k.output_channel, k.output_log],
+            [presented_digest, new_digest, control_id, session_id],
+        )
+        status = ResumeStatus(_str(answer[0]))
+        lease = None
+        if status in (ResumeStatus.OK, ResumeStatus.CLOSED):
+            lease = Lease(session_id=session_id, epoch=_str(answer[2]), generation=int(answer[1]))
+        return ResumeResult(
+            status=status, lease=lease, last_client_seq=int(answer[3]),
+            last_server_event_seq=int(answer[4]), first_retained_seq=int(answer[5]),
+        )
+
+    async def detach(self, lease: Lease) -> str:
+        """Start the disconnect grace, fenced on ``lease``. Returns ok|stale|closed|unknown."""
+        k = SessionKeys(lease.session_id)
+        answer = await self._run(
+            self._detach, [k.record, k.worker.deadlines],
+            [lease.session_id, lease.epoch, lease.generation],
+        )
+        return _str(answer)
+
+    async def append_input(
+        self, lease: Lease, entries: Sequence[tuple[int | None, bytes]], *, max_entries: int
+    ) -> AppendResult:
+        """Fenced append of encoded commands, each with its optional client seq.
+
+        Raises:
+            LeaseLost: a newer attach holds the session.
+            SessionGone: the session is closed or unknown.
+        """
+        k = SessionKeys(lease.session_id)
+        args: list[Any] = [lease.session_id, lease.epoch, lease.generation, max_entries]
+        for client_seq, payload in entries:
+            args += ["" if client_seq is None else client_seq, payload]
+        answer = await self._run(
+            self._append_input,
+            [k.record, k.input_log, k.worker.deadlines, k.worker.input_channel], args,
+        )
+        status = _str(answer[0])
+        if status == "stale":
+            raise LeaseLost(lease.session_id, int(answer[3]))
+        if status != "ok":
+            raise SessionGone(lease.session_id, status)
+        return AppendResult(appended=int(answer[1]), last_client_seq=int(answer[2]))
+
+    def _close_keys(self, session_id: str) -> list[str]:
+        k = SessionKeys(session_id)
+        w = k.worker
+        return [k.record, k.output_log, k.output_channel, w.record, w.sessions, w.deadlines,
+                w.input_channel]
+
+    async def append_output(
+        self, session_id: str, payloads: Sequence[bytes], *, close_reason: str | None = None
+    ) -> int:
+        """A worker's fenced append of encoded events; returns the first seq (0 if none).
+
+        With ``close_reason`` the session then ends with ``session.closed`` (exactly once).
+
+        Raises:
+            WorkerFenced: the worker was declared lost.
+            SessionGone: the session is closed or unknown.
+        """
+        terminal = b""
+        if close_reason is not None:
+            terminal = encode_message(SessionClosed(reason=close_reason))
+        answer = await self._run(
+            self._append_output, self._close_keys(session_id),
+            [session_id, terminal, close_reason or "", *payloads],
+        )
+        status = _str(answer[0])
+        if status == "fenced":
+            raise WorkerFenced(f"worker of {session_id} was declared lost")
+        if status != "ok":
+            raise SessionGone(session_id, status)
+        return int(answer[1])
+
+    async def close_session(self, session_id: str, reason: str) -> str:
+        """End a session with ``session.closed`` unless it already ended. Idempotent."""
+        terminal = encode_message(SessionClosed(reason=reason))
+        answer = await self._run(
+            self._close, self._close_keys(session_id), [session_id, terminal, reason]
+        )
+        return _str(answer)
+
+    async def abandon_open(self, session_id: str, *, tombstone_ttl_ms: int = 600_000) -> str:
+        """Compensate an open whose outcome is unknown: close it, or forbid it from landing."""
+        terminal = encode_message(SessionClosed(reason="open_abandoned"))
+        keys = [*self._close_keys(session_id), SessionKeys(session_id).abandoned]
+        answer = await self._run(self._abandon, keys, [session_id, terminal, tombstone_ttl_ms])
+        return _str(answer)
+
+    async def reap(self, worker_id: str, *, budget: int = 100) -> tuple[str, int]:
+        """Declare ``worker_id`` lost if its heartbeat lapsed, and expire its due sessions."""
+        w = WorkerKeys(worker_id)
+        prefix = w.record.removesuffix("worker") + "s:"
+        answer = await self._run(
+            self._reap, [w.record, w.sessions, w.deadlines, w.input_channel],
+            [prefix, encode_message(SessionClosed(reason="worker_lost")),
+             encode_message(SessionExpired(reason="disconnect_grace_expired")),
+             encode_message(SessionExpired(reason="idle_ttl_expired")), budget],
+        )
+        return _str(answer[0]), int(answer[1])
+
+    async def worker_heartbeat(
+        self, worker_id: str, *, slots: int, ttl_ms: int, register: bool, drain: bool
+    ) -> WorkerBeat:
+        """Register or renew a worker.
+
+        Raises:
+            WorkerFenced: the worker was declared lost (or its record vanished).
+        """
+        answer = await self._run(
+            self._heartbeat, [WorkerKeys(worker_id).record],
+            [slots, ttl_ms, int(register), int(drain)],
+        )
+        state = _str(answer[0])
+        if state == "lost":
+            raise WorkerFenced(f"worker {worker_id} was declared lost")
+        return WorkerBeat(state=state, alive_until_ms=int(answer[1]))
