@@ -17,7 +17,14 @@ from redis.exceptions import RedisError
 from store.errors import StoreUnavailable
 from store.keys import WORKER_DIRECTORY, WorkerKeys
 
-__all__ = ["WorkerLoad", "announce_worker", "forget_worker", "list_workers", "worker_loads"]
+__all__ = [
+    "WorkerLoad",
+    "announce_worker",
+    "forget_worker",
+    "list_workers",
+    "server_time_ms",
+    "worker_loads",
+]
 
 # A worker stays listed this long after its last heartbeat deadline, so the reaper still
 # visits it and declares it lost.
@@ -84,3 +91,15 @@ async def worker_loads(client: Redis | RedisCluster, worker_ids: list[str]) -> l
                                 slots=int(slots or 0), used=int(used or 0)))
     loads.sort(key=lambda load: -load.free)
     return loads
+
+
+async def server_time_ms(client: Redis | RedisCluster) -> int:
+    """Redis's clock in ms: the one clock every deadline in the store is measured on."""
+    try:
+        answer: Any = await client.time()
+    except RedisError as exc:
+        raise StoreUnavailable(f"TIME failed: {exc}") from exc
+    if isinstance(answer, dict):  # a Cluster answers per node; any node will do
+        answer = next(iter(answer.values()))
+    seconds, micros = answer
+    return int(seconds) * 1000 + int(micros) // 1000

@@ -49,6 +49,8 @@ __all__ = [
     "TranscriptDelta",
     "TranscriptDone",
     "UpdateSession",
+    "decode_command",
+    "decode_event",
     "decode_message",
     "encode_message",
     "is_terminal",
@@ -414,3 +416,31 @@ def is_terminal(event: Event) -> bool:
     """Whether ``event`` ends its session (exactly one per session, always last)."""
     return isinstance(event, SessionClosed | SessionExpired)
 
+
+
+_EVENT_CLASSES: tuple[type[Any], ...] = Event.__args__  # type: ignore[attr-defined]
+_COMMAND_CLASSES: tuple[type[Any], ...] = Command.__args__  # type: ignore[attr-defined]
+
+
+def decode_event(data: bytes) -> Event:
+    """Decode an output-log entry.
+
+    Raises:
+        MessageDecodeError: not an event.
+    """
+    message = decode_message(data)
+    if not isinstance(message, _EVENT_CLASSES):
+        raise MessageDecodeError(f"expected an event, got {type(message).__name__}")
+    return message
+
+
+def decode_command(data: bytes) -> Command:
+    """Decode an input-log entry.
+
+    Raises:
+        MessageDecodeError: not a command.
+    """
+    message = decode_message(data)
+    if not isinstance(message, _COMMAND_CLASSES):
+        raise MessageDecodeError(f"expected a command, got {type(message).__name__}")
+    return message

@@ -1,0 +1,157 @@
+"""``duplex-gateway``: serve, worker, dev and bench subcommands.
+
+Each subcommand builds its one frozen settings object (flags over ``DUPLEX_GATEWAY_*`` over
+defaults) and hands it down. Heavy imports happen inside the subcommand, so a gateway process
+never imports a model library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+from store.config import SettingsError, from_env
+from store.embedded import free_port, start_server
+
+__all__ = ["main"]
+
+_log = logging.getLogger("duplex_gateway")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from gateway.app import create_app
+    from gateway.settings import GatewaySettings
+
+    settings = from_env(GatewaySettings, host=args.host, port=args.port,
+                        redis_url=args.redis_url)
+    # uvicorn drains on SIGTERM: it stops accepting, closes websockets with 1012 (the session
+    # survives, in its disconnect grace) and then runs the lifespan shutdown.
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
+                log_level=args.log_level, ws_max_size=settings.max_frame_bytes + 1024,
+                timeout_graceful_shutdown=5, lifespan="on", ws="websockets-sansio")
+    return 0
+
+
+async def _run_worker(args: argparse.Namespace) -> int:
+    from inference_worker.settings import WorkerSettings
+    from inference_worker.worker import Worker
+    from store import create_client
+
+    settings = from_env(WorkerSettings, redis_url=args.redis_url, backend=args.backend,
+                        slots=args.slots)
+    if settings.backend != "loopback":
+        raise SettingsError(f"unknown backend {settings.backend!r}; available: loopback")
+    client = create_client(settings.redis_url)
+    worker = Worker(settings, client)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.stop)
+    _log.info("worker %s serving %d slots", worker.worker_id, settings.slots)
+    try:
+        await worker.run()
+    finally:
+        await client.aclose()
+    return 3 if worker.fenced else 0
+
+
+def _worker(args: argparse.Namespace) -> int:
+    return asyncio.run(_run_worker(args))
+
+
+def _dev(args: argparse.Namespace) -> int:
+    """Redis-compatible server + one gateway + one worker, until Ctrl-C or SIGTERM."""
+    server = start_server("auto")
+    port = args.port or free_port()
+    python = [sys.executable, "-m", "duplex_gateway"]
+    children = [
+        subprocess.Popen([*python, "serve", "--host", args.host, "--port", str(port),
+                          "--redis-url", server.url]),
+        subprocess.Popen([*python, "worker", "--redis-url", server.url, "--backend",
+                          "loopback", "--slots", str(args.slots)]),
+    ]
+    stop = False
+
+    def request_stop(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    print(f"duplex-gateway dev: ws://{args.host}:{port}/v1/realtime "
+          f"(redis {server.url}, {server.binary.name})", flush=True)
+    try:
+        while not stop and all(child.poll() is None for child in children):
+            time.sleep(0.2)  # a supervisor loop: wakes for a signal or a dead child
+    finally:
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.SIGTERM)
+        for child in children:
+            try:
+                child.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                child.kill()
+        server.stop()
+    failed = [c.returncode for c in children if c.returncode not in (0, -signal.SIGTERM)]
+    return 1 if failed and not stop else 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from duplex_gateway.bench import run_relay_bench
+
+    return run_relay_bench(sessions=args.sessions, seconds=args.seconds, output=args.output)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="duplex-gateway", description=__doc__)
+    parser.add_argument("--log-level", default="info",
+                        choices=["debug", "info", "warning", "error"])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run one gateway process")
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--redis-url")
+    serve.set_defaults(func=_serve)
+
+    worker = sub.add_parser("worker", help="run one inference worker")
+    worker.add_argument("--redis-url")
+    worker.add_argument("--backend")
+    worker.add_argument("--slots", type=int)
+    worker.set_defaults(func=_worker)
+
+    dev = sub.add_parser("dev", help="embedded Redis + gateway + worker on this machine")
+    dev.add_argument("--host", default="127.0.0.1")
+    dev.add_argument("--port", type=int, default=8000)
+    dev.add_argument("--slots", type=int, default=16)
+    dev.set_defaults(func=_dev)
+
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench", required=True)
+    relay = bench_sub.add_parser("relay", help="relay latency and CPU vs a bare echo")
+    relay.add_argument("--sessions", type=int, default=50)
+    relay.add_argument("--seconds", type=float, default=10.0)
+    relay.add_argument("--output", default="bench-results/relay.json")
+    relay.set_defaults(func=_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Entry point of the ``duplex-gateway`` command."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        sys.exit(args.func(args))
+    except SettingsError as exc:
+        print(f"duplex-gateway: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -1,0 +1,122 @@
+"""The Starlette application: routes, lifespan, health, readiness and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import time
+from collections.abc import AsyncIterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
+
+from gateway.connection import ConnectionDriver, GatewayServices
+from gateway.metrics import GatewayMetrics
+from gateway.protocol.errors import CloseCode
+from gateway.reaper import run_reaper
+from gateway.settings import GatewaySettings
+from store import Scripts, create_client
+from store.pubsub import Subscriber
+
+__all__ = ["create_app"]
+
+_BROWSER_KEY_PREFIX = "openai-insecure-api-key."
+
+
+def _presented_key(websocket: WebSocket) -> str | None:
+    auth = websocket.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    for protocol in websocket.scope.get("subprotocols", []):
+        if protocol.startswith(_BROWSER_KEY_PREFIX):
+            return protocol[len(_BROWSER_KEY_PREFIX):]
+    return None
+
+
+def _authorized(settings: GatewaySettings, websocket: WebSocket) -> bool:
+    if not settings.api_keys:
+        return True
+    key = _presented_key(websocket) or ""
+    # Compare against every key so timing does not reveal which prefix matched.
+    return any([hmac.compare_digest(key.encode(), k.encode()) for k in settings.api_keys])
+
+
+def create_app(settings: GatewaySettings) -> Starlette:
+    """A gateway application bound to ``settings``; Redis is connected in the lifespan."""
+    metrics = GatewayMetrics()
+    state: dict[str, GatewayServices] = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        client = create_client(settings.redis_url)
+        subscriber = Subscriber(client)
+        await subscriber.start()
+        services = GatewayServices(settings, client, Scripts(client), subscriber, metrics)
+        state["services"] = services
+        reaper = asyncio.create_task(run_reaper(client, services.scripts, metrics,
+                                                settings.reaper_interval_s))
+        try:
+            yield
+        finally:
+            services.draining = True
+            reaper.cancel()
+            await asyncio.gather(reaper, return_exceptions=True)
+            await subscriber.aclose()
+            await client.aclose()
+
+    async def realtime(websocket: WebSocket) -> None:
+        services = state["services"]
+        if services.draining:
+            await websocket.close(CloseCode.TRY_AGAIN_LATER)
+            return
+        if not _authorized(settings, websocket):
+            await websocket.send_denial_response(JSONResponse(
+                {"type": "error", "error": {"type": "invalid_request_error",
+                                            "code": "invalid_api_key",
+                                            "message": "Incorrect API key provided."}},
+                status_code=401))
+            return
+        offered = websocket.scope.get("subprotocols", [])
+        await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
+        model = websocket.query_params.get("model", "")
+        autostart = bool(model) and websocket.query_params.get("resume") not in ("1", "true")
+        driver = ConnectionDriver(websocket, services, model=model or "loopback",
+                                  autostart=autostart)
+        metrics.connections.inc()
+        started = time.monotonic()
+        try:
+            await driver.run()
+        finally:
+            metrics.connections.dec()
+            metrics.connection_seconds.observe(time.monotonic() - started)
+
+    async def healthz(request: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    async def readyz(request: Request) -> Response:
+        services = state.get("services")
+        if services is None or services.draining:
+            return PlainTextResponse("draining", status_code=503)
+        try:
+            await services.client.ping()
+        except Exception:  # any failure to reach Redis means not ready
+            return PlainTextResponse("redis unreachable", status_code=503)
+        return PlainTextResponse("ready")
+
+    async def metrics_endpoint(request: Request) -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return Starlette(
+        routes=[
+            WebSocketRoute("/v1/realtime", realtime),
+            Route("/healthz", healthz),
+            Route("/readyz", readyz),
+            Route("/metrics", metrics_endpoint),
+        ],
+        lifespan=lifespan,
+    )

@@ -1,0 +1,292 @@
+"""The asyncio driver of one websocket: feeds :class:`ConnectionCore`, runs what it decides.
+
+Three tasks per connection: the reader (client frames), the pump (pushed log entries and lease
+notices, plus a periodic safety read of the log), and the writer (input appends, coalesced:
+whatever arrives while one append is in flight goes out in the next single script call, so a
+busy session costs one Redis round trip per batch, not per frame). Actions run under one lock
+so frames reach the client in the order the core decided.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import secrets
+from typing import Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
+
+from gateway.metrics import GatewayMetrics
+from gateway.placement import place_session
+from gateway.protocol.connection import (
+    Action,
+    AppendCommands,
+    CloseConnection,
+    ConnectionCore,
+    ConnectionState,
+    DetachLease,
+    FetchLog,
+    OpenSession,
+    ResumeSession,
+    SendFrame,
+)
+from gateway.protocol.envelope import ResumeRequest
+from gateway.protocol.errors import ClientProtocolError, ErrorCode, InternalError
+from gateway.settings import GatewaySettings
+from store import Lease, LeaseLost, ResumeStatus, Scripts, SessionGone, StoreError
+from store.client import RedisClient
+from store.keys import SessionKeys
+from store.logs import read_output
+from store.messages import Command, encode_message
+from store.pubsub import Subscriber
+
+__all__ = ["ConnectionDriver", "GatewayServices"]
+
+_log = logging.getLogger(__name__)
+_RESUME_ATTEMPTS = 3
+
+
+class GatewayServices:
+    """What every connection of one gateway process shares."""
+
+    def __init__(self, settings: GatewaySettings, client: RedisClient, scripts: Scripts,
+                 subscriber: Subscriber, metrics: GatewayMetrics) -> None:
+        self.settings = settings
+        self.client = client
+        self.scripts = scripts
+        self.subscriber = subscriber
+        self.metrics = metrics
+        self.draining = False
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class ConnectionDriver:
+    """Runs one accepted websocket until it closes."""
+
+    def __init__(self, websocket: WebSocket, services: GatewayServices, *, model: str,
+                 autostart: bool) -> None:
+        self._ws = websocket
+        self._svc = services
+        self._model = model
+        self._core = ConnectionCore(max_frame_bytes=services.settings.max_frame_bytes,
+                                    autostart=autostart)
+        self._lock = asyncio.Lock()
+        self._lease: Lease | None = None
+        self._channel: str | None = None
+        self._notices: asyncio.Queue[list[Any] | None] = asyncio.Queue()
+        self._outbox: list[tuple[int | None, Command]] = []
+        self._outbox_ready = asyncio.Event()
+        self._closed = asyncio.Event()
+
+    async def run(self) -> None:
+        """Serve the connection; returns once it is closed and the session detached or over."""
+        tasks = [
+            asyncio.create_task(self._read_frames(), name="ws-reader"),
+            asyncio.create_task(self._pump_log(), name="ws-pump"),
+            asyncio.create_task(self._write_commands(), name="ws-writer"),
+        ]
+        try:
+            await self._step()  # autostart opens before the first frame
+            await self._closed.wait()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            if self._channel is not None:
+                await self._svc.subscriber.unsubscribe(self._channel)
+
+    # ------------------------------------------------------------------ tasks
+
+    async def _read_frames(self) -> None:
+        timeout = self._svc.settings.first_message_timeout_s
+        try:
+            while True:
+                waiting_first = self._core.state is ConnectionState.AWAITING_FIRST
+                message = await asyncio.wait_for(self._ws.receive(),
+                                                 timeout if waiting_first else None)
+                if message["type"] == "websocket.disconnect":
+                    break
+                data = message.get("text")
+                if data is None:
+                    data = message.get("bytes") or b""
+                self._core.receive_frame(data)
+                await self._step()
+        except TimeoutError:
+            self._core.receive_frame(b'{"type":"session.close"}')  # never configured: end
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            pass
+        self._core.connection_lost()
+        await self._step()
+        self._closed.set()
+
+    async def _pump_log(self) -> None:
+        interval = self._svc.settings.log_poll_interval_s
+        while True:
+            try:
+                notice = await asyncio.wait_for(self._notices.get(), interval)
+            except TimeoutError:
+                notice = None  # a quiet channel: read the log in case a push was lost
+            if self._core.state is not ConnectionState.ATTACHED:
+                continue
+            if notice is None:
+                await self._fetch(self._core.delivered_seq)
+            elif notice[0] == b"e":
+                self._core.receive_log_entries(int(notice[1]), list(notice[2]))
+            elif notice[0] == b"r":
+                self._core.lease_moved(int(notice[1]))
+            await self._step()
+
+    async def _write_commands(self) -> None:
+        while True:
+            await self._outbox_ready.wait()
+            self._outbox_ready.clear()
+            batch, self._outbox = self._outbox, []
+            if not batch or self._lease is None:
+                continue
+            entries = [(seq, encode_message(command)) for seq, command in batch]
+            try:
+                await self._svc.scripts.append_input(
+                    self._lease, entries, max_entries=self._svc.settings.input_log_max_entries)
+                self._svc.metrics.commands_appended.inc(len(entries))
+            except LeaseLost as exc:
+                self._core.lease_moved(exc.current_generation)
+            except SessionGone:
+                self._core.session_gone()
+            except StoreError as exc:
+                # Redis is failing: close 1011 so the client resumes (and resends by
+                # client_seq) once the store is back, through any gateway.
+                _log.warning("append failed for %s: %s", self._lease.session_id, exc)
+                self._core.fail(InternalError(str(exc)))
+            await self._step()
+
+    # ------------------------------------------------------------------ actions
+
+    async def _step(self) -> None:
+        """Run every action the core decided, in order, until it decides no more."""
+        async with self._lock:
+            while actions := self._core.actions_to_run():
+                for action in actions:
+                    await self._run_action(action)
+
+    async def _run_action(self, action: Action) -> None:  # noqa: C901 - one dispatch table
+        match action:
+            case SendFrame(text=text):
+                await self._send(text)
+            case AppendCommands(entries=entries):
+                self._outbox.extend(entries)
+                self._outbox_ready.set()
+            case FetchLog(after_seq=after):
+                await self._fetch(after)
+            case OpenSession():
+                await self._open()
+            case ResumeSession(request=request):
+                await self._resume(request)
+            case DetachLease():
+                await self._detach()
+            case CloseConnection(code=code, reason=reason):
+                await self._close(code, reason)
+
+    async def _send(self, text: str) -> None:
+        if self._ws.application_state is not WebSocketState.CONNECTED:
+            return
+        try:
+            await self._ws.send_text(text)
+            self._svc.metrics.frames_sent.inc()
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            self._core.connection_lost()
+
+    async def _fetch(self, after: int) -> None:
+        if self._lease is None:
+            return
+        try:
+            rows = await read_output(self._svc.client, self._lease.session_id, after)
+        except StoreError as exc:
+            _log.warning("log read failed: %s", exc)
+            return
+        if rows and rows[0][0] > after + 1:
+            self._core.log_trimmed(rows[0][0])
+        if rows:
+            self._core.receive_log_entries(rows[0][0], [payload for _, payload in rows])
+
+    async def _subscribe(self, session_id: str) -> None:
+        self._channel = SessionKeys(session_id).output_channel
+        with contextlib.suppress(TimeoutError):
+            # A missed confirmation only costs latency: the pump reads the log regardless.
+            await self._svc.subscriber.subscribe(self._channel, self._notices.put_nowait)
+
+    async def _open(self) -> None:
+        token = secrets.token_urlsafe(32)
+        try:
+            placed = await place_session(self._svc, token_digest=_digest(token),
+                                         subscribe=self._subscribe)
+        except ClientProtocolError as exc:
+            self._core.fail(exc)
+            return
+        except StoreError as exc:
+            self._core.fail(InternalError(str(exc)))
+            return
+        self._lease = placed
+        self._svc.metrics.sessions_opened.inc()
+        self._core.open_succeeded(placed.session_id, resume_token=token,
+                                  generation=placed.generation, model=self._model)
+
+    async def _resume(self, request: ResumeRequest) -> None:
+        def refuse(code: str, message: str) -> None:
+            self._svc.metrics.resumes.labels(outcome=code).inc()
+            self._core.resume_failed(ClientProtocolError(
+                code, message, client_event_id=request.event_id))
+
+        try:
+            SessionKeys(request.session_id)
+        except ValueError:
+            refuse(ErrorCode.SESSION_RESUME_EXPIRED, "unknown session")
+            return
+        await self._subscribe(request.session_id)
+        token = secrets.token_urlsafe(32)
+        control_id = request.control_id or secrets.token_hex(16)
+        for attempt in range(_RESUME_ATTEMPTS):
+            try:
+                result = await self._svc.scripts.resume(
+                    request.session_id, presented_digest=_digest(request.resume_token),
+                    new_digest=_digest(token), control_id=control_id)
+                break
+            except StoreError as exc:
+                # Same control id: if the first try landed, the retry returns its answer.
+                if attempt == _RESUME_ATTEMPTS - 1:
+                    self._core.fail(InternalError(str(exc)))
+                    return
+        if result.status is ResumeStatus.UNKNOWN:
+            refuse(ErrorCode.SESSION_RESUME_EXPIRED, "the session is unknown or expired")
+            return
+        if result.status is ResumeStatus.BAD_TOKEN or result.lease is None:
+            refuse(ErrorCode.INVALID_RESUME_TOKEN, "the resume token is not valid")
+            return
+        self._lease = result.lease
+        self._svc.metrics.resumes.labels(outcome="ok").inc()
+        self._core.resume_succeeded(
+            request.session_id, resume_token=token if result.status is ResumeStatus.OK
+            else request.resume_token, generation=result.lease.generation,
+            last_client_seq=result.last_client_seq,
+            first_retained_seq=result.first_retained_seq,
+            last_server_event_seq=result.last_server_event_seq)
+
+    async def _detach(self) -> None:
+        if self._lease is None:
+            return
+        try:
+            await self._svc.scripts.detach(self._lease)
+        except StoreError as exc:
+            # The idle deadline still ends the session; the client can resume meanwhile.
+            _log.warning("detach failed for %s: %s", self._lease.session_id, exc)
+
+    async def _close(self, code: int, reason: str) -> None:
+        if self._ws.application_state is WebSocketState.CONNECTED:
+            with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
+                await self._ws.close(code, reason[:120])
+        self._closed.set()
+

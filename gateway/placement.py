@@ -1,0 +1,89 @@
+"""Placing a new session on a worker (DESIGN §2.1).
+
+Optimistic: read the directory and the workers' loads, then try the least loaded worker with
+one compare-and-set script in that worker's slot; on refusal try the next. An open whose
+outcome is unknown (timeout, connection error) is compensated with ``abandon_open`` so a late
+landing cannot leak a slot (DESIGN §2.10).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from gateway.protocol.errors import ClientProtocolError, CloseCode, ErrorCode
+from store import Lease, OpenStatus, SessionPolicy, StoreError, StoreUnavailable
+from store.directory import list_workers, server_time_ms, worker_loads
+from store.keys import new_session_id
+
+if TYPE_CHECKING:
+    from gateway.connection import GatewayServices
+
+__all__ = ["place_session", "policy_of"]
+
+
+def policy_of(services: GatewayServices) -> SessionPolicy:
+    """The per-session limits this gateway writes into new records."""
+    s = services.settings
+    return SessionPolicy(
+        disconnect_grace_ms=int(s.disconnect_grace_s * 1000),
+        idle_ttl_ms=int(s.idle_ttl_s * 1000),
+        output_log_max_entries=s.output_log_max_entries,
+        input_log_max_entries=s.input_log_max_entries,
+        closed_retention_ms=int(s.closed_retention_s * 1000),
+    )
+
+
+def _exhausted() -> ClientProtocolError:
+    return ClientProtocolError(
+        ErrorCode.RESOURCE_EXHAUSTED, "no inference worker has a free slot; retry later",
+        close_code=CloseCode.TRY_AGAIN_LATER,
+    )
+
+
+async def place_session(
+    services: GatewayServices, *, token_digest: str,
+    subscribe: Callable[[str], Awaitable[None]],
+) -> Lease:
+    """Open a session on the least loaded live worker; returns its first lease.
+
+    ``subscribe`` is called with the session id before the open lands, so not even the
+    session's first event can be published before this gateway listens.
+
+    Raises:
+        ClientProtocolError: ``resource_exhausted`` (close 1013) when no worker accepted.
+        StoreError: Redis failed.
+    """
+    client, scripts = services.client, services.scripts
+    now_ms = await server_time_ms(client)
+    candidates = await worker_loads(client, await list_workers(client, now_ms))
+    policy = policy_of(services)
+    epoch = secrets.token_hex(8)
+    for load in candidates:
+        if load.state != "live" or load.free == 0:
+            continue
+        session_id = new_session_id(load.worker_id)
+        await subscribe(session_id)
+        try:
+            status = await asyncio.wait_for(
+                scripts.open_session(session_id, epoch=epoch, token_digest=token_digest,
+                                     tenant="default", policy=policy),
+                services.settings.open_timeout_s)
+        except (TimeoutError, StoreError) as exc:
+            await _abandon(services, session_id)
+            raise StoreUnavailable(f"open of {session_id} did not complete: {exc!r}") from exc
+        if status is OpenStatus.OK:
+            return Lease(session_id=session_id, epoch=epoch, generation=1)
+    raise _exhausted()
+
+
+async def _abandon(services: GatewayServices, session_id: str) -> None:
+    try:
+        await services.scripts.abandon_open(session_id)
+    except StoreError:
+        # Redis is unreachable: the open cannot land either while it is down; if it landed
+        # before, the idle TTL (no client ever attached input) reaps the session.
+        pass
+

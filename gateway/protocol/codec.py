@@ -1,0 +1,512 @@
+"""The gateway's wire codec: Realtime JSON frames <-> typed values, with no I/O.
+
+Inbound, :func:`parse_client_frame` turns one websocket frame into a :class:`ParsedFrame` (a
+typed :data:`~store.messages.Command` for the worker, or a gateway envelope) or raises a
+:class:`ClientProtocolError` whose code is in :data:`PARSE_ERROR_CODES`; it never raises
+anything else. Checks are syntactic only (JSON, field types, base64, sizes); semantic questions
+(is a response active? may this update apply?) belong to the worker (DESIGN.md §1).
+
+Outbound, :func:`render_event` renders worker events, :func:`render_notice` the gateway's own
+notices and :func:`render_error` exceptions, all as Realtime GA dicts; :func:`encode_frame`
+serialises one. Beta event names are never emitted. Every rendered dict carries ``type`` and
+``event_id`` (the SDK types require both); events from the output log also carry our extension
+``server_event_seq``, which strict clients accept because the SDK models allow extra keys.
+
+Both directions dispatch through a table (wire type -> parser, class -> renderer), so adding a
+message is one entry, not a branch.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Callable
+from typing import Any, NoReturn, TypeAlias, TypeVar
+
+from gateway.protocol import envelope as env
+from gateway.protocol.errors import (
+    PARSE_ERROR_CODES,
+    ClientProtocolError,
+    CloseCode,
+    ErrorCode,
+    GatewayError,
+    InternalError,
+)
+from store import messages as m
+
+__all__ = [
+    "CLIENT_EVENT_TYPES",
+    "MAX_SEQ",
+    "PARSE_ERROR_CODES",
+    "UNSUPPORTED_CLIENT_EVENT_TYPES",
+    "encode_frame",
+    "parse_client_frame",
+    "render_error",
+    "render_event",
+    "render_notice",
+]
+
+JsonDict: TypeAlias = dict[str, Any]
+
+#: Largest sequence number accepted from a client: Redis Lua numbers are doubles, so anything
+#: above 2**53 - 1 could not be compared exactly by the store's scripts.
+MAX_SEQ = 2**53 - 1
+
+# Longest slice of a client-supplied ``type`` quoted back in a message: it may be megabytes.
+_QUOTE_LIMIT = 64
+
+# --------------------------------------------------------------------------- field access
+
+
+_T = TypeVar("_T")
+
+# What JSON calls each Python type that json.loads produces, for error messages.
+_JSON_TYPES: dict[type[Any], str] = {
+    type(None): "null",
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "an array",
+    dict: "an object",
+}
+
+
+class _Fields:
+    """Typed access to the fields of one client frame; failures name the field and echo the id."""
+
+    __slots__ = ("_obj", "event_id")
+
+    def __init__(self, obj: JsonDict, event_id: str | None) -> None:
+        self._obj = obj
+        self.event_id = event_id
+
+    def fail(self, code: str, message: str, param: str | None = None) -> NoReturn:
+        raise ClientProtocolError(code, message, param=param, client_event_id=self.event_id)
+
+    def _get(self, key: str, kind: type[Any], *, required: bool) -> Any:
+        if key not in self._obj:
+            if required:
+                msg = f"Missing required parameter: '{key}'."
+                self.fail(ErrorCode.MISSING_REQUIRED_PARAMETER, msg, key)
+            return None
+        value = self._obj[key]
+        # An explicit null means "absent" for optional fields (the SDK keeps None-valued keys).
+        if value is None and not required:
+            return None
+        # Exact types: bool is an int subclass in Python but not a JSON integer.
+        if type(value) is not kind:
+            got = _JSON_TYPES.get(type(value), "a value")
+            msg = f"Invalid type for '{key}': expected {_JSON_TYPES[kind]}, but got {got}."
+            self.fail(ErrorCode.INVALID_TYPE, msg, key)
+        return value
+
+    def require(self, key: str, kind: type[_T]) -> _T:
+        value: _T = self._get(key, kind, required=True)
+        return value
+
+    def optional(self, key: str, kind: type[_T]) -> _T | None:
+        value: _T | None = self._get(key, kind, required=False)
+        return value
+
+    def require_seq(self, key: str, *, minimum: int) -> int:
+        return self._in_range(key, self.require(key, int), minimum)
+
+    def optional_seq(self, key: str, *, minimum: int) -> int | None:
+        value = self.optional(key, int)
+        return None if value is None else self._in_range(key, value, minimum)
+
+    def _in_range(self, key: str, value: int, minimum: int) -> int:
+        # Sequence numbers end up in Lua scripts, whose numbers are doubles: see MAX_SEQ.
+        if not minimum <= value <= MAX_SEQ:
+            msg = f"Invalid value for '{key}': expected an integer in [{minimum}, {MAX_SEQ}]."
+            self.fail(ErrorCode.INVALID_VALUE, msg, key)
+        return value
+
+    def pcm16(self, key: str) -> bytes:
+        """Strict base64 of pcm16 audio: no stray characters, whole samples only."""
+        try:
+            audio = base64.b64decode(self.require(key, str), validate=True)
+        except (binascii.Error, ValueError):  # ValueError: non-ASCII characters
+            self.fail(ErrorCode.INVALID_VALUE, f"Invalid value for '{key}': not base64.", key)
+        if len(audio) % 2:
+            msg = f"Invalid value for '{key}': pcm16 audio must be whole 2-byte samples."
+            self.fail(ErrorCode.INVALID_VALUE, msg, key)
+        return audio
+
+
+def _quote(text: str) -> str:
+    return repr(text if len(text) <= _QUOTE_LIMIT else text[:_QUOTE_LIMIT] + "...")
+
+
+# --------------------------------------------------------------------------- client parsers
+
+
+def _session_update(f: _Fields) -> m.Command:
+    return m.UpdateSession(session=f.require("session", dict), event_id=f.event_id)
+
+
+def _audio_append(f: _Fields) -> m.Command:
+    return m.AppendAudio(audio=f.pcm16("audio"), event_id=f.event_id)
+
+
+def _audio_commit(f: _Fields) -> m.Command:
+    return m.CommitInput(event_id=f.event_id)
+
+
+def _audio_clear(f: _Fields) -> m.Command:
+    return m.ClearInput(event_id=f.event_id)
+
+
+def _response_create(f: _Fields) -> m.Command:
+    return m.CreateResponse(response=f.optional("response", dict), event_id=f.event_id)
+
+
+def _response_cancel(f: _Fields) -> m.Command:
+    return m.CancelResponse(response_id=f.optional("response_id", str), event_id=f.event_id)
+
+
+def _heartbeat(f: _Fields) -> m.Command:
+    return m.Heartbeat(event_id=f.event_id)
+
+
+def _session_close(f: _Fields) -> m.Command:
+    reason = f.optional("reason", str)
+    if reason is None:
+        return m.CloseSession(event_id=f.event_id)
+    return m.CloseSession(reason=reason, event_id=f.event_id)
+
+
+def _session_resume(f: _Fields) -> env.ClientEnvelope:
+    # Any shape problem is one code, as in the seed: clients treat it as "resume impossible".
+    try:
+        session_id = f.require("session_id", str)
+        resume_token = f.require("resume_token", str)
+        last_seq = f.optional_seq("last_received_server_event_seq", minimum=0)
+        control_id = f.optional("control_id", str)
+    except ClientProtocolError as exc:
+        f.fail(ErrorCode.INVALID_SESSION_RESUME, exc.message, exc.param)
+    for key, value in (("session_id", session_id), ("resume_token", resume_token)):
+        if not value:
+            f.fail(ErrorCode.INVALID_SESSION_RESUME, f"'{key}' must not be empty.", key)
+    return env.ResumeRequest(
+        session_id=session_id,
+        resume_token=resume_token,
+        last_received_server_event_seq=last_seq or 0,
+        control_id=control_id,
+        event_id=f.event_id,
+    )
+
+
+def _event_ack(f: _Fields) -> env.ClientEnvelope:
+    seq = f.require_seq("server_event_seq", minimum=0)
+    return env.EventAck(server_event_seq=seq, event_id=f.event_id)
+
+
+_PARSERS: dict[str, Callable[[_Fields], m.Command | env.ClientEnvelope]] = {
+    "session.update": _session_update,
+    "input_audio_buffer.append": _audio_append,
+    "input_audio_buffer.commit": _audio_commit,
+    "input_audio_buffer.clear": _audio_clear,
+    "response.create": _response_create,
+    "response.cancel": _response_cancel,
+    # Extensions (seed_behaviour.md §4.7): lease keepalive, graceful close, resume, log trim.
+    "session.heartbeat": _heartbeat,
+    "session.close": _session_close,
+    "session.resume": _session_resume,
+    "session.event_ack": _event_ack,
+}
+
+#: Every client event type the codec accepts.
+CLIENT_EVENT_TYPES: frozenset[str] = frozenset(_PARSERS)
+
+#: Realtime client events (GA, plus beta's ``transcription_session.update``) that exist upstream
+#: but are not implemented yet: refused with ``unsupported_event`` so the session survives.
+UNSUPPORTED_CLIENT_EVENT_TYPES: frozenset[str] = frozenset(
+    {
+        "conversation.item.create",
+        "conversation.item.truncate",
+        "conversation.item.delete",
+        "conversation.item.retrieve",
+        "output_audio_buffer.clear",
+        "transcription_session.update",
+    }
+)
+
+
+def _reject_constant(name: str) -> NoReturn:
+    # Python's json accepts NaN/Infinity; JSON does not.
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _frame_bytes(data: str | bytes) -> int:
+    """The frame's size in UTF-8 bytes, without encoding the common (ASCII) case."""
+    if isinstance(data, bytes) or data.isascii():
+        return len(data)
+    return len(data.encode("utf-8", "surrogatepass"))
+
+
+def _load_object(data: str | bytes, max_frame_bytes: int) -> JsonDict:
+    size = _frame_bytes(data)
+    if size > max_frame_bytes:
+        raise ClientProtocolError(
+            ErrorCode.EVENT_TOO_LARGE,
+            f"The frame is {size} bytes; the limit is {max_frame_bytes} bytes.",
+            close_code=CloseCode.MESSAGE_TOO_BIG,
+        )
+    try:
+        # Decode explicitly: json.loads(bytes) would also guess UTF-16/32, which is not JSON text.
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nesting
+        reason = str(exc)[:200]
+        raise ClientProtocolError(
+            ErrorCode.INVALID_JSON, f"The frame is not valid UTF-8 JSON: {reason}"
+        ) from None
+    if not isinstance(obj, dict):
+        got = _JSON_TYPES.get(type(obj), "a value")
+        msg = f"A client event must be a JSON object, not {got}."
+        raise ClientProtocolError(ErrorCode.INVALID_EVENT, msg)
+    return obj
+
+
+def _event_type(f: _Fields, obj: JsonDict) -> str:
+    type_ = obj.get("type")
+    if type_ is None:
+        f.fail(ErrorCode.INVALID_EVENT, "The 'type' field is missing.")
+    if not isinstance(type_, str):
+        f.fail(ErrorCode.INVALID_EVENT, "The 'type' field must be a string.")
+    return type_
+
+
+def _parser_for(f: _Fields, type_: str) -> Callable[[_Fields], m.Command | env.ClientEnvelope]:
+    parser = _PARSERS.get(type_)
+    if parser is not None:
+        return parser
+    if type_ in UNSUPPORTED_CLIENT_EVENT_TYPES:
+        f.fail(
+            ErrorCode.UNSUPPORTED_EVENT,
+            f"The event type {_quote(type_)} is not supported by this server yet.",
+            "type",
+        )
+    f.fail(
+        ErrorCode.UNKNOWN_EVENT,
+        f"Invalid value: {_quote(type_)}. Supported values are: {', '.join(sorted(_PARSERS))}.",
+        "type",
+    )
+
+
+def _client_seq(f: _Fields) -> int | None:
+    # Our extension has one code for every way to get it wrong, wrong JSON type included.
+    try:
+        return f.optional_seq("client_seq", minimum=1)
+    except ClientProtocolError as exc:
+        f.fail(ErrorCode.INVALID_VALUE, exc.message, "client_seq")
+
+
+def parse_client_frame(data: str | bytes, *, max_frame_bytes: int) -> env.ParsedFrame:
+    """Parse one client websocket frame (text or binary) into a typed value.
+
+    Unknown fields are ignored, as the Realtime API's clients expect of additive extensions.
+
+    Args:
+        data: the frame's payload: ``str`` for a text frame, ``bytes`` for a binary one.
+        max_frame_bytes: the largest frame accepted, in UTF-8 bytes.
+
+    Returns:
+        The command or gateway envelope the frame holds, with its optional ``client_seq``.
+
+    Raises:
+        ClientProtocolError: with a code from :data:`PARSE_ERROR_CODES`, echoing the frame's
+            ``event_id`` whenever it could be read. Only ``event_too_large`` carries a close
+            code (1009); after every other error the session stays usable.
+    """
+    obj = _load_object(data, max_frame_bytes)
+    f = _Fields(obj, None)
+    f.event_id = f.optional("event_id", str)
+    parser = _parser_for(f, _event_type(f, obj))
+    client_seq = _client_seq(f)
+    message = parser(f)
+    if isinstance(message, env.ResumeRequest | env.EventAck):
+        return env.ParsedFrame(envelope=message, client_seq=client_seq)
+    return env.ParsedFrame(command=message, client_seq=client_seq)
+
+
+# --------------------------------------------------------------------------- event renderers
+
+
+def _copy(*names: str) -> Callable[[Any], JsonDict]:
+    """A renderer for the many events whose wire fields are exactly some dataclass fields."""
+
+    def render(message: Any) -> JsonDict:
+        return {name: getattr(message, name) for name in names}
+
+    return render
+
+
+def _error(e: m.ErrorEvent) -> JsonDict:
+    error = {"type": e.error_type, "code": e.code, "message": e.message, "param": e.param}
+    return {"error": {**error, "event_id": e.client_event_id}}
+
+
+def _audio_delta(e: m.AudioDelta) -> JsonDict:
+    # The log stores raw bytes (DESIGN.md §5); base64 happens once, here, on the way out.
+    return {
+        "response_id": e.response_id,
+        "item_id": e.item_id,
+        "output_index": e.output_index,
+        "content_index": e.content_index,
+        "delta": base64.b64encode(e.audio).decode("ascii"),
+    }
+
+
+# Every event addressed to one content part of one output item starts with these.
+_PART = ("response_id", "item_id", "output_index", "content_index")
+
+_EVENT_RENDERERS: dict[type[Any], tuple[str, Callable[[Any], JsonDict]]] = {
+    m.SessionUpdated: ("session.updated", _copy("session")),
+    m.ErrorEvent: ("error", _error),
+    m.HeartbeatAck: ("session.heartbeat_ack", _copy()),
+    m.InputCommitted: ("input_audio_buffer.committed", _copy("previous_item_id", "item_id")),
+    m.InputCleared: ("input_audio_buffer.cleared", _copy()),
+    m.ItemAdded: ("conversation.item.added", _copy("previous_item_id", "item")),
+    m.ItemDone: ("conversation.item.done", _copy("previous_item_id", "item")),
+    m.ResponseCreated: ("response.created", _copy("response")),
+    m.ResponseDone: ("response.done", _copy("response")),
+    m.OutputItemAdded: ("response.output_item.added", _copy("response_id", "output_index", "item")),
+    m.OutputItemDone: ("response.output_item.done", _copy("response_id", "output_index", "item")),
+    m.ContentPartAdded: ("response.content_part.added", _copy(*_PART, "part")),
+    m.ContentPartDone: ("response.content_part.done", _copy(*_PART, "part")),
+    m.AudioDelta: ("response.output_audio.delta", _audio_delta),
+    m.AudioDone: ("response.output_audio.done", _copy(*_PART)),
+    m.TranscriptDelta: ("response.output_audio_transcript.delta", _copy(*_PART, "delta")),
+    m.TranscriptDone: ("response.output_audio_transcript.done", _copy(*_PART, "transcript")),
+    m.SessionClosed: ("session.closed", _copy("reason")),
+    m.SessionExpired: ("session.expired", _copy("reason")),
+}
+
+# Our session-level extensions name their session, as the seed's do (seed_behaviour.md §3.1).
+_CARRIES_SESSION_ID = frozenset({"session.heartbeat_ack", "session.closed", "session.expired"})
+
+
+def render_event(
+    event: m.Event, *, server_event_seq: int, event_id: str, session_id: str | None = None
+) -> JsonDict:
+    """Render a worker event from the output log as a Realtime GA server event.
+
+    Nested objects (``session``, ``item``, ``response``, ``part``) are shared with ``event``,
+    not copied: encode the result, do not mutate it.
+
+    Args:
+        event: the typed event.
+        server_event_seq: its position in the session's output log (1, 2, 3, ...).
+        event_id: the server ``event_id`` to stamp (unique per rendered event).
+        session_id: added to ``session.heartbeat_ack``/``.closed``/``.expired`` when given.
+
+    Returns:
+        The event's JSON object, with ``type``, ``event_id`` and ``server_event_seq``.
+
+    Raises:
+        InternalError: ``event`` is of a class without a renderer (a gateway bug).
+    """
+    entry = _EVENT_RENDERERS.get(type(event))
+    if entry is None:
+        raise InternalError(f"no renderer for {type(event).__name__}")
+    wire_type, render = entry
+    rendered: JsonDict = {"type": wire_type, "event_id": event_id, **render(event)}
+    if session_id is not None and wire_type in _CARRIES_SESSION_ID:
+        rendered["session_id"] = session_id
+    rendered["server_event_seq"] = server_event_seq
+    return rendered
+
+
+# --------------------------------------------------------------------------- gateway notices
+
+# ``object`` of the session resource by session ``type`` (the GA create-response shapes).
+_SESSION_OBJECTS = {
+    "realtime": "realtime.session",
+    "transcription": "realtime.transcription_session",
+}
+
+
+def _session_created(n: env.SessionCreatedNotice) -> JsonDict:
+    kind = n.session.get("type")
+    if not isinstance(kind, str):
+        kind = "realtime"  # the GA session object requires ``type``
+    obj = _SESSION_OBJECTS.get(kind, "realtime.session")
+    head = {"type": kind, "object": obj, "id": n.session_id}  # these win over the config's
+    session = {**head, **{k: v for k, v in n.session.items() if k not in head}}
+    return {"session": session, **_RESUME_FIELDS(n)}
+
+
+_RESUME_FIELDS = _copy("session_id", "resume_token", "lease_generation")
+
+_NOTICE_RENDERERS: dict[type[Any], tuple[str, Callable[[Any], JsonDict]]] = {
+    env.SessionCreatedNotice: ("session.created", _session_created),
+    env.SessionResumedNotice: (
+        "session.resumed",
+        _copy("session_id", "resume_token", "lease_generation", "last_client_seq", "replay_from"),
+    ),
+    env.SessionReplacedNotice: ("session.replaced", _copy("session_id", "lease_generation")),
+    env.ResyncRequiredNotice: ("session.resync_required", _copy("session_id", "reason")),
+}
+
+
+def render_notice(notice: env.Notice, *, event_id: str) -> JsonDict:
+    """Render a gateway notice; notices are not in the output log, so carry no sequence number.
+
+    Args:
+        notice: the typed notice.
+        event_id: the server ``event_id`` to stamp.
+
+    Returns:
+        The notice's JSON object. ``session.created`` validates against the SDK's
+        ``SessionCreatedEvent``, with our resume fields as extra top-level keys.
+
+    Raises:
+        InternalError: ``notice`` is of a class without a renderer (a gateway bug).
+    """
+    entry = _NOTICE_RENDERERS.get(type(notice))
+    if entry is None:
+        raise InternalError(f"no renderer for {type(notice).__name__}")
+    wire_type, render = entry
+    return {"type": wire_type, "event_id": event_id, **render(notice)}
+
+
+_INTERNAL_MESSAGE = "The server had an error while processing your request."
+
+
+def render_error(error: GatewayError, event_id: str) -> JsonDict:
+    """Render an exception as a Realtime ``error`` event.
+
+    Args:
+        error: a :class:`ClientProtocolError` is rendered with its type, code, message, param
+            and client event id; any other :class:`GatewayError` (an :class:`InternalError`)
+            as a generic ``server_error``/``internal_error``, because its details may be
+            security-sensitive.
+        event_id: the server ``event_id`` to stamp.
+
+    Returns:
+        The ``error`` event's JSON object (no ``server_event_seq``: it is not in the log).
+    """
+    body: dict[str, str | None]
+    if isinstance(error, ClientProtocolError):
+        body = {"type": error.error_type, "code": error.code, "message": error.message}
+        body |= {"param": error.param, "event_id": error.client_event_id}
+    else:
+        body = {"type": "server_error", "code": ErrorCode.INTERNAL_ERROR.value}
+        body |= {"message": _INTERNAL_MESSAGE, "param": None, "event_id": None}
+    return {"type": "error", "event_id": event_id, "error": body}
+
+
+def encode_frame(message: JsonDict) -> str:
+    """Serialise a rendered message as one compact JSON text frame.
+
+    Raises:
+        InternalError: the message holds something JSON cannot carry (NaN, bytes, ...).
+    """
+    try:
+        return json.dumps(message, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InternalError(f"unencodable message: {exc}") from exc

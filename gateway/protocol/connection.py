@@ -1,0 +1,364 @@
+"""The I/O-free core of one client connection.
+
+The gateway holds no session state (DESIGN.md "Who owns what"): this object lives exactly as
+long as one websocket and decides, from its inputs alone, what the driver must do. Inputs are
+method calls (a client frame arrived, the store answered, log entries arrived, the lease moved,
+the socket dropped); outputs are drained with :meth:`ConnectionCore.actions_to_run`, the swap
+idiom of python-websockets. No asyncio, no Redis, no clock.
+
+Connection states, as data (style rule 2)::
+
+    AWAITING_FIRST --first frame: session.update / any command--> OPENING --open ok--> ATTACHED
+    AWAITING_FIRST --first frame: session.resume--> RESUMING --resume ok--> ATTACHED
+    OPENING / RESUMING --failed--> CLOSED
+    ATTACHED --terminal event / replaced / lease lost / client close--> CLOSED
+
+Frames that arrive while an open or resume is in flight are parsed at once (errors are
+answered in order) and their commands queued until the lease exists.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from gateway.protocol.codec import (
+    encode_frame,
+    parse_client_frame,
+    render_error,
+    render_event,
+    render_notice,
+)
+from gateway.protocol.envelope import (
+    EventAck,
+    Notice,
+    ResumeRequest,
+    ResyncRequiredNotice,
+    SessionCreatedNotice,
+    SessionReplacedNotice,
+    SessionResumedNotice,
+)
+from gateway.protocol.errors import ClientProtocolError, CloseCode, ErrorCode, GatewayError
+from store.follower import LogFollower
+from store.messages import Command, MessageDecodeError, decode_event, is_terminal
+
+__all__ = [
+    "AppendCommands",
+    "CloseConnection",
+    "ConnectionCore",
+    "ConnectionState",
+    "DetachLease",
+    "FetchLog",
+    "OpenSession",
+    "ResumeSession",
+    "SendFrame",
+]
+
+
+class ConnectionState(enum.Enum):
+    """Where one connection stands."""
+
+    AWAITING_FIRST = "awaiting_first"
+    OPENING = "opening"
+    RESUMING = "resuming"
+    ATTACHED = "attached"
+    CLOSED = "closed"
+
+
+# The only place connection transitions live: (state, trigger) -> next state.
+_TRANSITIONS: dict[tuple[ConnectionState, str], ConnectionState] = {
+    (ConnectionState.AWAITING_FIRST, "open"): ConnectionState.OPENING,
+    (ConnectionState.AWAITING_FIRST, "resume"): ConnectionState.RESUMING,
+    (ConnectionState.OPENING, "attached"): ConnectionState.ATTACHED,
+    (ConnectionState.RESUMING, "attached"): ConnectionState.ATTACHED,
+    (ConnectionState.OPENING, "fail"): ConnectionState.CLOSED,
+    (ConnectionState.RESUMING, "fail"): ConnectionState.CLOSED,
+    (ConnectionState.AWAITING_FIRST, "fail"): ConnectionState.CLOSED,
+    (ConnectionState.ATTACHED, "fail"): ConnectionState.CLOSED,
+    (ConnectionState.ATTACHED, "end"): ConnectionState.CLOSED,
+}
+
+
+# ----------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SendFrame:
+    """Send one text frame to the client."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CloseConnection:
+    """Close the websocket; nothing is sent after this."""
+
+    code: int
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpenSession:
+    """Place a new session; answer with :meth:`ConnectionCore.open_succeeded` or ``_failed``."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResumeSession:
+    """Resume; answer with :meth:`ConnectionCore.resume_succeeded` or ``resume_failed``."""
+
+    request: ResumeRequest
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppendCommands:
+    """Append commands to the input log under the current lease (fenced)."""
+
+    entries: tuple[tuple[int | None, Command], ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FetchLog:
+    """Read output entries after ``after_seq`` and feed them to ``receive_log_entries``."""
+
+    after_seq: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DetachLease:
+    """The client vanished without ``session.close``: start the disconnect grace."""
+
+    generation: int
+
+
+Action = SendFrame | CloseConnection | OpenSession | ResumeSession | AppendCommands | FetchLog
+Action = Action | DetachLease
+
+
+class ConnectionCore:
+    """Drives one websocket connection; see the module docstring.
+
+    Args:
+        max_frame_bytes: frames above this size are refused with close 1009.
+        autostart: open a session at once (the client named a ``model`` in the URL), as the
+            OpenAI server does, instead of waiting for the first frame.
+    """
+
+    def __init__(self, *, max_frame_bytes: int, autostart: bool = False) -> None:
+        self.state = ConnectionState.AWAITING_FIRST
+        self.session_id: str | None = None
+        self.generation = 0
+        self._max_frame_bytes = max_frame_bytes
+        self._actions: list[Action] = []
+        self._pending: list[tuple[int | None, Command]] = []
+        self._follower = LogFollower()
+        self._event_counter = 0
+        if autostart:
+            self._move("open")
+            self._actions.append(OpenSession())
+
+    # ------------------------------------------------------------------ outputs
+
+    def actions_to_run(self) -> list[Action]:
+        """Drain the actions decided since the last call, in order."""
+        actions, self._actions = self._actions, []
+        return actions
+
+    @property
+    def delivered_seq(self) -> int:
+        """The highest ``server_event_seq`` sent to the client."""
+        return self._follower.next_index - 1
+
+    # ------------------------------------------------------------------ inputs: client
+
+    def receive_frame(self, data: str | bytes) -> None:
+        """A frame from the client."""
+        if self.state is ConnectionState.CLOSED:
+            return
+        try:
+            frame = parse_client_frame(data, max_frame_bytes=self._max_frame_bytes)
+        except ClientProtocolError as exc:
+            self._refuse(exc)
+            return
+        if isinstance(frame.envelope, ResumeRequest):
+            self._receive_resume(frame.envelope)
+        elif isinstance(frame.envelope, EventAck):
+            self._receive_ack(frame.envelope)
+        elif frame.command is not None:
+            self._receive_command(frame.client_seq, frame.command)
+
+    def _receive_resume(self, request: ResumeRequest) -> None:
+        if self.state is not ConnectionState.AWAITING_FIRST:
+            self._refuse(ClientProtocolError(
+                ErrorCode.UNSUPPORTED_SESSION_RESUME,
+                "session.resume must be the first message of a connection",
+                client_event_id=request.event_id,
+            ))
+            return
+        self._move("resume")
+        self._follower = LogFollower(request.last_received_server_event_seq)
+        self._actions.append(ResumeSession(request=request))
+
+    def _receive_ack(self, ack: EventAck) -> None:
+        if ack.server_event_seq > self.delivered_seq:
+            self._refuse(ClientProtocolError(
+                ErrorCode.INVALID_EVENT_ACK,
+                f"server_event_seq {ack.server_event_seq} was never sent",
+                param="server_event_seq", client_event_id=ack.event_id,
+            ))
+
+    def _receive_command(self, client_seq: int | None, command: Command) -> None:
+        if self.state is ConnectionState.AWAITING_FIRST:
+            # The first frame opens the session; a session.update configures it, anything
+            # else opens a default session and then runs as its first command.
+            self._move("open")
+            self._actions.append(OpenSession())
+        if self.state is ConnectionState.ATTACHED:
+            self._actions.append(AppendCommands(entries=((client_seq, command),)))
+        else:
+            self._pending.append((client_seq, command))
+
+    def connection_lost(self) -> None:
+        """The socket dropped (or timed out) without a terminal event."""
+        self._force_closed()
+
+    # ------------------------------------------------------------------ inputs: store
+
+    def open_succeeded(
+        self, session_id: str, *, resume_token: str, generation: int, model: str
+    ) -> None:
+        """The open script placed the session; announce it and release queued commands."""
+        self.session_id = session_id
+        self.generation = generation
+        self._move("attached")
+        self._notice(SessionCreatedNotice(
+            session_id=session_id, resume_token=resume_token, lease_generation=generation,
+            session={"type": "realtime", "model": model},
+        ))
+        self._actions.append(FetchLog(after_seq=self.delivered_seq))
+        self._flush_pending()
+
+    def fail(self, error: GatewayError) -> None:
+        """The session could not be opened or served (no worker, store failure): answer the
+        error and close with its close code (1011 when it has none)."""
+        self._fail(error)
+
+    def resume_succeeded(
+        self, session_id: str, *, resume_token: str, generation: int, last_client_seq: int,
+        first_retained_seq: int, last_server_event_seq: int,
+    ) -> None:
+        """The resume CAS landed: announce, then replay from the log (or ask for a resync)."""
+        self.session_id = session_id
+        self.generation = generation
+        self._move("attached")
+        self._notice(SessionResumedNotice(
+            session_id=session_id, resume_token=resume_token, lease_generation=generation,
+            last_client_seq=last_client_seq, replay_from=self._follower.next_index,
+        ))
+        missing_from = self._follower.next_index
+        trimmed = first_retained_seq == 0 or first_retained_seq > missing_from
+        if missing_from <= last_server_event_seq and trimmed:
+            # DESIGN §2.7: events the client lacks are gone; never a silent gap.
+            self._notice(ResyncRequiredNotice(session_id=session_id, reason="log_trimmed"))
+            self._follower = LogFollower(last_server_event_seq)
+        self._actions.append(FetchLog(after_seq=self.delivered_seq))
+        self._flush_pending()
+
+    def resume_failed(self, error: ClientProtocolError) -> None:
+        """Unknown session, wrong token or a conflicting resume: refuse and close (1008)."""
+        self._fail(error, close_code=CloseCode.POLICY_VIOLATION)
+
+    def receive_log_entries(self, first_seq: int, payloads: list[bytes]) -> None:
+        """Output entries from a push or a log read; any order, duplicates allowed."""
+        if self.state is not ConnectionState.ATTACHED:
+            return
+        fresh, gap = self._follower.offer(first_seq, payloads)
+        if gap:
+            self._actions.append(FetchLog(after_seq=self.delivered_seq))
+        for seq, payload in fresh:
+            self._deliver(seq, payload)
+            if self.state is ConnectionState.CLOSED:
+                return
+
+    def lease_moved(self, generation: int) -> None:
+        """A newer attach took the session (resume elsewhere, or our write was fenced)."""
+        if self.state is not ConnectionState.ATTACHED or generation <= self.generation:
+            return
+        assert self.session_id is not None
+        self._notice(SessionReplacedNotice(session_id=self.session_id,
+                                           lease_generation=self.generation))
+        self._actions.append(CloseConnection(code=CloseCode.NORMAL, reason="session_replaced"))
+        self._move("end")
+
+    def log_trimmed(self, first_available_seq: int) -> None:
+        """A log read found entries missing before ``first_available_seq`` (trimmed)."""
+        if self.state is not ConnectionState.ATTACHED or first_available_seq <= 1:
+            return
+        assert self.session_id is not None
+        self._notice(ResyncRequiredNotice(session_id=self.session_id, reason="log_trimmed"))
+        self._follower = LogFollower(first_available_seq - 1)
+
+    def session_gone(self) -> None:
+        """A fenced write found the session closed: catch up with the log's terminal event."""
+        if self.state is ConnectionState.ATTACHED:
+            self._actions.append(FetchLog(after_seq=self.delivered_seq))
+
+    # ------------------------------------------------------------------ helpers
+
+    def _deliver(self, seq: int, payload: bytes) -> None:
+        try:
+            event = decode_event(payload)
+        except MessageDecodeError:
+            # A corrupt entry is our fault, never the client's; skipping it keeps the stream
+            # going (the seq still advances, so replay stays exact).
+            return
+        assert self.session_id is not None
+        # Deterministic ids: a replayed event carries the same event_id as the first time.
+        rendered = render_event(event, server_event_seq=seq,
+                                event_id=f"event_{self.session_id[-12:]}_{seq}")
+        self._actions.append(SendFrame(text=encode_frame(rendered)))
+        if is_terminal(event):
+            self._actions.append(CloseConnection(code=CloseCode.NORMAL,
+                                                 reason=getattr(event, "reason", "")))
+            self._move("end")
+
+    def _flush_pending(self) -> None:
+        if self._pending:
+            self._actions.append(AppendCommands(entries=tuple(self._pending)))
+            self._pending = []
+
+    def _notice(self, notice: Notice) -> None:
+        self._actions.append(SendFrame(text=encode_frame(render_notice(
+            notice, event_id=self._next_event_id()))))
+
+    def _next_event_id(self) -> str:
+        self._event_counter += 1
+        return f"event_gw_{self._event_counter}"
+
+    def _refuse(self, error: ClientProtocolError) -> None:
+        """Answer a bad frame; close only when the error says so."""
+        self._actions.append(SendFrame(text=encode_frame(render_error(
+            error, self._next_event_id()))))
+        if error.close_code is not None:
+            self._actions.append(CloseConnection(code=error.close_code, reason=error.code))
+            self._force_closed()
+
+    def _fail(self, error: GatewayError, close_code: int | None = None) -> None:
+        self._actions.append(SendFrame(text=encode_frame(render_error(
+            error, self._next_event_id()))))
+        code = close_code or error.close_code or CloseCode.INTERNAL_ERROR
+        self._actions.append(CloseConnection(code=code, reason=getattr(error, "code", "")))
+        self._force_closed()
+
+    def _force_closed(self) -> None:
+        # Ending an attached connection without a terminal event leaves the session alive in
+        # its disconnect grace, resumable through any gateway (DESIGN §2.6).
+        if self.state is ConnectionState.ATTACHED:
+            self._actions.append(DetachLease(generation=self.generation))
+        self.state = ConnectionState.CLOSED
+        self._pending = []
+
+    def _move(self, trigger: str) -> None:
+        try:
+            self.state = _TRANSITIONS[(self.state, trigger)]
+        except KeyError:
+            raise AssertionError(f"can't handle {trigger} in state {self.state.value}") from None

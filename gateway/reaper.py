@@ -1,0 +1,43 @@
+"""The expiry reaper every gateway runs: grace and idle expiry, and worker loss (DESIGN §2.6).
+
+Any number of gateways may reap at once: each session's end is a compare-and-set in Lua, so
+exactly one reaper wins and exactly one terminal event is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from gateway.metrics import GatewayMetrics
+from store import Scripts, StoreError
+from store.client import RedisClient
+from store.directory import forget_worker, list_workers, server_time_ms
+
+__all__ = ["reap_once", "run_reaper"]
+
+_log = logging.getLogger(__name__)
+
+
+async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetrics) -> int:
+    """One pass over every listed worker; returns how many sessions ended."""
+    now_ms = await server_time_ms(client)
+    ended = 0
+    for worker_id in await list_workers(client, now_ms):
+        state, count = await scripts.reap(worker_id)
+        ended += count
+        if state in ("lost", "unknown"):
+            await forget_worker(client, worker_id)
+    metrics.reaped.inc(ended)
+    return ended
+
+
+async def run_reaper(client: RedisClient, scripts: Scripts, metrics: GatewayMetrics,
+                     interval_s: float) -> None:
+    """Reap forever, every ``interval_s``; Redis errors are logged and retried."""
+    while True:
+        try:
+            await reap_once(client, scripts, metrics)
+        except (StoreError, OSError) as exc:
+            _log.warning("reaper pass failed: %s", exc)
+        await asyncio.sleep(interval_s)

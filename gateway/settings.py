@@ -1,0 +1,56 @@
+"""Settings: one frozen object per process, read once from flags and ``DUPLEX_GATEWAY_*``.
+
+Every field is documented in the README's settings table; ``tests/gateway/test_settings.py``
+checks that the table and this module agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["GatewaySettings"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewaySettings:
+    """One gateway process."""
+
+    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
+    port: int = field(default=8000, metadata={"help": "TCP port to listen on"})
+    redis_url: str = field(
+        default="redis://127.0.0.1:6379/0",
+        metadata={"help": "redis:// for one node, redis+cluster://host:port for a Cluster"},
+    )
+    api_keys: tuple[str, ...] = field(
+        default=(), metadata={"help": "comma-separated accepted API keys; empty: no auth"}
+    )
+    max_frame_bytes: int = field(
+        default=16 * 1024 * 1024, metadata={"help": "largest client frame; larger: close 1009"}
+    )
+    first_message_timeout_s: float = field(
+        default=10.0, metadata={"help": "wait this long for the first client message"}
+    )
+    open_timeout_s: float = field(
+        default=5.0, metadata={"help": "give up placing a session after this long"}
+    )
+    disconnect_grace_s: float = field(
+        default=30.0, metadata={"help": "a detached session expires after this long"}
+    )
+    idle_ttl_s: float = field(
+        default=300.0, metadata={"help": "a session with no activity expires after this long"}
+    )
+    output_log_max_entries: int = field(
+        default=4096, metadata={"help": "events kept per session for replay"}
+    )
+    input_log_max_entries: int = field(
+        default=4096, metadata={"help": "commands kept per session until the worker reads"}
+    )
+    closed_retention_s: float = field(
+        default=60.0, metadata={"help": "a closed session stays replayable this long"}
+    )
+    reaper_interval_s: float = field(
+        default=0.5, metadata={"help": "how often this gateway runs the expiry reaper"}
+    )
+    log_poll_interval_s: float = field(
+        default=1.0, metadata={"help": "safety read of the output log when pushes are quiet"}
+    )

@@ -1,0 +1,305 @@
+"""The ``loopback`` backend: a "model" that answers a user turn by playing its audio back.
+
+It is the load and latency test double of DESIGN.md §4. This module holds what the backend is
+(its audio constants, default session, which ``session.update`` values it accepts) and how it
+plays audio back (:class:`PacedPlayback`). It does no I/O and reads no clock: time is passed in.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from store.messages import JsonObject
+
+__all__ = [
+    "BYTES_PER_SECOND",
+    "CHUNK_BYTES",
+    "CHUNK_SECONDS",
+    "MAX_BUFFER_BYTES",
+    "MIN_COMMIT_BYTES",
+    "PCM_FORMAT",
+    "PacedPlayback",
+    "Refusal",
+    "apply_session_patch",
+    "check_session_patch",
+    "default_session",
+    "response_options",
+]
+
+# GA `audio/pcm`: pcm16 LE mono, "only a 24kHz sample rate is supported" (openai_realtime.md §4).
+PCM_FORMAT: Final[Mapping[str, Any]] = {"type": "audio/pcm", "rate": 24000}
+BYTES_PER_SECOND: Final = 24000 * 2
+# 40 ms per audio delta: small enough for barge-in to feel immediate, big enough to keep the
+# number of log entries per second (DESIGN.md §5, Redis commands per session) low.
+CHUNK_SECONDS: Final = 0.04
+CHUNK_BYTES: Final = 1920
+# `input_audio_buffer_commit_empty`: "Expected at least 100ms of audio" (openai_realtime.md §3).
+MIN_COMMIT_BYTES: Final = 4800
+# The input buffer keeps the newest 60 s. Stream-mode clients stream for as long as they like
+# without committing, and the buffer must not grow with the session's age.
+MAX_BUFFER_BYTES: Final = 60 * BYTES_PER_SECOND
+# Tolerance when comparing `now` with a chunk's due time: callers compute times as sums of
+# floats (start + k * 0.04), which may land a hair below the exact value.
+_EPSILON: Final = 1e-9
+
+_MODES: Final = ("turn", "stream")
+_BUILTIN_TOOL_CHOICES: Final = ("auto", "none", "required")
+# Read-only fields of the session object. Clients echo them back (LiveKit sends `model` in every
+# session.update); the worker serves one model, so they are accepted and ignored, and the
+# effective session object reports the truth.
+_READ_ONLY: Final = frozenset({"id", "object", "model"})
+
+
+def default_session(session_id: str) -> JsonObject:
+    """The effective GA session object of a new loopback session.
+
+    ``turn_detection`` is null because the loopback has no VAD (push-to-talk). The extension
+    knobs live under ``extra_body``; the SDK session types allow extra keys, so it is echoed.
+    """
+    return {
+        "type": "realtime",
+        "object": "realtime.session",
+        "id": session_id,
+        "model": "loopback",
+        "output_modalities": ["audio"],
+        "instructions": "",
+        "tools": [],
+        "tool_choice": "auto",
+        "max_output_tokens": "inf",
+        "audio": {
+            "input": {
+                "format": dict(PCM_FORMAT),
+                "transcription": None,
+                "noise_reduction": None,
+                "turn_detection": None,
+            },
+            "output": {"format": dict(PCM_FORMAT), "voice": "alloy", "speed": 1.0},
+        },
+        "extra_body": {"loopback_mode": "turn", "auto_response": False},
+    }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Refusal:
+    """Why a request was refused: the OpenAI error ``code``, a message and the ``param``."""
+
+    code: str
+    message: str
+    param: str | None = None
+
+
+# --------------------------------------------------------------------------- session.update
+
+_Check = Callable[[Any], bool]
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_number(value: Any, low: float, high: float) -> bool:
+    # bool is an int subclass; `true` is never a valid number here.
+    return isinstance(value, int | float) and not isinstance(value, bool) and low <= value <= high
+
+
+def _is_tool(value: Any) -> bool:
+    return (isinstance(value, dict) and value.get("type") == "function"
+            and _is_str(value.get("name")))
+
+
+def _is_tool_choice(value: Any) -> bool:
+    return value in _BUILTIN_TOOL_CHOICES or _is_tool(value)
+
+
+def _is_max_tokens(value: Any) -> bool:
+    return value == "inf" or (_is_number(value, 1, 4096) and isinstance(value, int))
+
+
+def _is_transcription(value: Any) -> bool:
+    # Echo only: the loopback produces no transcripts, but clients configure this routinely.
+    return value is None or (
+        isinstance(value, dict)
+        and set(value) <= {"model", "language", "prompt"}
+        and all(_is_str(v) for v in value.values())
+    )
+
+
+def _is_voice(value: Any) -> bool:
+    return (_is_str(value) and value != "") or (
+        isinstance(value, dict) and set(value) == {"id"} and _is_str(value["id"])
+    )
+
+
+# Leaf path -> (check, error code). Every key a patch may carry is here or in _CONTAINERS;
+# anything else is `unknown_parameter`.
+_LEAVES: Final[Mapping[tuple[str, ...], tuple[_Check, str]]] = {
+    ("type",): (lambda v: v == "realtime", "invalid_value"),
+    ("id",): (_is_str, "invalid_value"),
+    ("object",): (_is_str, "invalid_value"),
+    ("model",): (_is_str, "invalid_value"),
+    ("output_modalities",): (lambda v: v in (["audio"], ["text"]), "invalid_value"),
+    ("instructions",): (_is_str, "invalid_value"),
+    ("tools",): (lambda v: isinstance(v, list) and all(map(_is_tool, v)), "invalid_value"),
+    ("tool_choice",): (_is_tool_choice, "invalid_value"),
+    ("max_output_tokens",): (_is_max_tokens, "invalid_value"),
+    ("audio", "input", "format"): (lambda v: v == PCM_FORMAT, "unsupported_audio_format"),
+    ("audio", "input", "transcription"): (_is_transcription, "invalid_value"),
+    ("audio", "input", "noise_reduction"): (
+        lambda v: v is None or v in ({"type": "near_field"}, {"type": "far_field"}),
+        "invalid_value",
+    ),
+    ("audio", "input", "turn_detection"): (lambda v: v is None, "unsupported_turn_detection"),
+    ("audio", "output", "format"): (lambda v: v == PCM_FORMAT, "unsupported_audio_format"),
+    ("audio", "output", "voice"): (_is_voice, "invalid_value"),
+    ("audio", "output", "speed"): (lambda v: _is_number(v, 0.25, 1.5), "invalid_value"),
+    ("extra_body", "loopback_mode"): (lambda v: v in _MODES, "invalid_value"),
+    ("extra_body", "auto_response"): (lambda v: isinstance(v, bool), "invalid_value"),
+}
+_CONTAINERS: Final = frozenset({(), ("audio",), ("audio", "input"), ("audio", "output"),
+                                ("extra_body",)})
+
+
+def _param(path: tuple[str, ...]) -> str:
+    return ".".join(("session", *path))
+
+
+def _check_level(patch: Any, path: tuple[str, ...]) -> Refusal | None:
+    if not isinstance(patch, dict):
+        return Refusal(code="invalid_type", message="expected an object", param=_param(path))
+    for key, value in patch.items():
+        sub = (*path, key)
+        if sub in _CONTAINERS:
+            refusal = _check_level(value, sub)
+            if refusal is not None:
+                return refusal
+        elif sub in _LEAVES:
+            check, code = _LEAVES[sub]
+            if not check(value):
+                return Refusal(code=code, message=f"unsupported value {value!r}", param=_param(sub))
+        else:
+            return Refusal(code="unknown_parameter", message=f"unknown parameter {key!r}",
+                           param=_param(sub))
+    return None
+
+
+def check_session_patch(patch: JsonObject, current: JsonObject) -> Refusal | None:
+    """Decide whether a ``session.update`` patch may apply to the loopback session.
+
+    The whole patch is checked before anything is applied, so a refused update changes nothing.
+
+    Args:
+        patch: the ``session`` object of the update, as the client sent it.
+        current: the effective session object it would be merged into.
+
+    Returns:
+        None when the patch is acceptable, else the first reason to refuse it.
+    """
+    refusal = _check_level(patch, ())
+    if refusal is not None:
+        return refusal
+    merged = apply_session_patch(patch, current)
+    # Stream mode echoes audio as it arrives, which a text-only response cannot carry.
+    if merged["extra_body"]["loopback_mode"] == "stream" and merged["output_modalities"] != [
+        "audio"
+    ]:
+        return Refusal(code="invalid_value", param="session.extra_body.loopback_mode",
+                       message="loopback stream mode needs output_modalities ['audio']")
+    return None
+
+
+def apply_session_patch(patch: JsonObject, current: JsonObject) -> JsonObject:
+    """Deep-merge an accepted patch into a copy of ``current`` and return the copy.
+
+    Args:
+        patch: a patch that :func:`check_session_patch` accepted.
+        current: the effective session object; it is not modified.
+
+    Returns:
+        The new effective session object.
+    """
+    merged = copy.deepcopy(current)
+    _merge_into(merged, patch, ())
+    return merged
+
+
+def _merge_into(target: JsonObject, patch: JsonObject, path: tuple[str, ...]) -> None:
+    for key, value in patch.items():
+        sub = (*path, key)
+        if sub in _CONTAINERS:
+            _merge_into(target[key], value, sub)
+        elif key not in _READ_ONLY or path:
+            target[key] = copy.deepcopy(value)
+
+
+def response_options(
+    request: JsonObject | None, config: JsonObject,
+) -> tuple[bool, dict[str, str] | None] | Refusal:
+    """Read the ``response.create`` overrides the loopback honours: modalities and metadata.
+
+    Args:
+        request: the ``response`` object of ``response.create``, if any.
+        config: the effective session object, which supplies the defaults.
+
+    Returns:
+        ``(audio, metadata)``, or the refusal of an invalid value. Other options are
+        response-scoped knobs the loopback has no use for, so they are ignored.
+    """
+    request = request or {}
+    modalities = request.get("output_modalities", config["output_modalities"])
+    if modalities not in (["audio"], ["text"]):
+        return Refusal(code="invalid_value", param="response.output_modalities",
+                       message="output_modalities must be ['audio'] or ['text']")
+    metadata = request.get("metadata")
+    # Echoed in response.created/.done (LiveKit waits for it), so it must be a string map.
+    if metadata is not None and not (
+        isinstance(metadata, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items())
+    ):
+        return Refusal(code="invalid_value", param="response.metadata",
+                       message="metadata must map strings to strings")
+    return modalities == ["audio"], (dict(metadata) if metadata is not None else None)
+
+
+# --------------------------------------------------------------------------- playback
+
+
+class PacedPlayback:
+    """Releases a turn's audio in 40 ms chunks at real-time pace.
+
+    The chunk covering ``[t, t + 40 ms)`` of the audio is due at ``start + t``, so the first
+    chunk is due at once and the last one when the audio is nearly played out. A late caller
+    gets every chunk that is due, in order: the loopback never drops audio to catch up.
+    """
+
+    __slots__ = ("_audio", "_next", "_start")
+
+    def __init__(self, audio: bytes, *, start: float) -> None:
+        """Prepare ``audio`` (pcm16 24 kHz mono) for playback starting at ``start`` seconds."""
+        self._audio = audio
+        self._start = start
+        self._next = 0  # index of the next chunk to release
+
+    @property
+    def finished(self) -> bool:
+        """Whether every chunk has been released."""
+        return self._next * CHUNK_BYTES >= len(self._audio)
+
+    def next_due(self) -> float | None:
+        """When the next chunk is due, or None once every chunk has been released."""
+        if self.finished:
+            return None
+        return self._start + self._next * CHUNK_SECONDS
+
+    def release(self, now: float) -> list[bytes]:
+        """Return the chunks due at ``now`` (possibly none), in playback order."""
+        chunks: list[bytes] = []
+        due = self.next_due()
+        while due is not None and now + _EPSILON >= due:
+            offset = self._next * CHUNK_BYTES
+            chunks.append(self._audio[offset : offset + CHUNK_BYTES])
+            self._next += 1
+            due = self.next_due()
+        return chunks

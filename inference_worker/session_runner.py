@@ -1,0 +1,397 @@
+"""The I/O-free conversational state of one worker session (like the seed's DuplexSessionRunner).
+
+The worker's asyncio driver feeds commands in log order with :meth:`SessionRunner.receive`,
+calls :meth:`SessionRunner.tick` when :meth:`SessionRunner.next_deadline` is reached, and drains
+typed events with :meth:`SessionRunner.events_to_send`. Nothing here reads a clock, sleeps or
+touches Redis (style rule 1): time is passed in as ``now``, monotonic seconds.
+
+Event order follows the Realtime GA order for one spoken turn (openai_realtime.md §2a). The runner
+never emits ``SessionClosed``/``SessionExpired``: a store script writes the single terminal event.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Final, assert_never
+
+from inference_worker.loopback import (
+    BYTES_PER_SECOND,
+    MAX_BUFFER_BYTES,
+    MIN_COMMIT_BYTES,
+    PacedPlayback,
+    Refusal,
+    apply_session_patch,
+    check_session_patch,
+    default_session,
+    response_options,
+)
+from inference_worker.states import InputState, ResponseState, Trigger, transition
+from store import messages as msg
+from store.messages import JsonObject
+
+__all__ = ["SessionRunner"]
+
+# One conversation per session: the Realtime default conversation.
+_CONVERSATION_ID: Final = "conv_1"
+
+
+@dataclass(slots=True, kw_only=True)
+class _Response:
+    """The one active response: its ids, the object sent in response.created, its audio."""
+
+    id: str
+    item_id: str
+    previous_item_id: str | None
+    audio: bool  # output_modalities ["audio"] (else ["text"])
+    created: JsonObject
+    playback: PacedPlayback | None  # None when streamed (stream mode) or text-only
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _UserTurn:
+    """A committed user item that no response has answered yet."""
+
+    item_id: str
+    audio: bytes
+
+
+class SessionRunner:
+    """Conversational state of one session served by the loopback backend.
+
+    Holds the effective session object, the input buffer, the conversation tail and at most one
+    active response, and turns each command into the Realtime-ordered events it causes.
+    Refusals become :class:`~store.messages.ErrorEvent` carrying the command's ``event_id``.
+    """
+
+    def __init__(self, session_id: str, *, now: float) -> None:
+        """Open the runner of ``session_id`` at ``now`` (monotonic seconds).
+
+        The loopback has no timed state at open; ``now`` keeps the driver's calls uniform.
+        """
+        del now
+        self._config = default_session(session_id)
+        self._events: list[msg.Event] = []
+        self._input = InputState.EMPTY
+        self._response_state = ResponseState.IDLE
+        self._buffer = bytearray()
+        self._last_item_id: str | None = None  # the tail of the conversation
+        self._unanswered: _UserTurn | None = None
+        self._response: _Response | None = None
+        self._item_count = 0
+        self._response_count = 0
+        self._close_reason: str | None = None
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def close_requested(self) -> str | None:
+        """The reason of the ``CloseSession`` received, or None while the session is open."""
+        return self._close_reason
+
+    @property
+    def session(self) -> JsonObject:
+        """A copy of the effective Realtime GA session object (for ``session.created``)."""
+        return copy.deepcopy(self._config)
+
+    def receive(self, command: msg.Command, now: float) -> None:
+        """Apply one command, in log order.
+
+        Args:
+            command: the next command of the session's input log.
+            now: monotonic seconds; a response created now starts its playback clock here.
+        """
+        if self._close_reason is not None:
+            return  # after session.close every command is ignored: the session is ending
+        match command:
+            case msg.UpdateSession():
+                self._update(command)
+            case msg.AppendAudio():
+                self._append(command)
+            case msg.CommitInput():
+                self._commit(command, now)
+            case msg.ClearInput():
+                self._clear()
+            case msg.CreateResponse():
+                self._create(command, now)
+            case msg.CancelResponse():
+                self._cancel(command)
+            case msg.Heartbeat():
+                self._events.append(msg.HeartbeatAck())
+            case msg.CloseSession():
+                self._close(command)
+            case _:
+                assert_never(command)
+
+    def tick(self, now: float) -> None:
+        """Release the output audio that is due at ``now`` (and finish a played-out response)."""
+        self._pace(now)
+
+    def events_to_send(self) -> list[msg.Event]:
+        """Return the events produced since the last call, in order, and forget them."""
+        events, self._events = self._events, []
+        return events
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`tick` next has work to do, or None when nothing is scheduled."""
+        response = self._response
+        if response is None or response.playback is None:
+            return None
+        return response.playback.next_due()
+
+    # ------------------------------------------------------------------ commands
+
+    def _update(self, command: msg.UpdateSession) -> None:
+        # session.update: all or nothing, answered by session.updated with the full object.
+        refusal = check_session_patch(command.session, self._config)
+        if refusal is not None:
+            self._refuse(command.event_id, refusal)
+            return
+        self._config = apply_session_patch(command.session, self._config)
+        self._events.append(msg.SessionUpdated(session=copy.deepcopy(self._config)))
+
+    def _append(self, command: msg.AppendAudio) -> None:
+        if not command.audio:
+            return  # nothing to buffer or echo
+        self._move_input(Trigger.APPEND)
+        self._buffer += command.audio
+        if len(self._buffer) > MAX_BUFFER_BYTES:
+            del self._buffer[: len(self._buffer) - MAX_BUFFER_BYTES]  # keep the newest audio
+        if self._config["extra_body"]["loopback_mode"] == "stream":
+            self._echo(command.audio)
+
+    def _commit(self, command: msg.CommitInput, now: float) -> None:
+        if len(self._buffer) < MIN_COMMIT_BYTES or not self._move_input(Trigger.COMMIT):
+            buffered_ms = len(self._buffer) * 1000 / BYTES_PER_SECOND
+            self._refuse(command.event_id, Refusal(
+                code="input_audio_buffer_commit_empty",
+                message="Error committing input audio buffer: buffer too small. Expected at least"
+                f" 100ms of audio, but buffer only has {buffered_ms:.2f}ms of audio.",
+            ))
+            return
+        audio = bytes(self._buffer)
+        self._buffer.clear()
+        item_id = self._add_user_item()
+        if self._response_state is ResponseState.STREAMING:
+            # The streamed response already echoed this turn: the commit completes it.
+            self._unanswered = None
+            self._end_response(Trigger.FINISH, "completed")
+            return
+        self._unanswered = _UserTurn(item_id=item_id, audio=audio)
+        extra = self._config["extra_body"]
+        if (extra["loopback_mode"] == "turn" and extra["auto_response"]
+                and self._response_state is ResponseState.IDLE):
+            self._play(self._config["output_modalities"] == ["audio"], None, now)
+
+    def _clear(self) -> None:
+        self._move_input(Trigger.CLEAR)
+        self._buffer.clear()
+        self._events.append(msg.InputCleared())
+
+    def _create(self, command: msg.CreateResponse, now: float) -> None:
+        active = self._response
+        if active is not None or transition(self._response_state, Trigger.CREATE) is None:
+            active_id = active.id if active is not None else "?"
+            self._refuse(command.event_id, Refusal(
+                code="conversation_already_has_active_response",
+                message=f"Conversation already has an active response in progress: {active_id}."
+                " Wait until the response is finished before creating a new one.",
+            ))
+            return
+        options = response_options(command.response, self._config)
+        if isinstance(options, Refusal):
+            self._refuse(command.event_id, options)
+        elif self._unanswered is None:
+            self._refuse(command.event_id, Refusal(
+                code="response_create_without_input",
+                message="The loopback answers a committed user turn; commit input audio first.",
+            ))
+        else:
+            self._play(*options, now)
+
+    def _cancel(self, command: msg.CancelResponse) -> None:
+        active = self._response
+        if active is None or transition(self._response_state, Trigger.CANCEL) is None:
+            refusal = Refusal(code="response_cancel_not_active",
+                              message="Cancellation failed: no active response found")
+        elif command.response_id is not None and command.response_id != active.id:
+            refusal = Refusal(code="response_cancel_not_active", param="response_id",
+                              message=f"Cancellation failed: {command.response_id} is not active")
+        else:
+            self._end_response(Trigger.CANCEL, "cancelled")  # unreleased audio is dropped
+            return
+        self._refuse(command.event_id, refusal)
+
+    def _close(self, command: msg.CloseSession) -> None:
+        if self._response is not None:
+            self._end_response(Trigger.CLOSE, "cancelled")
+        else:
+            self._move_response(Trigger.CLOSE)
+        self._move_input(Trigger.CLOSE)
+        self._buffer.clear()
+        self._unanswered = None
+        self._close_reason = command.reason
+
+    # ------------------------------------------------------------------ responses
+
+    def _echo(self, audio: bytes) -> None:
+        # Stream mode, the relay-latency path: no buffering, no pacing.
+        opening = self._response_state is ResponseState.IDLE
+        if not self._move_response(Trigger.STREAM):
+            return  # a played-back turn owns the output; the audio still goes to the buffer
+        if opening:
+            self._open_response(audio=True, metadata=None, playback=None)
+        response = self._response
+        assert response is not None  # STREAMING always has its response
+        self._events.append(msg.AudioDelta(response_id=response.id, item_id=response.item_id,
+                                       output_index=0, content_index=0, audio=audio))
+
+    def _play(self, audio: bool, metadata: dict[str, str] | None, now: float) -> None:
+        """Answer the unanswered user turn: play its audio back (or an empty text answer)."""
+        turn = self._unanswered
+        assert turn is not None  # callers checked
+        self._unanswered = None
+        self._move_response(Trigger.CREATE)
+        playback = PacedPlayback(turn.audio, start=now) if audio else None
+        self._open_response(audio=audio, metadata=metadata, playback=playback)
+        if audio:
+            self._pace(now)  # the first chunk is due at once
+        else:
+            # No text events exist in store.messages, so a text answer is empty and done at once.
+            self._end_response(Trigger.FINISH, "completed")
+
+    def _pace(self, now: float) -> None:
+        response = self._response
+        if response is None or response.playback is None:
+            return
+        for chunk in response.playback.release(now):
+            self._events.append(msg.AudioDelta(response_id=response.id, item_id=response.item_id,
+                                           output_index=0, content_index=0, audio=chunk))
+        if response.playback.finished:
+            self._end_response(Trigger.FINISH, "completed")
+
+    def _open_response(self, *, audio: bool, metadata: dict[str, str] | None,
+                       playback: PacedPlayback | None) -> None:
+        # response.created -> response.output_item.added -> conversation.item.added ->
+        # response.content_part.added (openai_realtime.md §2a).
+        self._response_count += 1
+        response_id = f"resp_{self._response_count}"
+        item_id = self._new_item_id()
+        created = _response_object(response_id, self._config, audio, metadata)
+        response = _Response(id=response_id, item_id=item_id, previous_item_id=self._last_item_id,
+                             audio=audio, created=created, playback=playback)
+        self._response = response
+        self._last_item_id = item_id
+        item = _assistant_item(item_id, "in_progress", [])
+        self._events += [
+            msg.ResponseCreated(response=copy.deepcopy(created)),
+            msg.OutputItemAdded(response_id=response_id, output_index=0, item=item),
+            msg.ItemAdded(item=copy.deepcopy(item), previous_item_id=response.previous_item_id),
+            msg.ContentPartAdded(response_id=response_id, item_id=item_id, output_index=0,
+                             content_index=0, part=_part(audio)),
+        ]
+
+    def _end_response(self, trigger: Trigger, status: str) -> None:
+        # The closing half, the same for completed and cancelled responses (seed §3.4).
+        response = self._response
+        assert response is not None  # callers checked
+        self._move_response(trigger)
+        self._response = None
+        rid, iid = response.id, response.item_id
+        if response.audio:
+            self._events += [
+                msg.AudioDone(response_id=rid, item_id=iid, output_index=0, content_index=0),
+                msg.TranscriptDone(response_id=rid, item_id=iid, output_index=0, content_index=0,
+                               transcript=""),
+            ]
+        item_status = "completed" if status == "completed" else "incomplete"
+        item = _assistant_item(iid, item_status, [_content(response.audio)])
+        cancelled = {"type": "cancelled", "reason": "client_cancelled"}
+        details = cancelled if status == "cancelled" else None
+        done = {**copy.deepcopy(response.created), "status": status, "status_details": details,
+                "output": [item], "usage": _zero_usage()}
+        self._events += [
+            msg.ContentPartDone(response_id=rid, item_id=iid, output_index=0, content_index=0,
+                            part=_part(response.audio)),
+            msg.ItemDone(item=copy.deepcopy(item), previous_item_id=response.previous_item_id),
+            msg.OutputItemDone(response_id=rid, output_index=0, item=copy.deepcopy(item)),
+            msg.ResponseDone(response=done),
+        ]
+
+    # ------------------------------------------------------------------ helpers
+
+    def _add_user_item(self) -> str:
+        # input_audio_buffer.committed -> conversation.item.added -> conversation.item.done.
+        item_id = self._new_item_id()
+        previous, self._last_item_id = self._last_item_id, item_id
+        item: JsonObject = {
+            "id": item_id, "object": "realtime.item", "type": "message", "role": "user",
+            "status": "completed", "content": [{"type": "input_audio", "transcript": None}],
+        }
+        self._events += [
+            msg.InputCommitted(item_id=item_id, previous_item_id=previous),
+            msg.ItemAdded(item=item, previous_item_id=previous),
+            msg.ItemDone(item=copy.deepcopy(item), previous_item_id=previous),
+        ]
+        return item_id
+
+    def _new_item_id(self) -> str:
+        self._item_count += 1
+        return f"item_{self._item_count}"
+
+    def _move_input(self, trigger: Trigger) -> bool:
+        target = transition(self._input, trigger)
+        if target is not None:
+            self._input = target
+        return target is not None
+
+    def _move_response(self, trigger: Trigger) -> bool:
+        target = transition(self._response_state, trigger)
+        if target is not None:
+            self._response_state = target
+        return target is not None
+
+    def _refuse(self, client_event_id: str | None, refusal: Refusal) -> None:
+        self._events.append(msg.ErrorEvent(code=refusal.code, message=refusal.message,
+                                       param=refusal.param, client_event_id=client_event_id))
+
+
+def _response_object(response_id: str, config: JsonObject, audio: bool,
+                     metadata: dict[str, str] | None) -> JsonObject:
+    output = config["audio"]["output"]
+    return {
+        "id": response_id, "object": "realtime.response", "status": "in_progress",
+        "status_details": None, "output": [], "conversation_id": _CONVERSATION_ID,
+        "output_modalities": ["audio"] if audio else ["text"],
+        "max_output_tokens": config["max_output_tokens"],
+        "audio": {"output": {"format": dict(output["format"]),
+                             "voice": copy.deepcopy(output["voice"])}},
+        "metadata": metadata, "usage": None,
+    }
+
+
+def _assistant_item(item_id: str, status: str, content: list[JsonObject]) -> JsonObject:
+    return {"id": item_id, "object": "realtime.item", "type": "message", "role": "assistant",
+            "status": status, "content": content}
+
+
+def _part(audio: bool) -> JsonObject:
+    # Content-part events use "audio"/"text"; items use "output_audio"/"output_text"
+    # (openai_realtime.md §8.3: mixing them fails strict validation).
+    return {"type": "audio", "transcript": ""} if audio else {"type": "text", "text": ""}
+
+
+def _content(audio: bool) -> JsonObject:
+    part = _part(audio)
+    return {**part, "type": f"output_{part['type']}"}
+
+
+def _zero_usage() -> JsonObject:
+    # The loopback spends no tokens; the full shape keeps response.done strict-valid.
+    tokens = {"text_tokens": 0, "audio_tokens": 0}
+    return {
+        "total_tokens": 0, "input_tokens": 0, "output_tokens": 0,
+        "input_token_details": {**tokens, "image_tokens": 0, "cached_tokens": 0,
+                                "cached_tokens_details": {**tokens, "image_tokens": 0}},
+        "output_token_details": dict(tokens),
+    }

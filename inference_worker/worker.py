@@ -1,0 +1,239 @@
+"""The asyncio driver of one inference worker.
+
+It registers and heartbeats, learns of sessions placed on it from its input channel (with a
+periodic read of its session set and input logs as the safety net for lost pushes), applies
+each session's input log in order to that session's :class:`SessionRunner`, and appends what
+the runner emits to the session's output log. Every write is fenced in Lua: once this worker
+is declared lost, its writes are refused and it stops (DESIGN §2.9).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from inference_worker.session_runner import SessionRunner
+from inference_worker.settings import WorkerSettings
+from store import LogFollower, Scripts, SessionGone, StoreError, WorkerFenced
+from store.client import RedisClient
+from store.directory import announce_worker, forget_worker
+from store.keys import WorkerKeys, new_worker_id
+from store.logs import read_input
+from store.messages import MessageDecodeError, decode_command, encode_message
+from store.pubsub import Subscriber
+
+__all__ = ["Worker"]
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Session:
+    runner: SessionRunner
+    follower: LogFollower = field(default_factory=LogFollower)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Encoded events not yet accepted by Redis: kept, in order, until an append succeeds.
+    unsent: list[bytes] = field(default_factory=list)
+
+
+class Worker:
+    """One worker process's sessions; ``run()`` until ``stop()`` or fencing."""
+
+    def __init__(self, settings: WorkerSettings, client: RedisClient,
+                 worker_id: str | None = None) -> None:
+        self.settings = settings
+        self.worker_id = worker_id or new_worker_id()
+        self._client = client
+        self._scripts = Scripts(client)
+        self._keys = WorkerKeys(self.worker_id)
+        self._subscriber = Subscriber(client)
+        self._sessions: dict[str, _Session] = {}
+        self._notices: asyncio.Queue[list[Any] | None] = asyncio.Queue()
+        self._tick_wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._draining = False
+        self.fenced = False
+
+    @property
+    def session_ids(self) -> list[str]:
+        """Sessions this worker is serving now."""
+        return list(self._sessions)
+
+    async def run(self) -> None:
+        """Register, serve until stopped (drain) or fenced, then deregister."""
+        await self._heartbeat(register=True)
+        await self._subscriber.start()
+        await self._subscriber.subscribe(self._keys.input_channel, self._notices.put_nowait)
+        await self._discover()
+        tasks = [asyncio.create_task(coro) for coro in (
+            self._heartbeat_loop(), self._notice_loop(), self._tick_loop(), self._poll_loop())]
+        try:
+            await self._stopping.wait()
+            if not self.fenced:
+                await self._drain()
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await self._subscriber.aclose()
+            if not self.fenced:
+                await forget_worker(self._client, self.worker_id)
+
+    def stop(self) -> None:
+        """Begin a graceful stop (SIGTERM): admit nothing new, let sessions finish."""
+        self._draining = True
+        self._stopping.set()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def _heartbeat(self, *, register: bool = False) -> None:
+        beat = await self._scripts.worker_heartbeat(
+            self.worker_id, slots=self.settings.slots,
+            ttl_ms=int(self.settings.heartbeat_ttl_s * 1000), register=register,
+            drain=self._draining)
+        await announce_worker(self._client, self.worker_id, beat.alive_until_ms)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_interval_s)
+            try:
+                await self._heartbeat()
+            except WorkerFenced:
+                self._fence()
+                return
+            except StoreError as exc:
+                _log.warning("heartbeat failed: %s", exc)
+
+    async def _drain(self) -> None:
+        await self._heartbeat()  # publishes the draining state: no new placements
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        while self._sessions and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # sessions end on their own schedule; poll the dict
+        for session_id in list(self._sessions):
+            await self._close(session_id, "worker_shutdown")
+
+    def _fence(self) -> None:
+        _log.error("worker %s was declared lost; it stops writing now", self.worker_id)
+        self.fenced = True
+        self._sessions.clear()
+        self._stopping.set()
+
+    # ------------------------------------------------------------------ input
+
+    async def _notice_loop(self) -> None:
+        while True:
+            notice = await self._notices.get()
+            if notice is None:  # the subscription was re-established: catch up from Redis
+                await self._discover()
+                continue
+            kind, session_id = notice[0], notice[1].decode()
+            if kind == b"c":
+                self._sessions.pop(session_id, None)
+            elif kind == b"o":
+                await self._adopt(session_id)
+            elif kind == b"i":
+                session = self._sessions.get(session_id) or await self._adopt(session_id)
+                if session is not None:
+                    await self._offer(session_id, session, int(notice[2]), list(notice[3]))
+
+    async def _poll_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.input_poll_interval_s)
+            try:
+                await self._discover()
+            except StoreError as exc:
+                _log.warning("input poll failed: %s", exc)
+
+    async def _discover(self) -> None:
+        """Adopt sessions placed here whose push was lost, and read every input log."""
+        members: Any = await self._client.smembers(self._keys.sessions)
+        for raw in members:
+            session_id = raw.decode()
+            if session_id not in self._sessions:
+                await self._adopt(session_id)
+        for session_id, session in list(self._sessions.items()):
+            await self._catch_up(session_id, session)
+            if session.unsent:
+                await self._flush(session_id, session)
+
+    async def _adopt(self, session_id: str) -> _Session | None:
+        if session_id in self._sessions or self.fenced:
+            return self._sessions.get(session_id)
+        session = _Session(runner=SessionRunner(session_id, now=time.monotonic()))
+        self._sessions[session_id] = session
+        await self._catch_up(session_id, session)
+        return session
+
+    async def _catch_up(self, session_id: str, session: _Session) -> None:
+        rows = await read_input(self._client, session_id, session.follower.next_index - 1)
+        if rows:
+            await self._offer(session_id, session, rows[0][0], [p for _, p in rows])
+
+    async def _offer(self, session_id: str, session: _Session, first: int,
+                     payloads: list[bytes]) -> None:
+        fresh, gap = session.follower.offer(first, payloads)
+        if gap:
+            await self._catch_up(session_id, session)
+            return
+        now = time.monotonic()
+        for _, payload in fresh:
+            try:
+                command = decode_command(payload)
+            except MessageDecodeError:
+                _log.error("undecodable input entry for %s; skipped", session_id)
+                continue
+            session.runner.receive(command, now)
+        await self._flush(session_id, session)
+        self._tick_wake.set()
+
+    # ------------------------------------------------------------------ output
+
+    async def _tick_loop(self) -> None:
+        while True:
+            deadlines = [d for s in self._sessions.values()
+                         if (d := s.runner.next_deadline()) is not None]
+            delay = max(0.0, min(deadlines) - time.monotonic()) if deadlines else 1.0
+            self._tick_wake.clear()
+            try:
+                await asyncio.wait_for(self._tick_wake.wait(), delay)
+            except TimeoutError:
+                pass
+            now = time.monotonic()
+            for session_id, session in list(self._sessions.items()):
+                deadline = session.runner.next_deadline()
+                if deadline is not None and deadline <= now:
+                    session.runner.tick(now)
+                    await self._flush(session_id, session)
+
+    async def _flush(self, session_id: str, session: _Session) -> None:
+        async with session.lock:  # one writer per session keeps server_event_seq in order
+            session.unsent += [encode_message(e) for e in session.runner.events_to_send()]
+            reason = session.runner.close_requested
+            if not session.unsent and reason is None:
+                return
+            try:
+                await self._scripts.append_output(session_id, session.unsent,
+                                                  close_reason=reason)
+            except WorkerFenced:
+                self._fence()
+                return
+            except SessionGone:
+                self._sessions.pop(session_id, None)
+                return
+            except StoreError as exc:
+                # Kept in unsent: the next flush (tick or poll) retries them first.
+                _log.warning("output append failed for %s: %s", session_id, exc)
+                return
+            session.unsent = []
+            if reason is not None:
+                self._sessions.pop(session_id, None)
+
+    async def _close(self, session_id: str, reason: str) -> None:
+        try:
+            await self._scripts.append_output(session_id, [], close_reason=reason)
+        except (SessionGone, WorkerFenced):
+            pass
+        self._sessions.pop(session_id, None)

@@ -1,0 +1,108 @@
+"""Strict validation of server events, as openai-agents and pipecat apply it.
+
+The ``openai`` SDK itself parses server events leniently (``construct``, no validation), which
+hides protocol bugs: a beta name or a missing field goes unnoticed. Stricter real clients
+validate each event with pydantic against the SDK's ``RealtimeServerEvent`` union, so every
+event the gateway emits is held to that here (openai_realtime.md §9), after a JSON round trip
+so that what is checked is what a client would parse.
+
+Our extension events have no SDK model; they are listed in :data:`EXTENSION_TYPES` and get a
+strict check of their own: every required key present with the right JSON type, no unknown
+key. Our extension keys on standard events (``server_event_seq`` on logged events; the resume
+fields on ``session.created``) are type-checked wherever they appear.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+from openai.types.realtime.realtime_server_event import RealtimeServerEvent
+from pydantic import Field, TypeAdapter
+
+__all__ = ["EXTENSION_TYPES", "STRICT", "validate_server_event"]
+
+#: The strict validator of openai_realtime.md §9 (discriminated on ``type``).
+STRICT: TypeAdapter[Any] = TypeAdapter(Annotated[RealtimeServerEvent, Field(discriminator="type")])
+
+_SEQ = {"server_event_seq": int}
+
+# type -> (required keys, optional keys), each key -> its JSON type. ``type`` is implied.
+_EXTENSIONS: dict[str, tuple[dict[str, type], dict[str, type]]] = {
+    "session.resumed": (
+        {
+            "event_id": str,
+            "session_id": str,
+            "resume_token": str,
+            "lease_generation": int,
+            "last_client_seq": int,
+            "replay_from": int,
+        },
+        {},
+    ),
+    "session.replaced": ({"event_id": str, "session_id": str, "lease_generation": int}, {}),
+    "session.resync_required": ({"event_id": str, "session_id": str, "reason": str}, {}),
+    "session.closed": ({"event_id": str, "reason": str}, {**_SEQ, "session_id": str}),
+    "session.expired": ({"event_id": str, "reason": str}, {**_SEQ, "session_id": str}),
+    "session.heartbeat_ack": ({"event_id": str}, {**_SEQ, "session_id": str}),
+}
+
+#: Server event types that are our extensions (seed_behaviour.md §4.7), not in the SDK union.
+EXTENSION_TYPES: frozenset[str] = frozenset(_EXTENSIONS)
+
+# Extension keys allowed on standard events, checked wherever they appear.
+_EXTRA_KEYS: dict[str, type] = {
+    "server_event_seq": int,
+    "session_id": str,
+    "resume_token": str,
+    "lease_generation": int,
+}
+
+
+def _check_type(event_type: str, key: str, value: Any, expected: type) -> None:
+    # JSON has no bool/int confusion; Python does (bool is an int subclass).
+    if type(value) is not expected:
+        raise AssertionError(
+            f"{event_type}: {key!r} must be {expected.__name__}, got {type(value).__name__}"
+        )
+    if key == "server_event_seq" and isinstance(value, int) and value < 1:
+        raise AssertionError(f"{event_type}: server_event_seq must be >= 1, got {value}")
+
+
+def _validate_extension(event: dict[str, Any]) -> None:
+    event_type = event["type"]
+    required, optional = _EXTENSIONS[event_type]
+    missing = required.keys() - event.keys()
+    if missing:
+        raise AssertionError(f"{event_type}: missing {sorted(missing)}")
+    unknown = event.keys() - required.keys() - optional.keys() - {"type"}
+    if unknown:
+        raise AssertionError(f"{event_type}: unknown keys {sorted(unknown)}")
+    for key, value in event.items():
+        if key != "type":
+            _check_type(event_type, key, value, {**required, **optional}[key])
+
+
+def validate_server_event(event: dict[str, Any]) -> None:
+    """Validate one server event as the strictest real client would.
+
+    Args:
+        event: the rendered event (a dict, as produced by the codec).
+
+    Raises:
+        AssertionError: an extension event or extension key is malformed, or the event does
+            not survive a JSON round trip.
+        pydantic.ValidationError: a standard event fails the SDK's strict schema (unknown
+            type, missing field, wrong literal).
+    """
+    wire = json.loads(json.dumps(event, allow_nan=False))
+    if wire != event:
+        raise AssertionError(f"not JSON-faithful: {event!r}")
+    event_type = wire.get("type")
+    if event_type in EXTENSION_TYPES:
+        _validate_extension(wire)
+        return
+    STRICT.validate_python(wire, strict=True)
+    for key, expected in _EXTRA_KEYS.items():
+        if key in wire:
+            _check_type(str(event_type), key, wire[key], expected)

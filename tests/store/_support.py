@@ -1,0 +1,170 @@
+"""Helpers shared by the store tests: workers, sessions, log inspection, polling on Redis time."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+
+from store import Lease, OpenStatus, Scripts, SessionPolicy
+from store.keys import SessionKeys, WorkerKeys, new_session_id, new_worker_id
+from store.logs import read_output
+from store.messages import Event, decode_message, is_terminal
+
+T = TypeVar("T")
+
+EPOCH = "epoch-1"
+#: Long enough that nothing expires during a test unless the test asks for it.
+LONG_POLICY = SessionPolicy(disconnect_grace_ms=60_000, idle_ttl_ms=600_000)
+POLL_DEADLINE_S = 5.0
+
+Client = Redis | RedisCluster
+
+
+def digest(token: str) -> str:
+    """The SHA-256 hex digest the store keeps instead of a resume token."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """A session opened by a test: its first lease and resume token."""
+
+    lease: Lease
+    token: str
+
+    @property
+    def session_id(self) -> str:
+        """The session id."""
+        return self.lease.session_id
+
+
+async def register_worker(
+    scripts: Scripts, *, slots: int = 4, ttl_ms: int = 60_000, worker_id: str | None = None
+) -> str:
+    """Register a fresh live worker and return its id."""
+    wid = worker_id or new_worker_id()
+    beat = await scripts.worker_heartbeat(wid, slots=slots, ttl_ms=ttl_ms, register=True,
+                                          drain=False)
+    assert beat.state == "live"
+    return wid
+
+
+async def open_session(
+    scripts: Scripts, worker_id: str, *, policy: SessionPolicy = LONG_POLICY,
+    tenant: str = "tenant-a", session_id: str | None = None,
+) -> Opened:
+    """Open a session on ``worker_id``; the open must succeed."""
+    sid = session_id or new_session_id(worker_id)
+    token = secrets.token_urlsafe(16)
+    status = await scripts.open_session(sid, epoch=EPOCH, token_digest=digest(token),
+                                        tenant=tenant, policy=policy)
+    assert status is OpenStatus.OK, status
+    return Opened(Lease(session_id=sid, epoch=EPOCH, generation=1), token)
+
+
+async def events_of(client: Client, session_id: str) -> list[tuple[int, Event]]:
+    """Every output entry of a session, decoded, with its server_event_seq."""
+    rows = await read_output(client, session_id, 0, count=100_000)
+    decoded: list[tuple[int, Event]] = []
+    for seq, data in rows:
+        message = decode_message(data)
+        decoded.append((seq, message))  # type: ignore[arg-type]
+    return decoded
+
+
+async def assert_one_terminal(
+    client: Client, session_id: str, kind: str, reason: str
+) -> list[tuple[int, Event]]:
+    """The output log holds exactly one terminal event, it is last, and it is the expected one."""
+    events = await events_of(client, session_id)
+    terminals = [event for _, event in events if is_terminal(event)]
+    assert len(terminals) == 1, terminals
+    last = events[-1][1]
+    assert is_terminal(last)
+    assert last.KIND == kind
+    assert getattr(last, "reason", None) == reason
+    assert [seq for seq, _ in events] == list(range(events[0][0], events[-1][0] + 1))
+    return events
+
+
+async def session_field(client: Client, session_id: str, field: str) -> str | None:
+    """One field of the session record, decoded."""
+    value: Any = await client.hget(SessionKeys(session_id).record, field)
+    return None if value is None else value.decode()
+
+
+async def worker_field(client: Client, worker_id: str, field: str) -> str | None:
+    """One field of the worker record, decoded."""
+    value: Any = await client.hget(WorkerKeys(worker_id).record, field)
+    return None if value is None else value.decode()
+
+
+async def used_slots(client: Client, worker_id: str) -> int:
+    """The worker's reserved slot count."""
+    return int(await worker_field(client, worker_id, "used") or 0)
+
+
+async def redis_now_ms(client: Client) -> int:
+    """The Redis server clock in milliseconds (the clock every script uses)."""
+    seconds, micros = await client.time()  # type: ignore[misc]
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+async def wait_redis_clock_past(client: Client, deadline_ms: int) -> None:
+    """Poll the Redis clock until it is strictly past ``deadline_ms`` (millisecond waits)."""
+    give_up = time.monotonic() + POLL_DEADLINE_S
+    while await redis_now_ms(client) <= deadline_ms:
+        assert time.monotonic() < give_up, "Redis clock did not advance"
+        await asyncio.sleep(0.001)
+
+
+async def poll_until(
+    attempt: Callable[[], Awaitable[T]], done: Callable[[T], bool],
+    *, deadline_s: float = POLL_DEADLINE_S,
+) -> list[T]:
+    """Re-run ``attempt`` until ``done`` holds for its answer; every answer, in order."""
+    answers: list[T] = []
+    give_up = time.monotonic() + deadline_s
+    while True:
+        answer = await attempt()
+        answers.append(answer)
+        if done(answer):
+            return answers
+        assert time.monotonic() < give_up, f"condition not reached; answers: {answers[-3:]}"
+        await asyncio.sleep(0.001)
+
+
+async def reap_until_lost(scripts: Scripts, worker_id: str) -> int:
+    """Reap until the worker is declared lost; how many sessions the reaps ended."""
+    answers = await poll_until(lambda: scripts.reap(worker_id), lambda a: a[0] == "lost")
+    return sum(ended for _, ended in answers)
+
+
+async def reap_until_ended(scripts: Scripts, worker_id: str, expected: int) -> int:
+    """Reap until ``expected`` sessions ended in total; the total (never more than asked)."""
+    total = 0
+
+    async def attempt() -> int:
+        nonlocal total
+        _, ended = await scripts.reap(worker_id)
+        total += ended
+        return total
+
+    await poll_until(attempt, lambda t: t >= expected)
+    return total
+
+
+async def expire_heartbeat(client: Client, scripts: Scripts, worker_id: str) -> None:
+    """Renew the worker with a 1 ms TTL and wait until the Redis clock passes it."""
+    slots = int(await worker_field(client, worker_id, "slots") or 0)
+    beat = await scripts.worker_heartbeat(worker_id, slots=slots, ttl_ms=1, register=False,
+                                          drain=False)
+    await wait_redis_clock_past(client, beat.alive_until_ms)

@@ -1,0 +1,809 @@
+"""Contract tests of every Lua compare-and-set script, winning and losing paths, on each server."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+
+import pytest
+from redis.asyncio import Redis
+
+from store import (
+    Lease,
+    LeaseLost,
+    OpenStatus,
+    ResumeStatus,
+    Scripts,
+    SessionGone,
+    SessionPolicy,
+    WorkerFenced,
+)
+from store.directory import worker_loads
+from store.keys import SessionKeys, WorkerKeys, new_session_id, new_worker_id
+from store.logs import read_input, read_output
+from store.messages import AudioDelta, ErrorEvent, SessionClosed, encode_message
+from tests.store._support import (
+    EPOCH,
+    LONG_POLICY,
+    assert_one_terminal,
+    digest,
+    events_of,
+    expire_heartbeat,
+    open_session,
+    reap_until_ended,
+    reap_until_lost,
+    redis_now_ms,
+    register_worker,
+    session_field,
+    used_slots,
+    wait_redis_clock_past,
+    worker_field,
+)
+
+
+def ev(n: int) -> bytes:
+    """A small encoded output event, distinguishable by ``n``."""
+    return encode_message(AudioDelta(response_id="r", item_id="i", output_index=0, content_index=0,
+                                     audio=n.to_bytes(4, "big")))
+
+
+def cmd(text: str) -> bytes:
+    """An opaque encoded input command (the store never decodes commands)."""
+    return text.encode()
+
+
+async def open_status(
+    scripts: Scripts, session_id: str, policy: SessionPolicy = LONG_POLICY
+) -> OpenStatus:
+    """Try to open ``session_id``; the raw status."""
+    return await scripts.open_session(session_id, epoch=EPOCH, token_digest=digest("t"),
+                                      tenant="tenant-a", policy=policy)
+
+
+# --------------------------------------------------------------------------- open
+
+
+async def test_open_ok_writes_record_and_reserves_slot(scripts: Scripts, redis_client: Redis):
+    """A successful open writes generation 1 in the store epoch and reserves one slot."""
+    wid = await register_worker(scripts, slots=3)
+    opened = await open_session(scripts, wid)
+    sid = opened.session_id
+    assert await session_field(redis_client, sid, "state") == "attached"
+    assert await session_field(redis_client, sid, "gen") == "1"
+    assert await session_field(redis_client, sid, "epoch") == EPOCH
+    assert await session_field(redis_client, sid, "digest") == digest(opened.token)
+    assert await used_slots(redis_client, wid) == 1
+    members = await redis_client.smembers(WorkerKeys(wid).sessions)  # type: ignore[misc]
+    assert members == {sid.encode()}
+    assert await redis_client.zscore(WorkerKeys(wid).deadlines, sid) is not None
+
+
+async def test_open_twice_is_exists_and_reserves_nothing(scripts: Scripts, redis_client: Redis):
+    """Opening an id that already has a record answers EXISTS and takes no second slot."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    assert await open_status(scripts, opened.session_id) is OpenStatus.EXISTS
+    assert await used_slots(redis_client, wid) == 1
+    assert await session_field(redis_client, opened.session_id, "gen") == "1"
+
+
+async def test_open_after_abandon_tombstone_is_refused(scripts: Scripts, redis_client: Redis):
+    """An open that lands after the gateway abandoned it is refused and reserves nothing."""
+    wid = await register_worker(scripts)
+    sid = new_session_id(wid)
+    assert await scripts.abandon_open(sid) == "tombstoned"
+    assert await open_status(scripts, sid) is OpenStatus.ABANDONED
+    assert await used_slots(redis_client, wid) == 0
+    assert not await redis_client.exists(SessionKeys(sid).record)
+
+
+async def test_open_on_unknown_worker_is_unavailable(scripts: Scripts, redis_client: Redis):
+    """A worker that never registered cannot take a session."""
+    sid = new_session_id(new_worker_id())
+    assert await open_status(scripts, sid) is OpenStatus.UNAVAILABLE
+    assert not await redis_client.exists(SessionKeys(sid).record)
+
+
+async def test_open_on_lost_worker_is_unavailable(scripts: Scripts, redis_client: Redis):
+    """A worker declared lost by the reaper cannot take a session."""
+    wid = await register_worker(scripts)
+    await expire_heartbeat(redis_client, scripts, wid)
+    await reap_until_lost(scripts, wid)
+    assert await open_status(scripts, new_session_id(wid)) is OpenStatus.UNAVAILABLE
+
+
+async def test_open_on_expired_heartbeat_is_unavailable(scripts: Scripts, redis_client: Redis):
+    """A lapsed heartbeat refuses opens even before any reaper ran."""
+    wid = await register_worker(scripts)
+    await expire_heartbeat(redis_client, scripts, wid)
+    assert await worker_field(redis_client, wid, "state") == "live"
+    assert await open_status(scripts, new_session_id(wid)) is OpenStatus.UNAVAILABLE
+    assert await used_slots(redis_client, wid) == 0
+
+
+async def test_open_on_draining_worker_is_unavailable(scripts: Scripts, redis_client: Redis):
+    """A draining worker admits no new session."""
+    wid = await register_worker(scripts)
+    await scripts.worker_heartbeat(wid, slots=4, ttl_ms=60_000, register=False, drain=True)
+    assert await open_status(scripts, new_session_id(wid)) is OpenStatus.UNAVAILABLE
+    assert await used_slots(redis_client, wid) == 0
+
+
+async def test_open_full_worker_and_slot_accounting(scripts: Scripts, redis_client: Redis):
+    """Slots are counted exactly: FULL at capacity, free again after a close."""
+    wid = await register_worker(scripts, slots=2)
+    first = await open_session(scripts, wid)
+    await open_session(scripts, wid)
+    assert await used_slots(redis_client, wid) == 2
+    assert await open_status(scripts, new_session_id(wid)) is OpenStatus.FULL
+    assert await used_slots(redis_client, wid) == 2
+    [load] = await worker_loads(redis_client, [wid])
+    assert (load.slots, load.used, load.free) == (2, 2, 0)
+    assert await scripts.close_session(first.session_id, "client_close") == "ok"
+    assert await used_slots(redis_client, wid) == 1
+    await open_session(scripts, wid)
+    assert await used_slots(redis_client, wid) == 2
+
+
+async def test_concurrent_opens_never_oversubscribe(scripts: Scripts, redis_client: Redis):
+    """Many racing opens on one worker take exactly its slot count, never more."""
+    wid = await register_worker(scripts, slots=5)
+    statuses = await asyncio.gather(*(open_status(scripts, new_session_id(wid))
+                                      for _ in range(20)))
+    assert statuses.count(OpenStatus.OK) == 5
+    assert statuses.count(OpenStatus.FULL) == 15
+    assert await used_slots(redis_client, wid) == 5
+
+
+# --------------------------------------------------------------------------- resume
+
+
+async def test_resume_bumps_generation_and_rotates_digest(scripts: Scripts, redis_client: Redis):
+    """A resume with the right token bumps the generation and only the new token works next."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    sid = opened.session_id
+    await scripts.append_input(opened.lease, [(7, cmd("a"))], max_entries=100)
+    await scripts.append_output(sid, [ev(1), ev(2)])
+    result = await scripts.resume(sid, presented_digest=digest(opened.token),
+                                  new_digest=digest("t2"), control_id="c1")
+    assert result.status is ResumeStatus.OK
+    assert result.lease == Lease(session_id=sid, epoch=EPOCH, generation=2)
+    assert (result.last_client_seq, result.last_server_event_seq) == (7, 2)
+    assert result.first_retained_seq == 1
+    assert await session_field(redis_client, sid, "digest") == digest("t2")
+    stale = await scripts.resume(sid, presented_digest=digest(opened.token),
+                                 new_digest=digest("t3"), control_id="c2")
+    assert stale.status is ResumeStatus.BAD_TOKEN
+    again = await scripts.resume(sid, presented_digest=digest("t2"), new_digest=digest("t3"),
+                                 control_id="c3")
+    assert again.status is ResumeStatus.OK
+    assert again.lease is not None and again.lease.generation == 3
+
+
+async def test_resume_of_detached_session_reattaches(scripts: Scripts, redis_client: Redis):
+    """A resume during the disconnect grace attaches again and lifts the grace deadline."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid, policy=SessionPolicy(disconnect_grace_ms=0))
+    assert await scripts.detach(opened.lease) == "ok"
+    result = await scripts.resume(opened.session_id, presented_digest=digest(opened.token),
+                                  new_digest=digest("t2"), control_id="c1")
+    assert result.status is ResumeStatus.OK
+    assert await session_field(redis_client, opened.session_id, "state") == "attached"
+    assert await scripts.reap(wid) == ("live", 0)
+    assert await session_field(redis_client, opened.session_id, "state") == "attached"
+
+
+async def test_resume_retry_with_same_control_id_is_idempotent(
+    scripts: Scripts, redis_client: Redis
+):
+    """A retried resume (same control id, same new digest) gets the same generation back."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    sid = opened.session_id
+    kwargs = {"presented_digest": digest(opened.token), "new_digest": digest("t2"),
+              "control_id": "ctl-1"}
+    first = await scripts.resume(sid, **kwargs)
+    retry = await scripts.resume(sid, **kwargs)
+    assert first.status is retry.status is ResumeStatus.OK
+    assert first.lease == retry.lease
+    assert retry.lease is not None and retry.lease.generation == 2
+    assert await session_field(redis_client, sid, "gen") == "2"
+    other = await scripts.resume(sid, presented_digest=digest(opened.token),
+                                 new_digest=digest("t2"), control_id="ctl-2")
+    assert other.status is ResumeStatus.BAD_TOKEN
+
+
+async def test_resume_with_bad_token_changes_nothing(scripts: Scripts, redis_client: Redis):
+    """A wrong token is refused without a lease, and the generation stays put."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    result = await scripts.resume(opened.session_id, presented_digest=digest("wrong"),
+                                  new_digest=digest("t2"), control_id="c1")
+    assert result.status is ResumeStatus.BAD_TOKEN
+    assert result.lease is None
+    assert await session_field(redis_client, opened.session_id, "gen") == "1"
+    assert await session_field(redis_client, opened.session_id, "digest") == digest(opened.token)
+
+
+async def test_resume_unknown_session(scripts: Scripts):
+    """A session id with no record resumes to UNKNOWN."""
+    result = await scripts.resume(new_session_id(new_worker_id()), presented_digest=digest("x"),
+                                  new_digest=digest("y"), control_id="c")
+    assert result.status is ResumeStatus.UNKNOWN
+    assert result.lease is None
+
+
+async def test_resume_closed_session_allows_replay(scripts: Scripts, redis_client: Redis):
+    """A closed session resumes to CLOSED with its lease, and its log replays to the end."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    sid = opened.session_id
+    await scripts.append_output(sid, [ev(1), ev(2)], close_reason="client_close")
+    result = await scripts.resume(sid, presented_digest=digest(opened.token),
+                                  new_digest=digest("t2"), control_id="c1")
+    assert result.status is ResumeStatus.CLOSED
+    assert result.lease == opened.lease
+    assert (result.last_server_event_seq, result.first_retained_seq) == (3, 1)
+    assert [seq for seq, _ in await read_output(redis_client, sid, 1)] == [2, 3]
+    await assert_one_terminal(redis_client, sid, "session.closed", "client_close")
+    bad = await scripts.resume(sid, presented_digest=digest("wrong"), new_digest=digest("t2"),
+                               control_id="c2")
+    assert bad.status is ResumeStatus.BAD_TOKEN
+
+
+async def test_resume_reports_first_retained_seq_after_trim(
+    scripts: Scripts, redis_client: Redis
+):
+    """Once the output log was trimmed, resume reports the oldest seq still retained."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid, policy=SessionPolicy(output_log_max_entries=10))
+    sid = opened.session_id
+    empty = await scripts.resume(sid, presented_digest=digest(opened.token),
+                                 new_digest=digest("t1"), control_id="c0")
+    assert (empty.first_retained_seq, empty.last_server_event_seq) == (0, 0)
+    for batch in range(5):
+        await scripts.append_output(sid, [ev(batch * 100 + i) for i in range(100)])
+    result = await scripts.resume(sid, presented_digest=digest("t1"), new_digest=digest("t2"),
+                                  control_id="c1")
+    assert result.last_server_event_seq == 500
+    retained = await read_output(redis_client, sid, 0, count=1000)
+    assert result.first_retained_seq > 1
+    assert result.first_retained_seq == retained[0][0]
+    assert [seq for seq, _ in retained] == list(range(result.first_retained_seq, 501))
+
+
+# --------------------------------------------------------------------------- detach
+
+
+async def test_detach_ok_starts_grace(scripts: Scripts, redis_client: Redis):
+    """Detach on the current lease marks the session detached and schedules the grace."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid, policy=SessionPolicy(disconnect_grace_ms=50_000))
+    before = await redis_now_ms(redis_client)
+    assert await scripts.detach(opened.lease) == "ok"
+    assert await session_field(redis_client, opened.session_id, "state") == "detached"
+    score = await redis_client.zscore(WorkerKeys(wid).deadlines, opened.session_id)
+    assert score is not None and before + 50_000 <= score <= before + 60_000
+
+
+async def test_detach_with_stale_generation(scripts: Scripts, redis_client: Redis):
+    """An old connection cannot detach the lease a newer resume holds."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    await scripts.resume(opened.session_id, presented_digest=digest(opened.token),
+                         new_digest=digest("t2"), control_id="c1")
+    assert await scripts.detach(opened.lease) == "stale"
+    assert await session_field(redis_client, opened.session_id, "state") == "attached"
+
+
+async def test_detach_with_stale_epoch(scripts: Scripts, redis_client: Redis):
+    """A token from another store epoch is stale even with the right generation."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    other = Lease(session_id=opened.session_id, epoch="epoch-0", generation=1)
+    assert await scripts.detach(other) == "stale"
+    assert await session_field(redis_client, opened.session_id, "state") == "attached"
+
+
+async def test_detach_twice_is_stale(scripts: Scripts):
+    """A second detach of the same lease finds the session no longer attached."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    assert await scripts.detach(opened.lease) == "ok"
+    assert await scripts.detach(opened.lease) == "stale"
+
+
+async def test_detach_closed_and_unknown(scripts: Scripts):
+    """Detach reports a closed session as closed and a missing one as unknown."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    await scripts.close_session(opened.session_id, "client_close")
+    assert await scripts.detach(opened.lease) == "closed"
+    missing = Lease(session_id=new_session_id(wid), epoch=EPOCH, generation=1)
+    assert await scripts.detach(missing) == "unknown"
+
+
+# --------------------------------------------------------------------------- append_input
+
+
+async def test_append_input_with_stale_generation_raises_lease_lost(scripts: Scripts):
+    """The superseded lease is refused with the current generation in the error."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    await scripts.resume(opened.session_id, presented_digest=digest(opened.token),
+                         new_digest=digest("t2"), control_id="c1")
+    with pytest.raises(LeaseLost) as caught:
+        await scripts.append_input(opened.lease, [(1, cmd("a"))], max_entries=100)
+    assert caught.value.current_generation == 2
+    assert caught.value.session_id == opened.session_id
+
+
+async def test_append_input_with_stale_epoch_raises_lease_lost(
+    scripts: Scripts, redis_client: Redis
+):
+    """A token from another store epoch cannot append and nothing reaches the log."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    other = Lease(session_id=opened.session_id, epoch="epoch-0", generation=1)
+    with pytest.raises(LeaseLost):
+        await scripts.append_input(other, [(1, cmd("a"))], max_entries=100)
+    assert await read_input(redis_client, opened.session_id, 0) == []
+
+
+async def test_append_input_on_detached_lease_raises_lease_lost(scripts: Scripts):
+    """After detach the old connection's lease no longer writes."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    await scripts.detach(opened.lease)
+    with pytest.raises(LeaseLost) as caught:
+        await scripts.append_input(opened.lease, [(1, cmd("a"))], max_entries=100)
+    assert caught.value.current_generation == 1
+
+
+async def test_append_input_closed_or_unknown_raises_session_gone(scripts: Scripts):
+    """Appends to a closed or never-opened session raise SessionGone with the status."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    await scripts.close_session(opened.session_id, "client_close")
+    with pytest.raises(SessionGone) as closed:
+        await scripts.append_input(opened.lease, [(1, cmd("a"))], max_entries=100)
+    assert closed.value.status == "closed"
+    missing = Lease(session_id=new_session_id(wid), epoch=EPOCH, generation=1)
+    with pytest.raises(SessionGone) as unknown:
+        await scripts.append_input(missing, [(1, cmd("a"))], max_entries=100)
+    assert unknown.value.status == "unknown"
+
+
+async def test_append_input_dedups_client_seq_across_retries_and_resume(
+    scripts: Scripts, redis_client: Redis
+):
+    """Resent commands (same client seq) are appended exactly once, also after a resume."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    sid = opened.session_id
+    first = await scripts.append_input(opened.lease, [(1, cmd("a")), (2, cmd("b"))],
+                                       max_entries=100)
+    assert (first.appended, first.last_client_seq) == (2, 2)
+    retry = await scripts.append_input(
+        opened.lease, [(1, cmd("a")), (2, cmd("b")), (3, cmd("c"))], max_entries=100
+    )
+    assert (retry.appended, retry.last_client_seq) == (1, 3)
+    resumed = await scripts.resume(sid, presented_digest=digest(opened.token),
+                                   new_digest=digest("t2"), control_id="c1")
+    assert resumed.last_client_seq == 3
+    assert resumed.lease is not None
+    after = await scripts.append_input(
+        resumed.lease, [(2, cmd("b")), (3, cmd("c")), (4, cmd("d"))], max_entries=100
+    )
+    assert (after.appended, after.last_client_seq) == (1, 4)
+    same = await scripts.append_input(resumed.lease, [(4, cmd("d"))], max_entries=100)
+    assert (same.appended, same.last_client_seq) == (0, 4)
+    entries = await read_input(redis_client, sid, 0)
+    assert entries == [(1, b"a"), (2, b"b"), (3, b"c"), (4, b"d")]
+    assert await read_input(redis_client, sid, 2) == [(3, b"c"), (4, b"d")]
+
+
+async def test_append_input_without_seq_is_always_appended(scripts: Scripts, redis_client: Redis):
+    """Commands without a client seq are never deduplicated and keep their order."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    one = await scripts.append_input(opened.lease, [(None, cmd("x")), (5, cmd("y"))],
+                                     max_entries=100)
+    two = await scripts.append_input(opened.lease, [(None, cmd("x")), (5, cmd("y")),
+                                                    (None, cmd("z"))], max_entries=100)
+    assert (one.appended, two.appended) == (2, 2)
+    assert two.last_client_seq == 5
+    entries = await read_input(redis_client, opened.session_id, 0)
+    assert entries == [(1, b"x"), (2, b"y"), (3, b"x"), (4, b"z")]
+
+
+async def test_append_input_empty_batch_and_paging(scripts: Scripts, redis_client: Redis):
+    """An empty batch appends nothing; read_input pages in order with count."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    empty = await scripts.append_input(opened.lease, [], max_entries=100)
+    assert (empty.appended, empty.last_client_seq) == (0, 0)
+    await scripts.append_input(opened.lease, [(i, cmd(str(i))) for i in range(1, 11)],
+                               max_entries=100)
+    assert [i for i, _ in await read_input(redis_client, opened.session_id, 0, count=4)] == [
+        1, 2, 3, 4]
+    assert [i for i, _ in await read_input(redis_client, opened.session_id, 8)] == [9, 10]
+
+
+# --------------------------------------------------------------------------- append_output
+
+
+async def test_append_output_numbers_seq_across_calls(scripts: Scripts, redis_client: Redis):
+    """server_event_seq runs 1..n without gaps across calls, in order."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    sid = opened.session_id
+    assert await scripts.append_output(sid, [ev(1), ev(2), ev(3)]) == 1
+    assert await scripts.append_output(sid, []) == 0
+    assert await scripts.append_output(sid, [ev(4), ev(5)]) == 4
+    rows = await read_output(redis_client, sid, 0)
+    assert rows == [(i, ev(i)) for i in range(1, 6)]
+    assert await session_field(redis_client, sid, "out_seq") == "5"
+
+
+async def test_append_output_from_lost_worker_is_fenced(scripts: Scripts, redis_client: Redis):
+    """A worker declared lost cannot write, even to a session that is now closed."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    await expire_heartbeat(redis_client, scripts, wid)
+    await reap_until_lost(scripts, wid)
+    with pytest.raises(WorkerFenced):
+        await scripts.append_output(opened.session_id, [ev(1)])
+    with pytest.raises(WorkerFenced):
+        await scripts.append_output(opened.session_id, [], close_reason="done")
+    await assert_one_terminal(redis_client, opened.session_id, "session.closed", "worker_lost")
+
+
+async def test_append_output_without_worker_record_is_fenced(
+    scripts: Scripts, redis_client: Redis
+):
+    """A worker whose record vanished (expired after loss) is fenced too."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    await redis_client.delete(WorkerKeys(wid).record)
+    with pytest.raises(WorkerFenced):
+        await scripts.append_output(opened.session_id, [ev(1)])
+    assert await read_output(redis_client, opened.session_id, 0) == []
+
+
+async def test_append_output_closed_or_unknown_raises_session_gone(scripts: Scripts):
+    """A live worker writing to a closed or unknown session gets SessionGone."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    await scripts.close_session(opened.session_id, "client_close")
+    with pytest.raises(SessionGone) as closed:
+        await scripts.append_output(opened.session_id, [ev(1)])
+    assert closed.value.status == "closed"
+    with pytest.raises(SessionGone) as unknown:
+        await scripts.append_output(new_session_id(wid), [ev(1)])
+    assert unknown.value.status == "unknown"
+
+
+async def test_append_output_with_close_reason_terminates_once(
+    scripts: Scripts, redis_client: Redis
+):
+    """close_reason writes the events, then one terminal session.closed, and frees the slot."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid, policy=SessionPolicy(closed_retention_ms=30_000))
+    sid = opened.session_id
+    keys = SessionKeys(sid)
+    await scripts.append_input(opened.lease, [(1, cmd("a"))], max_entries=100)
+    assert await scripts.append_output(sid, [ev(1)]) == 1
+    assert await scripts.append_output(sid, [ev(2), ev(3)], close_reason="runtime_error") == 2
+    events = await assert_one_terminal(redis_client, sid, "session.closed", "runtime_error")
+    assert [seq for seq, _ in events] == [1, 2, 3, 4]
+    assert events[-1][1] == SessionClosed(reason="runtime_error")
+    assert await session_field(redis_client, sid, "state") == "closed"
+    assert await session_field(redis_client, sid, "reason") == "runtime_error"
+    assert await used_slots(redis_client, wid) == 0
+    assert not await redis_client.sismember(WorkerKeys(wid).sessions, sid)  # type: ignore[misc]
+    assert await redis_client.zscore(WorkerKeys(wid).deadlines, sid) is None
+    for key in (keys.record, keys.output_log):
+        ttl = await redis_client.pttl(key)
+        assert 0 < ttl <= 30_000, (key, ttl)
+    assert not await redis_client.exists(keys.input_log)
+    with pytest.raises(SessionGone):
+        await scripts.append_output(sid, [ev(9)], close_reason="again")
+    await assert_one_terminal(redis_client, sid, "session.closed", "runtime_error")
+    assert await used_slots(redis_client, wid) == 0
+
+
+async def test_append_output_close_without_events(scripts: Scripts, redis_client: Redis):
+    """A close with no events still writes exactly the terminal event, as seq 1."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    assert await scripts.append_output(opened.session_id, [], close_reason="client_close") == 0
+    events = await assert_one_terminal(redis_client, opened.session_id, "session.closed",
+                                       "client_close")
+    assert [seq for seq, _ in events] == [1]
+
+
+async def test_append_output_on_detached_session_keeps_generating(
+    scripts: Scripts, redis_client: Redis
+):
+    """A detached session still accepts its worker's output for a later replay."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    await scripts.detach(opened.lease)
+    assert await scripts.append_output(opened.session_id, [ev(1), ev(2)]) == 1
+    result = await scripts.resume(opened.session_id, presented_digest=digest(opened.token),
+                                  new_digest=digest("t2"), control_id="c1")
+    assert result.last_server_event_seq == 2
+    assert len(await read_output(redis_client, opened.session_id, 0)) == 2
+
+
+# --------------------------------------------------------------------------- close / abandon
+
+
+async def test_close_session_is_idempotent(scripts: Scripts, redis_client: Redis):
+    """A second close answers 'closed' and writes no second terminal event."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    await scripts.append_output(opened.session_id, [ev(1)])
+    assert await scripts.close_session(opened.session_id, "client_close") == "ok"
+    assert await scripts.close_session(opened.session_id, "operator") == "closed"
+    await assert_one_terminal(redis_client, opened.session_id, "session.closed", "client_close")
+    assert await used_slots(redis_client, wid) == 0
+    assert await scripts.close_session(new_session_id(wid), "client_close") == "unknown"
+
+
+async def test_racing_closes_write_one_terminal(scripts: Scripts, redis_client: Redis):
+    """Concurrent closes of one session: exactly one wins, one slot released."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    answers = await asyncio.gather(*(scripts.close_session(opened.session_id, "client_close")
+                                     for _ in range(10)))
+    assert sorted(answers) == ["closed"] * 9 + ["ok"]
+    await assert_one_terminal(redis_client, opened.session_id, "session.closed", "client_close")
+    assert await used_slots(redis_client, wid) == 0
+
+
+async def test_abandon_before_open_leaves_tombstone(scripts: Scripts, redis_client: Redis):
+    """Abandoning an open that has not landed leaves an expiring tombstone that refuses it."""
+    wid = await register_worker(scripts)
+    sid = new_session_id(wid)
+    assert await scripts.abandon_open(sid, tombstone_ttl_ms=20_000) == "tombstoned"
+    ttl = await redis_client.pttl(SessionKeys(sid).abandoned)
+    assert 0 < ttl <= 20_000
+    assert await open_status(scripts, sid) is OpenStatus.ABANDONED
+    assert await used_slots(redis_client, wid) == 0
+    assert await read_output(redis_client, sid, 0) == []
+
+
+async def test_abandon_after_open_closes_it(scripts: Scripts, redis_client: Redis):
+    """Abandoning an open that landed closes it with open_abandoned and frees the slot."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    assert await used_slots(redis_client, wid) == 1
+    assert await scripts.abandon_open(opened.session_id) == "closed_open"
+    await assert_one_terminal(redis_client, opened.session_id, "session.closed", "open_abandoned")
+    assert await used_slots(redis_client, wid) == 0
+    assert await scripts.abandon_open(opened.session_id) == "already_closed"
+    await assert_one_terminal(redis_client, opened.session_id, "session.closed", "open_abandoned")
+    assert await open_status(scripts, opened.session_id) is OpenStatus.EXISTS
+
+
+# --------------------------------------------------------------------------- reap
+
+
+async def test_reap_lost_worker_closes_every_session_once(scripts: Scripts, redis_client: Redis):
+    """A lapsed heartbeat: worker lost, each open session gets one worker_lost, slots freed."""
+    wid = await register_worker(scripts, slots=8)
+    opened = [await open_session(scripts, wid) for _ in range(4)]
+    await scripts.append_output(opened[0].session_id, [ev(1), ev(2)])
+    await scripts.detach(opened[1].lease)
+    await scripts.close_session(opened[2].session_id, "client_close")
+    assert await used_slots(redis_client, wid) == 3
+    await expire_heartbeat(redis_client, scripts, wid)
+    assert await reap_until_lost(scripts, wid) == 3
+    assert await worker_field(redis_client, wid, "state") == "lost"
+    assert await used_slots(redis_client, wid) == 0
+    for o in (opened[0], opened[1], opened[3]):
+        await assert_one_terminal(redis_client, o.session_id, "session.closed", "worker_lost")
+    await assert_one_terminal(redis_client, opened[2].session_id, "session.closed",
+                              "client_close")
+    assert await scripts.reap(wid) == ("lost", 0)
+    assert 0 < await redis_client.pttl(WorkerKeys(wid).record)
+    with pytest.raises(WorkerFenced):
+        await scripts.worker_heartbeat(wid, slots=8, ttl_ms=60_000, register=False, drain=False)
+    with pytest.raises(WorkerFenced):
+        await scripts.worker_heartbeat(wid, slots=8, ttl_ms=60_000, register=True, drain=False)
+
+
+async def test_reap_draining_worker_with_lapsed_heartbeat_is_lost(
+    scripts: Scripts, redis_client: Redis
+):
+    """A draining worker that stops heartbeating is declared lost like any other."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    await scripts.worker_heartbeat(wid, slots=4, ttl_ms=60_000, register=False, drain=True)
+    await expire_heartbeat(redis_client, scripts, wid)
+    assert await reap_until_lost(scripts, wid) == 1
+    await assert_one_terminal(redis_client, opened.session_id, "session.closed", "worker_lost")
+
+
+async def test_reap_expires_detached_session_after_grace(scripts: Scripts, redis_client: Redis):
+    """A session detached past its grace ends with session.expired disconnect_grace_expired."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid, policy=SessionPolicy(disconnect_grace_ms=50))
+    await scripts.append_output(opened.session_id, [ev(1)])
+    assert await scripts.detach(opened.lease) == "ok"
+    detached_ms = int(await session_field(redis_client, opened.session_id, "detached_ms") or 0)
+    assert await scripts.reap(wid) == ("live", 0)
+    await wait_redis_clock_past(redis_client, detached_ms + 50)
+    assert await reap_until_ended(scripts, wid, 1) == 1
+    await assert_one_terminal(redis_client, opened.session_id, "session.expired",
+                              "disconnect_grace_expired")
+    assert await used_slots(redis_client, wid) == 0
+    assert await scripts.reap(wid) == ("live", 0)
+
+
+async def test_reap_zero_grace_expires_at_once(scripts: Scripts, redis_client: Redis):
+    """With no grace, the first reap after a detach expires the session."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid, policy=SessionPolicy(disconnect_grace_ms=0))
+    await scripts.detach(opened.lease)
+    assert await reap_until_ended(scripts, wid, 1) == 1
+    await assert_one_terminal(redis_client, opened.session_id, "session.expired",
+                              "disconnect_grace_expired")
+
+
+async def test_reap_expires_idle_session(scripts: Scripts, redis_client: Redis):
+    """An attached session with no activity for its idle TTL ends with idle_ttl_expired."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid, policy=SessionPolicy(idle_ttl_ms=30))
+    active_ms = int(await session_field(redis_client, opened.session_id, "active_ms") or 0)
+    await wait_redis_clock_past(redis_client, active_ms + 30)
+    assert await reap_until_ended(scripts, wid, 1) == 1
+    await assert_one_terminal(redis_client, opened.session_id, "session.expired",
+                              "idle_ttl_expired")
+    assert await used_slots(redis_client, wid) == 0
+
+
+async def test_reap_leaves_sessions_not_yet_due(scripts: Scripts, redis_client: Redis):
+    """Only due sessions end; a due deadline entry for an active record is rescheduled."""
+    wid = await register_worker(scripts)
+    due = await open_session(scripts, wid, policy=SessionPolicy(idle_ttl_ms=1))
+    calm = await open_session(scripts, wid)
+    forced = await open_session(scripts, wid)
+    # The deadline entry says "due now", but the record says the session is fresh.
+    await redis_client.zadd(WorkerKeys(wid).deadlines, {forced.session_id: 0})
+    assert await reap_until_ended(scripts, wid, 1) == 1
+    await assert_one_terminal(redis_client, due.session_id, "session.expired",
+                              "idle_ttl_expired")
+    for o in (calm, forced):
+        assert await session_field(redis_client, o.session_id, "state") == "attached"
+        assert await read_output(redis_client, o.session_id, 0) == []
+    now = await redis_now_ms(redis_client)
+    score = await redis_client.zscore(WorkerKeys(wid).deadlines, forced.session_id)
+    assert score is not None and score > now + 500_000
+    assert await used_slots(redis_client, wid) == 2
+
+
+async def test_reap_respects_budget(scripts: Scripts, redis_client: Redis):
+    """One reap ends at most ``budget`` sessions; the rest wait for the next call."""
+    wid = await register_worker(scripts, slots=8)
+    policy = SessionPolicy(disconnect_grace_ms=0)
+    opened = [await open_session(scripts, wid, policy=policy) for _ in range(5)]
+    for o in opened:
+        await scripts.detach(o.lease)
+    assert await scripts.reap(wid, budget=2) == ("live", 2)
+    assert await scripts.reap(wid, budget=2) == ("live", 2)
+    assert await scripts.reap(wid, budget=2) == ("live", 1)
+    for o in opened:
+        await assert_one_terminal(redis_client, o.session_id, "session.expired",
+                                  "disconnect_grace_expired")
+
+
+async def test_reap_unknown_worker(scripts: Scripts):
+    """Reaping a worker with no record changes nothing."""
+    assert await scripts.reap(new_worker_id()) == ("unknown", 0)
+
+
+@pytest.mark.parametrize("reapers", [2, 16])
+async def test_racing_reapers_write_one_terminal_per_session(
+    scripts: Scripts, redis_client: Redis, reapers: int
+):
+    """Concurrent reapers on a lost worker: each session gets exactly one terminal event."""
+    wid = await register_worker(scripts, slots=16)
+    opened = [await open_session(scripts, wid) for _ in range(6)]
+    await expire_heartbeat(redis_client, scripts, wid)
+    answers = await asyncio.gather(*(scripts.reap(wid) for _ in range(reapers)))
+    assert sum(ended for _, ended in answers) == 6
+    assert {state for state, _ in answers} == {"lost"}
+    for o in opened:
+        await assert_one_terminal(redis_client, o.session_id, "session.closed", "worker_lost")
+    assert await used_slots(redis_client, wid) == 0
+
+
+@pytest.mark.parametrize("reapers", [2, 16])
+async def test_racing_reapers_expire_each_session_once(
+    scripts: Scripts, redis_client: Redis, reapers: int
+):
+    """Concurrent reapers on due sessions of a live worker: one expiry each, never two."""
+    wid = await register_worker(scripts, slots=16)
+    policy = SessionPolicy(disconnect_grace_ms=0)
+    opened = [await open_session(scripts, wid, policy=policy) for _ in range(6)]
+    for o in opened:
+        await scripts.detach(o.lease)
+    answers = await asyncio.gather(*(scripts.reap(wid, budget=2) for _ in range(reapers)))
+    ended = sum(n for _, n in answers)
+    ended += await reap_until_ended(scripts, wid, 6 - ended) if ended < 6 else 0
+    assert ended == 6
+    for o in opened:
+        await assert_one_terminal(redis_client, o.session_id, "session.expired",
+                                  "disconnect_grace_expired")
+    assert await used_slots(redis_client, wid) == 0
+
+
+# --------------------------------------------------------------------------- heartbeat
+
+
+async def test_heartbeat_register_and_renew(scripts: Scripts, redis_client: Redis):
+    """Register creates a live worker with no used slots; renew moves its deadline forward."""
+    wid = new_worker_id()
+    before = await redis_now_ms(redis_client)
+    beat = await scripts.worker_heartbeat(wid, slots=3, ttl_ms=10_000, register=True,
+                                          drain=False)
+    assert beat.state == "live"
+    assert before + 10_000 <= beat.alive_until_ms <= before + 20_000
+    assert await worker_field(redis_client, wid, "slots") == "3"
+    assert await used_slots(redis_client, wid) == 0
+    await open_session(scripts, wid)
+    renewed = await scripts.worker_heartbeat(wid, slots=5, ttl_ms=40_000, register=False,
+                                             drain=False)
+    assert renewed.state == "live"
+    assert renewed.alive_until_ms >= beat.alive_until_ms + 30_000
+    assert await worker_field(redis_client, wid, "slots") == "5"
+    again = await scripts.worker_heartbeat(wid, slots=5, ttl_ms=40_000, register=True,
+                                           drain=False)
+    assert again.state == "live"
+    assert await used_slots(redis_client, wid) == 1
+
+
+async def test_heartbeat_draining_is_sticky(scripts: Scripts, redis_client: Redis):
+    """Once draining, later heartbeats without drain stay draining."""
+    wid = await register_worker(scripts)
+    drained = await scripts.worker_heartbeat(wid, slots=4, ttl_ms=60_000, register=False,
+                                             drain=True)
+    assert drained.state == "draining"
+    later = await scripts.worker_heartbeat(wid, slots=4, ttl_ms=60_000, register=False,
+                                           drain=False)
+    assert later.state == "draining"
+    assert await worker_field(redis_client, wid, "state") == "draining"
+
+
+async def test_heartbeat_without_record_and_register_is_fenced(
+    scripts: Scripts, redis_client: Redis
+):
+    """A renew for a worker whose record is gone is fenced, and creates nothing."""
+    wid = new_worker_id()
+    with pytest.raises(WorkerFenced):
+        await scripts.worker_heartbeat(wid, slots=4, ttl_ms=60_000, register=False, drain=False)
+    assert not await redis_client.exists(WorkerKeys(wid).record)
+
+
+async def test_draining_worker_keeps_serving_its_sessions(scripts: Scripts):
+    """Draining refuses new opens but existing sessions keep appending output."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    await scripts.worker_heartbeat(wid, slots=4, ttl_ms=60_000, register=False, drain=True)
+    assert await scripts.append_output(opened.session_id, [ev(1)]) == 1
+    await scripts.append_input(opened.lease, [(1, cmd("a"))], max_entries=100)
+
+
+async def test_error_event_roundtrips_through_output_log(scripts: Scripts, redis_client: Redis):
+    """Events written by the worker read back as the same typed values."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    error = ErrorEvent(code="invalid_value", message="nope " + secrets.token_hex(2))
+    delta = AudioDelta(response_id="r", item_id="i", output_index=0, content_index=0,
+                       audio=b"\x00\x01\xff")
+    await scripts.append_output(opened.session_id, [encode_message(error), encode_message(delta)])
+    assert await events_of(redis_client, opened.session_id) == [(1, error), (2, delta)]
