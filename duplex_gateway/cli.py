@@ -47,7 +47,7 @@ async def _run_worker(args: argparse.Namespace) -> int:
     from store import create_client
 
     settings = from_env(WorkerSettings, redis_url=args.redis_url, backend=args.backend,
-                        slots=args.slots)
+                        slots=args.slots, drain_timeout_s=args.drain_timeout)
     if settings.backend != "loopback":
         raise SettingsError(f"unknown backend {settings.backend!r}; available: loopback")
     client = create_client(settings.redis_url)
@@ -75,8 +75,9 @@ def _dev(args: argparse.Namespace) -> int:
     children = [
         subprocess.Popen([*python, "serve", "--host", args.host, "--port", str(port),
                           "--redis-url", server.url]),
+        # Ctrl-C stops the whole product: no other worker will take over, so drain briefly.
         subprocess.Popen([*python, "worker", "--redis-url", server.url, "--backend",
-                          "loopback", "--slots", str(args.slots)]),
+                          "loopback", "--slots", str(args.slots), "--drain-timeout", "1"]),
     ]
     stop = False
 
@@ -127,6 +128,8 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--redis-url")
     worker.add_argument("--backend")
     worker.add_argument("--slots", type=int)
+    worker.add_argument("--drain-timeout", type=float,
+                        help="seconds running sessions get to finish on SIGTERM")
     worker.set_defaults(func=_worker)
 
     dev = sub.add_parser("dev", help="embedded Redis + gateway + worker on this machine")

@@ -29,10 +29,11 @@ _BROWSER_KEY_PREFIX = "openai-insecure-api-key."
 
 
 def _presented_key(websocket: WebSocket) -> str | None:
-    auth = websocket.headers.get("authorization", "")
+    auth: str = websocket.headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
         return auth[7:].strip()
-    for protocol in websocket.scope.get("subprotocols", []):
+    protocols: list[str] = websocket.scope.get("subprotocols", [])
+    for protocol in protocols:
         if protocol.startswith(_BROWSER_KEY_PREFIX):
             return protocol[len(_BROWSER_KEY_PREFIX):]
     return None

@@ -50,7 +50,7 @@ local function append_events(rec, out_log, out_channel, payloads, max_entries)
     redis.call('XADD', out_log, 'MAXLEN', '~', max_entries, seq .. '-0', 'd', payload)
   end
   redis.call('HSET', rec, 'out_seq', seq)
-  redis.call('SPUBLISH', out_channel, cmsgpack.pack('e', first, payloads))
+  redis.call('SPUBLISH', out_channel, cmsgpack.pack({'e', first, payloads}))
   return first
 end
 
@@ -67,7 +67,7 @@ local function terminate(sid, rec, out_log, out_channel, worker, sessions, deadl
     redis.call('HINCRBY', worker, 'used', -1)
   end
   redis.call('ZREM', deadlines, sid)
-  redis.call('SPUBLISH', worker_channel, cmsgpack.pack('c', sid))
+  redis.call('SPUBLISH', worker_channel, cmsgpack.pack({'c', sid}))
   redis.call('PEXPIRE', rec, retention)
   redis.call('PEXPIRE', out_log, retention)
   redis.call('DEL', string.sub(rec, 1, -4) .. 'in')
@@ -111,7 +111,7 @@ redis.call('HSET', rec, 'state', 'attached', 'epoch', epoch, 'gen', 1, 'digest',
   'active_ms', now, 'detached_ms', 0, 'grace_ms', grace_ms, 'idle_ms', idle_ms,
   'out_max', out_max, 'retention_ms', retention_ms)
 redis.call('ZADD', deadlines, now + tonumber(idle_ms), sid)
-redis.call('SPUBLISH', worker_channel, cmsgpack.pack('o', sid))
+redis.call('SPUBLISH', worker_channel, cmsgpack.pack({'o', sid}))
 return {'ok', 1}
 """
 
@@ -148,7 +148,7 @@ local now = now_ms()
 redis.call('HSET', rec, 'state', 'attached', 'gen', gen, 'digest', fresh, 'rcid', control_id,
   'active_ms', now, 'detached_ms', 0)
 redis.call('ZADD', deadlines, next_deadline(rec), sid)
-redis.call('SPUBLISH', out_channel, cmsgpack.pack('r', gen))
+redis.call('SPUBLISH', out_channel, cmsgpack.pack({'r', gen}))
 return answer('ok', gen)
 """
 
@@ -205,7 +205,7 @@ local now = now_ms()
 redis.call('HSET', rec, 'in_n', n, 'cseq', cseq, 'active_ms', now)
 redis.call('ZADD', deadlines, next_deadline(rec), sid)
 if #payloads > 0 then
-  redis.call('SPUBLISH', worker_channel, cmsgpack.pack('i', sid, first, payloads))
+  redis.call('SPUBLISH', worker_channel, cmsgpack.pack({'i', sid, first, payloads}))
 end
 return {'ok', #payloads, cseq, tonumber(gen)}
 """

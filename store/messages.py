@@ -418,8 +418,8 @@ def is_terminal(event: Event) -> bool:
 
 
 
-_EVENT_CLASSES: tuple[type[Any], ...] = Event.__args__  # type: ignore[attr-defined]
-_COMMAND_CLASSES: tuple[type[Any], ...] = Command.__args__  # type: ignore[attr-defined]
+_EVENT_CLASSES: tuple[type[Any], ...] = Event.__args__
+_COMMAND_CLASSES: tuple[type[Any], ...] = Command.__args__
 
 
 def decode_event(data: bytes) -> Event:
@@ -431,7 +431,7 @@ def decode_event(data: bytes) -> Event:
     message = decode_message(data)
     if not isinstance(message, _EVENT_CLASSES):
         raise MessageDecodeError(f"expected an event, got {type(message).__name__}")
-    return message
+    return message  # type: ignore[no-any-return]
 
 
 def decode_command(data: bytes) -> Command:
@@ -443,4 +443,4 @@ def decode_command(data: bytes) -> Command:
     message = decode_message(data)
     if not isinstance(message, _COMMAND_CLASSES):
         raise MessageDecodeError(f"expected a command, got {type(message).__name__}")
-    return message
+    return message  # type: ignore[no-any-return]

@@ -118,7 +118,10 @@ class Subscriber:
                 await self._recover(exc)
                 continue
             if message is not None:
-                self._dispatch(message)
+                try:
+                    self._dispatch(message)
+                except Exception:  # a bad notice or handler must not stop every delivery
+                    _log.exception("dropped a pub/sub message: %r", message)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         kind = message["type"]
@@ -128,6 +131,12 @@ class Subscriber:
             future = self._confirmations.get(channel)
             if future is not None and not future.done():
                 future.set_result(None)
+                return
+            # Not asked for by subscribe(): a re-subscription after a reconnect (ours or
+            # redis-py's own), now confirmed. Pushes may have been missed: read the log.
+            resubscribed = self._handlers.get(channel)
+            if resubscribed is not None:
+                resubscribed(None)
             return
         if kind != "smessage":
             return
@@ -150,6 +159,5 @@ class Subscriber:
                 await pubsub.ssubscribe(channel.decode())
         except (RedisError, OSError) as exc2:
             _log.warning("re-subscribe failed: %s", exc2)
-            return
-        for handler in list(self._handlers.values()):
-            handler(None)
+        # Each handler gets None when its re-subscription is confirmed (see _dispatch), so
+        # a log read it then starts cannot miss a push that the old subscription lost.

@@ -26,7 +26,6 @@ from typing import Any, NoReturn, TypeAlias, TypeVar
 
 from gateway.protocol import envelope as env
 from gateway.protocol.errors import (
-    PARSE_ERROR_CODES,
     ClientProtocolError,
     CloseCode,
     ErrorCode,
@@ -38,7 +37,6 @@ from store import messages as m
 __all__ = [
     "CLIENT_EVENT_TYPES",
     "MAX_SEQ",
-    "PARSE_ERROR_CODES",
     "UNSUPPORTED_CLIENT_EVENT_TYPES",
     "encode_frame",
     "parse_client_frame",
@@ -430,6 +428,10 @@ _SESSION_OBJECTS = {
 }
 
 
+# The resume fields ride on session.created as extra top-level keys (strict clients allow extras).
+_RESUME_FIELDS = _copy("session_id", "resume_token", "lease_generation")
+
+
 def _session_created(n: env.SessionCreatedNotice) -> JsonDict:
     kind = n.session.get("type")
     if not isinstance(kind, str):
@@ -439,8 +441,6 @@ def _session_created(n: env.SessionCreatedNotice) -> JsonDict:
     session = {**head, **{k: v for k, v in n.session.items() if k not in head}}
     return {"session": session, **_RESUME_FIELDS(n)}
 
-
-_RESUME_FIELDS = _copy("session_id", "resume_token", "lease_generation")
 
 _NOTICE_RENDERERS: dict[type[Any], tuple[str, Callable[[Any], JsonDict]]] = {
     env.SessionCreatedNotice: ("session.created", _session_created),

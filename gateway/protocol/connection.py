@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TypeAlias
 
 from gateway.protocol.codec import (
     encode_frame,
@@ -130,8 +131,10 @@ class DetachLease:
     generation: int
 
 
-Action = SendFrame | CloseConnection | OpenSession | ResumeSession | AppendCommands | FetchLog
-Action = Action | DetachLease
+Action: TypeAlias = (
+    SendFrame | CloseConnection | OpenSession | ResumeSession | AppendCommands | FetchLog
+    | DetachLease
+)
 
 
 class ConnectionCore:
@@ -275,8 +278,7 @@ class ConnectionCore:
         if gap:
             self._actions.append(FetchLog(after_seq=self.delivered_seq))
         for seq, payload in fresh:
-            self._deliver(seq, payload)
-            if self.state is ConnectionState.CLOSED:
+            if not self._deliver(seq, payload):
                 return
 
     def lease_moved(self, generation: int) -> None:
@@ -304,13 +306,14 @@ class ConnectionCore:
 
     # ------------------------------------------------------------------ helpers
 
-    def _deliver(self, seq: int, payload: bytes) -> None:
+    def _deliver(self, seq: int, payload: bytes) -> bool:
+        """Send one event; False once the stream ended (terminal event)."""
         try:
             event = decode_event(payload)
         except MessageDecodeError:
             # A corrupt entry is our fault, never the client's; skipping it keeps the stream
             # going (the seq still advances, so replay stays exact).
-            return
+            return True
         assert self.session_id is not None
         # Deterministic ids: a replayed event carries the same event_id as the first time.
         rendered = render_event(event, server_event_seq=seq,
@@ -320,6 +323,8 @@ class ConnectionCore:
             self._actions.append(CloseConnection(code=CloseCode.NORMAL,
                                                  reason=getattr(event, "reason", "")))
             self._move("end")
+            return False
+        return True
 
     def _flush_pending(self) -> None:
         if self._pending:

@@ -42,9 +42,9 @@ PCM_B64 = base64.b64encode(PCM).decode()
 SESSION = {"type": "realtime", "instructions": "Be brief.", "output_modalities": ["audio"]}
 
 
-def frame(**fields: Any) -> str:
-    """A client frame with the given fields."""
-    return json.dumps(fields)
+def f(type_: str, **fields: Any) -> str:
+    """A client frame of the given type and fields."""
+    return json.dumps({"type": type_, **fields})
 
 
 def parse(data: str | bytes) -> ParsedFrame:
@@ -54,122 +54,66 @@ def parse(data: str | bytes) -> ParsedFrame:
 
 # --------------------------------------------------------------------------- client frames
 
+UPDATE, APPEND, COMMIT = "session.update", "input_audio_buffer.append", "input_audio_buffer.commit"
+CREATE, CANCEL, CLOSE = "response.create", "response.cancel", "session.close"
+HEARTBEAT, RESUME, ACK = "session.heartbeat", "session.resume", "session.event_ack"
+LAST = "last_received_server_event_seq"
+TOKEN: dict[str, Any] = {"session_id": "sess_1", "resume_token": "tok"}
+
+
+def cmd(command: m.Command, client_seq: int | None = None) -> ParsedFrame:
+    """The expected parse of a command frame."""
+    return ParsedFrame(command=command, client_seq=client_seq)
+
+
 ACCEPTED: list[tuple[str, str, ParsedFrame]] = [
     (
-        "session.update",
-        frame(type="session.update", event_id="c1", session=SESSION),
-        ParsedFrame(command=m.UpdateSession(session=SESSION, event_id="c1")),
+        "update",
+        f(UPDATE, event_id="c1", session=SESSION),
+        cmd(m.UpdateSession(session=SESSION, event_id="c1")),
     ),
-    (
-        "append",
-        frame(type="input_audio_buffer.append", audio=PCM_B64),
-        ParsedFrame(command=m.AppendAudio(audio=PCM)),
-    ),
-    (
-        "append-empty",
-        frame(type="input_audio_buffer.append", audio=""),
-        ParsedFrame(command=m.AppendAudio(audio=b"")),
-    ),
-    (
-        "commit",
-        frame(type="input_audio_buffer.commit", event_id="c2"),
-        ParsedFrame(command=m.CommitInput(event_id="c2")),
-    ),
-    (
-        "clear",
-        frame(type="input_audio_buffer.clear"),
-        ParsedFrame(command=m.ClearInput()),
-    ),
-    (
-        "response.create",
-        frame(type="response.create"),
-        ParsedFrame(command=m.CreateResponse()),
-    ),
-    (
-        "response.create-null",
-        frame(type="response.create", response=None),
-        ParsedFrame(command=m.CreateResponse()),
-    ),
-    (
-        "response.create-options",
-        frame(type="response.create", response={"metadata": {"k": "v"}}),
-        ParsedFrame(command=m.CreateResponse(response={"metadata": {"k": "v"}})),
-    ),
-    (
-        "response.cancel",
-        frame(type="response.cancel"),
-        ParsedFrame(command=m.CancelResponse()),
-    ),
-    (
-        "response.cancel-id",
-        frame(type="response.cancel", response_id="resp_1"),
-        ParsedFrame(command=m.CancelResponse(response_id="resp_1")),
-    ),
-    (
-        "heartbeat",
-        frame(type="session.heartbeat"),
-        ParsedFrame(command=m.Heartbeat()),
-    ),
-    (
-        "close-default",
-        frame(type="session.close", event_id="c3"),
-        ParsedFrame(command=m.CloseSession(reason="client_close", event_id="c3")),
-    ),
-    (
-        "close-reason",
-        frame(type="session.close", reason="done"),
-        ParsedFrame(command=m.CloseSession(reason="done")),
-    ),
+    ("append", f(APPEND, audio=PCM_B64), cmd(m.AppendAudio(audio=PCM))),
+    ("append-empty", f(APPEND, audio=""), cmd(m.AppendAudio(audio=b""))),
+    ("commit", f(COMMIT, event_id="c2"), cmd(m.CommitInput(event_id="c2"))),
+    ("clear", f("input_audio_buffer.clear"), cmd(m.ClearInput())),
+    ("create", f(CREATE), cmd(m.CreateResponse())),
+    ("create-null", f(CREATE, response=None), cmd(m.CreateResponse())),
+    ("create-options", f(CREATE, response={"k": [1]}), cmd(m.CreateResponse(response={"k": [1]}))),
+    ("cancel", f(CANCEL), cmd(m.CancelResponse())),
+    ("cancel-id", f(CANCEL, response_id="resp_1"), cmd(m.CancelResponse(response_id="resp_1"))),
+    ("heartbeat", f(HEARTBEAT), cmd(m.Heartbeat())),
+    ("close", f(CLOSE, event_id="c3"), cmd(m.CloseSession(reason="client_close", event_id="c3"))),
+    ("close-null", f(CLOSE, reason=None), cmd(m.CloseSession(reason="client_close"))),
+    ("close-reason", f(CLOSE, reason="done"), cmd(m.CloseSession(reason="done"))),
     (
         "resume-full",
-        frame(
-            type="session.resume",
-            event_id="c4",
-            session_id="sess_1",
-            resume_token="tok",
-            last_received_server_event_seq=17,
-            control_id="ctl",
-        ),
+        f(RESUME, event_id="c4", **TOKEN, **{LAST: 17}, control_id="ctl"),
         ParsedFrame(
             envelope=ResumeRequest(
-                session_id="sess_1",
-                resume_token="tok",
-                last_received_server_event_seq=17,
-                control_id="ctl",
-                event_id="c4",
+                **TOKEN, last_received_server_event_seq=17, control_id="ctl", event_id="c4"
             )
         ),
     ),
+    ("resume-minimal", f(RESUME, **TOKEN), ParsedFrame(envelope=ResumeRequest(**TOKEN))),
     (
-        "resume-minimal",
-        frame(type="session.resume", session_id="sess_1", resume_token="tok"),
-        ParsedFrame(envelope=ResumeRequest(session_id="sess_1", resume_token="tok")),
+        "resume-nulls",
+        f(RESUME, **TOKEN, **{LAST: None}, control_id=None),
+        ParsedFrame(envelope=ResumeRequest(**TOKEN)),
     ),
     (
-        "event_ack",
-        frame(type="session.event_ack", server_event_seq=0, event_id="c5"),
+        "ack",
+        f(ACK, server_event_seq=0, event_id="c5"),
         ParsedFrame(envelope=EventAck(server_event_seq=0, event_id="c5")),
     ),
     (
-        "client_seq",
-        frame(type="input_audio_buffer.commit", client_seq=7),
-        ParsedFrame(command=m.CommitInput(), client_seq=7),
+        "ack-client-seq",
+        f(ACK, server_event_seq=9, client_seq=2),
+        ParsedFrame(envelope=EventAck(server_event_seq=9), client_seq=2),
     ),
-    (
-        "client_seq-max",
-        frame(type="session.heartbeat", client_seq=MAX_SEQ),
-        ParsedFrame(command=m.Heartbeat(), client_seq=MAX_SEQ),
-    ),
-    (
-        "client_seq-null",
-        frame(type="session.heartbeat", client_seq=None, event_id=None),
-        ParsedFrame(command=m.Heartbeat()),
-    ),
-    (
-        "unknown-fields-ignored",
-        frame(type="input_audio_buffer.commit", final=True, hints={"x": 1}),
-        ParsedFrame(command=m.CommitInput()),
-    ),
+    ("client_seq", f(COMMIT, client_seq=7), cmd(m.CommitInput(), client_seq=7)),
+    ("client_seq-max", f(HEARTBEAT, client_seq=MAX_SEQ), cmd(m.Heartbeat(), client_seq=MAX_SEQ)),
+    ("nulls-are-absent", f(HEARTBEAT, client_seq=None, event_id=None), cmd(m.Heartbeat())),
+    ("unknown-fields-ignored", f(COMMIT, final=True, hints={"x": 1}), cmd(m.CommitInput())),
 ]
 
 
@@ -184,223 +128,87 @@ def test_accepted_frames(data: str, expected: ParsedFrame) -> None:
 
 def test_every_supported_type_has_a_golden_case() -> None:
     """The golden table covers every client event type the codec accepts."""
-    covered = {json.loads(c[1])["type"] for c in ACCEPTED}
-    assert covered == CLIENT_EVENT_TYPES
+    assert {json.loads(c[1])["type"] for c in ACCEPTED} == CLIENT_EVENT_TYPES
 
 
+JSON_, EVENT, UNKNOWN = "invalid_json", "invalid_event", "unknown_event"
+MISSING, TYPE, VALUE = "missing_required_parameter", "invalid_type", "invalid_value"
+BAD_RESUME = "invalid_session_resume"
+
+# (id, frame, code, param, the client event id echoed)
 REJECTED: list[tuple[str, str | bytes, str, str | None, str | None]] = [
-    # (id, frame, code, param, echoed client event id)
-    ("bad-utf8", b'{"type":"session.heartbeat","x":"\xff"}', "invalid_json", None, None),
-    ("not-json", "hello", "invalid_json", None, None),
-    ("truncated", '{"type":"session.heartbeat"', "invalid_json", None, None),
-    ("nan", '{"type":"session.heartbeat","x":NaN}', "invalid_json", None, None),
-    ("infinity", "-Infinity", "invalid_json", None, None),
-    ("deep", "[" * 100_000 + "]" * 100_000, "invalid_json", None, None),
-    ("huge-int", '{"type":"session.heartbeat","x":' + "9" * 5000 + "}", "invalid_json", None, None),
-    ("empty", "", "invalid_json", None, None),
-    ("array", "[]", "invalid_event", None, None),
-    ("string", '"session.heartbeat"', "invalid_event", None, None),
-    ("no-type", frame(event_id="e1"), "invalid_event", None, "e1"),
-    ("null-type", frame(type=None, event_id="e1"), "invalid_event", None, "e1"),
-    ("int-type", frame(type=1, event_id="e1"), "invalid_event", None, "e1"),
-    ("bad-event-id", frame(type="session.heartbeat", event_id=5), "invalid_type", "event_id", None),
-    ("unknown", frame(type="nope", event_id="e1"), "unknown_event", "type", "e1"),
-    ("beta-alias", frame(type="response.audio.delta"), "unknown_event", "type", None),
-    ("transport", frame(type="session.resumed"), "unknown_event", "type", None),
+    ("bad-utf8", b'{"type":"session.heartbeat","x":"\xff"}', JSON_, None, None),
+    ("not-json", "hello", JSON_, None, None),
+    ("truncated", '{"type":"session.heartbeat"', JSON_, None, None),
+    ("nan", '{"type":"session.heartbeat","x":NaN}', JSON_, None, None),
+    ("infinity", "-Infinity", JSON_, None, None),
+    ("deep", "[" * 100_000 + "]" * 100_000, JSON_, None, None),
+    ("huge-int", '{"type":"session.heartbeat","x":' + "9" * 5000 + "}", JSON_, None, None),
+    ("empty", "", JSON_, None, None),
+    ("array", "[]", EVENT, None, None),
+    ("string", '"session.heartbeat"', EVENT, None, None),
+    ("no-type", '{"event_id":"e1"}', EVENT, None, "e1"),
+    ("null-type", '{"type":null,"event_id":"e1"}', EVENT, None, "e1"),
+    ("int-type", '{"type":1,"event_id":"e1"}', EVENT, None, "e1"),
+    ("bad-event-id", f(HEARTBEAT, event_id=5), TYPE, "event_id", None),
+    ("unknown", f("nope", event_id="e1"), UNKNOWN, "type", "e1"),
+    ("beta-alias", f("response.audio.delta"), UNKNOWN, "type", None),
+    ("server-type", f("session.resumed"), UNKNOWN, "type", None),
     *[
-        (f"unsupported-{t}", frame(type=t, event_id="e2"), "unsupported_event", "type", "e2")
+        (f"unsupported-{t}", f(t, event_id="e2"), "unsupported_event", "type", "e2")
         for t in sorted(UNSUPPORTED_CLIENT_EVENT_TYPES)
     ],
+    ("update-missing", f(UPDATE, event_id="e3"), MISSING, "session", "e3"),
+    ("update-array", f(UPDATE, session=[]), TYPE, "session", None),
+    ("update-null", f(UPDATE, session=None), TYPE, "session", None),
+    ("append-missing", f(APPEND, event_id="e4"), MISSING, "audio", "e4"),
+    ("append-int", f(APPEND, audio=5), TYPE, "audio", None),
+    ("append-bad-b64", f(APPEND, audio="!!!!", event_id="e5"), VALUE, "audio", "e5"),
+    ("append-no-pad", f(APPEND, audio="AAA"), VALUE, "audio", None),
+    ("append-newline", f(APPEND, audio="AAAA\nAAAA"), VALUE, "audio", None),
+    ("append-non-ascii", f(APPEND, audio="ÄÄÄÄ"), VALUE, "audio", None),
+    ("append-odd", f(APPEND, audio="AA=="), VALUE, "audio", None),
+    ("create-str", f(CREATE, response="x"), TYPE, "response", None),
+    ("cancel-int", f(CANCEL, response_id=3), TYPE, "response_id", None),
+    ("close-int", f(CLOSE, reason=1), TYPE, "reason", None),
+    ("seq-zero", f(HEARTBEAT, client_seq=0, event_id="e6"), VALUE, "client_seq", "e6"),
+    ("seq-negative", f(HEARTBEAT, client_seq=-1), VALUE, "client_seq", None),
+    ("seq-str", f(HEARTBEAT, client_seq="1"), VALUE, "client_seq", None),
+    ("seq-float", f(HEARTBEAT, client_seq=1.5), VALUE, "client_seq", None),
+    ("seq-bool", f(HEARTBEAT, client_seq=True), VALUE, "client_seq", None),
+    ("seq-huge", f(HEARTBEAT, client_seq=MAX_SEQ + 1), VALUE, "client_seq", None),
+    ("seq-before-body", f(APPEND, client_seq=0), VALUE, "client_seq", None),
+    ("resume-no-token", f(RESUME, session_id="s", event_id="e7"), BAD_RESUME, "resume_token", "e7"),
+    ("resume-no-session", f(RESUME, resume_token="t"), BAD_RESUME, "session_id", None),
     (
-        "update-missing",
-        frame(type="session.update", event_id="e3"),
-        "missing_required_parameter",
-        "session",
-        "e3",
-    ),
-    ("update-array", frame(type="session.update", session=[]), "invalid_type", "session", None),
-    ("update-null", frame(type="session.update", session=None), "invalid_type", "session", None),
-    (
-        "append-missing",
-        frame(type="input_audio_buffer.append", event_id="e4"),
-        "missing_required_parameter",
-        "audio",
-        "e4",
-    ),
-    ("append-int", frame(type="input_audio_buffer.append", audio=5), "invalid_type", "audio", None),
-    (
-        "append-bad-b64",
-        frame(type="input_audio_buffer.append", audio="!!!!", event_id="e5"),
-        "invalid_value",
-        "audio",
-        "e5",
-    ),
-    (
-        "append-no-pad",
-        frame(type="input_audio_buffer.append", audio="AAA"),
-        "invalid_value",
-        "audio",
-        None,
-    ),
-    (
-        "append-newline",
-        frame(type="input_audio_buffer.append", audio="AAAA\nAAAA"),
-        "invalid_value",
-        "audio",
-        None,
-    ),
-    (
-        "append-non-ascii",
-        frame(type="input_audio_buffer.append", audio="ÄÄÄÄ"),
-        "invalid_value",
-        "audio",
-        None,
-    ),
-    (
-        "append-odd",
-        frame(type="input_audio_buffer.append", audio="AA=="),
-        "invalid_value",
-        "audio",
-        None,
-    ),
-    ("create-str", frame(type="response.create", response="x"), "invalid_type", "response", None),
-    (
-        "cancel-int",
-        frame(type="response.cancel", response_id=3),
-        "invalid_type",
-        "response_id",
-        None,
-    ),
-    ("close-int", frame(type="session.close", reason=1), "invalid_type", "reason", None),
-    (
-        "seq-zero",
-        frame(type="session.heartbeat", client_seq=0, event_id="e6"),
-        "invalid_value",
-        "client_seq",
-        "e6",
-    ),
-    (
-        "seq-negative",
-        frame(type="session.heartbeat", client_seq=-1),
-        "invalid_value",
-        "client_seq",
-        None,
-    ),
-    (
-        "seq-str",
-        frame(type="session.heartbeat", client_seq="1"),
-        "invalid_value",
-        "client_seq",
-        None,
-    ),
-    (
-        "seq-float",
-        frame(type="session.heartbeat", client_seq=1.5),
-        "invalid_value",
-        "client_seq",
-        None,
-    ),
-    (
-        "seq-bool",
-        frame(type="session.heartbeat", client_seq=True),
-        "invalid_value",
-        "client_seq",
-        None,
-    ),
-    (
-        "seq-huge",
-        frame(type="session.heartbeat", client_seq=MAX_SEQ + 1),
-        "invalid_value",
-        "client_seq",
-        None,
-    ),
-    (
-        "resume-no-token",
-        frame(type="session.resume", session_id="s", event_id="e7"),
-        "invalid_session_resume",
-        "resume_token",
-        "e7",
-    ),
-    (
-        "resume-no-session",
-        frame(type="session.resume", resume_token="t"),
-        "invalid_session_resume",
+        "resume-int-session",
+        f(RESUME, session_id=1, resume_token="t"),
+        BAD_RESUME,
         "session_id",
         None,
     ),
     (
         "resume-empty-session",
-        frame(type="session.resume", session_id="", resume_token="t"),
-        "invalid_session_resume",
+        f(RESUME, session_id="", resume_token="t"),
+        BAD_RESUME,
         "session_id",
         None,
     ),
     (
         "resume-empty-token",
-        frame(type="session.resume", session_id="s", resume_token=""),
-        "invalid_session_resume",
+        f(RESUME, session_id="s", resume_token=""),
+        BAD_RESUME,
         "resume_token",
         None,
     ),
-    (
-        "resume-negative-seq",
-        frame(
-            type="session.resume",
-            session_id="s",
-            resume_token="t",
-            last_received_server_event_seq=-1,
-        ),
-        "invalid_session_resume",
-        "last_received_server_event_seq",
-        None,
-    ),
-    (
-        "resume-str-seq",
-        frame(
-            type="session.resume",
-            session_id="s",
-            resume_token="t",
-            last_received_server_event_seq="3",
-        ),
-        "invalid_session_resume",
-        "last_received_server_event_seq",
-        None,
-    ),
-    (
-        "resume-int-control",
-        frame(type="session.resume", session_id="s", resume_token="t", control_id=5),
-        "invalid_session_resume",
-        "control_id",
-        None,
-    ),
-    (
-        "ack-missing",
-        frame(type="session.event_ack", event_id="e8"),
-        "missing_required_parameter",
-        "server_event_seq",
-        "e8",
-    ),
-    (
-        "ack-str",
-        frame(type="session.event_ack", server_event_seq="1"),
-        "invalid_type",
-        "server_event_seq",
-        None,
-    ),
-    (
-        "ack-bool",
-        frame(type="session.event_ack", server_event_seq=True),
-        "invalid_type",
-        "server_event_seq",
-        None,
-    ),
-    (
-        "ack-negative",
-        frame(type="session.event_ack", server_event_seq=-1),
-        "invalid_value",
-        "server_event_seq",
-        None,
-    ),
+    ("resume-negative-seq", f(RESUME, **TOKEN, **{LAST: -1}), BAD_RESUME, LAST, None),
+    ("resume-str-seq", f(RESUME, **TOKEN, **{LAST: "3"}), BAD_RESUME, LAST, None),
+    ("resume-int-control", f(RESUME, **TOKEN, control_id=5), BAD_RESUME, "control_id", None),
+    ("ack-missing", f(ACK, event_id="e8"), MISSING, "server_event_seq", "e8"),
+    ("ack-null", f(ACK, server_event_seq=None), TYPE, "server_event_seq", None),
+    ("ack-str", f(ACK, server_event_seq="1"), TYPE, "server_event_seq", None),
+    ("ack-bool", f(ACK, server_event_seq=True), TYPE, "server_event_seq", None),
+    ("ack-negative", f(ACK, server_event_seq=-1), VALUE, "server_event_seq", None),
 ]
 
 
@@ -433,13 +241,13 @@ def test_missing_type_message() -> None:
 def test_unknown_type_is_quoted_briefly() -> None:
     """A huge unknown ``type`` is not echoed back in full."""
     with pytest.raises(ClientProtocolError) as info:
-        parse(frame(type="x" * 10_000))
+        parse(f("x" * 10_000))
     assert len(info.value.message) < 1_000
 
 
 def test_frame_too_large_closes_with_1009() -> None:
     """A frame over the limit is refused with event_too_large and close 1009, text or binary."""
-    data = frame(type="input_audio_buffer.append", event_id="big", audio="AAAA" * 100)
+    data = f(APPEND, event_id="big", audio="AAAA" * 100)
     for variant in (data, data.encode()):
         parse_client_frame(variant, max_frame_bytes=len(data))  # exactly at the limit: fine
         with pytest.raises(ClientProtocolError) as info:
@@ -769,7 +577,7 @@ def test_render_unknown_notice_class_is_internal() -> None:
 def test_render_client_error() -> None:
     """A client error renders with its code, param and the client's event id."""
     try:
-        parse(frame(type="session.update", event_id="c7"))
+        parse(f(UPDATE, event_id="c7"))
     except ClientProtocolError as exc:
         rendered = render_error(exc, "event_9")
     assert rendered == {
@@ -859,3 +667,27 @@ def test_protocol_modules_do_no_io() -> None:
                 continue
             assert not {mod.split(".")[0] for mod in modules} & forbidden, (name, modules)
         assert "__all__" in (root / name).read_text()
+
+
+# --------------------------------------------------------------------------- the validator itself
+
+CLOSED = {"type": "session.closed", "event_id": "e", "reason": "x", "server_event_seq": 1}
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {k: v for k, v in CLOSED.items() if k != "reason"},  # missing key
+        {**CLOSED, "extra": 1},  # unknown key
+        {**CLOSED, "server_event_seq": True},  # bool is no JSON integer
+        {**CLOSED, "server_event_seq": 0},  # sequences start at 1
+        {"type": "input_audio_buffer.cleared", "event_id": "e", "server_event_seq": "1"},
+        {"type": "response.audio.delta", "event_id": "e"},  # a beta name
+        {"type": "input_audio_buffer.cleared"},  # no event_id
+        {"type": "session.replaced", "event_id": "e", "session_id": "s", "lease_generation": (1,)},
+    ],
+)
+def test_validator_is_strict(event: dict[str, Any]) -> None:
+    """The strict helper refuses what a strict client would, extensions included."""
+    with pytest.raises((AssertionError, ValueError)):
+        validate_server_event(event)

@@ -1,0 +1,40 @@
+"""Helpers shared by the end-to-end tests: audio with markers, strict event collection."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+
+from gateway.client import DuplexClient, RealtimeEvent
+from tests.gateway.strict import validate_server_event
+
+STREAM_SESSION = {"type": "realtime", "extra_body": {"loopback_mode": "stream"}}
+CHUNK_BYTES = 960  # 20 ms of pcm16 at 24 kHz
+
+
+def marked_chunk(session: int, index: int) -> bytes:
+    """20 ms of audio whose first bytes name its session and index (to match echoes)."""
+    head = struct.pack("<II", session, index)
+    return head + bytes(CHUNK_BYTES - len(head))
+
+
+def chunk_index(audio: bytes) -> int:
+    """The index :func:`marked_chunk` wrote."""
+    return int(struct.unpack_from("<I", audio, 4)[0])
+
+
+async def next_event(client: DuplexClient, timeout: float = 10.0) -> RealtimeEvent:
+    """The next event, strictly validated against the SDK's types (or our extensions)."""
+    event = await asyncio.wait_for(client.recv(), timeout)
+    validate_server_event(event.data)
+    return event
+
+
+async def collect_until(client: DuplexClient, stop: str, sink: list[RealtimeEvent],
+                        timeout: float = 10.0) -> RealtimeEvent:
+    """Append events to ``sink`` until one of type ``stop`` arrives; returns it."""
+    while True:
+        event = await next_event(client, timeout)
+        sink.append(event)
+        if event.type == stop:
+            return event

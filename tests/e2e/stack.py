@@ -1,0 +1,110 @@
+"""Real processes for end-to-end tests: gateways and workers on a real Redis, killable."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from redis import Redis
+
+from store.embedded import EmbeddedServer, free_port
+from store.keys import WORKER_DIRECTORY
+
+DEADLINE_S = 20.0
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = DEADLINE_S) -> None:
+    """Poll ``condition`` until it holds, failing with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+@dataclass
+class Proc:
+    """One child process of the stack."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    port: int = 0
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/realtime"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, nothing flushed."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def terminate(self, timeout: float = 30) -> int:
+        """SIGTERM and wait for a graceful exit."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
+
+
+@dataclass
+class Stack:
+    """A Redis server plus the gateways and workers a test started on it."""
+
+    redis: EmbeddedServer
+    env: dict[str, str] = field(default_factory=dict)
+    procs: list[Proc] = field(default_factory=list)
+
+    def _spawn(self, name: str, args: list[str], port: int = 0) -> Proc:
+        env = {**os.environ, **self.env}
+        process = subprocess.Popen(
+            [sys.executable, "-m", "duplex_gateway", "--log-level", "warning", *args],
+            env=env, stdout=subprocess.DEVNULL, stderr=None)
+        proc = Proc(name, process, port)
+        self.procs.append(proc)
+        return proc
+
+    def gateway(self) -> Proc:
+        """Start a gateway and wait until it is ready."""
+        port = free_port()
+        proc = self._spawn("gateway", ["serve", "--host", "127.0.0.1", "--port", str(port),
+                                       "--redis-url", self.redis.url], port)
+        wait_for(lambda: http_ok(proc.http_url + "/readyz") or proc.process.poll() is not None,
+                 f"gateway on {port}")
+        assert proc.process.poll() is None, "gateway exited at start"
+        return proc
+
+    def worker(self, slots: int = 8) -> Proc:
+        """Start a loopback worker and wait until it is in the directory."""
+        client = Redis.from_url(self.redis.url)
+        before = set(client.zrange(WORKER_DIRECTORY, 0, -1))
+        proc = self._spawn("worker", ["worker", "--redis-url", self.redis.url, "--backend",
+                                      "loopback", "--slots", str(slots)])
+        wait_for(lambda: len(set(client.zrange(WORKER_DIRECTORY, 0, -1)) - before) > 0
+                 or proc.process.poll() is not None, "worker registration")
+        client.close()
+        assert proc.process.poll() is None, "worker exited at start"
+        return proc
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            proc.kill()

@@ -1,0 +1,96 @@
+"""Resume through another gateway: nothing lost, nothing duplicated, old gateway fenced."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from redis import Redis
+from websockets.exceptions import ConnectionClosed
+
+from gateway.client import DuplexClient, RealtimeEvent
+from store.keys import SessionKeys
+from tests.e2e.helpers import (
+    STREAM_SESSION,
+    chunk_index,
+    collect_until,
+    marked_chunk,
+    next_event,
+)
+from tests.e2e.stack import Stack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+def assert_exactly_once(events: list[RealtimeEvent]) -> None:
+    """Sequenced events are 1, 2, 3, ... with no gap, duplicate or reordering."""
+    seqs = [e.server_event_seq for e in events if e.server_event_seq is not None]
+    assert seqs == list(range(1, len(seqs) + 1)), seqs
+
+
+async def drain_echoes(client: DuplexClient, sink: list[RealtimeEvent], want: int) -> None:
+    """Read events until ``want`` audio echoes in total were received."""
+    while sum(e.type == "response.output_audio.delta" for e in sink) < want:
+        sink.append(await next_event(client))
+
+
+async def test_cut_mid_response_resume_on_other_gateway(stack: Stack) -> None:
+    """A cut connection resumes through gateway B and gets every event exactly once."""
+    gateway_a, gateway_b = stack.gateway(), stack.gateway()
+    stack.worker()
+    client = await DuplexClient.connect(gateway_a.ws_url, session=STREAM_SESSION)
+    events: list[RealtimeEvent] = []
+    await collect_until(client, "session.updated", events)
+    for i in range(40):
+        await client.append_audio(marked_chunk(0, i))
+    await drain_echoes(client, events, 10)
+    # The network fails: the client can't tell which of its later sends arrived.
+    await client.drop_connection()
+    for i in range(40, 60):
+        await client.append_audio(marked_chunk(0, i))  # buffered for resend
+    resumed = await client.resume(gateway_b.ws_url)
+    validate = resumed.data
+    assert validate["lease_generation"] == 2
+    await drain_echoes(client, events, 60)
+    await client.commit()
+    await collect_until(client, "response.done", events)
+    await client.close()
+    await collect_until(client, "session.closed", events)
+    await client.aclose()
+
+    assert_exactly_once(events)
+    echoed = [chunk_index(e.audio) for e in events if e.type == "response.output_audio.delta"]
+    assert echoed == list(range(60)), "every chunk echoed once, in order"
+
+
+async def test_replaced_connection_is_fenced(stack: Stack) -> None:
+    """A resume elsewhere replaces the old connection; its lease can no longer write."""
+    gateway_a, gateway_b = stack.gateway(), stack.gateway()
+    stack.worker()
+    first = await DuplexClient.connect(gateway_a.ws_url, session=STREAM_SESSION)
+    await collect_until(first, "session.updated", [])
+    # A second client holding the same token resumes while the first socket is still open
+    # (a half-open connection the first gateway has not noticed).
+    second = DuplexClient(gateway_b.ws_url)
+    second.session_id, second.resume_token = first.session_id, first.resume_token
+    second.last_seq = first.last_seq
+    await second.resume()
+
+    replaced = await next_event(first)
+    assert replaced.type == "session.replaced"
+    with pytest.raises(ConnectionClosed) as closed:
+        await asyncio.wait_for(first.recv(), 10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
+
+    # Gateway A's detach for generation 1 was refused: the session stays attached to B.
+    assert first.session_id is not None
+    record = Redis.from_url(stack.redis.url).hgetall(SessionKeys(first.session_id).record)
+    assert record[b"state"] == b"attached" and record[b"gen"] == b"2"
+
+    await second.append_audio(marked_chunk(1, 7))
+    event = await next_event(second)
+    while event.type != "response.output_audio.delta":
+        event = await next_event(second)
+    assert chunk_index(event.audio) == 7
+    await first.aclose()
+    await second.aclose()

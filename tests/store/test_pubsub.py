@@ -1,0 +1,290 @@
+"""store.pubsub.Subscriber: confirmed sharded subscriptions, decoded notices, self-healing."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import msgpack  # type: ignore[import-untyped]
+import pytest
+from redis.asyncio import Redis
+
+from store import LogFollower, Scripts
+from store.embedded import EmbeddedServer, start_server
+from store.keys import SessionKeys, WorkerKeys
+from store.logs import read_output
+from store.messages import SessionClosed, encode_message
+from store.pubsub import Notice, Subscriber
+from tests.conftest import SERVER_KINDS
+from tests.store._support import (
+    Client,
+    digest,
+    expire_heartbeat,
+    open_session,
+    reap_until_lost,
+    register_worker,
+)
+
+WAIT_S = 5.0
+
+
+class Notices:
+    """A handler that queues every notice, and waits for the next one."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Notice] = asyncio.Queue()
+
+    def __call__(self, notice: Notice) -> None:
+        self.queue.put_nowait(notice)
+
+    async def next(self) -> Notice:
+        """The next notice; fails the test after WAIT_S."""
+        return await asyncio.wait_for(self.queue.get(), WAIT_S)
+
+    async def next_not_none(self) -> list[Any]:
+        """The next notice that is not a reconnect marker."""
+        while True:
+            notice = await self.next()
+            if notice is not None:
+                return notice
+
+    def assert_empty(self) -> None:
+        """Nothing arrived that was not consumed."""
+        assert self.queue.empty(), self.queue.get_nowait()
+
+
+async def spublish(client: Client, channel: str, notice: list[Any]) -> int:
+    """Publish a MessagePack notice; how many subscribers the server delivered it to."""
+    receivers: Any = await client.execute_command("SPUBLISH", channel, msgpack.packb(notice))
+    return int(receivers)
+
+
+async def shard_subscribers(client: Client, channel: str) -> int:
+    """How many connections the server counts on a shard channel."""
+    answer: Any = await client.execute_command("PUBSUB", "SHARDNUMSUB", channel)
+    return int(answer[1])
+
+
+@pytest.fixture
+async def subscriber(redis_client: Redis) -> AsyncIterator[Subscriber]:
+    """A started subscriber on the per-test client."""
+    sub = Subscriber(redis_client)
+    await sub.start()
+    yield sub
+    await sub.aclose()
+
+
+@pytest.fixture(params=SERVER_KINDS)
+def own_server(request: pytest.FixtureRequest) -> Iterator[EmbeddedServer]:
+    """A server this test alone uses, so it may restart it."""
+    server = start_server(request.param)
+    yield server
+    server.stop()
+
+
+async def test_subscribe_is_confirmed_before_returning(
+    subscriber: Subscriber, redis_client: Redis
+):
+    """Once subscribe returns, the server counts the subscription and delivers to it."""
+    handlers = [Notices() for _ in range(3)]
+    for i, handler in enumerate(handlers):
+        channel = f"dg:{{t{i}}}:chan"
+        await subscriber.subscribe(channel, handler)
+        assert await shard_subscribers(redis_client, channel) == 1
+        assert await spublish(redis_client, channel, ["x", i]) == 1
+    for i, handler in enumerate(handlers):
+        assert await handler.next() == [b"x", i]
+        handler.assert_empty()
+
+
+async def test_output_notices_carry_first_seq_and_payloads(
+    subscriber: Subscriber, redis_client: Redis, scripts: Scripts
+):
+    """append_output pushes ('e', first seq, payloads); a close pushes the terminal last."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    notices = Notices()
+    await subscriber.subscribe(SessionKeys(opened.session_id).output_channel, notices)
+    await scripts.append_output(opened.session_id, [b"a", b"b"])
+    assert await notices.next() == [b"e", 1, [b"a", b"b"]]
+    await scripts.append_output(opened.session_id, [b"c"], close_reason="client_close")
+    assert await notices.next() == [b"e", 3, [b"c"]]
+    assert await notices.next() == [b"e", 4, [encode_message(SessionClosed(reason="client_close"))]]
+    notices.assert_empty()
+
+
+async def test_replaced_notice_after_resume(
+    subscriber: Subscriber, redis_client: Redis, scripts: Scripts
+):
+    """A resume tells the old connection ('r', new generation); a refused one says nothing."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    notices = Notices()
+    await subscriber.subscribe(SessionKeys(opened.session_id).output_channel, notices)
+    await scripts.resume(opened.session_id, presented_digest=digest("wrong"),
+                         new_digest=digest("t2"), control_id="c0")
+    await scripts.resume(opened.session_id, presented_digest=digest(opened.token),
+                         new_digest=digest("t2"), control_id="c1")
+    assert await notices.next() == [b"r", 2]
+    await scripts.append_output(opened.session_id, [b"z"])
+    assert await notices.next() == [b"e", 1, [b"z"]]
+    notices.assert_empty()
+
+
+async def test_worker_notices_open_input_close(
+    subscriber: Subscriber, redis_client: Redis, scripts: Scripts
+):
+    """The worker channel gets 'o' on open, 'i' per new input (not for duplicates), 'c'."""
+    wid = await register_worker(scripts)
+    notices = Notices()
+    await subscriber.subscribe(WorkerKeys(wid).input_channel, notices)
+    opened = await open_session(scripts, wid)
+    sid = opened.session_id.encode()
+    assert await notices.next() == [b"o", sid]
+    await scripts.append_input(opened.lease, [(1, b"a"), (2, b"b")], max_entries=100)
+    assert await notices.next() == [b"i", sid, 1, [b"a", b"b"]]
+    await scripts.append_input(opened.lease, [(1, b"a"), (2, b"b")], max_entries=100)
+    await scripts.append_input(opened.lease, [(2, b"b"), (3, b"c"), (None, b"d")],
+                               max_entries=100)
+    assert await notices.next() == [b"i", sid, 3, [b"c", b"d"]]
+    await scripts.close_session(opened.session_id, "client_close")
+    assert await notices.next() == [b"c", sid]
+    notices.assert_empty()
+
+
+async def test_worker_lost_pushes_close_notices(
+    subscriber: Subscriber, redis_client: Redis, scripts: Scripts
+):
+    """The reaper that declares a worker lost pushes one 'c' per session it ends."""
+    wid = await register_worker(scripts)
+    opened = [await open_session(scripts, wid) for _ in range(3)]
+    notices = Notices()
+    outputs = Notices()
+    await subscriber.subscribe(WorkerKeys(wid).input_channel, notices)
+    await subscriber.subscribe(SessionKeys(opened[0].session_id).output_channel, outputs)
+    await expire_heartbeat(redis_client, scripts, wid)
+    await reap_until_lost(scripts, wid)
+    closed = {bytes(n[1]) for n in [await notices.next() for _ in opened] if n and n[0] == b"c"}
+    assert closed == {o.session_id.encode() for o in opened}
+    assert await outputs.next() == [b"e", 1,
+                                    [encode_message(SessionClosed(reason="worker_lost"))]]
+
+
+async def test_pushes_and_log_reads_feed_a_follower(
+    subscriber: Subscriber, redis_client: Redis, scripts: Scripts
+):
+    """A consumer that subscribes late reads the gap from the log and then follows pushes."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    sid = opened.session_id
+    await scripts.append_output(sid, [b"1", b"2", b"3"])  # before anyone listened
+    notices = Notices()
+    await subscriber.subscribe(SessionKeys(sid).output_channel, notices)
+    follower = LogFollower()
+    delivered: list[tuple[int, bytes]] = []
+    await scripts.append_output(sid, [b"4", b"5"])
+    await scripts.append_output(sid, [b"6"])
+    while len(delivered) < 6:
+        notice = await notices.next_not_none()
+        assert notice[0] == b"e"
+        fresh, gap = follower.offer(notice[1], notice[2])
+        if gap:
+            rows = await read_output(redis_client, sid, follower.next_index - 1)
+            fresh, gap = follower.offer(rows[0][0], [data for _, data in rows])
+            assert not gap
+        delivered += fresh
+    assert delivered == [(i, str(i).encode()) for i in range(1, 7)]
+
+
+async def test_unsubscribe_stops_delivery(
+    subscriber: Subscriber, redis_client: Redis
+):
+    """After unsubscribe the handler gets nothing and the server drops the subscription."""
+    gone, kept = Notices(), Notices()
+    await subscriber.subscribe("dg:{a}:chan", gone)
+    await subscriber.subscribe("dg:{b}:chan", kept)
+    await subscriber.unsubscribe("dg:{a}:chan")
+    await spublish(redis_client, "dg:{a}:chan", ["late"])
+    await spublish(redis_client, "dg:{b}:chan", ["marker"])
+    # Both pushes travel on one connection in order: once the marker is here, "late" was seen.
+    assert await kept.next() == [b"marker"]
+    gone.assert_empty()
+    async with asyncio.timeout(WAIT_S):
+        while await shard_subscribers(redis_client, "dg:{a}:chan"):
+            await asyncio.sleep(0.005)
+    await subscriber.unsubscribe("dg:{a}:chan")  # twice is fine
+    await subscriber.unsubscribe("dg:{never}:chan")
+    await subscriber.subscribe("dg:{a}:chan", gone)  # and back again
+    assert await spublish(redis_client, "dg:{a}:chan", ["again"]) == 1
+    assert await gone.next() == [b"again"]
+
+
+async def test_unsubscribe_last_channel_then_subscribe_again(
+    subscriber: Subscriber, redis_client: Redis
+):
+    """With no subscription left the reader idles, and a new subscribe wakes it."""
+    first = Notices()
+    await subscriber.subscribe("dg:{a}:chan", first)
+    await subscriber.unsubscribe("dg:{a}:chan")
+    second = Notices()
+    await subscriber.subscribe("dg:{c}:chan", second)
+    assert await spublish(redis_client, "dg:{c}:chan", ["hi"]) == 1
+    assert await second.next() == [b"hi"]
+    first.assert_empty()
+
+
+async def test_restart_resubscribes_and_signals_none(own_server: EmbeddedServer):
+    """After a Redis restart the subscriber re-subscribes by itself, says None, then delivers."""
+    client = Redis.from_url(own_server.url)
+    sub = Subscriber(client)
+    await sub.start()
+    try:
+        scripts = Scripts(client)
+        wid = await register_worker(scripts)
+        channel = WorkerKeys(wid).input_channel
+        notices, other = Notices(), Notices()
+        await sub.subscribe(channel, notices)
+        await sub.subscribe("dg:{other}:chan", other)
+        await open_session(scripts, wid)
+        assert (await notices.next())[0] == b"o"  # type: ignore[index]
+
+        await asyncio.to_thread(own_server.restart)
+
+        assert await notices.next() is None
+        assert await other.next() is None
+        # The restart dropped every key: start over on a fresh connection.
+        fresh = Redis.from_url(own_server.url)
+        try:
+            # None means "re-subscribed and confirmed": the very next push is delivered.
+            assert await shard_subscribers(fresh, channel) == 1
+            scripts = Scripts(fresh)
+            await register_worker(scripts, worker_id=wid)
+            opened = await open_session(scripts, wid)
+            assert await notices.next() == [b"o", opened.session_id.encode()]
+            assert await spublish(fresh, "dg:{other}:chan", ["still here"]) == 1
+            assert await other.next() == [b"still here"]
+        finally:
+            await fresh.aclose()
+    finally:
+        await sub.aclose()
+        await client.aclose()
+
+
+async def test_bad_push_or_failing_handler_does_not_stop_delivery(
+    subscriber: Subscriber, redis_client: Redis
+):
+    """An undecodable push and a handler that raises are dropped; later pushes still arrive."""
+    notices = Notices()
+
+    def explode(notice: Notice) -> None:
+        raise RuntimeError(f"handler bug on {notice!r}")
+
+    await subscriber.subscribe("dg:{a}:chan", notices)
+    await subscriber.subscribe("dg:{b}:chan", explode)
+    await redis_client.execute_command("SPUBLISH", "dg:{a}:chan", b"\x01\x02")  # two objects
+    await redis_client.execute_command("SPUBLISH", "dg:{a}:chan", b"\xc1")  # never valid
+    await spublish(redis_client, "dg:{b}:chan", ["boom"])
+    await spublish(redis_client, "dg:{a}:chan", ["fine"])
+    assert await notices.next() == [b"fine"]
+    notices.assert_empty()
