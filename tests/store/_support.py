@@ -16,7 +16,7 @@ from redis.asyncio.cluster import RedisCluster
 from store import Lease, OpenStatus, Scripts, SessionPolicy
 from store.keys import SessionKeys, WorkerKeys, new_session_id, new_worker_id
 from store.logs import read_output
-from store.messages import Event, decode_message, is_terminal
+from store.messages import AudioDelta, Event, decode_message, encode_message, is_terminal
 
 T = TypeVar("T")
 
@@ -26,6 +26,12 @@ LONG_POLICY = SessionPolicy(disconnect_grace_ms=60_000, idle_ttl_ms=600_000)
 POLL_DEADLINE_S = 5.0
 
 Client = Redis | RedisCluster
+
+
+def ev(n: int) -> bytes:
+    """A small encoded output event, distinguishable by ``n``."""
+    return encode_message(AudioDelta(response_id="r", item_id="i", output_index=0,
+                                     content_index=0, audio=n.to_bytes(4, "big")))
 
 
 def digest(token: str) -> str:

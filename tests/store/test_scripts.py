@@ -27,6 +27,7 @@ from tests.store._support import (
     LONG_POLICY,
     assert_one_terminal,
     digest,
+    ev,
     events_of,
     expire_heartbeat,
     open_session,
@@ -39,12 +40,6 @@ from tests.store._support import (
     wait_redis_clock_past,
     worker_field,
 )
-
-
-def ev(n: int) -> bytes:
-    """A small encoded output event, distinguishable by ``n``."""
-    return encode_message(AudioDelta(response_id="r", item_id="i", output_index=0, content_index=0,
-                                     audio=n.to_bytes(4, "big")))
 
 
 def cmd(text: str) -> bytes:

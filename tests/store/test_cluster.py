@@ -1,0 +1,220 @@
+"""The store on a real 3-node Redis Cluster: every script is single-slot, pub/sub is sharded."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from redis.asyncio.cluster import RedisCluster
+
+from store import LeaseLost, OpenStatus, ResumeStatus, Scripts, SessionPolicy, create_client
+from store.directory import announce_worker, list_workers, worker_loads
+from store.embedded import EmbeddedServer, free_port, start_server
+from store.keys import SessionKeys, WorkerKeys, new_session_id, new_worker_id
+from store.logs import read_input, read_output
+from store.messages import SessionClosed, encode_message
+from store.pubsub import Notice, Subscriber
+from tests.store._support import (
+    EPOCH,
+    assert_one_terminal,
+    digest,
+    ev,
+    expire_heartbeat,
+    open_session,
+    reap_until_ended,
+    reap_until_lost,
+    redis_now_ms,
+    register_worker,
+    used_slots,
+)
+
+NODES = 3
+READY_DEADLINE_S = 30.0
+
+
+def redis_cli(*args: str) -> str:
+    """Run redis-cli; its stdout. A missing redis-cli is a failure, not a skip."""
+    binary = shutil.which("redis-cli")
+    assert binary is not None, "redis-cli is not installed"
+    done = subprocess.run([binary, *args], capture_output=True, text=True, timeout=30,
+                          check=False)
+    assert done.returncode == 0, (args, done.stdout, done.stderr)
+    return done.stdout
+
+
+def cluster_state_ok(port: int) -> bool:
+    """Whether one node reports ``cluster_state:ok``."""
+    return "cluster_state:ok" in redis_cli("-p", str(port), "CLUSTER", "INFO")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[list[EmbeddedServer]]:
+    """Three redis-server primaries joined into one cluster, all reporting cluster_state:ok."""
+    nodes: list[EmbeddedServer] = []
+    try:
+        ports: set[int] = set()
+        while len(ports) < 2 * NODES:
+            ports.add(free_port())
+        # The bus port is named explicitly: the default (port + 10000) may be taken.
+        pairs = sorted(ports)
+        for port, bus in zip(pairs[:NODES], pairs[NODES:], strict=True):
+            extra = ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
+                     "--cluster-node-timeout", "2000", "--cluster-port", str(bus)]
+            nodes.append(start_server("redis", port=port, extra_args=extra))
+        redis_cli("--cluster", "create", *(f"127.0.0.1:{n.port}" for n in nodes),
+                  "--cluster-replicas", "0", "--cluster-yes")
+        give_up = time.monotonic() + READY_DEADLINE_S
+        while not all(cluster_state_ok(n.port) for n in nodes):
+            assert time.monotonic() < give_up, "cluster never reached cluster_state:ok"
+            time.sleep(0.05)  # a child process's state: nothing to await
+        yield nodes
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+@pytest.fixture
+async def cluster_client(cluster: list[EmbeddedServer]) -> AsyncIterator[RedisCluster]:
+    """A cluster client (from the store's own factory) on a flushed cluster."""
+    client = create_client(f"redis+cluster://127.0.0.1:{cluster[0].port}")
+    assert isinstance(client, RedisCluster)
+    await client.flushall(target_nodes=RedisCluster.PRIMARIES)
+    yield client
+    await client.aclose()
+
+
+def node_of(client: RedisCluster, key: str) -> str:
+    """The name of the primary that serves ``key``."""
+    node: Any = client.get_node_from_key(key)
+    return str(node.name)
+
+
+async def workers_on_every_node(client: RedisCluster, scripts: Scripts) -> dict[str, str]:
+    """Register fresh workers until every node serves at least one; worker id -> node."""
+    placed: dict[str, str] = {}
+    for _ in range(200):
+        wid = new_worker_id()
+        node = node_of(client, WorkerKeys(wid).record)
+        if node in placed.values():
+            continue
+        slot: Any = await client.execute_command("CLUSTER KEYSLOT", WorkerKeys(wid).record)
+        assert int(slot) == client.keyslot(WorkerKeys(wid).record)
+        await register_worker(scripts, worker_id=wid, slots=4)
+        placed[wid] = node
+        if len(placed) == NODES:
+            return placed
+    raise AssertionError(f"worker ids never covered every node: {placed}")
+
+
+async def test_every_key_of_a_session_shares_one_slot(cluster_client: RedisCluster):
+    """A session's keys, its worker's keys and both channels hash to the worker's slot."""
+    wid = new_worker_id()
+    keys = SessionKeys(new_session_id(wid))
+    names = [keys.record, keys.input_log, keys.output_log, keys.output_channel, keys.abandoned,
+             keys.worker.record, keys.worker.sessions, keys.worker.deadlines,
+             keys.worker.input_channel]
+    assert {cluster_client.keyslot(name) for name in names} == {
+        cluster_client.keyslot(keys.worker.record)}
+
+
+async def test_session_lifecycle_on_every_node(cluster_client: RedisCluster):
+    """open/append/resume/detach/append_output/reap/close succeed on each node (no CROSSSLOT)."""
+    scripts = Scripts(cluster_client)
+    workers = await workers_on_every_node(cluster_client, scripts)
+    assert len(set(workers.values())) == NODES
+    for wid in workers:
+        opened = await open_session(scripts, wid, policy=SessionPolicy(disconnect_grace_ms=0))
+        sid = opened.session_id
+        appended = await scripts.append_input(opened.lease, [(1, b"a"), (2, b"b")],
+                                              max_entries=100)
+        assert appended.appended == 2
+        assert await read_input(cluster_client, sid, 0) == [(1, b"a"), (2, b"b")]
+        assert await scripts.append_output(sid, [ev(1), ev(2)]) == 1
+        resumed = await scripts.resume(sid, presented_digest=digest(opened.token),
+                                       new_digest=digest("t2"), control_id="c1")
+        assert resumed.status is ResumeStatus.OK and resumed.lease is not None
+        assert (resumed.last_client_seq, resumed.last_server_event_seq) == (2, 2)
+        with pytest.raises(LeaseLost):
+            await scripts.append_input(opened.lease, [(3, b"c")], max_entries=100)
+        assert await scripts.detach(opened.lease) == "stale"
+        assert await scripts.detach(resumed.lease) == "ok"
+        assert await scripts.append_output(sid, [ev(3)]) == 3
+        assert await reap_until_ended(scripts, wid, 1) == 1
+        await assert_one_terminal(cluster_client, sid, "session.expired",
+                                  "disconnect_grace_expired")
+        assert [seq for seq, _ in await read_output(cluster_client, sid, 0)] == [1, 2, 3, 4]
+
+        closing = await open_session(scripts, wid)
+        assert await scripts.close_session(closing.session_id, "client_close") == "ok"
+        assert await scripts.close_session(closing.session_id, "client_close") == "closed"
+        abandoned = new_session_id(wid)
+        assert await scripts.abandon_open(abandoned) == "tombstoned"
+        status = await scripts.open_session(abandoned, epoch=EPOCH, token_digest=digest("t"),
+                                            tenant="t", policy=SessionPolicy())
+        assert status is OpenStatus.ABANDONED
+        assert await used_slots(cluster_client, wid) == 0
+
+
+async def test_worker_lost_on_every_node(cluster_client: RedisCluster):
+    """The reaper declares workers lost on each node and ends their sessions once."""
+    scripts = Scripts(cluster_client)
+    workers = await workers_on_every_node(cluster_client, scripts)
+    sessions = {wid: [await open_session(scripts, wid) for _ in range(2)] for wid in workers}
+    for wid in workers:
+        await expire_heartbeat(cluster_client, scripts, wid)
+    ended = await asyncio.gather(*(reap_until_lost(scripts, wid) for wid in workers))
+    assert ended == [2] * NODES
+    for wid, opened in sessions.items():
+        assert await used_slots(cluster_client, wid) == 0
+        for o in opened:
+            await assert_one_terminal(cluster_client, o.session_id, "session.closed",
+                                      "worker_lost")
+
+
+async def test_directory_spans_nodes(cluster_client: RedisCluster):
+    """The worker directory and worker_loads read workers served by different nodes."""
+    scripts = Scripts(cluster_client)
+    workers = await workers_on_every_node(cluster_client, scripts)
+    busy = next(iter(workers))
+    await open_session(scripts, busy)
+    now = await redis_now_ms(cluster_client)
+    for wid in workers:
+        await announce_worker(cluster_client, wid, now + 60_000)
+    listed = await list_workers(cluster_client, now)
+    assert sorted(listed) == sorted(workers)
+    loads = await worker_loads(cluster_client, listed)
+    assert {load.worker_id: load.used for load in loads} == {w: int(w == busy) for w in workers}
+    assert loads[-1].worker_id == busy
+    assert all(load.slots == 4 and load.state == "live" for load in loads)
+
+
+async def test_output_notice_through_sharded_pubsub(cluster_client: RedisCluster):
+    """The subscriber receives output and worker notices from sessions on every node."""
+    scripts = Scripts(cluster_client)
+    workers = await workers_on_every_node(cluster_client, scripts)
+    sub = Subscriber(cluster_client)
+    await sub.start()
+    try:
+        queues: dict[str, asyncio.Queue[Notice]] = {}
+        opened = {}
+        for wid in workers:
+            opened[wid] = await open_session(scripts, wid)
+            queue: asyncio.Queue[Notice] = asyncio.Queue()
+            queues[wid] = queue
+            await sub.subscribe(SessionKeys(opened[wid].session_id).output_channel,
+                                queue.put_nowait)
+        for wid, o in opened.items():
+            await scripts.append_output(o.session_id, [wid.encode()])
+            await scripts.close_session(o.session_id, "client_close")
+        terminal = encode_message(SessionClosed(reason="client_close"))
+        for wid, queue in queues.items():
+            first = await asyncio.wait_for(queue.get(), 10)
+            assert first == [b"e", 1, [wid.encode()]]
+            assert await asyncio.wait_for(queue.get(), 10) == [b"e", 2, [terminal]]
+    finally:
+        await sub.aclose()
