@@ -173,7 +173,7 @@ class ConnectionDriver:
                 for action in actions:
                     await self._run_action(action)
 
-    async def _run_action(self, action: Action) -> None:  # noqa: C901 - one dispatch table
+    async def _run_action(self, action: Action) -> None:
         match action:
             case SendFrame(text=text):
                 await self._send(text)

@@ -70,7 +70,7 @@ async def test_sdk_full_turn(dev_stack: str) -> None:
                 break
     assert seen[:2] == ["session.created", "session.updated"]
     order = ["response.created", "response.output_audio.delta", "response.done"]
-    assert [t for t in seen if t in order][0] == "response.created"
+    assert next(t for t in seen if t in order) == "response.created"
     assert seen[-1] == "response.done"
     assert bytes(audio) == pcm, "loopback plays the committed audio back exactly"
     await client.close()
