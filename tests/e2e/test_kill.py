@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 
 import pytest
 from redis import Redis
@@ -86,3 +87,28 @@ async def test_worker_sigkill_closes_sessions_worker_lost(stack: Stack) -> None:
     wait_for(lambda: redis.hget(record, "used") == b"0", "slots released")
     assert redis.hget(record, "state") == b"lost"
     redis.close()
+
+
+async def test_gateway_sigterm_closes_1012_and_sessions_survive(stack: Stack) -> None:
+    """A draining gateway closes its sockets with 1012; sessions resume elsewhere."""
+    gateway_a, gateway_b = stack.gateway(), stack.gateway()
+    stack.worker()
+    client = await DuplexClient.connect(gateway_a.ws_url, session=STREAM_SESSION)
+    log: list[RealtimeEvent] = []
+    await collect_until(client, "session.updated", log)
+    await client.append_audio(marked_chunk(0, 0))
+    await collect_until(client, "response.output_audio.delta", log)
+    gateway_a.process.send_signal(signal.SIGTERM)
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:
+            log.append(await asyncio.wait_for(client.recv(), 10))
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
+    # uvicorn re-raises the signal after its graceful shutdown; anything else is a crash.
+    assert gateway_a.process.wait(timeout=30) in (0, -signal.SIGTERM)
+    await client.resume(gateway_b.ws_url)
+    await client.append_audio(marked_chunk(0, 1))
+    echo = await collect_until(client, "response.output_audio.delta", log)
+    assert chunk_index(echo.audio) == 1
+    seqs = [e.server_event_seq for e in log if e.server_event_seq is not None]
+    assert seqs == list(range(1, len(seqs) + 1))
+    await client.aclose()

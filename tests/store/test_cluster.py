@@ -218,3 +218,31 @@ async def test_output_notice_through_sharded_pubsub(cluster_client: RedisCluster
             assert await asyncio.wait_for(queue.get(), 10) == [b"e", 2, [terminal]]
     finally:
         await sub.aclose()
+
+
+@pytest.mark.xfail(
+    reason="Subscriber reads ClusterPubSub with get_sharded_message(timeout=1.0), which waits "
+    "out each node's 1 s timeout in turn: a push on another node waits up to (nodes - 1) s",
+    raises=TimeoutError,
+)
+async def test_cluster_push_latency_is_not_bounded_by_the_poll_timeout(
+    cluster_client: RedisCluster,
+):
+    """A push from any node reaches an idle subscriber well within the 1 s poll timeout."""
+    scripts = Scripts(cluster_client)
+    workers = await workers_on_every_node(cluster_client, scripts)
+    sub = Subscriber(cluster_client)
+    await sub.start()
+    try:
+        queue: asyncio.Queue[Notice] = asyncio.Queue()
+        sessions = []
+        for wid in list(workers)[:2]:  # two nodes show it; more only cost time
+            opened = await open_session(scripts, wid)
+            sessions.append(opened.session_id)
+            await sub.subscribe(SessionKeys(opened.session_id).output_channel, queue.put_nowait)
+        # Against the reader's round-robin order, so a push waits on the other node's poll.
+        for sid in reversed(sessions):
+            await scripts.append_output(sid, [ev(1)])
+            await asyncio.wait_for(queue.get(), 0.25)
+    finally:
+        await sub.aclose()

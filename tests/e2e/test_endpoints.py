@@ -1,0 +1,43 @@
+"""Health, readiness and metrics endpoints of a real gateway process."""
+
+from __future__ import annotations
+
+import urllib.request
+
+import pytest
+
+from gateway.client import DuplexClient
+from tests.e2e.helpers import collect_until
+from tests.e2e.stack import Stack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+
+
+def get(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return response.status, response.read().decode()
+
+
+async def test_health_ready_and_metrics(stack: Stack) -> None:
+    """/healthz and /readyz answer 200; /metrics counts the session that was opened."""
+    gateway = stack.gateway()
+    stack.worker()
+    assert get(gateway.http_url + "/healthz") == (200, "ok")
+    assert get(gateway.http_url + "/readyz") == (200, "ready")
+    async with await DuplexClient.connect(gateway.ws_url) as client:
+        await collect_until(client, "session.updated", [])
+    status, text = get(gateway.http_url + "/metrics")
+    assert status == 200
+    assert "duplex_gateway_sessions_opened_total 1.0" in text
+    assert "duplex_gateway_connections" in text
+
+
+async def test_api_key_required_when_configured(stack: Stack) -> None:
+    """With API keys set, a wrong key gets HTTP 401 and the right one a session."""
+    stack.env["DUPLEX_GATEWAY_API_KEYS"] = "k1,k2"
+    gateway = stack.gateway()
+    stack.worker()
+    with pytest.raises(Exception, match="401"):
+        await DuplexClient.connect(gateway.ws_url, api_key="wrong")
+    async with await DuplexClient.connect(gateway.ws_url, api_key="k2") as client:
+        await collect_until(client, "session.updated", [])

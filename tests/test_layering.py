@@ -1,0 +1,64 @@
+"""Layers only import downward: gateway and inference_worker use store; store knows neither."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# package -> top-level modules it must never import
+FORBIDDEN = {
+    "store": {"gateway", "inference_worker", "duplex_gateway", "starlette", "uvicorn", "torch"},
+    "gateway": {"inference_worker", "duplex_gateway", "torch", "transformers"},
+    "inference_worker": {"gateway", "duplex_gateway", "starlette", "uvicorn"},
+}
+# I/O-free cores: no event loop, no Redis, no web framework, no clock.
+PURE = {
+    "gateway/protocol": {"asyncio", "redis", "starlette", "time", "websockets"},
+    "inference_worker/session_runner.py": {"asyncio", "redis", "time", "threading"},
+    "inference_worker/states.py": {"asyncio", "redis", "time"},
+    "inference_worker/loopback.py": {"asyncio", "redis", "time"},
+    "store/follower.py": {"asyncio", "redis", "time"},
+}
+
+
+def imported_tops(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    tops: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            tops |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            tops.add(node.module.split(".")[0])
+    return tops
+
+
+def files(target: str) -> list[Path]:
+    path = ROOT / target
+    return [path] if path.is_file() else sorted(path.rglob("*.py"))
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_layers_import_downward(package: str) -> None:
+    """No module of a package imports a layer above it (or torch into the gateway)."""
+    for path in files(package):
+        bad = imported_tops(path) & FORBIDDEN[package]
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+@pytest.mark.parametrize("target", sorted(PURE))
+def test_cores_are_io_free(target: str) -> None:
+    """The sans-I/O cores import no event loop, Redis, web framework or clock."""
+    for path in files(target):
+        bad = imported_tops(path) & PURE[target]
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def test_only_store_talks_to_redis() -> None:
+    """Only store/ imports redis (the tests and entry points excepted)."""
+    for package in ("gateway", "inference_worker"):
+        for path in files(package):
+            assert "redis" not in imported_tops(path), path.relative_to(ROOT)
