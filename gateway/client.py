@@ -204,6 +204,12 @@ class DuplexClient:
         """``session.close``: the session ends with ``session.closed`` (read it from events)."""
         await self._command({"type": "session.close", "reason": reason})
 
+    async def ack(self, server_event_seq: int | None = None) -> None:
+        """``session.event_ack``: the log may drop every event up to this seq (default: all
+        handed out so far), which bounds Redis memory for this session."""
+        seq = self.last_seq if server_event_seq is None else server_event_seq
+        await self._send({"type": "session.event_ack", "server_event_seq": seq})
+
     async def send_raw(self, data: str | bytes) -> None:
         """Send a frame as is (for tests of bad input)."""
         assert self._ws is not None

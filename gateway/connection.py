@@ -31,6 +31,7 @@ from gateway.protocol.connection import (
     OpenSession,
     ResumeSession,
     SendFrame,
+    TrimLog,
 )
 from gateway.protocol.envelope import ResumeRequest
 from gateway.protocol.errors import ClientProtocolError, ErrorCode, InternalError
@@ -186,6 +187,8 @@ class ConnectionDriver:
                 await self._open()
             case ResumeSession(request=request):
                 await self._resume(request)
+            case TrimLog(upto_seq=upto):
+                await self._trim(upto)
             case DetachLease():
                 await self._detach()
             case CloseConnection(code=code, reason=reason):
@@ -274,6 +277,15 @@ class ConnectionDriver:
             last_client_seq=result.last_client_seq,
             first_retained_seq=result.first_retained_seq,
             last_server_event_seq=result.last_server_event_seq)
+
+    async def _trim(self, upto: int) -> None:
+        if self._lease is None:
+            return
+        try:
+            await self._svc.scripts.trim_output(self._lease, upto)
+        except StoreError as exc:
+            # Only memory is at stake: the length cap still bounds the log.
+            _log.warning("trim failed for %s: %s", self._lease.session_id, exc)
 
     async def _detach(self) -> None:
         if self._lease is None:

@@ -30,6 +30,7 @@ __all__ = [
     "OPEN_SESSION",
     "REAP",
     "RESUME",
+    "TRIM_OUTPUT",
     "WORKER_HEARTBEAT",
 ]
 
@@ -167,6 +168,23 @@ if f[1] == 'closed' then return 'closed' end
 if f[2] ~= epoch or f[3] ~= gen or f[1] ~= 'attached' then return 'stale' end
 redis.call('HSET', rec, 'state', 'detached', 'detached_ms', now_ms())
 redis.call('ZADD', deadlines, next_deadline(rec), sid)
+return 'ok'
+"""
+
+TRIM_OUTPUT = r"""
+-- The attached client acknowledged every event up to a seq (session.event_ack): drop them, so
+-- Redis holds only what a resume could still need (DESIGN §5: memory per session). Fenced:
+-- only the current attachment may trim.
+-- KEYS[1] session record  KEYS[2] output log
+-- ARGV[1] store epoch  ARGV[2] generation  ARGV[3] highest acknowledged server_event_seq
+-- returns status: ok | stale | unknown
+local rec, out_log = KEYS[1], KEYS[2]
+local epoch, gen, upto = ARGV[1], ARGV[2], tonumber(ARGV[3])
+
+local f = redis.call('HMGET', rec, 'epoch', 'gen')
+if not f[1] then return 'unknown' end
+if f[1] ~= epoch or f[2] ~= gen then return 'stale' end
+redis.call('XTRIM', out_log, 'MINID', (upto + 1) .. '-0')
 return 'ok'
 """
 

@@ -122,6 +122,7 @@ class Scripts:
         self._abandon = register(lua.ABANDON_OPEN)
         self._reap = register(lua.REAP)
         self._heartbeat = register(lua.WORKER_HEARTBEAT)
+        self._trim = register(lua.TRIM_OUTPUT)
 
     async def _run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
@@ -195,6 +196,16 @@ class Scripts:
         if status != "ok":
             raise SessionGone(lease.session_id, status)
         return AppendResult(appended=int(answer[1]), last_client_seq=int(answer[2]))
+
+    async def trim_output(self, lease: Lease, acknowledged_seq: int) -> str:
+        """Drop output entries up to ``acknowledged_seq``, fenced on ``lease``.
+
+        Returns ok | stale | unknown.
+        """
+        k = SessionKeys(lease.session_id)
+        answer = await self._run(self._trim, [k.record, k.output_log],
+                                 [lease.epoch, lease.generation, acknowledged_seq])
+        return _str(answer)
 
     def _close_keys(self, session_id: str) -> list[str]:
         k = SessionKeys(session_id)

@@ -53,6 +53,7 @@ __all__ = [
     "OpenSession",
     "ResumeSession",
     "SendFrame",
+    "TrimLog",
 ]
 
 
@@ -125,6 +126,13 @@ class FetchLog:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TrimLog:
+    """The client acknowledged every event up to ``upto_seq``: the log may drop them."""
+
+    upto_seq: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class DetachLease:
     """The client vanished without ``session.close``: start the disconnect grace."""
 
@@ -133,7 +141,7 @@ class DetachLease:
 
 Action: TypeAlias = (
     SendFrame | CloseConnection | OpenSession | ResumeSession | AppendCommands | FetchLog
-    | DetachLease
+    | TrimLog | DetachLease
 )
 
 
@@ -208,6 +216,8 @@ class ConnectionCore:
                 f"server_event_seq {ack.server_event_seq} was never sent",
                 param="server_event_seq", client_event_id=ack.event_id,
             ))
+        elif self.state is ConnectionState.ATTACHED and ack.server_event_seq > 0:
+            self._actions.append(TrimLog(upto_seq=ack.server_event_seq))
 
     def _receive_command(self, client_seq: int | None, command: Command) -> None:
         if self.state is ConnectionState.AWAITING_FIRST:

@@ -94,3 +94,30 @@ async def test_replaced_connection_is_fenced(stack: Stack) -> None:
     assert chunk_index(event.audio) == 7
     await first.aclose()
     await second.aclose()
+
+
+async def test_acknowledged_events_are_trimmed(stack: Stack) -> None:
+    """session.event_ack trims the log; a resume from before the ack gets resync_required."""
+    gateway = stack.gateway()
+    stack.worker()
+    client = await DuplexClient.connect(gateway.ws_url, session=STREAM_SESSION)
+    events: list[RealtimeEvent] = []
+    await collect_until(client, "session.updated", events)
+    for i in range(5):
+        await client.append_audio(marked_chunk(2, i))
+    await drain_echoes(client, events, 5)
+    assert client.session_id is not None
+    out_log = SessionKeys(client.session_id).output_log
+    redis = Redis.from_url(stack.redis.url)
+    before = redis.xlen(out_log)
+    await client.ack()
+    await client.heartbeat()  # ordered after the ack on the same connection
+    await collect_until(client, "session.heartbeat_ack", events)
+    assert redis.xlen(out_log) < before
+    redis.close()
+    # A client that lost everything it was sent asks for seq 0: the gap is announced.
+    client.last_seq = 0
+    await client.resume()
+    notice = await next_event(client)
+    assert notice.type == "session.resync_required"
+    await client.aclose()
