@@ -1,14 +1,20 @@
-"""Live wake-ups: one sharded pub/sub connection per process, fanned out to handlers.
+"""Live wake-ups: sharded pub/sub subscriptions for one process, fanned out to handlers.
 
 Pushes are an optimisation, never the truth: a consumer that misses one (reconnect, slow
-handler, Redis restart) catches up from the log. So the subscriber reconnects on its own,
-re-subscribes, and then calls every handler with ``None`` ("you may have missed something;
-read the log").
+handler, Redis restart) catches up from the log. So each connection reconnects on its own,
+re-subscribes, and once Redis confirms a re-subscription, calls that channel's handler with
+``None`` ("you may have missed something; read the log").
+
+One connection per Redis node, each with its own reader task: on a Cluster a sharded channel
+lives on the node that owns its slot, and one blocking read per node means a push on any node
+is delivered at once (a single reader polling the nodes in turn would wait out each node's
+read timeout before the next).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any, TypeAlias
@@ -16,7 +22,7 @@ from typing import Any, TypeAlias
 import msgpack  # type: ignore[import-untyped]
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
-from redis.asyncio.cluster import ClusterPubSub, RedisCluster
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
 __all__ = ["Notice", "NoticeHandler", "Subscriber"]
@@ -29,6 +35,64 @@ NoticeHandler: TypeAlias = Callable[["list[Any] | None"], None]
 
 _SUBSCRIBE_TIMEOUT_S = 5.0
 _RECONNECT_DELAY_S = 0.2
+_READ_TIMEOUT_S = 1.0
+
+
+class _Shard:
+    """One node's pub/sub connection and its reader task."""
+
+    def __init__(self, client: Redis, owner: Subscriber) -> None:
+        self.client = client
+        self.owner = owner
+        self.channels: set[bytes] = set()
+        self.pubsub: PubSub | None = None
+        self.wake = asyncio.Event()
+        self.task = asyncio.create_task(self._run(), name="store-subscriber-shard")
+
+    def ensure(self) -> PubSub:
+        if self.pubsub is None:
+            self.pubsub = self.client.pubsub()
+        return self.pubsub
+
+    async def aclose(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+        if self.pubsub is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await self.pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def _run(self) -> None:
+        while True:
+            if not self.channels:
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            try:
+                message = await self.ensure().get_message(timeout=_READ_TIMEOUT_S)
+            except (RedisError, OSError, RuntimeError) as exc:
+                await self._recover(exc)
+                continue
+            if message is not None:
+                try:
+                    self.owner.dispatch(message)
+                except Exception:  # a bad notice or handler must not stop every delivery
+                    _log.exception("dropped a pub/sub message: %r", message)
+
+    async def _recover(self, exc: BaseException) -> None:
+        _log.warning("pub/sub connection lost (%s); re-subscribing", exc)
+        old, self.pubsub = self.pubsub, None
+        if old is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await old.aclose()  # type: ignore[no-untyped-call]
+        await asyncio.sleep(_RECONNECT_DELAY_S)  # back off; Redis may be restarting
+        pubsub = self.ensure()
+        try:
+            for channel in list(self.channels):
+                await pubsub.ssubscribe(channel.decode())
+        except (RedisError, OSError) as exc2:
+            _log.warning("re-subscribe failed: %s", exc2)
+        # Each handler gets None when its re-subscription is confirmed (see dispatch), so a
+        # log read it then starts cannot miss a push that the old subscription lost.
 
 
 class Subscriber:
@@ -41,89 +105,79 @@ class Subscriber:
         self._client = client
         self._handlers: dict[bytes, NoticeHandler] = {}
         self._confirmations: dict[bytes, asyncio.Future[None]] = {}
-        self._pubsub: PubSub | ClusterPubSub | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
+        self._shards: dict[str, _Shard] = {}
+        self._shard_of: dict[bytes, _Shard] = {}
 
     async def start(self) -> None:
-        """Start the reader task."""
-        self._task = asyncio.create_task(self._run(), name="store-subscriber")
+        """Nothing to do until the first subscription; kept for a symmetric lifecycle."""
 
     async def aclose(self) -> None:
-        """Stop reading and close the connection."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-        if self._pubsub is not None:
-            await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+        """Stop reading and close every connection."""
+        shards, self._shards = list(self._shards.values()), {}
+        for shard in shards:
+            await shard.aclose()
+            if isinstance(self._client, RedisCluster):
+                await shard.client.aclose()
+
+    def _shard_for(self, channel: str) -> _Shard:
+        if isinstance(self._client, RedisCluster):
+            node = self._client.get_node_from_key(channel)
+            if node is None:
+                raise RedisError(f"no Cluster node owns {channel}")
+            name = node.name
+            if name not in self._shards:
+                auth = {k: v for k, v in node.connection_kwargs.items()
+                        if k in ("username", "password")}
+                self._shards[name] = _Shard(
+                    Redis(host=node.host, port=int(node.port), **auth), self)
+        else:
+            name = ""
+            if name not in self._shards:
+                self._shards[name] = _Shard(self._client, self)
+        return self._shards[name]
 
     async def subscribe(self, channel: str, handler: NoticeHandler) -> None:
-        """Subscribe and return only once Redis confirmed it, so no later push is missed.
+        """Subscribe and return once Redis confirmed it, so no later push is missed.
 
-        Raises:
-            TimeoutError: no confirmation in time (Redis down); the caller reads the log.
+        If Redis cannot be reached the subscription is kept and completes when Redis is back
+        (the handler then gets None); the caller reads the log meanwhile.
         """
         key = channel.encode()
         confirmed = asyncio.get_running_loop().create_future()
         self._confirmations[key] = confirmed
-        pubsub = self._ensure_pubsub()
+        shard = self._shard_for(channel)
+        self._handlers[key] = handler
+        self._shard_of[key] = shard
         try:
-            await pubsub.ssubscribe(channel)
-            # Registered only now: the reader must not poll a connection that has no
-            # subscription yet. A push that raced ahead of this line is in the log.
-            self._handlers[key] = handler
-            self._wake.set()
+            await shard.ensure().ssubscribe(channel)
+            # Added only now: the reader must not poll a connection with no subscription.
+            shard.channels.add(key)
+            shard.wake.set()
             await asyncio.wait_for(asyncio.shield(confirmed), _SUBSCRIBE_TIMEOUT_S)
-        except (RedisError, OSError) as exc:
-            # The reader task reconnects and re-subscribes every handler it knows.
-            self._handlers[key] = handler
-            self._wake.set()
-            _log.warning("ssubscribe %s failed: %s", channel, exc)
+        except (RedisError, OSError, TimeoutError) as exc:
+            # The shard's reader reconnects and re-subscribes every channel it holds.
+            shard.channels.add(key)
+            shard.wake.set()
+            _log.warning("ssubscribe %s not confirmed: %s", channel, exc)
         finally:
             self._confirmations.pop(key, None)
 
     async def unsubscribe(self, channel: str) -> None:
         """Stop delivering ``channel``; safe to call twice."""
         key = channel.encode()
-        if self._handlers.pop(key, None) is None or self._pubsub is None:
+        self._handlers.pop(key, None)
+        shard = self._shard_of.pop(key, None)
+        if shard is None:
             return
-        try:
-            await self._pubsub.sunsubscribe(channel)
-        except RedisError as exc:
-            _log.debug("sunsubscribe %s failed: %s", channel, exc)
-
-    def _ensure_pubsub(self) -> PubSub | ClusterPubSub:
-        if self._pubsub is None:
-            self._pubsub = self._client.pubsub()
-        return self._pubsub
-
-    async def _next(self, pubsub: PubSub | ClusterPubSub) -> dict[str, Any] | None:
-        message: dict[str, Any] | None
-        if isinstance(pubsub, ClusterPubSub):
-            message = await pubsub.get_sharded_message(timeout=1.0)
-        else:
-            message = await pubsub.get_message(timeout=1.0)
-        return message
-
-    async def _run(self) -> None:
-        while True:
-            if not self._handlers:
-                self._wake.clear()
-                await self._wake.wait()
-                continue
-            pubsub = self._ensure_pubsub()
+        shard.channels.discard(key)
+        if shard.pubsub is not None:
             try:
-                message = await self._next(pubsub)
-            except (RedisError, OSError, RuntimeError) as exc:
-                await self._recover(exc)
-                continue
-            if message is not None:
-                try:
-                    self._dispatch(message)
-                except Exception:  # a bad notice or handler must not stop every delivery
-                    _log.exception("dropped a pub/sub message: %r", message)
+                await shard.pubsub.sunsubscribe(channel)
+            except (RedisError, OSError) as exc:
+                _log.debug("sunsubscribe %s failed: %s", channel, exc)
 
-    def _dispatch(self, message: dict[str, Any]) -> None:
+    def dispatch(self, message: dict[str, Any]) -> None:
+        """Route one message from a shard's connection (called by the shards)."""
         kind = message["type"]
         kind = kind.decode() if isinstance(kind, bytes) else kind
         channel = message["channel"]
@@ -143,21 +197,3 @@ class Subscriber:
         handler = self._handlers.get(channel)
         if handler is not None:
             handler(msgpack.unpackb(message["data"], raw=True))
-
-    async def _recover(self, exc: BaseException) -> None:
-        _log.warning("pub/sub connection lost (%s); re-subscribing", exc)
-        old, self._pubsub = self._pubsub, None
-        if old is not None:
-            try:
-                await old.aclose()  # type: ignore[no-untyped-call]
-            except (RedisError, OSError):
-                pass
-        await asyncio.sleep(_RECONNECT_DELAY_S)  # back off; Redis may be restarting
-        pubsub = self._ensure_pubsub()
-        try:
-            for channel in list(self._handlers):
-                await pubsub.ssubscribe(channel.decode())
-        except (RedisError, OSError) as exc2:
-            _log.warning("re-subscribe failed: %s", exc2)
-        # Each handler gets None when its re-subscription is confirmed (see _dispatch), so
-        # a log read it then starts cannot miss a push that the old subscription lost.

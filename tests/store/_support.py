@@ -120,7 +120,7 @@ async def used_slots(client: Client, worker_id: str) -> int:
 
 async def redis_now_ms(client: Client) -> int:
     """The Redis server clock in milliseconds (the clock every script uses)."""
-    seconds, micros = await client.time()  # type: ignore[misc]
+    seconds, micros = await client.time()
     return int(seconds) * 1000 + int(micros) // 1000
 
 

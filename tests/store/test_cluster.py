@@ -111,7 +111,7 @@ async def workers_on_every_node(client: RedisCluster, scripts: Scripts) -> dict[
     raise AssertionError(f"worker ids never covered every node: {placed}")
 
 
-async def test_every_key_of_a_session_shares_one_slot(cluster_client: RedisCluster):
+async def test_every_key_of_a_session_shares_one_slot(cluster_client: RedisCluster) -> None:
     """A session's keys, its worker's keys and both channels hash to the worker's slot."""
     wid = new_worker_id()
     keys = SessionKeys(new_session_id(wid))
@@ -122,7 +122,7 @@ async def test_every_key_of_a_session_shares_one_slot(cluster_client: RedisClust
         cluster_client.keyslot(keys.worker.record)}
 
 
-async def test_session_lifecycle_on_every_node(cluster_client: RedisCluster):
+async def test_session_lifecycle_on_every_node(cluster_client: RedisCluster) -> None:
     """open/append/resume/detach/append_output/reap/close succeed on each node (no CROSSSLOT)."""
     scripts = Scripts(cluster_client)
     workers = await workers_on_every_node(cluster_client, scripts)
@@ -160,7 +160,7 @@ async def test_session_lifecycle_on_every_node(cluster_client: RedisCluster):
         assert await used_slots(cluster_client, wid) == 0
 
 
-async def test_worker_lost_on_every_node(cluster_client: RedisCluster):
+async def test_worker_lost_on_every_node(cluster_client: RedisCluster) -> None:
     """The reaper declares workers lost on each node and ends their sessions once."""
     scripts = Scripts(cluster_client)
     workers = await workers_on_every_node(cluster_client, scripts)
@@ -176,7 +176,7 @@ async def test_worker_lost_on_every_node(cluster_client: RedisCluster):
                                       "worker_lost")
 
 
-async def test_directory_spans_nodes(cluster_client: RedisCluster):
+async def test_directory_spans_nodes(cluster_client: RedisCluster) -> None:
     """The worker directory and worker_loads read workers served by different nodes."""
     scripts = Scripts(cluster_client)
     workers = await workers_on_every_node(cluster_client, scripts)
@@ -193,7 +193,7 @@ async def test_directory_spans_nodes(cluster_client: RedisCluster):
     assert all(load.slots == 4 and load.state == "live" for load in loads)
 
 
-async def test_output_notice_through_sharded_pubsub(cluster_client: RedisCluster):
+async def test_output_notice_through_sharded_pubsub(cluster_client: RedisCluster) -> None:
     """The subscriber receives output and worker notices from sessions on every node."""
     scripts = Scripts(cluster_client)
     workers = await workers_on_every_node(cluster_client, scripts)
@@ -220,14 +220,9 @@ async def test_output_notice_through_sharded_pubsub(cluster_client: RedisCluster
         await sub.aclose()
 
 
-@pytest.mark.xfail(
-    reason="Subscriber reads ClusterPubSub with get_sharded_message(timeout=1.0), which waits "
-    "out each node's 1 s timeout in turn: a push on another node waits up to (nodes - 1) s",
-    raises=TimeoutError,
-)
 async def test_cluster_push_latency_is_not_bounded_by_the_poll_timeout(
     cluster_client: RedisCluster,
-):
+) -> None:
     """A push from any node reaches an idle subscriber well within the 1 s poll timeout."""
     scripts = Scripts(cluster_client)
     workers = await workers_on_every_node(cluster_client, scripts)

@@ -19,13 +19,13 @@ def batch(first: int, count: int) -> list[bytes]:
     return [entry(i) for i in range(first, first + count)]
 
 
-def test_starts_after_what_was_delivered():
+def test_starts_after_what_was_delivered() -> None:
     """A fresh follower expects index 1; a resumed one expects the index after its last."""
     assert LogFollower().next_index == 1
     assert LogFollower(delivered_up_to=41).next_index == 42
 
 
-def test_in_order_batches_are_delivered_whole():
+def test_in_order_batches_are_delivered_whole() -> None:
     """Contiguous batches come out as they went in, numbered from their first index."""
     follower = LogFollower()
     assert follower.offer(1, batch(1, 3)) == ([(1, b"e1"), (2, b"e2"), (3, b"e3")], False)
@@ -33,7 +33,7 @@ def test_in_order_batches_are_delivered_whole():
     assert follower.next_index == 5
 
 
-def test_duplicate_batch_is_dropped():
+def test_duplicate_batch_is_dropped() -> None:
     """A batch already delivered yields nothing and reports no gap."""
     follower = LogFollower()
     follower.offer(1, batch(1, 3))
@@ -42,7 +42,7 @@ def test_duplicate_batch_is_dropped():
     assert follower.next_index == 4
 
 
-def test_overlapping_batch_delivers_only_the_new_tail():
+def test_overlapping_batch_delivers_only_the_new_tail() -> None:
     """A batch that straddles the delivered position yields only the unseen entries."""
     follower = LogFollower()
     follower.offer(1, batch(1, 2))
@@ -50,7 +50,7 @@ def test_overlapping_batch_delivers_only_the_new_tail():
     assert follower.next_index == 5
 
 
-def test_gap_delivers_nothing_and_asks_for_a_read():
+def test_gap_delivers_nothing_and_asks_for_a_read() -> None:
     """A batch beyond the next index is held back and signals a gap at next_index."""
     follower = LogFollower()
     follower.offer(1, batch(1, 1))
@@ -58,7 +58,15 @@ def test_gap_delivers_nothing_and_asks_for_a_read():
     assert follower.next_index == 2
 
 
-def test_gap_filled_by_read_then_late_push_is_dropped():
+def test_single_missing_index_is_a_gap() -> None:
+    """Missing exactly one index is already a gap."""
+    follower = LogFollower()
+    follower.offer(1, batch(1, 2))
+    assert follower.offer(4, batch(4, 1)) == ([], True)
+    assert follower.next_index == 3
+
+
+def test_gap_filled_by_read_then_late_push_is_dropped() -> None:
     """After a read fills the gap, the late push and the held-back batch are duplicates."""
     follower = LogFollower()
     follower.offer(1, batch(1, 1))
@@ -70,13 +78,13 @@ def test_gap_filled_by_read_then_late_push_is_dropped():
     assert follower.offer(6, batch(6, 1)) == ([(6, b"e6")], False)
 
 
-def test_resumed_follower_skips_what_the_client_has():
+def test_resumed_follower_skips_what_the_client_has() -> None:
     """A follower resumed at k drops replays up to k and delivers from k + 1."""
     follower = LogFollower(delivered_up_to=3)
     assert follower.offer(1, batch(1, 5)) == ([(4, b"e4"), (5, b"e5")], False)
 
 
-def test_empty_batch_at_next_index_changes_nothing():
+def test_empty_batch_at_next_index_changes_nothing() -> None:
     """An empty offer at the expected index is a no-op."""
     follower = LogFollower()
     assert follower.offer(1, []) == ([], False)
@@ -152,7 +160,7 @@ class Consumer:
 
 @settings(max_examples=400, deadline=None)
 @given(scenarios())
-def test_any_push_interleaving_yields_each_index_once_in_order(scenario: Scenario):
+def test_any_push_interleaving_yields_each_index_once_in_order(scenario: Scenario) -> None:
     """Duplicated, reordered and dropped pushes plus gap reads deliver 1..n once, in order."""
     firsts: list[int] = []
     log: list[bytes] = []

@@ -22,6 +22,7 @@ from tests.store._support import (
     digest,
     expire_heartbeat,
     open_session,
+    poll_until,
     reap_until_lost,
     register_worker,
 )
@@ -54,10 +55,15 @@ class Notices:
         assert self.queue.empty(), self.queue.get_nowait()
 
 
+async def spublish_raw(client: Client, channel: str, data: bytes) -> int:
+    """Publish bytes on a shard channel; how many subscribers the server delivered them to."""
+    receivers: Any = await client.execute_command("SPUBLISH", channel, data)
+    return int(receivers)
+
+
 async def spublish(client: Client, channel: str, notice: list[Any]) -> int:
     """Publish a MessagePack notice; how many subscribers the server delivered it to."""
-    receivers: Any = await client.execute_command("SPUBLISH", channel, msgpack.packb(notice))
-    return int(receivers)
+    return await spublish_raw(client, channel, msgpack.packb(notice))
 
 
 async def shard_subscribers(client: Client, channel: str) -> int:
@@ -85,7 +91,7 @@ def own_server(request: pytest.FixtureRequest) -> Iterator[EmbeddedServer]:
 
 async def test_subscribe_is_confirmed_before_returning(
     subscriber: Subscriber, redis_client: Redis
-):
+) -> None:
     """Once subscribe returns, the server counts the subscription and delivers to it."""
     handlers = [Notices() for _ in range(3)]
     for i, handler in enumerate(handlers):
@@ -100,7 +106,7 @@ async def test_subscribe_is_confirmed_before_returning(
 
 async def test_output_notices_carry_first_seq_and_payloads(
     subscriber: Subscriber, redis_client: Redis, scripts: Scripts
-):
+) -> None:
     """append_output pushes ('e', first seq, payloads); a close pushes the terminal last."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -116,7 +122,7 @@ async def test_output_notices_carry_first_seq_and_payloads(
 
 async def test_replaced_notice_after_resume(
     subscriber: Subscriber, redis_client: Redis, scripts: Scripts
-):
+) -> None:
     """A resume tells the old connection ('r', new generation); a refused one says nothing."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -134,7 +140,7 @@ async def test_replaced_notice_after_resume(
 
 async def test_worker_notices_open_input_close(
     subscriber: Subscriber, redis_client: Redis, scripts: Scripts
-):
+) -> None:
     """The worker channel gets 'o' on open, 'i' per new input (not for duplicates), 'c'."""
     wid = await register_worker(scripts)
     notices = Notices()
@@ -155,7 +161,7 @@ async def test_worker_notices_open_input_close(
 
 async def test_worker_lost_pushes_close_notices(
     subscriber: Subscriber, redis_client: Redis, scripts: Scripts
-):
+) -> None:
     """The reaper that declares a worker lost pushes one 'c' per session it ends."""
     wid = await register_worker(scripts)
     opened = [await open_session(scripts, wid) for _ in range(3)]
@@ -173,7 +179,7 @@ async def test_worker_lost_pushes_close_notices(
 
 async def test_pushes_and_log_reads_feed_a_follower(
     subscriber: Subscriber, redis_client: Redis, scripts: Scripts
-):
+) -> None:
     """A consumer that subscribes late reads the gap from the log and then follows pushes."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -199,7 +205,7 @@ async def test_pushes_and_log_reads_feed_a_follower(
 
 async def test_unsubscribe_stops_delivery(
     subscriber: Subscriber, redis_client: Redis
-):
+) -> None:
     """After unsubscribe the handler gets nothing and the server drops the subscription."""
     gone, kept = Notices(), Notices()
     await subscriber.subscribe("dg:{a}:chan", gone)
@@ -210,9 +216,7 @@ async def test_unsubscribe_stops_delivery(
     # Both pushes travel on one connection in order: once the marker is here, "late" was seen.
     assert await kept.next() == [b"marker"]
     gone.assert_empty()
-    async with asyncio.timeout(WAIT_S):
-        while await shard_subscribers(redis_client, "dg:{a}:chan"):
-            await asyncio.sleep(0.005)
+    await poll_until(lambda: shard_subscribers(redis_client, "dg:{a}:chan"), lambda n: n == 0)
     await subscriber.unsubscribe("dg:{a}:chan")  # twice is fine
     await subscriber.unsubscribe("dg:{never}:chan")
     await subscriber.subscribe("dg:{a}:chan", gone)  # and back again
@@ -222,7 +226,7 @@ async def test_unsubscribe_stops_delivery(
 
 async def test_unsubscribe_last_channel_then_subscribe_again(
     subscriber: Subscriber, redis_client: Redis
-):
+) -> None:
     """With no subscription left the reader idles, and a new subscribe wakes it."""
     first = Notices()
     await subscriber.subscribe("dg:{a}:chan", first)
@@ -234,7 +238,7 @@ async def test_unsubscribe_last_channel_then_subscribe_again(
     first.assert_empty()
 
 
-async def test_restart_resubscribes_and_signals_none(own_server: EmbeddedServer):
+async def test_restart_resubscribes_and_signals_none(own_server: EmbeddedServer) -> None:
     """After a Redis restart the subscriber re-subscribes by itself, says None, then delivers."""
     client = Redis.from_url(own_server.url)
     sub = Subscriber(client)
@@ -273,7 +277,7 @@ async def test_restart_resubscribes_and_signals_none(own_server: EmbeddedServer)
 
 async def test_bad_push_or_failing_handler_does_not_stop_delivery(
     subscriber: Subscriber, redis_client: Redis
-):
+) -> None:
     """An undecodable push and a handler that raises are dropped; later pushes still arrive."""
     notices = Notices()
 
@@ -282,9 +286,32 @@ async def test_bad_push_or_failing_handler_does_not_stop_delivery(
 
     await subscriber.subscribe("dg:{a}:chan", notices)
     await subscriber.subscribe("dg:{b}:chan", explode)
-    await redis_client.execute_command("SPUBLISH", "dg:{a}:chan", b"\x01\x02")  # two objects
-    await redis_client.execute_command("SPUBLISH", "dg:{a}:chan", b"\xc1")  # never valid
+    await spublish_raw(redis_client, "dg:{a}:chan", b"\x01\x02")  # two objects
+    await spublish_raw(redis_client, "dg:{a}:chan", b"\xc1")  # never valid
     await spublish(redis_client, "dg:{b}:chan", ["boom"])
     await spublish(redis_client, "dg:{a}:chan", ["fine"])
     assert await notices.next() == [b"fine"]
     notices.assert_empty()
+
+
+async def test_subscribe_while_redis_is_down_heals_later(own_server: EmbeddedServer) -> None:
+    """A subscribe that cannot reach Redis is retried by the reader; None marks the recovery."""
+    client = Redis.from_url(own_server.url)
+    sub = Subscriber(client)
+    await sub.start()
+    try:
+        own_server.stop()
+        notices = Notices()
+        await sub.subscribe("dg:{a}:chan", notices)
+        notices.assert_empty()
+        await asyncio.to_thread(own_server.restart)
+        assert await notices.next() is None
+        fresh = Redis.from_url(own_server.url)
+        try:
+            assert await spublish(fresh, "dg:{a}:chan", ["back"]) == 1
+            assert await notices.next() == [b"back"]
+        finally:
+            await fresh.aclose()
+    finally:
+        await sub.aclose()
+        await client.aclose()

@@ -58,7 +58,9 @@ async def open_status(
 # --------------------------------------------------------------------------- open
 
 
-async def test_open_ok_writes_record_and_reserves_slot(scripts: Scripts, redis_client: Redis):
+async def test_open_ok_writes_record_and_reserves_slot(
+    scripts: Scripts, redis_client: Redis
+) -> None:
     """A successful open writes generation 1 in the store epoch and reserves one slot."""
     wid = await register_worker(scripts, slots=3)
     opened = await open_session(scripts, wid)
@@ -68,12 +70,14 @@ async def test_open_ok_writes_record_and_reserves_slot(scripts: Scripts, redis_c
     assert await session_field(redis_client, sid, "epoch") == EPOCH
     assert await session_field(redis_client, sid, "digest") == digest(opened.token)
     assert await used_slots(redis_client, wid) == 1
-    members = await redis_client.smembers(WorkerKeys(wid).sessions)  # type: ignore[misc]
+    members = await redis_client.smembers(WorkerKeys(wid).sessions)
     assert members == {sid.encode()}
     assert await redis_client.zscore(WorkerKeys(wid).deadlines, sid) is not None
 
 
-async def test_open_twice_is_exists_and_reserves_nothing(scripts: Scripts, redis_client: Redis):
+async def test_open_twice_is_exists_and_reserves_nothing(
+    scripts: Scripts, redis_client: Redis
+) -> None:
     """Opening an id that already has a record answers EXISTS and takes no second slot."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -82,7 +86,9 @@ async def test_open_twice_is_exists_and_reserves_nothing(scripts: Scripts, redis
     assert await session_field(redis_client, opened.session_id, "gen") == "1"
 
 
-async def test_open_after_abandon_tombstone_is_refused(scripts: Scripts, redis_client: Redis):
+async def test_open_after_abandon_tombstone_is_refused(
+    scripts: Scripts, redis_client: Redis
+) -> None:
     """An open that lands after the gateway abandoned it is refused and reserves nothing."""
     wid = await register_worker(scripts)
     sid = new_session_id(wid)
@@ -92,14 +98,14 @@ async def test_open_after_abandon_tombstone_is_refused(scripts: Scripts, redis_c
     assert not await redis_client.exists(SessionKeys(sid).record)
 
 
-async def test_open_on_unknown_worker_is_unavailable(scripts: Scripts, redis_client: Redis):
+async def test_open_on_unknown_worker_is_unavailable(scripts: Scripts, redis_client: Redis) -> None:
     """A worker that never registered cannot take a session."""
     sid = new_session_id(new_worker_id())
     assert await open_status(scripts, sid) is OpenStatus.UNAVAILABLE
     assert not await redis_client.exists(SessionKeys(sid).record)
 
 
-async def test_open_on_lost_worker_is_unavailable(scripts: Scripts, redis_client: Redis):
+async def test_open_on_lost_worker_is_unavailable(scripts: Scripts, redis_client: Redis) -> None:
     """A worker declared lost by the reaper cannot take a session."""
     wid = await register_worker(scripts)
     await expire_heartbeat(redis_client, scripts, wid)
@@ -107,7 +113,9 @@ async def test_open_on_lost_worker_is_unavailable(scripts: Scripts, redis_client
     assert await open_status(scripts, new_session_id(wid)) is OpenStatus.UNAVAILABLE
 
 
-async def test_open_on_expired_heartbeat_is_unavailable(scripts: Scripts, redis_client: Redis):
+async def test_open_on_expired_heartbeat_is_unavailable(
+    scripts: Scripts, redis_client: Redis
+) -> None:
     """A lapsed heartbeat refuses opens even before any reaper ran."""
     wid = await register_worker(scripts)
     await expire_heartbeat(redis_client, scripts, wid)
@@ -116,7 +124,9 @@ async def test_open_on_expired_heartbeat_is_unavailable(scripts: Scripts, redis_
     assert await used_slots(redis_client, wid) == 0
 
 
-async def test_open_on_draining_worker_is_unavailable(scripts: Scripts, redis_client: Redis):
+async def test_open_on_draining_worker_is_unavailable(
+    scripts: Scripts, redis_client: Redis
+) -> None:
     """A draining worker admits no new session."""
     wid = await register_worker(scripts)
     await scripts.worker_heartbeat(wid, slots=4, ttl_ms=60_000, register=False, drain=True)
@@ -124,7 +134,7 @@ async def test_open_on_draining_worker_is_unavailable(scripts: Scripts, redis_cl
     assert await used_slots(redis_client, wid) == 0
 
 
-async def test_open_full_worker_and_slot_accounting(scripts: Scripts, redis_client: Redis):
+async def test_open_full_worker_and_slot_accounting(scripts: Scripts, redis_client: Redis) -> None:
     """Slots are counted exactly: FULL at capacity, free again after a close."""
     wid = await register_worker(scripts, slots=2)
     first = await open_session(scripts, wid)
@@ -140,7 +150,7 @@ async def test_open_full_worker_and_slot_accounting(scripts: Scripts, redis_clie
     assert await used_slots(redis_client, wid) == 2
 
 
-async def test_concurrent_opens_never_oversubscribe(scripts: Scripts, redis_client: Redis):
+async def test_concurrent_opens_never_oversubscribe(scripts: Scripts, redis_client: Redis) -> None:
     """Many racing opens on one worker take exactly its slot count, never more."""
     wid = await register_worker(scripts, slots=5)
     statuses = await asyncio.gather(*(open_status(scripts, new_session_id(wid))
@@ -153,7 +163,9 @@ async def test_concurrent_opens_never_oversubscribe(scripts: Scripts, redis_clie
 # --------------------------------------------------------------------------- resume
 
 
-async def test_resume_bumps_generation_and_rotates_digest(scripts: Scripts, redis_client: Redis):
+async def test_resume_bumps_generation_and_rotates_digest(
+    scripts: Scripts, redis_client: Redis
+) -> None:
     """A resume with the right token bumps the generation and only the new token works next."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -176,7 +188,7 @@ async def test_resume_bumps_generation_and_rotates_digest(scripts: Scripts, redi
     assert again.lease is not None and again.lease.generation == 3
 
 
-async def test_resume_of_detached_session_reattaches(scripts: Scripts, redis_client: Redis):
+async def test_resume_of_detached_session_reattaches(scripts: Scripts, redis_client: Redis) -> None:
     """A resume during the disconnect grace attaches again and lifts the grace deadline."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid, policy=SessionPolicy(disconnect_grace_ms=0))
@@ -191,7 +203,7 @@ async def test_resume_of_detached_session_reattaches(scripts: Scripts, redis_cli
 
 async def test_resume_retry_with_same_control_id_is_idempotent(
     scripts: Scripts, redis_client: Redis
-):
+) -> None:
     """A retried resume (same control id, same new digest) gets the same generation back."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -209,7 +221,7 @@ async def test_resume_retry_with_same_control_id_is_idempotent(
     assert other.status is ResumeStatus.BAD_TOKEN
 
 
-async def test_resume_with_bad_token_changes_nothing(scripts: Scripts, redis_client: Redis):
+async def test_resume_with_bad_token_changes_nothing(scripts: Scripts, redis_client: Redis) -> None:
     """A wrong token is refused without a lease, and the generation stays put."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -221,7 +233,7 @@ async def test_resume_with_bad_token_changes_nothing(scripts: Scripts, redis_cli
     assert await session_field(redis_client, opened.session_id, "digest") == digest(opened.token)
 
 
-async def test_resume_unknown_session(scripts: Scripts):
+async def test_resume_unknown_session(scripts: Scripts) -> None:
     """A session id with no record resumes to UNKNOWN."""
     result = await scripts.resume(new_session_id(new_worker_id()), presented_digest=digest("x"),
                                   new_digest=digest("y"), control_id="c")
@@ -229,7 +241,7 @@ async def test_resume_unknown_session(scripts: Scripts):
     assert result.lease is None
 
 
-async def test_resume_closed_session_allows_replay(scripts: Scripts, redis_client: Redis):
+async def test_resume_closed_session_allows_replay(scripts: Scripts, redis_client: Redis) -> None:
     """A closed session resumes to CLOSED with its lease, and its log replays to the end."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -249,7 +261,7 @@ async def test_resume_closed_session_allows_replay(scripts: Scripts, redis_clien
 
 async def test_resume_reports_first_retained_seq_after_trim(
     scripts: Scripts, redis_client: Redis
-):
+) -> None:
     """Once the output log was trimmed, resume reports the oldest seq still retained."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid, policy=SessionPolicy(output_log_max_entries=10))
@@ -271,7 +283,7 @@ async def test_resume_reports_first_retained_seq_after_trim(
 # --------------------------------------------------------------------------- detach
 
 
-async def test_detach_ok_starts_grace(scripts: Scripts, redis_client: Redis):
+async def test_detach_ok_starts_grace(scripts: Scripts, redis_client: Redis) -> None:
     """Detach on the current lease marks the session detached and schedules the grace."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid, policy=SessionPolicy(disconnect_grace_ms=50_000))
@@ -282,7 +294,7 @@ async def test_detach_ok_starts_grace(scripts: Scripts, redis_client: Redis):
     assert score is not None and before + 50_000 <= score <= before + 60_000
 
 
-async def test_detach_with_stale_generation(scripts: Scripts, redis_client: Redis):
+async def test_detach_with_stale_generation(scripts: Scripts, redis_client: Redis) -> None:
     """An old connection cannot detach the lease a newer resume holds."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -292,7 +304,7 @@ async def test_detach_with_stale_generation(scripts: Scripts, redis_client: Redi
     assert await session_field(redis_client, opened.session_id, "state") == "attached"
 
 
-async def test_detach_with_stale_epoch(scripts: Scripts, redis_client: Redis):
+async def test_detach_with_stale_epoch(scripts: Scripts, redis_client: Redis) -> None:
     """A token from another store epoch is stale even with the right generation."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -301,7 +313,7 @@ async def test_detach_with_stale_epoch(scripts: Scripts, redis_client: Redis):
     assert await session_field(redis_client, opened.session_id, "state") == "attached"
 
 
-async def test_detach_twice_is_stale(scripts: Scripts):
+async def test_detach_twice_is_stale(scripts: Scripts) -> None:
     """A second detach of the same lease finds the session no longer attached."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -309,7 +321,7 @@ async def test_detach_twice_is_stale(scripts: Scripts):
     assert await scripts.detach(opened.lease) == "stale"
 
 
-async def test_detach_closed_and_unknown(scripts: Scripts):
+async def test_detach_closed_and_unknown(scripts: Scripts) -> None:
     """Detach reports a closed session as closed and a missing one as unknown."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -322,7 +334,7 @@ async def test_detach_closed_and_unknown(scripts: Scripts):
 # --------------------------------------------------------------------------- append_input
 
 
-async def test_append_input_with_stale_generation_raises_lease_lost(scripts: Scripts):
+async def test_append_input_with_stale_generation_raises_lease_lost(scripts: Scripts) -> None:
     """The superseded lease is refused with the current generation in the error."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -336,7 +348,7 @@ async def test_append_input_with_stale_generation_raises_lease_lost(scripts: Scr
 
 async def test_append_input_with_stale_epoch_raises_lease_lost(
     scripts: Scripts, redis_client: Redis
-):
+) -> None:
     """A token from another store epoch cannot append and nothing reaches the log."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -346,7 +358,7 @@ async def test_append_input_with_stale_epoch_raises_lease_lost(
     assert await read_input(redis_client, opened.session_id, 0) == []
 
 
-async def test_append_input_on_detached_lease_raises_lease_lost(scripts: Scripts):
+async def test_append_input_on_detached_lease_raises_lease_lost(scripts: Scripts) -> None:
     """After detach the old connection's lease no longer writes."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -356,7 +368,7 @@ async def test_append_input_on_detached_lease_raises_lease_lost(scripts: Scripts
     assert caught.value.current_generation == 1
 
 
-async def test_append_input_closed_or_unknown_raises_session_gone(scripts: Scripts):
+async def test_append_input_closed_or_unknown_raises_session_gone(scripts: Scripts) -> None:
     """Appends to a closed or never-opened session raise SessionGone with the status."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -372,7 +384,7 @@ async def test_append_input_closed_or_unknown_raises_session_gone(scripts: Scrip
 
 async def test_append_input_dedups_client_seq_across_retries_and_resume(
     scripts: Scripts, redis_client: Redis
-):
+) -> None:
     """Resent commands (same client seq) are appended exactly once, also after a resume."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -399,7 +411,9 @@ async def test_append_input_dedups_client_seq_across_retries_and_resume(
     assert await read_input(redis_client, sid, 2) == [(3, b"c"), (4, b"d")]
 
 
-async def test_append_input_without_seq_is_always_appended(scripts: Scripts, redis_client: Redis):
+async def test_append_input_without_seq_is_always_appended(
+    scripts: Scripts, redis_client: Redis
+) -> None:
     """Commands without a client seq are never deduplicated and keep their order."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -413,7 +427,7 @@ async def test_append_input_without_seq_is_always_appended(scripts: Scripts, red
     assert entries == [(1, b"x"), (2, b"y"), (3, b"x"), (4, b"z")]
 
 
-async def test_append_input_empty_batch_and_paging(scripts: Scripts, redis_client: Redis):
+async def test_append_input_empty_batch_and_paging(scripts: Scripts, redis_client: Redis) -> None:
     """An empty batch appends nothing; read_input pages in order with count."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -429,7 +443,9 @@ async def test_append_input_empty_batch_and_paging(scripts: Scripts, redis_clien
 # --------------------------------------------------------------------------- append_output
 
 
-async def test_append_output_numbers_seq_across_calls(scripts: Scripts, redis_client: Redis):
+async def test_append_output_numbers_seq_across_calls(
+    scripts: Scripts, redis_client: Redis
+) -> None:
     """server_event_seq runs 1..n without gaps across calls, in order."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -442,7 +458,9 @@ async def test_append_output_numbers_seq_across_calls(scripts: Scripts, redis_cl
     assert await session_field(redis_client, sid, "out_seq") == "5"
 
 
-async def test_append_output_from_lost_worker_is_fenced(scripts: Scripts, redis_client: Redis):
+async def test_append_output_from_lost_worker_is_fenced(
+    scripts: Scripts, redis_client: Redis
+) -> None:
     """A worker declared lost cannot write, even to a session that is now closed."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -457,7 +475,7 @@ async def test_append_output_from_lost_worker_is_fenced(scripts: Scripts, redis_
 
 async def test_append_output_without_worker_record_is_fenced(
     scripts: Scripts, redis_client: Redis
-):
+) -> None:
     """A worker whose record vanished (expired after loss) is fenced too."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -467,7 +485,7 @@ async def test_append_output_without_worker_record_is_fenced(
     assert await read_output(redis_client, opened.session_id, 0) == []
 
 
-async def test_append_output_closed_or_unknown_raises_session_gone(scripts: Scripts):
+async def test_append_output_closed_or_unknown_raises_session_gone(scripts: Scripts) -> None:
     """A live worker writing to a closed or unknown session gets SessionGone."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -482,7 +500,7 @@ async def test_append_output_closed_or_unknown_raises_session_gone(scripts: Scri
 
 async def test_append_output_with_close_reason_terminates_once(
     scripts: Scripts, redis_client: Redis
-):
+) -> None:
     """close_reason writes the events, then one terminal session.closed, and frees the slot."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid, policy=SessionPolicy(closed_retention_ms=30_000))
@@ -497,7 +515,7 @@ async def test_append_output_with_close_reason_terminates_once(
     assert await session_field(redis_client, sid, "state") == "closed"
     assert await session_field(redis_client, sid, "reason") == "runtime_error"
     assert await used_slots(redis_client, wid) == 0
-    assert not await redis_client.sismember(WorkerKeys(wid).sessions, sid)  # type: ignore[misc]
+    assert not await redis_client.sismember(WorkerKeys(wid).sessions, sid)
     assert await redis_client.zscore(WorkerKeys(wid).deadlines, sid) is None
     for key in (keys.record, keys.output_log):
         ttl = await redis_client.pttl(key)
@@ -509,7 +527,7 @@ async def test_append_output_with_close_reason_terminates_once(
     assert await used_slots(redis_client, wid) == 0
 
 
-async def test_append_output_close_without_events(scripts: Scripts, redis_client: Redis):
+async def test_append_output_close_without_events(scripts: Scripts, redis_client: Redis) -> None:
     """A close with no events still writes exactly the terminal event, as seq 1."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -521,7 +539,7 @@ async def test_append_output_close_without_events(scripts: Scripts, redis_client
 
 async def test_append_output_on_detached_session_keeps_generating(
     scripts: Scripts, redis_client: Redis
-):
+) -> None:
     """A detached session still accepts its worker's output for a later replay."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -533,10 +551,47 @@ async def test_append_output_on_detached_session_keeps_generating(
     assert len(await read_output(redis_client, opened.session_id, 0)) == 2
 
 
+# --------------------------------------------------------------------------- trim_output
+
+
+async def test_trim_output_drops_acknowledged_events(scripts: Scripts, redis_client: Redis) -> None:
+    """An ack on the current lease drops events up to it; numbering continues after."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    sid = opened.session_id
+    await scripts.append_output(sid, [ev(i) for i in range(1, 6)])
+    assert await scripts.trim_output(opened.lease, 3) == "ok"
+    assert [seq for seq, _ in await read_output(redis_client, sid, 0)] == [4, 5]
+    assert await scripts.trim_output(opened.lease, 2) == "ok"  # an older ack changes nothing
+    assert [seq for seq, _ in await read_output(redis_client, sid, 0)] == [4, 5]
+    assert await scripts.trim_output(opened.lease, 5) == "ok"
+    assert await read_output(redis_client, sid, 0) == []
+    assert await scripts.append_output(sid, [ev(6)]) == 6
+    result = await scripts.resume(sid, presented_digest=digest(opened.token),
+                                  new_digest=digest("t2"), control_id="c1")
+    assert (result.first_retained_seq, result.last_server_event_seq) == (6, 6)
+
+
+async def test_trim_output_is_fenced(scripts: Scripts, redis_client: Redis) -> None:
+    """Only the current attachment may trim: stale generation or epoch, or no session, refused."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    sid = opened.session_id
+    await scripts.append_output(sid, [ev(1), ev(2)])
+    await scripts.resume(sid, presented_digest=digest(opened.token), new_digest=digest("t2"),
+                         control_id="c1")
+    assert await scripts.trim_output(opened.lease, 2) == "stale"
+    other_epoch = Lease(session_id=sid, epoch="epoch-0", generation=2)
+    assert await scripts.trim_output(other_epoch, 2) == "stale"
+    assert len(await read_output(redis_client, sid, 0)) == 2
+    missing = Lease(session_id=new_session_id(wid), epoch=EPOCH, generation=1)
+    assert await scripts.trim_output(missing, 1) == "unknown"
+
+
 # --------------------------------------------------------------------------- close / abandon
 
 
-async def test_close_session_is_idempotent(scripts: Scripts, redis_client: Redis):
+async def test_close_session_is_idempotent(scripts: Scripts, redis_client: Redis) -> None:
     """A second close answers 'closed' and writes no second terminal event."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -548,7 +603,7 @@ async def test_close_session_is_idempotent(scripts: Scripts, redis_client: Redis
     assert await scripts.close_session(new_session_id(wid), "client_close") == "unknown"
 
 
-async def test_racing_closes_write_one_terminal(scripts: Scripts, redis_client: Redis):
+async def test_racing_closes_write_one_terminal(scripts: Scripts, redis_client: Redis) -> None:
     """Concurrent closes of one session: exactly one wins, one slot released."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -559,7 +614,7 @@ async def test_racing_closes_write_one_terminal(scripts: Scripts, redis_client: 
     assert await used_slots(redis_client, wid) == 0
 
 
-async def test_abandon_before_open_leaves_tombstone(scripts: Scripts, redis_client: Redis):
+async def test_abandon_before_open_leaves_tombstone(scripts: Scripts, redis_client: Redis) -> None:
     """Abandoning an open that has not landed leaves an expiring tombstone that refuses it."""
     wid = await register_worker(scripts)
     sid = new_session_id(wid)
@@ -571,7 +626,7 @@ async def test_abandon_before_open_leaves_tombstone(scripts: Scripts, redis_clie
     assert await read_output(redis_client, sid, 0) == []
 
 
-async def test_abandon_after_open_closes_it(scripts: Scripts, redis_client: Redis):
+async def test_abandon_after_open_closes_it(scripts: Scripts, redis_client: Redis) -> None:
     """Abandoning an open that landed closes it with open_abandoned and frees the slot."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -587,7 +642,9 @@ async def test_abandon_after_open_closes_it(scripts: Scripts, redis_client: Redi
 # --------------------------------------------------------------------------- reap
 
 
-async def test_reap_lost_worker_closes_every_session_once(scripts: Scripts, redis_client: Redis):
+async def test_reap_lost_worker_closes_every_session_once(
+    scripts: Scripts, redis_client: Redis
+) -> None:
     """A lapsed heartbeat: worker lost, each open session gets one worker_lost, slots freed."""
     wid = await register_worker(scripts, slots=8)
     opened = [await open_session(scripts, wid) for _ in range(4)]
@@ -613,7 +670,7 @@ async def test_reap_lost_worker_closes_every_session_once(scripts: Scripts, redi
 
 async def test_reap_draining_worker_with_lapsed_heartbeat_is_lost(
     scripts: Scripts, redis_client: Redis
-):
+) -> None:
     """A draining worker that stops heartbeating is declared lost like any other."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -623,7 +680,9 @@ async def test_reap_draining_worker_with_lapsed_heartbeat_is_lost(
     await assert_one_terminal(redis_client, opened.session_id, "session.closed", "worker_lost")
 
 
-async def test_reap_expires_detached_session_after_grace(scripts: Scripts, redis_client: Redis):
+async def test_reap_expires_detached_session_after_grace(
+    scripts: Scripts, redis_client: Redis
+) -> None:
     """A session detached past its grace ends with session.expired disconnect_grace_expired."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid, policy=SessionPolicy(disconnect_grace_ms=50))
@@ -639,7 +698,7 @@ async def test_reap_expires_detached_session_after_grace(scripts: Scripts, redis
     assert await scripts.reap(wid) == ("live", 0)
 
 
-async def test_reap_zero_grace_expires_at_once(scripts: Scripts, redis_client: Redis):
+async def test_reap_zero_grace_expires_at_once(scripts: Scripts, redis_client: Redis) -> None:
     """With no grace, the first reap after a detach expires the session."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid, policy=SessionPolicy(disconnect_grace_ms=0))
@@ -649,7 +708,7 @@ async def test_reap_zero_grace_expires_at_once(scripts: Scripts, redis_client: R
                               "disconnect_grace_expired")
 
 
-async def test_reap_expires_idle_session(scripts: Scripts, redis_client: Redis):
+async def test_reap_expires_idle_session(scripts: Scripts, redis_client: Redis) -> None:
     """An attached session with no activity for its idle TTL ends with idle_ttl_expired."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid, policy=SessionPolicy(idle_ttl_ms=30))
@@ -661,27 +720,48 @@ async def test_reap_expires_idle_session(scripts: Scripts, redis_client: Redis):
     assert await used_slots(redis_client, wid) == 0
 
 
-async def test_reap_leaves_sessions_not_yet_due(scripts: Scripts, redis_client: Redis):
+async def test_reap_leaves_sessions_not_yet_due(scripts: Scripts, redis_client: Redis) -> None:
     """Only due sessions end; a due deadline entry for an active record is rescheduled."""
     wid = await register_worker(scripts)
     due = await open_session(scripts, wid, policy=SessionPolicy(idle_ttl_ms=1))
     calm = await open_session(scripts, wid)
     forced = await open_session(scripts, wid)
-    # The deadline entry says "due now", but the record says the session is fresh.
-    await redis_client.zadd(WorkerKeys(wid).deadlines, {forced.session_id: 0})
+    in_grace = await open_session(scripts, wid)
+    await scripts.detach(in_grace.lease)
+    # The deadline entries say "due now", but the records say the sessions are not.
+    await redis_client.zadd(WorkerKeys(wid).deadlines,
+                            {forced.session_id: 0, in_grace.session_id: 0})
     assert await reap_until_ended(scripts, wid, 1) == 1
     await assert_one_terminal(redis_client, due.session_id, "session.expired",
                               "idle_ttl_expired")
-    for o in (calm, forced):
-        assert await session_field(redis_client, o.session_id, "state") == "attached"
+    for o, state in ((calm, "attached"), (forced, "attached"), (in_grace, "detached")):
+        assert await session_field(redis_client, o.session_id, "state") == state
         assert await read_output(redis_client, o.session_id, 0) == []
     now = await redis_now_ms(redis_client)
     score = await redis_client.zscore(WorkerKeys(wid).deadlines, forced.session_id)
     assert score is not None and score > now + 500_000
-    assert await used_slots(redis_client, wid) == 2
+    detached_ms = int(await session_field(redis_client, in_grace.session_id, "detached_ms") or 0)
+    score = await redis_client.zscore(WorkerKeys(wid).deadlines, in_grace.session_id)
+    assert score == detached_ms + LONG_POLICY.disconnect_grace_ms
+    assert await used_slots(redis_client, wid) == 3
 
 
-async def test_reap_respects_budget(scripts: Scripts, redis_client: Redis):
+async def test_reap_detached_session_idle_before_grace(
+    scripts: Scripts, redis_client: Redis
+) -> None:
+    """A detached session whose idle TTL ends before its grace expires as idle."""
+    wid = await register_worker(scripts)
+    policy = SessionPolicy(disconnect_grace_ms=60_000, idle_ttl_ms=30)
+    opened = await open_session(scripts, wid, policy=policy)
+    await scripts.detach(opened.lease)
+    active_ms = int(await session_field(redis_client, opened.session_id, "active_ms") or 0)
+    await wait_redis_clock_past(redis_client, active_ms + 30)
+    assert await reap_until_ended(scripts, wid, 1) == 1
+    await assert_one_terminal(redis_client, opened.session_id, "session.expired",
+                              "idle_ttl_expired")
+
+
+async def test_reap_respects_budget(scripts: Scripts, redis_client: Redis) -> None:
     """One reap ends at most ``budget`` sessions; the rest wait for the next call."""
     wid = await register_worker(scripts, slots=8)
     policy = SessionPolicy(disconnect_grace_ms=0)
@@ -696,7 +776,7 @@ async def test_reap_respects_budget(scripts: Scripts, redis_client: Redis):
                                   "disconnect_grace_expired")
 
 
-async def test_reap_unknown_worker(scripts: Scripts):
+async def test_reap_unknown_worker(scripts: Scripts) -> None:
     """Reaping a worker with no record changes nothing."""
     assert await scripts.reap(new_worker_id()) == ("unknown", 0)
 
@@ -704,7 +784,7 @@ async def test_reap_unknown_worker(scripts: Scripts):
 @pytest.mark.parametrize("reapers", [2, 16])
 async def test_racing_reapers_write_one_terminal_per_session(
     scripts: Scripts, redis_client: Redis, reapers: int
-):
+) -> None:
     """Concurrent reapers on a lost worker: each session gets exactly one terminal event."""
     wid = await register_worker(scripts, slots=16)
     opened = [await open_session(scripts, wid) for _ in range(6)]
@@ -720,7 +800,7 @@ async def test_racing_reapers_write_one_terminal_per_session(
 @pytest.mark.parametrize("reapers", [2, 16])
 async def test_racing_reapers_expire_each_session_once(
     scripts: Scripts, redis_client: Redis, reapers: int
-):
+) -> None:
     """Concurrent reapers on due sessions of a live worker: one expiry each, never two."""
     wid = await register_worker(scripts, slots=16)
     policy = SessionPolicy(disconnect_grace_ms=0)
@@ -740,7 +820,7 @@ async def test_racing_reapers_expire_each_session_once(
 # --------------------------------------------------------------------------- heartbeat
 
 
-async def test_heartbeat_register_and_renew(scripts: Scripts, redis_client: Redis):
+async def test_heartbeat_register_and_renew(scripts: Scripts, redis_client: Redis) -> None:
     """Register creates a live worker with no used slots; renew moves its deadline forward."""
     wid = new_worker_id()
     before = await redis_now_ms(redis_client)
@@ -762,7 +842,7 @@ async def test_heartbeat_register_and_renew(scripts: Scripts, redis_client: Redi
     assert await used_slots(redis_client, wid) == 1
 
 
-async def test_heartbeat_draining_is_sticky(scripts: Scripts, redis_client: Redis):
+async def test_heartbeat_draining_is_sticky(scripts: Scripts, redis_client: Redis) -> None:
     """Once draining, later heartbeats without drain stay draining."""
     wid = await register_worker(scripts)
     drained = await scripts.worker_heartbeat(wid, slots=4, ttl_ms=60_000, register=False,
@@ -776,7 +856,7 @@ async def test_heartbeat_draining_is_sticky(scripts: Scripts, redis_client: Redi
 
 async def test_heartbeat_without_record_and_register_is_fenced(
     scripts: Scripts, redis_client: Redis
-):
+) -> None:
     """A renew for a worker whose record is gone is fenced, and creates nothing."""
     wid = new_worker_id()
     with pytest.raises(WorkerFenced):
@@ -784,7 +864,7 @@ async def test_heartbeat_without_record_and_register_is_fenced(
     assert not await redis_client.exists(WorkerKeys(wid).record)
 
 
-async def test_draining_worker_keeps_serving_its_sessions(scripts: Scripts):
+async def test_draining_worker_keeps_serving_its_sessions(scripts: Scripts) -> None:
     """Draining refuses new opens but existing sessions keep appending output."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
@@ -793,7 +873,9 @@ async def test_draining_worker_keeps_serving_its_sessions(scripts: Scripts):
     await scripts.append_input(opened.lease, [(1, cmd("a"))], max_entries=100)
 
 
-async def test_error_event_roundtrips_through_output_log(scripts: Scripts, redis_client: Redis):
+async def test_error_event_roundtrips_through_output_log(
+    scripts: Scripts, redis_client: Redis
+) -> None:
     """Events written by the worker read back as the same typed values."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
