@@ -56,6 +56,8 @@ class Worker:
         self._stopping = asyncio.Event()
         self._draining = False
         self.fenced = False
+        #: Worker ids this process served under; a new one after each fencing.
+        self.incarnations: list[str] = [self.worker_id]
 
     @property
     def session_ids(self) -> list[str]:
@@ -63,9 +65,25 @@ class Worker:
         return list(self._sessions)
 
     async def run(self) -> None:
-        """Register, serve until stopped (drain) or fenced, then deregister."""
+        """Serve until stopped (SIGTERM drains).
+
+        A worker declared lost (its heartbeat lapsed, or Redis lost its record in a restart)
+        never writes under that id again; the process joins again as a new worker with a
+        fresh id, so a transient stall costs its sessions but not the capacity.
+        """
+        while True:
+            await self._serve_incarnation()
+            if not self.fenced or self._draining:
+                return
+            self.worker_id = new_worker_id()
+            self._keys = WorkerKeys(self.worker_id)
+            self.incarnations.append(self.worker_id)
+            self.fenced = False
+            self._stopping.clear()
+            _log.warning("rejoining as worker %s", self.worker_id)
+
+    async def _serve_incarnation(self) -> None:
         await self._heartbeat(register=True)
-        await self._subscriber.start()
         await self._subscriber.subscribe(self._keys.input_channel, self._notices.put_nowait)
         await self._discover()
         tasks = [asyncio.create_task(coro) for coro in (
@@ -78,8 +96,11 @@ class Worker:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            await self._subscriber.aclose()
-            if not self.fenced:
+            await self._subscriber.unsubscribe(self._keys.input_channel)
+            if self.fenced:
+                self._notices = asyncio.Queue()
+            else:
+                await self._subscriber.aclose()
                 await forget_worker(self._client, self.worker_id)
 
     def stop(self) -> None:

@@ -75,7 +75,11 @@ class EmbeddedServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
-        """Stop the server (SIGKILL for a crash) and wait for it."""
+        """Stop the server (SIGKILL for a crash), wait for it, remove its folder."""
+        self._halt(sig)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _halt(self, sig: int) -> None:
         if self.process.poll() is None:
             self.process.send_signal(sig)
             try:
@@ -86,7 +90,7 @@ class EmbeddedServer:
 
     def restart(self) -> None:
         """Start again on the same port (a Redis restart, with its data gone)."""
-        self.stop(signal.SIGKILL)
+        self._halt(signal.SIGKILL)
         fresh = _spawn(self.binary, self.port, self.workdir, self.extra_args)
         self.process = fresh
 
