@@ -91,6 +91,7 @@ class EmbeddedServer:
     def restart(self) -> None:
         """Start again on the same port (a Redis restart, with its data gone)."""
         self._halt(signal.SIGKILL)
+        self.workdir.mkdir(parents=True, exist_ok=True)  # stop() may have removed it
         fresh = _spawn(self.binary, self.port, self.workdir, self.extra_args)
         self.process = fresh
 
