@@ -118,7 +118,7 @@ class ConnectionDriver:
                 self._core.receive_frame(data)
                 await self._step()
         except TimeoutError:
-            self._core.receive_frame(b'{"type":"session.close"}')  # never configured: end
+            self._core.first_message_timed_out()
         except (WebSocketDisconnect, RuntimeError, OSError):
             pass
         self._core.connection_lost()

@@ -407,8 +407,9 @@ def decode_message(data: bytes) -> Command | Event:
         if blob_field is not None:
             header[blob_field] = blob
         message: Command | Event = cls(**header)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise MessageDecodeError(f"undecodable log entry: {exc}") from exc
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        # AttributeError: a JSON header that is not an object; RecursionError: absurd nesting.
+        raise MessageDecodeError(f"undecodable log entry: {exc!r}") from exc
     return message
 
 

@@ -39,7 +39,13 @@ from gateway.protocol.envelope import (
     SessionReplacedNotice,
     SessionResumedNotice,
 )
-from gateway.protocol.errors import ClientProtocolError, CloseCode, ErrorCode, GatewayError
+from gateway.protocol.errors import (
+    ClientProtocolError,
+    CloseCode,
+    ErrorCode,
+    GatewayError,
+    InternalError,
+)
 from store.follower import LogFollower
 from store.messages import Command, MessageDecodeError, decode_event, is_terminal
 
@@ -194,7 +200,8 @@ class ConnectionCore:
             self._receive_resume(frame.envelope)
         elif isinstance(frame.envelope, EventAck):
             self._receive_ack(frame.envelope)
-        elif frame.command is not None:
+        else:
+            assert frame.command is not None  # a ParsedFrame holds exactly one of the two
             self._receive_command(frame.client_seq, frame.command)
 
     def _receive_resume(self, request: ResumeRequest) -> None:
@@ -230,6 +237,13 @@ class ConnectionCore:
         else:
             self._pending.append((client_seq, command))
 
+    def first_message_timed_out(self) -> None:
+        """No first frame arrived in time: refuse, and place no session."""
+        if self.state is ConnectionState.AWAITING_FIRST:
+            self._fail(ClientProtocolError(
+                ErrorCode.CONFIG_TIMEOUT, "no client event arrived in time to open a session"),
+                close_code=CloseCode.POLICY_VIOLATION)
+
     def connection_lost(self) -> None:
         """The socket dropped (or timed out) without a terminal event."""
         self._force_closed()
@@ -240,6 +254,8 @@ class ConnectionCore:
         self, session_id: str, *, resume_token: str, generation: int, model: str
     ) -> None:
         """The open script placed the session; announce it and release queued commands."""
+        if self._landed_after_close(session_id, generation):
+            return
         self.session_id = session_id
         self.generation = generation
         self._move("attached")
@@ -260,9 +276,14 @@ class ConnectionCore:
         first_retained_seq: int, last_server_event_seq: int,
     ) -> None:
         """The resume CAS landed: announce, then replay from the log (or ask for a resync)."""
+        if self._landed_after_close(session_id, generation):
+            return
         self.session_id = session_id
         self.generation = generation
         self._move("attached")
+        if self.delivered_seq > last_server_event_seq:
+            # The client claims events that were never written; resume from the log's end.
+            self._follower = LogFollower(last_server_event_seq)
         self._notice(SessionResumedNotice(
             session_id=session_id, resume_token=resume_token, lease_generation=generation,
             last_client_seq=last_client_seq, replay_from=self._follower.next_index,
@@ -270,9 +291,11 @@ class ConnectionCore:
         missing_from = self._follower.next_index
         trimmed = first_retained_seq == 0 or first_retained_seq > missing_from
         if missing_from <= last_server_event_seq and trimmed:
-            # DESIGN §2.7: events the client lacks are gone; never a silent gap.
+            # DESIGN §2.7: events the client lacks are gone; never a silent gap. Replay then
+            # resumes at the oldest event still retained.
             self._notice(ResyncRequiredNotice(session_id=session_id, reason="log_trimmed"))
-            self._follower = LogFollower(last_server_event_seq)
+            resume_after = first_retained_seq - 1 if first_retained_seq else last_server_event_seq
+            self._follower = LogFollower(resume_after)
         self._actions.append(FetchLog(after_seq=self.delivered_seq))
         self._flush_pending()
 
@@ -303,7 +326,10 @@ class ConnectionCore:
 
     def log_trimmed(self, first_available_seq: int) -> None:
         """A log read found entries missing before ``first_available_seq`` (trimmed)."""
-        if self.state is not ConnectionState.ATTACHED or first_available_seq <= 1:
+        # A read issued before live pushes caught up may report a "trim" below what was
+        # already delivered: nothing is missing then, and moving back would send duplicates.
+        if (self.state is not ConnectionState.ATTACHED
+                or first_available_seq <= self._follower.next_index):
             return
         assert self.session_id is not None
         self._notice(ResyncRequiredNotice(session_id=self.session_id, reason="log_trimmed"))
@@ -318,17 +344,18 @@ class ConnectionCore:
 
     def _deliver(self, seq: int, payload: bytes) -> bool:
         """Send one event; False once the stream ended (terminal event)."""
+        assert self.session_id is not None
         try:
             event = decode_event(payload)
-        except MessageDecodeError:
-            # A corrupt entry is our fault, never the client's; skipping it keeps the stream
-            # going (the seq still advances, so replay stays exact).
+            # Deterministic ids: a replayed event carries the same event_id as the first time.
+            text = encode_frame(render_event(event, server_event_seq=seq,
+                                             event_id=f"event_{self.session_id[-12:]}_{seq}"))
+        except (MessageDecodeError, InternalError):
+            # A corrupt or unencodable entry (NaN from a worker) is our fault, never the
+            # client's; skipping it keeps the stream going (the seq still advances, so replay
+            # stays exact).
             return True
-        assert self.session_id is not None
-        # Deterministic ids: a replayed event carries the same event_id as the first time.
-        rendered = render_event(event, server_event_seq=seq,
-                                event_id=f"event_{self.session_id[-12:]}_{seq}")
-        self._actions.append(SendFrame(text=encode_frame(rendered)))
+        self._actions.append(SendFrame(text=text))
         if is_terminal(event):
             self._actions.append(CloseConnection(code=CloseCode.NORMAL,
                                                  reason=getattr(event, "reason", "")))
@@ -358,11 +385,26 @@ class ConnectionCore:
             self._force_closed()
 
     def _fail(self, error: GatewayError, close_code: int | None = None) -> None:
+        if self.state is ConnectionState.CLOSED:
+            return  # e.g. a store call that failed after the socket dropped
         self._actions.append(SendFrame(text=encode_frame(render_error(
             error, self._next_event_id()))))
         code = close_code or error.close_code or CloseCode.INTERNAL_ERROR
         self._actions.append(CloseConnection(code=code, reason=getattr(error, "code", "")))
         self._force_closed()
+
+    def _landed_after_close(self, session_id: str, generation: int) -> bool:
+        """An open or resume that lands after the socket dropped: hand the lease back.
+
+        Without this the session would stay attached to no one until its idle expiry.
+        """
+        if self.state is not ConnectionState.CLOSED:
+            return False
+        if self.session_id is None:
+            self.session_id = session_id
+            self.generation = generation
+            self._actions.append(DetachLease(generation=generation))
+        return True
 
     def _force_closed(self) -> None:
         # Ending an attached connection without a terminal event leaves the session alive in

@@ -35,6 +35,7 @@ reach the client through the output log and are not listed here.
 | `invalid_event_ack` | invalid_request_error | - | acknowledges an event never sent |
 | `resource_exhausted` | rate_limit_error | 1013 | no worker slot or tenant quota (retryable) |
 | `internal_error` | server_error | 1011 | any `InternalError` (no details on the wire) |
+| `config_timeout` | invalid_request_error | 1008 | no first client event within the first-message timeout |
 
 Every error names the client event at fault in ``error.event_id`` when the frame's ``event_id``
 could be read, and the offending field in ``error.param`` when one is to blame.
@@ -93,6 +94,7 @@ class ErrorCode(StrEnum):
     INVALID_EVENT_ACK = "invalid_event_ack"
     RESOURCE_EXHAUSTED = "resource_exhausted"
     INTERNAL_ERROR = "internal_error"
+    CONFIG_TIMEOUT = "config_timeout"
 
 
 #: Every code ``parse_client_frame`` may raise; the fuzz tests hold it to this set.

@@ -1,0 +1,786 @@
+"""Scenario tests for the I/O-free connection core: frames and store answers in, actions out.
+
+No event loop and no Redis: every test builds a :class:`ConnectionCore`, feeds it inputs as
+method calls and checks what :meth:`ConnectionCore.actions_to_run` drains. Every frame sent to
+the client is validated as the strictest real client would (``tests/gateway/strict.py``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from typing import Any
+
+import pytest
+
+from gateway.protocol.connection import (
+    AppendCommands,
+    CloseConnection,
+    ConnectionCore,
+    ConnectionState,
+    DetachLease,
+    FetchLog,
+    OpenSession,
+    ResumeSession,
+    SendFrame,
+    TrimLog,
+)
+from gateway.protocol.envelope import ResumeRequest
+from gateway.protocol.errors import ClientProtocolError, CloseCode, ErrorCode, InternalError
+from store import messages as m
+from tests.gateway.strict import validate_server_event
+
+LIMIT = 1 << 16
+SID = "sess_0123456789abcdefghijkl"
+TOKEN = "tok_secret"
+PCM = b"\x01\x00\xff\x7f"
+SECRET = "redis://:hunter2@10.0.0.7:6379"
+
+# One event of every kind the worker writes, in a plausible order (terminal events apart).
+RESPONSE = {"object": "realtime.response", "id": "resp_1", "status": "in_progress", "output": []}
+ITEM = {"id": "item_1", "type": "message", "role": "assistant", "content": []}
+PART = {"type": "audio", "transcript": ""}
+_P: dict[str, Any] = {
+    "response_id": "resp_1", "item_id": "item_1", "output_index": 0, "content_index": 0,
+}
+EVENTS: list[m.Event] = [
+    m.SessionUpdated(session={"type": "realtime", "model": "loopback"}),
+    m.ErrorEvent(code="input_audio_buffer_commit_empty", message="empty", client_event_id="c1"),
+    m.HeartbeatAck(),
+    m.InputCommitted(item_id="item_0"),
+    m.InputCleared(),
+    m.ItemAdded(item=ITEM),
+    m.ResponseCreated(response=RESPONSE),
+    m.OutputItemAdded(response_id="resp_1", output_index=0, item=ITEM),
+    m.ContentPartAdded(**_P, part=PART),
+    m.AudioDelta(**_P, audio=PCM),
+    m.TranscriptDelta(**_P, delta="hi"),
+    m.AudioDone(**_P),
+    m.TranscriptDone(**_P, transcript="hi"),
+    m.ContentPartDone(**_P, part=PART),
+    m.OutputItemDone(response_id="resp_1", output_index=0, item=ITEM),
+    m.ItemDone(item=ITEM, previous_item_id="item_0"),
+    m.ResponseDone(response={**RESPONSE, "status": "completed"}),
+]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def frame(type_: str, **fields: Any) -> str:
+    """A client frame of the given type and fields, as JSON text."""
+    return json.dumps({"type": type_, **fields})
+
+
+UPDATE = frame("session.update", session={"instructions": "Be brief."}, client_seq=1)
+COMMIT = frame("input_audio_buffer.commit", event_id="c_commit")
+APPEND = frame("input_audio_buffer.append", audio=base64.b64encode(PCM).decode(), client_seq=2)
+
+
+def resume_frame(last: int = 0, **extra: Any) -> str:
+    """A ``session.resume`` frame for :data:`SID` from ``last``."""
+    return frame("session.resume", session_id=SID, resume_token=TOKEN,
+                 last_received_server_event_seq=last, **extra)
+
+
+def payloads(*events: m.Event) -> list[bytes]:
+    """Output-log entries as the store holds them."""
+    return [m.encode_message(event) for event in events]
+
+
+def hb(n: int) -> list[bytes]:
+    """``n`` heartbeat acks: the simplest log entries."""
+    return payloads(*[m.HeartbeatAck()] * n)
+
+
+def sent(actions: list[Any]) -> list[dict[str, Any]]:
+    """The client frames among ``actions``, parsed and strictly validated."""
+    frames = [json.loads(a.text) for a in actions if isinstance(a, SendFrame)]
+    for obj in frames:
+        validate_server_event(obj)
+    return frames
+
+
+def seqs(actions: list[Any]) -> list[int]:
+    """The ``server_event_seq`` of every logged event sent."""
+    return [f["server_event_seq"] for f in sent(actions) if "server_event_seq" in f]
+
+
+def kinds(actions: list[Any]) -> list[type[Any]]:
+    """The action classes, in order."""
+    return [type(a) for a in actions]
+
+
+def error_of(action: Any) -> dict[str, Any]:
+    """The ``error`` object of a SendFrame holding an ``error`` event."""
+    obj = sent([action])[0]
+    assert obj["type"] == "error"
+    return obj["error"]  # type: ignore[no-any-return]
+
+
+def new_core(*, autostart: bool = False, limit: int = LIMIT) -> ConnectionCore:
+    """A fresh core with nothing drained."""
+    return ConnectionCore(max_frame_bytes=limit, autostart=autostart)
+
+
+def opened(generation: int = 1) -> ConnectionCore:
+    """A core attached to a freshly opened session, actions drained."""
+    core = new_core(autostart=True)
+    core.open_succeeded(SID, resume_token=TOKEN, generation=generation, model="loopback")
+    core.actions_to_run()
+    return core
+
+
+def resumed(last: int, *, first_retained: int, last_server: int, generation: int = 2) -> tuple[
+    ConnectionCore, list[Any]
+]:
+    """A core resumed from ``last``; returns it with the actions the resume decided."""
+    core = new_core()
+    core.receive_frame(resume_frame(last))
+    core.actions_to_run()
+    core.resume_succeeded(SID, resume_token="tok_new", generation=generation, last_client_seq=4,
+                          first_retained_seq=first_retained, last_server_event_seq=last_server)
+    return core, core.actions_to_run()
+
+
+# --------------------------------------------------------------------------- opening
+
+
+def test_autostart_opens_at_once() -> None:
+    """With autostart the core asks for a session before any frame."""
+    core = new_core(autostart=True)
+    assert core.state is ConnectionState.OPENING
+    assert core.actions_to_run() == [OpenSession()]
+    assert core.actions_to_run() == []
+
+
+def test_nothing_happens_before_the_first_frame() -> None:
+    """Without autostart the core waits for the first frame."""
+    core = new_core()
+    assert core.state is ConnectionState.AWAITING_FIRST
+    assert core.actions_to_run() == []
+    assert core.delivered_seq == 0
+
+
+def test_first_session_update_opens_then_is_appended_after_attach() -> None:
+    """A first session.update opens a session and is appended, with its client_seq, once open."""
+    core = new_core()
+    core.receive_frame(UPDATE)
+    assert core.actions_to_run() == [OpenSession()]
+    core.open_succeeded(SID, resume_token=TOKEN, generation=1, model="loopback")
+    actions = core.actions_to_run()
+    assert kinds(actions) == [SendFrame, FetchLog, AppendCommands]
+    assert actions[1] == FetchLog(after_seq=0)
+    assert actions[2] == AppendCommands(
+        entries=((1, m.UpdateSession(session={"instructions": "Be brief."})),))
+
+
+def test_first_other_command_opens_a_default_session_then_runs() -> None:
+    """Any other first command opens a default session and becomes its first command."""
+    core = new_core()
+    core.receive_frame(COMMIT)
+    assert core.actions_to_run() == [OpenSession()]
+    core.open_succeeded(SID, resume_token=TOKEN, generation=1, model="loopback")
+    assert core.actions_to_run()[-1] == AppendCommands(
+        entries=((None, m.CommitInput(event_id="c_commit")),))
+
+
+def test_frames_while_opening_are_queued_in_order_and_errors_answered_at_once() -> None:
+    """Commands wait for the lease in order; bad frames are answered immediately."""
+    core = new_core(autostart=True)
+    core.actions_to_run()
+    core.receive_frame(UPDATE)
+    core.receive_frame("{not json")
+    core.receive_frame(APPEND)
+    core.receive_frame(COMMIT)
+    actions = core.actions_to_run()
+    assert len(actions) == 1
+    assert error_of(actions[0])["code"] == ErrorCode.INVALID_JSON
+    assert core.state is ConnectionState.OPENING
+    core.open_succeeded(SID, resume_token=TOKEN, generation=1, model="loopback")
+    (append,) = [a for a in core.actions_to_run() if isinstance(a, AppendCommands)]
+    assert [(seq, type(cmd)) for seq, cmd in append.entries] == [
+        (1, m.UpdateSession), (2, m.AppendAudio), (None, m.CommitInput)]
+
+
+def test_open_without_queued_commands_appends_nothing() -> None:
+    """An autostarted open with no frames yet sends session.created and reads the log only."""
+    core = new_core(autostart=True)
+    core.actions_to_run()
+    core.open_succeeded(SID, resume_token=TOKEN, generation=1, model="loopback")
+    assert kinds(core.actions_to_run()) == [SendFrame, FetchLog]
+
+
+def test_session_created_carries_the_resume_fields_and_no_seq() -> None:
+    """session.created validates strictly and carries session_id, resume_token and generation."""
+    core = new_core(autostart=True)
+    core.actions_to_run()
+    core.open_succeeded(SID, resume_token=TOKEN, generation=7, model="moshi")
+    assert core.state is ConnectionState.ATTACHED
+    (created,) = sent(core.actions_to_run())
+    assert created["type"] == "session.created"
+    assert created["session_id"] == SID
+    assert created["resume_token"] == TOKEN
+    assert created["lease_generation"] == 7
+    assert created["session"]["id"] == SID
+    assert created["session"]["model"] == "moshi"
+    assert "server_event_seq" not in created
+    assert core.session_id == SID and core.generation == 7
+
+
+def test_commands_after_attach_are_appended_at_once() -> None:
+    """Once attached, each command becomes its own AppendCommands right away."""
+    core = opened()
+    core.receive_frame(APPEND)
+    core.receive_frame(COMMIT)
+    assert core.actions_to_run() == [
+        AppendCommands(entries=((2, m.AppendAudio(audio=PCM)),)),
+        AppendCommands(entries=((None, m.CommitInput(event_id="c_commit")),)),
+    ]
+
+
+def test_open_refused_answers_the_error_and_closes_with_its_code() -> None:
+    """A refused open (no slot) sends its error and closes with the error's close code."""
+    core = new_core()
+    core.receive_frame(UPDATE)
+    core.actions_to_run()
+    core.fail(ClientProtocolError(ErrorCode.RESOURCE_EXHAUSTED, "no worker slot free",
+                                  close_code=CloseCode.TRY_AGAIN_LATER))
+    actions = core.actions_to_run()
+    assert error_of(actions[0])["type"] == "rate_limit_error"
+    assert actions[1:] == [CloseConnection(code=1013, reason="resource_exhausted")]
+    assert core.state is ConnectionState.CLOSED
+
+
+def test_fail_without_close_code_closes_1011() -> None:
+    """A client error that carries no close code still ends a failed open with 1011."""
+    core = new_core(autostart=True)
+    core.actions_to_run()
+    core.fail(ClientProtocolError(ErrorCode.INVALID_VALUE, "bad"))
+    assert core.actions_to_run()[-1] == CloseConnection(code=1011, reason="invalid_value")
+
+
+def test_internal_failure_closes_1011_without_details() -> None:
+    """fail(InternalError) sends a generic server_error and closes 1011, leaking nothing."""
+    core = opened(generation=3)
+    core.fail(InternalError(f"append failed: {SECRET}"))
+    actions = core.actions_to_run()
+    assert kinds(actions) == [SendFrame, CloseConnection, DetachLease]
+    error = error_of(actions[0])
+    assert error["type"] == "server_error"
+    assert error["code"] == "internal_error"
+    assert isinstance(actions[0], SendFrame)
+    assert "hunter2" not in actions[0].text and "redis" not in actions[0].text
+    assert actions[1] == CloseConnection(code=1011, reason="")
+    assert actions[2] == DetachLease(generation=3)
+
+
+# --------------------------------------------------------------------------- the output log
+
+
+def test_log_entries_are_delivered_in_order() -> None:
+    """Entries become frames with their server_event_seq, in order."""
+    core = opened()
+    core.receive_log_entries(1, hb(3))
+    assert seqs(core.actions_to_run()) == [1, 2, 3]
+    assert core.delivered_seq == 3
+
+
+def test_duplicates_and_overlaps_are_delivered_once() -> None:
+    """A replayed or overlapping batch only yields the entries not yet sent."""
+    core = opened()
+    core.receive_log_entries(1, hb(2))
+    core.receive_log_entries(1, hb(2))
+    core.receive_log_entries(2, hb(3))
+    assert seqs(core.actions_to_run()) == [1, 2, 3, 4]
+
+
+def test_a_gap_asks_for_the_missing_entries_then_fills() -> None:
+    """An entry ahead of the next one is held back and the gap is read from the log."""
+    core = opened()
+    core.receive_log_entries(1, hb(2))
+    core.actions_to_run()
+    core.receive_log_entries(5, hb(1))
+    assert core.actions_to_run() == [FetchLog(after_seq=2)]
+    core.receive_log_entries(3, hb(3))
+    assert seqs(core.actions_to_run()) == [3, 4, 5]
+    core.receive_log_entries(5, hb(1))  # the late push of the entry that made the gap
+    assert core.actions_to_run() == []
+
+
+def test_out_of_order_pushes_lose_nothing() -> None:
+    """Pushes in reverse order cost reads, never entries or duplicates."""
+    core = opened()
+    log = hb(6)
+    for first in (5, 3, 1):
+        core.receive_log_entries(first, log[first - 1:first + 1])
+    actions = core.actions_to_run()
+    assert [type(a) for a in actions if not isinstance(a, SendFrame)] == [FetchLog, FetchLog]
+    core.receive_log_entries(1, log)  # the log read answering the FetchLogs
+    core.receive_log_entries(3, log[2:4])
+    assert seqs(actions + core.actions_to_run()) == [1, 2, 3, 4, 5, 6]
+
+
+def test_every_event_kind_renders_strictly_with_seq_and_deterministic_id() -> None:
+    """Each worker event validates, carries its seq and the event_id derived from (session, seq)."""
+    core = opened()
+    core.receive_log_entries(1, payloads(*EVENTS))
+    frames = sent(core.actions_to_run())
+    assert len(frames) == len(EVENTS)
+    for seq, obj in enumerate(frames, start=1):
+        assert obj["server_event_seq"] == seq
+        assert obj["event_id"] == f"event_{SID[-12:]}_{seq}"
+    assert frames[9]["delta"] == base64.b64encode(PCM).decode()
+
+
+def test_replayed_events_keep_their_event_id_across_connections() -> None:
+    """Two connections rendering the same seq send byte-identical frames (replay stability)."""
+    first = opened(generation=1)
+    first.receive_log_entries(1, payloads(*EVENTS))
+    second, _ = resumed(0, first_retained=1, last_server=len(EVENTS))
+    second.receive_log_entries(1, payloads(*EVENTS))
+    texts = [[a.text for a in c.actions_to_run() if isinstance(a, SendFrame)]
+             for c in (first, second)]
+    assert texts[0] == texts[1]
+
+
+def test_log_entries_before_attach_are_ignored() -> None:
+    """Entries that arrive while opening are dropped; the attach reads the log anyway."""
+    core = new_core(autostart=True)
+    core.actions_to_run()
+    core.receive_log_entries(1, hb(2))
+    assert core.actions_to_run() == []
+    assert core.delivered_seq == 0
+
+
+def test_corrupt_entry_is_skipped_and_the_seq_advances() -> None:
+    """An undecodable entry sends nothing but still counts, so replay stays exact."""
+    core = opened()
+    core.receive_log_entries(1, [b"garbage", b'{"k":"no.such.kind"}\0', *hb(1)])
+    assert seqs(core.actions_to_run()) == [3]
+    assert core.delivered_seq == 3
+
+
+def test_command_in_the_output_log_is_skipped() -> None:
+    """A command found in the output log is corrupt data for this reader: skipped, seq kept."""
+    core = opened()
+    core.receive_log_entries(1, [m.encode_message(m.CommitInput()), *hb(1)])
+    assert seqs(core.actions_to_run()) == [2]
+
+
+def test_unencodable_event_is_skipped_not_raised() -> None:
+    """An event holding NaN (valid for the log, not for JSON) is skipped, never raised."""
+    core = opened()
+    bad = m.encode_message(m.SessionUpdated(session={"temperature": math.nan}))
+    core.receive_log_entries(1, [bad, *hb(1)])
+    assert seqs(core.actions_to_run()) == [2]
+    assert core.state is ConnectionState.ATTACHED
+
+
+@pytest.mark.parametrize("terminal", [m.SessionClosed(reason="client_close"),
+                                      m.SessionExpired(reason="idle_timeout")])
+def test_terminal_event_is_last_then_close_1000(terminal: m.Event) -> None:
+    """A terminal event is sent, the socket closes 1000 and nothing follows, not even a detach."""
+    core = opened()
+    core.receive_log_entries(1, [*hb(1), m.encode_message(terminal), *hb(2)])
+    actions = core.actions_to_run()
+    reason = terminal.reason  # type: ignore[union-attr]
+    assert kinds(actions) == [SendFrame, SendFrame, CloseConnection]
+    assert sent(actions)[-1]["type"] == terminal.KIND
+    assert actions[-1] == CloseConnection(code=1000, reason=reason)
+    assert core.state is ConnectionState.CLOSED
+    core.receive_log_entries(3, hb(2))
+    core.connection_lost()
+    assert core.actions_to_run() == []
+
+
+# --------------------------------------------------------------------------- resume
+
+
+def test_resume_first_asks_the_store_and_follows_from_the_clients_seq() -> None:
+    """session.resume as first frame becomes ResumeSession; delivery starts after its seq."""
+    core = new_core()
+    core.receive_frame(resume_frame(5, control_id="ctl_1", event_id="c_res"))
+    assert core.state is ConnectionState.RESUMING
+    assert core.actions_to_run() == [ResumeSession(request=ResumeRequest(
+        session_id=SID, resume_token=TOKEN, last_received_server_event_seq=5,
+        control_id="ctl_1", event_id="c_res"))]
+    assert core.delivered_seq == 5
+
+
+def test_resume_succeeded_announces_then_replays_after_the_clients_seq() -> None:
+    """session.resumed (new token, generation, last_client_seq) then FetchLog(after=last)."""
+    core, actions = resumed(5, first_retained=1, last_server=9, generation=4)
+    assert core.state is ConnectionState.ATTACHED
+    assert kinds(actions) == [SendFrame, FetchLog]
+    (notice,) = sent(actions)
+    assert notice["type"] == "session.resumed"
+    assert notice["resume_token"] == "tok_new"
+    assert notice["lease_generation"] == 4
+    assert notice["last_client_seq"] == 4
+    assert notice["replay_from"] == 6
+    assert actions[1] == FetchLog(after_seq=5)
+    core.receive_log_entries(1, hb(9))
+    assert seqs(core.actions_to_run()) == [6, 7, 8, 9]
+
+
+def test_resume_past_a_trimmed_log_requires_a_resync() -> None:
+    """Events the client lacks were trimmed: resync_required, then what is still retained."""
+    core, actions = resumed(2, first_retained=6, last_server=9)
+    types = [f["type"] for f in sent(actions)]
+    assert types == ["session.resumed", "session.resync_required"]
+    assert sent(actions)[1]["reason"] == "log_trimmed"
+    assert actions[-1] == FetchLog(after_seq=5)
+    assert core.delivered_seq == 5
+    core.receive_log_entries(6, hb(5))
+    assert seqs(core.actions_to_run()) == [6, 7, 8, 9, 10]
+
+
+def test_resume_after_the_whole_log_was_trimmed_requires_a_resync() -> None:
+    """An empty stream (first_retained 0) with events the client lacks is a resync too."""
+    _, actions = resumed(3, first_retained=0, last_server=7)
+    assert [f["type"] for f in sent(actions)][-1] == "session.resync_required"
+    assert actions[-1] == FetchLog(after_seq=7)
+
+
+@pytest.mark.parametrize(("last", "first_retained", "last_server"), [
+    (0, 0, 0),  # an empty log: nothing was ever written
+    (5, 0, 5),  # fully trimmed, but the client already holds everything
+    (3, 4, 9),  # trimmed exactly up to what the client holds
+    (9, 12, 9),  # trimmed past the end, client up to date
+])
+def test_resume_without_missing_events_needs_no_resync(
+    last: int, first_retained: int, last_server: int
+) -> None:
+    """No resync when every event the client lacks is still in the log."""
+    core, actions = resumed(last, first_retained=first_retained, last_server=last_server)
+    assert [f["type"] for f in sent(actions)] == ["session.resumed"]
+    assert actions[-1] == FetchLog(after_seq=last)
+    assert core.delivered_seq == last
+
+
+def test_commands_while_resuming_are_appended_after_the_resume() -> None:
+    """Commands sent behind session.resume wait for the new lease."""
+    core = new_core()
+    core.receive_frame(resume_frame())
+    core.receive_frame(APPEND)
+    assert kinds(core.actions_to_run()) == [ResumeSession]
+    core.resume_succeeded(SID, resume_token="t", generation=2, last_client_seq=1,
+                          first_retained_seq=0, last_server_event_seq=0)
+    assert core.actions_to_run()[-1] == AppendCommands(entries=((2, m.AppendAudio(audio=PCM)),))
+
+
+@pytest.mark.parametrize("code", [ErrorCode.SESSION_RESUME_EXPIRED, ErrorCode.INVALID_RESUME_TOKEN,
+                                  ErrorCode.SESSION_RESUME_CONFLICT])
+def test_resume_refused_sends_the_error_and_closes_1008(code: ErrorCode) -> None:
+    """A refused resume is answered with its code and closed with 1008, queued commands dropped."""
+    core = new_core()
+    core.receive_frame(resume_frame(event_id="c_res"))
+    core.receive_frame(COMMIT)
+    core.actions_to_run()
+    core.resume_failed(ClientProtocolError(code, "no", client_event_id="c_res"))
+    actions = core.actions_to_run()
+    assert kinds(actions) == [SendFrame, CloseConnection]
+    assert error_of(actions[0])["code"] == code
+    assert error_of(actions[0])["event_id"] == "c_res"
+    assert actions[1] == CloseConnection(code=1008, reason=code)
+    assert core.state is ConnectionState.CLOSED
+
+
+def test_resume_after_attach_is_refused_and_the_session_survives() -> None:
+    """session.resume on an attached connection is unsupported_session_resume, nothing else."""
+    core = opened()
+    core.receive_frame(resume_frame(event_id="c_r2"))
+    actions = core.actions_to_run()
+    assert len(actions) == 1
+    error = error_of(actions[0])
+    assert error["code"] == ErrorCode.UNSUPPORTED_SESSION_RESUME
+    assert error["event_id"] == "c_r2"
+    assert core.state is ConnectionState.ATTACHED
+    core.receive_frame(COMMIT)
+    assert kinds(core.actions_to_run()) == [AppendCommands]
+
+
+def test_resume_while_opening_is_refused() -> None:
+    """session.resume behind an autostarted open is refused; the open goes on."""
+    core = new_core(autostart=True)
+    core.actions_to_run()
+    core.receive_frame(resume_frame())
+    assert error_of(core.actions_to_run()[0])["code"] == ErrorCode.UNSUPPORTED_SESSION_RESUME
+    assert core.state is ConnectionState.OPENING
+
+
+def test_malformed_resume_is_invalid_session_resume_and_the_connection_stays() -> None:
+    """A resume without a token is refused with invalid_session_resume; no store call."""
+    core = new_core()
+    core.receive_frame(frame("session.resume", session_id=SID))
+    actions = core.actions_to_run()
+    assert error_of(actions[0])["code"] == ErrorCode.INVALID_SESSION_RESUME
+    assert len(actions) == 1
+    assert core.state is ConnectionState.AWAITING_FIRST
+
+
+# --------------------------------------------------------------------------- acks
+
+
+def test_ack_beyond_delivered_is_invalid_event_ack() -> None:
+    """Acknowledging an event never sent is refused; the session survives."""
+    core = opened()
+    core.receive_log_entries(1, hb(2))
+    core.actions_to_run()
+    core.receive_frame(frame("session.event_ack", server_event_seq=3, event_id="c_ack"))
+    (action,) = core.actions_to_run()
+    error = error_of(action)
+    assert error["code"] == ErrorCode.INVALID_EVENT_ACK
+    assert error["param"] == "server_event_seq"
+    assert error["event_id"] == "c_ack"
+    assert core.state is ConnectionState.ATTACHED
+
+
+def test_ack_of_nothing_needs_no_action() -> None:
+    """Acknowledging seq 0 decides nothing: there is nothing to trim."""
+    core = opened()
+    core.receive_frame(frame("session.event_ack", server_event_seq=0))
+    assert core.actions_to_run() == []
+
+
+@pytest.mark.parametrize("seq", [1, 2])
+def test_valid_ack_trims_the_log_up_to_it(seq: int) -> None:
+    """Acknowledging delivered events lets the log drop them, and nothing else."""
+    core = opened()
+    core.receive_log_entries(1, hb(2))
+    core.actions_to_run()
+    core.receive_frame(frame("session.event_ack", server_event_seq=seq))
+    assert core.actions_to_run() == [TrimLog(upto_seq=seq)]
+    assert core.state is ConnectionState.ATTACHED
+
+
+def test_ack_while_resuming_is_checked_but_trims_nothing() -> None:
+    """Before the resume lands, an ack up to the client's seq is valid but has no lease to trim."""
+    core = new_core()
+    core.receive_frame(resume_frame(4))
+    core.actions_to_run()
+    core.receive_frame(frame("session.event_ack", server_event_seq=4))
+    assert core.actions_to_run() == []
+    core.receive_frame(frame("session.event_ack", server_event_seq=5))
+    assert error_of(core.actions_to_run()[0])["code"] == ErrorCode.INVALID_EVENT_ACK
+
+
+def test_ack_as_first_frame_opens_nothing() -> None:
+    """An ack of nothing before any session neither opens one nor errs."""
+    core = new_core()
+    core.receive_frame(frame("session.event_ack", server_event_seq=0))
+    assert core.actions_to_run() == []
+    assert core.state is ConnectionState.AWAITING_FIRST
+
+
+# --------------------------------------------------------------------------- lease and socket
+
+
+def test_lease_moved_to_a_newer_generation_replaces_this_connection() -> None:
+    """A higher generation elsewhere: session.replaced, close 1000, no detach, then silence."""
+    core = opened(generation=2)
+    core.lease_moved(3)
+    actions = core.actions_to_run()
+    assert kinds(actions) == [SendFrame, CloseConnection]
+    (notice,) = sent(actions)
+    assert notice == {"type": "session.replaced", "event_id": notice["event_id"],
+                      "session_id": SID, "lease_generation": 2}
+    assert actions[1] == CloseConnection(code=1000, reason="session_replaced")
+    assert core.state is ConnectionState.CLOSED
+    core.connection_lost()
+    core.lease_moved(4)
+    assert core.actions_to_run() == []
+
+
+@pytest.mark.parametrize("generation", [1, 2])
+def test_lease_moved_to_an_older_or_equal_generation_is_ignored(generation: int) -> None:
+    """Our own or an older generation is no replacement."""
+    core = opened(generation=2)
+    core.lease_moved(generation)
+    assert core.actions_to_run() == []
+    assert core.state is ConnectionState.ATTACHED
+
+
+def test_lease_moved_before_attach_is_ignored() -> None:
+    """No lease held yet, nothing to replace."""
+    core = new_core(autostart=True)
+    core.actions_to_run()
+    core.lease_moved(9)
+    assert core.actions_to_run() == []
+    assert core.state is ConnectionState.OPENING
+
+
+def test_connection_lost_when_attached_detaches_exactly_once() -> None:
+    """A dropped socket detaches the lease it served, once, so the session stays resumable."""
+    core = opened(generation=5)
+    core.connection_lost()
+    assert core.actions_to_run() == [DetachLease(generation=5)]
+    core.connection_lost()
+    assert core.actions_to_run() == []
+    assert core.state is ConnectionState.CLOSED
+
+
+@pytest.mark.parametrize("autostart", [False, True])
+def test_connection_lost_before_attach_detaches_nothing(autostart: bool) -> None:
+    """No lease, no detach; queued commands are dropped."""
+    core = new_core(autostart=autostart)
+    core.receive_frame(COMMIT)
+    core.actions_to_run()
+    core.connection_lost()
+    assert core.actions_to_run() == []
+    assert core.state is ConnectionState.CLOSED
+
+
+def test_frame_over_the_limit_closes_1009_and_detaches() -> None:
+    """A too-large frame: event_too_large, close 1009, and the lease detached (resumable)."""
+    core = ConnectionCore(max_frame_bytes=64)
+    core.receive_frame(COMMIT)
+    core.actions_to_run()
+    core.open_succeeded(SID, resume_token=TOKEN, generation=2, model="loopback")
+    core.actions_to_run()
+    core.receive_frame(frame("input_audio_buffer.append", audio="A" * 100))
+    actions = core.actions_to_run()
+    assert kinds(actions) == [SendFrame, CloseConnection, DetachLease]
+    assert error_of(actions[0])["code"] == ErrorCode.EVENT_TOO_LARGE
+    assert actions[1:] == [CloseConnection(code=1009, reason="event_too_large"),
+                           DetachLease(generation=2)]
+
+
+def test_frame_over_the_limit_as_first_frame_closes_without_detach() -> None:
+    """A too-large first frame closes 1009; there is no lease to detach."""
+    core = ConnectionCore(max_frame_bytes=8)
+    core.receive_frame(b"x" * 9)
+    assert kinds(core.actions_to_run()) == [SendFrame, CloseConnection]
+    assert core.state is ConnectionState.CLOSED
+
+
+def test_log_trimmed_past_the_next_entry_sends_a_resync_and_jumps() -> None:
+    """A read that finds undelivered entries trimmed sends session.resync_required."""
+    core = opened()
+    core.receive_log_entries(1, hb(2))
+    core.actions_to_run()
+    core.log_trimmed(6)
+    (notice,) = sent(core.actions_to_run())
+    assert notice["type"] == "session.resync_required"
+    assert notice["session_id"] == SID
+    core.receive_log_entries(6, hb(2))
+    assert seqs(core.actions_to_run()) == [6, 7]
+
+
+@pytest.mark.parametrize("first_available", [0, 1, 2, 3])
+def test_log_trimmed_at_or_below_the_next_entry_is_ignored(first_available: int) -> None:
+    """A stale read's "trim" at or below the next entry is no gap: no resync, no duplicates."""
+    core = opened()
+    core.receive_log_entries(1, hb(2))
+    core.actions_to_run()
+    core.log_trimmed(first_available)
+    assert core.actions_to_run() == []
+    core.receive_log_entries(1, hb(4))
+    assert seqs(core.actions_to_run()) == [3, 4]
+
+
+def test_log_trimmed_before_attach_is_ignored() -> None:
+    """No stream followed yet, nothing to resync."""
+    core = new_core(autostart=True)
+    core.actions_to_run()
+    core.log_trimmed(5)
+    assert core.actions_to_run() == []
+
+
+def test_session_gone_reads_the_log_for_its_terminal_event() -> None:
+    """A fenced write found the session closed: read the log, deliver the terminal, close."""
+    core = opened()
+    core.receive_log_entries(1, hb(1))
+    core.actions_to_run()
+    core.session_gone()
+    assert core.actions_to_run() == [FetchLog(after_seq=1)]
+    core.receive_log_entries(2, payloads(m.SessionClosed(reason="worker_lost")))
+    assert kinds(core.actions_to_run()) == [SendFrame, CloseConnection]
+
+
+def test_session_gone_before_attach_is_ignored() -> None:
+    """Without a lease there is no log to read."""
+    core = new_core(autostart=True)
+    core.actions_to_run()
+    core.session_gone()
+    assert core.actions_to_run() == []
+
+
+# --------------------------------------------------------------------------- after close
+
+
+def _closed_core() -> ConnectionCore:
+    core = opened(generation=2)
+    core.connection_lost()
+    core.actions_to_run()
+    return core
+
+
+@pytest.mark.parametrize("poke", [
+    lambda c: c.receive_frame(COMMIT),
+    lambda c: c.receive_frame("{bad"),
+    lambda c: c.receive_frame("x" * (LIMIT + 1)),
+    lambda c: c.receive_frame(resume_frame()),
+    lambda c: c.receive_log_entries(1, hb(3)),
+    lambda c: c.lease_moved(9),
+    lambda c: c.log_trimmed(9),
+    lambda c: c.session_gone(),
+    lambda c: c.connection_lost(),
+    lambda c: c.fail(InternalError("late")),
+    lambda c: c.resume_failed(ClientProtocolError(ErrorCode.INVALID_RESUME_TOKEN, "late")),
+    lambda c: c.open_succeeded("sess_other", resume_token="t", generation=9, model="x"),
+    lambda c: c.resume_succeeded("sess_other", resume_token="t", generation=9, last_client_seq=0,
+                                 first_retained_seq=0, last_server_event_seq=0),
+], ids=["command", "bad_json", "too_large", "resume", "log", "lease_moved", "log_trimmed",
+        "session_gone", "connection_lost", "fail", "resume_failed", "open_ok", "resume_ok"])
+def test_every_input_after_close_is_ignored(poke: Any) -> None:
+    """Once closed, no input decides anything."""
+    core = _closed_core()
+    poke(core)
+    assert core.actions_to_run() == []
+    assert core.state is ConnectionState.CLOSED
+    assert (core.session_id, core.generation) == (SID, 2)
+
+
+def test_open_that_lands_after_the_socket_dropped_is_detached() -> None:
+    """An open answered after connection_lost hands its lease back instead of raising."""
+    core = new_core(autostart=True)
+    core.receive_frame(COMMIT)
+    core.actions_to_run()
+    core.connection_lost()
+    assert core.actions_to_run() == []
+    core.open_succeeded(SID, resume_token=TOKEN, generation=1, model="loopback")
+    assert core.actions_to_run() == [DetachLease(generation=1)]
+    assert core.state is ConnectionState.CLOSED
+
+
+def test_resume_that_lands_after_a_1009_close_is_detached() -> None:
+    """A resume answered after the connection closed detaches the new generation, once."""
+    core = ConnectionCore(max_frame_bytes=200)
+    core.receive_frame(resume_frame(3))
+    core.receive_frame("x" * 201)
+    assert kinds(core.actions_to_run()) == [ResumeSession, SendFrame, CloseConnection]
+    core.resume_succeeded(SID, resume_token="t", generation=6, last_client_seq=0,
+                          first_retained_seq=1, last_server_event_seq=9)
+    assert core.actions_to_run() == [DetachLease(generation=6)]
+    core.resume_succeeded(SID, resume_token="t", generation=7, last_client_seq=0,
+                          first_retained_seq=1, last_server_event_seq=9)
+    assert core.actions_to_run() == []
+
+
+def test_a_failure_after_the_socket_dropped_sends_nothing() -> None:
+    """A store failure reported after close adds no frame and no second close."""
+    core = new_core(autostart=True)
+    core.actions_to_run()
+    core.connection_lost()
+    core.fail(InternalError("placement failed"))
+    assert core.actions_to_run() == []
+
+
+def test_answering_an_open_twice_is_a_driver_bug() -> None:
+    """A second attach answer on a live connection is an illegal transition, named as such."""
+    core = opened()
+    with pytest.raises(AssertionError, match="can't handle attached in state attached"):
+        core.open_succeeded(SID, resume_token=TOKEN, generation=2, model="loopback")
