@@ -35,7 +35,7 @@ reach the client through the output log and are not listed here.
 | `invalid_event_ack` | invalid_request_error | - | acknowledges an event never sent |
 | `resource_exhausted` | rate_limit_error | 1013 | no worker slot or tenant quota (retryable) |
 | `internal_error` | server_error | 1011 | any `InternalError` (no details on the wire) |
-| `config_timeout` | invalid_request_error | 1008 | no first client event within the first-message timeout |
+| `config_timeout` | invalid_request_error | 1008 | no first client event in time |
 
 Every error names the client event at fault in ``error.event_id`` when the frame's ``event_id``
 could be read, and the offending field in ``error.param`` when one is to blame.
