@@ -53,6 +53,10 @@ class Worker:
         self._sessions: dict[str, _Session] = {}
         self._notices: asyncio.Queue[list[Any] | None] = asyncio.Queue()
         self._tick_wake = asyncio.Event()
+        # Sessions with events to write; one flusher writes them all concurrently, so a busy
+        # worker pays one Redis round trip per batch of sessions, not per session in turn.
+        self._dirty: set[str] = set()
+        self._flush_wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._draining = False
         self.fenced = False
@@ -87,7 +91,8 @@ class Worker:
         await self._subscriber.subscribe(self._keys.input_channel, self._notices.put_nowait)
         await self._discover()
         tasks = [asyncio.create_task(coro) for coro in (
-            self._heartbeat_loop(), self._notice_loop(), self._tick_loop(), self._poll_loop())]
+            self._heartbeat_loop(), self._notice_loop(), self._tick_loop(), self._poll_loop(),
+            self._flush_loop())]
         try:
             await self._stopping.wait()
             if not self.fenced:
@@ -178,7 +183,7 @@ class Worker:
         for session_id, session in list(self._sessions.items()):
             await self._catch_up(session_id, session)
             if session.unsent:
-                await self._flush(session_id, session)
+                self._mark_dirty(session_id)
 
     async def _adopt(self, session_id: str) -> _Session | None:
         if session_id in self._sessions or self.fenced:
@@ -207,7 +212,7 @@ class Worker:
                 _log.error("undecodable input entry for %s; skipped", session_id)
                 continue
             session.runner.receive(command, now)
-        await self._flush(session_id, session)
+        self._mark_dirty(session_id)
         self._tick_wake.set()
 
     # ------------------------------------------------------------------ output
@@ -227,7 +232,20 @@ class Worker:
                 deadline = session.runner.next_deadline()
                 if deadline is not None and deadline <= now:
                     session.runner.tick(now)
-                    await self._flush(session_id, session)
+                    self._mark_dirty(session_id)
+
+    def _mark_dirty(self, session_id: str) -> None:
+        self._dirty.add(session_id)
+        self._flush_wake.set()
+
+    async def _flush_loop(self) -> None:
+        while True:
+            await self._flush_wake.wait()
+            self._flush_wake.clear()
+            dirty, self._dirty = self._dirty, set()
+            await asyncio.gather(*(self._flush(session_id, session)
+                                   for session_id in dirty
+                                   if (session := self._sessions.get(session_id)) is not None))
 
     async def _flush(self, session_id: str, session: _Session) -> None:
         async with session.lock:  # one writer per session keeps server_event_seq in order
