@@ -1,0 +1,102 @@
+"""The model backend interface, torch-free at its boundary.
+
+One ``step`` is one model tick for a fixed set of slots (lockstep continuous batching, the
+shape of Kyutai's ``LMGen`` and every batched duplex server): the worker owns the clock, hands
+the backend exactly one input frame per listed slot, and gets exactly one result per listed
+slot back. Slots not listed do not advance. Audio crosses the boundary as float32 numpy
+arrays in [-1, 1], mono, at the backend's own rates, so tests can fake a backend without
+torch and the worker never imports a model library.
+
+Isolation is part of the contract: a slot's input is checked (length, finiteness) by the
+worker before it reaches ``step``, and a backend must not let one slot's values change another
+slot's output (no cross-talk), which the backends' tests assert.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "Backend",
+    "FrameSpec",
+    "SlotResult",
+    "SlotStep",
+    "silence",
+]
+
+Audio = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FrameSpec:
+    """What one tick consumes and produces, fixed per backend.
+
+    Attributes:
+        in_rate: input sample rate (Hz).
+        in_samples: input samples per slot per tick (Moshi: 1920 = 80 ms at 24 kHz).
+        out_rate: output sample rate (Hz).
+        out_samples: output samples per slot per tick (at most; a result may carry fewer).
+        max_slots: slots allocated at load time; slot ids are ``0 .. max_slots - 1``.
+    """
+
+    in_rate: int
+    in_samples: int
+    out_rate: int
+    out_samples: int
+    max_slots: int
+
+    @property
+    def frame_seconds(self) -> float:
+        """The tick period: one input frame's duration."""
+        return self.in_samples / self.in_rate
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlotStep:
+    """One slot's input for one tick."""
+
+    slot: int
+    #: float32 ``[in_samples]``; zeros when the client was late (the clock never waits).
+    pcm: Audio
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SlotResult:
+    """One slot's output for one tick."""
+
+    slot: int
+    #: float32 ``[<= out_samples]``; empty while the model is still in its delay warm-up.
+    pcm: Audio
+    #: Decoded text produced this tick ("" for none/padding).
+    text: str = ""
+    #: Model-specific signals (e.g. ``{"speaking": True}``, ``{"end_of_turn": True}``).
+    events: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """A model that steps many sessions together, one slot each."""
+
+    spec: FrameSpec
+
+    def open_slot(self, slot: int) -> None:
+        """Reset ``slot``'s state for a new session (other slots are untouched)."""
+
+    def close_slot(self, slot: int) -> None:
+        """Free ``slot``; its state may be garbage until the next ``open_slot``."""
+
+    def step(self, inputs: list[SlotStep]) -> list[SlotResult]:
+        """Advance every listed slot by one tick, in one batched call.
+
+        Runs on the worker's model thread, never on the event loop. Returns one result per
+        input, in the same order.
+        """
+
+
+def silence(samples: int) -> Audio:
+    """``samples`` of silence, the frame a late client gets."""
+    return np.zeros(samples, dtype=np.float32)
