@@ -129,7 +129,9 @@ class ConnectionDriver:
         interval = self._svc.settings.log_poll_interval_s
         while True:
             try:
-                notice = await asyncio.wait_for(self._notices.get(), interval)
+                # asyncio.timeout, not wait_for: no extra task per notice on the hot path.
+                async with asyncio.timeout(interval):
+                    notice = await self._notices.get()
             except TimeoutError:
                 notice = None  # a quiet channel: read the log in case a push was lost
             if self._core.state is not ConnectionState.ATTACHED:
