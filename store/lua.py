@@ -365,21 +365,28 @@ return {w[1] or 'unknown', ended}
 
 WORKER_HEARTBEAT = _PRELUDE + r"""
 -- Register (first call) or renew a worker. A worker once declared lost is fenced for good: it
--- must stop writing and come back under a new id (DESIGN §2.9). Draining is sticky.
+-- must stop writing and come back under a new id (DESIGN §2.9). Draining is sticky; 'busy'
+-- (not admitting: no spare tick budget) is decided anew on every beat.
 -- KEYS[1] worker record
 -- ARGV[1] slots  ARGV[2] ttl ms  ARGV[3] register (1 on the first call, else 0)
--- ARGV[4] drain (1 to stop admitting new sessions)
--- returns {status, alive_until}: status live | draining | lost
+-- ARGV[4] drain (1 to stop admitting new sessions for good)
+-- ARGV[5] admit (1 while the worker takes new sessions, 0 while it is busy)
+-- returns {status, alive_until}: status live | busy | draining | lost
 local worker = KEYS[1]
-local slots, ttl, register, drain = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local slots, ttl, register, drain, admit = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
 
 local state = redis.call('HGET', worker, 'state')
 if state == 'lost' or (not state and register ~= '1') then return {'lost', 0} end
 if not state then
   redis.call('HSET', worker, 'used', 0)
+end
+if drain == '1' or state == 'draining' then
+  state = 'draining'
+elseif admit == '0' then
+  state = 'busy'
+else
   state = 'live'
 end
-if drain == '1' then state = 'draining' end
 local alive_until = now_ms() + ttl
 redis.call('HSET', worker, 'state', state, 'slots', slots, 'alive_until', alive_until)
 return {state, alive_until}

@@ -266,16 +266,18 @@ class Scripts:
         return _str(answer[0]), int(answer[1])
 
     async def worker_heartbeat(
-        self, worker_id: str, *, slots: int, ttl_ms: int, register: bool, drain: bool
+        self, worker_id: str, *, slots: int, ttl_ms: int, register: bool, drain: bool,
+        admit: bool = True,
     ) -> WorkerBeat:
-        """Register or renew a worker.
+        """Register or renew a worker; ``admit=False`` stops placements until the next beat
+        says otherwise (no spare tick budget), ``drain=True`` stops them for good.
 
         Raises:
             WorkerFenced: the worker was declared lost (or its record vanished).
         """
         answer = await self._run(
             self._heartbeat, [WorkerKeys(worker_id).record],
-            [slots, ttl_ms, int(register), int(drain)],
+            [slots, ttl_ms, int(register), int(drain), int(admit)],
         )
         state = _str(answer[0])
         if state == "lost":

@@ -134,6 +134,27 @@ async def test_open_on_draining_worker_is_unavailable(
     assert await used_slots(redis_client, wid) == 0
 
 
+async def test_busy_worker_admits_again_when_it_has_budget(
+    scripts: Scripts, redis_client: Redis
+) -> None:
+    """admit=False makes a worker busy (no opens); the next admitting beat reopens it."""
+    wid = await register_worker(scripts)
+    beat = await scripts.worker_heartbeat(wid, slots=4, ttl_ms=60_000, register=False,
+                                          drain=False, admit=False)
+    assert beat.state == "busy"
+    assert await open_status(scripts, new_session_id(wid)) is OpenStatus.UNAVAILABLE
+    beat = await scripts.worker_heartbeat(wid, slots=4, ttl_ms=60_000, register=False,
+                                          drain=False, admit=True)
+    assert beat.state == "live"
+    assert await open_status(scripts, new_session_id(wid)) is OpenStatus.OK
+    drained = await scripts.worker_heartbeat(wid, slots=4, ttl_ms=60_000, register=False,
+                                             drain=True, admit=True)
+    assert drained.state == "draining"
+    again = await scripts.worker_heartbeat(wid, slots=4, ttl_ms=60_000, register=False,
+                                           drain=False, admit=True)
+    assert again.state == "draining", "draining is sticky"
+
+
 async def test_open_full_worker_and_slot_accounting(scripts: Scripts, redis_client: Redis) -> None:
     """Slots are counted exactly: FULL at capacity, free again after a close."""
     wid = await register_worker(scripts, slots=2)
