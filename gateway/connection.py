@@ -158,8 +158,11 @@ class ConnectionDriver:
                 self._svc.metrics.commands_appended.inc(len(entries))
             except LeaseLost as exc:
                 self._core.lease_moved(exc.current_generation)
-            except SessionGone:
-                self._core.session_gone()
+            except SessionGone as exc:
+                if exc.status == "unknown":
+                    self._core.session_lost()
+                else:
+                    self._core.session_gone()
             except StoreError as exc:
                 # Redis is failing: close 1011 so the client resumes (and resends by
                 # client_seq) once the store is back, through any gateway.

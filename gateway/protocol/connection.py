@@ -340,6 +340,21 @@ class ConnectionCore:
         if self.state is ConnectionState.ATTACHED:
             self._actions.append(FetchLog(after_seq=self.delivered_seq))
 
+    def session_lost(self) -> None:
+        """The store has no record of the session (a Redis restart or failover lost it): there
+        is no terminal event to replay, so say so plainly and close; never hang silently."""
+        if self.state is not ConnectionState.ATTACHED:
+            return
+        error = ClientProtocolError(
+            ErrorCode.SESSION_LOST, "the store lost this session's state; open a new session")
+        self._actions.append(SendFrame(text=encode_frame(render_error(
+            error, self._next_event_id()))))
+        self._actions.append(CloseConnection(code=CloseCode.INTERNAL_ERROR,
+                                             reason=error.code))
+        # No DetachLease: there is no record left to detach.
+        self.state = ConnectionState.CLOSED
+        self._pending = []
+
     # ------------------------------------------------------------------ helpers
 
     def _deliver(self, seq: int, payload: bytes) -> bool:

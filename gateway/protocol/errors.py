@@ -36,6 +36,7 @@ reach the client through the output log and are not listed here.
 | `resource_exhausted` | rate_limit_error | 1013 | no worker slot or tenant quota (retryable) |
 | `internal_error` | server_error | 1011 | any `InternalError` (no details on the wire) |
 | `config_timeout` | invalid_request_error | 1008 | no first client event in time |
+| `session_lost` | server_error | 1011 | the store no longer has the session (data loss) |
 
 Every error names the client event at fault in ``error.event_id`` when the frame's ``event_id``
 could be read, and the offending field in ``error.param`` when one is to blame.
@@ -95,6 +96,7 @@ class ErrorCode(StrEnum):
     RESOURCE_EXHAUSTED = "resource_exhausted"
     INTERNAL_ERROR = "internal_error"
     CONFIG_TIMEOUT = "config_timeout"
+    SESSION_LOST = "session_lost"
 
 
 #: Every code ``parse_client_frame`` may raise; the fuzz tests hold it to this set.
@@ -116,6 +118,7 @@ PARSE_ERROR_CODES: frozenset[str] = frozenset(
 _ERROR_TYPE_BY_CODE: dict[str, str] = {
     ErrorCode.RESOURCE_EXHAUSTED: "rate_limit_error",
     ErrorCode.INTERNAL_ERROR: "server_error",
+    ErrorCode.SESSION_LOST: "server_error",
 }
 
 

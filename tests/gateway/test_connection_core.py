@@ -784,3 +784,20 @@ def test_answering_an_open_twice_is_a_driver_bug() -> None:
     core = opened()
     with pytest.raises(AssertionError, match="can't handle attached in state attached"):
         core.open_succeeded(SID, resume_token=TOKEN, generation=2, model="loopback")
+
+
+def test_session_lost_closes_1011_without_detaching() -> None:
+    """A session the store forgot (Redis data loss) ends with session_lost and close 1011."""
+    core = ConnectionCore(max_frame_bytes=1 << 20, autostart=True)
+    core.actions_to_run()
+    core.open_succeeded("sess_w000000000000." + "0" * 32, resume_token="t", generation=1,
+                        model="m")
+    core.actions_to_run()
+    core.session_lost()
+    actions = core.actions_to_run()
+    assert isinstance(actions[0], SendFrame)
+    assert json.loads(actions[0].text)["error"]["code"] == "session_lost"
+    assert actions[1] == CloseConnection(code=1011, reason="session_lost")
+    assert not any(isinstance(a, DetachLease) for a in actions)
+    core.session_lost()
+    assert core.actions_to_run() == []
