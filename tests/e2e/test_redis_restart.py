@@ -28,7 +28,7 @@ async def open_when_ready(url: str, deadline_s: float = 20.0) -> DuplexClient:
 
 
 async def test_redis_restart_ends_sessions_loudly_and_service_recovers(stack: Stack) -> None:
-    """After a data-losing restart: an error and a close (no hang), resume refused, new opens work."""
+    """After a data-losing restart: error and close (no hang), no resume, new opens work."""
     gateway = stack.gateway()
     stack.worker()
     client = await DuplexClient.connect(gateway.ws_url, session=STREAM_SESSION)
