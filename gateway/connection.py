@@ -47,6 +47,8 @@ __all__ = ["ConnectionDriver", "GatewayServices"]
 
 _log = logging.getLogger(__name__)
 _RESUME_ATTEMPTS = 3
+# Pushes queued for one connection before further ones are replaced by one "read the log".
+_MAX_QUEUED_NOTICES = 256
 
 
 class GatewayServices:
@@ -221,11 +223,25 @@ class ConnectionDriver:
         if rows:
             self._core.receive_log_entries(rows[0][0], [payload for _, payload in rows])
 
+    def _on_notice(self, notice: list[Any] | None) -> None:
+        # A client slower than its session: stop queueing pushes (memory would grow without
+        # bound) and let the pump read the log once it catches up; the log is the truth.
+        lease_notice = notice is not None and notice[0] == b"r"  # never dropped
+        if self._notices.qsize() >= _MAX_QUEUED_NOTICES and not lease_notice:
+            notice = None
+            if self._notices.qsize() > _MAX_QUEUED_NOTICES:
+                return
+        self._notices.put_nowait(notice)
+
     async def _subscribe(self, session_id: str) -> None:
-        self._channel = SessionKeys(session_id).output_channel
+        channel = SessionKeys(session_id).output_channel
+        if self._channel is not None and self._channel != channel:
+            # Placement moved on to another worker: drop the refused candidate's channel.
+            await self._svc.subscriber.unsubscribe(self._channel)
+        self._channel = channel
         with contextlib.suppress(TimeoutError):
             # A missed confirmation only costs latency: the pump reads the log regardless.
-            await self._svc.subscriber.subscribe(self._channel, self._notices.put_nowait)
+            await self._svc.subscriber.subscribe(channel, self._on_notice)
 
     async def _open(self) -> None:
         token = secrets.token_urlsafe(32)
