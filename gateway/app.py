@@ -67,6 +67,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
             services.draining = True
             reaper.cancel()
             await asyncio.gather(reaper, return_exceptions=True)
+            await services.batcher.aclose()
             await subscriber.aclose()
             await client.aclose()
 

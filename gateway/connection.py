@@ -18,6 +18,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from gateway.batcher import InputBatcher
 from gateway.metrics import GatewayMetrics
 from gateway.placement import place_session
 from gateway.protocol.connection import (
@@ -61,6 +62,7 @@ class GatewayServices:
         self.scripts = scripts
         self.subscriber = subscriber
         self.metrics = metrics
+        self.batcher = InputBatcher(scripts, max_entries=settings.input_log_max_entries)
         self.draining = False
 
 
@@ -155,8 +157,7 @@ class ConnectionDriver:
                 continue
             entries = [(seq, encode_message(command)) for seq, command in batch]
             try:
-                await self._svc.scripts.append_input(
-                    self._lease, entries, max_entries=self._svc.settings.input_log_max_entries)
+                await self._svc.batcher.append(self._lease, entries)
                 self._svc.metrics.commands_appended.inc(len(entries))
             except LeaseLost as exc:
                 self._core.lease_moved(exc.current_generation)

@@ -189,43 +189,57 @@ return 'ok'
 """
 
 APPEND_INPUT = _PRELUDE + r"""
--- Fenced append of client commands to the input log, deduplicated by client sequence number,
--- pushed to the worker in one notice (DESIGN §2.3, §2.4).
--- KEYS[1] session record  KEYS[2] input log  KEYS[3] worker deadlines  KEYS[4] worker channel
--- ARGV[1] session id  ARGV[2] store epoch  ARGV[3] generation  ARGV[4] input log max entries
--- ARGV[5..] pairs: client seq ('' when the client sent none), encoded command
--- returns {status, appended, highest client seq, current generation}
+-- Fenced append of client commands to the input logs of one or more sessions of ONE worker
+-- (they share its hash slot), deduplicated by client sequence number, each session's new
+-- entries pushed to the worker in one notice (DESIGN §2.3, §2.4). A gateway batches every
+-- session it serves on a worker into one call, so Redis sees one command per batch, not one
+-- per audio chunk per session.
+-- KEYS[1] worker deadlines  KEYS[2] worker channel
+-- KEYS[2i+1], KEYS[2i+2] (i = 1..n) session record, input log of the i-th session
+-- ARGV[1] input log max entries
+-- then per session: session id, store epoch, generation, entry count c,
+--   and c pairs: client seq ('' when the client sent none), encoded command
+-- returns, per session in order: {status, appended, highest client seq, current generation}
 --   status ok | stale | closed | unknown
-local rec, in_log, deadlines, worker_channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local sid, epoch, gen, in_max = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local deadlines, worker_channel, in_max = KEYS[1], KEYS[2], ARGV[1]
 
-local f = redis.call('HMGET', rec, 'state', 'epoch', 'gen', 'in_n', 'cseq')
-if not f[1] then return {'unknown', 0, 0, 0} end
-local cseq = tonumber(f[5])
-if f[1] == 'closed' then return {'closed', 0, cseq, tonumber(f[3])} end
-if f[2] ~= epoch or f[3] ~= gen or f[1] ~= 'attached' then
-  return {'stale', 0, cseq, tonumber(f[3])}
-end
-
-local n = tonumber(f[4])
-local first = n + 1
-local payloads = {}
-for i = 5, #ARGV, 2 do
-  local client_seq = tonumber(ARGV[i])
-  if client_seq == nil or client_seq > cseq then
-    if client_seq ~= nil then cseq = client_seq end
-    n = n + 1
-    redis.call('XADD', in_log, 'MAXLEN', '~', in_max, n .. '-0', 'd', ARGV[i + 1])
-    payloads[#payloads + 1] = ARGV[i + 1]
+local function append_one(rec, in_log, sid, epoch, gen, at, count)
+  local f = redis.call('HMGET', rec, 'state', 'epoch', 'gen', 'in_n', 'cseq')
+  if not f[1] then return {'unknown', 0, 0, 0} end
+  local cseq = tonumber(f[5])
+  if f[1] == 'closed' then return {'closed', 0, cseq, tonumber(f[3])} end
+  if f[2] ~= epoch or f[3] ~= gen or f[1] ~= 'attached' then
+    return {'stale', 0, cseq, tonumber(f[3])}
   end
+  local n = tonumber(f[4])
+  local first = n + 1
+  local payloads = {}
+  for i = at, at + 2 * count - 1, 2 do
+    local client_seq = tonumber(ARGV[i])
+    if client_seq == nil or client_seq > cseq then
+      if client_seq ~= nil then cseq = client_seq end
+      n = n + 1
+      redis.call('XADD', in_log, 'MAXLEN', '~', in_max, n .. '-0', 'd', ARGV[i + 1])
+      payloads[#payloads + 1] = ARGV[i + 1]
+    end
+  end
+  redis.call('HSET', rec, 'in_n', n, 'cseq', cseq, 'active_ms', now_ms())
+  redis.call('ZADD', deadlines, next_deadline(rec), sid)
+  if #payloads > 0 then
+    redis.call('SPUBLISH', worker_channel, cmsgpack.pack({'i', sid, first, payloads}))
+  end
+  return {'ok', #payloads, cseq, tonumber(gen)}
 end
-local now = now_ms()
-redis.call('HSET', rec, 'in_n', n, 'cseq', cseq, 'active_ms', now)
-redis.call('ZADD', deadlines, next_deadline(rec), sid)
-if #payloads > 0 then
-  redis.call('SPUBLISH', worker_channel, cmsgpack.pack({'i', sid, first, payloads}))
+
+local answers = {}
+local at = 2
+for k = 3, #KEYS, 2 do
+  local count = tonumber(ARGV[at + 3])
+  answers[#answers + 1] = append_one(KEYS[k], KEYS[k + 1], ARGV[at], ARGV[at + 1],
+                                     ARGV[at + 2], at + 4, count)
+  at = at + 4 + 2 * count
 end
-return {'ok', #payloads, cseq, tonumber(gen)}
+return answers
 """
 
 APPEND_OUTPUT = _PRELUDE + r"""

@@ -18,7 +18,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from store import lua
-from store.errors import LeaseLost, SessionGone, StoreUnavailable, WorkerFenced
+from store.errors import LeaseLost, SessionGone, StoreError, StoreUnavailable, WorkerFenced
 from store.keys import SessionKeys, WorkerKeys
 from store.messages import SessionClosed, SessionExpired, encode_message
 
@@ -182,20 +182,42 @@ class Scripts:
             LeaseLost: a newer attach holds the session.
             SessionGone: the session is closed or unknown.
         """
-        k = SessionKeys(lease.session_id)
-        args: list[Any] = [lease.session_id, lease.epoch, lease.generation, max_entries]
-        for client_seq, payload in entries:
-            args += ["" if client_seq is None else client_seq, payload]
-        answer = await self._run(
-            self._append_input,
-            [k.record, k.input_log, k.worker.deadlines, k.worker.input_channel], args,
-        )
-        status = _str(answer[0])
-        if status == "stale":
-            raise LeaseLost(lease.session_id, int(answer[3]))
-        if status != "ok":
-            raise SessionGone(lease.session_id, status)
-        return AppendResult(appended=int(answer[1]), last_client_seq=int(answer[2]))
+        (outcome,) = await self.append_input_many([(lease, entries)], max_entries=max_entries)
+        if isinstance(outcome, StoreError):
+            raise outcome
+        return outcome
+
+    async def append_input_many(
+        self, batch: Sequence[tuple[Lease, Sequence[tuple[int | None, bytes]]]], *,
+        max_entries: int,
+    ) -> list[AppendResult | LeaseLost | SessionGone]:
+        """One script call for several sessions of ONE worker (one hash slot).
+
+        Returns, per session in order, its result or the error it would raise alone.
+        """
+        worker = SessionKeys(batch[0][0].session_id).worker
+        keys = [worker.deadlines, worker.input_channel]
+        args: list[Any] = [max_entries]
+        for lease, entries in batch:
+            k = SessionKeys(lease.session_id)
+            if k.worker.worker_id != worker.worker_id:
+                raise ValueError("append_input_many takes sessions of one worker only")
+            keys += [k.record, k.input_log]
+            args += [lease.session_id, lease.epoch, lease.generation, len(entries)]
+            for client_seq, payload in entries:
+                args += ["" if client_seq is None else client_seq, payload]
+        answers = await self._run(self._append_input, keys, args)
+        results: list[AppendResult | LeaseLost | SessionGone] = []
+        for (lease, _), answer in zip(batch, answers, strict=True):
+            status = _str(answer[0])
+            if status == "stale":
+                results.append(LeaseLost(lease.session_id, int(answer[3])))
+            elif status != "ok":
+                results.append(SessionGone(lease.session_id, status))
+            else:
+                results.append(AppendResult(appended=int(answer[1]),
+                                            last_client_seq=int(answer[2])))
+        return results
 
     async def trim_output(self, lease: Lease, acknowledged_seq: int) -> str:
         """Drop output entries up to ``acknowledged_seq``, fenced on ``lease``.

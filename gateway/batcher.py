@@ -1,0 +1,108 @@
+"""Coalescing input appends across the sessions of one gateway process.
+
+Every session served by one worker shares that worker's hash slot, so one script call can append
+for all of them. Each connection hands its pending commands to the batcher and awaits the
+answer; whatever queued up while the previous call for the same worker was in flight goes out
+in the next single call. Under load that turns one Redis command per audio chunk per session
+into one per batch (DESIGN §5, "coalesce chunks, pipeline"); when idle, a lone append goes out
+at once, so nothing waits on a timer.
+
+Ordering per session holds because a connection never has two appends in flight: it awaits its
+answer before submitting more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from store import AppendResult, Lease, LeaseLost, Scripts, SessionGone, StoreError
+from store.keys import worker_of_session
+
+__all__ = ["InputBatcher"]
+
+_log = logging.getLogger(__name__)
+
+Entries = Sequence[tuple[int | None, bytes]]
+
+
+@dataclass
+class _Group:
+    """The pending appends for one worker, and whether a call for it is in flight."""
+
+    pending: list[tuple[Lease, Entries, asyncio.Future[AppendResult]]] = field(
+        default_factory=list)
+    busy: bool = False
+
+
+class InputBatcher:
+    """Batches :meth:`Scripts.append_input_many` calls per worker."""
+
+    def __init__(self, scripts: Scripts, *, max_entries: int, max_batch: int = 256) -> None:
+        self._scripts = scripts
+        self._max_entries = max_entries
+        self._max_batch = max_batch
+        self._groups: dict[str, _Group] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def append(self, lease: Lease, entries: Entries) -> AppendResult:
+        """Append ``entries`` for ``lease``'s session, batched with other sessions.
+
+        Raises:
+            LeaseLost: a newer attach holds the session.
+            SessionGone: the session is closed or unknown.
+            StoreError: Redis failed.
+        """
+        future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
+        worker = worker_of_session(lease.session_id)
+        group = self._groups.setdefault(worker, _Group())
+        group.pending.append((lease, entries, future))
+        if not group.busy:
+            self._start(worker, group)
+        return await future
+
+    def _start(self, worker: str, group: _Group) -> None:
+        group.busy = True
+        task = asyncio.create_task(self._drain(worker, group), name=f"append-{worker}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _drain(self, worker: str, group: _Group) -> None:
+        try:
+            while group.pending:
+                batch = group.pending[:self._max_batch]
+                del group.pending[:self._max_batch]
+                await self._send(batch)
+        finally:
+            group.busy = False
+            if not group.pending:
+                self._groups.pop(worker, None)
+
+    async def _send(self, batch: list[tuple[Lease, Entries, asyncio.Future[AppendResult]]]
+                    ) -> None:
+        try:
+            outcomes = await self._scripts.append_input_many(
+                [(lease, entries) for lease, entries, _ in batch],
+                max_entries=self._max_entries)
+        except Exception as exc:  # noqa: BLE001 - whatever failed, every waiter must hear it
+            if not isinstance(exc, StoreError):
+                _log.exception("append batch failed")
+            for _, _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        for (_, _, future), outcome in zip(batch, outcomes, strict=True):
+            if future.done():  # the connection gave up waiting (cancelled)
+                continue
+            if isinstance(outcome, LeaseLost | SessionGone):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
+
+    async def aclose(self) -> None:
+        """Cancel in-flight calls (shutdown)."""
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
