@@ -86,7 +86,7 @@ class InputBatcher:
             outcomes = await self._scripts.append_input_many(
                 [(lease, entries) for lease, entries, _ in batch],
                 max_entries=self._max_entries)
-        except Exception as exc:  # noqa: BLE001 - whatever failed, every waiter must hear it
+        except Exception as exc:  # whatever failed, every waiter must hear it
             if not isinstance(exc, StoreError):
                 _log.exception("append batch failed")
             for _, _, future in batch:
