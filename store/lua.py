@@ -243,38 +243,52 @@ return answers
 """
 
 APPEND_OUTPUT = _PRELUDE + r"""
--- A worker appends events to a session's output log. Fenced at the resource: a worker that
--- was declared lost, or a session that is closed or placed elsewhere, is refused (§2.3, §2.9).
--- With a terminal payload the session ends after the events, exactly once.
--- KEYS[1] session record  KEYS[2] output log  KEYS[3] output channel  KEYS[4] worker record
--- KEYS[5] worker session set  KEYS[6] worker deadlines  KEYS[7] worker channel
--- ARGV[1] session id  ARGV[2] terminal payload ('' for none)  ARGV[3] terminal reason
--- ARGV[4..] encoded events
--- returns {status, first seq}: status ok | fenced | closed | unknown
-local rec, out_log, out_channel = KEYS[1], KEYS[2], KEYS[3]
-local worker, sessions, deadlines, worker_channel = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local sid, terminal, reason = ARGV[1], ARGV[2], ARGV[3]
+-- A worker appends events to the output logs of one or more of its sessions (one hash slot),
+-- so a busy worker writes all its sessions' output in one call per flush. Fenced at the
+-- resource: a worker that was declared lost is refused whole, a session that is closed or
+-- unknown is refused alone (§2.3, §2.9). With a terminal payload a session ends after its
+-- events, exactly once.
+-- KEYS[1] worker record  KEYS[2] worker session set  KEYS[3] worker deadlines
+-- KEYS[4] worker channel
+-- KEYS[3i+2], KEYS[3i+3], KEYS[3i+4] (i = 1..n): session record, output log, output channel
+-- ARGV per session: session id, terminal payload ('' for none), terminal reason,
+--   event count c, then c encoded events
+-- returns {'fenced'} if the worker was declared lost, else per session in order
+--   {status, first seq (0 if no events)}: status ok | closed | unknown
+local worker, sessions, deadlines, worker_channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 
 if redis.call('HGET', worker, 'state') == 'lost' or redis.call('HEXISTS', worker, 'state') == 0
 then
-  return {'fenced', 0}
+  return {'fenced'}
 end
-local state = redis.call('HGET', rec, 'state')
-if not state then return {'unknown', 0} end
-if state == 'closed' then return {'closed', 0} end
 
-local first = 0
-if #ARGV > 3 then
-  local payloads = {}
-  for i = 4, #ARGV do payloads[#payloads + 1] = ARGV[i] end
-  first = append_events(rec, out_log, out_channel, payloads, redis.call('HGET', rec, 'out_max'))
-  redis.call('HSET', rec, 'active_ms', now_ms())
+local function append_one(sid, rec, out_log, out_channel, terminal, reason, at, count)
+  local state = redis.call('HGET', rec, 'state')
+  if not state then return {'unknown', 0} end
+  if state == 'closed' then return {'closed', 0} end
+  local first = 0
+  if count > 0 then
+    local payloads = {}
+    for i = at, at + count - 1 do payloads[#payloads + 1] = ARGV[i] end
+    first = append_events(rec, out_log, out_channel, payloads, redis.call('HGET', rec, 'out_max'))
+    redis.call('HSET', rec, 'active_ms', now_ms())
+  end
+  if terminal ~= '' then
+    terminate(sid, rec, out_log, out_channel, worker, sessions, deadlines, worker_channel,
+              terminal, reason)
+  end
+  return {'ok', first}
 end
-if terminal ~= '' then
-  terminate(sid, rec, out_log, out_channel, worker, sessions, deadlines, worker_channel,
-            terminal, reason)
+
+local answers = {}
+local at = 1
+for k = 5, #KEYS, 3 do
+  local count = tonumber(ARGV[at + 3])
+  answers[#answers + 1] = append_one(ARGV[at], KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[at + 1],
+                                     ARGV[at + 2], at + 4, count)
+  at = at + 4 + count
 end
-return {'ok', first}
+return answers
 """
 
 CLOSE_SESSION = _PRELUDE + r"""

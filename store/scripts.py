@@ -246,19 +246,40 @@ class Scripts:
             WorkerFenced: the worker was declared lost.
             SessionGone: the session is closed or unknown.
         """
-        terminal = b""
-        if close_reason is not None:
-            terminal = encode_message(SessionClosed(reason=close_reason))
-        answer = await self._run(
-            self._append_output, self._close_keys(session_id),
-            [session_id, terminal, close_reason or "", *payloads],
-        )
-        status = _str(answer[0])
-        if status == "fenced":
-            raise WorkerFenced(f"worker of {session_id} was declared lost")
-        if status != "ok":
-            raise SessionGone(session_id, status)
-        return int(answer[1])
+        (outcome,) = await self.append_output_many([(session_id, payloads, close_reason)])
+        if isinstance(outcome, SessionGone):
+            raise outcome
+        return outcome
+
+    async def append_output_many(
+        self, batch: Sequence[tuple[str, Sequence[bytes], str | None]]
+    ) -> list[int | SessionGone]:
+        """One script call for several sessions of ONE worker: ``(session id, encoded events,
+        close reason or None)`` each. Returns per session its first seq or its error.
+
+        Raises:
+            WorkerFenced: the worker was declared lost (nothing was written).
+        """
+        worker = SessionKeys(batch[0][0]).worker
+        keys = [worker.record, worker.sessions, worker.deadlines, worker.input_channel]
+        args: list[Any] = []
+        for session_id, payloads, close_reason in batch:
+            k = SessionKeys(session_id)
+            if k.worker.worker_id != worker.worker_id:
+                raise ValueError("append_output_many takes sessions of one worker only")
+            keys += [k.record, k.output_log, k.output_channel]
+            terminal = b""
+            if close_reason is not None:
+                terminal = encode_message(SessionClosed(reason=close_reason))
+            args += [session_id, terminal, close_reason or "", len(payloads), *payloads]
+        answers = await self._run(self._append_output, keys, args)
+        if answers and _str(answers[0]) == "fenced":
+            raise WorkerFenced(f"worker {worker.worker_id} was declared lost")
+        results: list[int | SessionGone] = []
+        for (session_id, _, _), answer in zip(batch, answers, strict=True):
+            status = _str(answer[0])
+            results.append(int(answer[1]) if status == "ok" else SessionGone(session_id, status))
+        return results
 
     async def close_session(self, session_id: str, reason: str) -> str:
         """End a session with ``session.closed`` unless it already ended. Idempotent."""

@@ -905,3 +905,29 @@ async def test_error_event_roundtrips_through_output_log(
                        audio=b"\x00\x01\xff")
     await scripts.append_output(opened.session_id, [encode_message(error), encode_message(delta)])
     assert await events_of(redis_client, opened.session_id) == [(1, error), (2, delta)]
+
+
+async def test_append_output_many_writes_each_session_and_refuses_closed_alone(
+    scripts: Scripts, redis_client: Redis
+) -> None:
+    """One call writes several sessions; a closed one is refused alone; a close ends one."""
+    wid = await register_worker(scripts, slots=4)
+    a, b, c = [(await open_session(scripts, wid)).lease.session_id for _ in range(3)]
+    await scripts.close_session(c, "client_close")
+    outcomes = await scripts.append_output_many(
+        [(a, [ev(1), ev(2)], None), (b, [ev(3)], "client_close"), (c, [ev(4)], None)])
+    assert outcomes[0] == 1 and outcomes[1] == 1
+    assert isinstance(outcomes[2], SessionGone) and outcomes[2].status == "closed"
+    assert [seq for seq, _ in await events_of(redis_client, a)] == [1, 2]
+    await assert_one_terminal(redis_client, b, "session.closed", "client_close")
+    assert await used_slots(redis_client, wid) == 1
+
+
+async def test_append_output_many_is_fenced_whole(scripts: Scripts, redis_client: Redis) -> None:
+    """A lost worker writes nothing at all, for any session of the batch."""
+    wid = await register_worker(scripts, slots=2)
+    a, b = [(await open_session(scripts, wid)).lease.session_id for _ in range(2)]
+    await expire_heartbeat(redis_client, scripts, wid)
+    await reap_until_lost(scripts, wid)
+    with pytest.raises(WorkerFenced):
+        await scripts.append_output_many([(a, [ev(1)], None), (b, [ev(2)], None)])
