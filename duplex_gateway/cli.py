@@ -42,16 +42,40 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _run_worker(args: argparse.Namespace) -> int:
+    from inference_worker.backend import Backend
+    from inference_worker.backends.registry import (
+        BACKENDS,
+        BackendRequest,
+        create_backend,
+        parse_options,
+    )
+    from inference_worker.metrics import WorkerMetrics, serve_metrics
     from inference_worker.settings import WorkerSettings
     from inference_worker.worker import Worker
     from store import create_client
 
     settings = from_env(WorkerSettings, redis_url=args.redis_url, backend=args.backend,
-                        slots=args.slots, drain_timeout_s=args.drain_timeout)
+                        slots=args.slots, drain_timeout_s=args.drain_timeout,
+                        model_path=args.model_path, device=args.device, dtype=args.dtype,
+                        backend_options=args.backend_options, metrics_port=args.metrics_port)
+    if settings.backend not in BACKENDS:
+        raise SettingsError(f"unknown backend {settings.backend!r}; available: "
+                            + ", ".join(BACKENDS))
+    backend: Backend | None = None
     if settings.backend != "loopback":
-        raise SettingsError(f"unknown backend {settings.backend!r}; available: loopback")
+        try:  # weights load off the event loop; a bad path or option stops here, named
+            request = BackendRequest(
+                name=settings.backend, slots=settings.slots, model_path=settings.model_path,
+                device=settings.device, dtype=settings.dtype,
+                options=parse_options(settings.backend_options))
+            backend = await asyncio.to_thread(create_backend, request)
+        except (ValueError, ImportError, OSError) as exc:
+            raise SettingsError(f"cannot load the {settings.backend} backend: {exc}") from exc
+    metrics = WorkerMetrics(settings.backend)
+    if settings.metrics_port:
+        serve_metrics(metrics, settings.metrics_port)
     client = create_client(settings.redis_url)
-    worker = Worker(settings, client)
+    worker = Worker(settings, client, backend=backend, metrics=metrics)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
@@ -112,6 +136,18 @@ def _bench(args: argparse.Namespace) -> int:
     return run_relay_bench(sessions=args.sessions, seconds=args.seconds, output=args.output)
 
 
+def _bench_worker(args: argparse.Namespace) -> int:
+    from duplex_gateway.bench_worker import run_worker_bench
+
+    return run_worker_bench(args)
+
+
+def _add_bench_worker_args(parser: argparse.ArgumentParser) -> None:
+    from duplex_gateway.bench_worker import add_arguments
+
+    add_arguments(parser)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="duplex-gateway", description=__doc__)
     parser.add_argument("--log-level", default="info",
@@ -130,6 +166,11 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--slots", type=int)
     worker.add_argument("--drain-timeout", type=float,
                         help="seconds running sessions get to finish on SIGTERM")
+    worker.add_argument("--model-path")
+    worker.add_argument("--device")
+    worker.add_argument("--dtype")
+    worker.add_argument("--backend-options", help="key=value,... for the backend")
+    worker.add_argument("--metrics-port", type=int, help="Prometheus /metrics port; 0: off")
     worker.set_defaults(func=_worker)
 
     dev = sub.add_parser("dev", help="embedded Redis + gateway + worker on this machine")
@@ -145,6 +186,9 @@ def _parser() -> argparse.ArgumentParser:
     relay.add_argument("--seconds", type=float, default=10.0)
     relay.add_argument("--output", default="bench-results/relay.json")
     relay.set_defaults(func=_bench)
+    bench_worker = bench_sub.add_parser("worker", help="batched step time per batch size")
+    bench_worker.set_defaults(func=_bench_worker)
+    _add_bench_worker_args(bench_worker)
     return parser
 
 

@@ -14,7 +14,9 @@ class WorkerSettings:
     redis_url: str = field(
         default="redis://127.0.0.1:6379/0", metadata={"help": "as for the gateway"}
     )
-    backend: str = field(default="loopback", metadata={"help": "model backend: loopback"})
+    backend: str = field(
+        default="loopback", metadata={"help": "model backend: loopback, fake, moshi, cascade"}
+    )
     slots: int = field(default=16, metadata={"help": "concurrent sessions this worker serves"})
     heartbeat_interval_s: float = field(
         default=1.0, metadata={"help": "how often the worker renews its registration"}
@@ -28,4 +30,23 @@ class WorkerSettings:
     drain_timeout_s: float = field(
         default=30.0, metadata={"help": "on SIGTERM, sessions get this long to finish"}
     )
-
+    model_path: str = field(
+        default="", metadata={"help": "weights of the backend: a save_pretrained directory"}
+    )
+    device: str = field(default="cpu", metadata={"help": "torch device of the model (cuda, cpu)"})
+    dtype: str = field(
+        default="float32", metadata={"help": "torch dtype of the model (bfloat16, float32)"}
+    )
+    backend_options: str = field(
+        default="", metadata={"help": "key=value,... passed to the backend (e.g. fake: step_ms=5)"}
+    )
+    tick_budget_fraction: float = field(
+        default=0.8, metadata={"help": "admit sessions while the p99 tick time is under this"
+                                       " fraction of the frame period"}
+    )
+    tick_window: int = field(
+        default=250, metadata={"help": "ticks in the rolling window the p99 is taken over"}
+    )
+    metrics_port: int = field(
+        default=0, metadata={"help": "serve Prometheus /metrics on this port; 0: off"}
+    )

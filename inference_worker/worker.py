@@ -5,6 +5,13 @@ periodic read of its session set and input logs as the safety net for lost pushe
 each session's input log in order to that session's :class:`SessionRunner`, and appends what
 the runner emits to the session's output log. Every write is fenced in Lua: once this worker
 is declared lost, its writes are refused and it stops (DESIGN §2.9).
+
+With a frame backend (``fake``, ``moshi``, ``cascade``) each session holds a slot of the
+:class:`~inference_worker.engine.Engine`, whose model thread steps all of them together; a
+:class:`~inference_worker.duplex_runner.DuplexRunner` per session turns commands into engine
+input and each tick's output into events. The worker admits new sessions (heartbeat
+``admit``) only while a slot is free and the rolling p99 tick time is inside
+``tick_budget_fraction`` of the frame period.
 """
 
 from __future__ import annotations
@@ -15,6 +22,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from inference_worker.backend import Backend
+from inference_worker.backends.registry import (
+    BackendRequest,
+    create_backend,
+    explicit_turns,
+    parse_options as parse_backend_options,
+)
+from inference_worker.duplex_runner import DuplexRunner
+from inference_worker.engine import Engine, SlotHandle, TickReport
+from inference_worker.metrics import WorkerMetrics
 from inference_worker.session_runner import SessionRunner
 from inference_worker.settings import WorkerSettings
 from store import LogFollower, Scripts, SessionGone, StoreError, WorkerFenced
@@ -32,7 +49,9 @@ _log = logging.getLogger(__name__)
 
 @dataclass
 class _Session:
-    runner: SessionRunner
+    runner: SessionRunner | DuplexRunner
+    # The engine slot of a frame backend's session (None on the loopback).
+    handle: SlotHandle | None = None
     follower: LogFollower = field(default_factory=LogFollower)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Encoded events not yet accepted by Redis: kept, in order, until an append succeeds.
@@ -43,8 +62,15 @@ class Worker:
     """One worker process's sessions; ``run()`` until ``stop()`` or fencing."""
 
     def __init__(self, settings: WorkerSettings, client: RedisClient,
-                 worker_id: str | None = None) -> None:
+                 worker_id: str | None = None, *, backend: Backend | None = None,
+                 metrics: WorkerMetrics | None = None) -> None:
+        """Serve ``settings.backend``; a frame backend is built in :meth:`run` unless given."""
         self.settings = settings
+        self.metrics = metrics or WorkerMetrics(settings.backend)
+        self._backend = backend
+        self._engine: Engine | None = None
+        self._by_serial: dict[int, str] = {}  # engine handle serial -> session id
+        self._background: set[asyncio.Task[None]] = set()
         self.worker_id = worker_id or new_worker_id()
         self._client = client
         self._scripts = Scripts(client)
@@ -68,6 +94,11 @@ class Worker:
         """Sessions this worker is serving now."""
         return list(self._sessions)
 
+    @property
+    def engine(self) -> Engine | None:
+        """The frame engine (None on the loopback backend, or before :meth:`run`)."""
+        return self._engine
+
     async def run(self) -> None:
         """Serve until stopped (SIGTERM drains).
 
@@ -75,6 +106,13 @@ class Worker:
         never writes under that id again; the process joins again as a new worker with a
         fresh id, so a transient stall costs its sessions but not the capacity.
         """
+        await self._start_engine()
+        try:
+            await self._serve()
+        finally:
+            await self._stop_engine()
+
+    async def _serve(self) -> None:
         while True:
             await self._serve_incarnation()
             if not self.fenced or self._draining:
@@ -113,13 +151,98 @@ class Worker:
         self._draining = True
         self._stopping.set()
 
+    # ------------------------------------------------------------------ the engine
+
+    async def _start_engine(self) -> None:
+        s = self.settings
+        if s.backend == "loopback":
+            return
+        backend = self._backend
+        if backend is None:  # loading weights takes a while: off the event loop
+            request = BackendRequest(name=s.backend, slots=s.slots, model_path=s.model_path,
+                                     device=s.device, dtype=s.dtype,
+                                     options=parse_backend_options(s.backend_options))
+            backend = await asyncio.to_thread(create_backend, request)
+        self._backend = backend
+        self._engine = Engine(backend, metrics=self.metrics, window=s.tick_window)
+        self._engine.start(asyncio.get_running_loop(), self._on_tick)
+
+    async def _stop_engine(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is None:
+            return
+        await asyncio.to_thread(engine.stop)
+        close = getattr(engine.backend, "close", None)
+        if callable(close):  # backends with threads of their own (the cascade's pool)
+            await asyncio.to_thread(close)
+
+    @property
+    def _capacity(self) -> int:
+        if self._engine is None:
+            return self.settings.slots
+        return min(self.settings.slots, self._engine.spec.max_slots)
+
+    def _admitting(self) -> bool:
+        """Free slot and tick time within budget (the loopback always admits)."""
+        engine = self._engine
+        if engine is None:
+            return True
+        return engine.free_slots > 0 and not engine.over_budget(
+            self.settings.tick_budget_fraction)
+
+    def _on_tick(self, report: TickReport) -> None:
+        """One tick's outputs, on the event loop: feed each session's runner."""
+        now = time.monotonic()
+        for serial, frame in report.outputs.items():
+            session_id = self._by_serial.get(serial)
+            session = self._sessions.get(session_id) if session_id is not None else None
+            if session is None or not isinstance(session.runner, DuplexRunner):
+                continue  # closed while the tick ran
+            session.runner.on_frame(frame, now)
+            for latency in session.runner.take_first_audio_latencies():
+                self.metrics.time_to_first_audio.observe(latency)
+            self._mark_dirty(session_id)  # type: ignore[arg-type]
+        for serial in report.failed:
+            session_id = self._by_serial.get(serial)
+            if session_id is not None:
+                _log.error("session %s: model failure (%s); closing it", session_id,
+                           report.error or "open_slot failed")
+                self._spawn(self._close(session_id, "model_error"))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def _pump(self, session: _Session) -> None:
+        """Hand the engine the input the session's commands produced."""
+        engine, handle = self._engine, session.handle
+        if engine is None or handle is None or not isinstance(session.runner, DuplexRunner):
+            return
+        pending = session.runner.take_input()
+        if pending.clear:
+            engine.clear_input(handle)
+        if pending.audio:
+            engine.push_audio(handle, pending.audio)
+
+    def _forget(self, session_id: str) -> None:
+        """Stop serving ``session_id`` here, releasing its engine slot."""
+        session = self._sessions.pop(session_id, None)
+        if session is not None and session.handle is not None:
+            self._by_serial.pop(session.handle.serial, None)
+            if self._engine is not None:
+                self._engine.close(session.handle)
+        self.metrics.sessions.set(len(self._sessions))
+
     # ------------------------------------------------------------------ lifecycle
 
     async def _heartbeat(self, *, register: bool = False) -> None:
+        admit = self._admitting()
+        self.metrics.admitting.set(int(admit and not self._draining))
         beat = await self._scripts.worker_heartbeat(
-            self.worker_id, slots=self.settings.slots,
+            self.worker_id, slots=self._capacity,
             ttl_ms=int(self.settings.heartbeat_ttl_s * 1000), register=register,
-            drain=self._draining)
+            drain=self._draining, admit=admit)
         await announce_worker(self._client, self.worker_id, beat.alive_until_ms)
 
     async def _heartbeat_loop(self) -> None:
@@ -144,7 +267,8 @@ class Worker:
     def _fence(self) -> None:
         _log.error("worker %s was declared lost; it stops writing now", self.worker_id)
         self.fenced = True
-        self._sessions.clear()
+        for session_id in list(self._sessions):
+            self._forget(session_id)
         self._stopping.set()
 
     # ------------------------------------------------------------------ input
@@ -157,7 +281,7 @@ class Worker:
                 continue
             kind, session_id = notice[0], notice[1].decode()
             if kind == b"c":
-                self._sessions.pop(session_id, None)
+                self._forget(session_id)
             elif kind == b"o":
                 await self._adopt(session_id)
             elif kind == b"i":
@@ -188,10 +312,28 @@ class Worker:
     async def _adopt(self, session_id: str) -> _Session | None:
         if session_id in self._sessions or self.fenced:
             return self._sessions.get(session_id)
-        session = _Session(runner=SessionRunner(session_id, now=time.monotonic()))
+        session = self._new_session(session_id)
+        if session is None:
+            await self._close(session_id, "no_free_slot")
+            return None
         self._sessions[session_id] = session
+        self.metrics.sessions.set(len(self._sessions))
         await self._catch_up(session_id, session)
         return session
+
+    def _new_session(self, session_id: str) -> _Session | None:
+        now = time.monotonic()
+        engine = self._engine
+        if engine is None:
+            return _Session(runner=SessionRunner(session_id, now=now))
+        handle = engine.open()
+        if handle is None:  # more placements than slots: cannot happen while capacity holds
+            return None
+        self._by_serial[handle.serial] = session_id
+        runner = DuplexRunner(session_id, model=self.settings.backend,
+                              frame_seconds=engine.spec.frame_seconds, now=now,
+                              explicit_turns=explicit_turns(self.settings.backend))
+        return _Session(runner=runner, handle=handle)
 
     async def _catch_up(self, session_id: str, session: _Session) -> None:
         rows = await read_input(self._client, session_id, session.follower.next_index - 1)
@@ -212,6 +354,7 @@ class Worker:
                 _log.error("undecodable input entry for %s; skipped", session_id)
                 continue
             session.runner.receive(command, now)
+        self._pump(session)
         self._mark_dirty(session_id)
         self._tick_wake.set()
 
@@ -260,7 +403,7 @@ class Worker:
                 self._fence()
                 return
             except SessionGone:
-                self._sessions.pop(session_id, None)
+                self._forget(session_id)
                 return
             except StoreError as exc:
                 # Kept in unsent: the next flush (tick or poll) retries them first.
@@ -268,11 +411,11 @@ class Worker:
                 return
             session.unsent = []
             if reason is not None:
-                self._sessions.pop(session_id, None)
+                self._forget(session_id)
 
     async def _close(self, session_id: str, reason: str) -> None:
         try:
             await self._scripts.append_output(session_id, [], close_reason=reason)
         except (SessionGone, WorkerFenced):
             pass
-        self._sessions.pop(session_id, None)
+        self._forget(session_id)

@@ -1,0 +1,282 @@
+"""``duplex-gateway bench worker``: what one batched model step costs, per batch size.
+
+For each batch size B it opens B slots of the backend, runs a few warm-up steps, then times
+``--steps`` steps of all B slots together (one ``Backend.step`` each, as the worker's model
+thread runs them) and reports the step time (p50, p99), the cost per session, the ratio to a
+B=1 step and whether the p99 fits inside one frame. The table goes to stdout, the figures to
+a JSON file. This is a benchmark, not a test: the figures depend on the machine.
+
+``--backend moshi`` loads ``--model-path`` (a ``save_pretrained`` directory), or without it
+builds a tiny random Moshi on the fly (the CPU figure of DESIGN.md §5: B=16 should cost at most
+4x B=1). ``--backend fake`` needs nothing and shows the harness's own overhead.
+
+Heavy imports happen inside the functions: building the CLI parser imports nothing of torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inference_worker.backend import Backend
+
+__all__ = [
+    "BenchRow",
+    "add_arguments",
+    "format_table",
+    "largest_batch_within",
+    "measure_batch",
+    "parse_batches",
+    "run_worker_bench",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchRow:
+    """The step times of one batch size (milliseconds)."""
+
+    batch: int
+    steps: int
+    p50_ms: float
+    p99_ms: float
+    mean_ms: float
+    per_session_ms: float
+    ratio_vs_b1: float | None
+    fits_frame: bool
+
+
+def parse_batches(text: str) -> list[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]`` (sorted, unique, positive).
+
+    Raises:
+        ValueError: an entry that is not a positive integer.
+    """
+    batches = sorted({int(part) for part in text.split(",") if part.strip()})
+    if not batches or batches[0] < 1:
+        raise ValueError(f"batch sizes must be positive integers, got {text!r}")
+    return batches
+
+
+def _percentile(sorted_values: Sequence[float], q: float) -> float:
+    index = max(0, math.ceil(q * len(sorted_values)) - 1)
+    return sorted_values[min(index, len(sorted_values) - 1)]
+
+
+def measure_batch(backend: Backend, batch: int, *, steps: int, warmup: int,
+                  clock: Callable[[], float] = time.perf_counter,
+                  sync: Callable[[], None] | None = None,
+                  out_of_time: Callable[[], bool] | None = None) -> list[float]:
+    """Time ``steps`` batched steps of slots ``0 .. batch-1`` after ``warmup`` untimed ones.
+
+    Slots are opened fresh and closed afterwards. ``sync`` (e.g. ``torch.cuda.synchronize``)
+    runs before each clock read so asynchronous devices are timed honestly. When
+    ``out_of_time()`` turns true, timing stops early (after at least 5 timed steps).
+
+    Returns:
+        Each timed step's seconds.
+    """
+    import numpy as np
+
+    from inference_worker.backend import SlotStep
+
+    spec = backend.spec
+    rng = np.random.default_rng(batch)
+    frames = [(0.05 * rng.standard_normal(spec.in_samples)).astype(np.float32)
+              for _ in range(batch)]
+    for slot in range(batch):
+        backend.open_slot(slot)
+    try:
+        inputs = [SlotStep(slot=slot, pcm=frames[slot]) for slot in range(batch)]
+        for _ in range(warmup):
+            backend.step(inputs)
+        times: list[float] = []
+        for n in range(steps):
+            if out_of_time is not None and n >= 5 and out_of_time():
+                break
+            if sync is not None:
+                sync()
+            started = clock()
+            backend.step(inputs)
+            if sync is not None:
+                sync()
+            times.append(clock() - started)
+        return times
+    finally:
+        for slot in range(batch):
+            backend.close_slot(slot)
+
+
+def summarize(batch: int, times: Sequence[float], frame_ms: float,
+              base_p50_ms: float | None) -> BenchRow:
+    """One table row from a batch size's step times (seconds)."""
+    ordered = sorted(t * 1000 for t in times)
+    p50, p99 = _percentile(ordered, 0.5), _percentile(ordered, 0.99)
+    return BenchRow(batch=batch, steps=len(ordered), p50_ms=round(p50, 3), p99_ms=round(p99, 3),
+                    mean_ms=round(sum(ordered) / len(ordered), 3),
+                    per_session_ms=round(p50 / batch, 3),
+                    ratio_vs_b1=None if not base_p50_ms else round(p50 / base_p50_ms, 3),
+                    fits_frame=p99 <= frame_ms)
+
+
+def format_table(rows: Sequence[BenchRow], frame_ms: float) -> str:
+    """The human-readable table of ``rows``."""
+    lines = [f"budget {frame_ms:.1f} ms per step (p99)",
+             f"{'batch':>5} {'p50 ms':>9} {'p99 ms':>9} {'per-session ms':>15} "
+             f"{'x B=1':>7} {'fits':>5}"]
+    for row in rows:
+        ratio = "-" if row.ratio_vs_b1 is None else f"{row.ratio_vs_b1:.2f}"
+        fits = "yes" if row.fits_frame else "NO"
+        lines.append(f"{row.batch:>5} {row.p50_ms:>9.2f} {row.p99_ms:>9.2f} "
+                     f"{row.per_session_ms:>15.3f} {ratio:>7} {fits:>5}")
+    return "\n".join(lines)
+
+
+def largest_batch_within(fits: Callable[[int], bool], *, limit: int, start: int = 1,
+                         out_of_time: Callable[[], bool] = lambda: False) -> int:
+    """The largest B in ``1 .. limit`` for which ``fits(B)``, assuming fit is monotone.
+
+    Doubles B from ``start`` until a size does not fit (or ``limit``), then bisects between
+    the last size that fit (0 if none) and the first that did not. Starting near the
+    expected answer saves measurements when each new size is expensive (a compile). ``fits``
+    may raise ``MemoryError`` (not fitting). Stops early, keeping the best so far, once
+    ``out_of_time()``.
+
+    Returns:
+        The largest fitting B found, 0 when even B=1 does not fit.
+    """
+    def check(batch: int) -> bool:
+        try:
+            return fits(batch)
+        except MemoryError:
+            return False
+
+    good, bad, batch = 0, limit + 1, max(1, min(start, limit))
+    while not out_of_time():
+        if not check(batch):
+            bad = batch
+            break
+        good = batch
+        if batch == limit:
+            return good
+        batch = min(batch * 2, limit)
+    while bad - good > 1 and not out_of_time():
+        middle = (good + bad) // 2
+        if check(middle):
+            good = middle
+        else:
+            bad = middle
+    return good
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``bench worker``."""
+    parser.add_argument("--backend", default="fake", choices=["fake", "moshi", "cascade"])
+    parser.add_argument("--batch", default="1,2,4,8,16,32", help="batch sizes, comma-separated")
+    parser.add_argument("--steps", type=int, default=50, help="timed steps per batch size")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    parser.add_argument("--model-path", default="",
+                        help="moshi: save_pretrained directory (default: a tiny random Moshi)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--backend-options", default="", help="key=value,... for the backend")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--output", default="bench-results/worker.json")
+
+
+def build_backend(args: argparse.Namespace, slots: int,
+                  scratch: Path) -> Backend:
+    """The backend ``args`` names, with ``slots`` slots (a tiny Moshi is saved in ``scratch``)."""
+    from inference_worker.backends.registry import (
+        BackendRequest,
+        create_backend,
+        parse_options,
+    )
+
+    model_path = args.model_path
+    if args.backend == "moshi" and not model_path:
+        model_path = str(make_tiny_moshi(scratch / "tiny-moshi"))
+    return create_backend(BackendRequest(
+        name=args.backend, slots=slots, model_path=model_path, device=args.device,
+        dtype=args.dtype, options=parse_options(args.backend_options)))
+
+
+def make_tiny_moshi(directory: Path) -> Path:
+    """Save a tiny random Moshi (+ Mimi + tokenizer) in ``directory``; returns it."""
+    from inference_worker.backends.moshi_tiny import write_tiny_moshi
+
+    write_tiny_moshi(directory, seed=0)
+    return directory
+
+
+def _device_sync(device: str) -> Callable[[], None] | None:
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    return torch.cuda.synchronize
+
+
+def run_batches(backend: Backend, batches: Sequence[int], *, steps: int, warmup: int,
+                sync: Callable[[], None] | None = None) -> list[BenchRow]:
+    """Measure every batch size (those above the backend's slots are skipped)."""
+    frame_ms = backend.spec.frame_seconds * 1000
+    rows: list[BenchRow] = []
+    base: float | None = None
+    for batch in batches:
+        if batch > backend.spec.max_slots:
+            continue
+        times = measure_batch(backend, batch, steps=steps, warmup=warmup, sync=sync)
+        if batch == 1:
+            base = _percentile(sorted(t * 1000 for t in times), 0.5)
+        row = summarize(batch, times, frame_ms, base)
+        rows.append(row)
+        print(format_table([row], frame_ms).splitlines()[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def run_worker_bench(args: argparse.Namespace) -> int:
+    """Run ``bench worker``: print the table, write the JSON; returns the exit status."""
+    batches = parse_batches(args.batch)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(prefix="bench-worker-") as scratch:
+        backend = build_backend(args, max(batches), Path(scratch))
+        try:
+            rows = run_batches(backend, batches, steps=args.steps, warmup=args.warmup,
+                               sync=_device_sync(args.device))
+        finally:
+            close = getattr(backend, "close", None)
+            if callable(close):
+                close()
+    frame_ms = backend.spec.frame_seconds * 1000
+    print(format_table(rows, frame_ms))
+    by_batch = {row.batch: row for row in rows}
+    ratio_16 = by_batch[16].ratio_vs_b1 if 16 in by_batch else None
+    if ratio_16 is not None:
+        print(f"B=16 step costs {ratio_16:.2f}x a B=1 step (target <= 4)")
+    result: dict[str, Any] = {
+        "backend": args.backend, "model_path": args.model_path or None,
+        "device": args.device, "dtype": args.dtype, "frame_ms": frame_ms,
+        "steps": args.steps, "warmup": args.warmup, "ratio_b16_vs_b1": ratio_16,
+        "rows": [asdict(row) for row in rows],
+    }
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {output}")
+    return 0

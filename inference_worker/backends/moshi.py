@@ -1,0 +1,501 @@
+"""The Moshi backend: HF ``MoshiForConditionalGeneration`` (+ its Mimi codec) stepped per 80 ms.
+
+One :meth:`MoshiBackend.step` runs, batched over the listed slots (models.md §3, §4.2):
+
+1. streaming Mimi encode of the user's frame -> 8 user codes (:class:`MimiStreamer`);
+2. the temporal transformer, one position per slot, on a per-slot ring KV cache
+   (:class:`SlotRingCache`), fed the previous text token, Moshi's own audio codes and the user's
+   codes, each codebook at its acoustic delay -> text logits and a hidden state;
+3. the depth transformer, 8 small steps -> Moshi's 8 audio codes for this position;
+4. Kyutai ``LMGen``'s token ring undoes the delays: a slot's first ``max_delay`` ticks give no
+   frame (empty pcm), then one frame per tick;
+5. streaming Mimi decode of that frame -> 1920 samples, and its text token -> a transcript delta.
+
+Slots are rows of preallocated state. A tick computes the contiguous row range spanning the listed
+slots; unlisted rows inside it run on dummy input and commit nothing (Kyutai's exec mask), so a
+paused slot resumes bit-for-bit where it stopped, and no row reads another's state. Sampling
+draws from one ``torch.Generator`` per slot, so a session's tokens do not depend on its batch.
+The step's cost is that of the row range, so a worker should fill the lowest free slot first.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import (
+    AutoTokenizer,
+    DynamicCache,
+    MimiConfig,
+    MoshiConfig,
+    MoshiForConditionalGeneration,
+    PreTrainedTokenizerBase,
+)
+
+from inference_worker.backend import Audio, FrameSpec, SlotResult, SlotStep
+from inference_worker.backends.mimi_stream import MimiStreamer
+from inference_worker.backends.moshi_cache import SlotRingCache
+
+__all__ = [
+    "MoshiBackend",
+    "SamplingParams",
+    "SlotTokens",
+    "StepTrace",
+    "build_full_size_on",
+    "parse_dtype",
+]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+_EMPTY: Audio = np.zeros(0, dtype=np.float32)
+_EMPTY.flags.writeable = False  # shared by every warm-up result
+
+
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """``"float32"``/``"bfloat16"``/``"float16"`` (or a ``torch.dtype``) -> ``torch.dtype``."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPES)}") from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SamplingParams:
+    """Token sampling; a temperature of 0 means greedy. Defaults are Kyutai's ``LMGen``'s."""
+
+    temperature: float = 0.8
+    top_k: int = 250
+    text_temperature: float = 0.7
+    text_top_k: int = 25
+
+    @classmethod
+    def greedy(cls) -> SamplingParams:
+        """Argmax for text and audio (deterministic without any generator)."""
+        return cls(temperature=0.0, text_temperature=0.0)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotTokens:
+    """The tokens of the frame a slot emitted this tick (after undoing the acoustic delay)."""
+
+    text: int
+    audio: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StepTrace:
+    """Internals of the last tick over ``rows`` (kept only when ``MoshiBackend.trace`` is set)."""
+
+    rows: slice
+    exec_mask: torch.Tensor  #: [n] bool
+    user_codes: torch.Tensor  #: [n, K] Mimi codes of the input frame
+    lm_input: torch.Tensor  #: [n, 1 + 2K] text, Moshi audio, user audio fed to the temporal step
+    text_logits: torch.Tensor  #: [n, text_vocab]
+    depth_logits: torch.Tensor  #: [n, K, audio_vocab]
+    text: torch.Tensor  #: [n] sampled text token
+    audio: torch.Tensor  #: [n, K] sampled audio codes (for the delayed position)
+
+
+@dataclass(frozen=True, slots=True)
+class _Frames:
+    ready: torch.Tensor  # [n] bool: an output frame exists for the row
+    frame: torch.Tensor  # [n, 1 + K]: text token and K audio codes of that frame
+
+
+class _TextStream:
+    """Turns a slot's text tokens into transcript deltas.
+
+    With a tokenizer, a token's delta is ``decode(context + [token])`` minus ``decode(context)``
+    over the last few non-pad tokens, which gets SentencePiece's leading spaces and multi-token
+    characters right. Without one (tiny random test models), a non-pad token renders as
+    ``"<id>"``. Padding tokens always render as ``""``.
+    """
+
+    _CONTEXT = 4
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase | None, pad_ids: Iterable[int]) -> None:
+        self.tokenizer = tokenizer
+        self.pad_ids = frozenset(pad_ids)
+        self.context: list[int] = []
+
+    def delta(self, token: int) -> str:
+        if token in self.pad_ids:
+            return ""
+        if self.tokenizer is None:
+            return f"<{token}>"
+        before = self._decode(self.context)
+        after = self._decode([*self.context, token])
+        self.context = [*self.context, token][-self._CONTEXT :]
+        return after[len(before) :] if after.startswith(before) else self._decode([token])
+
+    def _decode(self, ids: list[int]) -> str:
+        assert self.tokenizer is not None
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True)) if ids else ""
+
+
+class MoshiBackend:
+    """Moshi on HF transformers, many sessions in lockstep (implements ``Backend``).
+
+    Not thread-safe: call ``open_slot``, ``close_slot`` and ``step`` from one (model) thread.
+
+    Args:
+        model: an eval-mode ``MoshiForConditionalGeneration`` on its final device and dtype.
+        max_slots: sessions served at once; state for all of them is allocated here.
+        tokenizer: decodes text tokens; ``None`` renders them as ``"<id>"``.
+        sampling: token sampling (default: Kyutai's temperatures and top-k).
+        seed: seeds the per-session generators of sessions opened without a seed.
+        context: temporal attention window in frames (default: ``config.sliding_window``).
+        acoustic_delay: frames by which codebooks 1.. lag codebook 0 (Moshi: 1).
+        text_pad_ids: text tokens that produce no transcript (Kyutai: 0 and 3).
+    """
+
+    def __init__(
+        self,
+        model: MoshiForConditionalGeneration,
+        *,
+        max_slots: int,
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        sampling: SamplingParams | None = None,
+        seed: int = 0,
+        context: int | None = None,
+        acoustic_delay: int = 1,
+        text_pad_ids: Iterable[int] = (0, 3),
+    ) -> None:
+        if max_slots < 1 or acoustic_delay < 0:
+            raise ValueError("max_slots must be >= 1 and acoustic_delay >= 0")
+        config: MoshiConfig = model.config
+        self.model = model
+        self.config = config
+        self.sampling = sampling if sampling is not None else SamplingParams()
+        self.tokenizer = tokenizer
+        self.text_pad_ids = tuple(text_pad_ids)
+        self.num_codebooks = k = int(config.num_codebooks)
+        self.device = next(model.decoder.parameters()).device
+        self.mimi = MimiStreamer(model.audio_encoder, max_slots=max_slots, num_codebooks=k)
+        self.spec = FrameSpec(
+            in_rate=self.mimi.sample_rate,
+            in_samples=self.mimi.frame_size,
+            out_rate=self.mimi.sample_rate,
+            out_samples=self.mimi.frame_size,
+            max_slots=max_slots,
+        )
+        self._kv = SlotRingCache(
+            num_layers=config.num_hidden_layers,
+            max_slots=max_slots,
+            num_kv_heads=int(config.num_key_value_heads or config.num_attention_heads),
+            head_dim=int(config.head_dim or config.hidden_size // config.num_attention_heads),
+            window=context if context is not None else int(config.sliding_window),
+            chunk=1,
+            device=self.device,
+            dtype=next(model.decoder.parameters()).dtype,
+        )
+        # Kyutai's delays over [text, Moshi's K codebooks, the user's K codebooks].
+        acoustic = [0] + [acoustic_delay] * (k - 1)
+        self.max_delay = acoustic_delay if k > 1 else 0
+        self._delays = torch.tensor([0, *acoustic, *acoustic], device=self.device)
+        self._initial = torch.tensor(
+            [config.vocab_size] + [config.audio_vocab_size] * (2 * k), device=self.device
+        )
+        # LMGen's token ring: position p holds what the temporal step at offset p reads.
+        self._ring = torch.zeros(
+            (max_slots, 1 + 2 * k, self.max_delay + 2), dtype=torch.long, device=self.device
+        )
+        self._offsets = torch.zeros(max_slots, dtype=torch.long, device=self.device)
+        self._generators: dict[int, torch.Generator] = {}
+        self._seeds = torch.Generator().manual_seed(seed)
+        self._text: dict[int, _TextStream] = {}
+        #: Each open slot's tokens of the frame it emitted in the last tick that listed it.
+        self.last_tokens: dict[int, SlotTokens | None] = {}
+        #: Set to keep :attr:`last_trace` (tests; it holds references to the tick's tensors).
+        self.trace = False
+        self.last_trace: StepTrace | None = None
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        device: str | torch.device = "cpu",
+        dtype: str | torch.dtype = "float32",
+        mimi_dtype: str | torch.dtype = "float32",
+        max_slots: int = 16,
+        **kwargs: Any,
+    ) -> MoshiBackend:
+        """Load a ``save_pretrained`` directory (Moshi + Mimi, and a tokenizer if it has one).
+
+        Args:
+            path: a local model directory; nothing is downloaded.
+            device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
+            dtype: the language model's dtype (``"float32"``, ``"bfloat16"``, ``"float16"``).
+            mimi_dtype: the codec's dtype; float32 by default, as Kyutai runs Mimi.
+            max_slots: sessions served at once.
+            **kwargs: the other keyword arguments of :class:`MoshiBackend`.
+        """
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"no Moshi model directory at {path} (config.json missing)")
+        model = MoshiForConditionalGeneration.from_pretrained(
+            path, dtype=parse_dtype(dtype), attn_implementation="sdpa"
+        )
+        tokenizer = None
+        if any((path / name).is_file() for name in _TOKENIZER_FILES):
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        _place(model, torch.device(device), parse_dtype(mimi_dtype))
+        return cls(model, max_slots=max_slots, tokenizer=tokenizer, **kwargs)
+
+    # ------------------------------------------------------------------ slots
+
+    @property
+    def slot_state_bytes(self) -> int:
+        """Device bytes of per-session state (KV rings, conv tails) per slot."""
+        total = self._kv.nbytes + self.mimi.state_bytes + self._ring.nbytes
+        return total // self.spec.max_slots
+
+    def open_slot(self, slot: int, *, seed: int | None = None) -> None:
+        """Reset ``slot`` for a new session; ``seed`` fixes its sampling (else one is drawn)."""
+        self._check_slot(slot)
+        self.mimi.reset(slot)
+        self._kv.reset_slot(slot)
+        self._ring[slot] = 0
+        self._offsets[slot] = 0
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
+        generator = self._generators.get(slot)
+        if generator is None:
+            generator = self._generators[slot] = torch.Generator(device=self.device)
+        generator.manual_seed(seed)
+        self._text[slot] = _TextStream(self.tokenizer, self.text_pad_ids)
+        self.last_tokens[slot] = None
+
+    def close_slot(self, slot: int) -> None:
+        """Free ``slot``; its state is left as it is until the next :meth:`open_slot`."""
+        self._check_slot(slot)
+        self._text.pop(slot, None)
+        self.last_tokens.pop(slot, None)
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.spec.max_slots:
+            raise ValueError(f"slot {slot} out of range 0..{self.spec.max_slots - 1}")
+
+    # ------------------------------------------------------------------ the tick
+
+    @torch.no_grad()
+    def step(self, inputs: list[SlotStep]) -> list[SlotResult]:
+        """Advance every listed slot by one frame, in one batched pass (see the module doc)."""
+        if not inputs:
+            return []
+        slots = [item.slot for item in inputs]
+        if len(set(slots)) != len(slots) or any(s not in self._text for s in slots):
+            raise ValueError(f"slots must be open and listed once, got {slots}")
+        lo = min(slots)
+        rows = slice(lo, max(slots) + 1)
+        n = rows.stop - lo
+        pcm = np.zeros((n, 1, self.spec.in_samples), dtype=np.float32)
+        for item in inputs:
+            if item.pcm.shape != (self.spec.in_samples,):
+                raise ValueError(f"slot {item.slot}: expected {self.spec.in_samples} samples")
+            pcm[item.slot - lo, 0] = item.pcm
+        listed = torch.zeros(n, dtype=torch.bool)
+        listed[[s - lo for s in slots]] = True
+        exec_mask = listed.to(self.device)
+
+        user = self.mimi.encode(rows, exec_mask, torch.from_numpy(pcm).to(self.device))
+        frames = self._lm_step(rows, exec_mask, user, slots)
+        ready = frames.ready.cpu()
+        audio = None
+        if bool(ready.any()):
+            codes = frames.frame[:, 1:]
+            audio = self.mimi.decode(rows, frames.ready, codes).float().cpu().numpy()
+        tokens = frames.frame.cpu().tolist()
+        return [self._result(item.slot, lo, bool(ready[item.slot - lo]), tokens, audio)
+                for item in inputs]
+
+    def _result(
+        self, slot: int, lo: int, ready: bool, tokens: list[list[int]], audio: Audio | None
+    ) -> SlotResult:
+        if not ready or audio is None:
+            self.last_tokens[slot] = None
+            return SlotResult(slot=slot, pcm=_EMPTY)
+        row = tokens[slot - lo]
+        self.last_tokens[slot] = SlotTokens(row[0], tuple(row[1:]))
+        # The contract is [-1, 1]; trained Mimi stays inside, random test weights do not.
+        pcm = np.clip(audio[slot - lo], -1.0, 1.0).astype(np.float32, copy=False)
+        return SlotResult(slot=slot, pcm=pcm, text=self._text[slot].delta(row[0]))
+
+    def _lm_step(
+        self, rows: slice, exec_mask: torch.Tensor, user: torch.Tensor, slots: list[int]
+    ) -> _Frames:
+        """One temporal + depth step over ``rows`` with the delay ring (Kyutai ``LMGen._step``)."""
+        k = self.num_codebooks
+        offsets = self._offsets[rows]
+        ring = self._ring[rows]
+        size = ring.shape[-1]
+        run = exec_mask[:, None, None]
+        # The user's codebooks go in at their delayed positions.
+        user_ring = ring[:, 1 + k :]
+        at = ((offsets[:, None] + self._delays[None, 1 + k :]) % size)[..., None]
+        user_ring.scatter_(2, at, torch.where(run, user[..., None], user_ring.gather(2, at)))
+        # Read this offset's tokens; a codebook still within its delay reads the initial token.
+        at = (offsets % size)[:, None, None].expand(-1, ring.shape[1], 1)
+        lm_input = ring.gather(2, at)[..., 0]
+        is_init = (offsets[:, None] <= self._delays[None]) | ~exec_mask[:, None]
+        lm_input = torch.where(is_init, self._initial[None], lm_input)
+
+        text_logits, hidden = self._temporal(rows, exec_mask, lm_input)
+        text_noise, audio_noise = self._noise(rows, slots)
+        params = self.sampling
+        text = _sample(text_logits, params.text_temperature, params.text_top_k, text_noise)
+        audio, depth_logits = self._depth(hidden, text, audio_noise)
+
+        # The sampled tokens belong to the next position; only executing rows store them.
+        offsets = offsets + exec_mask.long()
+        self._offsets[rows] = offsets
+        own = ring[:, : 1 + k]
+        at = (offsets % size)[:, None, None].expand(-1, 1 + k, 1)
+        new = torch.cat([text[:, None], audio], dim=1)[..., None]
+        own.scatter_(2, at, torch.where(run, new, own.gather(2, at)))
+        # The frame whose last codebook was just sampled: codebook j sits at its delay.
+        at = ((offsets[:, None] - self.max_delay + self._delays[None, : 1 + k]) % size)[..., None]
+        frame = own.gather(2, at)[..., 0]
+        if self.trace:
+            self.last_trace = StepTrace(
+                rows, exec_mask, user, lm_input, text_logits, depth_logits, text, audio
+            )
+        return _Frames(ready=exec_mask & (offsets > self.max_delay), frame=frame)
+
+    def _temporal(
+        self, rows: slice, exec_mask: torch.Tensor, tokens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embed ``[n, 1 + 2K]`` tokens as Moshi's forward does and run one cached position."""
+        model = self.model
+        embeds = model.decoder.model.embed_tokens(tokens[:, :1])
+        for j, table in enumerate(model.embed_tokens):
+            embeds = embeds + table(tokens[:, 1 + j : 2 + j])
+        position_ids, mask = self._kv.begin(rows, 1)
+        out = model.decoder(
+            inputs_embeds=embeds,
+            attention_mask=mask,
+            position_ids=position_ids,
+            cache=self._kv,
+            use_cache=True,
+        )
+        self._kv.commit(exec_mask)
+        return out.logits[:, -1], out.last_hidden_state
+
+    def _depth(
+        self, hidden: torch.Tensor, text: torch.Tensor, noise: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample the K audio codes one by one with the depth transformer and a small cache.
+
+        Embeddings are looked up here, with the codebook index known on the host, and passed as
+        ``inputs_embeds``: HF's own lookup calls ``.item()`` per codebook (a GPU sync each).
+        """
+        depth = self.model.depth_decoder
+        cache = DynamicCache(config=depth.config)
+        previous = text[:, None]
+        embeds = depth.text_embed_tokens(previous)
+        codes, logits = [], []
+        params = self.sampling
+        for j in range(self.num_codebooks):
+            out = depth(
+                input_ids=previous,
+                last_hidden_state=hidden,
+                inputs_embeds=embeds,
+                cache=cache,
+                use_cache=True,
+            )
+            step_logits = out.logits[:, -1]
+            step_noise = None if noise is None else noise[:, j]
+            code = _sample(step_logits, params.temperature, params.top_k, step_noise)
+            codes.append(code)
+            logits.append(step_logits)
+            previous = code[:, None]
+            if j + 1 < self.num_codebooks:
+                embeds = depth.embed_tokens[j](previous)
+        return torch.stack(codes, dim=1), torch.stack(logits, dim=1)
+
+    def _noise(
+        self, rows: slice, slots: list[int]
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Exponential noise for this tick's sampling, drawn from each listed slot's generator.
+
+        One draw per slot per tick, of a size fixed by the sampling parameters, so a session's
+        random stream does not depend on which other slots are in the batch.
+        """
+        params = self.sampling
+        text_k = _k(params.text_temperature, params.text_top_k, self.config.vocab_size)
+        audio_k = _k(params.temperature, params.top_k, int(self.config.audio_vocab_size or 0))
+        size = text_k + self.num_codebooks * audio_k
+        if size == 0:
+            return None, None
+        noise = torch.ones((rows.stop - rows.start, size), device=self.device)
+        for slot in slots:
+            noise[slot - rows.start].exponential_(generator=self._generators[slot])
+        text_noise = noise[:, :text_k] if text_k else None
+        audio_noise = noise[:, text_k:].view(-1, self.num_codebooks, audio_k) if audio_k else None
+        return text_noise, audio_noise
+
+
+def _k(temperature: float, top_k: int, vocab: int) -> int:
+    """Candidates kept when sampling (0 for greedy)."""
+    if temperature <= 0:
+        return 0
+    return vocab if top_k <= 0 else min(top_k, vocab)
+
+
+def _sample(
+    logits: torch.Tensor, temperature: float, top_k: int, noise: torch.Tensor | None
+) -> torch.Tensor:
+    """Greedy, or top-k sampling as Kyutai does it: ``argmax(p / Exp(1) noise)`` ~ ``p``."""
+    if temperature <= 0 or noise is None:
+        return logits.argmax(dim=-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    top, index = probs.topk(noise.shape[-1], dim=-1)
+    choice = (top / noise).argmax(dim=-1, keepdim=True)
+    return index.gather(-1, choice)[:, 0]
+
+
+def _place(
+    model: MoshiForConditionalGeneration, device: torch.device, mimi_dtype: torch.dtype
+) -> None:
+    """Move to ``device``, put Mimi in ``mimi_dtype``, and switch to eval mode."""
+    # nn.Module's own methods: PreTrainedModel's wrappers of `to`/`eval` are untyped.
+    torch.nn.Module.to(model, device)
+    torch.nn.Module.to(model.audio_encoder, mimi_dtype)
+    torch.nn.Module.train(model, False)
+    # Mimi caches its codebooks' embedding tables on first use; drop any made before the move.
+    for module in model.audio_encoder.modules():
+        if hasattr(module, "_embed"):
+            module._embed = None
+
+
+def build_full_size_on(
+    device: str | torch.device,
+    dtype: str | torch.dtype = "bfloat16",
+    max_slots: int = 16,
+    **kwargs: Any,
+) -> MoshiBackend:
+    """A random-init Moshi 7B (transformers' default ``MoshiConfig``/``MimiConfig``) on ``device``.
+
+    For capacity and latency runs on a GPU, where no weights can be downloaded: compute and
+    memory do not depend on the weight values. The model is built on the device directly (no
+    7.8B-parameter CPU init). ~14.5 GiB of weights in bf16, plus ~1.5 GiB KV per slot at the
+    default 3000-frame context (pass ``context=`` to shrink it).
+    """
+    torch_device = torch.device(device)
+    torch_dtype = parse_dtype(dtype)
+    config = MoshiConfig(audio_encoder_config=MimiConfig())
+    config._attn_implementation = "sdpa"
+    with torch_device:
+        model = MoshiForConditionalGeneration._from_config(  # type: ignore[no-untyped-call]
+            config, dtype=torch_dtype
+        )
+    _place(model, torch_device, parse_dtype(kwargs.pop("mimi_dtype", torch.float32)))
+    return MoshiBackend(model, max_slots=max_slots, **kwargs)

@@ -1,0 +1,412 @@
+"""The frame clock and the model thread of a frame backend (DESIGN §4).
+
+One dedicated thread owns the backend: it opens and closes slots and runs one batched
+``step`` for every open slot each tick, on a drift-free absolute schedule (tick ``k`` is due
+at ``t0 + k * period``, so a slow tick never shifts the ones after it). The asyncio side only
+queues work: :meth:`Engine.open`/:meth:`Engine.close` reserve and release slot ids at once
+and the thread applies them to the backend before its next tick; :meth:`Engine.push_audio`
+turns a session's pcm16 24 kHz audio into frames of exactly ``in_samples`` at ``in_rate``.
+
+The clock never waits for a client: a slot with no frame queued gets silence (an underrun),
+and a frame that is the wrong length or carries NaN/inf is replaced by silence for that slot
+alone (``bad_input_frames``); the other slots of the batch never see it. Each tick's outputs,
+converted to pcm16 24 kHz, go back to the event loop with ``loop.call_soon_threadsafe``,
+tagged with the handle's serial, so a slot reused by a new session never receives the
+previous session's last frame.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from inference_worker.backend import Backend, FrameSpec, SlotResult, SlotStep, silence
+from inference_worker.frames import (
+    PCM_RATE,
+    FrameOutput,
+    StreamResampler,
+    float_to_pcm16,
+    level,
+    pcm16_to_float,
+)
+from inference_worker.metrics import WorkerMetrics
+
+__all__ = ["Engine", "SlotHandle", "TickReport"]
+
+_log = logging.getLogger(__name__)
+
+Audio = np.ndarray[Any, np.dtype[np.float32]]
+
+# Ticks judged before the rolling p99 may refuse admission (one slow first tick is no trend).
+_MIN_SAMPLES = 10
+# A clock further behind than this many frames re-anchors instead of running every tick late.
+_MAX_LAG_FRAMES = 2
+
+
+@dataclass(frozen=True, slots=True)
+class SlotHandle:
+    """One session's hold on a slot: ``serial`` is unique per open, ``slot`` is reused."""
+
+    serial: int
+    slot: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TickReport:
+    """What one tick produced, delivered on the event loop."""
+
+    index: int
+    #: When the tick was due (monotonic seconds) and how long its work took.
+    scheduled: float
+    seconds: float
+    #: serial -> that slot's output.
+    outputs: dict[int, FrameOutput] = field(default_factory=dict)
+    #: Serials whose slot failed (the step raised, or opening the slot did).
+    failed: tuple[int, ...] = ()
+    error: str | None = None
+
+
+class _SlotInput:
+    """One open slot's input: whole frames waiting, and the partial frame being filled."""
+
+    __slots__ = ("carry", "frames", "out_resampler", "partial", "partial_len", "resampler")
+
+    def __init__(self, spec: FrameSpec) -> None:
+        self.frames: deque[Audio] = deque()
+        self.partial: list[Audio] = []
+        self.partial_len = 0
+        self.carry = b""  # an odd trailing byte of pcm16, completed by the next push
+        self.resampler = StreamResampler(PCM_RATE, spec.in_rate)
+        self.out_resampler = StreamResampler(spec.out_rate, PCM_RATE)
+
+
+class Engine:
+    """Steps every open slot of one backend together, on its own thread."""
+
+    def __init__(self, backend: Backend, *, metrics: WorkerMetrics | None = None,
+                 backlog_s: float = 10.0, window: int = 250,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """Wrap ``backend`` (already loaded); nothing runs until :meth:`start`.
+
+        Args:
+            backend: the model; only this engine's thread calls it from now on.
+            metrics: where ticks are recorded (None: not recorded).
+            backlog_s: input audio kept per slot ahead of the model; older frames are dropped.
+            window: ticks in the rolling tick-time window that admission judges.
+            clock: monotonic seconds (tests pass a fake one to :meth:`tick_once`).
+        """
+        self.backend = backend
+        self.spec = backend.spec
+        self.metrics = metrics
+        self._clock = clock
+        self._backlog = max(1, math.ceil(backlog_s / self.spec.frame_seconds))
+        self._lock = threading.Lock()
+        self._free = list(range(self.spec.max_slots))  # a heap: the lowest free slot first
+        self._serial = 0
+        self._inputs: dict[int, _SlotInput] = {}  # every handle not yet closed, by serial
+        self._ops: list[tuple[bool, SlotHandle]] = []  # (open?, handle), for the thread
+        self._active: dict[int, SlotHandle] = {}  # model thread only: opened in the backend
+        self._failed: list[int] = []  # model thread only: serials whose open_slot raised
+        self._durations: deque[float] = deque(maxlen=window)
+        self._index = 0
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_tick: Callable[[TickReport], None] | None = None
+
+    # ------------------------------------------------------------------ slots (any thread)
+
+    @property
+    def free_slots(self) -> int:
+        """Slot ids not held by any handle."""
+        with self._lock:
+            return len(self._free)
+
+    @property
+    def open_count(self) -> int:
+        """Handles held now."""
+        with self._lock:
+            return len(self._inputs)
+
+    def open(self) -> SlotHandle | None:
+        """Reserve the lowest free slot for a new session; None when every slot is held."""
+        with self._lock:
+            if not self._free:
+                return None
+            self._serial += 1
+            handle = SlotHandle(self._serial, heapq.heappop(self._free))
+            self._inputs[handle.serial] = _SlotInput(self.spec)
+            self._ops.append((True, handle))
+        self._wake.set()
+        return handle
+
+    def close(self, handle: SlotHandle) -> None:
+        """Release ``handle``'s slot (idempotent); the thread closes it before its next tick."""
+        with self._lock:
+            if self._inputs.pop(handle.serial, None) is None:
+                return
+            self._ops.append((False, handle))
+            heapq.heappush(self._free, handle.slot)
+        self._wake.set()
+
+    def push_audio(self, handle: SlotHandle, pcm16: bytes) -> None:
+        """Queue a session's pcm16 LE 24 kHz audio as frames of ``in_samples`` at ``in_rate``.
+
+        Only the event loop calls this (the resampler state is the loop's); whole frames are
+        handed to the model thread under the lock.
+        """
+        slot_input = self._inputs.get(handle.serial)
+        if slot_input is None:
+            return
+        data = slot_input.carry + pcm16
+        even = len(data) & ~1
+        slot_input.carry = data[even:]
+        samples = slot_input.resampler.process(pcm16_to_float(data[:even]))
+        if samples.size == 0:
+            return
+        slot_input.partial.append(samples)
+        slot_input.partial_len += samples.size
+        n = self.spec.in_samples
+        if slot_input.partial_len < n:
+            return
+        joined = np.concatenate(slot_input.partial)
+        whole = (joined.size // n) * n
+        rest = joined[whole:]
+        slot_input.partial = [rest] if rest.size else []
+        slot_input.partial_len = rest.size
+        self._enqueue(handle, [joined[i:i + n] for i in range(0, whole, n)])
+
+    def push_frame(self, handle: SlotHandle, frame: Any) -> None:
+        """Queue one ready-made input frame as is; it is checked when its tick takes it."""
+        self._enqueue(handle, [frame])
+
+    def clear_input(self, handle: SlotHandle) -> None:
+        """Drop the input queued for ``handle`` that the model has not consumed yet."""
+        slot_input = self._inputs.get(handle.serial)
+        if slot_input is None:
+            return
+        with self._lock:
+            slot_input.frames.clear()
+        slot_input.partial, slot_input.partial_len, slot_input.carry = [], 0, b""
+
+    def _enqueue(self, handle: SlotHandle, frames: list[Audio]) -> None:
+        dropped = 0
+        with self._lock:
+            slot_input = self._inputs.get(handle.serial)
+            if slot_input is None:
+                return
+            slot_input.frames.extend(frames)
+            while len(slot_input.frames) > self._backlog:
+                slot_input.frames.popleft()  # the oldest audio goes: latency stays bounded
+                dropped += 1
+        if dropped and self.metrics is not None:
+            self.metrics.dropped_input_frames.inc(dropped)
+
+    # ------------------------------------------------------------------ admission
+
+    def tick_p99(self) -> float | None:
+        """p99 of the recent tick times (seconds), or None before enough ticks were seen."""
+        with self._lock:
+            recent = sorted(self._durations)
+        if len(recent) < min(_MIN_SAMPLES, self._durations.maxlen or _MIN_SAMPLES):
+            return None
+        return recent[max(0, math.ceil(0.99 * len(recent)) - 1)]
+
+    def over_budget(self, fraction: float) -> bool:
+        """Whether the recent p99 tick time exceeds ``fraction`` of the frame period."""
+        p99 = self.tick_p99()
+        return p99 is not None and p99 > fraction * self.spec.frame_seconds
+
+    # ------------------------------------------------------------------ the thread
+
+    def start(self, loop: asyncio.AbstractEventLoop,
+              on_tick: Callable[[TickReport], None]) -> None:
+        """Start the model thread; each report is handed to ``on_tick`` on ``loop``."""
+        if self._thread is not None:
+            raise RuntimeError("engine already started")
+        self._loop, self._on_tick = loop, on_tick
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="model-thread", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the thread after its current tick (blocking up to ``timeout``)."""
+        self._stop.set()
+        self._wake.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        period = self.spec.frame_seconds
+        due: float | None = None  # when the next tick is due; None while idle
+        while not self._stop.is_set():
+            if not self._has_work():
+                self._wake.wait()  # woken by open/close/stop
+                self._wake.clear()
+                due = None
+                continue
+            now = self._clock()
+            if due is None:
+                due = now  # (re)anchor the schedule: the first frame is due at once
+            elif now < due:
+                self._stop.wait(due - now)
+                continue
+            report = self.tick_once(scheduled=due)
+            due += period
+            behind = self._clock() - due
+            if report is not None and behind > 0 and self.metrics is not None:
+                self.metrics.late_ticks.inc()
+            if behind > _MAX_LAG_FRAMES * period:
+                skipped = int(behind // period)
+                due += skipped * period
+                if self.metrics is not None:
+                    self.metrics.skipped_ticks.inc(skipped)
+            if report is not None:
+                self._deliver(report)
+
+    def _has_work(self) -> bool:
+        with self._lock:
+            return bool(self._ops) or bool(self._active)
+
+    def _deliver(self, report: TickReport) -> None:
+        loop, on_tick = self._loop, self._on_tick
+        if loop is None or on_tick is None:
+            return
+        try:
+            loop.call_soon_threadsafe(on_tick, report)
+        except RuntimeError:  # the loop closed under us: the worker is gone
+            self._stop.set()
+
+    # ------------------------------------------------------------------ one tick
+
+    def tick_once(self, scheduled: float | None = None) -> TickReport | None:
+        """Run one tick now, on the calling thread: apply slot changes, step, convert.
+
+        The model thread calls this on schedule; tests and benchmarks may call it directly
+        (never both). Returns None when no slot is open and nothing failed.
+        """
+        started = self._clock()
+        due = started if scheduled is None else scheduled
+        self._apply_ops()
+        failed, self._failed = tuple(self._failed), []
+        if not self._active:
+            if not failed:
+                return None
+            return TickReport(index=self._next_index(), scheduled=due, seconds=0.0,
+                              failed=failed)
+        handles = list(self._active.values())
+        frames = self._take_frames(handles)
+        steps = [SlotStep(slot=h.slot, pcm=f) for h, f in zip(handles, frames, strict=True)]
+        try:
+            outputs = self._step(handles, steps)
+        except Exception as exc:  # a model failure ends this batch's sessions, not the worker
+            _log.exception("batched step failed")
+            if self.metrics is not None:
+                self.metrics.step_errors.inc()
+            return TickReport(index=self._next_index(), scheduled=due,
+                              seconds=self._clock() - started,
+                              failed=failed + tuple(h.serial for h in handles),
+                              error=repr(exc))
+        seconds = self._clock() - started
+        self._record(seconds, len(handles))
+        return TickReport(index=self._next_index(), scheduled=due, seconds=seconds,
+                          outputs=outputs, failed=failed)
+
+    def _step(self, handles: list[SlotHandle], steps: list[SlotStep]) -> dict[int, FrameOutput]:
+        results = self.backend.step(steps)
+        if [r.slot for r in results] != [s.slot for s in steps]:
+            raise RuntimeError(f"step returned slots {[r.slot for r in results]} "
+                               f"for {[s.slot for s in steps]}")
+        return {h.serial: self._convert(h, r) for h, r in zip(handles, results, strict=True)}
+
+    def _next_index(self) -> int:
+        self._index += 1
+        return self._index - 1
+
+    def _apply_ops(self) -> None:
+        with self._lock:
+            ops, self._ops = self._ops, []
+        for opening, handle in ops:
+            try:
+                if opening:
+                    self.backend.open_slot(handle.slot)
+                    self._active[handle.serial] = handle
+                elif self._active.pop(handle.serial, None) is not None:
+                    self.backend.close_slot(handle.slot)
+            except Exception:
+                _log.exception("slot %d: %s failed", handle.slot,
+                               "open_slot" if opening else "close_slot")
+                if opening:
+                    self._failed.append(handle.serial)
+        if ops and not self._active:
+            with self._lock:
+                self._durations.clear()  # an idle engine has no recent tick time to judge
+
+    def _take_frames(self, handles: list[SlotHandle]) -> list[Audio]:
+        raw: list[Any] = []
+        with self._lock:
+            for handle in handles:
+                slot_input = self._inputs.get(handle.serial)
+                queued = slot_input.frames if slot_input is not None else None
+                raw.append(queued.popleft() if queued else None)
+        frames: list[Audio] = []
+        underruns = bad = 0
+        for frame in raw:
+            checked = None if frame is None else _checked(frame, self.spec.in_samples)
+            underruns += frame is None
+            bad += frame is not None and checked is None
+            frames.append(checked if checked is not None else silence(self.spec.in_samples))
+        if self.metrics is not None:
+            self.metrics.underruns.inc(underruns)
+            self.metrics.bad_input_frames.inc(bad)
+        return frames
+
+    def _convert(self, handle: SlotHandle, result: SlotResult) -> FrameOutput:
+        pcm = np.asarray(result.pcm, dtype=np.float32).reshape(-1)
+        repaired = False
+        if pcm.size > self.spec.out_samples:
+            pcm, repaired = pcm[: self.spec.out_samples], True
+        if not np.isfinite(pcm).all():
+            pcm, repaired = np.nan_to_num(pcm, nan=0.0, posinf=0.0, neginf=0.0), True
+        if repaired and self.metrics is not None:
+            self.metrics.bad_output_frames.inc()
+        slot_input = self._inputs.get(handle.serial)
+        if slot_input is not None and pcm.size:
+            pcm = slot_input.out_resampler.process(pcm)
+        return FrameOutput(audio=float_to_pcm16(pcm), level=level(pcm), text=result.text,
+                           events=dict(result.events))
+
+    def _record(self, seconds: float, batch: int) -> None:
+        with self._lock:
+            self._durations.append(seconds)
+        m = self.metrics
+        if m is None:
+            return
+        m.tick_seconds.observe(seconds)
+        m.real_time_factor.observe(seconds / self.spec.frame_seconds)
+        m.batch_occupancy.set(batch)
+        m.batch_size.observe(batch)
+
+
+def _checked(frame: Any, samples: int) -> Audio | None:
+    """``frame`` as float32 in [-1, 1] if it is a finite 1-D frame of ``samples``, else None."""
+    if not isinstance(frame, np.ndarray) or frame.shape != (samples,):
+        return None
+    if frame.dtype.kind not in "fiu":  # real numbers only (no complex, bool or object)
+        return None
+    audio = frame.astype(np.float32, copy=False)
+    if not np.isfinite(audio).all():
+        return None
+    return np.clip(audio, -1.0, 1.0)

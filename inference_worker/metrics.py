@@ -1,0 +1,79 @@
+"""Every Prometheus metric of the inference worker (namespace ``duplex_worker``, label ``backend``).
+
+The engine's model thread and the asyncio driver both record here; ``prometheus_client``
+metrics are thread-safe. ``serve_metrics`` exposes them on ``/metrics`` of a port of their own
+(``DUPLEX_GATEWAY_METRICS_PORT``; 0 keeps them unserved).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+__all__ = ["WorkerMetrics", "serve_metrics"]
+
+_NS = "duplex_worker"
+
+# Tick times around an 80 ms Moshi frame: fine below the budget, coarse above it.
+_TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.09,
+                 0.1, 0.12, 0.16, 0.25, 0.5, 1.0)
+_RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 4.0)
+_TTFA_BUCKETS = (0.05, 0.1, 0.16, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+_BATCH_BUCKETS = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+
+
+class WorkerMetrics:
+    """The worker's metrics for one backend, on a registry of their own (tests stay apart)."""
+
+    def __init__(self, backend: str, registry: CollectorRegistry | None = None) -> None:
+        """Define every metric on ``registry`` (a fresh one by default), labelled ``backend``."""
+        self.registry = registry or CollectorRegistry()
+        r, label = self.registry, ["backend"]
+        self.tick_seconds = Histogram(
+            f"{_NS}_tick_seconds", "Wall time of one batched model step", label,
+            registry=r, buckets=_TICK_BUCKETS).labels(backend)
+        self.real_time_factor = Histogram(
+            f"{_NS}_real_time_factor", "Tick time over the frame period (1 = no headroom)",
+            label, registry=r, buckets=_RTF_BUCKETS).labels(backend)
+        self.batch_occupancy = Gauge(
+            f"{_NS}_batch_occupancy", "Slots stepped in the latest tick", label,
+            registry=r).labels(backend)
+        self.batch_size = Histogram(
+            f"{_NS}_batch_size", "Slots stepped per tick", label, registry=r,
+            buckets=_BATCH_BUCKETS).labels(backend)
+        self.time_to_first_audio = Histogram(
+            f"{_NS}_time_to_first_audio_seconds",
+            "From a turn's trigger (first input audio, commit, end of speech, response.create)"
+            " to the first audible output of the response", label, registry=r,
+            buckets=_TTFA_BUCKETS).labels(backend)
+        self.late_ticks = Counter(
+            f"{_NS}_late_ticks", "Ticks that ended after their frame's deadline", label,
+            registry=r).labels(backend)
+        self.skipped_ticks = Counter(
+            f"{_NS}_skipped_ticks", "Ticks dropped to re-anchor a clock that fell far behind",
+            label, registry=r).labels(backend)
+        self.bad_input_frames = Counter(
+            f"{_NS}_bad_input_frames",
+            "Input frames replaced by silence (wrong length, NaN or inf)", label,
+            registry=r).labels(backend)
+        self.bad_output_frames = Counter(
+            f"{_NS}_bad_output_frames", "Output frames with NaN/inf or too many samples, repaired",
+            label, registry=r).labels(backend)
+        self.underruns = Counter(
+            f"{_NS}_input_underruns", "Frames padded with silence because a client was late",
+            label, registry=r).labels(backend)
+        self.dropped_input_frames = Counter(
+            f"{_NS}_dropped_input_frames", "Oldest input frames dropped from a full backlog",
+            label, registry=r).labels(backend)
+        self.step_errors = Counter(
+            f"{_NS}_step_errors", "Batched steps that raised (their sessions are closed)",
+            label, registry=r).labels(backend)
+        self.sessions = Gauge(
+            f"{_NS}_sessions", "Sessions served now", label, registry=r).labels(backend)
+        self.admitting = Gauge(
+            f"{_NS}_admitting", "1 while the worker accepts new sessions", label,
+            registry=r).labels(backend)
+
+
+def serve_metrics(metrics: WorkerMetrics, port: int, addr: str = "0.0.0.0") -> None:
+    """Serve ``metrics`` on ``http://addr:port/metrics`` from a daemon thread."""
+    start_http_server(port, addr=addr, registry=metrics.registry)

@@ -1,0 +1,100 @@
+"""bench worker and the GPU check: a tiny run of each, and the batch search they share."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from duplex_gateway import gpu_check
+from duplex_gateway.bench_worker import largest_batch_within, parse_batches
+from duplex_gateway.cli import main
+
+
+def test_bench_worker_fake_writes_table_and_json(tmp_path: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A tiny fake-backend run prints the table and writes one JSON row per batch size."""
+    output = tmp_path / "worker.json"
+    with pytest.raises(SystemExit) as done:
+        main(["bench", "worker", "--backend", "fake", "--batch", "4,1,2", "--steps", "3",
+              "--warmup", "1", "--backend-options", "per_slot_ms=0.5",
+              "--output", str(output)])
+    assert done.value.code == 0
+    result = json.loads(output.read_text())
+    assert result["backend"] == "fake" and result["frame_ms"] == 80.0
+    rows = result["rows"]
+    assert [row["batch"] for row in rows] == [1, 2, 4]
+    assert rows[0]["ratio_vs_b1"] == 1.0
+    assert all(row["steps"] == 3 and row["fits_frame"] for row in rows)
+    assert rows[2]["p50_ms"] >= 2.0  # 4 slots x 0.5 ms of simulated compute
+    assert "per-session ms" in capsys.readouterr().out
+
+
+def test_parse_batches_refuses_nonsense() -> None:
+    """Batch lists are sorted and unique; zero or text is refused."""
+    assert parse_batches("8, 1,8,2") == [1, 2, 8]
+    for bad in ("0,1", "", "x"):
+        with pytest.raises(ValueError):
+            parse_batches(bad)
+
+
+@pytest.mark.parametrize(("threshold", "start"), [(37, 1), (37, 16), (64, 1), (0, 1), (1, 16),
+                                                  (15, 16), (16, 16)])
+def test_search_finds_the_largest_fitting_batch(threshold: int, start: int) -> None:
+    """Doubling from ``start`` then bisecting finds the largest B <= threshold (limit 64)."""
+    tried: list[int] = []
+
+    def fits(batch: int) -> bool:
+        tried.append(batch)
+        return batch <= threshold
+
+    assert largest_batch_within(fits, limit=64, start=start) == threshold
+    assert len(tried) == len(set(tried)) and len(tried) <= 13
+
+
+def test_search_counts_memory_errors_as_misses_and_stops_in_time() -> None:
+    """MemoryError is a miss; once out of time the best size so far is returned."""
+    def fits(batch: int) -> bool:
+        if batch > 8:
+            raise MemoryError
+        return True
+
+    assert largest_batch_within(fits, limit=64) == 8
+    calls: list[int] = []
+
+    def slow(batch: int) -> bool:
+        calls.append(batch)
+        return True
+
+    assert largest_batch_within(slow, limit=64, out_of_time=lambda: len(calls) >= 3) == 4
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None
+                    and __import__("torch").cuda.is_available(), reason="a CUDA device is here")
+def test_gpu_check_fails_clearly_without_cuda(capsys: pytest.CaptureFixture[str]) -> None:
+    """With no CUDA device the check exits 2 and says why."""
+    assert gpu_check.main(["--output", "/nonexistent/never-written.json"]) == 2
+    assert "gpu_check:" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(240)
+# torch.compile's own imports use APIs torch itself deprecates; not this project's code.
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_gpu_check_logic_on_a_tiny_cpu_moshi(tmp_path: Path) -> None:
+    """--cpu-tiny runs both modes' searches end to end and writes the JSON."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    output = tmp_path / "gpu.json"
+    status = gpu_check.main(["--cpu-tiny", "--max-batch", "2", "--steps", "2", "--warmup", "1",
+                             "--budget-ms", "60000", "--graphs-start", "2",
+                             "--compile-backend", "eager", "--output", str(output)])
+    assert status == 0
+    result = json.loads(output.read_text())
+    assert result["device"] == "cpu (tiny)" and result["budget_ms"] == 60000
+    modes = {mode["mode"]: mode for mode in result["modes"]}
+    assert set(modes) == {"eager", "graphs"}
+    for mode in modes.values():
+        assert mode["error"] is None, mode["error"]
+        assert mode["largest_batch"] == 2 and mode["complete"]

@@ -1,0 +1,452 @@
+"""Engine: the frame clock and model thread of a frame backend, with the torch-free fake."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from inference_worker.backend import FrameSpec, SlotResult, SlotStep
+from inference_worker.backends.fake import FakeBackend, FakeOptions
+from inference_worker.engine import Engine, TickReport
+from inference_worker.frames import (
+    StreamResampler,
+    float_to_pcm16,
+    level,
+    pcm16_to_float,
+)
+from inference_worker.metrics import WorkerMetrics
+
+FRAME = 1920  # 80 ms at 24 kHz
+
+
+def pcm(samples: int, seed: int = 1, amplitude: float = 0.3) -> bytes:
+    """Deterministic noise as pcm16 24 kHz bytes."""
+    rng = np.random.default_rng(seed)
+    return float_to_pcm16((amplitude * rng.uniform(-1, 1, samples)).astype(np.float32))
+
+
+def counter(metrics: WorkerMetrics, name: str) -> float:
+    """A counter's value for the fake backend."""
+    value = metrics.registry.get_sample_value(f"duplex_worker_{name}_total", {"backend": "fake"})
+    return value or 0.0
+
+
+def make(options: FakeOptions | None = None, slots: int = 4,
+         **kwargs: Any) -> tuple[Engine, FakeBackend, WorkerMetrics]:
+    """An engine over a fake backend, with metrics."""
+    backend = FakeBackend(max_slots=slots, options=options)
+    metrics = WorkerMetrics("fake")
+    return Engine(backend, metrics=metrics, **kwargs), backend, metrics
+
+
+class FakeClock:
+    """A monotonic clock tests move by hand."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Recorder:
+    """A backend that records its inputs and costs ``cost`` seconds of a fake clock."""
+
+    def __init__(self, clock: FakeClock, slots: int = 4, cost: float = 0.01) -> None:
+        self.spec = FrameSpec(in_rate=24000, in_samples=FRAME, out_rate=24000,
+                              out_samples=FRAME, max_slots=slots)
+        self.clock, self.cost = clock, cost
+        self.inputs: list[list[SlotStep]] = []
+        self.opened: list[int] = []
+        self.closed: list[int] = []
+        self.fail = False
+        self.output: Any = None
+
+    def open_slot(self, slot: int) -> None:
+        self.opened.append(slot)
+
+    def close_slot(self, slot: int) -> None:
+        self.closed.append(slot)
+
+    def step(self, inputs: list[SlotStep]) -> list[SlotResult]:
+        self.clock.now += self.cost
+        self.inputs.append(inputs)
+        if self.fail:
+            raise RuntimeError("boom")
+        pcm = self.output if self.output is not None else np.zeros(FRAME, dtype=np.float32)
+        return [SlotResult(slot=s.slot, pcm=pcm) for s in inputs]
+
+
+# ------------------------------------------------------------------------- audio helpers
+
+
+def test_pcm16_round_trip_and_level() -> None:
+    """pcm16 -> float -> pcm16 is exact; levels are RMS; NaN/inf encode as silence."""
+    data = pcm(FRAME)
+    assert float_to_pcm16(pcm16_to_float(data)) == data
+    assert level(np.zeros(0, dtype=np.float32)) == 0.0
+    assert level(np.full(10, 0.5, dtype=np.float32)) == pytest.approx(0.5)
+    bad = np.array([np.nan, np.inf, -np.inf, 2.0, -2.0], dtype=np.float32)
+    assert np.frombuffer(float_to_pcm16(bad), "<i2").tolist() == [0, 0, 0, 32767, -32768]
+
+
+@pytest.mark.parametrize(("src", "dst"), [(24000, 16000), (16000, 24000), (24000, 22050)])
+def test_resampler_is_chunking_invariant(src: int, dst: int) -> None:
+    """Resampling in uneven chunks gives the samples of resampling at once."""
+    signal = np.sin(np.arange(9000) / 7).astype(np.float32)
+    whole = StreamResampler(src, dst).process(signal)
+    chunked = StreamResampler(src, dst)
+    cuts = [0, 1, 480, 481, 2000, 5555, 9000]
+    parts = [chunked.process(signal[a:b]) for a, b in itertools.pairwise(cuts)]
+    joined = np.concatenate(parts)
+    assert np.allclose(joined, whole, atol=1e-6)
+    assert abs(len(whole) - len(signal) * dst / src) <= 1
+
+
+def test_resampler_identity_and_bad_rates() -> None:
+    """Equal rates pass chunks through; non-positive rates are refused."""
+    chunk = np.ones(5, dtype=np.float32)
+    assert StreamResampler(24000, 24000).process(chunk) is chunk
+    with pytest.raises(ValueError, match="positive"):
+        StreamResampler(0, 24000)
+
+
+# ------------------------------------------------------------------------- frames in
+
+
+def test_audio_is_cut_into_exact_frames_and_echoed_a_tick_later() -> None:
+    """Odd-sized pcm16 pushes become whole frames; the fake echoes each one tick later."""
+    engine, _, _ = make()
+    handle = engine.open()
+    assert handle is not None
+    data = pcm(2 * FRAME)
+    for start, end in [(0, 1001), (1001, 1002), (1002, 3000), (3000, len(data))]:
+        engine.push_audio(handle, data[start:end])  # odd byte counts included
+    first = engine.tick_once()
+    second = engine.tick_once()
+    third = engine.tick_once()
+    assert first is not None and second is not None and third is not None
+    assert first.outputs[handle.serial].audio == b""  # the model's warm-up tick
+    assert second.outputs[handle.serial].audio == data[: 2 * FRAME]
+    assert third.outputs[handle.serial].audio == data[2 * FRAME:]
+
+
+def test_late_client_gets_silence_and_is_counted() -> None:
+    """A slot with no queued frame is stepped with zeros; the clock never waits."""
+    engine, backend, metrics = make()
+    handle = engine.open()
+    assert handle is not None
+    engine.tick_once()
+    engine.tick_once()
+    report = engine.tick_once()
+    assert report is not None
+    assert report.outputs[handle.serial].audio == bytes(2 * FRAME)
+    assert len(backend.batches) == 3
+    assert counter(metrics, "input_underruns") == 3
+
+
+def test_bad_frames_become_silence_for_their_slot_only() -> None:
+    """NaN, inf, wrong length, wrong type: that slot gets silence, the others their input."""
+    clock = FakeClock()
+    backend = Recorder(clock)
+    metrics = WorkerMetrics("fake")
+    engine = Engine(backend, metrics=metrics, clock=clock)
+    handles = [engine.open() for _ in range(4)]
+    assert all(h is not None for h in handles)
+    good = np.full(FRAME, 0.25, dtype=np.float32)
+    nan = good.copy()
+    nan[7] = np.nan
+    inf = good.copy()
+    inf[0] = np.inf
+    frames: list[Any] = [nan, inf, good[:100], good]
+    for handle, frame in zip(handles, frames, strict=True):
+        assert handle is not None
+        engine.push_frame(handle, frame)
+    engine.tick_once()
+    [steps] = backend.inputs
+    assert [s.slot for s in steps] == [0, 1, 2, 3]
+    for step in steps[:3]:
+        assert step.pcm.shape == (FRAME,) and not step.pcm.any()
+    assert np.array_equal(steps[3].pcm, good)
+    assert counter(metrics, "bad_input_frames") == 3
+    handle = handles[0]
+    assert handle is not None
+    engine.push_frame(handle, "not audio")
+    engine.push_frame(handle, np.ones(FRAME, dtype=np.complex64))
+    engine.tick_once()
+    engine.tick_once()
+    assert counter(metrics, "bad_input_frames") == 5
+
+
+def test_loud_frames_are_clipped_to_unit_range() -> None:
+    """Finite values outside [-1, 1] are clipped before the model sees them."""
+    clock = FakeClock()
+    backend = Recorder(clock)
+    engine = Engine(backend, clock=clock)
+    handle = engine.open()
+    assert handle is not None
+    engine.push_frame(handle, np.full(FRAME, 7.0, dtype=np.float64))
+    engine.tick_once()
+    assert backend.inputs[0][0].pcm.dtype == np.float32
+    assert backend.inputs[0][0].pcm.max() == 1.0
+
+
+def test_input_is_resampled_to_the_backend_rate() -> None:
+    """A 16 kHz backend gets 16 kHz frames of exactly in_samples from 24 kHz audio."""
+    engine, backend, _ = make(FakeOptions(in_rate=16000))
+    assert backend.spec.in_samples == 1280
+    handle = engine.open()
+    assert handle is not None
+    tone = (0.5 * np.sin(2 * np.pi * 300 * np.arange(3 * FRAME) / 24000)).astype(np.float32)
+    engine.push_audio(handle, float_to_pcm16(tone))
+    engine.tick_once()
+    report = engine.tick_once()
+    assert report is not None
+    echoed = pcm16_to_float(report.outputs[handle.serial].audio)
+    # 1280 samples at 16 kHz come back as 1920 at 24 kHz, less the one sample the
+    # interpolation holds back until the next frame.
+    assert FRAME - 1 <= len(echoed) <= FRAME
+    assert np.abs(echoed[10:-10] - tone[10:len(echoed) - 10]).max() < 0.02
+
+
+def test_backlog_keeps_the_newest_audio() -> None:
+    """Input beyond the backlog drops the oldest frames, counted."""
+    engine, _, metrics = make(backlog_s=0.16)  # two frames
+    handle = engine.open()
+    assert handle is not None
+    frames = [pcm(FRAME, seed=n) for n in range(4)]
+    engine.push_audio(handle, b"".join(frames))
+    assert counter(metrics, "dropped_input_frames") == 2
+    engine.tick_once()
+    report = engine.tick_once()
+    assert report is not None
+    assert report.outputs[handle.serial].audio == frames[2]
+
+
+def test_clear_drops_queued_input() -> None:
+    """clear_input drops whole and partial frames not consumed yet."""
+    engine, _, _ = make()
+    handle = engine.open()
+    assert handle is not None
+    engine.push_audio(handle, pcm(FRAME + 100))
+    engine.clear_input(handle)
+    engine.push_audio(handle, pcm(FRAME - 100, seed=2))
+    engine.tick_once()
+    report = engine.tick_once()
+    assert report is not None
+    assert report.outputs[handle.serial].audio == bytes(2 * FRAME)
+
+
+# ------------------------------------------------------------------------- slots
+
+
+def test_slots_fill_lowest_first_and_serials_never_repeat() -> None:
+    """open takes the lowest free slot; a reused slot gets a new serial; full -> None."""
+    engine, backend, _ = make(slots=2)
+    a, b = engine.open(), engine.open()
+    assert a is not None and b is not None
+    assert (a.slot, b.slot) == (0, 1)
+    assert engine.open() is None and engine.free_slots == 0
+    engine.close(a)
+    engine.close(a)  # idempotent
+    c = engine.open()
+    assert c is not None and c.slot == 0 and c.serial not in (a.serial, b.serial)
+    report = engine.tick_once()
+    assert report is not None
+    assert set(report.outputs) == {b.serial, c.serial}
+    assert engine.open_count == 2
+    assert backend.batches == [[1, 0]] or backend.batches == [[0, 1]]
+
+
+def test_closed_slot_stops_being_stepped() -> None:
+    """After close, the next tick no longer lists the slot; an empty engine returns None."""
+    clock = FakeClock()
+    backend = Recorder(clock)
+    engine = Engine(backend, clock=clock)
+    handle = engine.open()
+    assert handle is not None
+    engine.tick_once()
+    engine.close(handle)
+    assert engine.tick_once() is None
+    assert backend.opened == [0] and backend.closed == [0]
+
+
+def test_step_failure_fails_the_batch_not_the_engine() -> None:
+    """A raising step reports every stepped serial as failed; later ticks run again."""
+    clock = FakeClock()
+    backend = Recorder(clock)
+    metrics = WorkerMetrics("fake")
+    engine = Engine(backend, metrics=metrics, clock=clock)
+    a, b = engine.open(), engine.open()
+    assert a is not None and b is not None
+    backend.fail = True
+    report = engine.tick_once()
+    assert report is not None
+    assert set(report.failed) == {a.serial, b.serial} and "boom" in (report.error or "")
+    assert counter(metrics, "step_errors") == 1
+    backend.fail = False
+    report = engine.tick_once()
+    assert report is not None and not report.failed
+
+
+def test_wrong_result_slots_are_a_step_failure() -> None:
+    """A backend answering for other slots than asked fails the tick."""
+    clock = FakeClock()
+    backend = Recorder(clock)
+    engine = Engine(backend, clock=clock)
+    handle = engine.open()
+    assert handle is not None
+
+    def wrong(inputs: list[SlotStep]) -> list[SlotResult]:
+        return [SlotResult(slot=9, pcm=np.zeros(0, dtype=np.float32))]
+
+    backend.step = wrong  # type: ignore[method-assign]
+    report = engine.tick_once()
+    assert report is not None and report.failed == (handle.serial,)
+
+
+def test_open_slot_failure_is_reported() -> None:
+    """A raising open_slot reports that serial as failed; it is never stepped."""
+    clock = FakeClock()
+    backend = Recorder(clock)
+
+    def refuse(slot: int) -> None:
+        raise RuntimeError("no memory")
+
+    backend.open_slot = refuse  # type: ignore[method-assign]
+    engine = Engine(backend, clock=clock)
+    handle = engine.open()
+    assert handle is not None
+    report = engine.tick_once()
+    assert report is not None and report.failed == (handle.serial,) and not report.outputs
+    assert backend.inputs == []
+
+
+def test_bad_outputs_are_repaired_and_counted() -> None:
+    """NaN output becomes silence and an overlong frame is cut to out_samples."""
+    clock = FakeClock()
+    backend = Recorder(clock)
+    metrics = WorkerMetrics("fake")
+    engine = Engine(backend, metrics=metrics, clock=clock)
+    handle = engine.open()
+    assert handle is not None
+    backend.output = np.full(FRAME + 50, np.nan, dtype=np.float32)
+    report = engine.tick_once()
+    assert report is not None
+    assert report.outputs[handle.serial].audio == bytes(2 * FRAME)
+    assert counter(metrics, "bad_output_frames") == 1
+
+
+# ------------------------------------------------------------------------- admission
+
+
+def test_rolling_p99_judges_the_budget_and_idle_clears_it() -> None:
+    """p99 over the window decides over_budget; with no slot open the window is cleared."""
+    clock = FakeClock()
+    backend = Recorder(clock, cost=0.05)
+    engine = Engine(backend, clock=clock, window=20)
+    handle = engine.open()
+    assert handle is not None
+    for _ in range(9):
+        engine.tick_once()
+    assert engine.tick_p99() is None  # too few ticks to judge
+    engine.tick_once()
+    assert engine.tick_p99() == pytest.approx(0.05)
+    assert not engine.over_budget(0.8)  # 50 ms < 64 ms
+    backend.cost = 0.07
+    engine.tick_once()
+    assert engine.over_budget(0.8)  # p99 of 11 ticks is the slowest
+    engine.close(handle)
+    engine.tick_once()
+    assert engine.tick_p99() is None and not engine.over_budget(0.8)
+
+
+def test_metrics_record_ticks() -> None:
+    """Tick time, real-time factor and occupancy are recorded per tick."""
+    clock = FakeClock()
+    backend = Recorder(clock, cost=0.04)
+    metrics = WorkerMetrics("fake")
+    engine = Engine(backend, metrics=metrics, clock=clock)
+    engine.open()
+    engine.open()
+    engine.tick_once()
+    sample = metrics.registry.get_sample_value
+    labels = {"backend": "fake"}
+    assert sample("duplex_worker_tick_seconds_count", labels) == 1
+    assert sample("duplex_worker_tick_seconds_sum", labels) == pytest.approx(0.04)
+    assert sample("duplex_worker_real_time_factor_sum", labels) == pytest.approx(0.5)
+    assert sample("duplex_worker_batch_occupancy", labels) == 2
+
+
+# ------------------------------------------------------------------------- the thread
+
+
+async def test_thread_ticks_on_an_absolute_schedule() -> None:
+    """Reports arrive on the loop, due exactly one period apart (no drift)."""
+    engine, _, _ = make(FakeOptions(frame_ms=10))
+    reports: list[TickReport] = []
+    done = asyncio.Event()
+    threads: set[str] = set()
+
+    def on_tick(report: TickReport) -> None:
+        threads.add(threading.current_thread().name)
+        reports.append(report)
+        if len(reports) >= 20:
+            done.set()
+
+    engine.start(asyncio.get_running_loop(), on_tick)
+    try:
+        engine.open()
+        await asyncio.wait_for(done.wait(), 10)
+    finally:
+        engine.stop()
+    assert threads == {threading.current_thread().name}  # delivered on the loop's thread
+    period = engine.spec.frame_seconds
+    start = reports[0].scheduled
+    for k, report in enumerate(reports):
+        assert report.scheduled == pytest.approx(start + k * period, abs=1e-9)
+        assert report.index == k
+
+
+async def test_slow_model_never_blocks_the_loop_and_late_ticks_are_counted() -> None:
+    """A step slower than the frame runs off the loop; late and skipped ticks are counted."""
+    engine, _, metrics = make(FakeOptions(frame_ms=10, step_ms=60))
+    ticks = asyncio.Event()
+    engine.start(asyncio.get_running_loop(), lambda report: ticks.set())
+    try:
+        engine.open()
+        await asyncio.wait_for(ticks.wait(), 10)
+        # While the model thread sleeps in its 60 ms steps, the loop stays responsive.
+        worst = 0.0
+        for _ in range(20):
+            started = time.monotonic()
+            await asyncio.sleep(0)
+            worst = max(worst, time.monotonic() - started)
+        assert worst < 0.03
+        deadline = time.monotonic() + 10
+        while counter(metrics, "skipped_ticks") == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+    finally:
+        engine.stop()
+    assert counter(metrics, "late_ticks") >= 1
+    assert counter(metrics, "skipped_ticks") >= 1
+
+
+async def test_idle_engine_waits_and_stop_is_prompt() -> None:
+    """With no slot open the thread sleeps; stop returns at once."""
+    engine, backend, _ = make(FakeOptions(frame_ms=10))
+    engine.start(asyncio.get_running_loop(), lambda report: None)
+    with pytest.raises(RuntimeError, match="already started"):
+        engine.start(asyncio.get_running_loop(), lambda report: None)
+    started = time.monotonic()
+    engine.stop()
+    assert time.monotonic() - started < 1
+    assert backend.batches == []
+    assert math.isfinite(engine.spec.frame_seconds)

@@ -1,0 +1,158 @@
+"""The worker with a frame backend, in process on a real Redis: engine, runners, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from redis.asyncio import Redis
+
+from inference_worker.backend import SlotResult, SlotStep
+from inference_worker.backends.fake import FakeBackend, FakeOptions
+from inference_worker.settings import WorkerSettings
+from inference_worker.worker import Worker
+from store import Lease, Scripts, messages as msg
+from store.keys import WorkerKeys
+from store.messages import encode_message
+from tests.store._support import events_of, open_session
+
+AUDIBLE = b"\x00\x10" * 1920  # 80 ms, loud
+
+
+async def until(condition: Callable[[], Awaitable[bool]], what: str, timeout: float = 10) -> None:
+    """Poll an async ``condition`` until it holds, failing with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not await condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+class Failing(FakeBackend):
+    """The fake backend whose steps raise once ``broken`` is set."""
+
+    broken = False
+
+    def step(self, inputs: list[SlotStep]) -> list[SlotResult]:
+        if self.broken:
+            raise RuntimeError("device lost")
+        return super().step(inputs)
+
+
+@dataclass
+class Running:
+    """A worker serving on a task, and what the test needs to talk to it."""
+
+    worker: Worker
+    backend: Failing
+    scripts: Scripts
+    client: Redis
+
+
+@pytest.fixture
+async def running(redis_client: Redis) -> AsyncIterator[Running]:
+    """A fake-backend worker (2 slots, 20 ms frames) running until the test ends."""
+    settings = WorkerSettings(backend="fake", slots=2, heartbeat_interval_s=0.2,
+                              heartbeat_ttl_s=5.0, drain_timeout_s=1.0)
+    backend = Failing(max_slots=2, options=FakeOptions(frame_ms=20))
+    worker = Worker(settings, redis_client, backend=backend)
+    task = asyncio.create_task(worker.run())
+    record = WorkerKeys(worker.worker_id).record
+
+    async def registered() -> bool:
+        return bool(await redis_client.exists(record))
+
+    await until(registered, "registration")
+    yield Running(worker, backend, Scripts(redis_client), redis_client)
+    worker.stop()
+    await asyncio.wait_for(task, 10)
+    assert worker.engine is None  # the model thread is stopped on exit
+
+
+async def append(running: Running, lease: Lease, *commands: msg.Command) -> None:
+    """Append encoded commands to the session's input log, fenced on ``lease``."""
+    await running.scripts.append_input(
+        lease, [(None, encode_message(c)) for c in commands], max_entries=1000)
+
+
+async def kinds_of(running: Running, session_id: str) -> list[str]:
+    """The KIND of every output event of the session so far."""
+    return [event.KIND for _, event in await events_of(running.client, session_id)]
+
+
+async def test_audio_in_becomes_a_response_out(running: Running) -> None:
+    """Appended audio reaches the engine; the echo opens a response and streams deltas."""
+    opened = await open_session(running.scripts, running.worker.worker_id)
+    await append(running, opened.lease, msg.UpdateSession(session={}),
+                 msg.AppendAudio(audio=AUDIBLE))
+
+    async def echoed() -> bytes:
+        return b"".join(e.audio for _, e in await events_of(running.client, opened.session_id)
+                        if isinstance(e, msg.AudioDelta))
+
+    async def all_echoed() -> bool:
+        return len(await echoed()) >= len(AUDIBLE)
+
+    await until(all_echoed, "the whole input echoed")
+    kinds = await kinds_of(running, opened.session_id)
+    assert kinds[:5] == ["session.updated", "response.created", "output_item.added",
+                         "item.added", "content_part.added"]
+    assert (await echoed()).startswith(AUDIBLE)
+    ttfa = running.worker.metrics.registry.get_sample_value(
+        "duplex_worker_time_to_first_audio_seconds_count", {"backend": "fake"})
+    assert ttfa == 1
+    engine = running.worker.engine
+    assert engine is not None and engine.free_slots == 1
+
+
+async def test_model_failure_closes_its_sessions_and_frees_the_slots(running: Running) -> None:
+    """A step that raises ends the batch's sessions with model_error; slots come back."""
+    sessions = [await open_session(running.scripts, running.worker.worker_id)
+                for _ in range(2)]
+    engine = running.worker.engine
+    assert engine is not None
+
+    async def adopted() -> bool:
+        return engine.free_slots == 0
+
+    await until(adopted, "both sessions adopted")
+    running.backend.broken = True
+
+    async def closed() -> bool:
+        ends = [(await kinds_of(running, s.session_id))[-1:] for s in sessions]
+        return all(end == ["session.closed"] for end in ends)
+
+    await until(closed, "session.closed on both")
+    for opened in sessions:
+        _, last = (await events_of(running.client, opened.session_id))[-1]
+        assert isinstance(last, msg.SessionClosed) and last.reason == "model_error"
+    assert engine.free_slots == 2
+    used = await running.client.hget(WorkerKeys(running.worker.worker_id).record, "used")
+    assert used == b"0"
+    running.backend.broken = False
+    again = await open_session(running.scripts, running.worker.worker_id)
+    await append(running, again.lease, msg.Heartbeat())
+
+    async def acked() -> bool:
+        return "heartbeat_ack" in await kinds_of(running, again.session_id)
+
+    await until(acked, "the worker serving again")
+
+
+async def test_client_close_releases_the_engine_slot(running: Running) -> None:
+    """session.close ends the session and its engine slot is free for the next one."""
+    opened = await open_session(running.scripts, running.worker.worker_id)
+    engine = running.worker.engine
+    assert engine is not None
+    await append(running, opened.lease, msg.AppendAudio(audio=AUDIBLE), msg.CloseSession())
+
+    async def released() -> bool:
+        kinds = await kinds_of(running, opened.session_id)
+        return kinds[-1:] == ["session.closed"] and engine.free_slots == 2
+
+    await until(released, "the slot released")
+    assert np.isfinite(engine.spec.frame_seconds)
