@@ -93,14 +93,15 @@ class Stack:
         assert proc.process.poll() is None, "gateway exited at start"
         return proc
 
-    def worker(self, slots: int = 8) -> Proc:
-        """Start a loopback worker and wait until it is in the directory."""
+    def worker(self, slots: int = 8, backend: str = "loopback") -> Proc:
+        """Start a worker and wait until it is in the directory (models load first)."""
         client = Redis.from_url(self.redis.url)
         before = set(client.zrange(WORKER_DIRECTORY, 0, -1))
         proc = self._spawn("worker", ["worker", "--redis-url", self.redis.url, "--backend",
-                                      "loopback", "--slots", str(slots)])
+                                      backend, "--slots", str(slots)])
         wait_for(lambda: len(set(client.zrange(WORKER_DIRECTORY, 0, -1)) - before) > 0
-                 or proc.process.poll() is not None, "worker registration")
+                 or proc.process.poll() is not None, "worker registration",
+                 timeout=DEADLINE_S if backend == "loopback" else 90.0)
         client.close()
         assert proc.process.poll() is None, "worker exited at start"
         return proc

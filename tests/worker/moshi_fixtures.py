@@ -1,6 +1,6 @@
 """Helpers for the Moshi backend tests: a tiny model directory, audio, and session drivers.
 
-Import only after ``pytest.importorskip("torch")``: this module imports the model stack.
+This module imports the model stack (the moshi extra, which the test command installs).
 """
 
 from __future__ import annotations

@@ -12,10 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-pytest.importorskip("torch")
-pytest.importorskip("transformers")
-
 import torch
 from transformers import DynamicCache
 
