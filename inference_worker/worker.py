@@ -17,6 +17,7 @@ input and each tick's output into events. The worker admits new sessions (heartb
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -45,6 +46,8 @@ from store.pubsub import Subscriber
 __all__ = ["Worker"]
 
 _log = logging.getLogger(__name__)
+# Sessions per output script call: bounds one call's size (and its time inside Redis).
+_MAX_FLUSH_BATCH = 256
 
 
 @dataclass
@@ -386,32 +389,48 @@ class Worker:
             await self._flush_wake.wait()
             self._flush_wake.clear()
             dirty, self._dirty = self._dirty, set()
-            await asyncio.gather(*(self._flush(session_id, session)
-                                   for session_id in dirty
-                                   if (session := self._sessions.get(session_id)) is not None))
+            sessions = [(session_id, session) for session_id in sorted(dirty)
+                        if (session := self._sessions.get(session_id)) is not None]
+            async with contextlib.AsyncExitStack() as held:
+                # Each session's lock keeps its server_event_seq in order against _close.
+                for _, session in sessions:
+                    await held.enter_async_context(session.lock)
+                batch: list[tuple[str, _Session, str | None]] = []
+                for session_id, session in sessions:
+                    session.unsent += [encode_message(e)
+                                       for e in session.runner.events_to_send()]
+                    reason = session.runner.close_requested
+                    if session.unsent or reason is not None:
+                        batch.append((session_id, session, reason))
+                for start in range(0, len(batch), _MAX_FLUSH_BATCH):
+                    if not await self._write(batch[start:start + _MAX_FLUSH_BATCH]):
+                        break
 
-    async def _flush(self, session_id: str, session: _Session) -> None:
-        async with session.lock:  # one writer per session keeps server_event_seq in order
-            session.unsent += [encode_message(e) for e in session.runner.events_to_send()]
-            reason = session.runner.close_requested
-            if not session.unsent and reason is None:
-                return
-            try:
-                await self._scripts.append_output(session_id, session.unsent,
-                                                  close_reason=reason)
-            except WorkerFenced:
-                self._fence()
-                return
-            except SessionGone:
+    async def _write(self, batch: list[tuple[str, _Session, str | None]]) -> bool:
+        """One script call for the output of many sessions (they share this worker's slot).
+
+        Returns False when writing must stop (fenced).
+        """
+        try:
+            outcomes = await self._scripts.append_output_many(
+                [(session_id, session.unsent, reason) for session_id, session, reason in batch])
+        except WorkerFenced:
+            self._fence()
+            return False
+        except StoreError as exc:
+            # Kept in unsent: the next flush (tick or poll) retries them first.
+            _log.warning("output append failed for %d sessions: %s", len(batch), exc)
+            for session_id, _, _ in batch:
+                self._dirty.add(session_id)
+            return True
+        for (session_id, session, reason), outcome in zip(batch, outcomes, strict=True):
+            if isinstance(outcome, SessionGone):
                 self._forget(session_id)
-                return
-            except StoreError as exc:
-                # Kept in unsent: the next flush (tick or poll) retries them first.
-                _log.warning("output append failed for %s: %s", session_id, exc)
-                return
+                continue
             session.unsent = []
             if reason is not None:
                 self._forget(session_id)
+        return True
 
     async def _close(self, session_id: str, reason: str) -> None:
         try:
