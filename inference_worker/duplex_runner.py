@@ -52,12 +52,12 @@ from inference_worker.loopback import (
     default_session,
     response_options,
 )
-from inference_worker.session_runner import (
-    _assistant_item,
-    _content,
-    _part,
-    _response_object,
-    _zero_usage,
+from inference_worker.realtime_items import (
+    assistant_item,
+    content_part,
+    item_content,
+    response_object,
+    zero_usage,
 )
 from store import messages as msg
 from store.messages import JsonObject
@@ -392,17 +392,17 @@ class DuplexRunner:
         self._responses += 1
         response_id = f"resp_{self._responses}"
         item_id = self._new_item_id()
-        created = _response_object(response_id, self._config, True, metadata)
+        created = response_object(response_id, self._config, True, metadata)
         previous, self._last_item_id = self._last_item_id, item_id
         self._response = _Response(id=response_id, item_id=item_id, previous_item_id=previous,
                                    created=created)
-        item = _assistant_item(item_id, "in_progress", [])
+        item = assistant_item(item_id, "in_progress", [])
         self._events += [
             msg.ResponseCreated(response=copy.deepcopy(created)),
             msg.OutputItemAdded(response_id=response_id, output_index=0, item=item),
             msg.ItemAdded(item=copy.deepcopy(item), previous_item_id=previous),
             msg.ContentPartAdded(response_id=response_id, item_id=item_id, output_index=0,
-                                 content_index=0, part=_part(True)),
+                                 content_index=0, part=content_part(True)),
         ]
 
     def _finish(self, status: str, reason: str | None) -> None:
@@ -411,13 +411,13 @@ class DuplexRunner:
         self._response = None
         rid, iid = response.id, response.item_id
         transcript = "".join(response.transcript)
-        part = {**_part(True), "transcript": transcript}
-        content = {**_content(True), "transcript": transcript}
-        item = _assistant_item(iid, "completed" if status == "completed" else "incomplete",
+        part = {**content_part(True), "transcript": transcript}
+        content = {**item_content(True), "transcript": transcript}
+        item = assistant_item(iid, "completed" if status == "completed" else "incomplete",
                                [content])
         details = None if reason is None else {"type": "cancelled", "reason": reason}
         done = {**copy.deepcopy(response.created), "status": status, "status_details": details,
-                "output": [item], "usage": _zero_usage()}
+                "output": [item], "usage": zero_usage()}
         self._events += [
             msg.AudioDone(response_id=rid, item_id=iid, output_index=0, content_index=0),
             msg.TranscriptDone(response_id=rid, item_id=iid, output_index=0, content_index=0,

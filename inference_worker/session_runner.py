@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Final, assert_never
+from typing import assert_never
 
 from inference_worker.loopback import (
     BYTES_PER_SECOND,
@@ -26,6 +26,13 @@ from inference_worker.loopback import (
     default_session,
     response_options,
 )
+from inference_worker.realtime_items import (
+    assistant_item,
+    content_part,
+    item_content,
+    response_object,
+    zero_usage,
+)
 from inference_worker.states import InputState, ResponseState, Trigger, transition
 from store import messages as msg
 from store.messages import JsonObject
@@ -33,7 +40,6 @@ from store.messages import JsonObject
 __all__ = ["SessionRunner"]
 
 # One conversation per session: the Realtime default conversation.
-_CONVERSATION_ID: Final = "conv_1"
 
 
 @dataclass(slots=True, kw_only=True)
@@ -277,18 +283,18 @@ class SessionRunner:
         self._response_count += 1
         response_id = f"resp_{self._response_count}"
         item_id = self._new_item_id()
-        created = _response_object(response_id, self._config, audio, metadata)
+        created = response_object(response_id, self._config, audio, metadata)
         response = _Response(id=response_id, item_id=item_id, previous_item_id=self._last_item_id,
                              audio=audio, created=created, playback=playback)
         self._response = response
         self._last_item_id = item_id
-        item = _assistant_item(item_id, "in_progress", [])
+        item = assistant_item(item_id, "in_progress", [])
         self._events += [
             msg.ResponseCreated(response=copy.deepcopy(created)),
             msg.OutputItemAdded(response_id=response_id, output_index=0, item=item),
             msg.ItemAdded(item=copy.deepcopy(item), previous_item_id=response.previous_item_id),
             msg.ContentPartAdded(response_id=response_id, item_id=item_id, output_index=0,
-                             content_index=0, part=_part(audio)),
+                             content_index=0, part=content_part(audio)),
         ]
 
     def _end_response(self, trigger: Trigger, status: str) -> None:
@@ -305,14 +311,14 @@ class SessionRunner:
                                transcript=""),
             ]
         item_status = "completed" if status == "completed" else "incomplete"
-        item = _assistant_item(iid, item_status, [_content(response.audio)])
+        item = assistant_item(iid, item_status, [item_content(response.audio)])
         cancelled = {"type": "cancelled", "reason": "client_cancelled"}
         details = cancelled if status == "cancelled" else None
         done = {**copy.deepcopy(response.created), "status": status, "status_details": details,
-                "output": [item], "usage": _zero_usage()}
+                "output": [item], "usage": zero_usage()}
         self._events += [
             msg.ContentPartDone(response_id=rid, item_id=iid, output_index=0, content_index=0,
-                            part=_part(response.audio)),
+                            part=content_part(response.audio)),
             msg.ItemDone(item=copy.deepcopy(item), previous_item_id=response.previous_item_id),
             msg.OutputItemDone(response_id=rid, output_index=0, item=copy.deepcopy(item)),
             msg.ResponseDone(response=done),
@@ -354,44 +360,3 @@ class SessionRunner:
     def _refuse(self, client_event_id: str | None, refusal: Refusal) -> None:
         self._events.append(msg.ErrorEvent(code=refusal.code, message=refusal.message,
                                        param=refusal.param, client_event_id=client_event_id))
-
-
-def _response_object(response_id: str, config: JsonObject, audio: bool,
-                     metadata: dict[str, str] | None) -> JsonObject:
-    output = config["audio"]["output"]
-    return {
-        "id": response_id, "object": "realtime.response", "status": "in_progress",
-        "status_details": None, "output": [], "conversation_id": _CONVERSATION_ID,
-        "output_modalities": ["audio"] if audio else ["text"],
-        "max_output_tokens": config["max_output_tokens"],
-        "audio": {"output": {"format": dict(output["format"]),
-                             "voice": copy.deepcopy(output["voice"])}},
-        "metadata": metadata, "usage": None,
-    }
-
-
-def _assistant_item(item_id: str, status: str, content: list[JsonObject]) -> JsonObject:
-    return {"id": item_id, "object": "realtime.item", "type": "message", "role": "assistant",
-            "status": status, "content": content}
-
-
-def _part(audio: bool) -> JsonObject:
-    # Content-part events use "audio"/"text"; items use "output_audio"/"output_text"
-    # (openai_realtime.md §8.3: mixing them fails strict validation).
-    return {"type": "audio", "transcript": ""} if audio else {"type": "text", "text": ""}
-
-
-def _content(audio: bool) -> JsonObject:
-    part = _part(audio)
-    return {**part, "type": f"output_{part['type']}"}
-
-
-def _zero_usage() -> JsonObject:
-    # The loopback spends no tokens; the full shape keeps response.done strict-valid.
-    tokens = {"text_tokens": 0, "audio_tokens": 0}
-    return {
-        "total_tokens": 0, "input_tokens": 0, "output_tokens": 0,
-        "input_token_details": {**tokens, "image_tokens": 0, "cached_tokens": 0,
-                                "cached_tokens_details": {**tokens, "image_tokens": 0}},
-        "output_token_details": dict(tokens),
-    }

@@ -21,6 +21,7 @@ PURE = {
     "inference_worker/session_runner.py": {"asyncio", "redis", "time", "threading"},
     "inference_worker/states.py": {"asyncio", "redis", "time"},
     "inference_worker/loopback.py": {"asyncio", "redis", "time"},
+    "inference_worker/realtime_items.py": {"asyncio", "redis", "time", "threading"},
     "inference_worker/duplex_runner.py": {"asyncio", "redis", "time", "threading", "torch"},
     "inference_worker/frames.py": {"asyncio", "redis", "time", "threading", "torch"},
     "store/follower.py": {"asyncio", "redis", "time"},

@@ -1,0 +1,65 @@
+"""Realtime GA object shapes the worker's runners emit (response, assistant item, parts).
+
+Shared by the loopback ``SessionRunner`` and the frame backends' ``DuplexRunner`` so both
+produce identical, strictly valid shapes.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Final
+
+from store.messages import JsonObject
+
+__all__ = [
+    "CONVERSATION_ID",
+    "assistant_item",
+    "content_part",
+    "item_content",
+    "response_object",
+    "zero_usage",
+]
+
+#: One conversation per session (the default conversation of the Realtime API).
+CONVERSATION_ID: Final = "conv_1"
+
+
+def response_object(response_id: str, config: JsonObject, audio: bool,
+                     metadata: dict[str, str] | None) -> JsonObject:
+    output = config["audio"]["output"]
+    return {
+        "id": response_id, "object": "realtime.response", "status": "in_progress",
+        "status_details": None, "output": [], "conversation_id": CONVERSATION_ID,
+        "output_modalities": ["audio"] if audio else ["text"],
+        "max_output_tokens": config["max_output_tokens"],
+        "audio": {"output": {"format": dict(output["format"]),
+                             "voice": copy.deepcopy(output["voice"])}},
+        "metadata": metadata, "usage": None,
+    }
+
+
+def assistant_item(item_id: str, status: str, content: list[JsonObject]) -> JsonObject:
+    return {"id": item_id, "object": "realtime.item", "type": "message", "role": "assistant",
+            "status": status, "content": content}
+
+
+def content_part(audio: bool) -> JsonObject:
+    # Content-part events use "audio"/"text"; items use "output_audio"/"output_text"
+    # (openai_realtime.md §8.3: mixing them fails strict validation).
+    return {"type": "audio", "transcript": ""} if audio else {"type": "text", "text": ""}
+
+
+def item_content(audio: bool) -> JsonObject:
+    part = content_part(audio)
+    return {**part, "type": f"output_{part['type']}"}
+
+
+def zero_usage() -> JsonObject:
+    # The loopback spends no tokens; the full shape keeps response.done strict-valid.
+    tokens = {"text_tokens": 0, "audio_tokens": 0}
+    return {
+        "total_tokens": 0, "input_tokens": 0, "output_tokens": 0,
+        "input_token_details": {**tokens, "image_tokens": 0, "cached_tokens": 0,
+                                "cached_tokens_details": {**tokens, "image_tokens": 0}},
+        "output_token_details": dict(tokens),
+    }
