@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import urllib.request
 
 import pytest
@@ -41,3 +43,24 @@ async def test_api_key_required_when_configured(stack: Stack) -> None:
         await DuplexClient.connect(gateway.ws_url, api_key="wrong")
     async with await DuplexClient.connect(gateway.ws_url, api_key="k2") as client:
         await collect_until(client, "session.updated", [])
+
+
+async def test_browser_subprotocol_key_and_realtime_subprotocol(stack: Stack) -> None:
+    """Browsers authenticate with the openai-insecure-api-key subprotocol; we pick "realtime"."""
+    import websockets
+    from websockets.exceptions import InvalidStatus
+
+    stack.env["DUPLEX_GATEWAY_API_KEYS"] = "browser-key"
+    gateway = stack.gateway()
+    stack.worker()
+    offered = ["realtime", "openai-insecure-api-key.browser-key"]
+    async with websockets.connect(gateway.ws_url + "?model=loopback",
+                                  subprotocols=offered) as ws:
+        assert ws.subprotocol == "realtime"
+        first = json.loads(await asyncio.wait_for(ws.recv(), 10))
+        assert first["type"] == "session.created"
+    with pytest.raises(InvalidStatus) as refused:
+        async with websockets.connect(
+                gateway.ws_url, subprotocols=["realtime", "openai-insecure-api-key.nope"]):
+            pass
+    assert refused.value.response.status_code == 401
