@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,7 @@ from duplex_gateway.bench import run_relay_bench
 pytestmark = pytest.mark.e2e
 
 
-def _check_phase(phase: dict, servers: set[str]) -> None:
+def _check_phase(phase: dict[str, Any], servers: set[str]) -> None:
     chunks = phase["chunks"]
     assert chunks["sent"] > 0
     assert chunks["received"] == chunks["sent"]

@@ -20,7 +20,7 @@ RATE = 24_000
 
 
 def pcm16(audio: np.ndarray) -> bytes:
-    return (np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+    return bytes((np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes())
 
 
 async def test_piper_to_cascade_to_whisper_through_the_gateway(stack: Stack) -> None:
@@ -46,7 +46,8 @@ async def test_piper_to_cascade_to_whisper_through_the_gateway(stack: Stack) -> 
                 break
         await client.close()
         await collect_until(client, "session.closed", events)
-    heard = transcribe(np.frombuffer(bytes(answer), "<i2").astype(np.float32) / 32768, RATE)
+    heard = transcribe(
+        (np.frombuffer(bytes(answer), "<i2") / 32768).astype(np.float32), RATE)
     assert normalize(SENTENCE) in normalize(heard), heard
     user_items = [e for e in events if e.type == "conversation.item.done"
                   and e.data["item"]["role"] == "user"]

@@ -49,11 +49,12 @@ async def test_browser_subprotocol_key_and_realtime_subprotocol(stack: Stack) ->
     """Browsers authenticate with the openai-insecure-api-key subprotocol; we pick "realtime"."""
     import websockets
     from websockets.exceptions import InvalidStatus
+    from websockets.typing import Subprotocol
 
     stack.env["DUPLEX_GATEWAY_API_KEYS"] = "browser-key"
     gateway = stack.gateway()
     stack.worker()
-    offered = ["realtime", "openai-insecure-api-key.browser-key"]
+    offered = [Subprotocol("realtime"), Subprotocol("openai-insecure-api-key.browser-key")]
     async with websockets.connect(gateway.ws_url + "?model=loopback",
                                   subprotocols=offered) as ws:
         assert ws.subprotocol == "realtime"
@@ -61,6 +62,7 @@ async def test_browser_subprotocol_key_and_realtime_subprotocol(stack: Stack) ->
         assert first["type"] == "session.created"
     with pytest.raises(InvalidStatus) as refused:
         async with websockets.connect(
-                gateway.ws_url, subprotocols=["realtime", "openai-insecure-api-key.nope"]):
+                gateway.ws_url,
+                subprotocols=[Subprotocol("realtime"), Subprotocol("openai-insecure-api-key.x")]):
             pass
     assert refused.value.response.status_code == 401
