@@ -71,6 +71,8 @@ SESSIONS_PER_CLIENT: Final = 100
 TARGET_ADDED_RTT_P99_MS: Final = 4.0  # 2 ms per direction, and a round trip is two
 TARGET_CPU_RATIO: Final = 2.0
 TARGET_REDIS_PER_SESSION_S: Final = 30.0
+#: DESIGN §5: Redis memory per attached, streaming session, steady state.
+TARGET_SESSION_MEMORY_KIB: Final = 256.0
 
 _OPEN_TIMEOUT_S: Final = 10.0
 _START_TIMEOUT_S: Final = 30.0
@@ -482,6 +484,24 @@ class _RedisProbe:
                 counters[key[len("cmdstat_"):]] = int(value["calls"])
         return counters
 
+    def session_memory(self) -> dict[str, float] | None:
+        """Redis memory of every session's keys (record and logs), per session.
+
+        Read while the sessions are still attached, after they streamed the whole run.
+        """
+        if self._client is None:
+            return None
+        per_session: dict[bytes, int] = {}
+        for key in self._client.scan_iter(match="dg:*:s:*", count=1000):
+            session = key.rsplit(b":", 1)[0]
+            usage = self._client.memory_usage(key, samples=0)
+            per_session[session] = per_session.get(session, 0) + int(usage or 0)
+        if not per_session:
+            return None
+        sizes = sorted(per_session.values())
+        return {"sessions": len(sizes), "mean_kib": sum(sizes) / len(sizes) / 1024,
+                "max_kib": sizes[-1] / 1024}
+
     def close(self) -> None:
         """Close the connection."""
         if self._client is not None:
@@ -498,6 +518,7 @@ class _Window:
     redis_after: dict[str, int] | None = None
     machine_before: tuple[int, int] | None = None
     machine_after: tuple[int, int] | None = None
+    session_memory: dict[str, float] | None = None
     wall_s: float = 0.0
 
 
@@ -606,6 +627,7 @@ def _summarize(name: str, logs: Sequence[_SessionLog], t0: float, seconds: float
         "machine_cpu": _machine_report(window.machine_before, window.machine_after),
         "cpu": _cpu_report(window, len(trips)),
         "redis": _redis_report(window, len(logs) * (seconds - WARMUP_S)),
+        "redis_memory_per_session": window.session_memory,
         "errors": errors,
     }
     if summary["machine_cpu"] is not None:
@@ -698,6 +720,7 @@ def _run_phase(phase: _Phase) -> dict[str, Any]:
         window.cpu_after = _cpu_snapshot(pids)
         window.machine_after = _machine_ticks()
         window.redis_after = probe.counters()
+        window.session_memory = probe.session_memory()
         window.wall_s = time.monotonic() - began
         for conn in conns:
             conn.send("close")
@@ -774,6 +797,8 @@ def _comparison(echo: dict[str, Any], gateway: dict[str, Any]) -> dict[str, Any]
     added = {q: _minus(g[q], e[q]) for q in ("p50", "p90", "p99", "max")}
     cpu_ratio = _ratio(gateway["cpu"]["gateway"]["us_per_chunk"], echo_us)
     per_session_s = redis["per_session_second"] if redis else None
+    memory = gateway.get("redis_memory_per_session")
+    memory_kib = memory["mean_kib"] if memory else None
     valid = _lossless(echo) and _lossless(gateway)
     return {
         "added_round_trip_ms": added,
@@ -783,11 +808,14 @@ def _comparison(echo: dict[str, Any], gateway: dict[str, Any]) -> dict[str, Any]
         "target_cpu_ratio": TARGET_CPU_RATIO,
         "redis_commands_per_session_second": per_session_s,
         "target_redis_commands_per_session_second": TARGET_REDIS_PER_SESSION_S,
+        "redis_memory_per_session_kib": memory_kib,
+        "target_redis_memory_per_session_kib": TARGET_SESSION_MEMORY_KIB,
         "verdicts": {
             "added_round_trip_p99": _verdict(added["p99"], TARGET_ADDED_RTT_P99_MS, valid),
             "gateway_cpu_ratio": _verdict(cpu_ratio, TARGET_CPU_RATIO, valid),
             "redis_commands_per_session_second": _verdict(per_session_s,
                                                           TARGET_REDIS_PER_SESSION_S, valid),
+            "redis_memory_per_session": _verdict(memory_kib, TARGET_SESSION_MEMORY_KIB, valid),
         },
     }
 
@@ -919,6 +947,9 @@ def _redis_rows(gateway: dict[str, Any],
          f"<= {TARGET_REDIS_PER_SESSION_S:g} {verdict}"),
         ("  incl. run inside scripts", "", _fmt(redis["incl_in_scripts_per_session_second"], 1),
          "", ""),
+        ("Redis KiB / session (mean)", "", _fmt(cmp["redis_memory_per_session_kib"], 1), "",
+         f"<= {TARGET_SESSION_MEMORY_KIB:g} "
+         f"{_shout(cmp['verdicts']['redis_memory_per_session'])}"),
     ]
 
 

@@ -413,7 +413,8 @@ class Worker:
         """
         try:
             outcomes = await self._scripts.append_output_many(
-                [(session_id, session.unsent, reason) for session_id, session, reason in batch])
+                [(session_id, session.unsent, reason, session.follower.next_index - 1)
+                 for session_id, session, reason in batch])
         except WorkerFenced:
             self._fence()
             return False

@@ -252,7 +252,7 @@ APPEND_OUTPUT = _PRELUDE + r"""
 -- KEYS[4] worker channel
 -- KEYS[3i+2], KEYS[3i+3], KEYS[3i+4] (i = 1..n): session record, output log, output channel
 -- ARGV per session: session id, terminal payload ('' for none), terminal reason,
---   event count c, then c encoded events
+--   input applied up to (0: leave the input log alone), event count c, then c encoded events
 -- returns {'fenced'} if the worker was declared lost, else per session in order
 --   {status, first seq (0 if no events)}: status ok | closed | unknown
 local worker, sessions, deadlines, worker_channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -262,10 +262,15 @@ then
   return {'fenced'}
 end
 
-local function append_one(sid, rec, out_log, out_channel, terminal, reason, at, count)
+local function append_one(sid, rec, out_log, out_channel, terminal, reason, applied, at, count)
   local state = redis.call('HGET', rec, 'state')
   if not state then return {'unknown', 0} end
   if state == 'closed' then return {'closed', 0} end
+  if applied > 0 then
+    -- The worker applied these commands; only a gap fill could still read them. Dropping them
+    -- keeps an attached session's Redis memory to what is in flight (DESIGN §5).
+    redis.call('XTRIM', string.sub(rec, 1, -4) .. 'in', 'MINID', (applied + 1) .. '-0')
+  end
   local first = 0
   if count > 0 then
     local payloads = {}
@@ -283,10 +288,10 @@ end
 local answers = {}
 local at = 1
 for k = 5, #KEYS, 3 do
-  local count = tonumber(ARGV[at + 3])
+  local count = tonumber(ARGV[at + 4])
   answers[#answers + 1] = append_one(ARGV[at], KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[at + 1],
-                                     ARGV[at + 2], at + 4, count)
-  at = at + 4 + count
+                                     ARGV[at + 2], tonumber(ARGV[at + 3]), at + 5, count)
+  at = at + 5 + count
 end
 return answers
 """

@@ -246,16 +246,18 @@ class Scripts:
             WorkerFenced: the worker was declared lost.
             SessionGone: the session is closed or unknown.
         """
-        (outcome,) = await self.append_output_many([(session_id, payloads, close_reason)])
+        (outcome,) = await self.append_output_many([(session_id, payloads, close_reason, 0)])
         if isinstance(outcome, SessionGone):
             raise outcome
         return outcome
 
     async def append_output_many(
-        self, batch: Sequence[tuple[str, Sequence[bytes], str | None]]
+        self, batch: Sequence[tuple[str, Sequence[bytes], str | None, int]]
     ) -> list[int | SessionGone]:
         """One script call for several sessions of ONE worker: ``(session id, encoded events,
-        close reason or None)`` each. Returns per session its first seq or its error.
+        close reason or None, input index applied so far (0: keep the input log))`` each.
+        Returns per session its first seq or its error; input entries up to the applied
+        index are trimmed.
 
         Raises:
             WorkerFenced: the worker was declared lost (nothing was written).
@@ -263,7 +265,7 @@ class Scripts:
         worker = SessionKeys(batch[0][0]).worker
         keys = [worker.record, worker.sessions, worker.deadlines, worker.input_channel]
         args: list[Any] = []
-        for session_id, payloads, close_reason in batch:
+        for session_id, payloads, close_reason, applied in batch:
             k = SessionKeys(session_id)
             if k.worker.worker_id != worker.worker_id:
                 raise ValueError("append_output_many takes sessions of one worker only")
@@ -271,12 +273,13 @@ class Scripts:
             terminal = b""
             if close_reason is not None:
                 terminal = encode_message(SessionClosed(reason=close_reason))
-            args += [session_id, terminal, close_reason or "", len(payloads), *payloads]
+            args += [session_id, terminal, close_reason or "", applied, len(payloads),
+                     *payloads]
         answers = await self._run(self._append_output, keys, args)
         if answers and _str(answers[0]) == "fenced":
             raise WorkerFenced(f"worker {worker.worker_id} was declared lost")
         results: list[int | SessionGone] = []
-        for (session_id, _, _), answer in zip(batch, answers, strict=True):
+        for (session_id, _, _, _), answer in zip(batch, answers, strict=True):
             status = _str(answer[0])
             results.append(int(answer[1]) if status == "ok" else SessionGone(session_id, status))
         return results

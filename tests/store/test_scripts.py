@@ -915,7 +915,7 @@ async def test_append_output_many_writes_each_session_and_refuses_closed_alone(
     a, b, c = [(await open_session(scripts, wid)).lease.session_id for _ in range(3)]
     await scripts.close_session(c, "client_close")
     outcomes = await scripts.append_output_many(
-        [(a, [ev(1), ev(2)], None), (b, [ev(3)], "client_close"), (c, [ev(4)], None)])
+        [(a, [ev(1), ev(2)], None, 0), (b, [ev(3)], "client_close", 0), (c, [ev(4)], None, 0)])
     assert outcomes[0] == 1 and outcomes[1] == 1
     assert isinstance(outcomes[2], SessionGone) and outcomes[2].status == "closed"
     assert [seq for seq, _ in await events_of(redis_client, a)] == [1, 2]
@@ -930,4 +930,17 @@ async def test_append_output_many_is_fenced_whole(scripts: Scripts, redis_client
     await expire_heartbeat(redis_client, scripts, wid)
     await reap_until_lost(scripts, wid)
     with pytest.raises(WorkerFenced):
-        await scripts.append_output_many([(a, [ev(1)], None), (b, [ev(2)], None)])
+        await scripts.append_output_many([(a, [ev(1)], None, 0), (b, [ev(2)], None, 0)])
+
+
+async def test_append_output_trims_the_input_the_worker_applied(
+    scripts: Scripts, redis_client: Redis
+) -> None:
+    """The applied index drops input entries up to it; later ones stay for a gap fill."""
+    wid = await register_worker(scripts, slots=1)
+    opened = await open_session(scripts, wid)
+    await scripts.append_input(opened.lease, [(None, cmd(str(i))) for i in range(5)],
+                               max_entries=100)
+    sid = opened.lease.session_id
+    await scripts.append_output_many([(sid, [ev(1)], None, 3)])
+    assert [n for n, _ in await read_input(redis_client, sid, 0)] == [4, 5]
