@@ -10,6 +10,7 @@ so frames reach the client in the order the core decided.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import hashlib
 import logging
@@ -94,6 +95,7 @@ class ConnectionDriver:
             asyncio.create_task(self._read_frames(), name="ws-reader"),
             asyncio.create_task(self._pump_log(), name="ws-pump"),
             asyncio.create_task(self._write_commands(), name="ws-writer"),
+            asyncio.create_task(self._trim_delivered(), name="ws-trim"),
         ]
         try:
             await self._step()  # autostart opens before the first frame
@@ -147,6 +149,32 @@ class ConnectionDriver:
             elif notice[0] == b"r":
                 self._core.lease_moved(int(notice[1]))
             await self._step()
+
+    async def _trim_delivered(self) -> None:
+        """Trim what this connection delivered more than ``delivered_retention_s`` ago.
+
+        Clients that never send session.event_ack (the openai SDK) would otherwise keep the
+        whole capped log in Redis. Events sent that long ago on a live connection count as
+        acknowledged: a client that lost them anyway gets session.resync_required on resume,
+        never a silent gap (DESIGN §2.7, §5).
+        """
+        retention = self._svc.settings.delivered_retention_s
+        if retention <= 0:
+            return
+        period = min(1.0, retention / 2)
+        samples: collections.deque[tuple[float, int]] = collections.deque()
+        trimmed = 0
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(period)  # a periodic duty, not a wait for a condition
+            now = loop.time()
+            samples.append((now, self._core.delivered_seq))
+            upto = 0
+            while samples and now - samples[0][0] >= retention:
+                upto = samples.popleft()[1]
+            if upto > trimmed and self._core.state is ConnectionState.ATTACHED:
+                await self._trim(upto)
+                trimmed = upto
 
     async def _write_commands(self) -> None:
         while True:

@@ -45,6 +45,10 @@ class GatewaySettings:
     input_log_max_entries: int = field(
         default=4096, metadata={"help": "commands kept per session until the worker reads"}
     )
+    delivered_retention_s: float = field(
+        default=5.0,
+        metadata={"help": "events delivered this long ago are trimmed from the log; 0: never"},
+    )
     closed_retention_s: float = field(
         default=60.0, metadata={"help": "a closed session stays replayable this long"}
     )

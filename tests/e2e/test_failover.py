@@ -17,7 +17,7 @@ from tests.e2e.helpers import (
     marked_chunk,
     next_event,
 )
-from tests.e2e.stack import Stack
+from tests.e2e.stack import Stack, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -120,4 +120,27 @@ async def test_acknowledged_events_are_trimmed(stack: Stack) -> None:
     await client.resume()
     notice = await next_event(client)
     assert notice.type == "session.resync_required"
+    await client.aclose()
+
+
+async def test_delivered_events_are_trimmed_after_the_retention(stack: Stack) -> None:
+    """Without acks (SDK clients), events delivered longer ago than the retention are trimmed."""
+    stack.env["DUPLEX_GATEWAY_DELIVERED_RETENTION_S"] = "0.3"
+    gateway = stack.gateway()
+    stack.worker()
+    client = await DuplexClient.connect(gateway.ws_url, session=STREAM_SESSION)
+    events: list[RealtimeEvent] = []
+    await collect_until(client, "session.updated", events)
+    for i in range(5):
+        await client.append_audio(marked_chunk(3, i))
+    await drain_echoes(client, events, 5)
+    assert client.session_id is not None
+    out_log = SessionKeys(client.session_id).output_log
+    redis = Redis.from_url(stack.redis.url)
+    delivered = client.last_seq
+    wait_for(lambda: not redis.xrange(out_log, "-", f"{delivered}-0"), "delivered events trimmed")
+    redis.close()
+    client.last_seq = 0
+    await client.resume()
+    assert (await next_event(client)).type == "session.resync_required"
     await client.aclose()
