@@ -144,3 +144,31 @@ async def test_delivered_events_are_trimmed_after_the_retention(stack: Stack) ->
     await client.resume()
     assert (await next_event(client)).type == "session.resync_required"
     await client.aclose()
+
+
+async def test_two_racing_resumes_exactly_one_wins(stack: Stack) -> None:
+    """Two resumes with the same token race through two gateways: one wins, one is refused,
+    and the winner still gets every event exactly once."""
+    gateway_a, gateway_b = stack.gateway(), stack.gateway()
+    stack.worker()
+    owner = await DuplexClient.connect(gateway_a.ws_url, session=STREAM_SESSION)
+    events: list[RealtimeEvent] = []
+    await collect_until(owner, "session.updated", events)
+    await owner.drop_connection()
+    racers = []
+    for url in (gateway_a.ws_url, gateway_b.ws_url):
+        racer = DuplexClient(url)
+        racer.session_id, racer.resume_token = owner.session_id, owner.resume_token
+        racer.last_seq = owner.last_seq
+        racers.append(racer)
+    outcomes = await asyncio.gather(*(r.resume() for r in racers), return_exceptions=True)
+    won = [r for r, o in zip(racers, outcomes, strict=True) if not isinstance(o, Exception)]
+    lost = [o for o in outcomes if isinstance(o, Exception)]
+    assert len(won) == 1 and len(lost) == 1, outcomes
+    assert getattr(lost[0], "code", None) == "invalid_resume_token"
+    winner = won[0]
+    await winner.append_audio(marked_chunk(4, 0))
+    await drain_echoes(winner, events, 1)
+    assert_exactly_once(events)
+    for racer in racers:
+        await racer.aclose()
