@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import hmac
 import time
 from collections.abc import AsyncIterator
@@ -37,6 +38,12 @@ def _presented_key(websocket: WebSocket) -> str | None:
         if protocol.startswith(_BROWSER_KEY_PREFIX):
             return protocol[len(_BROWSER_KEY_PREFIX):]
     return None
+
+
+def _tenant_of(websocket: WebSocket) -> str:
+    """The tenant a connection counts against: its API key, hashed (never stored in clear)."""
+    key = _presented_key(websocket)
+    return hashlib.sha256(key.encode()).hexdigest()[:32] if key else "anonymous"
 
 
 def _authorized(settings: GatewaySettings, websocket: WebSocket) -> bool:
@@ -88,7 +95,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
         model = websocket.query_params.get("model", "")
         autostart = bool(model) and websocket.query_params.get("resume") not in ("1", "true")
         driver = ConnectionDriver(websocket, services, model=model or "loopback",
-                                  autostart=autostart)
+                                  autostart=autostart, tenant=_tenant_of(websocket))
         metrics.connections.inc()
         started = time.monotonic()
         try:

@@ -21,7 +21,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from gateway.batcher import InputBatcher
 from gateway.metrics import GatewayMetrics
-from gateway.placement import place_session
+from gateway.placement import place_session, tenant_lease_ms
 from gateway.protocol.connection import (
     Action,
     AppendCommands,
@@ -51,6 +51,7 @@ _log = logging.getLogger(__name__)
 _RESUME_ATTEMPTS = 3
 # Pushes queued for one connection before further ones are replaced by one "read the log".
 _MAX_QUEUED_NOTICES = 256
+_HOUSEKEEPING_S = 1.0
 
 
 class GatewayServices:
@@ -75,10 +76,11 @@ class ConnectionDriver:
     """Runs one accepted websocket until it closes."""
 
     def __init__(self, websocket: WebSocket, services: GatewayServices, *, model: str,
-                 autostart: bool) -> None:
+                 autostart: bool, tenant: str = "anonymous") -> None:
         self._ws = websocket
         self._svc = services
         self._model = model
+        self._tenant = tenant
         self._core = ConnectionCore(max_frame_bytes=services.settings.max_frame_bytes,
                                     autostart=autostart)
         self._lock = asyncio.Lock()
@@ -95,7 +97,7 @@ class ConnectionDriver:
             asyncio.create_task(self._read_frames(), name="ws-reader"),
             asyncio.create_task(self._pump_log(), name="ws-pump"),
             asyncio.create_task(self._write_commands(), name="ws-writer"),
-            asyncio.create_task(self._trim_delivered(), name="ws-trim"),
+            asyncio.create_task(self._housekeeping(), name="ws-housekeeping"),
         ]
         try:
             await self._step()  # autostart opens before the first frame
@@ -106,6 +108,8 @@ class ConnectionDriver:
             await asyncio.gather(*tasks, return_exceptions=True)
             if self._channel is not None:
                 await self._svc.subscriber.unsubscribe(self._channel)
+            if self._core.ended and self._lease is not None:
+                await self._release_tenant(self._lease.session_id)
 
     # ------------------------------------------------------------------ tasks
 
@@ -150,31 +154,50 @@ class ConnectionDriver:
                 self._core.lease_moved(int(notice[1]))
             await self._step()
 
-    async def _trim_delivered(self) -> None:
-        """Trim what this connection delivered more than ``delivered_retention_s`` ago.
+    async def _housekeeping(self) -> None:
+        """Once a second: renew the tenant reservation, trim what was delivered long ago.
 
         Clients that never send session.event_ack (the openai SDK) would otherwise keep the
-        whole capped log in Redis. Events sent that long ago on a live connection count as
-        acknowledged: a client that lost them anyway gets session.resync_required on resume,
-        never a silent gap (DESIGN §2.7, §5).
+        whole capped log in Redis. Events sent ``delivered_retention_s`` ago on a live
+        connection count as acknowledged: a client that lost them anyway gets
+        session.resync_required on resume, never a silent gap (DESIGN §2.7, §5).
         """
         retention = self._svc.settings.delivered_retention_s
-        if retention <= 0:
-            return
-        period = min(1.0, retention / 2)
         samples: collections.deque[tuple[float, int]] = collections.deque()
         trimmed = 0
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(period)  # a periodic duty, not a wait for a condition
+            await asyncio.sleep(_HOUSEKEEPING_S)  # a periodic duty, not a wait for a condition
+            if self._core.state is not ConnectionState.ATTACHED or self._lease is None:
+                continue
+            await self._renew_tenant(self._lease.session_id)
+            if retention <= 0:
+                continue
             now = loop.time()
             samples.append((now, self._core.delivered_seq))
             upto = 0
             while samples and now - samples[0][0] >= retention:
                 upto = samples.popleft()[1]
-            if upto > trimmed and self._core.state is ConnectionState.ATTACHED:
+            if upto > trimmed:
                 await self._trim(upto)
                 trimmed = upto
+
+    async def _renew_tenant(self, session_id: str) -> None:
+        if not self._svc.settings.tenant_max_sessions:
+            return
+        try:
+            await self._svc.scripts.renew_tenant_slot(
+                self._tenant, session_id, lease_ms=tenant_lease_ms(self._svc))
+        except StoreError as exc:
+            _log.warning("tenant renewal failed for %s: %s", session_id, exc)
+
+    async def _release_tenant(self, session_id: str) -> None:
+        if not self._svc.settings.tenant_max_sessions:
+            return
+        try:
+            await self._svc.scripts.release_tenant_slot(self._tenant, session_id)
+        except StoreError as exc:
+            _log.warning("tenant release failed for %s: %s", session_id, exc)
 
     async def _write_commands(self) -> None:
         while True:
@@ -276,7 +299,7 @@ class ConnectionDriver:
         token = secrets.token_urlsafe(32)
         try:
             placed = await place_session(self._svc, token_digest=_digest(token),
-                                         subscribe=self._subscribe)
+                                         tenant=self._tenant, subscribe=self._subscribe)
         except ClientProtocolError as exc:
             self._core.fail(exc)
             return

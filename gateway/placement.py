@@ -21,7 +21,10 @@ from store.keys import new_session_id
 if TYPE_CHECKING:
     from gateway.connection import GatewayServices
 
-__all__ = ["place_session", "policy_of"]
+__all__ = ["place_session", "policy_of", "tenant_lease_ms"]
+
+# Renewals come about every second; this much slack survives a missed one or two.
+_TENANT_LEASE_SLACK_MS = 5_000
 
 
 def policy_of(services: GatewayServices) -> SessionPolicy:
@@ -36,15 +39,20 @@ def policy_of(services: GatewayServices) -> SessionPolicy:
     )
 
 
-def _exhausted() -> ClientProtocolError:
+def _exhausted(why: str = "no inference worker has a free slot") -> ClientProtocolError:
     return ClientProtocolError(
-        ErrorCode.RESOURCE_EXHAUSTED, "no inference worker has a free slot; retry later",
-        close_code=CloseCode.TRY_AGAIN_LATER,
+        ErrorCode.RESOURCE_EXHAUSTED, f"{why}; retry later", close_code=CloseCode.TRY_AGAIN_LATER,
     )
 
 
+def tenant_lease_ms(services: GatewayServices) -> int:
+    """How long a tenant reservation lasts unless renewed: past the disconnect grace, so a
+    detached session stays counted until it could have expired."""
+    return int(services.settings.disconnect_grace_s * 1000) + _TENANT_LEASE_SLACK_MS
+
+
 async def place_session(
-    services: GatewayServices, *, token_digest: str,
+    services: GatewayServices, *, token_digest: str, tenant: str,
     subscribe: Callable[[str], Awaitable[None]],
 ) -> Lease:
     """Open a session on the least loaded live worker; returns its first lease.
@@ -65,18 +73,35 @@ async def place_session(
         if load.state != "live" or load.free == 0:
             continue
         session_id = new_session_id(load.worker_id)
+        cap = services.settings.tenant_max_sessions
+        # Reserve-then-confirm (DESIGN §2.1): the tenant count lives in another hash slot than
+        # the worker, so it is reserved first and released again if the open does not land.
+        if cap and not await scripts.reserve_tenant_slot(
+                tenant, session_id, cap=cap, lease_ms=tenant_lease_ms(services)):
+            raise _exhausted(f"the tenant's limit of {cap} concurrent sessions is reached")
         await subscribe(session_id)
         try:
             status = await asyncio.wait_for(
                 scripts.open_session(session_id, epoch=epoch, token_digest=token_digest,
-                                     tenant="default", policy=policy),
+                                     tenant=tenant, policy=policy),
                 services.settings.open_timeout_s)
         except (TimeoutError, StoreError) as exc:
             await _abandon(services, session_id)
+            await _release(services, tenant, session_id)
             raise StoreUnavailable(f"open of {session_id} did not complete: {exc!r}") from exc
         if status is OpenStatus.OK:
             return Lease(session_id=session_id, epoch=epoch, generation=1)
+        await _release(services, tenant, session_id)
     raise _exhausted()
+
+
+async def _release(services: GatewayServices, tenant: str, session_id: str) -> None:
+    if not services.settings.tenant_max_sessions:
+        return
+    try:
+        await services.scripts.release_tenant_slot(tenant, session_id)
+    except StoreError:
+        pass  # the reservation's lease runs out on its own
 
 
 async def _abandon(services: GatewayServices, session_id: str) -> None:

@@ -24,6 +24,9 @@ class GatewaySettings:
     api_keys: tuple[str, ...] = field(
         default=(), metadata={"help": "comma-separated accepted API keys; empty: no auth"}
     )
+    tenant_max_sessions: int = field(
+        default=0, metadata={"help": "concurrent sessions per API key (tenant); 0: no cap"}
+    )
     max_frame_bytes: int = field(
         default=16 * 1024 * 1024, metadata={"help": "largest client frame; larger: close 1009"}
     )

@@ -22,6 +22,7 @@ __all__ = [
     "WorkerKeys",
     "new_session_id",
     "new_worker_id",
+    "tenant_sessions",
     "worker_of_session",
 ]
 
@@ -31,6 +32,17 @@ WORKER_DIRECTORY = f"{_PREFIX}:workers"
 
 _WORKER_ID = re.compile(r"^w[0-9a-f]{12}$")
 _SESSION_ID = re.compile(r"^sess_(w[0-9a-f]{12})\.([0-9a-f]{32})$")
+
+
+_TENANT_ID = re.compile(r"^[0-9a-z_-]{1,64}$")
+
+
+def tenant_sessions(tenant_id: str) -> str:
+    """Sorted set of a tenant's live sessions (member: session id, score: reservation expiry
+    ms). Its own hash slot: reserving is a separate step from placing (DESIGN §2.1)."""
+    if not _TENANT_ID.match(tenant_id):
+        raise ValueError(f"not a tenant id: {tenant_id!r}")
+    return f"{_PREFIX}:{{t.{tenant_id}}}:sessions"
 
 
 def new_worker_id() -> str:

@@ -30,6 +30,7 @@ __all__ = [
     "OPEN_SESSION",
     "REAP",
     "RESUME",
+    "TENANT_RESERVE",
     "TRIM_OUTPUT",
     "WORKER_HEARTBEAT",
 ]
@@ -168,6 +169,28 @@ if f[1] == 'closed' then return 'closed' end
 if f[2] ~= epoch or f[3] ~= gen or f[1] ~= 'attached' then return 'stale' end
 redis.call('HSET', rec, 'state', 'detached', 'detached_ms', now_ms())
 redis.call('ZADD', deadlines, next_deadline(rec), sid)
+return 'ok'
+"""
+
+TENANT_RESERVE = _PRELUDE + r"""
+-- Count a session against its tenant's cap (DESIGN §2.1). A reservation is a lease: it expires
+-- unless the gateway serving the session renews it, so a crashed gateway or a session that
+-- ended unseen never holds a place for long. Reserve is checked against the cap; renew is not
+-- (the session exists already).
+-- KEYS[1] tenant session set
+-- ARGV[1] session id  ARGV[2] cap (0: none)  ARGV[3] lease ms  ARGV[4] reserve | renew
+-- returns status: ok | full
+local tenant = KEYS[1]
+local sid, cap, lease, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+
+local now = now_ms()
+redis.call('ZREMRANGEBYSCORE', tenant, '-inf', now)
+if mode == 'reserve' and cap > 0 and redis.call('ZSCORE', tenant, sid) == false
+    and redis.call('ZCARD', tenant) >= cap then
+  return 'full'
+end
+redis.call('ZADD', tenant, now + lease, sid)
+redis.call('PEXPIRE', tenant, lease)
 return 'ok'
 """
 

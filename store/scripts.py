@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from store import lua
 from store.errors import LeaseLost, SessionGone, StoreError, StoreUnavailable, WorkerFenced
-from store.keys import SessionKeys, WorkerKeys
+from store.keys import SessionKeys, WorkerKeys, tenant_sessions
 from store.messages import SessionClosed, SessionExpired, encode_message
 
 __all__ = [
@@ -123,6 +123,7 @@ class Scripts:
         self._reap = register(lua.REAP)
         self._heartbeat = register(lua.WORKER_HEARTBEAT)
         self._trim = register(lua.TRIM_OUTPUT)
+        self._tenant = register(lua.TENANT_RESERVE)
 
     async def _run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
         try:
@@ -228,6 +229,25 @@ class Scripts:
         answer = await self._run(self._trim, [k.record, k.output_log],
                                  [lease.epoch, lease.generation, acknowledged_seq])
         return _str(answer)
+
+    async def reserve_tenant_slot(self, tenant_id: str, session_id: str, *, cap: int,
+                                  lease_ms: int) -> bool:
+        """Count ``session_id`` against ``tenant_id``'s cap; False when the tenant is full."""
+        answer = await self._run(self._tenant, [tenant_sessions(tenant_id)],
+                                 [session_id, cap, lease_ms, "reserve"])
+        return _str(answer) == "ok"
+
+    async def renew_tenant_slot(self, tenant_id: str, session_id: str, *, lease_ms: int) -> None:
+        """Keep a served session counted for ``lease_ms`` more."""
+        await self._run(self._tenant, [tenant_sessions(tenant_id)],
+                        [session_id, 0, lease_ms, "renew"])
+
+    async def release_tenant_slot(self, tenant_id: str, session_id: str) -> None:
+        """Stop counting a session (it ended, or its open did not land)."""
+        try:
+            await self._client.zrem(tenant_sessions(tenant_id), session_id)
+        except RedisError as exc:
+            raise StoreUnavailable(f"ZREM tenant failed: {exc}") from exc
 
     def _close_keys(self, session_id: str) -> list[str]:
         k = SessionKeys(session_id)

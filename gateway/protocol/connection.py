@@ -162,6 +162,8 @@ class ConnectionCore:
 
     def __init__(self, *, max_frame_bytes: int, autostart: bool = False) -> None:
         self.state = ConnectionState.AWAITING_FIRST
+        #: True once the session's terminal event was delivered: the session is over.
+        self.ended = False
         self.session_id: str | None = None
         self.generation = 0
         self._max_frame_bytes = max_frame_bytes
@@ -375,6 +377,7 @@ class ConnectionCore:
             self._actions.append(CloseConnection(code=CloseCode.NORMAL,
                                                  reason=getattr(event, "reason", "")))
             self._move("end")
+            self.ended = True
             return False
         return True
 

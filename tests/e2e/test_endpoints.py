@@ -8,7 +8,7 @@ import urllib.request
 
 import pytest
 
-from gateway.client import DuplexClient
+from gateway.client import DuplexClient, DuplexClientError
 from tests.e2e.helpers import collect_until
 from tests.e2e.stack import Stack
 
@@ -66,3 +66,35 @@ async def test_browser_subprotocol_key_and_realtime_subprotocol(stack: Stack) ->
                 subprotocols=[Subprotocol("realtime"), Subprotocol("openai-insecure-api-key.x")]):
             pass
     assert refused.value.response.status_code == 401
+
+
+async def test_tenant_session_cap(stack: Stack) -> None:
+    """A tenant at its cap gets resource_exhausted (1013); others don't; a close frees it."""
+    stack.env["DUPLEX_GATEWAY_API_KEYS"] = "k1,k2"
+    stack.env["DUPLEX_GATEWAY_TENANT_MAX_SESSIONS"] = "1"
+    gateway = stack.gateway()
+    stack.worker()
+    first = await DuplexClient.connect(gateway.ws_url, api_key="k1")
+    await collect_until(first, "session.updated", [])
+    with pytest.raises(DuplexClientError) as refused:
+        await DuplexClient.connect(gateway.ws_url, api_key="k1")
+    assert refused.value.code == "resource_exhausted"
+    async with await DuplexClient.connect(gateway.ws_url, api_key="k2") as other:
+        await collect_until(other, "session.updated", [])
+    await first.close()
+    await collect_until(first, "session.closed", [])
+    await first.aclose()
+    again = await open_with_retry(gateway.ws_url, "k1")
+    await again.aclose()
+
+
+async def open_with_retry(url: str, key: str) -> DuplexClient:
+    """Open, retrying while the released reservation is still on its way."""
+    deadline = asyncio.get_running_loop().time() + 10
+    while True:
+        try:
+            return await DuplexClient.connect(url, api_key=key)
+        except DuplexClientError:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.05)  # retry pacing; the condition is the open succeeding

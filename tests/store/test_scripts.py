@@ -944,3 +944,18 @@ async def test_append_output_trims_the_input_the_worker_applied(
     sid = opened.lease.session_id
     await scripts.append_output_many([(sid, [ev(1)], None, 3)])
     assert [n for n, _ in await read_input(redis_client, sid, 0)] == [4, 5]
+
+
+async def test_tenant_cap_reserve_renew_release(scripts: Scripts, redis_client: Redis) -> None:
+    """Reservations count against the cap; renewals don't check it; release and expiry free."""
+    assert await scripts.reserve_tenant_slot("t1", "s1", cap=2, lease_ms=60_000)
+    assert await scripts.reserve_tenant_slot("t1", "s2", cap=2, lease_ms=60_000)
+    assert not await scripts.reserve_tenant_slot("t1", "s3", cap=2, lease_ms=60_000)
+    assert await scripts.reserve_tenant_slot("t1", "s1", cap=2, lease_ms=60_000), "idempotent"
+    assert await scripts.reserve_tenant_slot("t2", "s3", cap=2, lease_ms=60_000), "per tenant"
+    await scripts.renew_tenant_slot("t1", "s9", lease_ms=60_000)  # an existing session: no cap
+    await scripts.release_tenant_slot("t1", "s9")
+    await scripts.release_tenant_slot("t1", "s2")
+    assert await scripts.reserve_tenant_slot("t1", "s3", cap=2, lease_ms=1)
+    await wait_redis_clock_past(redis_client, await redis_now_ms(redis_client) + 2)
+    assert await scripts.reserve_tenant_slot("t1", "s4", cap=2, lease_ms=60_000), "s3 expired"
