@@ -88,6 +88,7 @@ class Worker:
         self._flush_wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._draining = False
+        self._no_sessions = asyncio.Event()  # set whenever the last session leaves
         self.fenced = False
         #: Worker ids this process served under; a new one after each fencing.
         self.incarnations: list[str] = [self.worker_id]
@@ -236,6 +237,8 @@ class Worker:
             if self._engine is not None:
                 self._engine.close(session.handle)
         self.metrics.sessions.set(len(self._sessions))
+        if not self._sessions:
+            self._no_sessions.set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -261,9 +264,11 @@ class Worker:
 
     async def _drain(self) -> None:
         await self._heartbeat()  # publishes the draining state: no new placements
-        deadline = time.monotonic() + self.settings.drain_timeout_s
-        while self._sessions and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)  # sessions end on their own schedule; poll the dict
+        if self._sessions:
+            self._no_sessions.clear()
+            # Sessions end on their own schedule (client close, expiry); wait for the last.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._no_sessions.wait(), self.settings.drain_timeout_s)
         for session_id in list(self._sessions):
             await self._close(session_id, "worker_shutdown")
 
