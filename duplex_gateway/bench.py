@@ -55,7 +55,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Final
 
-__all__ = ["run_relay_bench"]
+__all__ = ["distribution", "run_relay_bench", "start_http_server", "start_worker"]
 
 CHUNK_S: Final = 0.020
 #: 20 ms of pcm16 mono at 24 kHz.
@@ -376,7 +376,7 @@ def _http_ok(url: str) -> bool:
         return False
 
 
-def _start_http_server(stack: contextlib.ExitStack, name: str, module_args: list[str],
+def start_http_server(stack: contextlib.ExitStack, name: str, module_args: list[str],
                        port: int, log_dir: Path) -> _Server:
     server = _spawn(name, module_args, log_dir)
     stack.callback(_stop, server.process)
@@ -384,7 +384,7 @@ def _start_http_server(stack: contextlib.ExitStack, name: str, module_args: list
     return server
 
 
-def _start_worker(stack: contextlib.ExitStack, redis_url: str, slots: int,
+def start_worker(stack: contextlib.ExitStack, redis_url: str, slots: int,
                   log_dir: Path) -> _Server:
     from redis import Redis
 
@@ -529,7 +529,7 @@ def _percentile(ordered: Sequence[float], q: float) -> float | None:
     return ordered[max(1, math.ceil(q * len(ordered))) - 1]
 
 
-def _distribution(values_s: Sequence[float]) -> dict[str, float | None]:
+def distribution(values_s: Sequence[float]) -> dict[str, float | None]:
     """p50/p90/p99/max/mean of seconds, in milliseconds."""
     ordered = sorted(v * 1000 for v in values_s)
     mean = sum(ordered) / len(ordered) if ordered else None
@@ -618,11 +618,11 @@ def _summarize(name: str, logs: Sequence[_SessionLog], t0: float, seconds: float
             if sent >= since]
     summary: dict[str, Any] = {
         "phase": name,
-        "round_trip_ms": _distribution(trips),
+        "round_trip_ms": distribution(trips),
         "round_trips_s": trips,
         "chunks": _chunk_counts(logs, measured, len(trips)),
-        "send_lag_ms": _distribution(lags),
-        "open_ms": _distribution(opens),
+        "send_lag_ms": distribution(lags),
+        "open_ms": distribution(opens),
         "window_s": window.wall_s,
         "machine_cpu": _machine_report(window.machine_before, window.machine_after),
         "cpu": _cpu_report(window, len(trips)),
@@ -734,7 +734,7 @@ def _echo_phase(sessions: int, seconds: float, clients: int, compression: bool,
 
     port = free_port()
     with contextlib.ExitStack() as stack:
-        echo = _start_http_server(stack, "echo", ["duplex_gateway._echo", "--port", str(port)],
+        echo = start_http_server(stack, "echo", ["duplex_gateway._echo", "--port", str(port)],
                                   port, log_dir)
         return _run_phase(_Phase(
             name="echo", url=f"ws://127.0.0.1:{port}/v1/realtime", servers={"echo": echo.pid},
@@ -751,11 +751,11 @@ def _gateway_phase(sessions: int, seconds: float, clients: int, compression: boo
         redis = start_server("auto")
         stack.callback(shutil.rmtree, redis.workdir, True)
         stack.callback(redis.stop)
-        gateway = _start_http_server(
+        gateway = start_http_server(
             stack, "gateway", ["duplex_gateway", "--log-level", "warning", "serve", "--host",
                                "127.0.0.1", "--port", str(port), "--redis-url", redis.url],
             port, log_dir)
-        worker = _start_worker(stack, redis.url, max(sessions, 1), log_dir)
+        worker = start_worker(stack, redis.url, max(sessions, 1), log_dir)
         result = _run_phase(_Phase(
             name="gateway", url=f"ws://127.0.0.1:{port}/v1/realtime",
             servers={"gateway": gateway.pid, "worker": worker.pid,

@@ -136,6 +136,13 @@ def _bench(args: argparse.Namespace) -> int:
     return run_relay_bench(sessions=args.sessions, seconds=args.seconds, output=args.output)
 
 
+def _bench_resume(args: argparse.Namespace) -> int:
+    from duplex_gateway.bench_resume import run_resume_bench
+
+    return run_resume_bench(sessions=args.sessions, disconnects=args.disconnects,
+                            output=args.output)
+
+
 def _bench_worker(args: argparse.Namespace) -> int:
     from duplex_gateway.bench_worker import run_worker_bench
 
@@ -186,6 +193,11 @@ def _parser() -> argparse.ArgumentParser:
     relay.add_argument("--seconds", type=float, default=10.0)
     relay.add_argument("--output", default="bench-results/relay.json")
     relay.set_defaults(func=_bench)
+    resume = bench_sub.add_parser("resume", help="forced disconnects resumed elsewhere")
+    resume.add_argument("--sessions", type=int, default=20)
+    resume.add_argument("--disconnects", type=int, default=1000)
+    resume.add_argument("--output", default="bench-results/resume.json")
+    resume.set_defaults(func=_bench_resume)
     bench_worker = bench_sub.add_parser("worker", help="batched step time per batch size")
     bench_worker.set_defaults(func=_bench_worker)
     _add_bench_worker_args(bench_worker)

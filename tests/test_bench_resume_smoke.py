@@ -1,0 +1,23 @@
+"""`bench resume` runs end to end on a tiny load and finds nothing lost (no speed asserted)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from duplex_gateway.bench_resume import run_resume_bench
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+def test_bench_resume_smoke(tmp_path: Path) -> None:
+    """Two sessions, twenty forced disconnects: exit 0, timings recorded, no problems."""
+    out = tmp_path / "resume.json"
+    assert run_resume_bench(sessions=2, disconnects=20, output=str(out)) == 0
+    report = json.loads(out.read_text())
+    assert report["config"]["disconnects"] == 20
+    assert report["problems"] == []
+    assert report["connect_to_first_replayed_ms"]["p50"] > 0
+    assert report["events_checked"] > 20
