@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from redis import Redis
@@ -75,6 +76,8 @@ async def test_replaced_connection_is_fenced(stack: Stack) -> None:
     second.session_id, second.resume_token = first.session_id, first.resume_token
     second.last_seq = first.last_seq
     await second.resume()
+    # The first connection writes after the lease moved: gateway A must be refused by Redis.
+    await first.append_audio(marked_chunk(1, 99))
 
     replaced = await next_event(first)
     assert replaced.type == "session.replaced"
@@ -82,10 +85,15 @@ async def test_replaced_connection_is_fenced(stack: Stack) -> None:
         await asyncio.wait_for(first.recv(), 10)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1000
 
-    # Gateway A's detach for generation 1 was refused: the session stays attached to B.
+    # Gateway A's detach for generation 1 was refused: the session stays attached to B, and
+    # the chunk A tried to append after the resume never reached the input log.
     assert first.session_id is not None
-    record = Redis.from_url(stack.redis.url).hgetall(SessionKeys(first.session_id).record)
+    redis = Redis.from_url(stack.redis.url)
+    record = redis.hgetall(SessionKeys(first.session_id).record)
     assert record[b"state"] == b"attached" and record[b"gen"] == b"2"
+    input_log: Any = redis.xrange(SessionKeys(first.session_id).input_log)
+    assert all(marked_chunk(1, 99) not in fields[b"d"] for _, fields in input_log)
+    redis.close()
 
     await second.append_audio(marked_chunk(1, 7))
     event = await next_event(second)
@@ -96,18 +104,25 @@ async def test_replaced_connection_is_fenced(stack: Stack) -> None:
     await second.aclose()
 
 
-async def test_acknowledged_events_are_trimmed(stack: Stack) -> None:
-    """session.event_ack trims the log; a resume from before the ack gets resync_required."""
+async def streamed_session(
+    stack: Stack, *, marker: int
+) -> tuple[DuplexClient, list[RealtimeEvent], str]:
+    """A gateway and worker, a stream-mode session that echoed 5 chunks, its output log key."""
     gateway = stack.gateway()
     stack.worker()
     client = await DuplexClient.connect(gateway.ws_url, session=STREAM_SESSION)
     events: list[RealtimeEvent] = []
     await collect_until(client, "session.updated", events)
     for i in range(5):
-        await client.append_audio(marked_chunk(2, i))
+        await client.append_audio(marked_chunk(marker, i))
     await drain_echoes(client, events, 5)
     assert client.session_id is not None
-    out_log = SessionKeys(client.session_id).output_log
+    return client, events, SessionKeys(client.session_id).output_log
+
+
+async def test_acknowledged_events_are_trimmed(stack: Stack) -> None:
+    """session.event_ack trims the log; a resume from before the ack gets resync_required."""
+    client, events, out_log = await streamed_session(stack, marker=2)
     redis = Redis.from_url(stack.redis.url)
     before = redis.xlen(out_log)
     await client.ack()
@@ -126,16 +141,7 @@ async def test_acknowledged_events_are_trimmed(stack: Stack) -> None:
 async def test_delivered_events_are_trimmed_after_the_retention(stack: Stack) -> None:
     """Without acks (SDK clients), events delivered longer ago than the retention are trimmed."""
     stack.env["DUPLEX_GATEWAY_DELIVERED_RETENTION_S"] = "0.3"
-    gateway = stack.gateway()
-    stack.worker()
-    client = await DuplexClient.connect(gateway.ws_url, session=STREAM_SESSION)
-    events: list[RealtimeEvent] = []
-    await collect_until(client, "session.updated", events)
-    for i in range(5):
-        await client.append_audio(marked_chunk(3, i))
-    await drain_echoes(client, events, 5)
-    assert client.session_id is not None
-    out_log = SessionKeys(client.session_id).output_log
+    client, _, out_log = await streamed_session(stack, marker=3)
     redis = Redis.from_url(stack.redis.url)
     delivered = client.last_seq
     wait_for(lambda: not redis.xrange(out_log, "-", f"{delivered}-0"), "delivered events trimmed")
