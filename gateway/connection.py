@@ -15,12 +15,12 @@ import contextlib
 import hashlib
 import logging
 import secrets
-from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from gateway.batcher import InputBatcher
 from gateway.metrics import GatewayMetrics
+from gateway.notices import NoticeQueue
 from gateway.placement import place_session, tenant_lease_ms
 from gateway.protocol.connection import (
     Action,
@@ -49,8 +49,6 @@ __all__ = ["ConnectionDriver", "GatewayServices"]
 
 _log = logging.getLogger(__name__)
 _RESUME_ATTEMPTS = 3
-# Pushes queued for one connection before further ones are replaced by one "read the log".
-_MAX_QUEUED_NOTICES = 256
 _HOUSEKEEPING_S = 1.0
 
 
@@ -86,7 +84,7 @@ class ConnectionDriver:
         self._lock = asyncio.Lock()
         self._lease: Lease | None = None
         self._channel: str | None = None
-        self._notices: asyncio.Queue[list[Any] | None] = asyncio.Queue()
+        self._notices = NoticeQueue()
         self._outbox: list[tuple[int | None, Command]] = []
         self._outbox_ready = asyncio.Event()
         self._closed = asyncio.Event()
@@ -275,16 +273,6 @@ class ConnectionDriver:
         if rows:
             self._core.receive_log_entries(rows[0][0], [payload for _, payload in rows])
 
-    def _on_notice(self, notice: list[Any] | None) -> None:
-        # A client slower than its session: stop queueing pushes (memory would grow without
-        # bound) and let the pump read the log once it catches up; the log is the truth.
-        lease_notice = notice is not None and notice[0] == b"r"  # never dropped
-        if self._notices.qsize() >= _MAX_QUEUED_NOTICES and not lease_notice:
-            notice = None
-            if self._notices.qsize() > _MAX_QUEUED_NOTICES:
-                return
-        self._notices.put_nowait(notice)
-
     async def _subscribe(self, session_id: str) -> None:
         channel = SessionKeys(session_id).output_channel
         if self._channel is not None and self._channel != channel:
@@ -293,7 +281,7 @@ class ConnectionDriver:
         self._channel = channel
         with contextlib.suppress(TimeoutError):
             # A missed confirmation only costs latency: the pump reads the log regardless.
-            await self._svc.subscriber.subscribe(channel, self._on_notice)
+            await self._svc.subscriber.subscribe(channel, self._notices.put)
 
     async def _open(self) -> None:
         token = secrets.token_urlsafe(32)
