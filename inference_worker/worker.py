@@ -82,6 +82,7 @@ class Worker:
         self._sessions: dict[str, _Session] = {}
         self._notices: asyncio.Queue[list[Any] | None] = asyncio.Queue()
         self._tick_wake = asyncio.Event()
+        self._next_tick_at = 0.0  # when the tick loop will next look (monotonic)
         # Sessions with events to write; one flusher writes them all concurrently, so a busy
         # worker pays one Redis round trip per batch of sessions, not per session in turn.
         self._dirty: set[str] = set()
@@ -364,7 +365,11 @@ class Worker:
             session.runner.receive(command, now)
         self._pump(session)
         self._mark_dirty(session_id)
-        self._tick_wake.set()
+        deadline = session.runner.next_deadline()
+        if deadline is not None and deadline < self._next_tick_at:
+            # Only an earlier deadline needs the tick loop now; waking it for every command
+            # (each audio chunk) would rescan every session per chunk.
+            self._tick_wake.set()
 
     # ------------------------------------------------------------------ output
 
@@ -372,7 +377,9 @@ class Worker:
         while True:
             deadlines = [d for s in self._sessions.values()
                          if (d := s.runner.next_deadline()) is not None]
-            delay = max(0.0, min(deadlines) - time.monotonic()) if deadlines else 1.0
+            now = time.monotonic()
+            self._next_tick_at = min(deadlines) if deadlines else now + 1.0
+            delay = max(0.0, self._next_tick_at - now)
             self._tick_wake.clear()
             try:
                 await asyncio.wait_for(self._tick_wake.wait(), delay)
