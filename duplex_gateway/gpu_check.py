@@ -18,7 +18,8 @@ the best size found so far (``complete: false``), and a watchdog writes what was
 exits if anything hangs. The table goes to stdout and every figure to ``--output`` (JSON).
 
 ``--cpu-tiny`` runs the same logic on a tiny random Moshi on the CPU (for tests of this
-script); without it, a machine with no CUDA device fails at once with exit status 2.
+script); without it, a machine with no CUDA device fails at once with exit status 2, as does
+a transformers release older than the moshi backend supports.
 """
 
 from __future__ import annotations
@@ -229,13 +230,21 @@ def _report(results: Sequence[ModeResult], info: dict[str, Any], output: Path) -
     print(f"wrote {output}", flush=True)
 
 
-def _no_cuda() -> str | None:
-    """Why this machine cannot run the full-size check, or None when it can."""
+def _cannot_run(*, needs_cuda: bool) -> str | None:
+    """Why this machine cannot run the check, or None when it can (before minutes of build)."""
     try:
         import torch
     except ImportError:
         return "torch is not installed (pip install torch with CUDA support)"
-    if not torch.cuda.is_available():
+    try:
+        from inference_worker.backends.moshi import require_supported_transformers
+
+        require_supported_transformers()
+    except ImportError as exc:
+        return f"the moshi backend cannot be imported ({exc}); install the moshi extra"
+    except RuntimeError as exc:
+        return str(exc)
+    if needs_cuda and not torch.cuda.is_available():
         build = torch.version.cuda or "a CPU-only build"
         return (f"CUDA is not available (torch {torch.__version__}, {build}); this check"
                 " needs an NVIDIA GPU. Use --cpu-tiny to exercise the script on a CPU.")
@@ -259,11 +268,11 @@ def _watchdog(seconds: float, results: list[ModeResult], info: dict[str, Any],
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the check; returns the exit status (0 ok, 2 no CUDA, 3 watchdog)."""
+    """Run the check; returns the exit status (0 ok, 2 cannot run here, 3 watchdog)."""
     args = _parser().parse_args(argv)
     started = time.monotonic()
     end = started + args.time_limit
-    if not args.cpu_tiny and (reason := _no_cuda()) is not None:
+    if (reason := _cannot_run(needs_cuda=not args.cpu_tiny)) is not None:
         print(f"gpu_check: {reason}", file=sys.stderr)
         return _NO_CUDA
     import torch

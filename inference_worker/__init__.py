@@ -1,7 +1,9 @@
-"""Inference worker: per-session conversational state and model backends."""
+"""Inference worker: per-session conversational state and model backends.
+
+Nothing is imported here: the model backends and the GPU check must import on a machine that
+has torch and transformers but not the worker's Redis client.
+"""
 
 from __future__ import annotations
 
-from inference_worker.session_runner import SessionRunner
-
-__all__ = ["SessionRunner"]
+__all__: list[str] = []

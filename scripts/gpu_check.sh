@@ -4,7 +4,8 @@
 # the 80 ms frame, eagerly and with CUDA graphs. One run stays under 8 minutes: the Python
 # side budgets 450 s (--time-limit) and this wrapper kills it at 470 s regardless.
 # Results: a table on stdout and bench-results/gpu_check.json (--output). Extra arguments go
-# to `python -m duplex_gateway.gpu_check` (--help lists them). Exit status 2: no CUDA device.
+# to `python -m duplex_gateway.gpu_check` (--help lists them). Exit status 2: no CUDA device, or
+# a transformers older than the moshi extra pins (the streaming code needs >= 5.24).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

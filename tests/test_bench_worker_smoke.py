@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,28 @@ def test_gpu_check_logic_on_a_tiny_cpu_moshi(tmp_path: Path) -> None:
     for mode in modes.values():
         assert mode["error"] is None, mode["error"]
         assert mode["largest_batch"] == 2 and mode["complete"]
+
+
+# What a GPU machine's image may lack: the check must not need the serving stack.
+_SERVING_ONLY = ("redis", "store", "gateway", "starlette", "uvicorn", "websockets", "msgpack")
+
+
+@pytest.mark.timeout(120)
+def test_gpu_check_runs_without_the_serving_stack(tmp_path: Path) -> None:
+    """The check imports and runs with only torch and transformers (no Redis client, no web)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    output = tmp_path / "gpu.json"
+    code = (
+        "import sys\n"
+        f"for name in {_SERVING_ONLY!r}: sys.modules[name] = None\n"
+        "from duplex_gateway import gpu_check\n"
+        "sys.exit(gpu_check.main(sys.argv[1:]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, "--cpu-tiny", "--modes", "eager", "--max-batch", "1",
+         "--steps", "1", "--warmup", "0", "--budget-ms", "60000", "--output", str(output)],
+        capture_output=True, text=True, timeout=110, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(output.read_text())["modes"][0]["largest_batch"] == 1

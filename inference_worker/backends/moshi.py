@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 import torch
+import transformers
+from packaging.version import Version
 from transformers import (
     AutoTokenizer,
     DynamicCache,
@@ -48,12 +50,32 @@ __all__ = [
     "StepTrace",
     "build_full_size_on",
     "parse_dtype",
+    "require_supported_transformers",
 ]
+
+# The streaming code drives Mimi's and Moshi's submodules and their cache interface directly.
+# Both changed shape in 5.24 (Mimi split into encoder/decoder sub-models, the ``cache=`` kwarg);
+# earlier releases fail deep inside the first step, so they are refused up front.
+MIN_TRANSFORMERS = Version("5.24.0")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 _EMPTY: Audio = np.zeros(0, dtype=np.float32)
 _EMPTY.flags.writeable = False  # shared by every warm-up result
+
+
+def require_supported_transformers(version: str | None = None) -> None:
+    """Raise ``RuntimeError`` naming the fix if ``transformers`` is older than this backend needs.
+
+    Args:
+        version: the version to judge; the installed one by default.
+    """
+    found = Version(version if version is not None else transformers.__version__)
+    if found < MIN_TRANSFORMERS:
+        raise RuntimeError(
+            f"the moshi backend needs transformers >= {MIN_TRANSFORMERS}, found {found}: install"
+            " the project's moshi extra (pip install 'duplex-gateway[moshi]')"
+        )
 
 
 def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
@@ -238,6 +260,7 @@ class MoshiBackend:
             max_slots: sessions served at once.
             **kwargs: the other keyword arguments of :class:`MoshiBackend`.
         """
+        require_supported_transformers()
         path = Path(path)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"no Moshi model directory at {path} (config.json missing)")
@@ -489,6 +512,7 @@ def build_full_size_on(
     7.8B-parameter CPU init). ~14.5 GiB of weights in bf16, plus ~1.5 GiB KV per slot at the
     default 3000-frame context (pass ``context=`` to shrink it).
     """
+    require_supported_transformers()
     torch_device = torch.device(device)
     torch_dtype = parse_dtype(dtype)
     config = MoshiConfig(audio_encoder_config=MimiConfig())

@@ -22,6 +22,7 @@ from inference_worker.backends.moshi import (
     SlotTokens,
     StepTrace,
     build_full_size_on,
+    require_supported_transformers,
 )
 from inference_worker.backends.moshi_tiny import write_tiny_moshi
 from tests.worker.moshi_fixtures import (
@@ -77,6 +78,15 @@ def test_load_rejects_a_missing_dir_and_unknown_dtype(tmp_path: Path, tiny_dir: 
         MoshiBackend.load(tmp_path)
     with pytest.raises(ValueError, match="unknown dtype"):
         MoshiBackend.load(tiny_dir, dtype="float8")
+
+
+def test_older_transformers_is_refused_with_the_fix() -> None:
+    """Releases before 5.24 fail deep in the first step, so they are refused by name first."""
+    with pytest.raises(RuntimeError, match=r"needs transformers >= 5\.24\.0, found 5\.17\.0"):
+        require_supported_transformers("5.17.0")
+    require_supported_transformers("5.24.0")
+    require_supported_transformers("5.25.0.dev0")
+    require_supported_transformers()  # the installed one
 
 
 def test_device_and_dtype_arguments(tiny_dir: Path) -> None:
