@@ -35,7 +35,15 @@ from inference_worker.engine import Engine, SlotHandle, TickReport
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.session_runner import SessionRunner
 from inference_worker.settings import WorkerSettings
-from store import LogFollower, Scripts, SessionGone, StoreError, WorkerFenced
+from store import (
+    LogFollower,
+    OutputAppend,
+    OutputMismatch,
+    Scripts,
+    SessionGone,
+    StoreError,
+    WorkerFenced,
+)
 from store.client import RedisClient
 from store.directory import announce_worker, forget_worker
 from store.keys import WorkerKeys, new_worker_id
@@ -59,6 +67,9 @@ class _Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Encoded events not yet accepted by Redis: kept, in order, until an append succeeds.
     unsent: list[bytes] = field(default_factory=list)
+    # The server_event_seq of unsent[0]. This worker is the only writer of the session's events
+    # (the store adds only the terminal one), so it numbers them and a resend is exactly-once.
+    next_seq: int = 1
 
 
 class Worker:
@@ -425,7 +436,9 @@ class Worker:
         """
         try:
             outcomes = await self._scripts.append_output_many(
-                [(session_id, session.unsent, reason, session.follower.next_index - 1)
+                [OutputAppend(session_id=session_id, events=session.unsent,
+                              first_seq=session.next_seq, close_reason=reason,
+                              input_applied=session.follower.next_index - 1)
                  for session_id, session, reason in batch])
         except WorkerFenced:
             self._fence()
@@ -440,6 +453,12 @@ class Worker:
             if isinstance(outcome, SessionGone):
                 self._forget(session_id)
                 continue
+            if isinstance(outcome, OutputMismatch):
+                _log.error("%s; ending the session", outcome)
+                self._forget(session_id)
+                self._spawn(self._close(session_id, "internal_error"))
+                continue
+            session.next_seq += len(session.unsent)
             session.unsent = []
             if reason is not None:
                 self._forget(session_id)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from store.client import create_client, is_cluster_url
 from store.errors import (
     LeaseLost,
+    OutputMismatch,
     PlacementFailed,
     SessionGone,
     StoreError,
@@ -19,6 +20,7 @@ from store.scripts import (
     AppendResult,
     Lease,
     OpenStatus,
+    OutputAppend,
     ResumeResult,
     ResumeStatus,
     Scripts,
@@ -32,6 +34,8 @@ __all__ = [
     "LeaseLost",
     "LogFollower",
     "OpenStatus",
+    "OutputAppend",
+    "OutputMismatch",
     "PlacementFailed",
     "ResumeResult",
     "ResumeStatus",

@@ -6,6 +6,7 @@
     ├── LeaseLost                 the caller's fencing token is stale: a newer attach won
     ├── SessionGone               the session is closed or unknown
     ├── WorkerFenced              this worker was declared lost; it must stop writing
+    ├── OutputMismatch            the worker's event numbers disagree with the log (a bug)
     ├── PlacementFailed           no live worker has a free slot (retryable)
     └── StoreUnavailable          Redis could not be reached or answered with an error
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 __all__ = [
     "LeaseLost",
+    "OutputMismatch",
     "PlacementFailed",
     "SessionGone",
     "StoreError",
@@ -49,6 +51,23 @@ class SessionGone(StoreError):
 
 class WorkerFenced(StoreError):
     """The worker was declared lost; every write it attempts is refused."""
+
+
+class OutputMismatch(StoreError):
+    """The worker's numbering of a session's events disagrees with the log; nothing was written.
+
+    The worker numbers its sessions' events itself, so this is a bug, never a network fault (a
+    resend is recognised and skipped): events numbered past the log's end (``gap``), or a
+    resent event that differs from the one stored under its number (``conflict``).
+    """
+
+    def __init__(self, session_id: str, status: str, first_seq: int, last_seq: int) -> None:
+        super().__init__(f"session {session_id}: {status}: events from seq {first_seq}, the"
+                         f" log ends at {last_seq}")
+        self.session_id = session_id
+        self.status = status
+        self.first_seq = first_seq
+        self.last_seq = last_seq
 
 
 class PlacementFailed(StoreError):

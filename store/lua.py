@@ -17,6 +17,11 @@ Conventions shared by all scripts:
   notice: ``{"i", session_id, first_index, {payload, ...}}``, ``{"o", session_id}`` (placed) or
   ``{"c", session_id}`` (closed).
 * Statuses come back as short strings that ``store/scripts.py`` turns into enums.
+* Every script is safe to send twice. A connection can break after Redis ran a script and
+  before its answer arrived; ``Scripts`` then sends it again, so a second run must change
+  nothing: open recognises its own token digest, resume its control id, input appends their
+  call id, output appends their events' numbers (the worker numbers them); close, detach,
+  trim, reap, heartbeat and tenant reservations check state that the first run already set.
 """
 
 from __future__ import annotations
@@ -94,13 +99,22 @@ OPEN_SESSION = _PRELUDE + r"""
 -- ARGV[1] session id  ARGV[2] store epoch  ARGV[3] token digest  ARGV[4] tenant
 -- ARGV[5] grace ms    ARGV[6] idle ms      ARGV[7] out log max entries  ARGV[8] retention ms
 -- returns {status, generation}: status ok | abandoned | exists | unavailable | full
+--   (a resend of an open that landed, same epoch and digest, answers ok again)
 local worker, sessions, deadlines = KEYS[1], KEYS[2], KEYS[3]
 local rec, abandoned, worker_channel = KEYS[4], KEYS[5], KEYS[6]
 local sid, epoch, digest, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local grace_ms, idle_ms, out_max, retention_ms = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 
 if redis.call('EXISTS', abandoned) == 1 then return {'abandoned', 0} end
-if redis.call('EXISTS', rec) == 1 then return {'exists', 0} end
+local placed = redis.call('HMGET', rec, 'epoch', 'digest', 'gen', 'state')
+if placed[1] then
+  -- The token digest is fresh per open: a match is this open's own resend (its reply was lost).
+  if placed[1] == epoch and placed[2] == digest and placed[3] == '1' and placed[4] ~= 'closed'
+  then
+    return {'ok', 1}
+  end
+  return {'exists', 0}
+end
 local now = now_ms()
 local w = redis.call('HMGET', worker, 'state', 'alive_until', 'slots', 'used')
 if w[1] ~= 'live' or tonumber(w[2]) < now then return {'unavailable', 0} end
@@ -160,13 +174,15 @@ DETACH = _PRELUDE + r"""
 -- KEYS[1] session record  KEYS[2] worker deadlines
 -- ARGV[1] session id  ARGV[2] store epoch  ARGV[3] generation served
 -- returns status: ok | stale | closed | unknown
+--   (detaching the same lease again is ok and changes nothing: the grace keeps its start)
 local rec, deadlines = KEYS[1], KEYS[2]
 local sid, epoch, gen = ARGV[1], ARGV[2], ARGV[3]
 
 local f = redis.call('HMGET', rec, 'state', 'epoch', 'gen')
 if not f[1] then return 'unknown' end
 if f[1] == 'closed' then return 'closed' end
-if f[2] ~= epoch or f[3] ~= gen or f[1] ~= 'attached' then return 'stale' end
+if f[2] ~= epoch or f[3] ~= gen then return 'stale' end
+if f[1] == 'detached' then return 'ok' end
 redis.call('HSET', rec, 'state', 'detached', 'detached_ms', now_ms())
 redis.call('ZADD', deadlines, next_deadline(rec), sid)
 return 'ok'
@@ -219,17 +235,22 @@ APPEND_INPUT = _PRELUDE + r"""
 -- per audio chunk per session.
 -- KEYS[1] worker deadlines  KEYS[2] worker channel
 -- KEYS[2i+1], KEYS[2i+2] (i = 1..n) session record, input log of the i-th session
--- ARGV[1] input log max entries
+-- ARGV[1] input log max entries  ARGV[2] call id (unique per call, kept by a resend)
 -- then per session: session id, store epoch, generation, entry count c,
 --   and c pairs: client seq ('' when the client sent none), encoded command
 -- returns, per session in order: {status, appended, highest client seq, current generation}
 --   status ok | stale | closed | unknown
-local deadlines, worker_channel, in_max = KEYS[1], KEYS[2], ARGV[1]
+-- A resent call (its reply was lost, the client library sent it again) finds its call id in
+-- the record and gets the first answer back, so commands without a client seq are not
+-- appended twice.
+local deadlines, worker_channel, in_max, call_id = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
 
 local function append_one(rec, in_log, sid, epoch, gen, at, count)
-  local f = redis.call('HMGET', rec, 'state', 'epoch', 'gen', 'in_n', 'cseq')
+  local f = redis.call('HMGET', rec, 'state', 'epoch', 'gen', 'in_n', 'cseq', 'in_call',
+                       'in_call_n')
   if not f[1] then return {'unknown', 0, 0, 0} end
   local cseq = tonumber(f[5])
+  if f[6] == call_id then return {'ok', tonumber(f[7]), cseq, tonumber(gen)} end
   if f[1] == 'closed' then return {'closed', 0, cseq, tonumber(f[3])} end
   if f[2] ~= epoch or f[3] ~= gen or f[1] ~= 'attached' then
     return {'stale', 0, cseq, tonumber(f[3])}
@@ -246,7 +267,8 @@ local function append_one(rec, in_log, sid, epoch, gen, at, count)
       payloads[#payloads + 1] = ARGV[i + 1]
     end
   end
-  redis.call('HSET', rec, 'in_n', n, 'cseq', cseq, 'active_ms', now_ms())
+  redis.call('HSET', rec, 'in_n', n, 'cseq', cseq, 'active_ms', now_ms(), 'in_call', call_id,
+             'in_call_n', #payloads)
   redis.call('ZADD', deadlines, next_deadline(rec), sid)
   if #payloads > 0 then
     redis.call('SPUBLISH', worker_channel, cmsgpack.pack({'i', sid, first, payloads}))
@@ -255,7 +277,7 @@ local function append_one(rec, in_log, sid, epoch, gen, at, count)
 end
 
 local answers = {}
-local at = 2
+local at = 3
 for k = 3, #KEYS, 2 do
   local count = tonumber(ARGV[at + 3])
   answers[#answers + 1] = append_one(KEYS[k], KEYS[k + 1], ARGV[at], ARGV[at + 1],
@@ -275,9 +297,15 @@ APPEND_OUTPUT = _PRELUDE + r"""
 -- KEYS[4] worker channel
 -- KEYS[3i+2], KEYS[3i+3], KEYS[3i+4] (i = 1..n): session record, output log, output channel
 -- ARGV per session: session id, terminal payload ('' for none), terminal reason,
---   input applied up to (0: leave the input log alone), event count c, then c encoded events
+--   input applied up to (0: leave the input log alone), the server_event_seq of the first
+--   event (0: whatever comes next), event count c, then c encoded events
 -- returns {'fenced'} if the worker was declared lost, else per session in order
---   {status, first seq (0 if no events)}: status ok | closed | unknown
+--   {status, first seq (0 if no events) or, for gap, the log's last seq}:
+--   status ok | closed | unknown | gap | conflict
+-- Numbered events make a resend exactly-once: a call whose reply was lost (the client library
+-- resends it) or a flush retried with more events finds its first events stored already and
+-- appends only the rest. A first seq past the log's end (gap) or a resent event that differs
+-- from the stored one (conflict) means the worker's count is wrong: nothing is written.
 local worker, sessions, deadlines, worker_channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 
 if redis.call('HGET', worker, 'state') == 'lost' or redis.call('HEXISTS', worker, 'state') == 0
@@ -285,36 +313,54 @@ then
   return {'fenced'}
 end
 
-local function append_one(sid, rec, out_log, out_channel, terminal, reason, applied, at, count)
-  local state = redis.call('HGET', rec, 'state')
-  if not state then return {'unknown', 0} end
-  if state == 'closed' then return {'closed', 0} end
+local function append_one(sid, rec, out_log, out_channel, terminal, reason, applied, first,
+                          at, count)
+  local f = redis.call('HMGET', rec, 'state', 'out_seq')
+  if not f[1] then return {'unknown', 0} end
+  if f[1] == 'closed' then return {'closed', 0} end
+  local stored = tonumber(f[2])
+  local skip = 0
+  if first > 0 then
+    if first > stored + 1 then return {'gap', stored} end
+    skip = math.min(stored + 1 - first, count)
+    -- Only a resend has events stored already; those still in the log must be the same bytes.
+    if skip > 0 then
+      local held = redis.call('XRANGE', out_log, first .. '-0', (first + skip - 1) .. '-0')
+      for _, entry in ipairs(held) do
+        local seq = tonumber(string.match(entry[1], '^(%d+)'))
+        if entry[2][2] ~= ARGV[at + seq - first] then return {'conflict', stored} end
+      end
+    end
+  end
   if applied > 0 then
     -- The worker applied these commands; only a gap fill could still read them. Dropping them
     -- keeps an attached session's Redis memory to what is in flight (DESIGN §5).
     redis.call('XTRIM', string.sub(rec, 1, -4) .. 'in', 'MINID', (applied + 1) .. '-0')
   end
-  local first = 0
-  if count > 0 then
+  if count > skip then
     local payloads = {}
-    for i = at, at + count - 1 do payloads[#payloads + 1] = ARGV[i] end
-    first = append_events(rec, out_log, out_channel, payloads, redis.call('HGET', rec, 'out_max'))
+    for i = at + skip, at + count - 1 do payloads[#payloads + 1] = ARGV[i] end
+    local appended = append_events(rec, out_log, out_channel, payloads,
+                                   redis.call('HGET', rec, 'out_max'))
+    if first == 0 then first = appended end
     redis.call('HSET', rec, 'active_ms', now_ms())
   end
   if terminal ~= '' then
     terminate(sid, rec, out_log, out_channel, worker, sessions, deadlines, worker_channel,
               terminal, reason)
   end
+  if count == 0 then first = 0 end
   return {'ok', first}
 end
 
 local answers = {}
 local at = 1
 for k = 5, #KEYS, 3 do
-  local count = tonumber(ARGV[at + 4])
+  local count = tonumber(ARGV[at + 5])
   answers[#answers + 1] = append_one(ARGV[at], KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[at + 1],
-                                     ARGV[at + 2], tonumber(ARGV[at + 3]), at + 5, count)
-  at = at + 5 + count
+                                     ARGV[at + 2], tonumber(ARGV[at + 3]),
+                                     tonumber(ARGV[at + 4]), at + 6, count)
+  at = at + 6 + count
 end
 return answers
 """

@@ -7,7 +7,9 @@ typed value or one of ``store/errors.py``'s exceptions.
 
 from __future__ import annotations
 
+import asyncio
 import enum
+import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,10 +17,21 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
-from redis.exceptions import RedisError
+from redis.exceptions import (
+    ConnectionError as RedisConnectionError,
+    RedisError,
+    TimeoutError as RedisTimeoutError,
+)
 
 from store import lua
-from store.errors import LeaseLost, SessionGone, StoreError, StoreUnavailable, WorkerFenced
+from store.errors import (
+    LeaseLost,
+    OutputMismatch,
+    SessionGone,
+    StoreError,
+    StoreUnavailable,
+    WorkerFenced,
+)
 from store.keys import SessionKeys, WorkerKeys, tenant_sessions
 from store.messages import SessionClosed, SessionExpired, encode_message
 
@@ -26,6 +39,7 @@ __all__ = [
     "AppendResult",
     "Lease",
     "OpenStatus",
+    "OutputAppend",
     "ResumeResult",
     "ResumeStatus",
     "Scripts",
@@ -93,11 +107,37 @@ class AppendResult:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class OutputAppend:
+    """One session's part of :meth:`Scripts.append_output_many`.
+
+    Attributes:
+        session_id: the session, placed on the calling worker.
+        events: encoded events, in order.
+        first_seq: the ``server_event_seq`` of ``events[0]``. The worker numbers its sessions'
+            events itself (it is their only writer until the end), so a resend after a lost
+            reply, or a retry that adds events, stores each event once. 0: after whatever the
+            log holds (not safe to resend).
+        close_reason: end the session after the events with ``session.closed`` this reason.
+        input_applied: input log index applied so far; entries up to it are trimmed (0: none).
+    """
+
+    session_id: str
+    events: Sequence[bytes]
+    first_seq: int = 0
+    close_reason: str | None = None
+    input_applied: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerBeat:
     """A worker heartbeat's answer."""
 
     state: str
     alive_until_ms: int
+
+
+#: Pauses before each resend of a script after a connection error; then the error stands.
+RESEND_BACKOFF_S = (0.01, 0.05, 0.25)
 
 
 def _str(value: Any) -> str:
@@ -126,10 +166,19 @@ class Scripts:
         self._tenant = register(lua.TENANT_RESERVE)
 
     async def _run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        try:
-            return await script(keys=list(keys), args=list(args))
-        except RedisError as exc:
-            raise StoreUnavailable(f"script failed: {exc}") from exc
+        """Run ``script``, sending it again after a connection error (see ``store/lua.py``:
+        every script is safe to resend). A pooled connection that went stale (a Redis restart,
+        an idle cut) then costs a reconnect, not a failed call."""
+        for pause in (*RESEND_BACKOFF_S, None):
+            try:
+                return await script(keys=list(keys), args=list(args))
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                if pause is None:
+                    raise StoreUnavailable(f"script failed: {exc}") from exc
+                await asyncio.sleep(pause)
+            except RedisError as exc:
+                raise StoreUnavailable(f"script failed: {exc}") from exc
+        raise AssertionError("unreachable")
 
     async def open_session(
         self, session_id: str, *, epoch: str, token_digest: str, tenant: str,
@@ -198,7 +247,8 @@ class Scripts:
         """
         worker = SessionKeys(batch[0][0].session_id).worker
         keys = [worker.deadlines, worker.input_channel]
-        args: list[Any] = [max_entries]
+        # The call id makes a resend of this very call (a lost reply) return its first answer.
+        args: list[Any] = [max_entries, secrets.token_hex(8)]
         for lease, entries in batch:
             k = SessionKeys(lease.session_id)
             if k.worker.worker_id != worker.worker_id:
@@ -256,52 +306,64 @@ class Scripts:
                 w.input_channel]
 
     async def append_output(
-        self, session_id: str, payloads: Sequence[bytes], *, close_reason: str | None = None
+        self, session_id: str, payloads: Sequence[bytes], *, first_seq: int = 0,
+        close_reason: str | None = None,
     ) -> int:
         """A worker's fenced append of encoded events; returns the first seq (0 if none).
 
-        With ``close_reason`` the session then ends with ``session.closed`` (exactly once).
+        ``first_seq`` numbers the events (see :class:`OutputAppend`); 0 appends them after
+        whatever the log holds, which a resend would duplicate. With ``close_reason`` the
+        session then ends with ``session.closed`` (exactly once).
 
         Raises:
             WorkerFenced: the worker was declared lost.
             SessionGone: the session is closed or unknown.
+            OutputMismatch: ``first_seq`` disagrees with the log.
         """
-        (outcome,) = await self.append_output_many([(session_id, payloads, close_reason, 0)])
-        if isinstance(outcome, SessionGone):
+        (outcome,) = await self.append_output_many([OutputAppend(
+            session_id=session_id, events=payloads, first_seq=first_seq,
+            close_reason=close_reason)])
+        if isinstance(outcome, StoreError):
             raise outcome
         return outcome
 
     async def append_output_many(
-        self, batch: Sequence[tuple[str, Sequence[bytes], str | None, int]]
-    ) -> list[int | SessionGone]:
-        """One script call for several sessions of ONE worker: ``(session id, encoded events,
-        close reason or None, input index applied so far (0: keep the input log))`` each.
-        Returns per session its first seq or its error; input entries up to the applied
-        index are trimmed.
+        self, batch: Sequence[OutputAppend]
+    ) -> list[int | SessionGone | OutputMismatch]:
+        """One script call for several sessions of ONE worker.
+
+        Returns per session its first seq (0 if it had no events) or its error; input
+        entries up to each session's ``input_applied`` are trimmed.
 
         Raises:
             WorkerFenced: the worker was declared lost (nothing was written).
         """
-        worker = SessionKeys(batch[0][0]).worker
+        worker = SessionKeys(batch[0].session_id).worker
         keys = [worker.record, worker.sessions, worker.deadlines, worker.input_channel]
         args: list[Any] = []
-        for session_id, payloads, close_reason, applied in batch:
-            k = SessionKeys(session_id)
+        for item in batch:
+            k = SessionKeys(item.session_id)
             if k.worker.worker_id != worker.worker_id:
                 raise ValueError("append_output_many takes sessions of one worker only")
             keys += [k.record, k.output_log, k.output_channel]
             terminal = b""
-            if close_reason is not None:
-                terminal = encode_message(SessionClosed(reason=close_reason))
-            args += [session_id, terminal, close_reason or "", applied, len(payloads),
-                     *payloads]
+            if item.close_reason is not None:
+                terminal = encode_message(SessionClosed(reason=item.close_reason))
+            args += [item.session_id, terminal, item.close_reason or "", item.input_applied,
+                     item.first_seq, len(item.events), *item.events]
         answers = await self._run(self._append_output, keys, args)
         if answers and _str(answers[0]) == "fenced":
             raise WorkerFenced(f"worker {worker.worker_id} was declared lost")
-        results: list[int | SessionGone] = []
-        for (session_id, _, _, _), answer in zip(batch, answers, strict=True):
+        results: list[int | SessionGone | OutputMismatch] = []
+        for item, answer in zip(batch, answers, strict=True):
             status = _str(answer[0])
-            results.append(int(answer[1]) if status == "ok" else SessionGone(session_id, status))
+            if status == "ok":
+                results.append(int(answer[1]))
+            elif status in ("gap", "conflict"):
+                results.append(OutputMismatch(item.session_id, status, item.first_seq,
+                                              int(answer[1])))
+            else:
+                results.append(SessionGone(item.session_id, status))
         return results
 
     async def close_session(self, session_id: str, reason: str) -> str:

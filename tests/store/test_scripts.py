@@ -12,6 +12,8 @@ from store import (
     Lease,
     LeaseLost,
     OpenStatus,
+    OutputAppend,
+    OutputMismatch,
     ResumeStatus,
     Scripts,
     SessionGone,
@@ -334,11 +336,20 @@ async def test_detach_with_stale_epoch(scripts: Scripts, redis_client: Redis) ->
     assert await session_field(redis_client, opened.session_id, "state") == "attached"
 
 
-async def test_detach_twice_is_stale(scripts: Scripts) -> None:
-    """A second detach of the same lease finds the session no longer attached."""
+async def test_detach_twice_is_ok_and_keeps_the_grace_start(
+    scripts: Scripts, redis_client: Redis
+) -> None:
+    """A second detach of the same lease (a resend) changes nothing; a newer lease is stale."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
     assert await scripts.detach(opened.lease) == "ok"
+    detached_ms = await session_field(redis_client, opened.session_id, "detached_ms")
+    await wait_redis_clock_past(redis_client, int(detached_ms or 0) + 2)
+    assert await scripts.detach(opened.lease) == "ok"
+    assert await session_field(redis_client, opened.session_id, "detached_ms") == detached_ms
+    result = await scripts.resume(opened.session_id, presented_digest=digest(opened.token),
+                                  new_digest=digest("t2"), control_id="c")
+    assert result.lease is not None
     assert await scripts.detach(opened.lease) == "stale"
 
 
@@ -477,6 +488,46 @@ async def test_append_output_numbers_seq_across_calls(
     rows = await read_output(redis_client, sid, 0)
     assert rows == [(i, ev(i)) for i in range(1, 6)]
     assert await session_field(redis_client, sid, "out_seq") == "5"
+
+
+async def test_numbered_append_resent_stores_each_event_once(
+    scripts: Scripts, redis_client: Redis
+) -> None:
+    """A resend (same first seq) skips what is stored and appends only what is new."""
+    wid = await register_worker(scripts)
+    sid = (await open_session(scripts, wid)).session_id
+    assert await scripts.append_output(sid, [ev(1), ev(2)], first_seq=1) == 1
+    assert await scripts.append_output(sid, [ev(1), ev(2)], first_seq=1) == 1
+    assert await scripts.append_output(sid, [ev(1), ev(2), ev(3)], first_seq=1) == 1
+    assert await scripts.append_output(sid, [ev(3), ev(4)], first_seq=3) == 3
+    assert await read_output(redis_client, sid, 0) == [(i, ev(i)) for i in range(1, 5)]
+    # A resend with a close stores the new event, then the terminal, once.
+    assert await scripts.append_output(sid, [ev(4), ev(5)], first_seq=4,
+                                       close_reason="client_close") == 4
+    rows = await assert_one_terminal(redis_client, sid, "session.closed", "client_close")
+    assert [seq for seq, _ in rows] == [1, 2, 3, 4, 5, 6]
+
+
+async def test_numbered_append_refuses_a_gap_or_a_different_event(
+    scripts: Scripts, redis_client: Redis
+) -> None:
+    """A first seq past the log's end, or a resend whose bytes differ, writes nothing."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    sid = opened.session_id
+    await scripts.append_input(opened.lease, [(None, cmd("a")), (None, cmd("b"))],
+                               max_entries=100)
+    assert await scripts.append_output(sid, [ev(1), ev(2)], first_seq=1) == 1
+    with pytest.raises(OutputMismatch) as gap:
+        await scripts.append_output(sid, [ev(4)], first_seq=4)
+    assert (gap.value.status, gap.value.first_seq, gap.value.last_seq) == ("gap", 4, 2)
+    (conflict,) = await scripts.append_output_many([OutputAppend(
+        session_id=sid, events=[ev(1), ev(99), ev(3)], first_seq=1, input_applied=2,
+        close_reason="client_close")])
+    assert isinstance(conflict, OutputMismatch) and conflict.status == "conflict"
+    assert await read_output(redis_client, sid, 0) == [(1, ev(1)), (2, ev(2))]
+    assert len(await read_input(redis_client, sid, 0)) == 2, "refused whole: no input trim"
+    assert await session_field(redis_client, sid, "state") == "attached"
 
 
 async def test_append_output_from_lost_worker_is_fenced(
@@ -914,8 +965,10 @@ async def test_append_output_many_writes_each_session_and_refuses_closed_alone(
     wid = await register_worker(scripts, slots=4)
     a, b, c = [(await open_session(scripts, wid)).lease.session_id for _ in range(3)]
     await scripts.close_session(c, "client_close")
-    outcomes = await scripts.append_output_many(
-        [(a, [ev(1), ev(2)], None, 0), (b, [ev(3)], "client_close", 0), (c, [ev(4)], None, 0)])
+    outcomes = await scripts.append_output_many([
+        OutputAppend(session_id=a, events=[ev(1), ev(2)], first_seq=1),
+        OutputAppend(session_id=b, events=[ev(3)], close_reason="client_close"),
+        OutputAppend(session_id=c, events=[ev(4)])])
     assert outcomes[0] == 1 and outcomes[1] == 1
     assert isinstance(outcomes[2], SessionGone) and outcomes[2].status == "closed"
     assert [seq for seq, _ in await events_of(redis_client, a)] == [1, 2]
@@ -930,7 +983,8 @@ async def test_append_output_many_is_fenced_whole(scripts: Scripts, redis_client
     await expire_heartbeat(redis_client, scripts, wid)
     await reap_until_lost(scripts, wid)
     with pytest.raises(WorkerFenced):
-        await scripts.append_output_many([(a, [ev(1)], None, 0), (b, [ev(2)], None, 0)])
+        await scripts.append_output_many([OutputAppend(session_id=a, events=[ev(1)]),
+                                          OutputAppend(session_id=b, events=[ev(2)])])
 
 
 async def test_append_output_trims_the_input_the_worker_applied(
@@ -942,7 +996,8 @@ async def test_append_output_trims_the_input_the_worker_applied(
     await scripts.append_input(opened.lease, [(None, cmd(str(i))) for i in range(5)],
                                max_entries=100)
     sid = opened.lease.session_id
-    await scripts.append_output_many([(sid, [ev(1)], None, 3)])
+    await scripts.append_output_many([OutputAppend(session_id=sid, events=[ev(1)],
+                                                   input_applied=3)])
     assert [n for n, _ in await read_input(redis_client, sid, 0)] == [4, 5]
 
 

@@ -1,0 +1,101 @@
+"""A TCP proxy in front of a real server that loses one reply on purpose.
+
+The failure it makes is the one a retrying client cannot see through: the server received the
+command and executed it, and the connection broke before the reply came back (a network blip,
+a proxy restart, a killed client connection). A client that resends must not apply it twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+__all__ = ["FaultProxy"]
+
+_READ = 65536
+
+
+class FaultProxy:
+    """Forwards ``127.0.0.1:<port>`` to ``upstream``; :meth:`lose_reply_to` arms one fault."""
+
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self._upstream = (upstream_host, upstream_port)
+        self._server: asyncio.Server | None = None
+        self._marker: bytes | None = None
+        self._conns: set[asyncio.Task[None]] = set()
+        self._writers: set[asyncio.StreamWriter] = set()  # closed by aclose, whatever ran
+        #: Replies dropped so far (each with its connection).
+        self.lost_replies = 0
+
+    async def start(self) -> None:
+        """Listen on a free port."""
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+
+    @property
+    def url(self) -> str:
+        """``redis://`` URL of the proxy."""
+        assert self._server is not None
+        port = self._server.sockets[0].getsockname()[1]
+        return f"redis://127.0.0.1:{port}/0"
+
+    def lose_reply_to(self, marker: bytes) -> None:
+        """The next command whose bytes contain ``marker`` runs, but its reply is lost."""
+        self._marker = marker
+
+    async def aclose(self) -> None:
+        """Stop listening and cut every connection."""
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._conns):
+            task.cancel()
+        await asyncio.gather(*self._conns, return_exceptions=True)
+        for writer in self._writers:
+            writer.close()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._writers.add(writer)
+        task = asyncio.create_task(self._relay(reader, writer))
+        self._conns.add(task)
+        task.add_done_callback(self._conns.discard)
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self._upstream)
+        self._writers.add(up_writer)
+        tripped = asyncio.Event()  # this connection carried the marked command
+
+        async def upstream() -> None:
+            tail = b""  # a marker may straddle two reads
+            while data := await reader.read(_READ):
+                marker = self._marker
+                if marker is not None and marker in tail + data:
+                    self._marker = None
+                    tripped.set()
+                    tail = b""
+                elif marker is not None:
+                    tail = (tail + data)[-len(marker):]
+                up_writer.write(data)
+                await up_writer.drain()
+
+        async def downstream() -> None:
+            while data := await up_reader.read(_READ):
+                if tripped.is_set():
+                    # The server answered, so it executed the command: drop the answer with
+                    # the connection, as a network failure would.
+                    self.lost_replies += 1
+                    return
+                writer.write(data)
+                await writer.drain()
+
+        pumps = [asyncio.create_task(upstream()), asyncio.create_task(downstream())]
+        try:
+            await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for pump in pumps:
+                pump.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+            for w in (writer, up_writer):
+                w.close()
+                with contextlib.suppress(OSError):
+                    await w.wait_closed()
