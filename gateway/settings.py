@@ -48,8 +48,10 @@ class GatewaySettings:
     input_log_max_entries: int = field(
         default=4096, metadata={"help": "commands kept per session until the worker reads"}
     )
+    # An attached client that never acks keeps ~retention + 1 s of output in Redis: 3 s keeps a
+    # 24 kHz stream under DESIGN §5's 256 KiB per session (bench relay: ~237 KiB; 5 s: ~373).
     delivered_retention_s: float = field(
-        default=5.0,
+        default=3.0,
         metadata={"help": "events delivered this long ago are trimmed from the log; 0: never"},
     )
     closed_retention_s: float = field(
