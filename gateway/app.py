@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import time
 from collections.abc import AsyncIterator
 
@@ -16,6 +14,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
+from gateway.auth import error_response, identify
+from gateway.client_secrets import mint_client_secret
 from gateway.connection import ConnectionDriver, GatewayServices
 from gateway.metrics import GatewayMetrics
 from gateway.protocol.errors import CloseCode
@@ -25,34 +25,6 @@ from store import Scripts, create_client
 from store.pubsub import Subscriber
 
 __all__ = ["create_app"]
-
-_BROWSER_KEY_PREFIX = "openai-insecure-api-key."
-
-
-def _presented_key(websocket: WebSocket) -> str | None:
-    auth: str = websocket.headers.get("authorization", "")
-    if auth.lower().startswith("bearer "):
-        return auth[7:].strip()
-    protocols: list[str] = websocket.scope.get("subprotocols", [])
-    for protocol in protocols:
-        if protocol.startswith(_BROWSER_KEY_PREFIX):
-            return protocol[len(_BROWSER_KEY_PREFIX):]
-    return None
-
-
-def _tenant_of(websocket: WebSocket) -> str:
-    """The tenant a connection counts against: its API key, hashed (never stored in clear)."""
-    key = _presented_key(websocket)
-    return hashlib.sha256(key.encode()).hexdigest()[:32] if key else "anonymous"
-
-
-def _authorized(settings: GatewaySettings, websocket: WebSocket) -> bool:
-    if not settings.api_keys:
-        return True
-    key = _presented_key(websocket) or ""
-    # Compare against every key so timing does not reveal which prefix matched.
-    return any([hmac.compare_digest(key.encode(), k.encode()) for k in settings.api_keys])
-
 
 def create_app(settings: GatewaySettings) -> Starlette:
     """A gateway application bound to ``settings``; Redis is connected in the lifespan."""
@@ -83,19 +55,17 @@ def create_app(settings: GatewaySettings) -> Starlette:
         if services.draining:
             await websocket.close(CloseCode.TRY_AGAIN_LATER)
             return
-        if not _authorized(settings, websocket):
-            await websocket.send_denial_response(JSONResponse(
-                {"type": "error", "error": {"type": "invalid_request_error",
-                                            "code": "invalid_api_key",
-                                            "message": "Incorrect API key provided."}},
-                status_code=401))
+        caller = await identify(settings, services.client, websocket)
+        if isinstance(caller, JSONResponse):
+            await websocket.send_denial_response(caller)
             return
         offered = websocket.scope.get("subprotocols", [])
         await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
         model = websocket.query_params.get("model", "")
         autostart = bool(model) and websocket.query_params.get("resume") not in ("1", "true")
         driver = ConnectionDriver(websocket, services, model=model or "loopback",
-                                  autostart=autostart, tenant=_tenant_of(websocket))
+                                  autostart=autostart, tenant=caller.tenant,
+                                  initial_session=caller.initial_session)
         metrics.connections.inc()
         started = time.monotonic()
         try:
@@ -103,6 +73,13 @@ def create_app(settings: GatewaySettings) -> Starlette:
         finally:
             metrics.connections.dec()
             metrics.connection_seconds.observe(time.monotonic() - started)
+
+    async def client_secrets(request: Request) -> Response:
+        services = state["services"]
+        if services.draining:
+            return error_response(503, "internal_error", "This gateway is draining; try"
+                                  " another.", error_type="server_error")
+        return await mint_client_secret(request, settings, services.client)
 
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
@@ -123,6 +100,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
     return Starlette(
         routes=[
             WebSocketRoute("/v1/realtime", realtime),
+            Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             Route("/metrics", metrics_endpoint),

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import logging
 import secrets
+from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
@@ -74,13 +75,14 @@ class ConnectionDriver:
     """Runs one accepted websocket until it closes."""
 
     def __init__(self, websocket: WebSocket, services: GatewayServices, *, model: str,
-                 autostart: bool, tenant: str = "anonymous") -> None:
+                 autostart: bool, tenant: str = "anonymous",
+                 initial_session: dict[str, Any] | None = None) -> None:
         self._ws = websocket
         self._svc = services
         self._model = model
         self._tenant = tenant
         self._core = ConnectionCore(max_frame_bytes=services.settings.max_frame_bytes,
-                                    autostart=autostart)
+                                    autostart=autostart, initial_session=initial_session)
         self._lock = asyncio.Lock()
         self._lease: Lease | None = None
         self._channel: str | None = None

@@ -20,6 +20,7 @@ __all__ = [
     "WORKER_DIRECTORY",
     "SessionKeys",
     "WorkerKeys",
+    "client_secret",
     "new_session_id",
     "new_worker_id",
     "tenant_sessions",
@@ -43,6 +44,20 @@ def tenant_sessions(tenant_id: str) -> str:
     if not _TENANT_ID.match(tenant_id):
         raise ValueError(f"not a tenant id: {tenant_id!r}")
     return f"{_PREFIX}:{{t.{tenant_id}}}:sessions"
+
+
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+
+
+def client_secret(digest: str) -> str:
+    """A client secret's record, by the SHA-256 hex digest of the secret (never the secret).
+
+    One key, its own slot (no hash tag: secrets spread over the Cluster); it expires with the
+    secret.
+    """
+    if not _DIGEST.match(digest):
+        raise ValueError(f"not a SHA-256 hex digest: {digest!r}")
+    return f"{_PREFIX}:secret:{digest}"
 
 
 def new_worker_id() -> str:

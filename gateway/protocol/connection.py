@@ -47,7 +47,14 @@ from gateway.protocol.errors import (
     InternalError,
 )
 from store.follower import LogFollower
-from store.messages import Command, MessageDecodeError, decode_event, is_terminal
+from store.messages import (
+    Command,
+    JsonObject,
+    MessageDecodeError,
+    UpdateSession,
+    decode_event,
+    is_terminal,
+)
 
 __all__ = [
     "AppendCommands",
@@ -158,9 +165,13 @@ class ConnectionCore:
         max_frame_bytes: frames above this size are refused with close 1009.
         autostart: open a session at once (the client named a ``model`` in the URL), as the
             OpenAI server does, instead of waiting for the first frame.
+        initial_session: the session configuration of the client secret the connection
+            presented; a session it opens runs it as its first ``session.update``, before any
+            client command. A resume ignores it (that session is configured already).
     """
 
-    def __init__(self, *, max_frame_bytes: int, autostart: bool = False) -> None:
+    def __init__(self, *, max_frame_bytes: int, autostart: bool = False,
+                 initial_session: JsonObject | None = None) -> None:
         self.state = ConnectionState.AWAITING_FIRST
         #: True once the session's terminal event was delivered: the session is over.
         self.ended = False
@@ -169,6 +180,8 @@ class ConnectionCore:
         self._max_frame_bytes = max_frame_bytes
         self._actions: list[Action] = []
         self._pending: list[tuple[int | None, Command]] = []
+        if initial_session is not None:
+            self._pending.append((None, UpdateSession(session=initial_session)))
         self._follower = LogFollower()
         self._event_counter = 0
         if autostart:
@@ -215,6 +228,7 @@ class ConnectionCore:
             ))
             return
         self._move("resume")
+        self._pending = []  # a client secret's configuration is for new sessions only
         self._follower = LogFollower(request.last_received_server_event_seq)
         self._actions.append(ResumeSession(request=request))
 
