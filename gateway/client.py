@@ -130,6 +130,10 @@ class DuplexClient:
             raise DuplexClientError(f"resume refused: {answer}", code=code)
         self.resume_token = answer["resume_token"]
         self.generation = answer["lease_generation"]
+        # Where the server's replay starts. Below our position only when the store lost events
+        # we had (session.resync_required log_rewound follows): the next events reuse those
+        # numbers and must not be dropped as seen.
+        self.last_seq = int(answer["replay_from"]) - 1
         confirmed = int(answer["last_client_seq"])
         for client_seq, text in list(self._unconfirmed):
             if client_seq > confirmed:
@@ -251,6 +255,9 @@ class DuplexClient:
                 if seq <= self.last_seq:
                     continue  # already delivered before a reconnect
                 self.last_seq = seq
+            if data.get("type") == "session.resync_required":
+                # The next event's number: past a trim, or below ours after a rewound log.
+                self.last_seq = int(data["replay_from"]) - 1
             event = RealtimeEvent(str(data.get("type")), seq, data)
             if event.type in _TERMINAL:
                 self.closed = True

@@ -41,8 +41,9 @@ from gateway.protocol.errors import ClientProtocolError, ErrorCode, InternalErro
 from gateway.settings import GatewaySettings
 from store import Lease, LeaseLost, ResumeStatus, Scripts, SessionGone, StoreError
 from store.client import RedisClient
+from store.follower import REWIND_WINDOW
 from store.keys import SessionKeys
-from store.logs import read_output
+from store.logs import log_ends, read_output
 from store.messages import Command, encode_message
 from store.pubsub import Subscriber
 
@@ -147,7 +148,7 @@ class ConnectionDriver:
             if self._core.state is not ConnectionState.ATTACHED:
                 continue
             if notice is None:
-                await self._fetch(self._core.delivered_seq)
+                await self._fetch(self._core.delivered_seq, quiet=True)
             elif notice[0] == b"e":
                 self._core.receive_log_entries(int(notice[1]), list(notice[2]))
             elif notice[0] == b"r":
@@ -262,11 +263,26 @@ class ConnectionDriver:
         except (WebSocketDisconnect, RuntimeError, OSError):
             self._core.connection_lost()
 
-    async def _fetch(self, after: int) -> None:
+    async def _fetch(self, after: int, *, quiet: bool = False) -> None:
+        """Read the log after ``after``; on a ``quiet`` poll that finds nothing, also check
+        that the log did not go back behind what was delivered (a lossy failover), which no
+        read after ``after`` can show."""
         if self._lease is None:
             return
+        session_id = self._lease.session_id
         try:
-            rows = await read_output(self._svc.client, self._lease.session_id, after)
+            rows = await read_output(self._svc.client, session_id, after)
+            if not rows and quiet and after:
+                last = (await log_ends(self._svc.client, session_id)).last_output
+                if last < after:
+                    # Re-read what the log holds now around our position: the core finds
+                    # where it differs from what was delivered, or else resumes at its end.
+                    rows = await read_output(self._svc.client, session_id,
+                                             max(0, last - REWIND_WINDOW))
+                    if rows:
+                        self._core.receive_log_entries(rows[0][0], [p for _, p in rows])
+                    self._core.log_rewound(last)
+                    return
         except StoreError as exc:
             _log.warning("log read failed: %s", exc)
             return

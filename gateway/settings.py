@@ -19,7 +19,8 @@ class GatewaySettings:
     port: int = field(default=8000, metadata={"help": "TCP port to listen on"})
     redis_url: str = field(
         default="redis://127.0.0.1:6379/0",
-        metadata={"help": "redis:// for one node, redis+cluster://host:port for a Cluster"},
+        metadata={"help": "redis:// for one node, redis+sentinel://host:port[,host:port]/service"
+                          " for Sentinel, redis+cluster://host:port for a Cluster"},
     )
     api_keys: tuple[str, ...] = field(
         default=(), metadata={"help": "comma-separated accepted API keys; empty: no auth"}

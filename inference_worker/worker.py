@@ -47,7 +47,7 @@ from store import (
 from store.client import RedisClient
 from store.directory import announce_worker, forget_worker
 from store.keys import WorkerKeys, new_worker_id
-from store.logs import read_input
+from store.logs import log_ends, read_input
 from store.messages import MessageDecodeError, decode_command, encode_message
 from store.pubsub import Subscriber
 
@@ -356,12 +356,28 @@ class Worker:
         return _Session(runner=runner, handle=handle)
 
     async def _catch_up(self, session_id: str, session: _Session) -> None:
-        rows = await read_input(self._client, session_id, session.follower.next_index - 1)
+        applied = session.follower.next_index - 1
+        rows = await read_input(self._client, session_id, applied)
         if rows:
             await self._offer(session_id, session, rows[0][0], [p for _, p in rows])
+        elif applied and (await log_ends(self._client, session_id)).last_input < applied:
+            # Nothing new, and the log ends before what was applied: it went back, and the
+            # commands that will reuse those indices would look applied (see _offer).
+            _log.error("the input log of %s ends before what was applied (lost writes);"
+                       " ending it", session_id)
+            self._forget(session_id)
+            self._spawn(self._close(session_id, "log_rewound"))
 
     async def _offer(self, session_id: str, session: _Session, first: int,
                      payloads: list[bytes]) -> None:
+        if session.follower.rewound_at(first, payloads) is not None:
+            # Other commands under indices already applied: a Redis failover lost input this
+            # worker acted on, and the log numbers on from there. The session's state here no
+            # longer matches the store's; end it loudly rather than drop the new commands.
+            _log.error("the input log of %s went back (lost writes); ending it", session_id)
+            self._forget(session_id)
+            self._spawn(self._close(session_id, "log_rewound"))
+            return
         fresh, gap = session.follower.offer(first, payloads)
         if gap:
             await self._catch_up(session_id, session)
@@ -454,9 +470,12 @@ class Worker:
                 self._forget(session_id)
                 continue
             if isinstance(outcome, OutputMismatch):
+                # A gap: the logs fell behind what this worker wrote or read (a failover lost
+                # acknowledged writes). A conflict: a bug. Either way, end the session loudly.
                 _log.error("%s; ending the session", outcome)
                 self._forget(session_id)
-                self._spawn(self._close(session_id, "internal_error"))
+                reason = "log_rewound" if outcome.status == "gap" else "internal_error"
+                self._spawn(self._close(session_id, reason))
                 continue
             session.next_seq += len(session.unsent)
             session.unsent = []

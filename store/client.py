@@ -1,17 +1,36 @@
-"""Redis connections: one factory, standalone or Cluster, chosen by the URL."""
+"""Redis connections: one factory for one node, Sentinel or Cluster, chosen by the URL.
+
+* ``redis://[:password@]host:port/db`` (or ``rediss://``): one node.
+* ``redis+sentinel://[:password@]host:port[,host:port...]/service[/db]``: the master that the
+  listed Sentinels name for ``service``. After a failover the pool asks them again and
+  reconnects to the new master; a write that reached the demoted one is refused
+  (``READONLY``), never applied, and ``Scripts`` sends it again. The password is the master's.
+* ``redis+cluster://host:port``: a Cluster; any node serves as the seed.
+"""
 
 from __future__ import annotations
 
-from typing import TypeAlias
-from urllib.parse import urlsplit, urlunsplit
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.sentinel import Sentinel
 
-__all__ = ["CLUSTER_SCHEME", "MAX_CONNECTIONS", "RedisClient", "create_client", "is_cluster_url"]
+__all__ = [
+    "CLUSTER_SCHEME",
+    "MAX_CONNECTIONS",
+    "SENTINEL_SCHEME",
+    "RedisClient",
+    "SentinelTarget",
+    "create_client",
+    "is_cluster_url",
+    "parse_sentinel_url",
+]
 
-#: ``redis+cluster://host:port`` selects Redis Cluster; any node serves as the seed.
 CLUSTER_SCHEME = "redis+cluster"
+SENTINEL_SCHEME = "redis+sentinel"
 RedisClient: TypeAlias = "Redis | RedisCluster"
 
 
@@ -25,10 +44,68 @@ def is_cluster_url(url: str) -> bool:
 MAX_CONNECTIONS = 4096
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SentinelTarget:
+    """What a ``redis+sentinel://`` URL names."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    db: int = 0
+    password: str | None = None
+
+
+def parse_sentinel_url(url: str) -> SentinelTarget:
+    """Read a ``redis+sentinel://`` URL.
+
+    Raises:
+        ValueError: not that scheme, no Sentinel address, or no service name.
+    """
+    parts = urlsplit(url)
+    if parts.scheme != SENTINEL_SCHEME:
+        raise ValueError(f"not a {SENTINEL_SCHEME}:// URL: {url!r}")
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    password = unquote(userinfo.partition(":")[2]) or None
+    sentinels = []
+    for address in filter(None, hosts.split(",")):
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"Sentinel address {address!r} is not host:port")
+        sentinels.append((host.strip("[]"), int(port)))
+    path = [segment for segment in parts.path.split("/") if segment]
+    if not sentinels or not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ValueError(f"expected {SENTINEL_SCHEME}://host:port[,host:port]/service[/db],"
+                         f" got {url!r}")
+    return SentinelTarget(sentinels=tuple(sentinels), service=path[0],
+                          db=int(path[1]) if len(path) == 2 else 0, password=password)
+
+
+class _SentinelMaster(Redis):
+    """The master's client; closing it also closes the Sentinel connections behind it."""
+
+    sentinel_manager: Sentinel | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        await super().aclose(close_connection_pool)
+        if self.sentinel_manager is not None:
+            for node in self.sentinel_manager.sentinels:
+                await node.aclose()
+
+
 def create_client(url: str) -> Redis | RedisCluster:
-    """A client that returns bytes (audio and msgpack are binary), for a node or a Cluster."""
-    if is_cluster_url(url):
+    """A client that returns bytes (audio and msgpack are binary), for any of the URL kinds."""
+    scheme = urlsplit(url).scheme
+    if scheme == CLUSTER_SCHEME:
         parts = urlsplit(url)
         return RedisCluster.from_url(urlunsplit(parts._replace(scheme="redis")),
                                      max_connections=MAX_CONNECTIONS)
+    if scheme == SENTINEL_SCHEME:
+        target = parse_sentinel_url(url)
+        sentinel = Sentinel(list(target.sentinels))  # type: ignore[no-untyped-call]
+        kwargs: dict[str, Any] = {"db": target.db, "max_connections": MAX_CONNECTIONS}
+        if target.password is not None:
+            kwargs["password"] = target.password
+        client: _SentinelMaster = sentinel.master_for(target.service, redis_class=_SentinelMaster,
+                                                      **kwargs)
+        client.sentinel_manager = sentinel
+        return client
     return Redis.from_url(url, max_connections=MAX_CONNECTIONS)

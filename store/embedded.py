@@ -17,7 +17,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["EmbeddedServer", "find_server_binary", "free_port", "start_server"]
+__all__ = [
+    "EmbeddedServer",
+    "find_server_binary",
+    "free_port",
+    "start_sentinel",
+    "start_server",
+]
 
 _READY_TIMEOUT_S = 15.0
 
@@ -99,6 +105,9 @@ class EmbeddedServer:
 def _spawn(binary: Path, port: int, workdir: Path, extra: list[str]) -> subprocess.Popen[bytes]:
     args = [str(binary), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "no", "--dir", str(workdir), "--protected-mode", "no", *extra]
+    if extra[:1] == ["--sentinel"]:  # a Sentinel takes its config file first, and no storage
+        args = [str(binary), str(workdir / "sentinel.conf"), "--sentinel", "--port", str(port),
+                "--bind", "127.0.0.1", "--protected-mode", "no", *extra[1:]]
     process = subprocess.Popen(
         args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=workdir,
         start_new_session=True,
@@ -126,4 +135,23 @@ def start_server(
     extra = list(extra_args or [])
     process = _spawn(binary, chosen, workdir, extra)
     return EmbeddedServer(binary=binary, port=chosen, process=process, workdir=workdir,
+                          extra_args=extra)
+
+
+def start_sentinel(master: EmbeddedServer, service: str, *,
+                   down_after_ms: int = 1000) -> EmbeddedServer:
+    """Start a Sentinel watching ``master`` as ``service`` (quorum 1: for trials and tests).
+
+    The Sentinel rewrites its config file as it learns the topology, so it lives in the
+    server's own folder, and :meth:`EmbeddedServer.restart` starts it again from what it knew.
+    """
+    workdir = Path(tempfile.mkdtemp(prefix="dg-sentinel-"))
+    (workdir / "sentinel.conf").write_text(
+        f"sentinel monitor {service} 127.0.0.1 {master.port} 1\n"
+        f"sentinel down-after-milliseconds {service} {down_after_ms}\n"
+        f"sentinel failover-timeout {service} {max(3 * down_after_ms, 3000)}\n")
+    port = free_port()
+    extra = ["--sentinel"]
+    process = _spawn(master.binary, port, workdir, extra)
+    return EmbeddedServer(binary=master.binary, port=port, process=process, workdir=workdir,
                           extra_args=extra)

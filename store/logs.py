@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
@@ -11,7 +12,7 @@ from redis.exceptions import RedisError
 from store.errors import StoreUnavailable
 from store.keys import SessionKeys
 
-__all__ = ["read_input", "read_output"]
+__all__ = ["LogEnds", "log_ends", "read_input", "read_output"]
 
 
 async def _read(
@@ -37,3 +38,25 @@ async def read_input(
 ) -> list[tuple[int, bytes]]:
     """Input entries with index > ``after_index``, oldest first, at most ``count``."""
     return await _read(client, SessionKeys(session_id).input_log, after_index, count)
+
+
+@dataclass(frozen=True, slots=True)
+class LogEnds:
+    """The last index of each log (0: nothing was ever appended, or the session is gone)."""
+
+    last_input: int
+    last_output: int
+
+
+async def log_ends(client: Redis | RedisCluster, session_id: str) -> LogEnds:
+    """Where the two logs end, from the session record (trimming does not move these).
+
+    A quiet reader compares them with its own position: a log that ends before what it
+    already read went back (a failover lost acknowledged writes).
+    """
+    key = SessionKeys(session_id).record
+    try:
+        fields: Any = await client.hmget(key, ["in_n", "out_seq"])
+    except RedisError as exc:
+        raise StoreUnavailable(f"HMGET {key} failed: {exc}") from exc
+    return LogEnds(int(fields[0] or 0), int(fields[1] or 0))

@@ -304,8 +304,10 @@ APPEND_OUTPUT = _PRELUDE + r"""
 --   status ok | closed | unknown | gap | conflict
 -- Numbered events make a resend exactly-once: a call whose reply was lost (the client library
 -- resends it) or a flush retried with more events finds its first events stored already and
--- appends only the rest. A first seq past the log's end (gap) or a resent event that differs
--- from the stored one (conflict) means the worker's count is wrong: nothing is written.
+-- appends only the rest. A first seq past the log's end or an applied input index past the
+-- input log's end (gap), or a resent event that differs from the stored one (conflict), means
+-- the worker and the store disagree (a bug, or a failover that lost writes): nothing is
+-- written, and the worker ends the session loudly.
 local worker, sessions, deadlines, worker_channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 
 if redis.call('HGET', worker, 'state') == 'lost' or redis.call('HEXISTS', worker, 'state') == 0
@@ -315,10 +317,13 @@ end
 
 local function append_one(sid, rec, out_log, out_channel, terminal, reason, applied, first,
                           at, count)
-  local f = redis.call('HMGET', rec, 'state', 'out_seq')
+  local f = redis.call('HMGET', rec, 'state', 'out_seq', 'in_n')
   if not f[1] then return {'unknown', 0} end
   if f[1] == 'closed' then return {'closed', 0} end
   local stored = tonumber(f[2])
+  -- The worker applied input this log never had: the store lost acknowledged writes (a
+  -- failover to a replica that lagged). Its later input would reuse those indices.
+  if applied > tonumber(f[3]) then return {'gap', stored} end
   local skip = 0
   if first > 0 then
     if first > stored + 1 then return {'gap', stored} end

@@ -449,7 +449,8 @@ _NOTICE_RENDERERS: dict[type[Any], tuple[str, Callable[[Any], JsonDict]]] = {
         _copy("session_id", "resume_token", "lease_generation", "last_client_seq", "replay_from"),
     ),
     env.SessionReplacedNotice: ("session.replaced", _copy("session_id", "lease_generation")),
-    env.ResyncRequiredNotice: ("session.resync_required", _copy("session_id", "reason")),
+    env.ResyncRequiredNotice: ("session.resync_required",
+                               _copy("session_id", "reason", "replay_from")),
 }
 
 

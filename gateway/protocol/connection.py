@@ -297,20 +297,27 @@ class ConnectionCore:
         self.session_id = session_id
         self.generation = generation
         self._move("attached")
-        if self.delivered_seq > last_server_event_seq:
-            # The client claims events that were never written; resume from the log's end.
+        rewound = self.delivered_seq > last_server_event_seq
+        if rewound:
+            # The client holds events the log does not: the store lost acknowledged writes (a
+            # failover to a replica that lagged) or the client is wrong. Its position is void;
+            # new events are numbered on from the log's end, so say so (never a silent gap).
             self._follower = LogFollower(last_server_event_seq)
         self._notice(SessionResumedNotice(
             session_id=session_id, resume_token=resume_token, lease_generation=generation,
             last_client_seq=last_client_seq, replay_from=self._follower.next_index,
         ))
+        if rewound:
+            self._notice(ResyncRequiredNotice(session_id=session_id, reason="log_rewound",
+                                              replay_from=self._follower.next_index))
         missing_from = self._follower.next_index
         trimmed = first_retained_seq == 0 or first_retained_seq > missing_from
         if missing_from <= last_server_event_seq and trimmed:
             # DESIGN §2.7: events the client lacks are gone; never a silent gap. Replay then
             # resumes at the oldest event still retained.
-            self._notice(ResyncRequiredNotice(session_id=session_id, reason="log_trimmed"))
             resume_after = first_retained_seq - 1 if first_retained_seq else last_server_event_seq
+            self._notice(ResyncRequiredNotice(session_id=session_id, reason="log_trimmed",
+                                              replay_from=resume_after + 1))
             self._follower = LogFollower(resume_after)
         self._actions.append(FetchLog(after_seq=self.delivered_seq))
         self._flush_pending()
@@ -323,12 +330,36 @@ class ConnectionCore:
         """Output entries from a push or a log read; any order, duplicates allowed."""
         if self.state is not ConnectionState.ATTACHED:
             return
+        if first_seq < self._follower.next_index:
+            self._check_rewind(first_seq, payloads)
         fresh, gap = self._follower.offer(first_seq, payloads)
         if gap:
             self._actions.append(FetchLog(after_seq=self.delivered_seq))
         for seq, payload in fresh:
             if not self._deliver(seq, payload):
                 return
+
+    def _check_rewind(self, first_seq: int, payloads: list[bytes]) -> None:
+        """A different event under a delivered number: the log lost what we sent (a failover
+        to a replica that lagged) and numbers on from there. Say so, then deliver again from
+        that number; the client must not drop those events as seen."""
+        seq = self._follower.rewound_at(first_seq, payloads)
+        if seq is None:
+            return
+        assert self.session_id is not None
+        self._notice(ResyncRequiredNotice(session_id=self.session_id, reason="log_rewound",
+                                          replay_from=seq))
+        self._follower.rewind(seq)
+
+    def log_rewound(self, last_seq: int) -> None:
+        """The log now ends at ``last_seq``, before what was delivered (a failover lost
+        events the client got): the next event will be ``last_seq + 1``; say so."""
+        if self.state is not ConnectionState.ATTACHED or last_seq >= self.delivered_seq:
+            return
+        assert self.session_id is not None
+        self._notice(ResyncRequiredNotice(session_id=self.session_id, reason="log_rewound",
+                                          replay_from=last_seq + 1))
+        self._follower.rewind(last_seq + 1)
 
     def lease_moved(self, generation: int) -> None:
         """A newer attach took the session (resume elsewhere, or our write was fenced)."""
@@ -348,7 +379,8 @@ class ConnectionCore:
                 or first_available_seq <= self._follower.next_index):
             return
         assert self.session_id is not None
-        self._notice(ResyncRequiredNotice(session_id=self.session_id, reason="log_trimmed"))
+        self._notice(ResyncRequiredNotice(session_id=self.session_id, reason="log_trimmed",
+                                          replay_from=first_available_seq))
         self._follower = LogFollower(first_available_seq - 1)
 
     def session_gone(self) -> None:

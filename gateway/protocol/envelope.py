@@ -140,15 +140,19 @@ class SessionReplacedNotice:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ResyncRequiredNotice:
-    """``session.resync_required``: the events the client lacks were trimmed; no silent gap.
+    """``session.resync_required``: the client's position cannot be replayed; no silent gap.
 
     Attributes:
         session_id: the session.
-        reason: why replay is impossible, e.g. ``log_trimmed`` or ``log_overflow``.
+        reason: ``log_trimmed`` (events it lacks were trimmed) or ``log_rewound`` (it holds
+            events the log lost in a failover).
+        replay_from: the ``server_event_seq`` of the next event it gets: its new position
+            (below its old one after a rewind, so it must not drop those as seen).
     """
 
     session_id: str
     reason: str
+    replay_from: int
 
 
 Notice: TypeAlias = (

@@ -73,6 +73,13 @@ class Stack:
     redis: EmbeddedServer
     env: dict[str, str] = field(default_factory=dict)
     procs: list[Proc] = field(default_factory=list)
+    #: What the processes are given; the server's own URL unless a test names another
+    #: (``redis+sentinel://``, say).
+    redis_url: str = ""
+
+    @property
+    def url(self) -> str:
+        return self.redis_url or self.redis.url
 
     def _spawn(self, name: str, args: list[str], port: int = 0) -> Proc:
         env = {**os.environ, **self.env}
@@ -87,7 +94,7 @@ class Stack:
         """Start a gateway and wait until it is ready."""
         port = free_port()
         proc = self._spawn("gateway", ["serve", "--host", "127.0.0.1", "--port", str(port),
-                                       "--redis-url", self.redis.url], port)
+                                       "--redis-url", self.url], port)
         wait_for(lambda: http_ok(proc.http_url + "/readyz") or proc.process.poll() is not None,
                  f"gateway on {port}")
         assert proc.process.poll() is None, "gateway exited at start"
@@ -95,9 +102,9 @@ class Stack:
 
     def worker(self, slots: int = 8, backend: str = "loopback") -> Proc:
         """Start a worker and wait until it is in the directory (models load first)."""
-        client = Redis.from_url(self.redis.url)
+        client = Redis.from_url(self.redis.url)  # the server itself: reads only
         before = set(client.zrange(WORKER_DIRECTORY, 0, -1))
-        proc = self._spawn("worker", ["worker", "--redis-url", self.redis.url, "--backend",
+        proc = self._spawn("worker", ["worker", "--redis-url", self.url, "--backend",
                                       backend, "--slots", str(slots)])
         wait_for(lambda: len(set(client.zrange(WORKER_DIRECTORY, 0, -1)) - before) > 0
                  or proc.process.poll() is not None, "worker registration",

@@ -41,7 +41,8 @@ _EXTENSIONS: dict[str, tuple[dict[str, type], dict[str, type]]] = {
         {},
     ),
     "session.replaced": ({"event_id": str, "session_id": str, "lease_generation": int}, {}),
-    "session.resync_required": ({"event_id": str, "session_id": str, "reason": str}, {}),
+    "session.resync_required": (
+        {"event_id": str, "session_id": str, "reason": str, "replay_from": int}, {}),
     "session.closed": ({"event_id": str, "reason": str}, {**_SEQ, "session_id": str}),
     "session.expired": ({"event_id": str, "reason": str}, {**_SEQ, "session_id": str}),
     "session.heartbeat_ack": ({"event_id": str}, {**_SEQ, "session_id": str}),

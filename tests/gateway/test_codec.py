@@ -549,8 +549,9 @@ NOTICES: list[tuple[Any, dict[str, Any]]] = [
         {"type": "session.replaced", "session_id": "s", "lease_generation": 3},
     ),
     (
-        ResyncRequiredNotice(session_id="s", reason="log_trimmed"),
-        {"type": "session.resync_required", "session_id": "s", "reason": "log_trimmed"},
+        ResyncRequiredNotice(session_id="s", reason="log_trimmed", replay_from=7),
+        {"type": "session.resync_required", "session_id": "s", "reason": "log_trimmed",
+         "replay_from": 7},
     ),
 ]
 

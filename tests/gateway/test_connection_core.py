@@ -431,10 +431,57 @@ def test_resume_past_a_trimmed_log_requires_a_resync() -> None:
     types = [f["type"] for f in sent(actions)]
     assert types == ["session.resumed", "session.resync_required"]
     assert sent(actions)[1]["reason"] == "log_trimmed"
+    assert sent(actions)[1]["replay_from"] == 6
     assert actions[-1] == FetchLog(after_seq=5)
     assert core.delivered_seq == 5
     core.receive_log_entries(6, hb(5))
     assert seqs(core.actions_to_run()) == [6, 7, 8, 9, 10]
+
+
+def test_a_different_event_under_a_delivered_number_is_a_rewound_log() -> None:
+    """Duplicates are dropped; a new event reusing a delivered number (the log lost what was
+    sent in a failover) is delivered after resync_required log_rewound."""
+    core = opened()
+    core.receive_log_entries(1, hb(5))
+    assert seqs(core.actions_to_run()) == [1, 2, 3, 4, 5]
+    core.receive_log_entries(3, hb(3))  # the same events again: a read overlapping a push
+    assert core.actions_to_run() == []
+    core.receive_log_entries(4, payloads(m.InputCleared(), m.InputCleared()))
+    frames = sent(core.actions_to_run())
+    assert [f["type"] for f in frames] == ["session.resync_required", "input_audio_buffer.cleared",
+                                           "input_audio_buffer.cleared"]
+    assert (frames[0]["reason"], frames[0]["replay_from"]) == ("log_rewound", 4)
+    assert [f.get("server_event_seq") for f in frames[1:]] == [4, 5]
+    core.receive_log_entries(5, payloads(m.InputCleared()))  # now a plain duplicate
+    core.receive_log_entries(6, hb(1))
+    assert seqs(core.actions_to_run()) == [6]
+
+
+def test_a_log_that_ends_before_what_was_delivered_is_a_rewound_log() -> None:
+    """A quiet poll found the log's end behind the client: resync from the end, then go on."""
+    core = opened()
+    core.receive_log_entries(1, hb(6))
+    core.actions_to_run()
+    core.log_rewound(6)  # not behind: nothing to say
+    assert core.actions_to_run() == []
+    core.log_rewound(4)
+    frames = sent(core.actions_to_run())
+    assert [(f["type"], f["reason"], f["replay_from"]) for f in frames] == [
+        ("session.resync_required", "log_rewound", 5)]
+    assert core.delivered_seq == 4
+    core.receive_log_entries(5, hb(1))
+    assert seqs(core.actions_to_run()) == [5]
+
+
+def test_rewind_detection_remembers_a_bounded_window() -> None:
+    """Numbers older than the window are not compared (a rewind is far shorter)."""
+    core = opened()
+    core.receive_log_entries(1, hb(300))
+    core.actions_to_run()
+    core.receive_log_entries(1, payloads(m.InputCleared()))  # forgotten: taken as a duplicate
+    assert core.actions_to_run() == []
+    core.receive_log_entries(300, payloads(m.InputCleared()))
+    assert next(f["type"] for f in sent(core.actions_to_run())) == "session.resync_required"
 
 
 def test_resume_after_the_whole_log_was_trimmed_requires_a_resync() -> None:
@@ -442,6 +489,20 @@ def test_resume_after_the_whole_log_was_trimmed_requires_a_resync() -> None:
     _, actions = resumed(3, first_retained=0, last_server=7)
     assert [f["type"] for f in sent(actions)][-1] == "session.resync_required"
     assert actions[-1] == FetchLog(after_seq=7)
+
+
+@pytest.mark.parametrize(("first_retained", "last_server"), [(1, 4), (0, 0), (3, 6)])
+def test_resume_past_the_logs_end_requires_a_resync(first_retained: int,
+                                                    last_server: int) -> None:
+    """The client holds events the log lost (a lossy failover): resync, then go on from the
+    log's end, where new events will be numbered."""
+    core, actions = resumed(9, first_retained=first_retained, last_server=last_server)
+    frames = sent(actions)
+    assert [f["type"] for f in frames] == ["session.resumed", "session.resync_required"]
+    assert frames[0]["replay_from"] == last_server + 1
+    assert frames[1]["reason"] == "log_rewound"
+    assert actions[-1] == FetchLog(after_seq=last_server)
+    assert core.delivered_seq == last_server
 
 
 @pytest.mark.parametrize(("last", "first_retained", "last_server"), [

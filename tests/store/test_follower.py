@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from hypothesis import given, settings, strategies as st
 
 from store import LogFollower
+from store.follower import REWIND_WINDOW
 
 
 def entry(i: int) -> bytes:
@@ -82,6 +83,37 @@ def test_resumed_follower_skips_what_the_client_has() -> None:
     """A follower resumed at k drops replays up to k and delivers from k + 1."""
     follower = LogFollower(delivered_up_to=3)
     assert follower.offer(1, batch(1, 5)) == ([(4, b"e4"), (5, b"e5")], False)
+
+
+def test_duplicates_are_not_a_rewind_but_other_entries_are() -> None:
+    """The same entries again are duplicates; another entry under a delivered index is the
+    first index at which the log went back."""
+    follower = LogFollower()
+    follower.offer(1, batch(1, 10))
+    assert follower.rewound_at(3, batch(3, 5)) is None
+    assert follower.rewound_at(8, [entry(8), b"other", entry(10)]) == 9
+    assert follower.rewound_at(10, [entry(10), b"x"]) is None, "index 11 is not delivered yet"
+    assert LogFollower(delivered_up_to=5).rewound_at(1, [b"x"]) is None, "nothing to compare"
+
+
+def test_rewind_delivers_again_from_the_index() -> None:
+    """After a rewind the new entries under old indices are delivered, then compared anew."""
+    follower = LogFollower()
+    follower.offer(1, batch(1, 6))
+    follower.rewind(4)
+    assert follower.next_index == 4
+    fresh, gap = follower.offer(4, [b"new4", b"new5"])
+    assert (fresh, gap) == ([(4, b"new4"), (5, b"new5")], False)
+    assert follower.rewound_at(4, [b"new4", b"new5"]) is None
+    assert follower.rewound_at(4, [entry(4)]) == 4
+
+
+def test_rewind_memory_is_a_bounded_window() -> None:
+    """Only the last REWIND_WINDOW indices are compared; older ones read as duplicates."""
+    follower = LogFollower()
+    follower.offer(1, batch(1, REWIND_WINDOW + 10))
+    assert follower.rewound_at(1, [b"x"]) is None
+    assert follower.rewound_at(REWIND_WINDOW + 10, [b"x"]) == REWIND_WINDOW + 10
 
 
 def test_empty_batch_at_next_index_changes_nothing() -> None:

@@ -511,7 +511,8 @@ async def test_numbered_append_resent_stores_each_event_once(
 async def test_numbered_append_refuses_a_gap_or_a_different_event(
     scripts: Scripts, redis_client: Redis
 ) -> None:
-    """A first seq past the log's end, or a resend whose bytes differ, writes nothing."""
+    """A first seq or applied input index past a log's end, or a resend whose bytes differ,
+    writes nothing."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
     sid = opened.session_id
@@ -528,6 +529,11 @@ async def test_numbered_append_refuses_a_gap_or_a_different_event(
     assert await read_output(redis_client, sid, 0) == [(1, ev(1)), (2, ev(2))]
     assert len(await read_input(redis_client, sid, 0)) == 2, "refused whole: no input trim"
     assert await session_field(redis_client, sid, "state") == "attached"
+    # Input applied past the log's end: the store lost writes the worker had read.
+    (lost,) = await scripts.append_output_many([OutputAppend(
+        session_id=sid, events=[ev(3)], first_seq=3, input_applied=3)])
+    assert isinstance(lost, OutputMismatch) and lost.status == "gap"
+    assert await read_output(redis_client, sid, 0) == [(1, ev(1)), (2, ev(2))]
 
 
 async def test_append_output_from_lost_worker_is_fenced(
