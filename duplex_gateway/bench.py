@@ -18,8 +18,8 @@ client process on the system-wide monotonic clock. The load runs in client proce
 Per phase: round-trip percentiles, chunks sent/received/lost, CPU seconds of every server
 process per relayed chunk (``/proc/<pid>/stat``, or psutil when installed), read at the end of
 warm-up and once every chunk is back; for the gateway phase also Redis commands per
-session-second (``INFO``). Numbers go to a plain-text table and a JSON file; a latency CDF
-plot is drawn when matplotlib happens to be installed.
+session-second (``INFO``). Numbers go to a plain-text table and a JSON file, and the
+round-trip CDFs to an SVG plot next to the JSON.
 
 The benchmark asserts nothing about speed: it exits 0 when it ran and every chunk came back,
 1 when chunks were lost (or came back corrupt, duplicated or to the wrong session), 2 when it
@@ -54,6 +54,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from types import FrameType
 from typing import Any, Final
+
+from duplex_gateway.svgplot import Chart, cdf, write_chart
 
 __all__ = ["distribution", "run_relay_bench", "start_http_server", "start_worker"]
 
@@ -973,28 +975,14 @@ def _format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _plot(path: Path, echo: Sequence[float], gateway: Sequence[float]) -> bool:
-    """Draw the round-trip CDFs to ``path`` if matplotlib is installed."""
-    try:
-        matplotlib: Any = importlib.import_module("matplotlib")
-    except ImportError:
-        return False
-    matplotlib.use("Agg")
-    pyplot: Any = importlib.import_module("matplotlib.pyplot")
-    figure, axes = pyplot.subplots(figsize=(7, 4.5))
-    for label, trips in (("echo", echo), ("gateway", gateway)):
-        ordered = sorted(t * 1000 for t in trips)
-        if ordered:
-            axes.plot(ordered, [(i + 1) / len(ordered) for i in range(len(ordered))],
-                      label=label)
-    axes.set_xscale("log")
-    axes.set_xlabel("round trip (ms)")
-    axes.set_ylabel("fraction of chunks")
-    axes.grid(True, which="both", alpha=0.3)
-    axes.legend()
-    figure.savefig(path, dpi=120, bbox_inches="tight")
-    pyplot.close(figure)
-    return True
+def _plot(path: Path, echo: Sequence[float], gateway: Sequence[float]) -> Path:
+    """Draw the round-trip CDFs (milliseconds, log axis) to ``path`` as SVG."""
+    return write_chart(path, Chart(
+        title="relay round trip: bare websocket echo vs the gateway stack",
+        x_label="round trip (ms, log scale)", y_label="fraction of chunks",
+        series={"echo": cdf([t * 1000 for t in echo]),
+                "gateway": cdf([t * 1000 for t in gateway])},
+        log_x=True))
 
 
 def _config(sessions: int, seconds: float, clients: int, compression: bool) -> dict[str, Any]:
@@ -1016,11 +1004,9 @@ def _write(report: dict[str, Any], output: Path) -> list[str]:
     trips = {name: phase.pop("round_trips_s") for name, phase in report["phases"].items()}
     output.write_text(json.dumps(report, indent=2) + "\n")
     notes = [f"results: {output}"]
-    plot = output.with_suffix(".cdf.png")
-    if _plot(plot, trips["echo"], trips["gateway"]):
+    if trips["echo"] or trips["gateway"]:
+        plot = _plot(output.with_suffix(".cdf.svg"), trips["echo"], trips["gateway"])
         notes.append(f"latency CDF plot: {plot}")
-    else:
-        notes.append("note: matplotlib is not installed; skipped the latency CDF plot")
     logs = sorted(output.parent.glob("relay-*.log"))
     notes += [f"server log (not empty): {log}" for log in logs if log.stat().st_size]
     return notes

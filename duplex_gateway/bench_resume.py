@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from duplex_gateway.bench import distribution, start_http_server, start_worker
+from duplex_gateway.svgplot import Chart, cdf, write_chart
 
 __all__ = ["run_resume_bench"]
 
@@ -142,6 +143,13 @@ def run_resume_bench(*, sessions: int, disconnects: int, output: str,
     out = Path(output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
+    if resumed or first:
+        write_chart(out.with_suffix(".cdf.svg"), Chart(
+            title="resume through the other gateway (forced disconnects)",
+            x_label="from connect (ms, log scale)", y_label="fraction of resumes",
+            series={"session.resumed": cdf([s * 1000 for s in resumed]),
+                    "first replayed event": cdf([s * 1000 for s in first])},
+            log_x=True))
     _print(report, out)
     return 1 if problems else 0
 

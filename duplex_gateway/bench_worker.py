@@ -21,10 +21,12 @@ import math
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from duplex_gateway.svgplot import Chart, write_chart
 
 if TYPE_CHECKING:
     from inference_worker.backend import Backend
@@ -37,6 +39,7 @@ __all__ = [
     "measure_batch",
     "parse_batches",
     "run_worker_bench",
+    "write_step_chart",
 ]
 
 
@@ -278,5 +281,20 @@ def run_worker_bench(args: argparse.Namespace) -> int:
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {output}")
+    plot = write_step_chart(output.with_suffix(".svg"), {args.backend: rows}, frame_ms,
+                            title=f"bench worker: {args.backend} step time by batch size")
+    print(f"wrote {output} and {plot}")
     return 0
+
+
+def write_step_chart(path: Path, runs: Mapping[str, Sequence[BenchRow]], budget_ms: float, *,
+                     title: str) -> Path:
+    """p50 and p99 step time against batch size, per run, with the frame budget line."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    for name, rows in runs.items():
+        ordered = sorted(rows, key=lambda row: row.batch)
+        series[f"{name} p50"] = [(row.batch, row.p50_ms) for row in ordered]
+        series[f"{name} p99"] = [(row.batch, row.p99_ms) for row in ordered]
+    return write_chart(path, Chart(title=title, x_label="batch (sessions per step)",
+                                   y_label="step time (ms)", series=series,
+                                   reference=(budget_ms, f"budget {budget_ms:g} ms")))

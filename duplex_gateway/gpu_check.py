@@ -42,6 +42,7 @@ from duplex_gateway.bench_worker import (
     largest_batch_within,
     measure_batch,
     summarize,
+    write_step_chart,
 )
 
 __all__ = ["ModeResult", "main"]
@@ -227,6 +228,11 @@ def _report(results: Sequence[ModeResult], info: dict[str, Any], output: Path) -
                                  for r in results]}
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(payload, indent=2) + "\n")
+    runs = {result.mode: result.rows for result in results if result.rows}
+    if runs:
+        plot = write_step_chart(output.with_suffix(".svg"), runs, budget_ms,
+                                title=f"gpu check: Moshi step time by batch ({info['device']})")
+        print(f"wrote {plot}", flush=True)
     print(f"wrote {output}", flush=True)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -21,3 +22,6 @@ def test_bench_resume_smoke(tmp_path: Path) -> None:
     assert report["problems"] == []
     assert report["connect_to_first_replayed_ms"]["p50"] > 0
     assert report["events_checked"] > 20
+    plot = ET.parse(out.with_suffix(".cdf.svg")).getroot()
+    titles = [t.text for t in plot.iter("{http://www.w3.org/2000/svg}title")]
+    assert titles == ["session.resumed", "first replayed event"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,8 @@ def _check_phase(phase: dict[str, Any], servers: set[str]) -> None:
         assert math.isfinite(cpu["us_per_chunk"])
     assert phase["errors"] == []
 
+SVG = "{http://www.w3.org/2000/svg}"
+
 
 @pytest.mark.timeout(120)
 def test_relay_bench_runs_both_phases_without_loss(tmp_path: Path,
@@ -59,6 +62,9 @@ def test_relay_bench_runs_both_phases_without_loss(tmp_path: Path,
     assert comparison["gateway_cpu_ratio"] is not None
     printed = capsys.readouterr().out
     assert "round trip p99 (ms)" in printed and "Redis cmds / session-s" in printed
+    plot = output.with_suffix(".cdf.svg")
+    assert f"latency CDF plot: {plot}" in printed
+    assert [t.text for t in ET.parse(plot).getroot().iter(f"{SVG}title")] == ["echo", "gateway"]
 
 
 def test_relay_bench_refuses_a_run_shorter_than_warm_up(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -32,6 +33,9 @@ def test_bench_worker_fake_writes_table_and_json(tmp_path: Path,
     assert all(row["steps"] == 3 and row["fits_frame"] for row in rows)
     assert rows[2]["p50_ms"] >= 2.0  # 4 slots x 0.5 ms of simulated compute
     assert "per-session ms" in capsys.readouterr().out
+    chart = ET.parse(output.with_suffix(".svg")).getroot()
+    titles = [t.text for t in chart.iter("{http://www.w3.org/2000/svg}title")]
+    assert titles == ["fake p50", "fake p99"]
 
 
 def test_parse_batches_refuses_nonsense() -> None:
@@ -97,6 +101,8 @@ def test_gpu_check_logic_on_a_tiny_cpu_moshi(tmp_path: Path) -> None:
     assert result["device"] == "cpu (tiny)" and result["budget_ms"] == 60000
     modes = {mode["mode"]: mode for mode in result["modes"]}
     assert set(modes) == {"eager", "graphs"}
+    chart = ET.parse(output.with_suffix(".svg")).getroot()
+    assert len(chart.findall("{http://www.w3.org/2000/svg}polyline")) == 4
     for mode in modes.values():
         assert mode["error"] is None, mode["error"]
         assert mode["largest_batch"] == 2 and mode["complete"]
