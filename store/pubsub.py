@@ -107,12 +107,17 @@ class Subscriber:
         self._confirmations: dict[bytes, asyncio.Future[None]] = {}
         self._shards: dict[str, _Shard] = {}
         self._shard_of: dict[bytes, _Shard] = {}
+        self._moves: set[asyncio.Task[None]] = set()
+        self._following: set[bytes] = set()  # channels being subscribed again after a move
 
     async def start(self) -> None:
         """Nothing to do until the first subscription; kept for a symmetric lifecycle."""
 
     async def aclose(self) -> None:
         """Stop reading and close every connection."""
+        for task in list(self._moves):
+            task.cancel()
+        await asyncio.gather(*self._moves, return_exceptions=True)
         shards, self._shards = list(self._shards.values()), {}
         for shard in shards:
             await shard.aclose()
@@ -176,6 +181,31 @@ class Subscriber:
             except (RedisError, OSError) as exc:
                 _log.debug("sunsubscribe %s failed: %s", channel, exc)
 
+    async def _follow(self, channel: bytes) -> None:
+        """Subscribe again where ``channel``'s slot lives now, then tell the handler to read
+        the log (pushes made during the move reached no one)."""
+        old = self._shard_of.pop(channel, None)
+        if old is not None:
+            old.channels.discard(channel)
+            if old.pubsub is not None:
+                # redis-py forgets only the unsubscriptions it asked for itself.
+                old.pubsub.shard_channels.pop(channel, None)
+        try:
+            while (handler := self._handlers.get(channel)) is not None:  # else: unsubscribed
+                try:
+                    if isinstance(self._client, RedisCluster):
+                        await self._client.nodes_manager.initialize()
+                    await self.subscribe(channel.decode(), handler)
+                except (RedisError, OSError) as exc:
+                    # Consumers read the log on their poll meanwhile.
+                    _log.warning("following %r to its new node failed: %s", channel, exc)
+                    await asyncio.sleep(_RECONNECT_DELAY_S)  # back off; the Cluster may settle
+                    continue
+                handler(None)
+                return
+        finally:
+            self._following.discard(channel)
+
     def dispatch(self, message: dict[str, Any]) -> None:
         """Route one message from a shard's connection (called by the shards)."""
         kind = message["type"]
@@ -191,6 +221,15 @@ class Subscriber:
             resubscribed = self._handlers.get(channel)
             if resubscribed is not None:
                 resubscribed(None)
+            return
+        if kind == "sunsubscribe":
+            if channel in self._handlers and channel not in self._following:
+                # Not asked for (unsubscribe() drops the handler first): Redis dropped the
+                # subscription because the channel's slot moved to another node (resharding).
+                self._following.add(channel)
+                task = asyncio.create_task(self._follow(channel), name="store-subscriber-move")
+                self._moves.add(task)
+                task.add_done_callback(self._moves.discard)
             return
         if kind != "smessage":
             return

@@ -241,3 +241,51 @@ async def test_cluster_push_latency_is_not_bounded_by_the_poll_timeout(
             await asyncio.wait_for(queue.get(), 0.25)
     finally:
         await sub.aclose()
+
+
+def migrate_slot(nodes: list[EmbeddedServer], slot: int, source: int, target: int) -> None:
+    """Move ``slot`` and its keys from the node on port ``source`` to the one on ``target``,
+    as ``redis-cli --cluster reshard`` does."""
+    ids = {port: redis_cli("-p", str(port), "CLUSTER", "MYID").strip()
+           for port in (source, target)}
+    redis_cli("-p", str(target), "CLUSTER", "SETSLOT", str(slot), "IMPORTING", ids[source])
+    redis_cli("-p", str(source), "CLUSTER", "SETSLOT", str(slot), "MIGRATING", ids[target])
+    keys = redis_cli("-p", str(source), "CLUSTER", "GETKEYSINSLOT", str(slot), "1000").split()
+    if keys:
+        redis_cli("-p", str(source), "MIGRATE", "127.0.0.1", str(target), "", "0", "5000",
+                  "KEYS", *keys)
+    others = [n.port for n in nodes if n.port not in (source, target)]
+    for port in (target, source, *others):
+        redis_cli("-p", str(port), "CLUSTER", "SETSLOT", str(slot), "NODE", ids[target])
+
+
+# Last in the module: it changes which node serves a slot for the tests after it.
+async def test_subscription_follows_its_slot_to_another_node(
+    cluster: list[EmbeddedServer], cluster_client: RedisCluster,
+) -> None:
+    """Resharding moves a session's slot: the subscriber is told to re-read (None), then
+    gets pushes from the slot's new node; the session's scripts carry on there."""
+    scripts = Scripts(cluster_client)
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    sid = opened.session_id
+    sub = Subscriber(cluster_client)
+    await sub.start()
+    try:
+        queue: asyncio.Queue[Notice] = asyncio.Queue()
+        await sub.subscribe(SessionKeys(sid).output_channel, queue.put_nowait)
+        assert await scripts.append_output(sid, [ev(1)], first_seq=1) == 1
+        assert await asyncio.wait_for(queue.get(), 10) == [b"e", 1, [ev(1)]]
+
+        slot = cluster_client.keyslot(SessionKeys(sid).record)
+        source = int(str(node_of(cluster_client, SessionKeys(sid).record)).rsplit(":", 1)[1])
+        target = next(n.port for n in cluster if n.port != source)
+        await asyncio.to_thread(migrate_slot, cluster, slot, source, target)
+
+        assert await asyncio.wait_for(queue.get(), 10) is None  # moved: read the log
+        assert await scripts.append_output(sid, [ev(2)], first_seq=2) == 2
+        assert await asyncio.wait_for(queue.get(), 10) == [b"e", 2, [ev(2)]]
+        assert [seq for seq, _ in await read_output(cluster_client, sid, 0)] == [1, 2]
+        assert int(node_of(cluster_client, SessionKeys(sid).record).rsplit(":", 1)[1]) == target
+    finally:
+        await sub.aclose()
