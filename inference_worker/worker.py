@@ -45,8 +45,8 @@ from store import (
     WorkerFenced,
 )
 from store.client import RedisClient
-from store.directory import announce_worker, forget_worker
-from store.keys import WorkerKeys, new_worker_id
+from store.directory import announce_worker, forget_worker, sessions_of_worker
+from store.keys import WorkerKeys, new_worker_id, worker_of_session
 from store.logs import log_ends, read_input
 from store.messages import MessageDecodeError, decode_command, encode_message
 from store.pubsub import Subscriber
@@ -70,6 +70,9 @@ class _Session:
     # The server_event_seq of unsent[0]. This worker is the only writer of the session's events
     # (the store adds only the terminal one), so it numbers them and a resend is exactly-once.
     next_seq: int = 1
+    # An input push arrived since the last poll: pushes show a rewound log themselves, so the
+    # poll checks the log's end only for sessions that were quiet.
+    pushed: bool = False
 
 
 class Worker:
@@ -147,14 +150,23 @@ class Worker:
         tasks = [asyncio.create_task(coro) for coro in (
             self._heartbeat_loop(), self._notice_loop(), self._tick_loop(), self._poll_loop(),
             self._flush_loop())]
+        stopping: asyncio.Task[Any] = asyncio.create_task(self._stopping.wait())
         try:
-            await self._stopping.wait()
+            await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            # The loops run until cancelled (the heartbeat ends after fencing, which stops
+            # us); one that ended otherwise hit a bug. A worker limping on without it, still
+            # heartbeating, would hold its sessions silently: fail loudly instead, so the
+            # process exits and its sessions end worker_lost.
+            for task in tasks:
+                if task.done() and (task.exception() or not self._stopping.is_set()):
+                    raise RuntimeError(f"worker loop {task.get_coro()!r} ended") from (
+                        task.exception())
             if not self.fenced:
                 await self._drain()
         finally:
-            for task in tasks:
+            for task in (stopping, *tasks):
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(stopping, *tasks, return_exceptions=True)
             await self._subscriber.unsubscribe(self._keys.input_channel)
             if self.fenced:
                 self._notices = asyncio.Queue()
@@ -296,18 +308,32 @@ class Worker:
     async def _notice_loop(self) -> None:
         while True:
             notice = await self._notices.get()
-            if notice is None:  # the subscription was re-established: catch up from Redis
-                await self._discover()
-                continue
-            kind, session_id = notice[0], notice[1].decode()
-            if kind == b"c":
-                self._forget(session_id)
-            elif kind == b"o":
-                await self._adopt(session_id)
-            elif kind == b"i":
-                session = self._sessions.get(session_id) or await self._adopt(session_id)
-                if session is not None:
-                    await self._offer(session_id, session, int(notice[2]), list(notice[3]))
+            try:
+                await self._on_notice(notice)
+            except StoreError as exc:
+                # Redis is failing over or restarting; the poll loop reads what was missed.
+                _log.warning("a notice could not be handled: %s", exc)
+            except (IndexError, TypeError, ValueError, AttributeError):
+                # Only our scripts publish here; a malformed notice is dropped, not obeyed,
+                # and the poll loop still reads the logs.
+                _log.exception("dropped a malformed notice: %r", notice)
+
+    async def _on_notice(self, notice: list[Any] | None) -> None:
+        if notice is None:  # the subscription was re-established: catch up from Redis
+            await self._discover()
+            return
+        kind, session_id = notice[0], notice[1].decode()
+        if worker_of_session(session_id) != self.worker_id:  # ValueError: not a session id
+            raise ValueError(f"{session_id} is not placed on this worker")
+        if kind == b"c":
+            self._forget(session_id)
+        elif kind == b"o":
+            await self._adopt(session_id)
+        elif kind == b"i":
+            session = self._sessions.get(session_id) or await self._adopt(session_id)
+            if session is not None:
+                session.pushed = True
+                await self._offer(session_id, session, int(notice[2]), list(notice[3]))
 
     async def _poll_loop(self) -> None:
         while True:
@@ -319,13 +345,12 @@ class Worker:
 
     async def _discover(self) -> None:
         """Adopt sessions placed here whose push was lost, and read every input log."""
-        members: Any = await self._client.smembers(self._keys.sessions)
-        for raw in members:
-            session_id = raw.decode()
+        for session_id in await sessions_of_worker(self._client, self.worker_id):
             if session_id not in self._sessions:
                 await self._adopt(session_id)
         for session_id, session in list(self._sessions.items()):
-            await self._catch_up(session_id, session)
+            quiet, session.pushed = not session.pushed, False
+            await self._catch_up(session_id, session, check_rewind=quiet)
             if session.unsent:
                 self._mark_dirty(session_id)
 
@@ -355,12 +380,14 @@ class Worker:
                               explicit_turns=explicit_turns(self.settings.backend))
         return _Session(runner=runner, handle=handle)
 
-    async def _catch_up(self, session_id: str, session: _Session) -> None:
+    async def _catch_up(self, session_id: str, session: _Session, *,
+                        check_rewind: bool = False) -> None:
         applied = session.follower.next_index - 1
         rows = await read_input(self._client, session_id, applied)
         if rows:
             await self._offer(session_id, session, rows[0][0], [p for _, p in rows])
-        elif applied and (await log_ends(self._client, session_id)).last_input < applied:
+        elif (check_rewind and applied
+              and (await log_ends(self._client, session_id)).last_input < applied):
             # Nothing new, and the log ends before what was applied: it went back, and the
             # commands that will reuse those indices would look applied (see _offer).
             _log.error("the input log of %s ends before what was applied (lost writes);"

@@ -23,6 +23,7 @@ __all__ = [
     "forget_worker",
     "list_workers",
     "server_time_ms",
+    "sessions_of_worker",
     "worker_loads",
 ]
 
@@ -62,6 +63,16 @@ async def forget_worker(client: Redis | RedisCluster, worker_id: str) -> None:
         await client.zrem(WORKER_DIRECTORY, worker_id)
     except RedisError as exc:
         raise StoreUnavailable(f"ZREM directory failed: {exc}") from exc
+
+
+async def sessions_of_worker(client: Redis | RedisCluster, worker_id: str) -> list[str]:
+    """The ids of the sessions placed on a worker and not ended yet."""
+    key = WorkerKeys(worker_id).sessions
+    try:
+        members: Any = await client.smembers(key)
+    except RedisError as exc:
+        raise StoreUnavailable(f"SMEMBERS {key} failed: {exc}") from exc
+    return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
 
 
 async def list_workers(client: Redis | RedisCluster, now_ms: int) -> list[str]:

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import msgpack  # type: ignore[import-untyped]
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
@@ -174,3 +175,14 @@ async def expire_heartbeat(client: Client, scripts: Scripts, worker_id: str) -> 
     beat = await scripts.worker_heartbeat(worker_id, slots=slots, ttl_ms=1, register=False,
                                           drain=False)
     await wait_redis_clock_past(client, beat.alive_until_ms)
+
+
+async def spublish_raw(client: Client, channel: str, data: bytes) -> int:
+    """Publish bytes on a shard channel; how many subscribers the server delivered them to."""
+    receivers: Any = await client.execute_command("SPUBLISH", channel, data)
+    return int(receivers)
+
+
+async def spublish(client: Client, channel: str, notice: list[Any]) -> int:
+    """Publish a MessagePack notice; how many subscribers the server delivered it to."""
+    return await spublish_raw(client, channel, msgpack.packb(notice))

@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import msgpack  # type: ignore[import-untyped]
 import pytest
 from redis.asyncio import Redis
 
@@ -25,6 +24,8 @@ from tests.store._support import (
     poll_until,
     reap_until_lost,
     register_worker,
+    spublish,
+    spublish_raw,
 )
 
 WAIT_S = 5.0
@@ -55,15 +56,6 @@ class Notices:
         assert self.queue.empty(), self.queue.get_nowait()
 
 
-async def spublish_raw(client: Client, channel: str, data: bytes) -> int:
-    """Publish bytes on a shard channel; how many subscribers the server delivered them to."""
-    receivers: Any = await client.execute_command("SPUBLISH", channel, data)
-    return int(receivers)
-
-
-async def spublish(client: Client, channel: str, notice: list[Any]) -> int:
-    """Publish a MessagePack notice; how many subscribers the server delivered it to."""
-    return await spublish_raw(client, channel, msgpack.packb(notice))
 
 
 async def shard_subscribers(client: Client, channel: str) -> int:

@@ -18,7 +18,7 @@ from inference_worker.worker import Worker
 from store import Lease, Scripts, messages as msg
 from store.keys import WorkerKeys
 from store.messages import encode_message
-from tests.store._support import events_of, open_session
+from tests.store._support import events_of, open_session, spublish, spublish_raw
 
 AUDIBLE = b"\x00\x10" * 1920  # 80 ms, loud
 
@@ -156,3 +156,35 @@ async def test_client_close_releases_the_engine_slot(running: Running) -> None:
 
     await until(released, "the slot released")
     assert np.isfinite(engine.spec.frame_seconds)
+
+
+async def test_a_malformed_notice_is_dropped_and_the_worker_serves_on(running: Running) -> None:
+    """Garbage on the worker's input channel is logged and dropped, not fatal."""
+    keys = WorkerKeys(running.worker.worker_id)
+    for garbage in ([b"i"], [b"i", b"sess_x", b"not-a-number", []], [b"o"], [None, 1]):
+        await spublish(running.client, keys.input_channel, garbage)
+    await spublish_raw(running.client, keys.input_channel, b"\xc1")  # not MessagePack
+    opened = await open_session(running.scripts, running.worker.worker_id)
+    await append(running, opened.lease, msg.Heartbeat())
+
+    async def acked() -> bool:
+        return "heartbeat_ack" in await kinds_of(running, opened.session_id)
+
+    await until(acked, "the worker serving after the garbage")
+
+
+async def test_a_worker_loop_that_dies_stops_the_worker_loudly(redis_client: Redis) -> None:
+    """A loop ending on a bug must not leave a worker that heartbeats but serves nothing."""
+    settings = WorkerSettings(backend="fake", slots=1, heartbeat_interval_s=0.2,
+                              heartbeat_ttl_s=5.0, input_poll_interval_s=0.05)
+    worker = Worker(settings, redis_client, backend=FakeBackend(max_slots=1,
+                                                                options=FakeOptions()))
+
+    async def broken_poll() -> None:  # the fault: a bug that escapes the poll loop
+        raise KeyError("a bug")
+
+    worker._poll_loop = broken_poll  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="ended") as stopped:
+        await asyncio.wait_for(worker.run(), 10)
+    assert isinstance(stopped.value.__cause__, KeyError)
+    assert worker.engine is None
