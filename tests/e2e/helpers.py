@@ -38,3 +38,9 @@ async def collect_until(client: DuplexClient, stop: str, sink: list[RealtimeEven
         sink.append(event)
         if event.type == stop:
             return event
+
+
+async def drain_echoes(client: DuplexClient, sink: list[RealtimeEvent], want: int) -> None:
+    """Read events until ``want`` audio echoes in total were received."""
+    while sum(e.type == "response.output_audio.delta" for e in sink) < want:
+        sink.append(await next_event(client))

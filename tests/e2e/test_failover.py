@@ -15,6 +15,7 @@ from tests.e2e.helpers import (
     STREAM_SESSION,
     chunk_index,
     collect_until,
+    drain_echoes,
     marked_chunk,
     next_event,
 )
@@ -27,12 +28,6 @@ def assert_exactly_once(events: list[RealtimeEvent]) -> None:
     """Sequenced events are 1, 2, 3, ... with no gap, duplicate or reordering."""
     seqs = [e.server_event_seq for e in events if e.server_event_seq is not None]
     assert seqs == list(range(1, len(seqs) + 1)), seqs
-
-
-async def drain_echoes(client: DuplexClient, sink: list[RealtimeEvent], want: int) -> None:
-    """Read events until ``want`` audio echoes in total were received."""
-    while sum(e.type == "response.output_audio.delta" for e in sink) < want:
-        sink.append(await next_event(client))
 
 
 async def test_cut_mid_response_resume_on_other_gateway(stack: Stack) -> None:

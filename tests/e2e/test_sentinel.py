@@ -12,8 +12,15 @@ from websockets.exceptions import ConnectionClosed
 
 from gateway.client import DuplexClient, RealtimeEvent
 from tests.e2e.conftest import FAST_ENV
-from tests.e2e.helpers import STREAM_SESSION, chunk_index, collect_until, marked_chunk, next_event
-from tests.e2e.stack import Stack
+from tests.e2e.helpers import (
+    STREAM_SESSION,
+    chunk_index,
+    collect_until,
+    drain_echoes,
+    marked_chunk,
+    next_event,
+)
+from tests.e2e.stack import Proc, Stack
 from tests.sentinel_trio import Trio, start_trio
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -24,36 +31,38 @@ def sentinel_stack() -> Iterator[tuple[Stack, Trio]]:
     """A stack whose processes reach Redis through a Sentinel (the master serves the checks
     made before any failover)."""
     trio = start_trio("redis")
-    stack = Stack(redis=trio.master, env=dict(FAST_ENV), redis_url=trio.url)
+    # A heartbeat TTL that outlasts a promotion: the worker is not lost, only reconnected.
+    env = {**FAST_ENV, "DUPLEX_GATEWAY_HEARTBEAT_TTL_S": "10"}
+    stack = Stack(redis=trio.master, env=env, redis_url=trio.url)
     yield stack, trio
     stack.stop()
     trio.stop()
 
 
-async def echoes(client: DuplexClient, sink: list[RealtimeEvent], want: int) -> None:
-    while sum(e.type == "response.output_audio.delta" for e in sink) < want:
-        sink.append(await next_event(client))
-
-
-async def test_session_streams_across_a_failover(sentinel_stack: tuple[Stack, Trio]) -> None:
-    """Echoes before and after the promotion arrive once each, in order; new sessions open."""
-    stack, trio = sentinel_stack
-    # A heartbeat TTL that outlasts the promotion: the worker is not lost, only reconnected.
-    stack.env["DUPLEX_GATEWAY_HEARTBEAT_TTL_S"] = "10"
+async def streaming(stack: Stack, chunks: int) -> tuple[Proc, DuplexClient,
+                                                        list[RealtimeEvent]]:
+    """A gateway and a worker, and a stream-mode session that echoed ``chunks`` chunks."""
     gateway = stack.gateway()
     stack.worker()
     client = await DuplexClient.connect(gateway.ws_url, session=STREAM_SESSION)
     events: list[RealtimeEvent] = []
     await collect_until(client, "session.updated", events)
-    for i in range(20):
+    for i in range(chunks):
         await client.append_audio(marked_chunk(0, i))
-    await echoes(client, events, 20)
+    await drain_echoes(client, events, chunks)
+    return gateway, client, events
+
+
+async def test_session_streams_across_a_failover(sentinel_stack: tuple[Stack, Trio]) -> None:
+    """Echoes before and after the promotion arrive once each, in order; new sessions open."""
+    stack, trio = sentinel_stack
+    gateway, client, events = await streaming(stack, 20)
 
     await asyncio.to_thread(trio.fail_over)
 
     for i in range(20, 40):
         await client.append_audio(marked_chunk(0, i))
-    await echoes(client, events, 40)
+    await drain_echoes(client, events, 40)
     echoed = [chunk_index(e.audio) for e in events if e.type == "response.output_audio.delta"]
     assert echoed == list(range(40))
     seqs = [e.server_event_seq for e in events if e.server_event_seq is not None]
@@ -70,15 +79,7 @@ async def test_a_lossy_failover_is_never_silent(sentinel_stack: tuple[Stack, Tri
     told (resync_required log_rewound, then the session ends log_rewound), and never waits on
     a silent gap."""
     stack, trio = sentinel_stack
-    stack.env["DUPLEX_GATEWAY_HEARTBEAT_TTL_S"] = "10"
-    gateway = stack.gateway()
-    stack.worker()
-    client = await DuplexClient.connect(gateway.ws_url, session=STREAM_SESSION)
-    events: list[RealtimeEvent] = []
-    await collect_until(client, "session.updated", events)
-    for i in range(10):
-        await client.append_audio(marked_chunk(0, i))
-    await echoes(client, events, 10)
+    _, client, events = await streaming(stack, 10)
     with SyncRedis(port=trio.master.port) as master:
         assert master.execute_command("WAIT", 1, 5000) == 1
 
@@ -88,7 +89,7 @@ async def test_a_lossy_failover_is_never_silent(sentinel_stack: tuple[Stack, Tri
         assert master.execute_command("CLIENT", "KILL", "TYPE", "replica") == 1
     for i in range(10, 30):
         await client.append_audio(marked_chunk(0, i))
-    await echoes(client, events, 30)  # acknowledged by the master alone
+    await drain_echoes(client, events, 30)  # acknowledged by the master alone
     trio.master.process.send_signal(signal.SIGKILL)
     trio.replica.process.send_signal(signal.SIGCONT)
     await asyncio.to_thread(trio.wait_for_master, trio.replica.port)
