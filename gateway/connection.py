@@ -100,17 +100,33 @@ class ConnectionDriver:
             asyncio.create_task(self._write_commands(), name="ws-writer"),
             asyncio.create_task(self._housekeeping(), name="ws-housekeeping"),
         ]
+        closed = asyncio.create_task(self._closed.wait(), name="ws-closed")
         try:
             await self._step()  # autostart opens before the first frame
-            await self._closed.wait()
+            await asyncio.wait([closed, *tasks], return_when=asyncio.FIRST_COMPLETED)
+            await self._fail_if_broken(tasks)
         finally:
-            for task in tasks:
+            for task in (closed, *tasks):
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(closed, *tasks, return_exceptions=True)
             if self._channel is not None:
                 await self._svc.subscriber.unsubscribe(self._channel)
             if self._core.ended and self._lease is not None:
                 await self._release_tenant(self._lease.session_id)
+
+    async def _fail_if_broken(self, tasks: list[asyncio.Task[None]]) -> None:
+        """A task that ended on a bug would leave a connection that reads but never delivers
+        (or the reverse): close it 1011 instead; the session is detached, so the client
+        resumes, through any gateway."""
+        for task in tasks:
+            if self._closed.is_set():
+                return
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                _log.error("connection task %s failed; closing 1011", task.get_name(),
+                           exc_info=task.exception())
+                self._core.fail(InternalError(f"{task.get_name()} failed"))
+                await self._step()
+                return
 
     # ------------------------------------------------------------------ tasks
 
@@ -147,12 +163,21 @@ class ConnectionDriver:
                 notice = None  # a quiet channel: read the log in case a push was lost
             if self._core.state is not ConnectionState.ATTACHED:
                 continue
-            if notice is None:
-                await self._fetch(self._core.delivered_seq, quiet=True)
-            elif notice[0] == b"e":
-                self._core.receive_log_entries(int(notice[1]), list(notice[2]))
-            elif notice[0] == b"r":
-                self._core.lease_moved(int(notice[1]))
+            try:
+                if notice is None:
+                    await self._fetch(self._core.delivered_seq, quiet=True)
+                elif notice[0] == b"e":
+                    payloads = notice[2]
+                    if not all(isinstance(p, bytes) for p in payloads):
+                        raise TypeError("log entries must be bytes")
+                    self._core.receive_log_entries(int(notice[1]), list(payloads))
+                elif notice[0] == b"r":
+                    self._core.lease_moved(int(notice[1]))
+            except (IndexError, TypeError, ValueError, AttributeError):
+                # Only our scripts publish here; a malformed notice is dropped, and the log
+                # (the truth) is read instead.
+                _log.error("dropped a malformed notice: %r", notice)
+                await self._fetch(self._core.delivered_seq)
             await self._step()
 
     async def _housekeeping(self) -> None:

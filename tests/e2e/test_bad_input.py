@@ -6,11 +6,14 @@ import asyncio
 import json
 
 import pytest
+from redis.asyncio import Redis
 from websockets.exceptions import ConnectionClosed
 
 from gateway.client import DuplexClient
+from store.keys import SessionKeys
 from tests.e2e.helpers import STREAM_SESSION, collect_until, next_event
 from tests.e2e.stack import Stack
+from tests.store._support import spublish, spublish_raw
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -118,3 +121,24 @@ async def test_resume_with_wrong_token_is_refused(gateway_url: str) -> None:
             await unknown.resume()
         assert getattr(refused.value, "code", None) == "session_resume_expired"
         await unknown.aclose()
+
+
+async def test_garbage_on_the_session_channel_is_dropped(stack: Stack) -> None:
+    """Malformed pushes on a session's output channel (only our scripts publish there) are
+    dropped by the gateway; the connection keeps delivering from the log."""
+    gateway = stack.gateway()
+    stack.worker()
+    redis = Redis.from_url(stack.redis.url)
+    try:
+        async with await DuplexClient.connect(gateway.ws_url) as client:
+            await collect_until(client, "session.updated", [])
+            assert client.session_id is not None
+            channel = SessionKeys(client.session_id).output_channel
+            for garbage in ([b"e"], [b"e", b"x", []], [b"e", 1, 5], [b"e", 1, [7]], [b"r"]):
+                await spublish(redis, channel, garbage)
+            await spublish_raw(redis, channel, b"\xc1")
+            await client.heartbeat()
+            ack = await next_event(client)
+            assert ack.type == "session.heartbeat_ack"
+    finally:
+        await redis.aclose()
