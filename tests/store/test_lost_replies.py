@@ -9,6 +9,7 @@ connection, and checks that the resend changed nothing a second time.
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
 from collections.abc import AsyncIterator
 
@@ -19,6 +20,7 @@ from store import OpenStatus, ResumeStatus, Scripts, create_client, lua
 from store.embedded import EmbeddedServer
 from store.keys import new_session_id
 from store.logs import read_input, read_output
+from store.scripts import _new_call_id
 from tests.faultproxy import FaultProxy
 from tests.store._support import (
     EPOCH,
@@ -154,3 +156,19 @@ async def test_close_writes_one_terminal(
     assert proxy.lost_replies == 1
     await assert_one_terminal(redis_client, sid, "session.closed", "client_close")
     assert await used_slots(redis_client, wid) == 0
+
+
+def test_call_ids_differ_across_calls_and_forked_processes() -> None:
+    """A call id is never reused: per call a counter, per process (forks too) a random part."""
+    first, second = _new_call_id(), _new_call_id()
+    assert first != second and first.split(".")[0] == second.split(".")[0]
+    reader, writer = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        os.write(writer, _new_call_id().encode())
+        os._exit(0)
+    os.close(writer)
+    forked = os.read(reader, 100).decode()
+    os.close(reader)
+    os.waitpid(child, 0)
+    assert forked.split(".")[0] != first.split(".")[0]
