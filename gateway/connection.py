@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import logging
 import secrets
+import time
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -89,6 +90,10 @@ class ConnectionDriver:
         self._channel: str | None = None
         self._notices = NoticeQueue()
         self._outbox: list[tuple[int | None, Command]] = []
+        self._outbox_since = 0.0  # when the oldest command in the outbox was read
+        self._relay_in = services.metrics.relay_seconds.labels(direction="in")
+        self._relay_out = services.metrics.relay_seconds.labels(direction="out")
+        self._resume_started: float | None = None
         self._outbox_ready = asyncio.Event()
         self._closed = asyncio.Event()
 
@@ -163,6 +168,7 @@ class ConnectionDriver:
                 notice = None  # a quiet channel: read the log in case a push was lost
             if self._core.state is not ConnectionState.ATTACHED:
                 continue
+            taken = time.monotonic()
             try:
                 if notice is None:
                     await self._fetch(self._core.delivered_seq, quiet=True)
@@ -179,6 +185,8 @@ class ConnectionDriver:
                 _log.error("dropped a malformed notice: %r", notice)
                 await self._fetch(self._core.delivered_seq)
             await self._step()
+            if notice is not None:
+                self._relay_out.observe(time.monotonic() - taken)
 
     async def _housekeeping(self) -> None:
         """Once a second: renew the tenant reservation, trim what was delivered long ago.
@@ -232,10 +240,12 @@ class ConnectionDriver:
             batch, self._outbox = self._outbox, []
             if not batch or self._lease is None:
                 continue
+            since = self._outbox_since
             entries = [(seq, encode_message(command)) for seq, command in batch]
             try:
                 await self._svc.batcher.append(self._lease, entries)
                 self._svc.metrics.commands_appended.inc(len(entries))
+                self._relay_in.observe(time.monotonic() - since)
             except LeaseLost as exc:
                 self._core.lease_moved(exc.current_generation)
             except SessionGone as exc:
@@ -264,14 +274,25 @@ class ConnectionDriver:
             case SendFrame(text=text):
                 await self._send(text)
             case AppendCommands(entries=entries):
+                if not self._outbox:
+                    self._outbox_since = time.monotonic()
                 self._outbox.extend(entries)
                 self._outbox_ready.set()
             case FetchLog(after_seq=after):
                 await self._fetch(after)
+                if self._resume_started is not None:  # the replay of a resume was read
+                    self._svc.metrics.resume_seconds.observe(
+                        time.monotonic() - self._resume_started)
+                    self._resume_started = None
             case OpenSession():
                 await self._open()
             case ResumeSession(request=request):
+                started = time.monotonic()
                 await self._resume(request)
+                if self._lease is None:  # refused: no replay follows
+                    self._svc.metrics.resume_seconds.observe(time.monotonic() - started)
+                else:
+                    self._resume_started = started
             case TrimLog(upto_seq=upto):
                 await self._trim(upto)
             case DetachLease():

@@ -26,6 +26,18 @@ class GatewayMetrics:
                                          "Client commands appended to input logs", registry=r)
         self.reaped = Counter(f"{_NS}_sessions_reaped", "Sessions ended by this reaper",
                               registry=r)
+        # DESIGN §6: relay and resume latency as the gateway itself adds them.
+        self.relay_seconds = Histogram(
+            f"{_NS}_relay_seconds",
+            "Time a relayed message spends in this gateway: direction=in, from a client "
+            "command read to its append acknowledged by Redis; direction=out, from a push "
+            "taken to its events written to the client", ["direction"], registry=r,
+            buckets=(0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256,
+                     0.512, 1.024))
+        self.resume_seconds = Histogram(
+            f"{_NS}_resume_seconds",
+            "From session.resume read to the replay read from the log (or the refusal)",
+            registry=r, buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
         self.connection_seconds = Histogram(
             f"{_NS}_connection_seconds", "Lifetime of websocket connections", registry=r,
             buckets=(0.1, 1, 10, 60, 300, 1800, 3600))

@@ -34,6 +34,32 @@ async def test_health_ready_and_metrics(stack: Stack) -> None:
     assert "duplex_gateway_connections" in text
 
 
+def metric_value(text: str, name: str) -> float:
+    """One sample's value from Prometheus text (0 when absent)."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+async def test_relay_and_resume_latency_histograms(stack: Stack) -> None:
+    """Both relay directions and a resume are timed in the gateway's histograms."""
+    gateway = stack.gateway()
+    stack.worker()
+    async with await DuplexClient.connect(gateway.ws_url) as client:
+        await collect_until(client, "session.updated", [])
+        await client.heartbeat()
+        await collect_until(client, "session.heartbeat_ack", [])
+        await client.resume()
+        await client.heartbeat()
+        await collect_until(client, "session.heartbeat_ack", [])
+    _, text = get(gateway.http_url + "/metrics")
+    assert metric_value(text, 'duplex_gateway_relay_seconds_count{direction="in"}') >= 2
+    assert metric_value(text, 'duplex_gateway_relay_seconds_count{direction="out"}') >= 2
+    assert metric_value(text, "duplex_gateway_resume_seconds_count") == 1
+    assert metric_value(text, 'duplex_gateway_resumes_total{outcome="ok"}') == 1
+
+
 async def test_api_key_required_when_configured(stack: Stack) -> None:
     """With API keys set, a wrong key gets HTTP 401 and the right one a session."""
     stack.env["DUPLEX_GATEWAY_API_KEYS"] = "k1,k2"
