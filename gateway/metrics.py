@@ -21,6 +21,7 @@ class GatewayMetrics:
                                        registry=r)
         self.resumes = Counter(f"{_NS}_resumes", "Resume attempts by outcome", ["outcome"],
                                registry=r)
+        self.resumes.labels(outcome="ok")  # exported from the start; refusals as they come
         self.frames_sent = Counter(f"{_NS}_frames_sent", "Frames sent to clients", registry=r)
         self.commands_appended = Counter(f"{_NS}_commands_appended",
                                          "Client commands appended to input logs", registry=r)
@@ -34,6 +35,8 @@ class GatewayMetrics:
             "taken to its events written to the client", ["direction"], registry=r,
             buckets=(0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256,
                      0.512, 1.024))
+        for direction in ("in", "out"):  # exported from the start, so rate() sees the rise
+            self.relay_seconds.labels(direction=direction)
         self.resume_seconds = Histogram(
             f"{_NS}_resume_seconds",
             "From session.resume read to the replay read from the log (or the refusal)",

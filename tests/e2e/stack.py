@@ -100,12 +100,13 @@ class Stack:
         assert proc.process.poll() is None, "gateway exited at start"
         return proc
 
-    def worker(self, slots: int = 8, backend: str = "loopback") -> Proc:
+    def worker(self, slots: int = 8, backend: str = "loopback", *, metrics_port: int = 0) -> Proc:
         """Start a worker and wait until it is in the directory (models load first)."""
         client = Redis.from_url(self.redis.url)  # the server itself: reads only
         before = set(client.zrange(WORKER_DIRECTORY, 0, -1))
+        extra = ["--metrics-port", str(metrics_port)] if metrics_port else []
         proc = self._spawn("worker", ["worker", "--redis-url", self.url, "--backend",
-                                      backend, "--slots", str(slots)])
+                                      backend, "--slots", str(slots), *extra], metrics_port)
         wait_for(lambda: len(set(client.zrange(WORKER_DIRECTORY, 0, -1)) - before) > 0
                  or proc.process.poll() is not None, "worker registration",
                  timeout=DEADLINE_S if backend == "loopback" else 90.0)
