@@ -6,6 +6,7 @@
 # Results: a table on stdout and bench-results/gpu_check.json (--output). Extra arguments go
 # to `python -m duplex_gateway.gpu_check` (--help lists them). Exit status 2: no CUDA device, or
 # a transformers older than the moshi extra pins (the streaming code needs >= 5.24).
+# Needs only torch and transformers (not the serving stack): see GPU_CHECK_WHEELS below.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,4 +14,14 @@ python="${PYTHON:-}"
 if [ -z "$python" ]; then
   if [ -x .venv/bin/python ]; then python=.venv/bin/python; else python=python3; fi
 fi
+# A GPU machine without network access: GPU_CHECK_WHEELS names a folder of wheels (say, the
+# moshi extra's transformers) that are put in front of what the interpreter has.
+if [ -n "${GPU_CHECK_WHEELS:-}" ]; then
+  site="$(mktemp -d)"
+  "$python" -m pip install --quiet --no-index --no-deps --no-compile --target "$site" \
+    "$GPU_CHECK_WHEELS"/*.whl
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+# The project itself runs from this checkout, installed or not.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 exec timeout --signal=TERM --kill-after=5 470 "$python" -m duplex_gateway.gpu_check "$@"
