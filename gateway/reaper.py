@@ -19,12 +19,13 @@ __all__ = ["reap_once", "run_reaper"]
 _log = logging.getLogger(__name__)
 
 
-async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetrics) -> int:
+async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetrics, *,
+                    recovered_ms: int = 0) -> int:
     """One pass over every listed worker; returns how many sessions ended."""
     now_ms = await server_time_ms(client)
     ended = 0
     for worker_id in await list_workers(client, now_ms):
-        state, count = await scripts.reap(worker_id)
+        state, count = await scripts.reap(worker_id, recovered_ms=recovered_ms)
         ended += count
         if state in ("lost", "unknown"):
             await forget_worker(client, worker_id)
@@ -34,10 +35,21 @@ async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetri
 
 async def run_reaper(client: RedisClient, scripts: Scripts, metrics: GatewayMetrics,
                      interval_s: float) -> None:
-    """Reap forever, every ``interval_s``; Redis errors are logged and retried."""
+    """Reap forever, every ``interval_s``; Redis errors are logged and retried.
+
+    After a pass fails (Redis unreachable: a failover, a restart), the first pass that reaches
+    Redis again gives every worker a full heartbeat TTL from then before declaring it lost:
+    the workers could not beat while Redis was away either.
+    """
+    recovered_ms = 0
+    failing = False
     while True:
         try:
-            await reap_once(client, scripts, metrics)
+            if failing:
+                recovered_ms = await server_time_ms(client)
+                failing = False
+            await reap_once(client, scripts, metrics, recovered_ms=recovered_ms)
         except (StoreError, OSError) as exc:
             _log.warning("reaper pass failed: %s", exc)
+            failing = True
         await asyncio.sleep(interval_s)

@@ -420,10 +420,13 @@ REAP = _PRELUDE + r"""
 -- ARGV[1] key prefix of this worker's sessions ('dg:{w...}:s:')
 -- ARGV[2] terminal payload: worker lost  ARGV[3] terminal: grace expired
 -- ARGV[4] terminal: idle expired         ARGV[5] max sessions to expire in this call
+-- ARGV[6] when this reaper reached Redis again after failing to (ms, Redis clock; 0: never)
 -- returns {worker state, sessions ended}
+-- A worker cannot heartbeat while Redis is unreachable (a failover, a restart), so after an
+-- outage a lapsed heartbeat is only a loss once the worker had a full TTL to beat again.
 local worker, sessions, deadlines, worker_channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, lost_event, grace_event, idle_event = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local budget = tonumber(ARGV[5])
+local budget, recovered = tonumber(ARGV[5]), tonumber(ARGV[6])
 
 local function keys_of(sid)
   local base = prefix .. string.match(sid, '%.(%x+)$')
@@ -436,9 +439,13 @@ local function finish(sid, terminal, reason)
 end
 
 local now = now_ms()
-local w = redis.call('HMGET', worker, 'state', 'alive_until')
+local w = redis.call('HMGET', worker, 'state', 'alive_until', 'ttl_ms')
 local ended = 0
-if w[1] and w[1] ~= 'lost' and tonumber(w[2]) < now then
+local lapsed = w[1] and w[1] ~= 'lost' and tonumber(w[2]) < now
+if lapsed and recovered > 0 and now < recovered + tonumber(w[3] or '0') then
+  lapsed = false  -- it may not have been able to beat since Redis came back
+end
+if lapsed then
   redis.call('HSET', worker, 'state', 'lost')
   redis.call('PEXPIRE', worker, 86400000)
   for _, sid in ipairs(redis.call('SMEMBERS', sessions)) do
@@ -495,6 +502,7 @@ else
   state = 'live'
 end
 local alive_until = now_ms() + ttl
-redis.call('HSET', worker, 'state', state, 'slots', slots, 'alive_until', alive_until)
+redis.call('HSET', worker, 'state', state, 'slots', slots, 'alive_until', alive_until,
+           'ttl_ms', ttl)
 return {state, alive_until}
 """

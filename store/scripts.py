@@ -401,15 +401,21 @@ class Scripts:
         answer = await self._run(self._abandon, keys, [session_id, terminal, tombstone_ttl_ms])
         return _str(answer)
 
-    async def reap(self, worker_id: str, *, budget: int = 100) -> tuple[str, int]:
-        """Declare ``worker_id`` lost if its heartbeat lapsed, and expire its due sessions."""
+    async def reap(self, worker_id: str, *, budget: int = 100,
+                   recovered_ms: int = 0) -> tuple[str, int]:
+        """Declare ``worker_id`` lost if its heartbeat lapsed, and expire its due sessions.
+
+        ``recovered_ms``: when the caller reached Redis again after failing to (Redis clock;
+        0: it never failed). A worker whose heartbeat lapsed is not declared lost until it had
+        a full TTL after that to beat again.
+        """
         w = WorkerKeys(worker_id)
         prefix = w.record.removesuffix("worker") + "s:"
         answer = await self._run(
             self._reap, [w.record, w.sessions, w.deadlines, w.input_channel],
             [prefix, encode_message(SessionClosed(reason="worker_lost")),
              encode_message(SessionExpired(reason="disconnect_grace_expired")),
-             encode_message(SessionExpired(reason="idle_ttl_expired")), budget],
+             encode_message(SessionExpired(reason="idle_ttl_expired")), budget, recovered_ms],
         )
         return _str(answer[0]), int(answer[1])
 

@@ -26,6 +26,8 @@ class FaultProxy:
         self._writers: set[asyncio.StreamWriter] = set()  # closed by aclose, whatever ran
         #: Replies dropped so far (each with its connection).
         self.lost_replies = 0
+        #: True during an outage (see :meth:`cut`).
+        self.refusing = False
 
     async def start(self) -> None:
         """Listen on a free port."""
@@ -37,6 +39,16 @@ class FaultProxy:
         assert self._server is not None
         port = self._server.sockets[0].getsockname()[1]
         return f"redis://127.0.0.1:{port}/0"
+
+    def cut(self) -> None:
+        """An outage: drop every connection and refuse new ones until :meth:`restore`."""
+        self.refusing = True
+        for task in list(self._conns):
+            task.cancel()
+
+    def restore(self) -> None:
+        """End the outage."""
+        self.refusing = False
 
     def lose_reply_to(self, marker: bytes) -> None:
         """The next command whose bytes contain ``marker`` runs, but its reply is lost."""
@@ -56,6 +68,9 @@ class FaultProxy:
 
     def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
+        if self.refusing:
+            writer.close()
+            return
         task = asyncio.create_task(self._relay(reader, writer))
         self._conns.add(task)
         task.add_done_callback(self._conns.discard)

@@ -746,6 +746,23 @@ async def test_reap_lost_worker_closes_every_session_once(
         await scripts.worker_heartbeat(wid, slots=8, ttl_ms=60_000, register=True, drain=False)
 
 
+async def test_reap_after_an_outage_gives_a_lapsed_worker_one_ttl(
+    scripts: Scripts, redis_client: Redis
+) -> None:
+    """A reaper that just reached Redis again declares a lapsed worker lost only once the
+    worker had a full TTL since then to beat (it could not beat while Redis was away)."""
+    wid = await register_worker(scripts, slots=2)
+    opened = await open_session(scripts, wid)
+    beat = await scripts.worker_heartbeat(wid, slots=2, ttl_ms=300, register=False,
+                                          drain=False)
+    await wait_redis_clock_past(redis_client, beat.alive_until_ms)
+    recovered = await redis_now_ms(redis_client)
+    assert await scripts.reap(wid, recovered_ms=recovered) == ("live", 0)
+    await wait_redis_clock_past(redis_client, recovered + 300)
+    assert await scripts.reap(wid, recovered_ms=recovered) == ("lost", 1)
+    await assert_one_terminal(redis_client, opened.session_id, "session.closed", "worker_lost")
+
+
 async def test_reap_draining_worker_with_lapsed_heartbeat_is_lost(
     scripts: Scripts, redis_client: Redis
 ) -> None:

@@ -1,0 +1,86 @@
+"""The reaper through a Redis outage: a worker that could not beat is not declared lost at once."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+import pytest
+from redis.asyncio import Redis
+
+from gateway.metrics import GatewayMetrics
+from gateway.reaper import run_reaper
+from store import Scripts, create_client
+from store.directory import announce_worker
+from store.embedded import EmbeddedServer
+from store.keys import SessionKeys
+from tests.faultproxy import FaultProxy
+from tests.store._support import (
+    open_session,
+    redis_now_ms,
+    register_worker,
+    wait_redis_clock_past,
+    worker_field,
+)
+
+TTL_MS = 400
+
+
+async def until(condition: object, what: str, timeout: float = 10) -> None:
+    """Poll a sync or async predicate until it holds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = condition()  # type: ignore[operator]
+        if asyncio.iscoroutine(answer):
+            answer = await answer
+        if answer:
+            return
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)  # pacing the poll; the condition is what is awaited
+
+
+@pytest.mark.parametrize("beats_again", [True, False])
+async def test_after_an_outage_a_lapsed_worker_gets_one_ttl(
+    redis_server: EmbeddedServer, redis_client: Redis, caplog: pytest.LogCaptureFixture,
+    beats_again: bool,
+) -> None:
+    """The worker's heartbeat lapses while the reaper cannot reach Redis. Once it can, the
+    worker has a TTL to beat: if it does it stays live, if not it is lost then."""
+    scripts = Scripts(redis_client)
+    wid = await register_worker(scripts, slots=2, ttl_ms=TTL_MS)
+    await announce_worker(redis_client, wid, await redis_now_ms(redis_client) + 60_000)
+    opened = await open_session(scripts, wid)
+    proxy = FaultProxy("127.0.0.1", redis_server.port)
+    await proxy.start()
+    lossy = create_client(proxy.url)
+    reaper = asyncio.create_task(run_reaper(lossy, Scripts(lossy), GatewayMetrics(), 0.02))
+    try:
+        proxy.cut()
+        beat = await scripts.worker_heartbeat(wid, slots=2, ttl_ms=TTL_MS, register=False,
+                                              drain=False)
+        await wait_redis_clock_past(redis_client, beat.alive_until_ms + 50)  # lapsed
+        with caplog.at_level(logging.WARNING, logger="gateway.reaper"):
+            await until(lambda: "reaper pass failed" in caplog.text, "a failed reaper pass")
+        proxy.restore()
+        back = await redis_now_ms(redis_client)
+        await wait_redis_clock_past(redis_client, back + TTL_MS // 2)
+        assert await worker_field(redis_client, wid, "state") == "live", "lost at once"
+        if beats_again:
+            await scripts.worker_heartbeat(wid, slots=2, ttl_ms=TTL_MS, register=False,
+                                           drain=False)
+            await wait_redis_clock_past(redis_client, back + TTL_MS + 100)
+            assert await worker_field(redis_client, wid, "state") == "live"
+        else:
+            async def lost() -> bool:
+                return await worker_field(redis_client, wid, "state") == "lost"
+
+            await until(lost, "the worker declared lost a TTL after the outage")
+            assert await redis_now_ms(redis_client) >= back + TTL_MS
+            record = SessionKeys(opened.session_id).record
+            assert await redis_client.hget(record, "reason") == b"worker_lost"
+    finally:
+        reaper.cancel()
+        await asyncio.gather(reaper, return_exceptions=True)
+        await lossy.aclose()
+        await proxy.aclose()
