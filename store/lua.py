@@ -423,7 +423,8 @@ REAP = _PRELUDE + r"""
 -- ARGV[6] when this reaper reached Redis again after failing to (ms, Redis clock; 0: never)
 -- returns {worker state, sessions ended}
 -- A worker cannot heartbeat while Redis is unreachable (a failover, a restart), so after an
--- outage a lapsed heartbeat is only a loss once the worker had a full TTL to beat again.
+-- outage a lapsed heartbeat is only a loss once the worker had a full TTL to beat again; and
+-- a client could neither resume nor show activity, so grace and idle time count from then too.
 local worker, sessions, deadlines, worker_channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local prefix, lost_event, grace_event, idle_event = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local budget, recovered = tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -464,14 +465,20 @@ for _, sid in ipairs(redis.call('ZRANGEBYSCORE', deadlines, '-inf', now, 'LIMIT'
   local f = redis.call('HMGET', rec, 'state', 'active_ms', 'idle_ms', 'detached_ms', 'grace_ms')
   if not f[1] or f[1] == 'closed' then
     redis.call('ZREM', deadlines, sid)
-  elseif f[1] == 'detached' and now >= tonumber(f[4]) + tonumber(f[5]) then
+  elseif f[1] == 'detached' and now >= math.max(tonumber(f[4]), recovered) + tonumber(f[5])
+  then
+    -- A client could not resume while Redis was away: its grace counts from Redis's return.
     finish(sid, grace_event, 'disconnect_grace_expired')
     ended = ended + 1
-  elseif now >= tonumber(f[2]) + tonumber(f[3]) then
+  elseif now >= math.max(tonumber(f[2]), recovered) + tonumber(f[3]) then
     finish(sid, idle_event, 'idle_ttl_expired')
     ended = ended + 1
   else
-    redis.call('ZADD', deadlines, next_deadline(rec), sid)
+    local due = math.max(tonumber(f[2]), recovered) + tonumber(f[3])
+    if f[1] == 'detached' then
+      due = math.min(due, math.max(tonumber(f[4]), recovered) + tonumber(f[5]))
+    end
+    redis.call('ZADD', deadlines, due, sid)
   end
 end
 return {w[1] or 'unknown', ended}

@@ -763,6 +763,29 @@ async def test_reap_after_an_outage_gives_a_lapsed_worker_one_ttl(
     await assert_one_terminal(redis_client, opened.session_id, "session.closed", "worker_lost")
 
 
+async def test_reap_after_an_outage_counts_grace_and_idle_from_the_return(
+    scripts: Scripts, redis_client: Redis
+) -> None:
+    """Clients could not resume or show activity while Redis was away: a detached session's
+    grace and an idle session's TTL count from when the reaper reached Redis again."""
+    wid = await register_worker(scripts, slots=4)
+    policy = SessionPolicy(disconnect_grace_ms=200, idle_ttl_ms=300)
+    detached = await open_session(scripts, wid, policy=policy)
+    idle = await open_session(scripts, wid, policy=policy)
+    await scripts.detach(detached.lease)
+    await wait_redis_clock_past(redis_client, await redis_now_ms(redis_client) + 320)
+    recovered = await redis_now_ms(redis_client)  # both are past due by now
+    assert await scripts.reap(wid, recovered_ms=recovered) == ("live", 0)
+    await wait_redis_clock_past(redis_client, recovered + 200)
+    assert await scripts.reap(wid, recovered_ms=recovered) == ("live", 1)
+    await assert_one_terminal(redis_client, detached.session_id, "session.expired",
+                              "disconnect_grace_expired")
+    await wait_redis_clock_past(redis_client, recovered + 300)
+    assert await scripts.reap(wid, recovered_ms=recovered) == ("live", 1)
+    await assert_one_terminal(redis_client, idle.session_id, "session.expired",
+                              "idle_ttl_expired")
+
+
 async def test_reap_draining_worker_with_lapsed_heartbeat_is_lost(
     scripts: Scripts, redis_client: Redis
 ) -> None:
