@@ -40,7 +40,15 @@ from gateway.protocol.connection import (
 from gateway.protocol.envelope import ResumeRequest
 from gateway.protocol.errors import ClientProtocolError, ErrorCode, InternalError
 from gateway.settings import GatewaySettings
-from store import Lease, LeaseLost, ResumeStatus, Scripts, SessionGone, StoreError
+from store import (
+    AppendResult,
+    Lease,
+    LeaseLost,
+    ResumeStatus,
+    Scripts,
+    SessionGone,
+    StoreError,
+)
 from store.client import RedisClient
 from store.follower import REWIND_WINDOW
 from store.keys import SessionKeys
@@ -94,6 +102,7 @@ class ConnectionDriver:
         self._relay_in = services.metrics.relay_seconds.labels(direction="in")
         self._relay_out = services.metrics.relay_seconds.labels(direction="out")
         self._resume_started: float | None = None
+        self._input_end = 0  # the highest input log index Redis assigned under this lease
         self._outbox_ready = asyncio.Event()
         self._closed = asyncio.Event()
 
@@ -243,9 +252,10 @@ class ConnectionDriver:
             since = self._outbox_since
             entries = [(seq, encode_message(command)) for seq, command in batch]
             try:
-                await self._svc.batcher.append(self._lease, entries)
+                appended = await self._svc.batcher.append(self._lease, entries)
                 self._svc.metrics.commands_appended.inc(len(entries))
                 self._relay_in.observe(time.monotonic() - since)
+                await self._check_input_end(appended)
             except LeaseLost as exc:
                 self._core.lease_moved(exc.current_generation)
             except SessionGone as exc:
@@ -259,6 +269,24 @@ class ConnectionDriver:
                 _log.warning("append failed for %s: %s", self._lease.session_id, exc)
                 self._core.fail(InternalError(str(exc)))
             await self._step()
+
+    async def _check_input_end(self, appended: AppendResult) -> None:
+        """Redis numbers the input log; under one lease the numbers only grow. A number this
+        connection saw assigned before means the log went back (a failover lost commands the
+        client was told were taken, and the worker may never have read them): end the session
+        loudly rather than run on without them."""
+        first_new = appended.last_index - appended.appended + 1
+        if first_new > self._input_end or self._lease is None:
+            self._input_end = max(self._input_end, appended.last_index)
+            return
+        session_id = self._lease.session_id
+        _log.error("the input log of %s went back to %d (lost writes); ending it", session_id,
+                   appended.last_index)
+        try:
+            await self._svc.scripts.close_session(session_id, "log_rewound")
+        except StoreError as exc:
+            _log.warning("closing %s failed: %s", session_id, exc)
+        self._core.session_gone()  # read the terminal event
 
     # ------------------------------------------------------------------ actions
 

@@ -238,8 +238,8 @@ APPEND_INPUT = _PRELUDE + r"""
 -- ARGV[1] input log max entries  ARGV[2] call id (unique per call, kept by a resend)
 -- then per session: session id, store epoch, generation, entry count c,
 --   and c pairs: client seq ('' when the client sent none), encoded command
--- returns, per session in order: {status, appended, highest client seq, current generation}
---   status ok | stale | closed | unknown
+-- returns, per session in order: {status, appended, highest client seq, current generation,
+--   last index of the input log (ok only)}: status ok | stale | closed | unknown
 -- A resent call (its reply was lost, the client library sent it again) finds its call id in
 -- the record and gets the first answer back, so commands without a client seq are not
 -- appended twice.
@@ -250,7 +250,7 @@ local function append_one(rec, in_log, sid, epoch, gen, at, count)
                        'in_call_n')
   if not f[1] then return {'unknown', 0, 0, 0} end
   local cseq = tonumber(f[5])
-  if f[6] == call_id then return {'ok', tonumber(f[7]), cseq, tonumber(gen)} end
+  if f[6] == call_id then return {'ok', tonumber(f[7]), cseq, tonumber(gen), tonumber(f[4])} end
   if f[1] == 'closed' then return {'closed', 0, cseq, tonumber(f[3])} end
   if f[2] ~= epoch or f[3] ~= gen or f[1] ~= 'attached' then
     return {'stale', 0, cseq, tonumber(f[3])}
@@ -273,7 +273,7 @@ local function append_one(rec, in_log, sid, epoch, gen, at, count)
   if #payloads > 0 then
     redis.call('SPUBLISH', worker_channel, cmsgpack.pack({'i', sid, first, payloads}))
   end
-  return {'ok', #payloads, cseq, tonumber(gen)}
+  return {'ok', #payloads, cseq, tonumber(gen), n}
 end
 
 local answers = {}

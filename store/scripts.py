@@ -102,10 +102,12 @@ class ResumeResult:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AppendResult:
-    """A fenced input append: how many entries were new, and the highest client seq."""
+    """A fenced input append: how many entries were new, the highest client seq, and the
+    input log's last index after it (its new entries end there)."""
 
     appended: int
     last_client_seq: int
+    last_index: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -287,7 +289,8 @@ class Scripts:
                 results.append(SessionGone(lease.session_id, status))
             else:
                 results.append(AppendResult(appended=int(answer[1]),
-                                            last_client_seq=int(answer[2])))
+                                            last_client_seq=int(answer[2]),
+                                            last_index=int(answer[4])))
         return results
 
     async def trim_output(self, lease: Lease, acknowledged_seq: int) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 from typing import Any
 
 import pytest
@@ -173,3 +174,32 @@ async def test_two_racing_resumes_exactly_one_wins(stack: Stack) -> None:
     assert_exactly_once(events)
     for racer in racers:
         await racer.aclose()
+
+
+async def test_an_input_log_that_went_back_ends_the_session(stack: Stack) -> None:
+    """Redis assigns an input index the gateway saw assigned before (a failover lost commands
+    the worker never read): the gateway ends the session log_rewound, loudly."""
+    stack.env["DUPLEX_GATEWAY_HEARTBEAT_TTL_S"] = "30"  # the worker is paused meanwhile
+    gateway = stack.gateway()
+    worker = stack.worker()
+    client = await DuplexClient.connect(gateway.ws_url, session=STREAM_SESSION)
+    events: list[RealtimeEvent] = []
+    await collect_until(client, "session.updated", events)
+    for i in range(5):
+        await client.append_audio(marked_chunk(0, i))
+    await drain_echoes(client, events, 5)
+    # Only the gateway can notice now: the worker is paused.
+    worker.process.send_signal(signal.SIGSTOP)
+    try:
+        assert client.session_id is not None
+        keys = SessionKeys(client.session_id)
+        redis = Redis.from_url(stack.redis.url)
+        redis.hset(keys.record, "in_n", 2)  # what a replica that lagged would hold
+        redis.delete(keys.input_log)
+        redis.close()
+        await client.append_audio(marked_chunk(0, 5))
+        closed = await collect_until(client, "session.closed", events)
+        assert closed.data["reason"] == "log_rewound"
+    finally:
+        worker.process.send_signal(signal.SIGCONT)
+    await client.aclose()

@@ -103,11 +103,12 @@ async def test_input_append_without_client_seq_is_stored_once(
     result = await lossy.append_input(opened.lease, [(None, b"a"), (None, b"b"), (7, b"c")],
                                       max_entries=100)
     assert proxy.lost_replies == 1
-    assert (result.appended, result.last_client_seq) == (3, 7)
+    assert (result.appended, result.last_client_seq, result.last_index) == (3, 7, 3)
     assert await read_input(redis_client, opened.session_id, 0) == [(1, b"a"), (2, b"b"),
                                                                     (3, b"c")]
     # The next call, a new call id, appends as usual.
-    await lossy.append_input(opened.lease, [(None, b"d")], max_entries=100)
+    assert (await lossy.append_input(opened.lease, [(None, b"d")], max_entries=100)
+            ).last_index == 4
     assert len(await read_input(redis_client, opened.session_id, 0)) == 4
 
 
