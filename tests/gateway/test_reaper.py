@@ -62,8 +62,8 @@ async def test_after_an_outage_a_lapsed_worker_gets_one_ttl(
         await wait_redis_clock_past(redis_client, beat.alive_until_ms + 50)  # lapsed
         with caplog.at_level(logging.WARNING, logger="gateway.reaper"):
             await until(lambda: "reaper pass failed" in caplog.text, "a failed reaper pass")
+        back = await redis_now_ms(redis_client)  # the reaper can only recover after this
         proxy.restore()
-        back = await redis_now_ms(redis_client)
         await wait_redis_clock_past(redis_client, back + TTL_MS // 2)
         assert await worker_field(redis_client, wid, "state") == "live", "lost at once"
         if beats_again:
