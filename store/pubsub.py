@@ -14,6 +14,7 @@ read timeout before the next).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import Callable
@@ -109,6 +110,8 @@ class Subscriber:
         self._shard_of: dict[bytes, _Shard] = {}
         self._moves: set[asyncio.Task[None]] = set()
         self._following: set[bytes] = set()  # channels being subscribed again after a move
+        # SUNSUBSCRIBEs sent and not answered yet, per channel.
+        self._unsubscribing: collections.Counter[bytes] = collections.Counter()
 
     async def start(self) -> None:
         """Nothing to do until the first subscription; kept for a symmetric lifecycle."""
@@ -176,9 +179,13 @@ class Subscriber:
             return
         shard.channels.discard(key)
         if shard.pubsub is not None:
+            # Its answer must not read as Redis dropping the channel (see dispatch), also if
+            # the channel is subscribed again before the answer arrives.
+            self._unsubscribing[key] += 1
             try:
                 await shard.pubsub.sunsubscribe(channel)
             except (RedisError, OSError) as exc:
+                self._unsubscribing[key] -= 1
                 _log.debug("sunsubscribe %s failed: %s", channel, exc)
 
     async def _follow(self, channel: bytes) -> None:
@@ -223,9 +230,13 @@ class Subscriber:
                 resubscribed(None)
             return
         if kind == "sunsubscribe":
-            if channel in self._handlers and channel not in self._following:
-                # Not asked for (unsubscribe() drops the handler first): Redis dropped the
-                # subscription because the channel's slot moved to another node (resharding).
+            if self._unsubscribing[channel] > 0:
+                self._unsubscribing[channel] -= 1  # the answer to our own unsubscribe()
+                if not self._unsubscribing[channel]:
+                    del self._unsubscribing[channel]
+            elif channel in self._handlers and channel not in self._following:
+                # Not asked for: Redis dropped the subscription because the channel's slot
+                # moved to another node (resharding).
                 self._following.add(channel)
                 task = asyncio.create_task(self._follow(channel), name="store-subscriber-move")
                 self._moves.add(task)

@@ -216,6 +216,25 @@ async def test_unsubscribe_stops_delivery(
     assert await gone.next() == [b"again"]
 
 
+async def test_subscribe_right_after_unsubscribe_is_confirmed_at_once(
+    subscriber: Subscriber, redis_client: Redis
+) -> None:
+    """The answer to our own SUNSUBSCRIBE, arriving after the channel was subscribed again
+    (a session resumed on the same gateway), is not taken for Redis dropping the channel."""
+    for round_ in range(20):
+        notices = Notices()
+        await subscriber.subscribe("dg:{a}:chan", notices)
+        await subscriber.unsubscribe("dg:{a}:chan")
+        again = Notices()
+        # Well under the 5 s confirmation timeout that a lost confirmation would cost.
+        await asyncio.wait_for(subscriber.subscribe("dg:{a}:chan", again), 1.0)
+        assert await spublish(redis_client, "dg:{a}:chan", ["r", round_]) == 1
+        assert await again.next() == [b"r", round_]
+        await subscriber.unsubscribe("dg:{a}:chan")
+        again.assert_empty()
+        notices.assert_empty()
+
+
 async def test_unsubscribe_last_channel_then_subscribe_again(
     subscriber: Subscriber, redis_client: Redis
 ) -> None:
