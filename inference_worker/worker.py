@@ -48,7 +48,7 @@ from store.client import RedisClient
 from store.directory import announce_worker, forget_worker, sessions_of_worker
 from store.keys import WorkerKeys, new_worker_id, worker_of_session
 from store.logs import log_ends, read_input
-from store.messages import MessageDecodeError, decode_command, encode_message
+from store.messages import CloseSession, MessageDecodeError, decode_command, encode_message
 from store.pubsub import Subscriber
 
 __all__ = ["Worker"]
@@ -56,6 +56,9 @@ __all__ = ["Worker"]
 _log = logging.getLogger(__name__)
 # Sessions per output script call: bounds one call's size (and its time inside Redis).
 _MAX_FLUSH_BATCH = 256
+# How long a drain lets the flusher write the sessions' last events before it writes their
+# terminal events alone.
+_CLOSE_FLUSH_S = 5.0
 
 
 @dataclass
@@ -235,7 +238,7 @@ class Worker:
             if session_id is not None:
                 _log.error("session %s: model failure (%s); closing it", session_id,
                            report.error or "open_slot failed")
-                self._spawn(self._close(session_id, "model_error"))
+                self._end_here(session_id, "model_error")
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -293,8 +296,27 @@ class Worker:
             # Sessions end on their own schedule (client close, expiry); wait for the last.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._no_sessions.wait(), self.settings.drain_timeout_s)
+        if not self._sessions:
+            return
+        # Each runner ends its session (an active response ends cancelled) and the flusher
+        # writes what it has, then session.closed, in order; what it cannot write in time
+        # (Redis away) gets the terminal event alone.
+        self._no_sessions.clear()
+        for session_id in list(self._sessions):
+            self._end_here(session_id, "worker_shutdown")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._no_sessions.wait(), _CLOSE_FLUSH_S)
         for session_id in list(self._sessions):
             await self._close(session_id, "worker_shutdown")
+
+    def _end_here(self, session_id: str, reason: str) -> None:
+        """Tell a session's runner to end with ``reason``; the flusher writes its last events
+        and the terminal one, then forgets the session."""
+        session = self._sessions.get(session_id)
+        if session is None:
+            return
+        session.runner.receive(CloseSession(reason=reason), time.monotonic())
+        self._mark_dirty(session_id)
 
     def _fence(self) -> None:
         _log.error("worker %s was declared lost; it stops writing now", self.worker_id)

@@ -188,3 +188,38 @@ async def test_a_worker_loop_that_dies_stops_the_worker_loudly(redis_client: Red
         await asyncio.wait_for(worker.run(), 10)
     assert isinstance(stopped.value.__cause__, KeyError)
     assert worker.engine is None
+
+
+async def test_drain_ends_an_active_response_before_the_session(redis_client: Redis) -> None:
+    """A drain that outlasts its deadline lets each runner end its session: the active
+    response gets response.done (cancelled), then session.closed worker_shutdown, numbered on
+    without a gap: nothing the runner had is dropped."""
+    settings = WorkerSettings(backend="fake", slots=1, heartbeat_interval_s=0.2,
+                              heartbeat_ttl_s=5.0, drain_timeout_s=0.05)
+    worker = Worker(settings, redis_client,
+                    backend=FakeBackend(max_slots=1, options=FakeOptions(frame_ms=20)))
+    task = asyncio.create_task(worker.run())
+    scripts = Scripts(redis_client)
+
+    async def registered() -> bool:
+        return bool(await redis_client.exists(WorkerKeys(worker.worker_id).record))
+
+    await until(registered, "registration")
+    opened = await open_session(scripts, worker.worker_id)
+    # Audio keeps coming (a client mid-turn): the echo's response is open when the drain ends.
+    await scripts.append_input(opened.lease, [(None, encode_message(msg.AppendAudio(
+        audio=AUDIBLE * 20)))], max_entries=1000)
+
+    async def responding() -> bool:
+        events = [e for _, e in await events_of(redis_client, opened.session_id)]
+        return any(isinstance(e, msg.AudioDelta) for e in events)
+
+    await until(responding, "a response streaming")
+    worker.stop()
+    await asyncio.wait_for(task, 10)
+    logged = await events_of(redis_client, opened.session_id)
+    assert [seq for seq, _ in logged] == list(range(1, len(logged) + 1))
+    last_two = [event for _, event in logged[-2:]]
+    assert isinstance(last_two[0], msg.ResponseDone)
+    assert last_two[0].response["status"] == "cancelled"
+    assert isinstance(last_two[1], msg.SessionClosed) and last_two[1].reason == "worker_shutdown"
