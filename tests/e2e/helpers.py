@@ -44,3 +44,15 @@ async def drain_echoes(client: DuplexClient, sink: list[RealtimeEvent], want: in
     """Read events until ``want`` audio echoes in total were received."""
     while sum(e.type == "response.output_audio.delta" for e in sink) < want:
         sink.append(await next_event(client))
+
+
+async def streaming_session(url: str, chunks: int) -> tuple[DuplexClient, list[RealtimeEvent]]:
+    """A stream-mode session on the gateway at ``url`` that echoed ``chunks`` marked chunks;
+    the client and every event so far."""
+    client = await DuplexClient.connect(url, session=STREAM_SESSION)
+    events: list[RealtimeEvent] = []
+    await collect_until(client, "session.updated", events)
+    for i in range(chunks):
+        await client.append_audio(marked_chunk(0, i))
+    await drain_echoes(client, events, chunks)
+    return client, events

@@ -19,6 +19,7 @@ from tests.e2e.helpers import (
     drain_echoes,
     marked_chunk,
     next_event,
+    streaming_session,
 )
 from tests.e2e.stack import Stack, wait_for
 
@@ -182,12 +183,7 @@ async def test_an_input_log_that_went_back_ends_the_session(stack: Stack) -> Non
     stack.env["DUPLEX_GATEWAY_HEARTBEAT_TTL_S"] = "30"  # the worker is paused meanwhile
     gateway = stack.gateway()
     worker = stack.worker()
-    client = await DuplexClient.connect(gateway.ws_url, session=STREAM_SESSION)
-    events: list[RealtimeEvent] = []
-    await collect_until(client, "session.updated", events)
-    for i in range(5):
-        await client.append_audio(marked_chunk(0, i))
-    await drain_echoes(client, events, 5)
+    client, events = await streaming_session(gateway.ws_url, 5)
     # Only the gateway can notice now: the worker is paused.
     worker.process.send_signal(signal.SIGSTOP)
     try:

@@ -10,17 +10,17 @@ import pytest
 from redis import Redis as SyncRedis
 from websockets.exceptions import ConnectionClosed
 
-from gateway.client import DuplexClient, RealtimeEvent
+from gateway.client import DuplexClient
 from tests.e2e.conftest import FAST_ENV
 from tests.e2e.helpers import (
-    STREAM_SESSION,
     chunk_index,
     collect_until,
     drain_echoes,
     marked_chunk,
     next_event,
+    streaming_session,
 )
-from tests.e2e.stack import Proc, Stack
+from tests.e2e.stack import Stack
 from tests.sentinel_trio import Trio, start_trio
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -39,24 +39,12 @@ def sentinel_stack() -> Iterator[tuple[Stack, Trio]]:
     trio.stop()
 
 
-async def streaming(stack: Stack, chunks: int) -> tuple[Proc, DuplexClient,
-                                                        list[RealtimeEvent]]:
-    """A gateway and a worker, and a stream-mode session that echoed ``chunks`` chunks."""
-    gateway = stack.gateway()
-    stack.worker()
-    client = await DuplexClient.connect(gateway.ws_url, session=STREAM_SESSION)
-    events: list[RealtimeEvent] = []
-    await collect_until(client, "session.updated", events)
-    for i in range(chunks):
-        await client.append_audio(marked_chunk(0, i))
-    await drain_echoes(client, events, chunks)
-    return gateway, client, events
-
-
 async def test_session_streams_across_a_failover(sentinel_stack: tuple[Stack, Trio]) -> None:
     """Echoes before and after the promotion arrive once each, in order; new sessions open."""
     stack, trio = sentinel_stack
-    gateway, client, events = await streaming(stack, 20)
+    gateway = stack.gateway()
+    stack.worker()
+    client, events = await streaming_session(gateway.ws_url, 20)
 
     await asyncio.to_thread(trio.fail_over)
 
@@ -79,7 +67,9 @@ async def test_a_lossy_failover_is_never_silent(sentinel_stack: tuple[Stack, Tri
     told (resync_required log_rewound, then the session ends log_rewound), and never waits on
     a silent gap."""
     stack, trio = sentinel_stack
-    _, client, events = await streaming(stack, 10)
+    gateway = stack.gateway()
+    stack.worker()
+    client, events = await streaming_session(gateway.ws_url, 10)
     with SyncRedis(port=trio.master.port) as master:
         assert master.execute_command("WAIT", 1, 5000) == 1
 
