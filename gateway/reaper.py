@@ -13,6 +13,7 @@ from gateway.metrics import GatewayMetrics
 from store import Scripts, StoreError
 from store.client import RedisClient
 from store.directory import forget_worker, list_workers, server_time_ms
+from store.errors import raise_if_cancelled
 
 __all__ = ["reap_once", "run_reaper"]
 
@@ -52,4 +53,5 @@ async def run_reaper(client: RedisClient, scripts: Scripts, metrics: GatewayMetr
         except (StoreError, OSError) as exc:
             _log.warning("reaper pass failed: %s", exc)
             failing = True
+        raise_if_cancelled()  # a cancellation swallowed inside the Redis client ends us too
         await asyncio.sleep(interval_s)

@@ -16,6 +16,8 @@ so callers handle one type and the cause stays chained.
 
 from __future__ import annotations
 
+import asyncio
+
 __all__ = [
     "LeaseLost",
     "OutputMismatch",
@@ -24,6 +26,7 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "WorkerFenced",
+    "raise_if_cancelled",
 ]
 
 
@@ -76,3 +79,15 @@ class PlacementFailed(StoreError):
 
 class StoreUnavailable(StoreError):
     """Redis is unreachable or failed the command."""
+
+
+def raise_if_cancelled() -> None:
+    """Raise ``CancelledError`` if the current task is being cancelled.
+
+    redis-py can swallow a cancellation that lands while a command is in flight (the task
+    stays "cancelling" but runs on); a loop that retries or polls would then never stop, and a
+    shutdown that awaits it would hang. Every store call checks on its way out.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError

@@ -9,7 +9,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
-from store.errors import StoreUnavailable
+from store.errors import StoreUnavailable, raise_if_cancelled
 from store.keys import SessionKeys
 
 __all__ = ["LogEnds", "log_ends", "read_input", "read_output"]
@@ -22,7 +22,9 @@ async def _read(
     try:
         rows: Any = await client.xrange(key, min=f"({after}-0", max="+", count=count)
     except RedisError as exc:
+        raise_if_cancelled()
         raise StoreUnavailable(f"XRANGE {key} failed: {exc}") from exc
+    raise_if_cancelled()
     return [(int(entry_id.split(b"-", 1)[0]), fields[b"d"]) for entry_id, fields in rows]
 
 

@@ -33,6 +33,7 @@ from store.errors import (
     StoreError,
     StoreUnavailable,
     WorkerFenced,
+    raise_if_cancelled,
 )
 from store.keys import SessionKeys, WorkerKeys, tenant_sessions
 from store.messages import SessionClosed, SessionExpired, encode_message
@@ -193,13 +194,18 @@ class Scripts:
         an idle cut) then costs a reconnect, not a failed call."""
         for pause in (*RESEND_BACKOFF_S, None):
             try:
-                return await script(keys=list(keys), args=list(args))
+                answer = await script(keys=list(keys), args=list(args))
             except (RedisConnectionError, RedisTimeoutError) as exc:
+                raise_if_cancelled()
                 if pause is None:
                     raise StoreUnavailable(f"script failed: {exc}") from exc
                 await asyncio.sleep(pause)
+                continue
             except RedisError as exc:
+                raise_if_cancelled()
                 raise StoreUnavailable(f"script failed: {exc}") from exc
+            raise_if_cancelled()
+            return answer
         raise AssertionError("unreachable")
 
     async def open_session(

@@ -8,6 +8,7 @@ connection, and checks that the resend changed nothing a second time.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import secrets
@@ -18,6 +19,7 @@ from redis.asyncio import Redis
 
 from store import OpenStatus, ResumeStatus, Scripts, create_client, lua
 from store.embedded import EmbeddedServer
+from store.errors import raise_if_cancelled
 from store.keys import new_session_id
 from store.logs import read_input, read_output
 from store.scripts import _new_call_id
@@ -173,3 +175,27 @@ def test_call_ids_differ_across_calls_and_forked_processes() -> None:
     os.close(reader)
     os.waitpid(child, 0)
     assert forked.split(".")[0] != first.split(".")[0]
+
+
+async def test_a_swallowed_cancellation_is_raised_again() -> None:
+    """A task whose cancellation was swallowed (as redis-py can, mid-command) still ends at
+    the next store call's check; a task not being cancelled passes it."""
+    reached: list[str] = []
+
+    async def loop() -> None:
+        raise_if_cancelled()  # not cancelling: nothing happens
+        reached.append("checked")
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            reached.append("swallowed")
+        raise_if_cancelled()
+        reached.append("ran on")  # never
+
+    task = asyncio.create_task(loop())
+    while not reached:
+        await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert reached == ["checked", "swallowed"]
