@@ -26,6 +26,8 @@ from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import RedisError
 
+from store.errors import raise_if_cancelled
+
 __all__ = ["Notice", "NoticeHandler", "Subscriber"]
 
 _log = logging.getLogger(__name__)
@@ -71,8 +73,10 @@ class _Shard:
             try:
                 message = await self.ensure().get_message(timeout=_READ_TIMEOUT_S)
             except (RedisError, OSError, RuntimeError) as exc:
+                raise_if_cancelled()
                 await self._recover(exc)
                 continue
+            raise_if_cancelled()  # redis-py may swallow a cancellation; aclose() awaits us
             if message is not None:
                 try:
                     self.owner.dispatch(message)
