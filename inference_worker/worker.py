@@ -412,10 +412,8 @@ class Worker:
               and (await log_ends(self._client, session_id)).last_input < applied):
             # Nothing new, and the log ends before what was applied: it went back, and the
             # commands that will reuse those indices would look applied (see _offer).
-            _log.error("the input log of %s ends before what was applied (lost writes);"
-                       " ending it", session_id)
-            self._forget(session_id)
-            self._spawn(self._close(session_id, "log_rewound"))
+            self._abandon(session_id, "log_rewound",
+                          "its input log ends before what was applied (lost writes)")
 
     async def _offer(self, session_id: str, session: _Session, first: int,
                      payloads: list[bytes]) -> None:
@@ -423,9 +421,7 @@ class Worker:
             # Other commands under indices already applied: a Redis failover lost input this
             # worker acted on, and the log numbers on from there. The session's state here no
             # longer matches the store's; end it loudly rather than drop the new commands.
-            _log.error("the input log of %s went back (lost writes); ending it", session_id)
-            self._forget(session_id)
-            self._spawn(self._close(session_id, "log_rewound"))
+            self._abandon(session_id, "log_rewound", "its input log went back (lost writes)")
             return
         fresh, gap = session.follower.offer(first, payloads)
         if gap:
@@ -521,16 +517,22 @@ class Worker:
             if isinstance(outcome, OutputMismatch):
                 # A gap: the logs fell behind what this worker wrote or read (a failover lost
                 # acknowledged writes). A conflict: a bug. Either way, end the session loudly.
-                _log.error("%s; ending the session", outcome)
-                self._forget(session_id)
-                reason = "log_rewound" if outcome.status == "gap" else "internal_error"
-                self._spawn(self._close(session_id, reason))
+                self._abandon(session_id,
+                              "log_rewound" if outcome.status == "gap" else "internal_error",
+                              str(outcome))
                 continue
             session.next_seq += len(session.unsent)
             session.unsent = []
             if reason is not None:
                 self._forget(session_id)
         return True
+
+    def _abandon(self, session_id: str, reason: str, why: str) -> None:
+        """Stop serving a session whose state here no longer matches the store's, and end it
+        with ``reason`` (the terminal event alone: what this worker holds is not trusted)."""
+        _log.error("session %s: %s; ending it", session_id, why)
+        self._forget(session_id)
+        self._spawn(self._close(session_id, reason))
 
     async def _close(self, session_id: str, reason: str) -> None:
         try:
