@@ -12,7 +12,7 @@ import logging
 from gateway.metrics import GatewayMetrics
 from store import Scripts, StoreError
 from store.client import RedisClient
-from store.directory import forget_worker, list_workers, server_time_ms
+from store.directory import forget_worker, listed_workers, server_time_ms
 from store.errors import raise_if_cancelled
 
 __all__ = ["reap_once", "run_reaper"]
@@ -22,13 +22,24 @@ _log = logging.getLogger(__name__)
 
 async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetrics, *,
                     recovered_ms: int = 0) -> int:
-    """One pass over every listed worker; returns how many sessions ended."""
-    now_ms = await server_time_ms(client)
+    """One pass over every listed worker; returns how many sessions ended.
+
+    Each worker's reap also hands back the sessions that ended on it since the last pass,
+    wherever they ended (client close, worker, expiry, loss): this is the one place their
+    tenant places are released, so a place is freed once the session is over, not when some
+    connection happened to see its last event.
+    """
     ended = 0
-    for worker_id in await list_workers(client, now_ms):
-        state, count = await scripts.reap(worker_id, recovered_ms=recovered_ms)
-        ended += count
-        if state in ("lost", "unknown"):
+    # Every listed worker, however long ago it last beat: only a reap that finds it lost (or
+    # its record gone) removes it, so one that died during a long outage is still declared
+    # lost afterwards.
+    for worker_id in await listed_workers(client):
+        reaped = await scripts.reap(worker_id, recovered_ms=recovered_ms)
+        ended += reaped.ended
+        # Released before anything else can fail: these entries are ours alone now. Should
+        # this fail, the places lapse with their reservation lease instead.
+        await scripts.release_tenant_slots(reaped.released)
+        if reaped.state in ("lost", "unknown"):
             await forget_worker(client, worker_id)
     metrics.reaped.inc(ended)
     return ended

@@ -18,9 +18,11 @@ from store.errors import (
 from store.follower import LogFollower
 from store.scripts import (
     AppendResult,
+    EndedSession,
     Lease,
     OpenStatus,
     OutputAppend,
+    Reaped,
     ResumeResult,
     ResumeStatus,
     Scripts,
@@ -30,6 +32,7 @@ from store.scripts import (
 
 __all__ = [
     "AppendResult",
+    "EndedSession",
     "Lease",
     "LeaseLost",
     "LogFollower",
@@ -37,6 +40,7 @@ __all__ = [
     "OutputAppend",
     "OutputMismatch",
     "PlacementFailed",
+    "Reaped",
     "ResumeResult",
     "ResumeStatus",
     "Scripts",

@@ -23,6 +23,7 @@ __all__ = [
     "client_secret",
     "new_session_id",
     "new_worker_id",
+    "tenant_opens",
     "tenant_sessions",
     "worker_of_session",
 ]
@@ -44,6 +45,14 @@ def tenant_sessions(tenant_id: str) -> str:
     if not _TENANT_ID.match(tenant_id):
         raise ValueError(f"not a tenant id: {tenant_id!r}")
     return f"{_PREFIX}:{{t.{tenant_id}}}:sessions"
+
+
+def tenant_opens(tenant_id: str) -> str:
+    """Sorted set of a tenant's recent session opens (member: call id, score: open time ms),
+    for the new-sessions-per-minute limit; the tenant's slot, beside its session set."""
+    if not _TENANT_ID.match(tenant_id):
+        raise ValueError(f"not a tenant id: {tenant_id!r}")
+    return f"{_PREFIX}:{{t.{tenant_id}}}:opens"
 
 
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
@@ -87,7 +96,7 @@ def worker_of_session(session_id: str) -> str:
 class WorkerKeys:
     """Keys of one worker; all share the hash tag ``{<worker_id>}``."""
 
-    __slots__ = ("deadlines", "input_channel", "record", "sessions", "worker_id")
+    __slots__ = ("deadlines", "ended", "input_channel", "record", "sessions", "worker_id")
 
     def __init__(self, worker_id: str) -> None:
         if not _WORKER_ID.match(worker_id):
@@ -102,6 +111,9 @@ class WorkerKeys:
         self.deadlines = f"{base}:deadlines"
         #: sharded pub/sub channel: new input entries and control notices for this worker.
         self.input_channel = f"{base}:input"
+        #: list of ``<tenant> <session id>``: sessions that ended, until a reaper releases their
+        #: tenant places (the tenant's key is in another hash slot than the session's end).
+        self.ended = f"{base}:ended"
 
 
 class SessionKeys:

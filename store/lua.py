@@ -35,6 +35,7 @@ __all__ = [
     "OPEN_SESSION",
     "REAP",
     "RESUME",
+    "TENANT_OPEN_RATE",
     "TENANT_RESERVE",
     "TRIM_OUTPUT",
     "WORKER_HEARTBEAT",
@@ -62,16 +63,23 @@ local function append_events(rec, out_log, out_channel, payloads, max_entries)
 end
 
 -- The one place a session ends: the terminal event goes last into the output log, the slot is
--- released, the worker is told, and the keys get a retention TTL so a late resume can still
--- replay up to the terminal event. Callers check that the session is not closed already.
+-- released, the worker is told, the session is queued on its worker's ended list (a reaper hands
+-- its tenant place back: that key lives in another hash slot), and the keys get a retention TTL
+-- so a late resume can still replay up to the terminal event. Callers check that the session is
+-- not closed already, so each session is queued exactly once.
 local function terminate(sid, rec, out_log, out_channel, worker, sessions, deadlines,
-                         worker_channel, terminal, reason)
+                         worker_channel, ended, terminal, reason)
   local retention = tonumber(redis.call('HGET', rec, 'retention_ms') or '60000')
   local max_entries = tonumber(redis.call('HGET', rec, 'out_max') or '2048')
   append_events(rec, out_log, out_channel, {terminal}, max_entries + 1)
   redis.call('HSET', rec, 'state', 'closed', 'reason', reason)
   if redis.call('SREM', sessions, sid) == 1 then
     redis.call('HINCRBY', worker, 'used', -1)
+  end
+  local tenant = redis.call('HGET', rec, 'tenant')
+  if tenant then
+    redis.call('RPUSH', ended, tenant .. ' ' .. sid)
+    redis.call('PEXPIRE', ended, 86400000)
   end
   redis.call('ZREM', deadlines, sid)
   redis.call('SPUBLISH', worker_channel, cmsgpack.pack({'c', sid}))
@@ -135,17 +143,20 @@ RESUME = _PRELUDE + r"""
 -- Attach a new connection: verify the token digest, bump the lease generation (the fencing
 -- token), rotate the token, tell the old connection it was replaced (DESIGN §2.7).
 -- A retry under the same control id after it landed returns the same answer (idempotent).
+-- A session belongs to the tenant that opened it: another tenant's resume is answered as if
+-- the session did not exist, before the token is looked at, so the answer reveals nothing.
 -- KEYS[1] session record  KEYS[2] worker deadlines  KEYS[3] output channel  KEYS[4] output log
 -- ARGV[1] presented token digest  ARGV[2] new token digest  ARGV[3] control id
--- ARGV[4] session id
+-- ARGV[4] session id  ARGV[5] tenant of the caller
 -- returns {status, generation, epoch, highest client seq, last server_event_seq,
 --          first retained server_event_seq (0 if the log is empty)}
 --   status ok | closed (token valid, session over: replay only) | unknown | bad_token
 local rec, deadlines, out_channel, out_log = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local presented, fresh, control_id, sid = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local presented, fresh, control_id, sid, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
-if redis.call('EXISTS', rec) == 0 then return {'unknown', 0, '', 0, 0, 0} end
-local f = redis.call('HMGET', rec, 'state', 'gen', 'epoch', 'digest', 'rcid', 'cseq', 'out_seq')
+local f = redis.call('HMGET', rec, 'state', 'gen', 'epoch', 'digest', 'rcid', 'cseq', 'out_seq',
+                     'tenant')
+if not f[1] or f[8] ~= tenant then return {'unknown', 0, '', 0, 0, 0} end
 local state, gen, epoch, digest, rcid = f[1], tonumber(f[2]), f[3], f[4], f[5]
 local first = redis.call('XRANGE', out_log, '-', '+', 'COUNT', 1)
 local first_seq = 0
@@ -172,14 +183,14 @@ DETACH = _PRELUDE + r"""
 -- A connection was lost without session.close: start the disconnect grace, fenced on the
 -- generation that connection served, so an old socket cannot detach a newer lease (§2.6).
 -- KEYS[1] session record  KEYS[2] worker deadlines
--- ARGV[1] session id  ARGV[2] store epoch  ARGV[3] generation served
--- returns status: ok | stale | closed | unknown
+-- ARGV[1] session id  ARGV[2] store epoch  ARGV[3] generation served  ARGV[4] tenant
+-- returns status: ok | stale | closed | unknown (also: another tenant's session)
 --   (detaching the same lease again is ok and changes nothing: the grace keeps its start)
 local rec, deadlines = KEYS[1], KEYS[2]
-local sid, epoch, gen = ARGV[1], ARGV[2], ARGV[3]
+local sid, epoch, gen, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
-local f = redis.call('HMGET', rec, 'state', 'epoch', 'gen')
-if not f[1] then return 'unknown' end
+local f = redis.call('HMGET', rec, 'state', 'epoch', 'gen', 'tenant')
+if not f[1] or f[4] ~= tenant then return 'unknown' end
 if f[1] == 'closed' then return 'closed' end
 if f[2] ~= epoch or f[3] ~= gen then return 'stale' end
 if f[1] == 'detached' then return 'ok' end
@@ -192,16 +203,25 @@ TENANT_RESERVE = _PRELUDE + r"""
 -- Count a session against its tenant's cap (DESIGN §2.1). A reservation is a lease: it expires
 -- unless the gateway serving the session renews it, so a crashed gateway or a session that
 -- ended unseen never holds a place for long. Reserve is checked against the cap; renew is not
--- (the session exists already).
+-- (the session exists already) and extends a reservation that is still held, never one that
+-- was released: a renewal racing the session's end must not take its place back.
 -- KEYS[1] tenant session set
 -- ARGV[1] session id  ARGV[2] cap (0: none)  ARGV[3] lease ms  ARGV[4] reserve | renew
--- returns status: ok | full
+-- returns status: ok | full | released (renew of a place no longer held)
 local tenant = KEYS[1]
 local sid, cap, lease, mode = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 
 local now = now_ms()
 redis.call('ZREMRANGEBYSCORE', tenant, '-inf', now)
-if mode == 'reserve' and cap > 0 and redis.call('ZSCORE', tenant, sid) == false
+if mode == 'renew' then
+  if redis.call('ZADD', tenant, 'XX', 'CH', now + lease, sid) == 0
+      and redis.call('ZSCORE', tenant, sid) == false then
+    return 'released'
+  end
+  redis.call('PEXPIRE', tenant, lease)
+  return 'ok'
+end
+if cap > 0 and redis.call('ZSCORE', tenant, sid) == false
     and redis.call('ZCARD', tenant) >= cap then
   return 'full'
 end
@@ -210,18 +230,41 @@ redis.call('PEXPIRE', tenant, lease)
 return 'ok'
 """
 
+TENANT_OPEN_RATE = _PRELUDE + r"""
+-- Count one new session against its tenant's rate: at most a number of opens in any sliding
+-- window (a log of the window's opens, so the bound is exact, not a fixed-window estimate).
+-- The call id makes a resend (lost reply) count once.
+-- KEYS[1] tenant open log (sorted set: call id -> open time ms)
+-- ARGV[1] opens allowed per window  ARGV[2] window ms  ARGV[3] call id
+-- returns 0 when the open may go ahead (and is counted), else ms until one would be allowed
+local opens = KEYS[1]
+local limit, window, call_id = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+
+local now = now_ms()
+redis.call('ZREMRANGEBYSCORE', opens, '-inf', now - window)
+if redis.call('ZSCORE', opens, call_id) then return 0 end
+if redis.call('ZCARD', opens) >= limit then
+  local oldest = redis.call('ZRANGE', opens, 0, 0, 'WITHSCORES')
+  return math.max(1, tonumber(oldest[2]) + window - now)
+end
+redis.call('ZADD', opens, now, call_id)
+redis.call('PEXPIRE', opens, window)
+return 0
+"""
+
 TRIM_OUTPUT = r"""
 -- The attached client acknowledged every event up to a seq (session.event_ack): drop them, so
 -- Redis holds only what a resume could still need (DESIGN §5: memory per session). Fenced:
 -- only the current attachment may trim.
 -- KEYS[1] session record  KEYS[2] output log
 -- ARGV[1] store epoch  ARGV[2] generation  ARGV[3] highest acknowledged server_event_seq
--- returns status: ok | stale | unknown
+-- ARGV[4] tenant
+-- returns status: ok | stale | unknown (also: another tenant's session)
 local rec, out_log = KEYS[1], KEYS[2]
-local epoch, gen, upto = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local epoch, gen, upto, tenant = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 
-local f = redis.call('HMGET', rec, 'epoch', 'gen')
-if not f[1] then return 'unknown' end
+local f = redis.call('HMGET', rec, 'epoch', 'gen', 'tenant')
+if not f[1] or f[3] ~= tenant then return 'unknown' end
 if f[1] ~= epoch or f[2] ~= gen then return 'stale' end
 redis.call('XTRIM', out_log, 'MINID', (upto + 1) .. '-0')
 return 'ok'
@@ -236,19 +279,20 @@ APPEND_INPUT = _PRELUDE + r"""
 -- KEYS[1] worker deadlines  KEYS[2] worker channel
 -- KEYS[2i+1], KEYS[2i+2] (i = 1..n) session record, input log of the i-th session
 -- ARGV[1] input log max entries  ARGV[2] call id (unique per call, kept by a resend)
--- then per session: session id, store epoch, generation, entry count c,
+-- then per session: session id, store epoch, generation, tenant, entry count c,
 --   and c pairs: client seq ('' when the client sent none), encoded command
 -- returns, per session in order: {status, appended, highest client seq, current generation,
---   last index of the input log (ok only)}: status ok | stale | closed | unknown
+--   last index of the input log (ok only)}: status ok | stale | closed | unknown (also:
+--   another tenant's session, answered as if it did not exist)
 -- A resent call (its reply was lost, the client library sent it again) finds its call id in
 -- the record and gets the first answer back, so commands without a client seq are not
 -- appended twice.
 local deadlines, worker_channel, in_max, call_id = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
 
-local function append_one(rec, in_log, sid, epoch, gen, at, count)
+local function append_one(rec, in_log, sid, epoch, gen, tenant, at, count)
   local f = redis.call('HMGET', rec, 'state', 'epoch', 'gen', 'in_n', 'cseq', 'in_call',
-                       'in_call_n')
-  if not f[1] then return {'unknown', 0, 0, 0} end
+                       'in_call_n', 'tenant')
+  if not f[1] or f[8] ~= tenant then return {'unknown', 0, 0, 0} end
   local cseq = tonumber(f[5])
   if f[6] == call_id then return {'ok', tonumber(f[7]), cseq, tonumber(gen), tonumber(f[4])} end
   if f[1] == 'closed' then return {'closed', 0, cseq, tonumber(f[3])} end
@@ -279,10 +323,10 @@ end
 local answers = {}
 local at = 3
 for k = 3, #KEYS, 2 do
-  local count = tonumber(ARGV[at + 3])
+  local count = tonumber(ARGV[at + 4])
   answers[#answers + 1] = append_one(KEYS[k], KEYS[k + 1], ARGV[at], ARGV[at + 1],
-                                     ARGV[at + 2], at + 4, count)
-  at = at + 4 + 2 * count
+                                     ARGV[at + 2], ARGV[at + 3], at + 5, count)
+  at = at + 5 + 2 * count
 end
 return answers
 """
@@ -294,8 +338,8 @@ APPEND_OUTPUT = _PRELUDE + r"""
 -- unknown is refused alone (§2.3, §2.9). With a terminal payload a session ends after its
 -- events, exactly once.
 -- KEYS[1] worker record  KEYS[2] worker session set  KEYS[3] worker deadlines
--- KEYS[4] worker channel
--- KEYS[3i+2], KEYS[3i+3], KEYS[3i+4] (i = 1..n): session record, output log, output channel
+-- KEYS[4] worker channel  KEYS[5] worker ended list
+-- KEYS[3i+3], KEYS[3i+4], KEYS[3i+5] (i = 1..n): session record, output log, output channel
 -- ARGV per session: session id, terminal payload ('' for none), terminal reason,
 --   input applied up to (0: leave the input log alone), the server_event_seq of the first
 --   event (0: whatever comes next), event count c, then c encoded events
@@ -309,6 +353,7 @@ APPEND_OUTPUT = _PRELUDE + r"""
 -- the worker and the store disagree (a bug, or a failover that lost writes): nothing is
 -- written, and the worker ends the session loudly.
 local worker, sessions, deadlines, worker_channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local ended = KEYS[5]
 
 if redis.call('HGET', worker, 'state') == 'lost' or redis.call('HEXISTS', worker, 'state') == 0
 then
@@ -352,7 +397,7 @@ local function append_one(sid, rec, out_log, out_channel, terminal, reason, appl
   end
   if terminal ~= '' then
     terminate(sid, rec, out_log, out_channel, worker, sessions, deadlines, worker_channel,
-              terminal, reason)
+              ended, terminal, reason)
   end
   if count == 0 then first = 0 end
   return {'ok', first}
@@ -360,7 +405,7 @@ end
 
 local answers = {}
 local at = 1
-for k = 5, #KEYS, 3 do
+for k = 6, #KEYS, 3 do
   local count = tonumber(ARGV[at + 5])
   answers[#answers + 1] = append_one(ARGV[at], KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[at + 1],
                                      ARGV[at + 2], tonumber(ARGV[at + 3]),
@@ -375,16 +420,18 @@ CLOSE_SESSION = _PRELUDE + r"""
 -- closing is idempotent, and the closed state fences every later write.
 -- KEYS[1] session record  KEYS[2] output log  KEYS[3] output channel  KEYS[4] worker record
 -- KEYS[5] worker session set  KEYS[6] worker deadlines  KEYS[7] worker channel
+-- KEYS[8] worker ended list
 -- ARGV[1] session id  ARGV[2] terminal payload  ARGV[3] reason
 -- returns status: ok | closed | unknown
 local rec, out_log, out_channel = KEYS[1], KEYS[2], KEYS[3]
 local worker, sessions, deadlines, worker_channel = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local ended = KEYS[8]
 local sid, terminal, reason = ARGV[1], ARGV[2], ARGV[3]
 
 local state = redis.call('HGET', rec, 'state')
 if not state then return 'unknown' end
 if state == 'closed' then return 'closed' end
-terminate(sid, rec, out_log, out_channel, worker, sessions, deadlines, worker_channel,
+terminate(sid, rec, out_log, out_channel, worker, sessions, deadlines, worker_channel, ended,
           terminal, reason)
 return 'ok'
 """
@@ -392,12 +439,12 @@ return 'ok'
 ABANDON_OPEN = _PRELUDE + r"""
 -- A gateway gave up on an open whose outcome it does not know (timeout, cancellation). If the
 -- open landed, close it; if not, leave a tombstone so that a late open is refused (§2.10).
--- KEYS[1..7] as CLOSE_SESSION  KEYS[8] abandoned tombstone
+-- KEYS[1..8] as CLOSE_SESSION  KEYS[9] abandoned tombstone
 -- ARGV[1] session id  ARGV[2] terminal payload  ARGV[3] tombstone ttl ms
 -- returns status: closed_open (the open had landed) | tombstoned | already_closed
 local rec, out_log, out_channel = KEYS[1], KEYS[2], KEYS[3]
 local worker, sessions, deadlines, worker_channel = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local abandoned = KEYS[8]
+local ended, abandoned = KEYS[8], KEYS[9]
 local sid, terminal, ttl = ARGV[1], ARGV[2], ARGV[3]
 
 local state = redis.call('HGET', rec, 'state')
@@ -406,7 +453,7 @@ if not state then
   return 'tombstoned'
 end
 if state == 'closed' then return 'already_closed' end
-terminate(sid, rec, out_log, out_channel, worker, sessions, deadlines, worker_channel,
+terminate(sid, rec, out_log, out_channel, worker, sessions, deadlines, worker_channel, ended,
           terminal, 'open_abandoned')
 return 'closed_open'
 """
@@ -416,18 +463,22 @@ REAP = _PRELUDE + r"""
 -- all its sessions with worker_lost), then expire due sessions. The state checks make exactly
 -- one reaper win and write exactly one terminal event (DESIGN §2.6, §2.8, §2.9).
 -- KEYS[1] worker record  KEYS[2] worker session set  KEYS[3] worker deadlines
--- KEYS[4] worker channel
+-- KEYS[4] worker channel  KEYS[5] worker ended list
 -- ARGV[1] key prefix of this worker's sessions ('dg:{w...}:s:')
 -- ARGV[2] terminal payload: worker lost  ARGV[3] terminal: grace expired
 -- ARGV[4] terminal: idle expired         ARGV[5] max sessions to expire in this call
 -- ARGV[6] when this reaper reached Redis again after failing to (ms, Redis clock; 0: never)
--- returns {worker state, sessions ended}
+-- ARGV[7] most ended sessions to hand back for tenant release in this call
+-- returns {worker state, sessions ended, {'<tenant> <session id>', ...}}: the last list holds
+--   sessions that ended since any reaper last asked (wherever they ended), each handed to
+--   exactly one reaper, which releases their tenant places
 -- A worker cannot heartbeat while Redis is unreachable (a failover, a restart), so after an
 -- outage a lapsed heartbeat is only a loss once the worker had a full TTL to beat again; and
 -- a client could neither resume nor show activity, so grace and idle time count from then too.
 local worker, sessions, deadlines, worker_channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local ended_list = KEYS[5]
 local prefix, lost_event, grace_event, idle_event = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local budget, recovered = tonumber(ARGV[5]), tonumber(ARGV[6])
+local budget, recovered, release_budget = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 
 local function keys_of(sid)
   local base = prefix .. string.match(sid, '%.(%x+)$')
@@ -436,7 +487,10 @@ end
 local function finish(sid, terminal, reason)
   local rec, out_log, out_channel = keys_of(sid)
   terminate(sid, rec, out_log, out_channel, worker, sessions, deadlines, worker_channel,
-            terminal, reason)
+            ended_list, terminal, reason)
+end
+local function take_ended(count)
+  return redis.call('LPOP', ended_list, count) or {}
 end
 
 local now = now_ms()
@@ -457,7 +511,8 @@ if lapsed then
     end
   end
   redis.call('DEL', sessions, deadlines)
-  return {'lost', ended}
+  -- No reaper visits a lost worker again: hand back every ended session now.
+  return {'lost', ended, take_ended(redis.call('LLEN', ended_list) + 1)}
 end
 
 for _, sid in ipairs(redis.call('ZRANGEBYSCORE', deadlines, '-inf', now, 'LIMIT', 0, budget)) do
@@ -481,7 +536,7 @@ for _, sid in ipairs(redis.call('ZRANGEBYSCORE', deadlines, '-inf', now, 'LIMIT'
     redis.call('ZADD', deadlines, due, sid)
   end
 end
-return {w[1] or 'unknown', ended}
+return {w[1] or 'unknown', ended, take_ended(release_budget)}
 """
 
 WORKER_HEARTBEAT = _PRELUDE + r"""

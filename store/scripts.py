@@ -35,14 +35,16 @@ from store.errors import (
     WorkerFenced,
     raise_if_cancelled,
 )
-from store.keys import SessionKeys, WorkerKeys, tenant_sessions
+from store.keys import SessionKeys, WorkerKeys, tenant_opens, tenant_sessions
 from store.messages import SessionClosed, SessionExpired, encode_message
 
 __all__ = [
     "AppendResult",
+    "EndedSession",
     "Lease",
     "OpenStatus",
     "OutputAppend",
+    "Reaped",
     "ResumeResult",
     "ResumeStatus",
     "Scripts",
@@ -72,11 +74,13 @@ class ResumeStatus(enum.Enum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Lease:
-    """The fencing token of one attachment: (store epoch, generation) of one session."""
+    """The fencing token of one attachment: (store epoch, generation) of one session, held by
+    ``tenant`` (every fenced script checks the tenant too: a session is its opener's)."""
 
     session_id: str
     epoch: str
     generation: int
+    tenant: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,6 +138,30 @@ class OutputAppend:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class EndedSession:
+    """A session that ended, handed to one reaper so that its tenant place is released."""
+
+    tenant: str
+    session_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Reaped:
+    """What one reap of one worker did.
+
+    Attributes:
+        state: the worker's state (``live``, ``busy``, ``draining``, ``lost``, ``unknown``).
+        ended: sessions this call ended (worker lost, grace or idle expiry).
+        released: sessions that ended anywhere since a reaper last asked; the caller releases
+            their tenant places (no other reaper gets them).
+    """
+
+    state: str
+    ended: int
+    released: tuple[EndedSession, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerBeat:
     """A worker heartbeat's answer."""
 
@@ -187,6 +215,7 @@ class Scripts:
         self._heartbeat = register(lua.WORKER_HEARTBEAT)
         self._trim = register(lua.TRIM_OUTPUT)
         self._tenant = register(lua.TENANT_RESERVE)
+        self._tenant_opens = register(lua.TENANT_OPEN_RATE)
 
     async def _run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run ``script``, sending it again after a connection error (see ``store/lua.py``:
@@ -224,19 +253,24 @@ class Scripts:
         return OpenStatus(_str(answer[0]))
 
     async def resume(
-        self, session_id: str, *, presented_digest: str, new_digest: str, control_id: str
+        self, session_id: str, *, tenant: str, presented_digest: str, new_digest: str,
+        control_id: str,
     ) -> ResumeResult:
-        """Bump the generation if the presented token is right; idempotent per control id."""
+        """Bump the generation if the presented token is right; idempotent per control id.
+
+        Another tenant's session is ``UNKNOWN``, whatever token is presented (no oracle).
+        """
         k = SessionKeys(session_id)
         answer = await self._run(
             self._resume,
             [k.record, k.worker.deadlines, k.output_channel, k.output_log],
-            [presented_digest, new_digest, control_id, session_id],
+            [presented_digest, new_digest, control_id, session_id, tenant],
         )
         status = ResumeStatus(_str(answer[0]))
         lease = None
         if status in (ResumeStatus.OK, ResumeStatus.CLOSED):
-            lease = Lease(session_id=session_id, epoch=_str(answer[2]), generation=int(answer[1]))
+            lease = Lease(session_id=session_id, epoch=_str(answer[2]), generation=int(answer[1]),
+                          tenant=tenant)
         return ResumeResult(
             status=status, lease=lease, last_client_seq=int(answer[3]),
             last_server_event_seq=int(answer[4]), first_retained_seq=int(answer[5]),
@@ -247,7 +281,7 @@ class Scripts:
         k = SessionKeys(lease.session_id)
         answer = await self._run(
             self._detach, [k.record, k.worker.deadlines],
-            [lease.session_id, lease.epoch, lease.generation],
+            [lease.session_id, lease.epoch, lease.generation, lease.tenant],
         )
         return _str(answer)
 
@@ -282,7 +316,7 @@ class Scripts:
             if k.worker.worker_id != worker.worker_id:
                 raise ValueError("append_input_many takes sessions of one worker only")
             keys += [k.record, k.input_log]
-            args += [lease.session_id, lease.epoch, lease.generation, len(entries)]
+            args += [lease.session_id, lease.epoch, lease.generation, lease.tenant, len(entries)]
             for client_seq, payload in entries:
                 args += ["" if client_seq is None else client_seq, payload]
         answers = await self._run(self._append_input, keys, args)
@@ -306,7 +340,7 @@ class Scripts:
         """
         k = SessionKeys(lease.session_id)
         answer = await self._run(self._trim, [k.record, k.output_log],
-                                 [lease.epoch, lease.generation, acknowledged_seq])
+                                 [lease.epoch, lease.generation, acknowledged_seq, lease.tenant])
         return _str(answer)
 
     async def reserve_tenant_slot(self, tenant_id: str, session_id: str, *, cap: int,
@@ -316,23 +350,46 @@ class Scripts:
                                  [session_id, cap, lease_ms, "reserve"])
         return _str(answer) == "ok"
 
-    async def renew_tenant_slot(self, tenant_id: str, session_id: str, *, lease_ms: int) -> None:
-        """Keep a served session counted for ``lease_ms`` more."""
-        await self._run(self._tenant, [tenant_sessions(tenant_id)],
-                        [session_id, 0, lease_ms, "renew"])
+    async def renew_tenant_slot(self, tenant_id: str, session_id: str, *, lease_ms: int) -> bool:
+        """Keep a served session counted for ``lease_ms`` more; False when its place was
+        released already (the session ended): a renewal never takes a place back."""
+        answer = await self._run(self._tenant, [tenant_sessions(tenant_id)],
+                                 [session_id, 0, lease_ms, "renew"])
+        return _str(answer) == "ok"
 
     async def release_tenant_slot(self, tenant_id: str, session_id: str) -> None:
         """Stop counting a session (it ended, or its open did not land)."""
+        await self.release_tenant_slots([EndedSession(tenant=tenant_id, session_id=session_id)])
+
+    async def release_tenant_slots(self, ended: Sequence[EndedSession]) -> None:
+        """Stop counting sessions that ended, in one pipeline (split by node on a Cluster).
+        Releasing twice is harmless: a place is a set member."""
+        if not ended:
+            return
         try:
-            await self._client.zrem(tenant_sessions(tenant_id), session_id)
+            async with self._client.pipeline(transaction=False) as pipe:
+                for item in ended:
+                    pipe.zrem(tenant_sessions(item.tenant), item.session_id)
+                await pipe.execute()
         except RedisError as exc:
+            raise_if_cancelled()
             raise StoreUnavailable(f"ZREM tenant failed: {exc}") from exc
+
+    async def count_tenant_open(self, tenant_id: str, *, limit: int, window_ms: int) -> int:
+        """Count one new session of ``tenant_id`` against ``limit`` opens per sliding window.
+
+        Returns 0 when the open may go ahead (it is counted), else the milliseconds until one
+        would be allowed (nothing is counted).
+        """
+        answer = await self._run(self._tenant_opens, [tenant_opens(tenant_id)],
+                                 [limit, window_ms, _new_call_id()])
+        return int(answer)
 
     def _close_keys(self, session_id: str) -> list[str]:
         k = SessionKeys(session_id)
         w = k.worker
         return [k.record, k.output_log, k.output_channel, w.record, w.sessions, w.deadlines,
-                w.input_channel]
+                w.input_channel, w.ended]
 
     async def append_output(
         self, session_id: str, payloads: Sequence[bytes], *, first_seq: int = 0,
@@ -368,7 +425,8 @@ class Scripts:
             WorkerFenced: the worker was declared lost (nothing was written).
         """
         worker = SessionKeys(batch[0].session_id).worker
-        keys = [worker.record, worker.sessions, worker.deadlines, worker.input_channel]
+        keys = [worker.record, worker.sessions, worker.deadlines, worker.input_channel,
+                worker.ended]
         args: list[Any] = []
         for item in batch:
             k = SessionKeys(item.session_id)
@@ -410,9 +468,10 @@ class Scripts:
         answer = await self._run(self._abandon, keys, [session_id, terminal, tombstone_ttl_ms])
         return _str(answer)
 
-    async def reap(self, worker_id: str, *, budget: int = 100,
-                   recovered_ms: int = 0) -> tuple[str, int]:
-        """Declare ``worker_id`` lost if its heartbeat lapsed, and expire its due sessions.
+    async def reap(self, worker_id: str, *, budget: int = 100, recovered_ms: int = 0,
+                   release_budget: int = 1000) -> Reaped:
+        """Declare ``worker_id`` lost if its heartbeat lapsed, and expire its due sessions; take
+        up to ``release_budget`` of its ended sessions, whose tenant places the caller releases.
 
         ``recovered_ms``: when the caller reached Redis again after failing to (Redis clock;
         0: it never failed). A worker whose heartbeat lapsed is not declared lost until it had
@@ -421,12 +480,17 @@ class Scripts:
         w = WorkerKeys(worker_id)
         prefix = w.record.removesuffix("worker") + "s:"
         answer = await self._run(
-            self._reap, [w.record, w.sessions, w.deadlines, w.input_channel],
+            self._reap, [w.record, w.sessions, w.deadlines, w.input_channel, w.ended],
             [prefix, encode_message(SessionClosed(reason="worker_lost")),
              encode_message(SessionExpired(reason="disconnect_grace_expired")),
-             encode_message(SessionExpired(reason="idle_ttl_expired")), budget, recovered_ms],
+             encode_message(SessionExpired(reason="idle_ttl_expired")), budget, recovered_ms,
+             release_budget],
         )
-        return _str(answer[0]), int(answer[1])
+        released = []
+        for entry in answer[2]:
+            tenant, _, session_id = _str(entry).partition(" ")
+            released.append(EndedSession(tenant=tenant, session_id=session_id))
+        return Reaped(state=_str(answer[0]), ended=int(answer[1]), released=tuple(released))
 
     async def worker_heartbeat(
         self, worker_id: str, *, slots: int, ttl_ms: int, register: bool, drain: bool,

@@ -48,7 +48,8 @@ async def test_errors_reach_only_their_session(redis_client: Redis) -> None:
     worker = await register_worker(scripts, slots=4)
     good, stale, closed = [(await open_session(scripts, worker)).lease for _ in range(3)]
     await scripts.close_session(closed.session_id, "client_close")
-    stale_lease = Lease(session_id=stale.session_id, epoch=stale.epoch, generation=7)
+    stale_lease = Lease(session_id=stale.session_id, epoch=stale.epoch, generation=7,
+                        tenant=stale.tenant)
     batcher = InputBatcher(scripts, max_entries=1000)
     outcomes = await asyncio.gather(
         batcher.append(good, [(None, b"a")]),

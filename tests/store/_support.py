@@ -14,7 +14,7 @@ import msgpack  # type: ignore[import-untyped]
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from store import Lease, OpenStatus, Scripts, SessionPolicy
+from store import Lease, OpenStatus, Reaped, Scripts, SessionPolicy
 from store.keys import SessionKeys, WorkerKeys, new_session_id, new_worker_id
 from store.logs import read_output
 from store.messages import AudioDelta, Event, decode_message, encode_message, is_terminal
@@ -74,7 +74,7 @@ async def open_session(
     status = await scripts.open_session(sid, epoch=EPOCH, token_digest=digest(token),
                                         tenant=tenant, policy=policy)
     assert status is OpenStatus.OK, status
-    return Opened(Lease(session_id=sid, epoch=EPOCH, generation=1), token)
+    return Opened(Lease(session_id=sid, epoch=EPOCH, generation=1, tenant=tenant), token)
 
 
 async def events_of(client: Client, session_id: str) -> list[tuple[int, Event]]:
@@ -149,10 +149,15 @@ async def poll_until(
         await asyncio.sleep(0.001)
 
 
+def counts(reaped: Reaped) -> tuple[str, int]:
+    """A reap's worker state and how many sessions it ended."""
+    return reaped.state, reaped.ended
+
+
 async def reap_until_lost(scripts: Scripts, worker_id: str) -> int:
     """Reap until the worker is declared lost; how many sessions the reaps ended."""
-    answers = await poll_until(lambda: scripts.reap(worker_id), lambda a: a[0] == "lost")
-    return sum(ended for _, ended in answers)
+    answers = await poll_until(lambda: scripts.reap(worker_id), lambda a: a.state == "lost")
+    return sum(a.ended for a in answers)
 
 
 async def reap_until_ended(scripts: Scripts, worker_id: str, expected: int) -> int:
@@ -161,8 +166,7 @@ async def reap_until_ended(scripts: Scripts, worker_id: str, expected: int) -> i
 
     async def attempt() -> int:
         nonlocal total
-        _, ended = await scripts.reap(worker_id)
-        total += ended
+        total += (await scripts.reap(worker_id)).ended
         return total
 
     await poll_until(attempt, lambda t: t >= expected)

@@ -15,7 +15,7 @@ from redis.asyncio.cluster import RedisCluster
 from store import LeaseLost, OpenStatus, ResumeStatus, Scripts, SessionPolicy, create_client
 from store.directory import announce_worker, list_workers, worker_loads
 from store.embedded import EmbeddedServer, free_port, start_server
-from store.keys import SessionKeys, WorkerKeys, new_session_id, new_worker_id
+from store.keys import SessionKeys, WorkerKeys, new_session_id, new_worker_id, tenant_sessions
 from store.logs import read_input, read_output
 from store.messages import SessionClosed, encode_message
 from store.pubsub import Notice, Subscriber
@@ -117,7 +117,7 @@ async def test_every_key_of_a_session_shares_one_slot(cluster_client: RedisClust
     keys = SessionKeys(new_session_id(wid))
     names = [keys.record, keys.input_log, keys.output_log, keys.output_channel, keys.abandoned,
              keys.worker.record, keys.worker.sessions, keys.worker.deadlines,
-             keys.worker.input_channel]
+             keys.worker.input_channel, keys.worker.ended]
     assert {cluster_client.keyslot(name) for name in names} == {
         cluster_client.keyslot(keys.worker.record)}
 
@@ -135,7 +135,8 @@ async def test_session_lifecycle_on_every_node(cluster_client: RedisCluster) -> 
         assert appended.appended == 2
         assert await read_input(cluster_client, sid, 0) == [(1, b"a"), (2, b"b")]
         assert await scripts.append_output(sid, [ev(1), ev(2)]) == 1
-        resumed = await scripts.resume(sid, presented_digest=digest(opened.token),
+        resumed = await scripts.resume(sid, tenant="tenant-a",
+                                       presented_digest=digest(opened.token),
                                        new_digest=digest("t2"), control_id="c1")
         assert resumed.status is ResumeStatus.OK and resumed.lease is not None
         assert (resumed.last_client_seq, resumed.last_server_event_seq) == (2, 2)
@@ -289,3 +290,26 @@ async def test_subscription_follows_its_slot_to_another_node(
         assert int(node_of(cluster_client, SessionKeys(sid).record).rsplit(":", 1)[1]) == target
     finally:
         await sub.aclose()
+
+
+async def test_tenant_places_of_ended_sessions_are_released_across_nodes(
+    cluster_client: RedisCluster,
+) -> None:
+    """Sessions of tenants whose keys live on different nodes end on every node; one reap per
+    worker hands them back and one pipelined release frees every place (no CROSSSLOT)."""
+    scripts = Scripts(cluster_client)
+    workers = await workers_on_every_node(cluster_client, scripts)
+    tenants = [f"tenant-{n}" for n in range(12)]
+    assert len({node_of(cluster_client, tenant_sessions(t)) for t in tenants}) > 1
+    for i, wid in enumerate(workers):
+        for tenant in tenants[i::NODES]:
+            opened = await open_session(scripts, wid, tenant=tenant)
+            assert await scripts.reserve_tenant_slot(tenant, opened.session_id, cap=2,
+                                                     lease_ms=60_000)
+            await scripts.close_session(opened.session_id, "client_close")
+    released = [item for wid in workers for item in (await scripts.reap(wid)).released]
+    assert sorted(item.tenant for item in released) == sorted(tenants)
+    await scripts.release_tenant_slots(released)
+    for tenant in tenants:
+        assert await cluster_client.zcard(tenant_sessions(tenant)) == 0
+    assert await scripts.count_tenant_open(tenants[0], limit=1, window_ms=60_000) == 0

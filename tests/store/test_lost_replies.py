@@ -140,7 +140,8 @@ async def test_resume_bumps_the_generation_once(
     opened = await open_session(scripts, wid)
     fresh = digest(secrets.token_urlsafe(16))
     await lose_reply_to(proxy, redis_client, lua.RESUME)
-    result = await lossy.resume(opened.session_id, presented_digest=digest(opened.token),
+    result = await lossy.resume(opened.session_id, tenant="tenant-a",
+                                presented_digest=digest(opened.token),
                                 new_digest=fresh, control_id="ctl-1")
     assert proxy.lost_replies == 1
     assert result.status is ResumeStatus.OK

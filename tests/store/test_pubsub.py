@@ -120,9 +120,10 @@ async def test_replaced_notice_after_resume(
     opened = await open_session(scripts, wid)
     notices = Notices()
     await subscriber.subscribe(SessionKeys(opened.session_id).output_channel, notices)
-    await scripts.resume(opened.session_id, presented_digest=digest("wrong"),
+    await scripts.resume(opened.session_id, tenant="tenant-a", presented_digest=digest("wrong"),
                          new_digest=digest("t2"), control_id="c0")
-    await scripts.resume(opened.session_id, presented_digest=digest(opened.token),
+    await scripts.resume(opened.session_id, tenant="tenant-a",
+                         presented_digest=digest(opened.token),
                          new_digest=digest("t2"), control_id="c1")
     assert await notices.next() == [b"r", 2]
     await scripts.append_output(opened.session_id, [b"z"])

@@ -28,6 +28,7 @@ from tests.store._support import (
     EPOCH,
     LONG_POLICY,
     assert_one_terminal,
+    counts,
     digest,
     ev,
     events_of,
@@ -195,17 +196,18 @@ async def test_resume_bumps_generation_and_rotates_digest(
     sid = opened.session_id
     await scripts.append_input(opened.lease, [(7, cmd("a"))], max_entries=100)
     await scripts.append_output(sid, [ev(1), ev(2)])
-    result = await scripts.resume(sid, presented_digest=digest(opened.token),
+    result = await scripts.resume(sid, tenant="tenant-a", presented_digest=digest(opened.token),
                                   new_digest=digest("t2"), control_id="c1")
     assert result.status is ResumeStatus.OK
-    assert result.lease == Lease(session_id=sid, epoch=EPOCH, generation=2)
+    assert result.lease == Lease(session_id=sid, epoch=EPOCH, generation=2, tenant="tenant-a")
     assert (result.last_client_seq, result.last_server_event_seq) == (7, 2)
     assert result.first_retained_seq == 1
     assert await session_field(redis_client, sid, "digest") == digest("t2")
-    stale = await scripts.resume(sid, presented_digest=digest(opened.token),
+    stale = await scripts.resume(sid, tenant="tenant-a", presented_digest=digest(opened.token),
                                  new_digest=digest("t3"), control_id="c2")
     assert stale.status is ResumeStatus.BAD_TOKEN
-    again = await scripts.resume(sid, presented_digest=digest("t2"), new_digest=digest("t3"),
+    again = await scripts.resume(sid, tenant="tenant-a",
+                                 presented_digest=digest("t2"), new_digest=digest("t3"),
                                  control_id="c3")
     assert again.status is ResumeStatus.OK
     assert again.lease is not None and again.lease.generation == 3
@@ -216,11 +218,12 @@ async def test_resume_of_detached_session_reattaches(scripts: Scripts, redis_cli
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid, policy=SessionPolicy(disconnect_grace_ms=0))
     assert await scripts.detach(opened.lease) == "ok"
-    result = await scripts.resume(opened.session_id, presented_digest=digest(opened.token),
+    result = await scripts.resume(opened.session_id, tenant="tenant-a",
+                                  presented_digest=digest(opened.token),
                                   new_digest=digest("t2"), control_id="c1")
     assert result.status is ResumeStatus.OK
     assert await session_field(redis_client, opened.session_id, "state") == "attached"
-    assert await scripts.reap(wid) == ("live", 0)
+    assert counts(await scripts.reap(wid)) == ("live", 0)
     assert await session_field(redis_client, opened.session_id, "state") == "attached"
 
 
@@ -231,7 +234,8 @@ async def test_resume_retry_with_same_control_id_is_idempotent(
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
     sid = opened.session_id
-    kwargs = {"presented_digest": digest(opened.token), "new_digest": digest("t2"),
+    kwargs = {"tenant": "tenant-a", "presented_digest": digest(opened.token),
+              "new_digest": digest("t2"),
               "control_id": "ctl-1"}
     first = await scripts.resume(sid, **kwargs)
     retry = await scripts.resume(sid, **kwargs)
@@ -239,7 +243,7 @@ async def test_resume_retry_with_same_control_id_is_idempotent(
     assert first.lease == retry.lease
     assert retry.lease is not None and retry.lease.generation == 2
     assert await session_field(redis_client, sid, "gen") == "2"
-    other = await scripts.resume(sid, presented_digest=digest(opened.token),
+    other = await scripts.resume(sid, tenant="tenant-a", presented_digest=digest(opened.token),
                                  new_digest=digest("t2"), control_id="ctl-2")
     assert other.status is ResumeStatus.BAD_TOKEN
 
@@ -248,7 +252,8 @@ async def test_resume_with_bad_token_changes_nothing(scripts: Scripts, redis_cli
     """A wrong token is refused without a lease, and the generation stays put."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
-    result = await scripts.resume(opened.session_id, presented_digest=digest("wrong"),
+    result = await scripts.resume(opened.session_id, tenant="tenant-a",
+                                  presented_digest=digest("wrong"),
                                   new_digest=digest("t2"), control_id="c1")
     assert result.status is ResumeStatus.BAD_TOKEN
     assert result.lease is None
@@ -258,7 +263,8 @@ async def test_resume_with_bad_token_changes_nothing(scripts: Scripts, redis_cli
 
 async def test_resume_unknown_session(scripts: Scripts) -> None:
     """A session id with no record resumes to UNKNOWN."""
-    result = await scripts.resume(new_session_id(new_worker_id()), presented_digest=digest("x"),
+    result = await scripts.resume(new_session_id(new_worker_id()), tenant="tenant-a",
+                                                               presented_digest=digest("x"),
                                   new_digest=digest("y"), control_id="c")
     assert result.status is ResumeStatus.UNKNOWN
     assert result.lease is None
@@ -270,14 +276,15 @@ async def test_resume_closed_session_allows_replay(scripts: Scripts, redis_clien
     opened = await open_session(scripts, wid)
     sid = opened.session_id
     await scripts.append_output(sid, [ev(1), ev(2)], close_reason="client_close")
-    result = await scripts.resume(sid, presented_digest=digest(opened.token),
+    result = await scripts.resume(sid, tenant="tenant-a", presented_digest=digest(opened.token),
                                   new_digest=digest("t2"), control_id="c1")
     assert result.status is ResumeStatus.CLOSED
     assert result.lease == opened.lease
     assert (result.last_server_event_seq, result.first_retained_seq) == (3, 1)
     assert [seq for seq, _ in await read_output(redis_client, sid, 1)] == [2, 3]
     await assert_one_terminal(redis_client, sid, "session.closed", "client_close")
-    bad = await scripts.resume(sid, presented_digest=digest("wrong"), new_digest=digest("t2"),
+    bad = await scripts.resume(sid, tenant="tenant-a",
+                               presented_digest=digest("wrong"), new_digest=digest("t2"),
                                control_id="c2")
     assert bad.status is ResumeStatus.BAD_TOKEN
 
@@ -289,12 +296,13 @@ async def test_resume_reports_first_retained_seq_after_trim(
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid, policy=SessionPolicy(output_log_max_entries=10))
     sid = opened.session_id
-    empty = await scripts.resume(sid, presented_digest=digest(opened.token),
+    empty = await scripts.resume(sid, tenant="tenant-a", presented_digest=digest(opened.token),
                                  new_digest=digest("t1"), control_id="c0")
     assert (empty.first_retained_seq, empty.last_server_event_seq) == (0, 0)
     for batch in range(5):
         await scripts.append_output(sid, [ev(batch * 100 + i) for i in range(100)])
-    result = await scripts.resume(sid, presented_digest=digest("t1"), new_digest=digest("t2"),
+    result = await scripts.resume(sid, tenant="tenant-a",
+                                  presented_digest=digest("t1"), new_digest=digest("t2"),
                                   control_id="c1")
     assert result.last_server_event_seq == 500
     retained = await read_output(redis_client, sid, 0, count=1000)
@@ -321,7 +329,8 @@ async def test_detach_with_stale_generation(scripts: Scripts, redis_client: Redi
     """An old connection cannot detach the lease a newer resume holds."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
-    await scripts.resume(opened.session_id, presented_digest=digest(opened.token),
+    await scripts.resume(opened.session_id, tenant="tenant-a",
+                         presented_digest=digest(opened.token),
                          new_digest=digest("t2"), control_id="c1")
     assert await scripts.detach(opened.lease) == "stale"
     assert await session_field(redis_client, opened.session_id, "state") == "attached"
@@ -331,7 +340,7 @@ async def test_detach_with_stale_epoch(scripts: Scripts, redis_client: Redis) ->
     """A token from another store epoch is stale even with the right generation."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
-    other = Lease(session_id=opened.session_id, epoch="epoch-0", generation=1)
+    other = Lease(session_id=opened.session_id, epoch="epoch-0", generation=1, tenant="tenant-a")
     assert await scripts.detach(other) == "stale"
     assert await session_field(redis_client, opened.session_id, "state") == "attached"
 
@@ -347,7 +356,8 @@ async def test_detach_twice_is_ok_and_keeps_the_grace_start(
     await wait_redis_clock_past(redis_client, int(detached_ms or 0) + 2)
     assert await scripts.detach(opened.lease) == "ok"
     assert await session_field(redis_client, opened.session_id, "detached_ms") == detached_ms
-    result = await scripts.resume(opened.session_id, presented_digest=digest(opened.token),
+    result = await scripts.resume(opened.session_id, tenant="tenant-a",
+                                  presented_digest=digest(opened.token),
                                   new_digest=digest("t2"), control_id="c")
     assert result.lease is not None
     assert await scripts.detach(opened.lease) == "stale"
@@ -359,7 +369,7 @@ async def test_detach_closed_and_unknown(scripts: Scripts) -> None:
     opened = await open_session(scripts, wid)
     await scripts.close_session(opened.session_id, "client_close")
     assert await scripts.detach(opened.lease) == "closed"
-    missing = Lease(session_id=new_session_id(wid), epoch=EPOCH, generation=1)
+    missing = Lease(session_id=new_session_id(wid), epoch=EPOCH, generation=1, tenant="tenant-a")
     assert await scripts.detach(missing) == "unknown"
 
 
@@ -370,7 +380,8 @@ async def test_append_input_with_stale_generation_raises_lease_lost(scripts: Scr
     """The superseded lease is refused with the current generation in the error."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
-    await scripts.resume(opened.session_id, presented_digest=digest(opened.token),
+    await scripts.resume(opened.session_id, tenant="tenant-a",
+                         presented_digest=digest(opened.token),
                          new_digest=digest("t2"), control_id="c1")
     with pytest.raises(LeaseLost) as caught:
         await scripts.append_input(opened.lease, [(1, cmd("a"))], max_entries=100)
@@ -384,7 +395,7 @@ async def test_append_input_with_stale_epoch_raises_lease_lost(
     """A token from another store epoch cannot append and nothing reaches the log."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
-    other = Lease(session_id=opened.session_id, epoch="epoch-0", generation=1)
+    other = Lease(session_id=opened.session_id, epoch="epoch-0", generation=1, tenant="tenant-a")
     with pytest.raises(LeaseLost):
         await scripts.append_input(other, [(1, cmd("a"))], max_entries=100)
     assert await read_input(redis_client, opened.session_id, 0) == []
@@ -408,7 +419,7 @@ async def test_append_input_closed_or_unknown_raises_session_gone(scripts: Scrip
     with pytest.raises(SessionGone) as closed:
         await scripts.append_input(opened.lease, [(1, cmd("a"))], max_entries=100)
     assert closed.value.status == "closed"
-    missing = Lease(session_id=new_session_id(wid), epoch=EPOCH, generation=1)
+    missing = Lease(session_id=new_session_id(wid), epoch=EPOCH, generation=1, tenant="tenant-a")
     with pytest.raises(SessionGone) as unknown:
         await scripts.append_input(missing, [(1, cmd("a"))], max_entries=100)
     assert unknown.value.status == "unknown"
@@ -428,7 +439,7 @@ async def test_append_input_dedups_client_seq_across_retries_and_resume(
         opened.lease, [(1, cmd("a")), (2, cmd("b")), (3, cmd("c"))], max_entries=100
     )
     assert (retry.appended, retry.last_client_seq) == (1, 3)
-    resumed = await scripts.resume(sid, presented_digest=digest(opened.token),
+    resumed = await scripts.resume(sid, tenant="tenant-a", presented_digest=digest(opened.token),
                                    new_digest=digest("t2"), control_id="c1")
     assert resumed.last_client_seq == 3
     assert resumed.lease is not None
@@ -623,7 +634,8 @@ async def test_append_output_on_detached_session_keeps_generating(
     opened = await open_session(scripts, wid)
     await scripts.detach(opened.lease)
     assert await scripts.append_output(opened.session_id, [ev(1), ev(2)]) == 1
-    result = await scripts.resume(opened.session_id, presented_digest=digest(opened.token),
+    result = await scripts.resume(opened.session_id, tenant="tenant-a",
+                                  presented_digest=digest(opened.token),
                                   new_digest=digest("t2"), control_id="c1")
     assert result.last_server_event_seq == 2
     assert len(await read_output(redis_client, opened.session_id, 0)) == 2
@@ -645,7 +657,7 @@ async def test_trim_output_drops_acknowledged_events(scripts: Scripts, redis_cli
     assert await scripts.trim_output(opened.lease, 5) == "ok"
     assert await read_output(redis_client, sid, 0) == []
     assert await scripts.append_output(sid, [ev(6)]) == 6
-    result = await scripts.resume(sid, presented_digest=digest(opened.token),
+    result = await scripts.resume(sid, tenant="tenant-a", presented_digest=digest(opened.token),
                                   new_digest=digest("t2"), control_id="c1")
     assert (result.first_retained_seq, result.last_server_event_seq) == (6, 6)
 
@@ -656,13 +668,14 @@ async def test_trim_output_is_fenced(scripts: Scripts, redis_client: Redis) -> N
     opened = await open_session(scripts, wid)
     sid = opened.session_id
     await scripts.append_output(sid, [ev(1), ev(2)])
-    await scripts.resume(sid, presented_digest=digest(opened.token), new_digest=digest("t2"),
+    await scripts.resume(sid, tenant="tenant-a",
+                         presented_digest=digest(opened.token), new_digest=digest("t2"),
                          control_id="c1")
     assert await scripts.trim_output(opened.lease, 2) == "stale"
-    other_epoch = Lease(session_id=sid, epoch="epoch-0", generation=2)
+    other_epoch = Lease(session_id=sid, epoch="epoch-0", generation=2, tenant="tenant-a")
     assert await scripts.trim_output(other_epoch, 2) == "stale"
     assert len(await read_output(redis_client, sid, 0)) == 2
-    missing = Lease(session_id=new_session_id(wid), epoch=EPOCH, generation=1)
+    missing = Lease(session_id=new_session_id(wid), epoch=EPOCH, generation=1, tenant="tenant-a")
     assert await scripts.trim_output(missing, 1) == "unknown"
 
 
@@ -738,7 +751,7 @@ async def test_reap_lost_worker_closes_every_session_once(
         await assert_one_terminal(redis_client, o.session_id, "session.closed", "worker_lost")
     await assert_one_terminal(redis_client, opened[2].session_id, "session.closed",
                               "client_close")
-    assert await scripts.reap(wid) == ("lost", 0)
+    assert counts(await scripts.reap(wid)) == ("lost", 0)
     assert 0 < await redis_client.pttl(WorkerKeys(wid).record)
     with pytest.raises(WorkerFenced):
         await scripts.worker_heartbeat(wid, slots=8, ttl_ms=60_000, register=False, drain=False)
@@ -757,9 +770,9 @@ async def test_reap_after_an_outage_gives_a_lapsed_worker_one_ttl(
                                           drain=False)
     await wait_redis_clock_past(redis_client, beat.alive_until_ms)
     recovered = await redis_now_ms(redis_client)
-    assert await scripts.reap(wid, recovered_ms=recovered) == ("live", 0)
+    assert counts(await scripts.reap(wid, recovered_ms=recovered)) == ("live", 0)
     await wait_redis_clock_past(redis_client, recovered + 300)
-    assert await scripts.reap(wid, recovered_ms=recovered) == ("lost", 1)
+    assert counts(await scripts.reap(wid, recovered_ms=recovered)) == ("lost", 1)
     await assert_one_terminal(redis_client, opened.session_id, "session.closed", "worker_lost")
 
 
@@ -775,13 +788,13 @@ async def test_reap_after_an_outage_counts_grace_and_idle_from_the_return(
     await scripts.detach(detached.lease)
     await wait_redis_clock_past(redis_client, await redis_now_ms(redis_client) + 320)
     recovered = await redis_now_ms(redis_client)  # both are past due by now
-    assert await scripts.reap(wid, recovered_ms=recovered) == ("live", 0)
+    assert counts(await scripts.reap(wid, recovered_ms=recovered)) == ("live", 0)
     await wait_redis_clock_past(redis_client, recovered + 200)
-    assert await scripts.reap(wid, recovered_ms=recovered) == ("live", 1)
+    assert counts(await scripts.reap(wid, recovered_ms=recovered)) == ("live", 1)
     await assert_one_terminal(redis_client, detached.session_id, "session.expired",
                               "disconnect_grace_expired")
     await wait_redis_clock_past(redis_client, recovered + 300)
-    assert await scripts.reap(wid, recovered_ms=recovered) == ("live", 1)
+    assert counts(await scripts.reap(wid, recovered_ms=recovered)) == ("live", 1)
     await assert_one_terminal(redis_client, idle.session_id, "session.expired",
                               "idle_ttl_expired")
 
@@ -807,13 +820,13 @@ async def test_reap_expires_detached_session_after_grace(
     await scripts.append_output(opened.session_id, [ev(1)])
     assert await scripts.detach(opened.lease) == "ok"
     detached_ms = int(await session_field(redis_client, opened.session_id, "detached_ms") or 0)
-    assert await scripts.reap(wid) == ("live", 0)
+    assert counts(await scripts.reap(wid)) == ("live", 0)
     await wait_redis_clock_past(redis_client, detached_ms + 50)
     assert await reap_until_ended(scripts, wid, 1) == 1
     await assert_one_terminal(redis_client, opened.session_id, "session.expired",
                               "disconnect_grace_expired")
     assert await used_slots(redis_client, wid) == 0
-    assert await scripts.reap(wid) == ("live", 0)
+    assert counts(await scripts.reap(wid)) == ("live", 0)
 
 
 async def test_reap_zero_grace_expires_at_once(scripts: Scripts, redis_client: Redis) -> None:
@@ -886,9 +899,9 @@ async def test_reap_respects_budget(scripts: Scripts, redis_client: Redis) -> No
     opened = [await open_session(scripts, wid, policy=policy) for _ in range(5)]
     for o in opened:
         await scripts.detach(o.lease)
-    assert await scripts.reap(wid, budget=2) == ("live", 2)
-    assert await scripts.reap(wid, budget=2) == ("live", 2)
-    assert await scripts.reap(wid, budget=2) == ("live", 1)
+    assert counts(await scripts.reap(wid, budget=2)) == ("live", 2)
+    assert counts(await scripts.reap(wid, budget=2)) == ("live", 2)
+    assert counts(await scripts.reap(wid, budget=2)) == ("live", 1)
     for o in opened:
         await assert_one_terminal(redis_client, o.session_id, "session.expired",
                                   "disconnect_grace_expired")
@@ -896,7 +909,7 @@ async def test_reap_respects_budget(scripts: Scripts, redis_client: Redis) -> No
 
 async def test_reap_unknown_worker(scripts: Scripts) -> None:
     """Reaping a worker with no record changes nothing."""
-    assert await scripts.reap(new_worker_id()) == ("unknown", 0)
+    assert counts(await scripts.reap(new_worker_id())) == ("unknown", 0)
 
 
 @pytest.mark.parametrize("reapers", [2, 16])
@@ -908,8 +921,8 @@ async def test_racing_reapers_write_one_terminal_per_session(
     opened = [await open_session(scripts, wid) for _ in range(6)]
     await expire_heartbeat(redis_client, scripts, wid)
     answers = await asyncio.gather(*(scripts.reap(wid) for _ in range(reapers)))
-    assert sum(ended for _, ended in answers) == 6
-    assert {state for state, _ in answers} == {"lost"}
+    assert sum(a.ended for a in answers) == 6
+    assert {a.state for a in answers} == {"lost"}
     for o in opened:
         await assert_one_terminal(redis_client, o.session_id, "session.closed", "worker_lost")
     assert await used_slots(redis_client, wid) == 0
@@ -926,7 +939,7 @@ async def test_racing_reapers_expire_each_session_once(
     for o in opened:
         await scripts.detach(o.lease)
     answers = await asyncio.gather(*(scripts.reap(wid, budget=2) for _ in range(reapers)))
-    ended = sum(n for _, n in answers)
+    ended = sum(a.ended for a in answers)
     ended += await reap_until_ended(scripts, wid, 6 - ended) if ended < 6 else 0
     assert ended == 6
     for o in opened:
