@@ -51,6 +51,7 @@ from inference_worker.loopback import (
     check_session_patch,
     default_session,
     response_options,
+    too_deep,
 )
 from inference_worker.realtime_items import (
     assistant_item,
@@ -59,6 +60,7 @@ from inference_worker.realtime_items import (
     response_object,
     zero_usage,
 )
+from inference_worker.untrusted import close_reason, describe
 from store import messages as msg
 from store.messages import JsonObject
 
@@ -149,7 +151,8 @@ class DuplexRunner:
 
     @property
     def close_requested(self) -> str | None:
-        """The reason of the ``CloseSession`` received, or None while the session is open."""
+        """The reason of the ``CloseSession`` received, or None while the session is open
+        (``client_close`` for a reason that is not a short valid UTF-8 string)."""
         return self._close_reason
 
     @property
@@ -311,7 +314,8 @@ class DuplexRunner:
             self._finish("cancelled", "client_cancelled")
         self._complete_user_item(None)
         self._input.clear()
-        self._close_reason = command.reason
+        # The store writes the reason back as session.closed: one it cannot encode is replaced.
+        self._close_reason = close_reason(command.reason)
 
     # ------------------------------------------------------------------ model output
 
@@ -477,6 +481,9 @@ def _check_patch(patch: Any, current: JsonObject) -> Refusal | None:
     """
     if not isinstance(patch, dict):
         return Refusal(code="invalid_type", message="expected an object", param="session")
+    deep = too_deep(patch, "session")
+    if deep is not None:
+        return deep
     extra = patch.get("extra_body", {})
     if not isinstance(extra, dict):
         return Refusal(code="invalid_type", message="expected an object",
@@ -484,8 +491,8 @@ def _check_patch(patch: Any, current: JsonObject) -> Refusal | None:
     for key, value in extra.items():
         param = f"session.extra_body.{key}"
         if key != "end_of_turn_silence_ms":
-            return Refusal(code="unknown_parameter", message=f"unknown parameter {key!r}",
-                           param=param)
+            return Refusal(code="unknown_parameter",
+                           message=f"unknown parameter {describe(key)}", param=param)
         low, high = _SILENCE_MS_RANGE
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
             return Refusal(code="invalid_value", param=param,

@@ -310,7 +310,7 @@ class Engine:
         frames = self._take_frames(handles)
         steps = [SlotStep(slot=h.slot, pcm=f) for h, f in zip(handles, frames, strict=True)]
         try:
-            outputs = self._step(handles, steps)
+            results = self._step(steps)
         except Exception as exc:  # a model failure ends this batch's sessions, not the worker
             _log.exception("batched step failed")
             if self.metrics is not None:
@@ -319,17 +319,32 @@ class Engine:
                               seconds=self._clock() - started,
                               failed=failed + tuple(h.serial for h in handles),
                               error=repr(exc))
+        outputs, unusable = self._convert_all(handles, results)
         seconds = self._clock() - started
         self._record(seconds, len(handles))
         return TickReport(index=self._next_index(), scheduled=due, seconds=seconds,
-                          outputs=outputs, failed=failed)
+                          outputs=outputs, failed=failed + unusable)
 
-    def _step(self, handles: list[SlotHandle], steps: list[SlotStep]) -> dict[int, FrameOutput]:
+    def _step(self, steps: list[SlotStep]) -> list[SlotResult]:
         results = self.backend.step(steps)
         if [r.slot for r in results] != [s.slot for s in steps]:
             raise RuntimeError(f"step returned slots {[r.slot for r in results]} "
                                f"for {[s.slot for s in steps]}")
-        return {h.serial: self._convert(h, r) for h, r in zip(handles, results, strict=True)}
+        return results
+
+    def _convert_all(self, handles: list[SlotHandle], results: list[SlotResult],
+                     ) -> tuple[dict[int, FrameOutput], tuple[int, ...]]:
+        """Each slot's output as a frame; a slot whose output cannot be converted fails alone
+        (its serial is returned), the batch's other slots keep theirs."""
+        outputs: dict[int, FrameOutput] = {}
+        unusable: list[int] = []
+        for handle, result in zip(handles, results, strict=True):
+            try:
+                outputs[handle.serial] = self._convert(handle, result)
+            except Exception:  # the slot is closed after this, so this logs once per session
+                _log.exception("slot %d: its output cannot be used", handle.slot)
+                unusable.append(handle.serial)
+        return outputs, tuple(unusable)
 
     def _next_index(self) -> int:
         self._index += 1

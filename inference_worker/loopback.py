@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from inference_worker.untrusted import MAX_SESSION_DEPTH, describe, nests_deeper_than
 from store.messages import JsonObject
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "check_session_patch",
     "default_session",
     "response_options",
+    "too_deep",
 ]
 
 # GA `audio/pcm`: pcm16 LE mono, "only a 24kHz sample rate is supported" (openai_realtime.md §4).
@@ -178,9 +180,10 @@ def _check_level(patch: Any, path: tuple[str, ...]) -> Refusal | None:
         elif sub in _LEAVES:
             check, code = _LEAVES[sub]
             if not check(value):
-                return Refusal(code=code, message=f"unsupported value {value!r}", param=_param(sub))
+                return Refusal(code=code, message=f"unsupported value {describe(value)}",
+                               param=_param(sub))
         else:
-            return Refusal(code="unknown_parameter", message=f"unknown parameter {key!r}",
+            return Refusal(code="unknown_parameter", message=f"unknown parameter {describe(key)}",
                            param=_param(sub))
     return None
 
@@ -189,6 +192,8 @@ def check_session_patch(patch: JsonObject, current: JsonObject) -> Refusal | Non
     """Decide whether a ``session.update`` patch may apply to the loopback session.
 
     The whole patch is checked before anything is applied, so a refused update changes nothing.
+    A patch nested deeper than :data:`~inference_worker.untrusted.MAX_SESSION_DEPTH` is
+    refused first, so the merge and every copy of the session object recurse a bounded depth.
 
     Args:
         patch: the ``session`` object of the update, as the client sent it.
@@ -197,7 +202,7 @@ def check_session_patch(patch: JsonObject, current: JsonObject) -> Refusal | Non
     Returns:
         None when the patch is acceptable, else the first reason to refuse it.
     """
-    refusal = _check_level(patch, ())
+    refusal = too_deep(patch, "session") or _check_level(patch, ())
     if refusal is not None:
         return refusal
     merged = apply_session_patch(patch, current)
@@ -208,6 +213,14 @@ def check_session_patch(patch: JsonObject, current: JsonObject) -> Refusal | Non
         return Refusal(code="invalid_value", param="session.extra_body.loopback_mode",
                        message="loopback stream mode needs output_modalities ['audio']")
     return None
+
+
+def too_deep(value: Any, param: str) -> Refusal | None:
+    """The ``invalid_value`` refusal of a client value nested deeper than the worker takes."""
+    if not nests_deeper_than(value, MAX_SESSION_DEPTH):
+        return None
+    return Refusal(code="invalid_value", param=param,
+                   message=f"nested more than {MAX_SESSION_DEPTH} levels deep")
 
 
 def apply_session_patch(patch: JsonObject, current: JsonObject) -> JsonObject:
@@ -247,7 +260,10 @@ def response_options(
         ``(audio, metadata)``, or the refusal of an invalid value. Other options are
         response-scoped knobs the loopback has no use for, so they are ignored.
     """
-    request = request or {}
+    if request is None:
+        request = {}
+    elif not isinstance(request, dict):
+        return Refusal(code="invalid_type", param="response", message="expected an object")
     modalities = request.get("output_modalities", config["output_modalities"])
     if modalities not in (["audio"], ["text"]):
         return Refusal(code="invalid_value", param="response.output_modalities",

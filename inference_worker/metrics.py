@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-__all__ = ["WorkerMetrics", "serve_metrics"]
+__all__ = ["FAILURE_STAGES", "WorkerMetrics", "serve_metrics"]
 
 _NS = "duplex_worker"
+#: Where a session can fail inside the worker (``session_failures`` ``stage`` label): applying
+#: a command, a tick or timer, draining its events, encoding one, writing its output.
+FAILURE_STAGES = ("receive", "tick", "events", "encode", "write")
 
 # Tick times around an 80 ms Moshi frame: fine below the budget, coarse above it.
 _TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07, 0.08, 0.09,
@@ -67,11 +70,22 @@ class WorkerMetrics:
         self.step_errors = Counter(
             f"{_NS}_step_errors", "Batched steps that raised (their sessions are closed)",
             label, registry=r).labels(backend)
+        self._session_failures = Counter(
+            f"{_NS}_session_failures",
+            "Sessions this worker ended with internal_error over a failure of its own, by stage",
+            ["backend", "stage"], registry=r)
+        for stage in FAILURE_STAGES:  # every stage exported from the start, at 0
+            self._session_failures.labels(backend, stage)
+        self._backend = backend
         self.sessions = Gauge(
             f"{_NS}_sessions", "Sessions served now", label, registry=r).labels(backend)
         self.admitting = Gauge(
             f"{_NS}_admitting", "1 while the worker accepts new sessions", label,
             registry=r).labels(backend)
+
+    def session_failed(self, stage: str) -> None:
+        """Count one session ended by a failure at ``stage`` (one of :data:`FAILURE_STAGES`)."""
+        self._session_failures.labels(self._backend, stage).inc()
 
 
 def serve_metrics(metrics: WorkerMetrics, port: int, addr: str = "0.0.0.0") -> None:

@@ -34,6 +34,7 @@ from inference_worker.realtime_items import (
     zero_usage,
 )
 from inference_worker.states import InputState, ResponseState, Trigger, transition
+from inference_worker.untrusted import close_reason
 from store import messages as msg
 from store.messages import JsonObject
 
@@ -92,7 +93,8 @@ class SessionRunner:
 
     @property
     def close_requested(self) -> str | None:
-        """The reason of the ``CloseSession`` received, or None while the session is open."""
+        """The reason of the ``CloseSession`` received, or None while the session is open
+        (``client_close`` for a reason that is not a short valid UTF-8 string)."""
         return self._close_reason
 
     @property
@@ -236,7 +238,8 @@ class SessionRunner:
         self._move_input(Trigger.CLOSE)
         self._buffer.clear()
         self._unanswered = None
-        self._close_reason = command.reason
+        # The store writes the reason back as session.closed: one it cannot encode is replaced.
+        self._close_reason = close_reason(command.reason)
 
     # ------------------------------------------------------------------ responses
 

@@ -12,6 +12,15 @@ With a frame backend (``fake``, ``moshi``, ``cascade``) each session holds a slo
 input and each tick's output into events. The worker admits new sessions (heartbeat
 ``admit``) only while a slot is free and the rolling p99 tick time is inside
 ``tick_budget_fraction`` of the frame period.
+
+Sessions are isolated from one another: an exception while one session's command is applied,
+its timer or tick is run, its events are drained or encoded, or its output is prepared for
+the batched write ends that session alone with ``session.closed`` ``internal_error`` (counted
+in ``duplex_worker_session_failures_total``, its traceback logged once per cause per minute);
+the other sessions never notice. A failure of the worker itself (one of its loops ends) stops
+the process, and the reaper then declares it lost: its sessions end ``worker_lost``. The
+worker never takes itself out of the directory: the reaper does once it reports the worker
+lost (a stopped worker's heartbeat lapses too), so no way of dying hides a worker from it.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,11 +55,18 @@ from store import (
     WorkerFenced,
 )
 from store.client import RedisClient
-from store.directory import announce_worker, forget_worker, sessions_of_worker
+from store.directory import announce_worker, sessions_of_worker
 from store.keys import WorkerKeys, new_worker_id, worker_of_session
 from store.logs import log_ends, read_input
-from store.messages import CloseSession, MessageDecodeError, decode_command, encode_message
+from store.messages import (
+    CloseSession,
+    Event,
+    MessageDecodeError,
+    decode_command,
+    encode_message,
+)
 from store.pubsub import Subscriber
+from store.ratelog import RateLimitedLog, cause_of
 
 __all__ = ["Worker"]
 
@@ -59,6 +76,10 @@ _MAX_FLUSH_BATCH = 256
 # How long a drain lets the flusher write the sessions' last events before it writes their
 # terminal events alone.
 _CLOSE_FLUSH_S = 5.0
+# A session that fails inside this worker (its bug, or data it cannot handle) ends with this.
+_FAILED_REASON = "internal_error"
+# Each cause of a session failure is logged with its traceback at most once per this long.
+_FAILURE_LOG_PERIOD_S = 60.0
 
 
 @dataclass
@@ -76,6 +97,10 @@ class _Session:
     # An input push arrived since the last poll: pushes show a rewound log themselves, so the
     # poll checks the log's end only for sessions that were quiet.
     pushed: bool = False
+    # The worker failed on this session (see Worker._fail_session): its runner is never called
+    # again, and the flusher writes the events encoded before the failure, then
+    # session.closed internal_error.
+    failed: bool = False
 
 
 class Worker:
@@ -110,6 +135,7 @@ class Worker:
         self.fenced = False
         #: Worker ids this process served under; a new one after each fencing.
         self.incarnations: list[str] = [self.worker_id]
+        self._failure_log = RateLimitedLog(_log, interval_s=_FAILURE_LOG_PERIOD_S)
 
     @property
     def session_ids(self) -> list[str]:
@@ -159,7 +185,7 @@ class Worker:
             # The loops run until cancelled (the heartbeat ends after fencing, which stops
             # us); one that ended otherwise hit a bug. A worker limping on without it, still
             # heartbeating, would hold its sessions silently: fail loudly instead, so the
-            # process exits and its sessions end worker_lost.
+            # process exits, its heartbeat lapses and the reaper ends its sessions worker_lost.
             for task in tasks:
                 if task.done() and (task.exception() or not self._stopping.is_set()):
                     raise RuntimeError(f"worker loop {task.get_coro()!r} ended") from (
@@ -171,11 +197,14 @@ class Worker:
                 task.cancel()
             await asyncio.gather(stopping, *tasks, return_exceptions=True)
             await self._subscriber.unsubscribe(self._keys.input_channel)
+            # The directory entry stays, whatever the way out: the reaper visits listed
+            # workers only, and removes this one once it reports it lost. A crash leaves
+            # sessions for it to end worker_lost; a drained worker has none left, and its
+            # lapsed record is then marked lost (and expires) rather than kept for ever.
             if self.fenced:
                 self._notices = asyncio.Queue()
             else:
                 await self._subscriber.aclose()
-                await forget_worker(self._client, self.worker_id)
 
     def stop(self) -> None:
         """Begin a graceful stop (SIGTERM): admit nothing new, let sessions finish."""
@@ -226,18 +255,22 @@ class Worker:
         now = time.monotonic()
         for serial, frame in report.outputs.items():
             session_id = self._by_serial.get(serial)
-            session = self._sessions.get(session_id) if session_id is not None else None
-            if session is None or not isinstance(session.runner, DuplexRunner):
-                continue  # closed while the tick ran
-            session.runner.on_frame(frame, now)
-            for latency in session.runner.take_first_audio_latencies():
-                self.metrics.time_to_first_audio.observe(latency)
-            self._mark_dirty(session_id)  # type: ignore[arg-type]
+            if session_id is None:
+                continue  # closed (or failed) while the tick ran
+            session = self._sessions.get(session_id)
+            runner = session.runner if session is not None else None
+            if not isinstance(runner, DuplexRunner):
+                continue
+            with self._isolated(session_id, "tick"):
+                runner.on_frame(frame, now)
+                for latency in runner.take_first_audio_latencies():
+                    self.metrics.time_to_first_audio.observe(latency)
+            self._mark_dirty(session_id)
         for serial in report.failed:
             session_id = self._by_serial.get(serial)
             if session_id is not None:
                 _log.error("session %s: model failure (%s); closing it", session_id,
-                           report.error or "open_slot failed")
+                           report.error or "its slot failed")
                 self._end_here(session_id, "model_error")
 
     def _spawn(self, coro: Any) -> None:
@@ -256,13 +289,19 @@ class Worker:
         if pending.audio:
             engine.push_audio(handle, pending.audio)
 
+    def _release_slot(self, session: _Session) -> None:
+        """Give the session's engine slot back (idempotent): no tick feeds its runner again."""
+        if session.handle is None:
+            return
+        self._by_serial.pop(session.handle.serial, None)
+        if self._engine is not None:
+            self._engine.close(session.handle)
+
     def _forget(self, session_id: str) -> None:
         """Stop serving ``session_id`` here, releasing its engine slot."""
         session = self._sessions.pop(session_id, None)
-        if session is not None and session.handle is not None:
-            self._by_serial.pop(session.handle.serial, None)
-            if self._engine is not None:
-                self._engine.close(session.handle)
+        if session is not None:
+            self._release_slot(session)
         self.metrics.sessions.set(len(self._sessions))
         if not self._sessions:
             self._no_sessions.set()
@@ -313,9 +352,36 @@ class Worker:
         """Tell a session's runner to end with ``reason``; the flusher writes its last events
         and the terminal one, then forgets the session."""
         session = self._sessions.get(session_id)
-        if session is None:
+        if session is None or session.failed:
+            return  # a failed session is ending already
+        with self._isolated(session_id, "receive"):
+            session.runner.receive(CloseSession(reason=reason), time.monotonic())
+        self._mark_dirty(session_id)
+
+    # ------------------------------------------------------------------ isolation
+
+    @contextlib.contextmanager
+    def _isolated(self, session_id: str, stage: str) -> Iterator[None]:
+        """Run one session's step: an exception in it ends that session alone."""
+        try:
+            yield
+        except Exception as exc:  # any bug, or data the runner cannot handle
+            self._fail_session(session_id, stage, exc)
+
+    def _fail_session(self, session_id: str, stage: str, exc: Exception) -> None:
+        """End one session over a failure of this worker's own at ``stage`` (one of
+        ``metrics.FAILURE_STAGES``): its slot is freed at once, and the flusher writes what
+        was encoded before the failure, then ``session.closed`` ``internal_error``."""
+        session = self._sessions.get(session_id)
+        if session is None or session.failed:
             return
-        session.runner.receive(CloseSession(reason=reason), time.monotonic())
+        session.failed = True
+        self.metrics.session_failed(stage)
+        self._failure_log.exception(
+            (stage, *cause_of(exc)),
+            f"session {session_id}: the worker failed on it ({stage}); ending it"
+            f" {_FAILED_REASON}", exc)
+        self._release_slot(session)
         self._mark_dirty(session_id)
 
     def _fence(self) -> None:
@@ -335,7 +401,7 @@ class Worker:
             except StoreError as exc:
                 # Redis is failing over or restarting; the poll loop reads what was missed.
                 _log.warning("a notice could not be handled: %s", exc)
-            except (IndexError, TypeError, ValueError, AttributeError):
+            except (IndexError, KeyError, TypeError, ValueError, AttributeError):
                 # Only our scripts publish here; a malformed notice is dropped, not obeyed,
                 # and the poll loop still reads the logs.
                 _log.exception("dropped a malformed notice: %r", notice)
@@ -417,6 +483,8 @@ class Worker:
 
     async def _offer(self, session_id: str, session: _Session, first: int,
                      payloads: list[bytes]) -> None:
+        if session.failed:
+            return  # ending: its commands are not applied any more
         if session.follower.rewound_at(first, payloads) is not None:
             # Other commands under indices already applied: a Redis failover lost input this
             # worker acted on, and the log numbers on from there. The session's state here no
@@ -428,16 +496,17 @@ class Worker:
             await self._catch_up(session_id, session)
             return
         now = time.monotonic()
-        for _, payload in fresh:
-            try:
-                command = decode_command(payload)
-            except MessageDecodeError:
-                _log.error("undecodable input entry for %s; skipped", session_id)
-                continue
-            session.runner.receive(command, now)
-        self._pump(session)
+        with self._isolated(session_id, "receive"):
+            for _, payload in fresh:
+                try:
+                    command = decode_command(payload)
+                except MessageDecodeError:
+                    _log.error("undecodable input entry for %s; skipped", session_id)
+                    continue
+                session.runner.receive(command, now)
+            self._pump(session)
         self._mark_dirty(session_id)
-        deadline = session.runner.next_deadline()
+        deadline = self._deadline_of(session_id, session)
         if deadline is not None and deadline < self._next_tick_at:
             # Only an earlier deadline needs the tick loop now; waking it for every command
             # (each audio chunk) would rescan every session per chunk.
@@ -445,10 +514,18 @@ class Worker:
 
     # ------------------------------------------------------------------ output
 
+    def _deadline_of(self, session_id: str, session: _Session) -> float | None:
+        """When the session's runner next needs a tick (None: never, or it failed)."""
+        if session.failed:
+            return None
+        with self._isolated(session_id, "tick"):
+            return session.runner.next_deadline()
+        return None  # it raised: the session is failed now
+
     async def _tick_loop(self) -> None:
         while True:
-            deadlines = [d for s in self._sessions.values()
-                         if (d := s.runner.next_deadline()) is not None]
+            deadlines = [d for session_id, s in list(self._sessions.items())
+                         if (d := self._deadline_of(session_id, s)) is not None]
             now = time.monotonic()
             self._next_tick_at = min(deadlines) if deadlines else now + 1.0
             delay = max(0.0, self._next_tick_at - now)
@@ -459,9 +536,10 @@ class Worker:
                 pass
             now = time.monotonic()
             for session_id, session in list(self._sessions.items()):
-                deadline = session.runner.next_deadline()
+                deadline = self._deadline_of(session_id, session)
                 if deadline is not None and deadline <= now:
-                    session.runner.tick(now)
+                    with self._isolated(session_id, "tick"):
+                        session.runner.tick(now)
                     self._mark_dirty(session_id)
 
     def _mark_dirty(self, session_id: str) -> None:
@@ -479,16 +557,42 @@ class Worker:
                 # Each session's lock keeps its server_event_seq in order against _close.
                 for _, session in sessions:
                     await held.enter_async_context(session.lock)
-                batch: list[tuple[str, _Session, str | None]] = []
-                for session_id, session in sessions:
-                    session.unsent += [encode_message(e)
-                                       for e in session.runner.events_to_send()]
-                    reason = session.runner.close_requested
-                    if session.unsent or reason is not None:
-                        batch.append((session_id, session, reason))
+                # Each session's part is encoded and checked alone, so that one session's bad
+                # data fails that session, never the whole batch.
+                batch = [part for session_id, session in sessions
+                         if (part := self._output_of(session_id, session)) is not None]
                 for start in range(0, len(batch), _MAX_FLUSH_BATCH):
                     if not await self._write(batch[start:start + _MAX_FLUSH_BATCH]):
                         break
+
+    def _output_of(self, session_id: str, session: _Session,
+                   ) -> tuple[str, _Session, str | None] | None:
+        """Encode what the session's runner produced into its unsent events and pick its close
+        reason: its part of the next write, or None when it has nothing to write."""
+        if not session.failed:
+            events: list[Event] = []
+            with self._isolated(session_id, "events"):
+                events = session.runner.events_to_send()
+            with self._isolated(session_id, "encode"):
+                for event in events:  # those encoded before a failure are still written
+                    session.unsent.append(encode_message(event))
+        reason = self._close_reason_of(session_id, session)
+        if session.unsent or reason is not None:
+            return session_id, session, reason
+        return None
+
+    def _close_reason_of(self, session_id: str, session: _Session) -> str | None:
+        """The reason to end the session with now, checked to be sendable."""
+        if not session.failed:
+            with self._isolated(session_id, "write"):
+                reason = session.runner.close_requested
+                if reason is not None:
+                    # Redis's client encodes it as strict UTF-8, and one that cannot be would
+                    # fail the whole batch. The runners replace such reasons already; this
+                    # keeps a bug in one from reaching the batch.
+                    reason.encode("utf-8")
+                return reason
+        return _FAILED_REASON
 
     async def _write(self, batch: list[tuple[str, _Session, str | None]]) -> bool:
         """One script call for the output of many sessions (they share this worker's slot).
@@ -510,6 +614,31 @@ class Worker:
             for session_id, _, _ in batch:
                 self._dirty.add(session_id)
             return True
+        except Exception as exc:  # not Redis: a session's part could not even be sent
+            return await self._write_apart(batch, exc)
+        self._settle(batch, outcomes)
+        return True
+
+    async def _write_apart(self, batch: list[tuple[str, _Session, str | None]],
+                           exc: Exception) -> bool:
+        """After a batch failed on its own arguments (a bug: each part is checked before),
+        write each session alone so that only the culprit fails. Resending is safe: the
+        events are numbered, so any that landed are not stored twice."""
+        if len(batch) > 1:
+            for part in batch:
+                if not await self._write([part]):
+                    return False
+            return True
+        session_id, _, _ = batch[0]
+        self._fail_session(session_id, "write", exc)
+        # Its output itself cannot be written: the terminal event goes alone.
+        self._forget(session_id)
+        self._spawn(self._close(session_id, _FAILED_REASON))
+        return True
+
+    def _settle(self, batch: list[tuple[str, _Session, str | None]],
+                outcomes: list[int | SessionGone | OutputMismatch]) -> None:
+        """Apply the outcome of a write to each of its sessions."""
         for (session_id, session, reason), outcome in zip(batch, outcomes, strict=True):
             if isinstance(outcome, SessionGone):
                 self._forget(session_id)
@@ -525,7 +654,6 @@ class Worker:
             session.unsent = []
             if reason is not None:
                 self._forget(session_id)
-        return True
 
     def _abandon(self, session_id: str, reason: str, why: str) -> None:
         """Stop serving a session whose state here no longer matches the store's, and end it

@@ -3,6 +3,10 @@
 The directory is a hint (it lives outside any worker's hash slot): placement reads it to pick
 the least-loaded worker, then the open script re-checks liveness and capacity inside the
 worker's own slot, so a stale directory can cost a retry, never a wrong placement.
+
+For the reaper it is the list of workers to watch, so an entry is only ever removed by a
+reaper that found the worker lost (or its record gone): a worker never removes itself, however
+it ends, so a crashed one stays listed until its sessions have ended ``worker_lost``.
 """
 
 from __future__ import annotations
@@ -22,13 +26,14 @@ __all__ = [
     "announce_worker",
     "forget_worker",
     "list_workers",
+    "listed_workers",
     "server_time_ms",
     "sessions_of_worker",
     "worker_loads",
 ]
 
-# A worker stays listed this long after its last heartbeat deadline, so the reaper still
-# visits it and declares it lost.
+# Placement looks at workers whose heartbeat deadline is at most this old (one that lapsed a
+# moment ago may be beating again). The reaper must see every listed worker: listed_workers.
 _LINGER_MS = 60_000
 
 
@@ -58,7 +63,7 @@ async def announce_worker(
 
 
 async def forget_worker(client: Redis | RedisCluster, worker_id: str) -> None:
-    """Remove a worker from the directory (after it was reaped or stopped)."""
+    """Remove a worker from the directory, once a reap reported it lost or unknown."""
     try:
         await client.zrem(WORKER_DIRECTORY, worker_id)
     except RedisError as exc:
@@ -76,11 +81,24 @@ async def sessions_of_worker(client: Redis | RedisCluster, worker_id: str) -> li
 
 
 async def list_workers(client: Redis | RedisCluster, now_ms: int) -> list[str]:
-    """Every worker that heartbeat recently enough to matter (alive, or due to be reaped)."""
+    """The workers placement may consider: those that heartbeat within the last minute."""
     try:
         members: Any = await client.zrangebyscore(WORKER_DIRECTORY, now_ms - _LINGER_MS, "+inf")
     except RedisError as exc:
         raise StoreUnavailable(f"ZRANGEBYSCORE directory failed: {exc}") from exc
+    return [m.decode() for m in members]
+
+
+async def listed_workers(client: Redis | RedisCluster) -> list[str]:
+    """Every worker in the directory, however long ago it last beat: what the reaper visits.
+
+    A worker that died while no reaper could run (every gateway down, or Redis unreachable
+    for longer than placement's linger) is still here, so it is still declared lost.
+    """
+    try:
+        members: Any = await client.zrange(WORKER_DIRECTORY, 0, -1)
+    except RedisError as exc:
+        raise StoreUnavailable(f"ZRANGE directory failed: {exc}") from exc
     return [m.decode() for m in members]
 
 

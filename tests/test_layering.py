@@ -25,6 +25,7 @@ PURE = {
     "inference_worker/duplex_runner.py": {"asyncio", "redis", "time", "threading", "torch"},
     "inference_worker/frames.py": {"asyncio", "redis", "time", "threading", "torch"},
     "store/follower.py": {"asyncio", "redis", "time"},
+    "inference_worker/untrusted.py": {"asyncio", "redis", "time", "threading"},
 }
 
 

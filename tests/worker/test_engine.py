@@ -312,6 +312,30 @@ def test_wrong_result_slots_are_a_step_failure() -> None:
     assert report is not None and report.failed == (handle.serial,)
 
 
+def test_one_slots_unusable_output_fails_that_slot_alone() -> None:
+    """A result the engine cannot convert (not audio at all) fails its slot only; the other
+    slot of the batch gets its frame, and the step is not counted as a batch failure."""
+    clock = FakeClock()
+    backend = Recorder(clock)
+    metrics = WorkerMetrics("fake")
+    engine = Engine(backend, metrics=metrics, clock=clock)
+    good, bad = engine.open(), engine.open()
+    assert good is not None and bad is not None
+
+    def half_broken(inputs: list[SlotStep]) -> list[SlotResult]:
+        return [SlotResult(slot=s.slot, pcm=np.zeros(FRAME, dtype=np.float32)
+                           if s.slot == good.slot else "not audio")  # type: ignore[arg-type]
+                for s in inputs]
+
+    backend.step = half_broken  # type: ignore[method-assign]
+    report = engine.tick_once()
+    assert report is not None
+    assert report.failed == (bad.serial,)
+    assert list(report.outputs) == [good.serial]
+    assert report.outputs[good.serial].audio == bytes(2 * FRAME)
+    assert counter(metrics, "step_errors") == 0
+
+
 def test_open_slot_failure_is_reported() -> None:
     """A raising open_slot reports that serial as failed; it is never stepped."""
     clock = FakeClock()
