@@ -29,15 +29,22 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
+    from gateway.logredact import DropQueryStrings, log_config
     from gateway.settings import GatewaySettings
+    from gateway.wsprotocol import GatewayWebSocketProtocol
 
     settings = from_env(GatewaySettings, host=args.host, port=args.port,
                         redis_url=args.redis_url)
+    for handler in logging.getLogger().handlers:  # our own loggers' lines, too
+        handler.addFilter(DropQueryStrings())
     # uvicorn drains on SIGTERM: it stops accepting, closes websockets with 1012 (the session
-    # survives, in its disconnect grace) and then runs the lifespan shutdown.
+    # survives, in its disconnect grace) and then runs the lifespan shutdown. The protocol is
+    # uvicorn's websockets-sansio, except that text that is not UTF-8 reaches the app (which
+    # answers invalid_json, then closes 1007) instead of a traceback in the log.
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
                 log_level=args.log_level, ws_max_size=settings.max_frame_bytes + 1024,
-                timeout_graceful_shutdown=5, lifespan="on", ws="websockets-sansio")
+                timeout_graceful_shutdown=5, lifespan="on", ws=GatewayWebSocketProtocol,
+                log_config=log_config())
     return 0
 
 

@@ -38,8 +38,15 @@ from gateway.protocol.connection import (
     TrimLog,
 )
 from gateway.protocol.envelope import ResumeRequest
-from gateway.protocol.errors import ClientProtocolError, ErrorCode, InternalError
+from gateway.protocol.errors import (
+    ClientProtocolError,
+    ErrorCode,
+    InternalError,
+    fit_close_reason,
+)
+from gateway.protocol.pacing import InputPacer, PacingLimits
 from gateway.settings import GatewaySettings
+from gateway.wsprotocol import INVALID_TEXT_KEY
 from store import (
     AppendResult,
     Lease,
@@ -104,6 +111,12 @@ class ConnectionDriver:
         self._resume_started: float | None = None
         self._input_end = 0  # the highest input log index Redis assigned under this lease
         self._outbox_ready = asyncio.Event()
+        self._write_lock = asyncio.Lock()  # one append at a time, in order
+        s = services.settings
+        self._pacer = InputPacer(PacingLimits(frames_per_s=s.max_frames_per_s,
+                                              bytes_per_s=s.max_bytes_per_s,
+                                              audio_speed=s.max_audio_speed),
+                                 now=asyncio.get_running_loop().time())
         self._closed = asyncio.Event()
 
     async def run(self) -> None:
@@ -125,8 +138,6 @@ class ConnectionDriver:
             await asyncio.gather(closed, *tasks, return_exceptions=True)
             if self._channel is not None:
                 await self._svc.subscriber.unsubscribe(self._channel)
-            if self._core.ended and self._lease is not None:
-                await self._release_tenant(self._lease.session_id)
 
     async def _fail_if_broken(self, tasks: list[asyncio.Task[None]]) -> None:
         """A task that ended on a bug would leave a connection that reads but never delivers
@@ -153,11 +164,17 @@ class ConnectionDriver:
                                                  timeout if waiting_first else None)
                 if message["type"] == "websocket.disconnect":
                     break
+                if message.get(INVALID_TEXT_KEY):  # a text frame that is not UTF-8
+                    self._core.receive_invalid_text()
+                    await self._step()
+                    continue
                 data = message.get("text")
                 if data is None:
                     data = message.get("bytes") or b""
+                audio_before = self._core.audio_bytes_received
                 self._core.receive_frame(data)
                 await self._step()
+                await self._pace(len(data), self._core.audio_bytes_received - audio_before)
         except TimeoutError:
             self._core.first_message_timed_out()
         except (WebSocketDisconnect, RuntimeError, OSError):
@@ -165,6 +182,16 @@ class ConnectionDriver:
         self._core.connection_lost()
         await self._step()
         self._closed.set()
+
+    async def _pace(self, frame_bytes: int, audio_bytes: int) -> None:
+        """Hold the next read while this connection is over its rates: the client's sends
+        back up in TCP (flow control), so a flood costs nothing downstream."""
+        loop = asyncio.get_running_loop()
+        delay = self._pacer.charge(frame_bytes=frame_bytes, audio_bytes=audio_bytes,
+                                   now=loop.time())
+        if delay > 0:
+            self._svc.metrics.paced_seconds.inc(delay)
+            await asyncio.sleep(delay)  # the pacing schedule itself, not a wait for a condition
 
     async def _pump_log(self) -> None:
         interval = self._svc.settings.log_poll_interval_s
@@ -200,6 +227,9 @@ class ConnectionDriver:
     async def _housekeeping(self) -> None:
         """Once a second: renew the tenant reservation, trim what was delivered long ago.
 
+        The reservation is released by the reaper once the session ends, wherever it ends
+        (``gateway/reaper.py``); a renewal never takes a released place back.
+
         Clients that never send session.event_ack (the openai SDK) would otherwise keep the
         whole capped log in Redis. Events sent ``delivered_retention_s`` ago on a live
         connection count as acknowledged: a client that lost them anyway gets
@@ -234,21 +264,20 @@ class ConnectionDriver:
         except StoreError as exc:
             _log.warning("tenant renewal failed for %s: %s", session_id, exc)
 
-    async def _release_tenant(self, session_id: str) -> None:
-        if not self._svc.settings.tenant_max_sessions:
-            return
-        try:
-            await self._svc.scripts.release_tenant_slot(self._tenant, session_id)
-        except StoreError as exc:
-            _log.warning("tenant release failed for %s: %s", session_id, exc)
-
     async def _write_commands(self) -> None:
         while True:
             await self._outbox_ready.wait()
             self._outbox_ready.clear()
+            await self._write_outbox()
+            await self._step()
+
+    async def _write_outbox(self) -> None:
+        """Append what the outbox holds, in order after any append in flight; the core hears
+        the store's answer (run its actions with :meth:`_step`)."""
+        async with self._write_lock:
             batch, self._outbox = self._outbox, []
             if not batch or self._lease is None:
-                continue
+                return
             since = self._outbox_since
             entries = [(seq, encode_message(command)) for seq, command in batch]
             try:
@@ -268,7 +297,6 @@ class ConnectionDriver:
                 # client_seq) once the store is back, through any gateway.
                 _log.warning("append failed for %s: %s", self._lease.session_id, exc)
                 self._core.fail(InternalError(str(exc)))
-            await self._step()
 
     async def _check_input_end(self, appended: AppendResult) -> None:
         """Redis numbers the input log; under one lease the numbers only grow. A number this
@@ -408,7 +436,8 @@ class ConnectionDriver:
         for attempt in range(_RESUME_ATTEMPTS):
             try:
                 result = await self._svc.scripts.resume(
-                    request.session_id, presented_digest=_digest(request.resume_token),
+                    request.session_id, tenant=self._tenant,
+                    presented_digest=_digest(request.resume_token),
                     new_digest=_digest(token), control_id=control_id)
                 break
             except StoreError as exc:
@@ -443,6 +472,10 @@ class ConnectionDriver:
     async def _detach(self) -> None:
         if self._lease is None:
             return
+        # Commands read before the socket went (a session.close sent just before closing it,
+        # above all) reach the log first: a detached session refuses appends, and the writer
+        # is cancelled once the connection ends.
+        await self._write_outbox()
         try:
             await self._svc.scripts.detach(self._lease)
         except StoreError as exc:
@@ -452,6 +485,7 @@ class ConnectionDriver:
     async def _close(self, code: int, reason: str) -> None:
         if self._ws.application_state is WebSocketState.CONNECTED:
             with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
-                await self._ws.close(code, reason[:120])
+                # Cut by UTF-8 bytes: a longer reason makes the close frame itself invalid.
+                await self._ws.close(code, fit_close_reason(reason))
         self._closed.set()
 

@@ -27,6 +27,10 @@ class GatewayMetrics:
                                          "Client commands appended to input logs", registry=r)
         self.reaped = Counter(f"{_NS}_sessions_reaped", "Sessions ended by this reaper",
                               registry=r)
+        self.paced_seconds = Counter(
+            f"{_NS}_paced_seconds",
+            "Time client reads were held back because a connection was over its frame, byte"
+            " or audio rate", registry=r)
         # DESIGN §6: relay and resume latency as the gateway itself adds them.
         self.relay_seconds = Histogram(
             f"{_NS}_relay_seconds",

@@ -25,6 +25,8 @@ __all__ = ["place_session", "policy_of", "tenant_lease_ms"]
 
 # Renewals come about every second; this much slack survives a missed one or two.
 _TENANT_LEASE_SLACK_MS = 5_000
+# tenant_sessions_per_minute counts opens in any window this long.
+_OPEN_RATE_WINDOW_MS = 60_000
 
 
 def policy_of(services: GatewayServices) -> SessionPolicy:
@@ -65,6 +67,7 @@ async def place_session(
         StoreError: Redis failed.
     """
     client, scripts = services.client, services.scripts
+    await _count_open(services, tenant)
     now_ms = await server_time_ms(client)
     candidates = await worker_loads(client, await list_workers(client, now_ms))
     policy = policy_of(services)
@@ -90,9 +93,23 @@ async def place_session(
             await _release(services, tenant, session_id)
             raise StoreUnavailable(f"open of {session_id} did not complete: {exc!r}") from exc
         if status is OpenStatus.OK:
-            return Lease(session_id=session_id, epoch=epoch, generation=1)
+            return Lease(session_id=session_id, epoch=epoch, generation=1, tenant=tenant)
         await _release(services, tenant, session_id)
     raise _exhausted()
+
+
+async def _count_open(services: GatewayServices, tenant: str) -> None:
+    """Count this open against the tenant's new-sessions-per-minute limit, or refuse it."""
+    limit = services.settings.tenant_sessions_per_minute
+    if not limit:
+        return
+    wait_ms = await services.scripts.count_tenant_open(tenant, limit=limit,
+                                                       window_ms=_OPEN_RATE_WINDOW_MS)
+    if wait_ms:
+        raise ClientProtocolError(
+            ErrorCode.RATE_LIMIT_EXCEEDED,
+            f"the tenant's limit of {limit} new sessions per minute is reached; retry in"
+            f" {wait_ms / 1000:.1f} s", close_code=CloseCode.TRY_AGAIN_LATER)
 
 
 async def _release(services: GatewayServices, tenant: str, session_id: str) -> None:

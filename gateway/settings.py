@@ -28,6 +28,27 @@ class GatewaySettings:
     tenant_max_sessions: int = field(
         default=0, metadata={"help": "concurrent sessions per API key (tenant); 0: no cap"}
     )
+    tenant_sessions_per_minute: int = field(
+        default=0,
+        metadata={"help": "new sessions per API key (tenant) in any 60 s; more: error"
+                          " rate_limit_exceeded, close 1013; 0: no limit"},
+    )
+    max_frames_per_s: float = field(
+        default=200.0,
+        metadata={"help": "client frames read per second per connection (1 s burst); faster"
+                          " senders are paced (read later), not refused"},
+    )
+    max_bytes_per_s: float = field(
+        default=2 * 1024 * 1024,
+        metadata={"help": "client frame bytes read per second per connection (1 s burst);"
+                          " faster senders are paced; 0: no limit"},
+    )
+    max_audio_speed: float = field(
+        default=10.0,
+        metadata={"help": "input audio accepted per connection, as a multiple of real time"
+                          " (24 kHz pcm16: 48,000 bytes/s; 1 s burst); faster audio is paced;"
+                          " 0: no limit"},
+    )
     max_frame_bytes: int = field(
         default=16 * 1024 * 1024, metadata={"help": "largest client frame; larger: close 1009"}
     )
@@ -58,8 +79,10 @@ class GatewaySettings:
     closed_retention_s: float = field(
         default=60.0, metadata={"help": "a closed session stays replayable this long"}
     )
+    # A lost worker's sessions end within HEARTBEAT_TTL_S + one reaper pass: with the workers'
+    # defaults (1 s beats, 1.5 s TTL) 0.25 s keeps that inside 2 beats with room to spare.
     reaper_interval_s: float = field(
-        default=0.5, metadata={"help": "how often this gateway runs the expiry reaper"}
+        default=0.25, metadata={"help": "how often this gateway runs the expiry reaper"}
     )
     log_poll_interval_s: float = field(
         default=1.0, metadata={"help": "safety read of the output log when pushes are quiet"}

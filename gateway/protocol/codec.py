@@ -6,6 +6,11 @@ typed :data:`~store.messages.Command` for the worker, or a gateway envelope) or 
 anything else. Checks are syntactic only (JSON, field types, base64, sizes); semantic questions
 (is a response active? may this update apply?) belong to the worker (DESIGN.md §1).
 
+Before any field is read, one iterative walk bounds the whole frame
+(:func:`gateway.protocol.bounds.check_bounds`): nesting depth, value count, string length,
+integer range, finite numbers and strings that UTF-8 can carry, so that nothing accepted here
+can fail later in the store, the worker or on the way back to the client.
+
 Outbound, :func:`render_event` renders worker events, :func:`render_notice` the gateway's own
 notices and :func:`render_error` exceptions, all as Realtime GA dicts; :func:`encode_frame`
 serialises one. Beta event names are never emitted. Every rendered dict carries ``type`` and
@@ -25,6 +30,14 @@ from collections.abc import Callable
 from typing import Any, NoReturn, TypeAlias, TypeVar
 
 from gateway.protocol import envelope as env
+from gateway.protocol.bounds import (
+    MAX_DEPTH,
+    MAX_INT,
+    MAX_STRING_CHARS,
+    MAX_VALUES,
+    TOO_DEEP,
+    check_bounds,
+)
 from gateway.protocol.errors import (
     ClientProtocolError,
     CloseCode,
@@ -36,7 +49,14 @@ from store import messages as m
 
 __all__ = [
     "CLIENT_EVENT_TYPES",
+    "MAX_CLOSE_REASON_CHARS",
+    "MAX_CONTROL_ID_CHARS",
+    "MAX_DEPTH",
+    "MAX_INT",
+    "MAX_RESUME_FIELD_CHARS",
     "MAX_SEQ",
+    "MAX_STRING_CHARS",
+    "MAX_VALUES",
     "UNSUPPORTED_CLIENT_EVENT_TYPES",
     "encode_frame",
     "parse_client_frame",
@@ -49,7 +69,16 @@ JsonDict: TypeAlias = dict[str, Any]
 
 #: Largest sequence number accepted from a client: Redis Lua numbers are doubles, so anything
 #: above 2**53 - 1 could not be compared exactly by the store's scripts.
-MAX_SEQ = 2**53 - 1
+MAX_SEQ = MAX_INT
+
+#: Longest ``session.close`` ``reason``: it comes back as the ``session.closed`` reason.
+MAX_CLOSE_REASON_CHARS = 256
+
+#: Longest ``session_id`` and ``resume_token`` of a ``session.resume`` (ours are under 64).
+MAX_RESUME_FIELD_CHARS = 256
+
+#: Longest ``control_id`` of a ``session.resume``: it is kept in the store for idempotence.
+MAX_CONTROL_ID_CHARS = 128
 
 # Longest slice of a client-supplied ``type`` quoted back in a message: it may be megabytes.
 _QUOTE_LIMIT = 64
@@ -173,6 +202,9 @@ def _session_close(f: _Fields) -> m.Command:
     reason = f.optional("reason", str)
     if reason is None:
         return m.CloseSession(event_id=f.event_id)
+    if len(reason) > MAX_CLOSE_REASON_CHARS:
+        msg = f"Invalid value for 'reason': longer than {MAX_CLOSE_REASON_CHARS} characters."
+        f.fail(ErrorCode.INVALID_VALUE, msg, "reason")
     return m.CloseSession(reason=reason, event_id=f.event_id)
 
 
@@ -188,6 +220,15 @@ def _session_resume(f: _Fields) -> env.ClientEnvelope:
     for key, value in (("session_id", session_id), ("resume_token", resume_token)):
         if not value:
             f.fail(ErrorCode.INVALID_SESSION_RESUME, f"'{key}' must not be empty.", key)
+    caps = (
+        ("session_id", session_id, MAX_RESUME_FIELD_CHARS),
+        ("resume_token", resume_token, MAX_RESUME_FIELD_CHARS),
+        ("control_id", control_id or "", MAX_CONTROL_ID_CHARS),
+    )
+    for key, value, cap in caps:
+        if len(value) > cap:  # no such id or token was ever issued
+            msg = f"'{key}' is longer than {cap} characters."
+            f.fail(ErrorCode.INVALID_SESSION_RESUME, msg, key)
     return env.ResumeRequest(
         session_id=session_id,
         resume_token=resume_token,
@@ -257,16 +298,21 @@ def _load_object(data: str | bytes, max_frame_bytes: int) -> JsonDict:
         # Decode explicitly: json.loads(bytes) would also guess UTF-16/32, which is not JSON text.
         text = data.decode("utf-8") if isinstance(data, bytes) else data
         obj = json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nesting
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         reason = str(exc)[:200]
         raise ClientProtocolError(
             ErrorCode.INVALID_JSON, f"The frame is not valid UTF-8 JSON: {reason}"
         ) from None
+    except RecursionError:  # far deeper than MAX_DEPTH: refused as the bounds check would
+        raise ClientProtocolError(ErrorCode.INVALID_JSON, TOO_DEEP) from None
     if not isinstance(obj, dict):
         got = _JSON_TYPES.get(type(obj), "a value")
         msg = f"A client event must be a JSON object, not {got}."
         raise ClientProtocolError(ErrorCode.INVALID_EVENT, msg)
     return obj
+
+
+# --------------------------------------------------------------------------- dispatch
 
 
 def _event_type(f: _Fields, obj: JsonDict) -> str:
@@ -321,6 +367,7 @@ def parse_client_frame(data: str | bytes, *, max_frame_bytes: int) -> env.Parsed
             code (1009); after every other error the session stays usable.
     """
     obj = _load_object(data, max_frame_bytes)
+    check_bounds(obj)
     f = _Fields(obj, None)
     f.event_id = f.optional("event_id", str)
     parser = _parser_for(f, _event_type(f, obj))

@@ -48,6 +48,7 @@ from gateway.protocol.errors import (
 )
 from store.follower import LogFollower
 from store.messages import (
+    AppendAudio,
     Command,
     JsonObject,
     MessageDecodeError,
@@ -184,6 +185,8 @@ class ConnectionCore:
             self._pending.append((None, UpdateSession(session=initial_session)))
         self._follower = LogFollower()
         self._event_counter = 0
+        #: Bytes of input audio in the frames received so far (the driver paces on it).
+        self.audio_bytes_received = 0
         if autostart:
             self._move("open")
             self._actions.append(OpenSession())
@@ -217,7 +220,23 @@ class ConnectionCore:
             self._receive_ack(frame.envelope)
         else:
             assert frame.command is not None  # a ParsedFrame holds exactly one of the two
+            if isinstance(frame.command, AppendAudio):
+                self.audio_bytes_received += len(frame.command.audio)
             self._receive_command(frame.client_seq, frame.command)
+
+    def receive_invalid_text(self) -> None:
+        """A text frame whose payload is not UTF-8.
+
+        RFC 6455 §8.1 says the endpoint must fail the connection, so unlike a bad binary frame
+        this one ends it: ``invalid_json``, then close 1007. An attached session is detached,
+        resumable like after 1009.
+        """
+        if self.state is ConnectionState.CLOSED:
+            return
+        self._refuse(ClientProtocolError(
+            ErrorCode.INVALID_JSON, "The text frame is not valid UTF-8.",
+            close_code=CloseCode.INVALID_PAYLOAD_DATA,
+        ))
 
     def _receive_resume(self, request: ResumeRequest) -> None:
         if self.state is not ConnectionState.AWAITING_FIRST:

@@ -6,7 +6,8 @@ remedy as a ``close_code`` hint::
     GatewayError                      base of everything the gateway raises on purpose
      +-- ClientProtocolError          the client's fault: becomes a Realtime ``error`` event
      |                                (close_code None: the session stays usable; 1009: frame
-     |                                too large; 1008: policy; 1013: try again later)
+     |                                too large; 1007: a text frame not UTF-8; 1008: policy;
+     |                                1013: try again later)
      +-- InternalError                our fault: close 1011, no details on the wire (they may
                                       be security-sensitive, so they go to the log only)
 
@@ -20,20 +21,22 @@ reach the client through the output log and are not listed here.
 | code | `error.type` | close | when |
 | --- | --- | --- | --- |
 | `event_too_large` | invalid_request_error | 1009 | frame over the size limit |
-| `invalid_json` | invalid_request_error | - | frame is not UTF-8 JSON |
+| `invalid_json` | invalid_request_error | - | not UTF-8 JSON, or nested deeper than 32 levels |
+| `invalid_json` | invalid_request_error | 1007 | a text frame that is not UTF-8 (RFC 6455 §8.1) |
 | `invalid_event` | invalid_request_error | - | not an object, or no string `type` |
 | `unknown_event` | invalid_request_error | - | `type` is not a client event type |
 | `unsupported_event` | invalid_request_error | - | a Realtime client event not implemented yet |
 | `missing_required_parameter` | invalid_request_error | - | a required field is absent |
 | `invalid_type` | invalid_request_error | - | a field has the wrong JSON type |
-| `invalid_value` | invalid_request_error | - | bad base64 or pcm16 `audio`; bad `client_seq` |
-| `invalid_session_resume` | invalid_request_error | - | `session.resume` fields malformed |
+| `invalid_value` | invalid_request_error | - | bad `audio` or `client_seq`; a value out of bounds |
+| `invalid_session_resume` | invalid_request_error | - | `session.resume` malformed or too long |
 | `unsupported_session_resume` | invalid_request_error | - | `session.resume` not sent first |
 | `session_resume_expired` | invalid_request_error | 1008 | resumed session unknown or ended |
 | `invalid_resume_token` | invalid_request_error | 1008 | resume token does not match |
 | `session_resume_conflict` | invalid_request_error | 1008 | a concurrent resume won the lease |
 | `invalid_event_ack` | invalid_request_error | - | acknowledges an event never sent |
 | `resource_exhausted` | rate_limit_error | 1013 | no worker slot or tenant quota (retryable) |
+| `rate_limit_exceeded` | rate_limit_error | 1013 | the tenant's new sessions per minute |
 | `internal_error` | server_error | 1011 | any `InternalError` (no details on the wire) |
 | `config_timeout` | invalid_request_error | 1008 | no first client event in time |
 | `session_lost` | server_error | 1011 | the store no longer has the session (data loss) |
@@ -43,6 +46,9 @@ could be read, and the offending field in ``error.param`` when one is to blame.
 
 The codes that :func:`gateway.protocol.codec.parse_client_frame` can raise are exactly
 :data:`PARSE_ERROR_CODES`; nothing else escapes it.
+
+Close reasons go through :func:`fit_close_reason`: a close frame carries at most 123 bytes of
+UTF-8 reason, and a longer one makes the whole frame invalid (the client would see 1006).
 """
 
 from __future__ import annotations
@@ -50,12 +56,14 @@ from __future__ import annotations
 from enum import IntEnum, StrEnum
 
 __all__ = [
+    "MAX_CLOSE_REASON_BYTES",
     "PARSE_ERROR_CODES",
     "ClientProtocolError",
     "CloseCode",
     "ErrorCode",
     "GatewayError",
     "InternalError",
+    "fit_close_reason",
 ]
 
 
@@ -64,6 +72,8 @@ class CloseCode(IntEnum):
 
     #: Normal end: the session ended (terminal event sent) or was replaced by a resume.
     NORMAL = 1000
+    #: A text frame that is not UTF-8 (RFC 6455 §8.1: the endpoint must fail the connection).
+    INVALID_PAYLOAD_DATA = 1007
     #: Policy violation: authentication or resume refused.
     POLICY_VIOLATION = 1008
     #: A frame over ``max_frame_bytes``.
@@ -94,6 +104,7 @@ class ErrorCode(StrEnum):
     SESSION_RESUME_CONFLICT = "session_resume_conflict"
     INVALID_EVENT_ACK = "invalid_event_ack"
     RESOURCE_EXHAUSTED = "resource_exhausted"
+    RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
     INTERNAL_ERROR = "internal_error"
     CONFIG_TIMEOUT = "config_timeout"
     SESSION_LOST = "session_lost"
@@ -117,6 +128,7 @@ PARSE_ERROR_CODES: frozenset[str] = frozenset(
 # OpenAI's error classes by code; anything not listed is the client's request at fault.
 _ERROR_TYPE_BY_CODE: dict[str, str] = {
     ErrorCode.RESOURCE_EXHAUSTED: "rate_limit_error",
+    ErrorCode.RATE_LIMIT_EXCEEDED: "rate_limit_error",
     ErrorCode.INTERNAL_ERROR: "server_error",
     ErrorCode.SESSION_LOST: "server_error",
 }
@@ -145,7 +157,8 @@ class ClientProtocolError(GatewayError):
         error_type: the ``error.type``; derived from ``code`` when omitted
             (``rate_limit_error`` for ``resource_exhausted``, else ``invalid_request_error``).
         close_code: ``None`` to keep the session, else the close code to end the connection
-            with (1009 frame too large, 1008 policy, 1013 try again later).
+            with (1009 frame too large, 1007 text not UTF-8, 1008 policy, 1013 try again
+            later).
     """
 
     def __init__(
@@ -181,3 +194,20 @@ class InternalError(GatewayError):
     """
 
     close_code: int | None = CloseCode.INTERNAL_ERROR
+
+
+#: The longest close reason, in UTF-8 bytes: a control frame's payload is at most 125 bytes
+#: (RFC 6455 §5.5), two of which are the close code.
+MAX_CLOSE_REASON_BYTES = 123
+
+
+def fit_close_reason(reason: str) -> str:
+    """``reason`` cut to fit a close frame: at most :data:`MAX_CLOSE_REASON_BYTES` UTF-8 bytes,
+    never ending in part of a character. A lone surrogate, which UTF-8 cannot carry, becomes
+    ``?``.
+    """
+    if reason.isascii():  # the usual case: one byte per character
+        return reason[:MAX_CLOSE_REASON_BYTES]
+    cut = reason.encode("utf-8", "replace")[:MAX_CLOSE_REASON_BYTES]
+    # A character cut in the middle leaves an incomplete sequence at the end: drop it.
+    return cut.decode("utf-8", "ignore")

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from redis import Redis
 
@@ -18,6 +21,25 @@ from store.embedded import EmbeddedServer, free_port
 from store.keys import WORKER_DIRECTORY
 
 DEADLINE_S = 20.0
+
+#: Where every spawned process writes its output, for the whole test run: the suite scans it
+#: for secrets at the end (tests/conftest.py). Set by the session fixture; a temporary folder
+#: when the stack is used alone.
+LOG_DIR_VARIABLE = "DUPLEX_TEST_LOG_DIR"
+#: A file in the log folder listing, one a line, the API keys the stack handed to processes.
+KNOWN_SECRETS = "known-secrets.txt"
+_log_names = itertools.count()
+
+
+def log_dir() -> Path:
+    """The folder process logs go to (made on first use)."""
+    folder = os.environ.get(LOG_DIR_VARIABLE)
+    if not folder:
+        folder = tempfile.mkdtemp(prefix="duplex-logs-")
+        os.environ[LOG_DIR_VARIABLE] = folder
+    path = Path(folder)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = DEADLINE_S) -> None:
@@ -44,6 +66,11 @@ class Proc:
     name: str
     process: subprocess.Popen[bytes]
     port: int = 0
+    log: Path | None = None
+
+    def output(self) -> str:
+        """Everything the process wrote so far (stdout and stderr)."""
+        return self.log.read_text(errors="replace") if self.log is not None else ""
 
     @property
     def ws_url(self) -> str:
@@ -81,20 +108,28 @@ class Stack:
     def url(self) -> str:
         return self.redis_url or self.redis.url
 
-    def _spawn(self, name: str, args: list[str], port: int = 0) -> Proc:
+    def _spawn(self, name: str, args: list[str], port: int = 0, *,
+               log_level: str = "warning") -> Proc:
         env = {**os.environ, **self.env}
-        process = subprocess.Popen(
-            [sys.executable, "-m", "duplex_gateway", "--log-level", "warning", *args],
-            env=env, stdout=subprocess.DEVNULL, stderr=None)
-        proc = Proc(name, process, port)
+        folder = log_dir()
+        keys = [k for k in env.get("DUPLEX_GATEWAY_API_KEYS", "").split(",") if k]
+        if keys:
+            with (folder / KNOWN_SECRETS).open("a") as known:
+                known.writelines(f"{key}\n" for key in keys)
+        path = folder / f"{next(_log_names):04d}-{name}.log"
+        with path.open("wb") as sink:  # the child keeps its own descriptor
+            process = subprocess.Popen(
+                [sys.executable, "-m", "duplex_gateway", "--log-level", log_level, *args],
+                env=env, stdout=sink, stderr=subprocess.STDOUT)
+        proc = Proc(name, process, port, path)
         self.procs.append(proc)
         return proc
 
-    def gateway(self) -> Proc:
+    def gateway(self, *, log_level: str = "warning") -> Proc:
         """Start a gateway and wait until it is ready."""
         port = free_port()
         proc = self._spawn("gateway", ["serve", "--host", "127.0.0.1", "--port", str(port),
-                                       "--redis-url", self.url], port)
+                                       "--redis-url", self.url], port, log_level=log_level)
         wait_for(lambda: http_ok(proc.http_url + "/readyz") or proc.process.poll() is not None,
                  f"gateway on {port}")
         assert proc.process.poll() is None, "gateway exited at start"
@@ -117,3 +152,8 @@ class Stack:
     def stop(self) -> None:
         for proc in reversed(self.procs):
             proc.kill()
+        # Shown by pytest only when the test failed: each process's last lines.
+        for proc in self.procs:
+            tail = proc.output().splitlines()[-40:]
+            if tail:
+                print(f"--- {proc.name} ({proc.log}) ---", *tail, sep="\n", file=sys.stderr)

@@ -33,6 +33,16 @@ from gateway.protocol import (
     render_event,
     render_notice,
 )
+from gateway.protocol.codec import (
+    MAX_CLOSE_REASON_CHARS,
+    MAX_CONTROL_ID_CHARS,
+    MAX_DEPTH,
+    MAX_INT,
+    MAX_RESUME_FIELD_CHARS,
+    MAX_STRING_CHARS,
+    MAX_VALUES,
+)
+from gateway.protocol.errors import MAX_CLOSE_REASON_BYTES, fit_close_reason
 from store import messages as m
 from tests.gateway.strict import EXTENSION_TYPES, validate_server_event
 
@@ -274,6 +284,224 @@ def test_parsed_frame_holds_exactly_one_message() -> None:
         ParsedFrame()
     with pytest.raises(ValueError, match="exactly one"):
         ParsedFrame(command=m.Heartbeat(), envelope=EventAck(server_event_seq=1))
+
+
+# --------------------------------------------------------------------------- frame bounds
+
+
+def refusal(data: str | bytes) -> ClientProtocolError:
+    """The error a frame is refused with, text and binary alike (the same either way)."""
+    errors = []
+    for variant in (data, data.encode()) if isinstance(data, str) else (data,):
+        with pytest.raises(ClientProtocolError) as info:
+            parse(variant)
+        assert info.value.code in PARSE_ERROR_CODES
+        assert info.value.close_code is None  # the session stays usable
+        errors.append(info.value)
+    assert len({(e.code, e.param, e.message, e.client_event_id) for e in errors}) == 1
+    return errors[0]
+
+
+def nested_objects(levels: int) -> dict[str, Any]:
+    """``levels`` objects, each the only member of the one around it."""
+    value: dict[str, Any] = {"leaf": 1}
+    for _ in range(levels - 1):
+        value = {"a": value}
+    return value
+
+
+def nested_arrays(levels: int) -> str:
+    """``levels`` arrays, each the only element of the one around it, as JSON."""
+    return "[" * levels + "]" * levels
+
+
+def test_500_nested_objects_in_tools_are_refused() -> None:
+    """The review's 3 KB frame (500 levels of objects in session.tools, which killed the worker
+    with a RecursionError) is refused by the gateway: invalid_json, naming where."""
+    data = f(UPDATE, event_id="e1", session={"tools": [nested_objects(500)]})
+    assert len(data) < 4_000
+    error = refusal(data)
+    assert (error.code, error.client_event_id) == (JSON_, "e1")
+    assert error.param is not None and error.param.startswith("session.tools[0].a.a")
+    assert str(MAX_DEPTH) in error.message
+
+
+def test_600_nested_arrays_are_refused() -> None:
+    """The review's 1.2 KB frame of 600 nested ``[`` (json.loads parses it; the worker could
+    not) is refused: invalid_json."""
+    data = '{"type":"session.update","session":{"tools":' + nested_arrays(600) + "}}"
+    assert len(data) < 1_300
+    error = refusal(data)
+    assert error.code == JSON_
+    assert error.param is not None and error.param.startswith("session.tools[0][0]")
+
+
+def test_nesting_limit_counts_the_frame_itself() -> None:
+    """MAX_DEPTH levels of objects and arrays, the frame's own object being the first, pass;
+    one more is refused. Deeper than json.loads can go is refused with the same code."""
+    # The frame (1) and session (2) hold MAX_DEPTH - 2 nested arrays: MAX_DEPTH levels.
+    at_limit = '{"type":"session.update","session":{"x":' + nested_arrays(MAX_DEPTH - 2) + "}}"
+    assert parse(at_limit).command == m.UpdateSession(session=json.loads(at_limit)["session"])
+    over = '{"type":"session.update","session":{"x":' + nested_arrays(MAX_DEPTH - 1) + "}}"
+    assert refusal(over).code == JSON_
+    beyond_the_parser = refusal(nested_arrays(100_000))
+    assert (beyond_the_parser.code, beyond_the_parser.message) == (JSON_, refusal(over).message)
+
+
+LONE = "a\\ud800b"  # JSON text for a string holding a lone surrogate
+
+
+@pytest.mark.parametrize(("data", "param"), [
+    ('{"type":"session.close","reason":"' + LONE + '"}', "reason"),
+    ('{"type":"session.update","session":{"tools":[{},{},{},{"name":"' + LONE + '"}]}}',
+     "session.tools[3].name"),
+    ('{"type":"session.update","session":{"instructions":"\\udfff"}}', "session.instructions"),
+    ('{"type":"response.cancel","response_id":"' + LONE + '"}', "response_id"),
+    ('{"type":"session.heartbeat","event_id":"' + LONE + '"}', "event_id"),
+    ('{"type":"session.heartbeat","unknown":["' + LONE + '"]}', "unknown[0]"),
+], ids=["close-reason", "tool-name", "low-surrogate", "response-id", "event-id", "unknown"])
+def test_lone_surrogate_is_invalid_value_naming_the_field(data: str, param: str) -> None:
+    """A string no UTF-8 encoder can write (json.loads accepts ``"\\ud800"``) is refused at
+    the edge, wherever it is, naming its path; before, it failed later, at encoding."""
+    error = refusal(data)
+    assert (error.code, error.param) == (VALUE, param)
+    assert "surrogate" in error.message
+
+
+def test_lone_surrogate_in_a_key_is_named_printably() -> None:
+    """A key with a lone surrogate is refused too; the param quoting it is valid UTF-8."""
+    error = refusal('{"type":"session.update","session":{"k\\ud800":1}}')
+    assert (error.code, error.param) == (VALUE, "session.k?")
+
+
+def test_surrogate_pairs_and_non_ascii_text_pass() -> None:
+    """An escaped surrogate pair is one valid character (an emoji), and plain non-ASCII text
+    is fine: only lone surrogates are refused."""
+    parsed = parse('{"type":"session.close","reason":"\\ud83d\\ude00 \\u00e9t\\u00e9 \\u4e2d"}')
+    assert parsed.command == m.CloseSession(reason="\U0001f600 été 中")
+
+
+@pytest.mark.parametrize("number", ["1e400", "-1e400", "1E+999", "1" + "0" * 400 + ".0"])
+def test_non_finite_number_is_invalid_value(number: str) -> None:
+    """A number too large for a double parses as inf; stored, it made the session's
+    session.updated unencodable (dropped for good). Refused, naming the field."""
+    error = refusal('{"type":"session.update","session":{"temperature":' + number + "}}")
+    assert (error.code, error.param) == (VALUE, "session.temperature")
+
+
+@pytest.mark.parametrize("number", [MAX_INT + 1, -MAX_INT - 1, 2**64, -(10**200)])
+def test_integer_beyond_2_53_is_invalid_value(number: int) -> None:
+    """Integers outside +-(2**53 - 1) are not exact in Lua or JavaScript: refused anywhere."""
+    error = refusal(f(UPDATE, session={"x": [1, {"y": number}]}))
+    assert (error.code, error.param) == (VALUE, "session.x[1].y")
+    assert refusal(f(HEARTBEAT, extra=number)).param == "extra"
+
+
+def test_integers_at_the_bounds_pass() -> None:
+    """+-(2**53 - 1) and finite floats are accepted as they are."""
+    session = {"x": [MAX_INT, -MAX_INT, 1e308, -0.5]}
+    assert parse(f(UPDATE, session=session)).command == m.UpdateSession(session=session)
+
+
+def test_long_strings_are_refused_except_audio() -> None:
+    """Strings are bounded (instructions too); the top-level audio only by the frame limit."""
+    at_limit = {"instructions": "x" * MAX_STRING_CHARS}
+    assert parse(f(UPDATE, session=at_limit)).command == m.UpdateSession(session=at_limit)
+    error = refusal(f(UPDATE, session={"instructions": "x" * (MAX_STRING_CHARS + 1)}))
+    assert (error.code, error.param) == (VALUE, "session.instructions")
+    assert refusal(f(UPDATE, session={"k" * (MAX_STRING_CHARS + 1): 1})).code == VALUE
+    audio = base64.b64encode(bytes(MAX_STRING_CHARS)).decode()
+    assert len(audio) > MAX_STRING_CHARS
+    assert parse(f(APPEND, audio=audio)).command == m.AppendAudio(audio=bytes(MAX_STRING_CHARS))
+    nested_audio = refusal(f(UPDATE, session={"audio": "x" * (MAX_STRING_CHARS + 1)}))
+    assert nested_audio.param == "session.audio"
+
+
+def test_value_count_is_bounded() -> None:
+    """At most MAX_VALUES values (members and elements, every level) per frame."""
+    # type, session, x: three values besides the array's elements.
+    fits = {"x": [0] * (MAX_VALUES - 3)}
+    assert parse(f(UPDATE, session=fits)).command == m.UpdateSession(session=fits)
+    error = refusal(f(UPDATE, event_id="e9", session={"x": [0] * (MAX_VALUES - 2)}))
+    assert (error.code, error.param, error.client_event_id) == (VALUE, None, "e9")
+
+
+def test_bounds_errors_echo_the_event_id_unless_it_is_at_fault() -> None:
+    """The client's event_id is echoed when readable; never the bad event_id itself."""
+    assert refusal(f(UPDATE, event_id="e2", session={"t": 2**60})).client_event_id == "e2"
+    bad_id = refusal(f(HEARTBEAT, event_id="x" * (MAX_STRING_CHARS + 1)))
+    assert (bad_id.param, bad_id.client_event_id) == ("event_id", None)
+
+
+def test_long_keys_are_quoted_briefly_in_param() -> None:
+    """A param quoting a long key stays short."""
+    error = refusal(f(UPDATE, session={"k" * 1000: {"v": "\ud800"}}))  # dumps escapes it
+    assert error.param is not None and len(error.param) < 100
+
+
+@pytest.mark.parametrize(("data", "param"), [
+    ('{"type":"session.resume","session_id":"s","resume_token":"' + LONE + '"}',
+     "resume_token"),
+    ('{"type":"session.resume","session_id":"s","resume_token":"t","control_id":"' + LONE
+     + '"}', "control_id"),
+    ('{"type":"session.resume","session_id":"' + LONE + '","resume_token":"t"}', "session_id"),
+    ('{"type":"session.resume","session_id":"s","resume_token":"t","x":1e400}', "x"),
+    ('{"type":"session.resume","session_id":"s","resume_token":"t",'
+     '"last_received_server_event_seq":' + str(2**60) + "}", LAST),
+    (f(RESUME, session_id="s", resume_token="t" * (MAX_RESUME_FIELD_CHARS + 1)),
+     "resume_token"),
+    (f(RESUME, session_id="s" * (MAX_RESUME_FIELD_CHARS + 1), resume_token="t"), "session_id"),
+    (f(RESUME, **TOKEN, control_id="c" * (MAX_CONTROL_ID_CHARS + 1)), "control_id"),
+], ids=["surrogate-token", "surrogate-control", "surrogate-session", "inf-anywhere",
+        "huge-seq", "long-token", "long-session", "long-control"])
+def test_resume_that_can_never_work_is_invalid_session_resume(data: str, param: str) -> None:
+    """Any session.resume field that cannot be valid is invalid_session_resume (the client
+    gives up), never internal_error + 1011 (which says: retry)."""
+    error = refusal(data)
+    assert (error.code, error.param) == (BAD_RESUME, param)
+
+
+def test_resume_fields_at_their_caps_pass() -> None:
+    """A token, session id and control id at their length caps are accepted."""
+    token, session_id = "t" * MAX_RESUME_FIELD_CHARS, "s" * MAX_RESUME_FIELD_CHARS
+    control_id = "c" * MAX_CONTROL_ID_CHARS
+    parsed = parse(f(RESUME, session_id=session_id, resume_token=token, control_id=control_id))
+    assert parsed.envelope == ResumeRequest(session_id=session_id, resume_token=token,
+                                            control_id=control_id)
+
+
+def test_close_reason_is_capped() -> None:
+    """session.close.reason comes back as the session.closed reason: at most 256 chars."""
+    at_cap = "é" * MAX_CLOSE_REASON_CHARS
+    assert parse(f(CLOSE, reason=at_cap)).command == m.CloseSession(reason=at_cap)
+    error = refusal(f(CLOSE, reason="x" * (MAX_CLOSE_REASON_CHARS + 1), event_id="e3"))
+    assert (error.code, error.param, error.client_event_id) == (VALUE, "reason", "e3")
+
+
+def test_invalid_utf8_in_a_binary_frame_is_invalid_json_and_keeps_the_session() -> None:
+    """A binary frame may hold anything (RFC 6455 fails only text frames): bytes that are not
+    UTF-8 are invalid_json with no close (the text-frame case closes 1007, in the core)."""
+    error = refusal(b'{"type":"session.heartbeat","x":"\xc3\x28"}')
+    assert error.code == JSON_
+
+
+# --------------------------------------------------------------------------- close reasons
+
+
+@pytest.mark.parametrize(("reason", "expected"), [
+    ("client_close", "client_close"),
+    ("x" * 200, "x" * MAX_CLOSE_REASON_BYTES),
+    ("é" * 62, "é" * 61),  # 124 bytes: the review's reason; a 2-byte char is not split
+    ("a" + "€" * 50, "a" + "€" * 40),  # 1 + 120 bytes; the 41st euro would need 124
+    ("\U0001f600" * 31, "\U0001f600" * 30),  # 4-byte characters: 120 bytes
+    ("bad\ud800end", "bad?end"),
+    ("", ""),
+])
+def test_fit_close_reason_cuts_by_utf8_bytes(reason: str, expected: str) -> None:
+    """A close reason is cut to 123 UTF-8 bytes, never inside a character."""
+    fitted = fit_close_reason(reason)
+    assert fitted == expected
+    assert len(fitted.encode("utf-8")) <= MAX_CLOSE_REASON_BYTES == 123
 
 
 # --------------------------------------------------------------------------- worker events
@@ -620,7 +848,7 @@ def test_error_type_follows_code() -> None:
 
 def test_close_codes() -> None:
     """The close codes are the RFC 6455 numbers the design names."""
-    assert [int(c) for c in CloseCode] == [1000, 1008, 1009, 1011, 1012, 1013]
+    assert [int(c) for c in CloseCode] == [1000, 1007, 1008, 1009, 1011, 1012, 1013]
     assert InternalError("x").close_code == 1011
 
 

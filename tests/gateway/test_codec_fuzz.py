@@ -9,6 +9,7 @@ to JSON that the strictest real client accepts.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 from typing import Any
 
@@ -31,6 +32,7 @@ from gateway.protocol import (
     render_event,
     render_notice,
 )
+from gateway.protocol.codec import MAX_DEPTH, MAX_INT
 from store import messages as m
 from tests.gateway.strict import validate_server_event
 
@@ -76,20 +78,28 @@ def test_arbitrary_text(data: str) -> None:
     check_parse(data)
 
 
-JSON_LEAVES = (
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=20)
-)
-JSON = st.recursive(
-    JSON_LEAVES,
-    lambda children: (
-        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
-    ),
-    max_leaves=20,
-)
+def json_values(integers: st.SearchStrategy[int]) -> st.SearchStrategy[Any]:
+    """Any JSON value, kept small, with its integers drawn from ``integers``."""
+    leaves = (
+        st.none()
+        | st.booleans()
+        | integers
+        | st.floats(allow_nan=False, allow_infinity=False)
+        | st.text(max_size=20)
+    )
+    return st.recursive(
+        leaves,
+        lambda children: (
+            st.lists(children, max_size=4)
+            | st.dictionaries(st.text(max_size=10), children, max_size=4)
+        ),
+        max_leaves=20,
+    )
+
+
+JSON = json_values(st.integers())
+# Within every bound the codec checks: a frame of these is refused for its shape only.
+IN_BOUNDS_JSON = json_values(st.integers(min_value=-MAX_INT, max_value=MAX_INT))
 
 
 @FUZZ
@@ -107,22 +117,34 @@ ALL_TYPES = [*sorted(CLIENT_EVENT_TYPES | UNSUPPORTED_CLIENT_EVENT_TYPES), "nope
 B64_AUDIO = st.binary(max_size=64).map(lambda b: base64.b64encode(b).decode())
 SEQ = st.integers(min_value=-2, max_value=MAX_SEQ + 2) | st.sampled_from([0, 1, MAX_SEQ])
 
-# Each field a client event may carry: a plausible value or any JSON value.
-FIELDS: dict[str, st.SearchStrategy[Any]] = {
-    "event_id": st.text(max_size=10) | JSON,
-    "client_seq": SEQ | JSON,
-    "session": st.dictionaries(st.text(max_size=5), JSON, max_size=3) | JSON,
-    "audio": B64_AUDIO | st.text(max_size=16) | JSON,
-    "response": st.dictionaries(st.text(max_size=5), JSON, max_size=3) | JSON,
-    "response_id": st.text(max_size=10) | JSON,
-    "reason": st.text(max_size=10) | JSON,
-    "session_id": st.text(max_size=10) | JSON,
-    "resume_token": st.text(max_size=10) | JSON,
-    "last_received_server_event_seq": SEQ | JSON,
-    "control_id": st.text(max_size=10) | JSON,
-    "server_event_seq": SEQ | JSON,
-}
+
+
+def client_fields(
+    values: st.SearchStrategy[Any], seqs: st.SearchStrategy[int]
+) -> dict[str, st.SearchStrategy[Any]]:
+    """Each field a client event may carry: a plausible value or any of ``values``."""
+    return {
+        "event_id": st.text(max_size=10) | values,
+        "client_seq": seqs | values,
+        "session": st.dictionaries(st.text(max_size=5), values, max_size=3) | values,
+        "audio": B64_AUDIO | st.text(max_size=16) | values,
+        "response": st.dictionaries(st.text(max_size=5), values, max_size=3) | values,
+        "response_id": st.text(max_size=10) | values,
+        "reason": st.text(max_size=10) | values,
+        "session_id": st.text(max_size=10) | values,
+        "resume_token": st.text(max_size=10) | values,
+        "last_received_server_event_seq": seqs | values,
+        "control_id": st.text(max_size=10) | values,
+        "server_event_seq": seqs | values,
+    }
+
+
+FIELDS = client_fields(JSON, SEQ)
 NEAR_VALID = st.fixed_dictionaries({"type": st.sampled_from(ALL_TYPES)}, optional=FIELDS)
+IN_BOUNDS = st.fixed_dictionaries(
+    {"type": st.sampled_from(ALL_TYPES)},
+    optional=client_fields(IN_BOUNDS_JSON, st.integers(min_value=-2, max_value=MAX_SEQ)),
+)
 
 
 @FUZZ
@@ -155,6 +177,181 @@ def test_cut_frames(data: str, draw: st.DataObject) -> None:
     cut = draw.draw(st.integers(min_value=0, max_value=len(data)))
     check_parse(data[:cut])
     check_parse(data.encode()[:cut])
+
+
+# --------------------------------------------------------------------------- out of bounds
+
+# Raw JSON text for values json.loads accepts but nothing downstream can carry. Built as text:
+# json.dumps cannot write 1e400, and writes inf as Infinity (refused earlier, as not JSON).
+LONE_SURROGATE = st.integers(min_value=0xD800, max_value=0xDFFF).map(chr)
+SURROGATE_TEXT = st.tuples(st.text(max_size=5), LONE_SURROGATE, st.text(max_size=5)).map(
+    lambda parts: json.dumps("".join(parts))  # ensure_ascii writes the surrogate as \\udXXX
+)
+SURROGATE_KEY = SURROGATE_TEXT.map(lambda key: "{" + key + ":1}")
+HUGE_INT = (
+    st.integers(min_value=MAX_INT + 1, max_value=10**300)
+    | st.integers(min_value=-(10**300), max_value=-MAX_INT - 1)
+).map(str)
+NON_FINITE = st.sampled_from(["1e400", "-1e400", "1E+999", "-9.9e9999", "1" + "0" * 400])
+# Deeper than MAX_DEPTH but shallow enough for json.loads: the codec's own walk refuses these.
+DEEP = st.tuples(st.integers(min_value=MAX_DEPTH, max_value=600), st.booleans()).map(
+    lambda spec: ('{"a":' * spec[0] + "1" + "}" * spec[0]) if spec[1]
+    else "[" * spec[0] + "]" * spec[0]
+)
+POISON = {"surrogate": SURROGATE_TEXT | SURROGATE_KEY, "huge_int": HUGE_INT,
+          "non_finite": NON_FINITE, "deep": DEEP}
+PLACEHOLDER = "__poison__"
+
+
+@st.composite
+def poisoned_frames(draw: st.DrawFn) -> tuple[str, str, str, str]:
+    """A near-valid frame with one poisoned value somewhere: as a field of the event, inside
+    its session or response object, or in an array. Returns the frame, its type, the top-level
+    field holding the poison, and the kind of poison."""
+    frame = draw(IN_BOUNDS)  # so that the poison is the frame's only fault of its kind
+    kind = draw(st.sampled_from(sorted(POISON)))
+    field = draw(st.sampled_from(sorted(FIELDS)) | st.just("x_unknown"))
+    where = draw(st.sampled_from(["field", "object", "array"]))
+    slot: Any = {"k": PLACEHOLDER} if where == "object" else [0, PLACEHOLDER]
+    frame[field] = PLACEHOLDER if where == "field" else slot
+    text = json.dumps(frame).replace(json.dumps(PLACEHOLDER), draw(POISON[kind]))
+    return text, frame["type"], field, kind
+
+
+@FUZZ
+@given(poisoned_frames())
+def test_out_of_bounds_values_are_refused_wherever_they_are(
+    case: tuple[str, str, str, str]
+) -> None:
+    """Deep nesting, lone surrogates, huge integers and non-finite numbers are refused in any
+    field of any event (json.loads accepts them all): invalid_json for depth, else
+    invalid_session_resume in a resume, else invalid_value, naming the field."""
+    text, type_, field, kind = case
+    for data in (text, text.encode()):
+        outcome = check_parse(data)
+        assert isinstance(outcome, ClientProtocolError), (text, outcome)
+        if kind == "deep":
+            assert outcome.code == "invalid_json"
+        elif type_ == "session.resume":
+            assert outcome.code == "invalid_session_resume"
+        else:
+            assert outcome.code == "invalid_value"
+        assert outcome.param is not None and outcome.param.startswith(field), outcome
+
+
+# Each field of each client event, with its JSON type; every event also takes these two.
+COMMON_FIELDS: dict[str, type] = {"event_id": str, "client_seq": int}
+EVENT_FIELDS: dict[str, dict[str, type]] = {
+    "session.update": {"session": dict},
+    "input_audio_buffer.append": {"audio": str},
+    "input_audio_buffer.commit": {},
+    "input_audio_buffer.clear": {},
+    "response.create": {"response": dict},
+    "response.cancel": {"response_id": str},
+    "session.heartbeat": {},
+    "session.close": {"reason": str},
+    "session.resume": {"session_id": str, "resume_token": str,
+                       "last_received_server_event_seq": int, "control_id": str},
+    "session.event_ack": {"server_event_seq": int},
+}
+# A valid frame of each type, which the wrong-type test spoils one field of.
+VALID_BODIES: dict[str, dict[str, Any]] = {
+    "session.update": {"session": {"type": "realtime"}},
+    "input_audio_buffer.append": {"audio": "AQD/fw=="},
+    "session.resume": {"session_id": "s", "resume_token": "t"},
+    "session.event_ack": {"server_event_seq": 0},
+}
+REQUIRED = {"session", "audio", "session_id", "resume_token", "server_event_seq"}
+FIELD_OF_EVENT = st.sampled_from(sorted(EVENT_FIELDS)).flatmap(
+    lambda type_: st.tuples(
+        st.just(type_), st.sampled_from(sorted({**COMMON_FIELDS, **EVENT_FIELDS[type_]}.items(),
+                                               key=lambda item: item[0])))
+)
+
+
+def test_every_client_event_has_its_fields_listed() -> None:
+    """The wrong-type fuzz covers every event type the codec accepts."""
+    assert set(EVENT_FIELDS) == CLIENT_EVENT_TYPES
+
+
+@FUZZ
+@given(FIELD_OF_EVENT, IN_BOUNDS_JSON)
+def test_wrong_types_for_every_field_of_every_event(
+    target: tuple[str, tuple[str, type]], value: Any
+) -> None:
+    """A value of the wrong JSON type in any field of any client event is refused, naming the
+    field (null means absent, which only a required field refuses)."""
+    type_, (field, kind) = target
+    if type(value) is kind or (value is None and field not in REQUIRED):
+        return
+    frame = {"type": type_, **VALID_BODIES.get(type_, {}), field: value}
+    outcome = check_parse(json.dumps(frame))
+    assert isinstance(outcome, ClientProtocolError), frame
+    assert outcome.param == field
+    if type_ == "session.resume" and field in EVENT_FIELDS[type_]:
+        assert outcome.code == "invalid_session_resume"
+
+
+def assert_deliverable(value: Any, depth: int = 1) -> None:
+    """``value`` can be written as strict JSON in strict UTF-8 and read back exactly, by Lua
+    and JavaScript too: no surrogate, no non-finite number, no inexact integer, shallow."""
+    assert depth <= MAX_DEPTH
+    if isinstance(value, bytes):  # audio: stored raw, beside the JSON header
+        return
+    json.dumps(value, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    if type(value) is int:
+        assert -MAX_INT <= value <= MAX_INT
+    elif isinstance(value, dict):
+        for key, member in value.items():
+            assert_deliverable(key, depth)
+            assert_deliverable(member, depth + 1)
+    elif isinstance(value, list):
+        for element in value:
+            assert_deliverable(element, depth + 1)
+
+
+# Fields whose value the parsed message carries on (to the store, the worker, the client),
+# by event type, apart from event_id, which every event carries.
+CARRIED_OBJECTS = {"session.update": "session", "response.create": "response"}
+CARRIED_STRINGS = {"session.close": "reason", "response.cancel": "response_id",
+                   "session.resume": "resume_token"}
+
+
+@st.composite
+def carried_poison(draw: st.DrawFn) -> dict[str, Any]:
+    """A valid frame whose carried payload holds poison: anything inside a session or
+    response object, a lone surrogate in a carried string."""
+    if draw(st.booleans()):
+        type_ = draw(st.sampled_from(sorted(CARRIED_OBJECTS)))
+        poison = draw(POISON[draw(st.sampled_from(sorted(POISON)))])
+        frame = {"type": type_, CARRIED_OBJECTS[type_]: {"k": [PLACEHOLDER]}}
+    else:
+        type_ = draw(st.sampled_from(sorted(CARRIED_STRINGS)))
+        poison = draw(SURROGATE_TEXT)
+        field = draw(st.sampled_from([CARRIED_STRINGS[type_], "event_id"]))
+        frame = {"type": type_, "session_id": "s", "resume_token": "t", field: PLACEHOLDER}
+    loaded: dict[str, Any] = json.loads(json.dumps(frame).replace(json.dumps(PLACEHOLDER),
+                                                                  poison))
+    return loaded
+
+
+@FUZZ
+@given(NEAR_VALID | carried_poison())
+def test_whatever_is_accepted_can_be_stored_and_rendered(frame: dict[str, Any]) -> None:
+    """Every frame the codec accepts holds only values the store, the worker and the client
+    can carry: what used to fail later (a 1011, a dropped session.updated) fails here or not
+    at all."""
+    outcome = check_parse(json.dumps(frame))
+    if isinstance(outcome, ClientProtocolError):
+        return
+    message = outcome.command or outcome.envelope
+    assert message is not None
+    for message_field in dataclasses.fields(message):
+        assert_deliverable(getattr(message, message_field.name))
+    if isinstance(outcome.command, m.UpdateSession):
+        rendered = render_event(m.SessionUpdated(session=outcome.command.session),
+                                server_event_seq=1, event_id="e")
+        encode_frame(rendered).encode("utf-8")
 
 
 # --------------------------------------------------------------------------- rendering

@@ -717,6 +717,43 @@ def test_frame_over_the_limit_as_first_frame_closes_without_detach() -> None:
     assert core.state is ConnectionState.CLOSED
 
 
+def test_invalid_utf8_text_answers_invalid_json_closes_1007_and_detaches() -> None:
+    """A text frame that is not UTF-8 (RFC 6455 §8.1: fail the connection): invalid_json,
+    close 1007, and the lease detached so the session can be resumed."""
+    core = opened(generation=3)
+    core.receive_invalid_text()
+    actions = core.actions_to_run()
+    assert kinds(actions) == [SendFrame, CloseConnection, DetachLease]
+    error = error_of(actions[0])
+    assert (error["code"], error["type"]) == (ErrorCode.INVALID_JSON, "invalid_request_error")
+    assert "UTF-8" in error["message"]
+    assert actions[1:] == [CloseConnection(code=CloseCode.INVALID_PAYLOAD_DATA,
+                                           reason="invalid_json"), DetachLease(generation=3)]
+    assert int(CloseCode.INVALID_PAYLOAD_DATA) == 1007
+    assert core.state is ConnectionState.CLOSED
+
+
+def test_invalid_utf8_text_as_first_frame_closes_1007_and_opens_nothing() -> None:
+    """Before any session: the same answer and close; no session is placed."""
+    core = new_core()
+    core.receive_invalid_text()
+    actions = core.actions_to_run()
+    assert kinds(actions) == [SendFrame, CloseConnection]
+    assert actions[1] == CloseConnection(code=1007, reason="invalid_json")
+    assert core.state is ConnectionState.CLOSED
+
+
+def test_invalid_utf8_text_while_opening_detaches_the_session_once_placed() -> None:
+    """An open in flight when the bad text arrives lands on a closed connection: its lease is
+    handed back (resumable), not left attached to no one."""
+    core = new_core()
+    core.receive_frame(UPDATE)
+    core.receive_invalid_text()
+    assert kinds(core.actions_to_run()) == [OpenSession, SendFrame, CloseConnection]
+    core.open_succeeded(SID, resume_token=TOKEN, generation=1, model="loopback")
+    assert core.actions_to_run() == [DetachLease(generation=1)]
+
+
 def test_log_trimmed_past_the_next_entry_sends_a_resync_and_jumps() -> None:
     """A read that finds undelivered entries trimmed sends session.resync_required."""
     core = opened()
@@ -783,6 +820,7 @@ def _closed_core() -> ConnectionCore:
     lambda c: c.receive_frame(COMMIT),
     lambda c: c.receive_frame("{bad"),
     lambda c: c.receive_frame("x" * (LIMIT + 1)),
+    lambda c: c.receive_invalid_text(),
     lambda c: c.receive_frame(resume_frame()),
     lambda c: c.receive_log_entries(1, hb(3)),
     lambda c: c.lease_moved(9),
@@ -794,8 +832,9 @@ def _closed_core() -> ConnectionCore:
     lambda c: c.open_succeeded("sess_other", resume_token="t", generation=9, model="x"),
     lambda c: c.resume_succeeded("sess_other", resume_token="t", generation=9, last_client_seq=0,
                                  first_retained_seq=0, last_server_event_seq=0),
-], ids=["command", "bad_json", "too_large", "resume", "log", "lease_moved", "log_trimmed",
-        "session_gone", "connection_lost", "fail", "resume_failed", "open_ok", "resume_ok"])
+], ids=["command", "bad_json", "too_large", "invalid_text", "resume", "log", "lease_moved",
+        "log_trimmed", "session_gone", "connection_lost", "fail", "resume_failed", "open_ok",
+        "resume_ok"])
 def test_every_input_after_close_is_ignored(poke: Any) -> None:
     """Once closed, no input decides anything."""
     core = _closed_core()

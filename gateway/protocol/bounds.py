@@ -1,0 +1,197 @@
+"""Bounds on every value of a client frame: one iterative walk, before any field is read.
+
+A frame from ``json.loads`` may still be unusable: a lone surrogate cannot be encoded, inf
+(from ``1e400``) cannot be rendered, a huge integer is not exact in Lua, and deep nesting
+breaks recursive code downstream. :func:`check_bounds` catches all of these at the edge, so
+that nothing the codec accepts can fail later in the store, the worker or on the way back to
+the client.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+from gateway.protocol.errors import ClientProtocolError, ErrorCode
+
+__all__ = ["MAX_DEPTH", "MAX_INT", "MAX_STRING_CHARS", "MAX_VALUES", "TOO_DEEP", "check_bounds"]
+
+JsonDict: TypeAlias = dict[str, Any]
+
+#: Largest integer magnitude anywhere in a frame: beyond it, Lua and JavaScript numbers (doubles)
+#: are no longer exact, so a stored value would come back changed.
+MAX_INT = 2**53 - 1
+
+#: Deepest nesting of objects and arrays in one frame, the frame's own object being level 1. A
+#: JSON-level limit (RFC 8259 §9 lets a parser set one), so deeper is ``invalid_json``, as a
+#: frame too deep for ``json.loads`` itself is.
+MAX_DEPTH = 32
+
+#: Most JSON values in one frame: object members and array elements, counted at every level.
+MAX_VALUES = 10_000
+
+#: Longest string anywhere in a frame, object keys included, in characters. The top-level
+#: ``audio`` of ``input_audio_buffer.append`` is exempt: only the frame size bounds it.
+MAX_STRING_CHARS = 65_536
+
+
+# A position in a frame: the keys and indices leading to a value, from the frame's object.
+_Path: TypeAlias = tuple[str | int, ...]
+
+TOO_DEEP = f"The frame is nested deeper than {MAX_DEPTH} levels of objects and arrays."
+
+# Longest key, and longest path, quoted in a param: keys may be as long as MAX_STRING_CHARS.
+_KEY_QUOTE_LIMIT = 64
+_PATH_QUOTE_LIMIT = 256
+
+_isfinite = math.isfinite  # one global lookup per float on the scan's hot loop
+
+
+@dataclass(frozen=True, slots=True)
+class _Violation:
+    """The first out-of-bounds value found in a frame: where it is and what is wrong."""
+
+    path: _Path
+    message: str
+    #: A JSON-level limit (depth) is ``invalid_json``; any other is the field's fault.
+    json_level: bool = False
+
+    @classmethod
+    def at(cls, path: _Path, problem: str) -> _Violation:
+        """A value that is ``problem``, in the codec's usual wording."""
+        return cls(path, f"Invalid value for '{_render_path(path)}': {problem}.")
+
+
+def _key_text(key: str) -> str:
+    # Shown back to the client in ``param``: make it encodable and short.
+    if not key.isascii():
+        key = key.encode("utf-8", "replace").decode("utf-8")
+    return key if len(key) <= _KEY_QUOTE_LIMIT else key[:_KEY_QUOTE_LIMIT] + "..."
+
+
+def _render_path(path: _Path) -> str | None:
+    """``session.tools[3].name`` for ``("session", "tools", 3, "name")``; None for the frame."""
+    text = ""
+    for step in path:
+        text += f"[{step}]" if isinstance(step, int) else f".{_key_text(step)}"
+    text = text.lstrip(".")
+    if not text:
+        return None
+    return text if len(text) <= _PATH_QUOTE_LIMIT else text[:_PATH_QUOTE_LIMIT] + "..."
+
+
+def _not_utf8(text: str) -> bool:
+    """Whether ``text`` holds a lone surrogate (json.loads accepts ``"\\ud800"``), which no
+    UTF-8 encoder will write: it would fail at the store or on the wire, far from here."""
+    if text.isascii():  # the common case, checked in C without encoding
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _string_problem(text: str, *, exempt_length: bool) -> str | None:
+    if len(text) > MAX_STRING_CHARS and not exempt_length:
+        return f"longer than {MAX_STRING_CHARS} characters"
+    if _not_utf8(text):
+        return "not valid Unicode (a lone surrogate)"
+    return None
+
+
+def _value_problem(value: Any, *, exempt_length: bool = False) -> str | None:
+    """What is out of bounds about one scalar, or None; containers are scanned separately."""
+    kind = type(value)  # exact types: bool is an int subclass but no JSON number
+    if kind is str:
+        return _string_problem(value, exempt_length=exempt_length)
+    if kind is int and not -MAX_INT <= value <= MAX_INT:
+        return f"an integer outside [-{MAX_INT}, {MAX_INT}]"
+    if kind is float and not math.isfinite(value):  # 1e400 parses as inf
+        return "a number too large to represent"
+    return None
+
+
+def _scan_members(
+    container: Any, path: _Path, pending: list[tuple[Any, _Path]]
+) -> _Violation | None:
+    """Check one container's keys and scalars; queue its containers on ``pending``.
+
+    The hot path (an audio append: four ASCII keys, a string, an int) must stay cheap, so each
+    value gets an inline check that passes what is certainly fine; only what fails it goes to
+    :func:`_value_problem`, which decides and says what is wrong.
+    """
+    is_object = type(container) is dict  # else a list: the walk queues nothing else
+    members: Iterable[tuple[Any, Any]] = container.items() if is_object else enumerate(container)
+    for key, value in members:
+        if is_object and not (key.isascii() and len(key) <= MAX_STRING_CHARS):
+            if problem := _string_problem(key, exempt_length=False):
+                return _Violation.at((*path, key), f"the key is {problem}")
+        kind = type(value)
+        if kind is str:
+            if value.isascii() and len(value) <= MAX_STRING_CHARS:
+                continue
+        elif kind is int:
+            if -MAX_INT <= value <= MAX_INT:
+                continue
+        elif kind is dict or kind is list:
+            pending.append((value, (*path, key)))
+            continue
+        elif kind is not float or _isfinite(value):  # null, a boolean, a finite number
+            continue
+        if problem := _value_problem(value, exempt_length=not path and key == "audio"):
+            return _Violation.at((*path, key), problem)
+    return None
+
+
+def _find_violation(frame: JsonDict) -> _Violation | None:
+    """The first value of ``frame`` out of bounds, or None.
+
+    Iterative, with an explicit stack: a recursive walk is what a deep frame is built to break.
+    Every value is visited at most once and the count is checked before a container's members
+    are, so the walk costs at most :data:`MAX_VALUES` steps whatever the frame holds.
+    """
+    pending: list[tuple[Any, _Path]] = [(frame, ())]
+    values = 0
+    while pending:
+        container, path = pending.pop()
+        if len(path) >= MAX_DEPTH:  # the frame's own object, at path (), is level 1
+            return _Violation(path, TOO_DEEP, json_level=True)
+        values += len(container)
+        if values > MAX_VALUES:
+            return _Violation((), f"The frame holds more than {MAX_VALUES} values.")
+        violation = _scan_members(container, path, pending)
+        if violation is not None:
+            return violation
+    return None
+
+
+def check_bounds(frame: JsonDict) -> None:
+    """Refuse a frame with any value out of bounds, before any parser sees it.
+
+    A frame from ``json.loads`` may still be unusable: a lone surrogate cannot be encoded, inf
+    (from ``1e400``) cannot be rendered, a huge integer is not exact in Lua, and deep nesting
+    breaks recursive code downstream (the worker's). One walk over the whole frame catches all
+    of these, so no field parser needs to.
+
+    Raises:
+        ClientProtocolError: ``invalid_json`` for nesting deeper than :data:`MAX_DEPTH`,
+            ``invalid_session_resume`` for any other violation in a ``session.resume`` (a
+            resume that can never work, not a failure to retry), else ``invalid_value``; the
+            path to the value is the ``param``.
+    """
+    violation = _find_violation(frame)
+    if violation is None:
+        return
+    if violation.json_level:
+        code = ErrorCode.INVALID_JSON
+    elif frame.get("type") == "session.resume":
+        code = ErrorCode.INVALID_SESSION_RESUME
+    else:
+        code = ErrorCode.INVALID_VALUE
+    event_id = frame.get("event_id")
+    echo = isinstance(event_id, str) and violation.path[:1] != ("event_id",)
+    raise ClientProtocolError(code, violation.message, param=_render_path(violation.path),
+                              client_event_id=event_id if echo else None)

@@ -1,0 +1,79 @@
+"""uvicorn's sans-I/O websocket protocol, with a documented outcome for text that is not UTF-8.
+
+RFC 6455 §8.1: an endpoint that receives a text frame whose payload is not UTF-8 must fail the
+connection. uvicorn does so itself, with close 1007, but logs a full traceback for every such
+frame (a client could flood the log with them) and never tells the app, so the client gets no
+``error`` event and the session is not detached the way other abnormal ends are.
+
+:class:`GatewayWebSocketProtocol` hands such a payload to the app instead, as a receive event
+the driver recognises by :data:`INVALID_TEXT_KEY`; the connection core then answers
+``invalid_json`` and closes 1007 (``ConnectionCore.receive_invalid_text``). Each one is logged as
+one line, rate-limited. A handshake refused with an HTTP answer (a wrong key: 401) counts as
+complete, so uvicorn does not log an ERROR for each one. Everything else is uvicorn's
+``websockets-sansio`` implementation as is.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import ClassVar, cast
+
+from uvicorn._types import ASGIReceiveEvent, ASGISendEvent
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+from store.ratelog import RateLimitedLog
+
+__all__ = ["INVALID_TEXT_KEY", "GatewayWebSocketProtocol"]
+
+#: Set (to True) on a ``websocket.receive`` event whose ``bytes`` are a text frame's payload
+#: that is not UTF-8. No ASGI server sets it, so an app can tell such a frame from a binary one.
+INVALID_TEXT_KEY = "duplex_gateway.invalid_text"
+
+
+
+class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
+    """``websockets-sansio`` with text that is not UTF-8 passed to the app, marked, not
+    closed here with a traceback in the log."""
+
+    #: One line per bad frame, at most every 10 s for the whole process (shared by all
+    #: connections: many clients must not flood the log either).
+    invalid_text_log: ClassVar[RateLimitedLog] = RateLimitedLog(
+        logging.getLogger(__name__), interval_s=10.0)
+
+    async def send(self, message: ASGISendEvent) -> None:
+        await super().send(message)
+        if (message["type"] == "websocket.http.response.body"
+                and not message.get("more_body", False)):
+            # The handshake was answered with an HTTP response (a 401, a 503): it is over.
+            # uvicorn would otherwise log an ERROR ("returned without completing handshake")
+            # for every refused connection, which any client can repeat at will.
+            self.handshake_complete = True
+
+    def send_receive_event_to_app(self) -> None:
+        # The common case: ASCII is UTF-8, so the check costs one C scan and no decode.
+        if self.curr_msg_data_type != "text" or self.close_sent:
+            super().send_receive_event_to_app()
+            return
+        payload = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
+        if payload.isascii() or _is_utf8(payload):
+            self.frames = [payload]  # joined once: the base class won't join again
+            super().send_receive_event_to_app()
+            return
+        self.frames = []
+        peer = f"{self.client[0]}:{self.client[1]}" if self.client else "unknown peer"
+        self.invalid_text_log.warning(
+            "invalid_utf8", "%s sent a text frame that is not UTF-8; closing 1007", peer)
+        event = {"type": "websocket.receive", "bytes": bytes(payload), INVALID_TEXT_KEY: True}
+        self.queue.put_nowait(cast(ASGIReceiveEvent, event))
+        # As for any message: read no more until the app has taken this one.
+        if not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+
+def _is_utf8(payload: bytes) -> bool:
+    try:
+        payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
