@@ -137,7 +137,7 @@ class ConnectionDriver:
                 task.cancel()
             await asyncio.gather(closed, *tasks, return_exceptions=True)
             if self._channel is not None:
-                await self._svc.subscriber.unsubscribe(self._channel)
+                await self._svc.subscriber.unsubscribe(self._channel, self._notices.put)
 
     async def _fail_if_broken(self, tasks: list[asyncio.Task[None]]) -> None:
         """A task that ended on a bug would leave a connection that reads but never delivers
@@ -397,7 +397,7 @@ class ConnectionDriver:
         channel = SessionKeys(session_id).output_channel
         if self._channel is not None and self._channel != channel:
             # Placement moved on to another worker: drop the refused candidate's channel.
-            await self._svc.subscriber.unsubscribe(self._channel)
+            await self._svc.subscriber.unsubscribe(self._channel, self._notices.put)
         self._channel = channel
         with contextlib.suppress(TimeoutError):
             # A missed confirmation only costs latency: the pump reads the log regardless.

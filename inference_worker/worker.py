@@ -13,12 +13,9 @@ input and each tick's output into events. The worker admits new sessions (heartb
 ``admit``) only while a slot is free and the rolling p99 tick time is inside
 ``tick_budget_fraction`` of the frame period.
 
-Sessions are isolated from one another: an exception while one session's command is applied,
-its timer or tick is run, its events are drained or encoded, or its output is prepared for
-the batched write ends that session alone with ``session.closed`` ``internal_error`` (counted
-in ``duplex_worker_session_failures_total``, its traceback logged once per cause per minute);
-the other sessions never notice. A failure of the worker itself (one of its loops ends) stops
-the process, and the reaper then declares it lost: its sessions end ``worker_lost``. The
+One session's failure ends that session alone (see :mod:`inference_worker.sessions`, which
+holds the sessions and isolates them). A failure of the worker itself (one of its loops ends)
+stops the process, and the reaper then declares it lost: its sessions end ``worker_lost``. The
 worker never takes itself out of the directory: the reaper does once it reports the worker
 lost (a stopped worker's heartbeat lapses too), so no way of dying hides a worker from it.
 """
@@ -29,8 +26,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from inference_worker.backend import Backend
@@ -41,12 +36,12 @@ from inference_worker.backends.registry import (
     parse_options as parse_backend_options,
 )
 from inference_worker.duplex_runner import DuplexRunner
-from inference_worker.engine import Engine, SlotHandle, TickReport
+from inference_worker.engine import Engine, TickReport
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.session_runner import SessionRunner
+from inference_worker.sessions import FAILED_REASON, OutputPart, Session, SessionTable
 from inference_worker.settings import WorkerSettings
 from store import (
-    LogFollower,
     OutputAppend,
     OutputMismatch,
     Scripts,
@@ -58,15 +53,7 @@ from store.client import RedisClient
 from store.directory import announce_worker, sessions_of_worker
 from store.keys import WorkerKeys, new_worker_id, worker_of_session
 from store.logs import log_ends, read_input
-from store.messages import (
-    CloseSession,
-    Event,
-    MessageDecodeError,
-    decode_command,
-    encode_message,
-)
 from store.pubsub import Subscriber
-from store.ratelog import RateLimitedLog, cause_of
 
 __all__ = ["Worker"]
 
@@ -76,35 +63,14 @@ _MAX_FLUSH_BATCH = 256
 # How long a drain lets the flusher write the sessions' last events before it writes their
 # terminal events alone.
 _CLOSE_FLUSH_S = 5.0
-# A session that fails inside this worker (its bug, or data it cannot handle) ends with this.
-_FAILED_REASON = "internal_error"
-# Each cause of a session failure is logged with its traceback at most once per this long.
-_FAILURE_LOG_PERIOD_S = 60.0
-
-
-@dataclass
-class _Session:
-    runner: SessionRunner | DuplexRunner
-    # The engine slot of a frame backend's session (None on the loopback).
-    handle: SlotHandle | None = None
-    follower: LogFollower = field(default_factory=LogFollower)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # Encoded events not yet accepted by Redis: kept, in order, until an append succeeds.
-    unsent: list[bytes] = field(default_factory=list)
-    # The server_event_seq of unsent[0]. This worker is the only writer of the session's events
-    # (the store adds only the terminal one), so it numbers them and a resend is exactly-once.
-    next_seq: int = 1
-    # An input push arrived since the last poll: pushes show a rewound log themselves, so the
-    # poll checks the log's end only for sessions that were quiet.
-    pushed: bool = False
-    # The worker failed on this session (see Worker._fail_session): its runner is never called
-    # again, and the flusher writes the events encoded before the failure, then
-    # session.closed internal_error.
-    failed: bool = False
 
 
 class Worker:
     """One worker process's sessions; ``run()`` until ``stop()`` or fencing."""
+
+    #: The table that holds and isolates the sessions (a subclass may change its rules).
+    session_table: type[SessionTable] = SessionTable
+
 
     def __init__(self, settings: WorkerSettings, client: RedisClient,
                  worker_id: str | None = None, *, backend: Backend | None = None,
@@ -114,14 +80,14 @@ class Worker:
         self.metrics = metrics or WorkerMetrics(settings.backend)
         self._backend = backend
         self._engine: Engine | None = None
-        self._by_serial: dict[int, str] = {}  # engine handle serial -> session id
         self._background: set[asyncio.Task[None]] = set()
         self.worker_id = worker_id or new_worker_id()
         self._client = client
         self._scripts = Scripts(client)
         self._keys = WorkerKeys(self.worker_id)
         self._subscriber = Subscriber(client)
-        self._sessions: dict[str, _Session] = {}
+        self._sessions = self.session_table(self.metrics, _log, mark_dirty=self._mark_dirty,
+                                            engine=lambda: self._engine)
         self._notices: asyncio.Queue[list[Any] | None] = asyncio.Queue()
         self._tick_wake = asyncio.Event()
         self._next_tick_at = 0.0  # when the tick loop will next look (monotonic)
@@ -131,16 +97,14 @@ class Worker:
         self._flush_wake = asyncio.Event()
         self._stopping = asyncio.Event()
         self._draining = False
-        self._no_sessions = asyncio.Event()  # set whenever the last session leaves
         self.fenced = False
         #: Worker ids this process served under; a new one after each fencing.
         self.incarnations: list[str] = [self.worker_id]
-        self._failure_log = RateLimitedLog(_log, interval_s=_FAILURE_LOG_PERIOD_S)
 
     @property
     def session_ids(self) -> list[str]:
         """Sessions this worker is serving now."""
-        return list(self._sessions)
+        return self._sessions.ids()
 
     @property
     def engine(self) -> Engine | None:
@@ -254,57 +218,18 @@ class Worker:
         """One tick's outputs, on the event loop: feed each session's runner."""
         now = time.monotonic()
         for serial, frame in report.outputs.items():
-            session_id = self._by_serial.get(serial)
-            if session_id is None:
-                continue  # closed (or failed) while the tick ran
-            session = self._sessions.get(session_id)
-            runner = session.runner if session is not None else None
-            if not isinstance(runner, DuplexRunner):
-                continue
-            with self._isolated(session_id, "tick"):
-                runner.on_frame(frame, now)
-                for latency in runner.take_first_audio_latencies():
-                    self.metrics.time_to_first_audio.observe(latency)
-            self._mark_dirty(session_id)
+            self._sessions.feed(serial, frame, now)
         for serial in report.failed:
-            session_id = self._by_serial.get(serial)
+            session_id = self._sessions.holder_of(serial)
             if session_id is not None:
                 _log.error("session %s: model failure (%s); closing it", session_id,
                            report.error or "its slot failed")
-                self._end_here(session_id, "model_error")
+                self._sessions.end(session_id, "model_error", time.monotonic())
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    def _pump(self, session: _Session) -> None:
-        """Hand the engine the input the session's commands produced."""
-        engine, handle = self._engine, session.handle
-        if engine is None or handle is None or not isinstance(session.runner, DuplexRunner):
-            return
-        pending = session.runner.take_input()
-        if pending.clear:
-            engine.clear_input(handle)
-        if pending.audio:
-            engine.push_audio(handle, pending.audio)
-
-    def _release_slot(self, session: _Session) -> None:
-        """Give the session's engine slot back (idempotent): no tick feeds its runner again."""
-        if session.handle is None:
-            return
-        self._by_serial.pop(session.handle.serial, None)
-        if self._engine is not None:
-            self._engine.close(session.handle)
-
-    def _forget(self, session_id: str) -> None:
-        """Stop serving ``session_id`` here, releasing its engine slot."""
-        session = self._sessions.pop(session_id, None)
-        if session is not None:
-            self._release_slot(session)
-        self.metrics.sessions.set(len(self._sessions))
-        if not self._sessions:
-            self._no_sessions.set()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -331,64 +256,29 @@ class Worker:
     async def _drain(self) -> None:
         await self._heartbeat()  # publishes the draining state: no new placements
         if self._sessions:
-            self._no_sessions.clear()
+            self._sessions.no_sessions.clear()
             # Sessions end on their own schedule (client close, expiry); wait for the last.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._no_sessions.wait(), self.settings.drain_timeout_s)
+                await asyncio.wait_for(self._sessions.no_sessions.wait(),
+                                       self.settings.drain_timeout_s)
         if not self._sessions:
             return
         # Each runner ends its session (an active response ends cancelled) and the flusher
         # writes what it has, then session.closed, in order; what it cannot write in time
         # (Redis away) gets the terminal event alone.
-        self._no_sessions.clear()
-        for session_id in list(self._sessions):
-            self._end_here(session_id, "worker_shutdown")
+        self._sessions.no_sessions.clear()
+        for session_id in self._sessions.ids():
+            self._sessions.end(session_id, "worker_shutdown", time.monotonic())
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._no_sessions.wait(), _CLOSE_FLUSH_S)
-        for session_id in list(self._sessions):
+            await asyncio.wait_for(self._sessions.no_sessions.wait(), _CLOSE_FLUSH_S)
+        for session_id in self._sessions.ids():
             await self._close(session_id, "worker_shutdown")
-
-    def _end_here(self, session_id: str, reason: str) -> None:
-        """Tell a session's runner to end with ``reason``; the flusher writes its last events
-        and the terminal one, then forgets the session."""
-        session = self._sessions.get(session_id)
-        if session is None or session.failed:
-            return  # a failed session is ending already
-        with self._isolated(session_id, "receive"):
-            session.runner.receive(CloseSession(reason=reason), time.monotonic())
-        self._mark_dirty(session_id)
-
-    # ------------------------------------------------------------------ isolation
-
-    @contextlib.contextmanager
-    def _isolated(self, session_id: str, stage: str) -> Iterator[None]:
-        """Run one session's step: an exception in it ends that session alone."""
-        try:
-            yield
-        except Exception as exc:  # any bug, or data the runner cannot handle
-            self._fail_session(session_id, stage, exc)
-
-    def _fail_session(self, session_id: str, stage: str, exc: Exception) -> None:
-        """End one session over a failure of this worker's own at ``stage`` (one of
-        ``metrics.FAILURE_STAGES``): its slot is freed at once, and the flusher writes what
-        was encoded before the failure, then ``session.closed`` ``internal_error``."""
-        session = self._sessions.get(session_id)
-        if session is None or session.failed:
-            return
-        session.failed = True
-        self.metrics.session_failed(stage)
-        self._failure_log.exception(
-            (stage, *cause_of(exc)),
-            f"session {session_id}: the worker failed on it ({stage}); ending it"
-            f" {_FAILED_REASON}", exc)
-        self._release_slot(session)
-        self._mark_dirty(session_id)
 
     def _fence(self) -> None:
         _log.error("worker %s was declared lost; it stops writing now", self.worker_id)
         self.fenced = True
-        for session_id in list(self._sessions):
-            self._forget(session_id)
+        for session_id in self._sessions.ids():
+            self._sessions.forget(session_id)
         self._stopping.set()
 
     # ------------------------------------------------------------------ input
@@ -414,7 +304,7 @@ class Worker:
         if worker_of_session(session_id) != self.worker_id:  # ValueError: not a session id
             raise ValueError(f"{session_id} is not placed on this worker")
         if kind == b"c":
-            self._forget(session_id)
+            self._sessions.forget(session_id)
         elif kind == b"o":
             await self._adopt(session_id)
         elif kind == b"i":
@@ -436,39 +326,37 @@ class Worker:
         for session_id in await sessions_of_worker(self._client, self.worker_id):
             if session_id not in self._sessions:
                 await self._adopt(session_id)
-        for session_id, session in list(self._sessions.items()):
+        for session_id, session in self._sessions.items():
             quiet, session.pushed = not session.pushed, False
             await self._catch_up(session_id, session, check_rewind=quiet)
             if session.unsent:
                 self._mark_dirty(session_id)
 
-    async def _adopt(self, session_id: str) -> _Session | None:
+    async def _adopt(self, session_id: str) -> Session | None:
         if session_id in self._sessions or self.fenced:
             return self._sessions.get(session_id)
         session = self._new_session(session_id)
         if session is None:
             await self._close(session_id, "no_free_slot")
             return None
-        self._sessions[session_id] = session
-        self.metrics.sessions.set(len(self._sessions))
+        self._sessions.add(session_id, session)
         await self._catch_up(session_id, session)
         return session
 
-    def _new_session(self, session_id: str) -> _Session | None:
+    def _new_session(self, session_id: str) -> Session | None:
         now = time.monotonic()
         engine = self._engine
         if engine is None:
-            return _Session(runner=SessionRunner(session_id, now=now))
+            return Session(runner=SessionRunner(session_id, now=now))
         handle = engine.open()
         if handle is None:  # more placements than slots: cannot happen while capacity holds
             return None
-        self._by_serial[handle.serial] = session_id
         runner = DuplexRunner(session_id, model=self.settings.backend,
                               frame_seconds=engine.spec.frame_seconds, now=now,
                               explicit_turns=explicit_turns(self.settings.backend))
-        return _Session(runner=runner, handle=handle)
+        return Session(runner=runner, handle=handle)
 
-    async def _catch_up(self, session_id: str, session: _Session, *,
+    async def _catch_up(self, session_id: str, session: Session, *,
                         check_rewind: bool = False) -> None:
         applied = session.follower.next_index - 1
         rows = await read_input(self._client, session_id, applied)
@@ -481,7 +369,7 @@ class Worker:
             self._abandon(session_id, "log_rewound",
                           "its input log ends before what was applied (lost writes)")
 
-    async def _offer(self, session_id: str, session: _Session, first: int,
+    async def _offer(self, session_id: str, session: Session, first: int,
                      payloads: list[bytes]) -> None:
         if session.failed:
             return  # ending: its commands are not applied any more
@@ -495,18 +383,8 @@ class Worker:
         if gap:
             await self._catch_up(session_id, session)
             return
-        now = time.monotonic()
-        with self._isolated(session_id, "receive"):
-            for _, payload in fresh:
-                try:
-                    command = decode_command(payload)
-                except MessageDecodeError:
-                    _log.error("undecodable input entry for %s; skipped", session_id)
-                    continue
-                session.runner.receive(command, now)
-            self._pump(session)
-        self._mark_dirty(session_id)
-        deadline = self._deadline_of(session_id, session)
+        self._sessions.apply(session_id, session, fresh, time.monotonic())
+        deadline = self._sessions.deadline_of(session_id, session)
         if deadline is not None and deadline < self._next_tick_at:
             # Only an earlier deadline needs the tick loop now; waking it for every command
             # (each audio chunk) would rescan every session per chunk.
@@ -514,33 +392,18 @@ class Worker:
 
     # ------------------------------------------------------------------ output
 
-    def _deadline_of(self, session_id: str, session: _Session) -> float | None:
-        """When the session's runner next needs a tick (None: never, or it failed)."""
-        if session.failed:
-            return None
-        with self._isolated(session_id, "tick"):
-            return session.runner.next_deadline()
-        return None  # it raised: the session is failed now
-
     async def _tick_loop(self) -> None:
         while True:
-            deadlines = [d for session_id, s in list(self._sessions.items())
-                         if (d := self._deadline_of(session_id, s)) is not None]
+            deadline = self._sessions.next_deadline()
             now = time.monotonic()
-            self._next_tick_at = min(deadlines) if deadlines else now + 1.0
+            self._next_tick_at = deadline if deadline is not None else now + 1.0
             delay = max(0.0, self._next_tick_at - now)
             self._tick_wake.clear()
             try:
                 await asyncio.wait_for(self._tick_wake.wait(), delay)
             except TimeoutError:
                 pass
-            now = time.monotonic()
-            for session_id, session in list(self._sessions.items()):
-                deadline = self._deadline_of(session_id, session)
-                if deadline is not None and deadline <= now:
-                    with self._isolated(session_id, "tick"):
-                        session.runner.tick(now)
-                    self._mark_dirty(session_id)
+            self._sessions.tick_due(time.monotonic())
 
     def _mark_dirty(self, session_id: str) -> None:
         self._dirty.add(session_id)
@@ -560,41 +423,12 @@ class Worker:
                 # Each session's part is encoded and checked alone, so that one session's bad
                 # data fails that session, never the whole batch.
                 batch = [part for session_id, session in sessions
-                         if (part := self._output_of(session_id, session)) is not None]
+                         if (part := self._sessions.output_of(session_id, session)) is not None]
                 for start in range(0, len(batch), _MAX_FLUSH_BATCH):
                     if not await self._write(batch[start:start + _MAX_FLUSH_BATCH]):
                         break
 
-    def _output_of(self, session_id: str, session: _Session,
-                   ) -> tuple[str, _Session, str | None] | None:
-        """Encode what the session's runner produced into its unsent events and pick its close
-        reason: its part of the next write, or None when it has nothing to write."""
-        if not session.failed:
-            events: list[Event] = []
-            with self._isolated(session_id, "events"):
-                events = session.runner.events_to_send()
-            with self._isolated(session_id, "encode"):
-                for event in events:  # those encoded before a failure are still written
-                    session.unsent.append(encode_message(event))
-        reason = self._close_reason_of(session_id, session)
-        if session.unsent or reason is not None:
-            return session_id, session, reason
-        return None
-
-    def _close_reason_of(self, session_id: str, session: _Session) -> str | None:
-        """The reason to end the session with now, checked to be sendable."""
-        if not session.failed:
-            with self._isolated(session_id, "write"):
-                reason = session.runner.close_requested
-                if reason is not None:
-                    # Redis's client encodes it as strict UTF-8, and one that cannot be would
-                    # fail the whole batch. The runners replace such reasons already; this
-                    # keeps a bug in one from reaching the batch.
-                    reason.encode("utf-8")
-                return reason
-        return _FAILED_REASON
-
-    async def _write(self, batch: list[tuple[str, _Session, str | None]]) -> bool:
+    async def _write(self, batch: list[OutputPart]) -> bool:
         """One script call for the output of many sessions (they share this worker's slot).
 
         Returns False when writing must stop (fenced).
@@ -619,7 +453,7 @@ class Worker:
         self._settle(batch, outcomes)
         return True
 
-    async def _write_apart(self, batch: list[tuple[str, _Session, str | None]],
+    async def _write_apart(self, batch: list[OutputPart],
                            exc: Exception) -> bool:
         """After a batch failed on its own arguments (a bug: each part is checked before),
         write each session alone so that only the culprit fails. Resending is safe: the
@@ -630,18 +464,18 @@ class Worker:
                     return False
             return True
         session_id, _, _ = batch[0]
-        self._fail_session(session_id, "write", exc)
+        self._sessions.fail(session_id, "write", exc)
         # Its output itself cannot be written: the terminal event goes alone.
-        self._forget(session_id)
-        self._spawn(self._close(session_id, _FAILED_REASON))
+        self._sessions.forget(session_id)
+        self._spawn(self._close(session_id, FAILED_REASON))
         return True
 
-    def _settle(self, batch: list[tuple[str, _Session, str | None]],
+    def _settle(self, batch: list[OutputPart],
                 outcomes: list[int | SessionGone | OutputMismatch]) -> None:
         """Apply the outcome of a write to each of its sessions."""
         for (session_id, session, reason), outcome in zip(batch, outcomes, strict=True):
             if isinstance(outcome, SessionGone):
-                self._forget(session_id)
+                self._sessions.forget(session_id)
                 continue
             if isinstance(outcome, OutputMismatch):
                 # A gap: the logs fell behind what this worker wrote or read (a failover lost
@@ -653,13 +487,13 @@ class Worker:
             session.next_seq += len(session.unsent)
             session.unsent = []
             if reason is not None:
-                self._forget(session_id)
+                self._sessions.forget(session_id)
 
     def _abandon(self, session_id: str, reason: str, why: str) -> None:
         """Stop serving a session whose state here no longer matches the store's, and end it
         with ``reason`` (the terminal event alone: what this worker holds is not trusted)."""
         _log.error("session %s: %s; ending it", session_id, why)
-        self._forget(session_id)
+        self._sessions.forget(session_id)
         self._spawn(self._close(session_id, reason))
 
     async def _close(self, session_id: str, reason: str) -> None:
@@ -667,4 +501,4 @@ class Worker:
             await self._scripts.append_output(session_id, [], close_reason=reason)
         except (SessionGone, WorkerFenced):
             pass
-        self._forget(session_id)
+        self._sessions.forget(session_id)

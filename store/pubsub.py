@@ -174,9 +174,16 @@ class Subscriber:
         finally:
             self._confirmations.pop(key, None)
 
-    async def unsubscribe(self, channel: str) -> None:
-        """Stop delivering ``channel``; safe to call twice."""
+    async def unsubscribe(self, channel: str, handler: NoticeHandler | None = None) -> None:
+        """Stop delivering ``channel``; safe to call twice.
+
+        With ``handler``, only if ``channel`` is still delivered to it: a connection that
+        ends after another one (a quick resume through this same process) subscribed the
+        channel again must not take the newer subscription with it.
+        """
         key = channel.encode()
+        if handler is not None and self._handlers.get(key) != handler:
+            return
         self._handlers.pop(key, None)
         shard = self._shard_of.pop(key, None)
         if shard is None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
 
 import pytest
 from redis.asyncio import Redis
@@ -25,19 +24,12 @@ from tests.e2e.helpers import (
     streaming_session,
 )
 from tests.e2e.stack import Stack
+from tests.store._support import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 K1, K2 = "key-one", "key-two"
 
-
-async def wait_until(condition: Callable[[], Awaitable[bool]], what: str,
-                     timeout: float = 20.0) -> None:
-    """Poll an async condition until it holds, failing with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not await condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 async def test_another_tenant_cannot_resume_close_or_ack_a_session(stack: Stack) -> None:
@@ -120,12 +112,12 @@ async def test_close_then_socket_close_ends_every_session_and_frees_every_place(
                     return False
             return True
 
-        await wait_until(all_closed, "every session to end client_close")
+        await until(all_closed, "every session to end client_close")
 
         async def no_place_held() -> bool:
             return await redis.zcard(tenant_sessions(tenant_of_key(K1))) == 0
 
-        await wait_until(no_place_held, "the tenant's places to be released", timeout=10)
+        await until(no_place_held, "the tenant's places to be released", timeout=10)
     finally:
         await redis.aclose()
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 import pytest
 from redis.asyncio import Redis
@@ -20,24 +19,13 @@ from tests.store._support import (
     open_session,
     redis_now_ms,
     register_worker,
+    until,
     wait_redis_clock_past,
     worker_field,
 )
 
 TTL_MS = 400
 
-
-async def until(condition: object, what: str, timeout: float = 10) -> None:
-    """Poll a sync or async predicate until it holds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        answer = condition()  # type: ignore[operator]
-        if asyncio.iscoroutine(answer):
-            answer = await answer
-        if answer:
-            return
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.01)  # pacing the poll; the condition is what is awaited
 
 
 @pytest.mark.parametrize("beats_again", [True, False])

@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -26,6 +25,7 @@ from gateway.settings import GatewaySettings
 from gateway.wsprotocol import GatewayWebSocketProtocol
 from store.embedded import EmbeddedServer, free_port
 from store.ratelog import RateLimitedLog
+from tests.store._support import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -43,14 +43,6 @@ class Clock:
     def __call__(self) -> float:
         return self.now
 
-
-async def until(condition: Callable[[], bool], what: str) -> None:
-    """Wait for ``condition``, failing with ``what`` after a deadline."""
-    deadline = time.monotonic() + DEADLINE_S
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 @pytest.fixture

@@ -154,6 +154,21 @@ def counts(reaped: Reaped) -> tuple[str, int]:
     return reaped.state, reaped.ended
 
 
+async def until(condition: Callable[[], bool | Awaitable[bool]], what: str,
+                timeout: float = 10.0) -> None:
+    """Poll a sync or async predicate until it holds, failing with ``what`` after ``timeout``
+    seconds (a deadline, not a sleep: it returns as soon as the condition holds)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = condition()
+        if not isinstance(answer, bool):
+            answer = await answer
+        if answer:
+            return
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)  # pacing the poll; the condition is what is awaited
+
+
 async def reap_until_lost(scripts: Scripts, worker_id: str) -> int:
     """Reap until the worker is declared lost; how many sessions the reaps ended."""
     answers = await poll_until(lambda: scripts.reap(worker_id), lambda a: a.state == "lost")

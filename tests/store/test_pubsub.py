@@ -236,6 +236,23 @@ async def test_subscribe_right_after_unsubscribe_is_confirmed_at_once(
         notices.assert_empty()
 
 
+async def test_a_late_unsubscribe_of_the_old_owner_keeps_the_new_subscription(
+    subscriber: Subscriber, redis_client: Redis
+) -> None:
+    """A connection that ends after a newer one on the same process subscribed its channel
+    (a quick resume through the same gateway) unsubscribes with its own handler, which no
+    longer owns the channel: the newer one keeps getting pushes."""
+    old, new = Notices(), Notices()
+    await subscriber.subscribe("dg:{a}:chan", old)
+    await subscriber.subscribe("dg:{a}:chan", new)
+    await subscriber.unsubscribe("dg:{a}:chan", old)
+    assert await spublish(redis_client, "dg:{a}:chan", ["live"]) == 1
+    assert await new.next() == [b"live"]
+    old.assert_empty()
+    await subscriber.unsubscribe("dg:{a}:chan", new)  # the owner's own unsubscribe works
+    await poll_until(lambda: shard_subscribers(redis_client, "dg:{a}:chan"), lambda n: n == 0)
+
+
 async def test_unsubscribe_last_channel_then_subscribe_again(
     subscriber: Subscriber, redis_client: Redis
 ) -> None:

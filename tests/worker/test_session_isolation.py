@@ -26,11 +26,12 @@ from inference_worker.duplex_runner import DuplexRunner
 from inference_worker.frames import FrameOutput
 from inference_worker.metrics import FAILURE_STAGES
 from inference_worker.session_runner import SessionRunner
+from inference_worker.sessions import Session, SessionTable
 from inference_worker.settings import WorkerSettings
-from inference_worker.worker import Worker, _Session
+from inference_worker.worker import Worker
 from store import Lease, Scripts, messages as msg
 from store.messages import encode_message, is_terminal
-from tests.store._support import assert_one_terminal, events_of, open_session
+from tests.store._support import assert_one_terminal, events_of, open_session, until
 
 POISON = "poison"  # the event id of the heartbeat that arms a planted bug
 STREAM = {"extra_body": {"loopback_mode": "stream"}}
@@ -42,14 +43,6 @@ def marked(index: int) -> bytes:
     """A chunk whose first bytes say its index, to check echoes arrive in order."""
     return struct.pack("<I", index) + bytes(CHUNK - 4)
 
-
-async def until(condition: Callable[[], Awaitable[bool]], what: str, timeout: float = 10) -> None:
-    """Poll an async ``condition`` until it holds, failing with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 class PlantedLoopback(SessionRunner):
@@ -102,19 +95,25 @@ class PlantedWorker(Worker):
         super().__init__(*args, **kwargs)
         self.stage = stage
 
-    def _new_session(self, session_id: str) -> _Session | None:
+    def _new_session(self, session_id: str) -> Session | None:
         session = super()._new_session(session_id)
         if session is not None:
             session.runner = PlantedLoopback(session_id, now=time.monotonic(), stage=self.stage)
         return session
 
 
+class UncheckedSessions(SessionTable):
+    """The session table without the check of each session's close reason before the batch."""
+
+    def close_reason_of(self, session_id: str, session: Session) -> str | None:
+        return "internal_error" if session.failed else session.runner.close_requested
+
+
 class UncheckedWorker(PlantedWorker):
     """Also without the check of each session's close reason before the batch, so a bad one
     reaches the batched script call itself (which must then not fail the others)."""
 
-    def _close_reason_of(self, session_id: str, session: _Session) -> str | None:
-        return "internal_error" if session.failed else session.runner.close_requested
+    session_table = UncheckedSessions
 
 
 def settings(backend: str = "loopback") -> WorkerSettings:
@@ -272,7 +271,7 @@ class PlantedDuplex(DuplexRunner):
 class PlantedFrameWorker(Worker):
     """A fake-backend worker whose sessions run :class:`PlantedDuplex`."""
 
-    def _new_session(self, session_id: str) -> _Session | None:
+    def _new_session(self, session_id: str) -> Session | None:
         session = super()._new_session(session_id)
         engine = self.engine
         if session is not None and engine is not None:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,18 +17,10 @@ from inference_worker.worker import Worker
 from store import Lease, Scripts, messages as msg
 from store.keys import WorkerKeys
 from store.messages import encode_message
-from tests.store._support import events_of, open_session, spublish, spublish_raw
+from tests.store._support import events_of, open_session, spublish, spublish_raw, until
 
 AUDIBLE = b"\x00\x10" * 1920  # 80 ms, loud
 
-
-async def until(condition: Callable[[], Awaitable[bool]], what: str, timeout: float = 10) -> None:
-    """Poll an async ``condition`` until it holds, failing with ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 class Failing(FakeBackend):

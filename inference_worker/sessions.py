@@ -1,0 +1,275 @@
+"""The sessions one worker serves: their records, their engine slots, and every call into
+their runners, each isolated from the others.
+
+A :class:`SessionTable` holds each session's :class:`Session` by id and, on a frame backend,
+which session holds which engine handle. The worker reaches a session's runner only through
+it: to apply its commands (:meth:`~SessionTable.apply`), feed it a model tick
+(:meth:`~SessionTable.feed`), run its timers (:meth:`~SessionTable.tick_due`), end it
+(:meth:`~SessionTable.end`) and prepare its part of a batched write
+(:meth:`~SessionTable.output_of`). Reading input and writing output (Redis) stay the worker's.
+
+Sessions are isolated from one another: an exception while one session's command is applied,
+its timer or tick is run, its events are drained or encoded, or its output is prepared for
+the batched write ends that session alone with ``session.closed`` ``internal_error`` (counted
+in ``duplex_worker_session_failures_total``, its traceback logged once per cause per minute);
+the other sessions never notice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from inference_worker.duplex_runner import DuplexRunner
+from inference_worker.engine import Engine, SlotHandle
+from inference_worker.frames import FrameOutput
+from inference_worker.metrics import WorkerMetrics
+from inference_worker.session_runner import SessionRunner
+from store import LogFollower
+from store.messages import (
+    CloseSession,
+    Event,
+    MessageDecodeError,
+    decode_command,
+    encode_message,
+)
+from store.ratelog import RateLimitedLog, cause_of
+
+__all__ = ["FAILED_REASON", "OutputPart", "Session", "SessionTable"]
+
+# A session that fails inside this worker (its bug, or data it cannot handle) ends with this.
+FAILED_REASON = "internal_error"
+# Each cause of a session failure is logged with its traceback at most once per this long.
+_FAILURE_LOG_PERIOD_S = 60.0
+
+
+@dataclass
+class Session:
+    """One session served here: its runner, engine slot, input position and unsent output."""
+
+    runner: SessionRunner | DuplexRunner
+    # The engine slot of a frame backend's session (None on the loopback).
+    handle: SlotHandle | None = None
+    follower: LogFollower = field(default_factory=LogFollower)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Encoded events not yet accepted by Redis: kept, in order, until an append succeeds.
+    unsent: list[bytes] = field(default_factory=list)
+    # The server_event_seq of unsent[0]. This worker is the only writer of the session's events
+    # (the store adds only the terminal one), so it numbers them and a resend is exactly-once.
+    next_seq: int = 1
+    # An input push arrived since the last poll: pushes show a rewound log themselves, so the
+    # poll checks the log's end only for sessions that were quiet.
+    pushed: bool = False
+    # The worker failed on this session (see SessionTable.fail): its runner is never called
+    # again, and the flusher writes the events encoded before the failure, then
+    # session.closed internal_error.
+    failed: bool = False
+
+
+# One session's part of a batched output write: its id, its record and its close reason.
+OutputPart = tuple[str, Session, str | None]
+
+
+class SessionTable:
+    """The sessions one worker serves, by id and by engine slot.
+
+    Args:
+        metrics: where the session count and the failures are counted.
+        log: where failures are logged (the worker's logger, with its other lines).
+        mark_dirty: called with a session's id when it has something new to write.
+        engine: the worker's frame engine now (None on the loopback, or once it stopped).
+    """
+
+    def __init__(self, metrics: WorkerMetrics, log: logging.Logger, *,
+                 mark_dirty: Callable[[str], None],
+                 engine: Callable[[], Engine | None]) -> None:
+        self._metrics = metrics
+        self._log = log
+        self._mark_dirty = mark_dirty
+        self._engine = engine
+        self._sessions: dict[str, Session] = {}
+        self._by_serial: dict[int, str] = {}  # engine handle serial -> session id
+        self._failure_log = RateLimitedLog(log, interval_s=_FAILURE_LOG_PERIOD_S)
+        self.no_sessions = asyncio.Event()  # set whenever the last session leaves
+
+    def __contains__(self, session_id: object) -> bool:
+        return session_id in self._sessions
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def get(self, session_id: str) -> Session | None:
+        """The session's record, or None when it is not served here."""
+        return self._sessions.get(session_id)
+
+    def ids(self) -> list[str]:
+        """The sessions served now (a copy: callers forget sessions while they go through)."""
+        return list(self._sessions)
+
+    def items(self) -> list[tuple[str, Session]]:
+        """The sessions served now with their records (a copy, as :meth:`ids`)."""
+        return list(self._sessions.items())
+
+    def holder_of(self, serial: int) -> str | None:
+        """The session that holds the engine handle ``serial`` (None once it let it go)."""
+        return self._by_serial.get(serial)
+
+    def add(self, session_id: str, session: Session) -> None:
+        """Serve ``session`` here, and the engine slot it holds."""
+        if session.handle is not None:
+            self._by_serial[session.handle.serial] = session_id
+        self._sessions[session_id] = session
+        self._metrics.sessions.set(len(self._sessions))
+
+    def release_slot(self, session: Session) -> None:
+        """Give the session's engine slot back (idempotent): no tick feeds its runner again."""
+        if session.handle is None:
+            return
+        self._by_serial.pop(session.handle.serial, None)
+        engine = self._engine()
+        if engine is not None:
+            engine.close(session.handle)
+
+    def forget(self, session_id: str) -> None:
+        """Stop serving ``session_id`` here, releasing its engine slot."""
+        session = self._sessions.pop(session_id, None)
+        if session is not None:
+            self.release_slot(session)
+        self._metrics.sessions.set(len(self._sessions))
+        if not self._sessions:
+            self.no_sessions.set()
+
+    # ------------------------------------------------------------------ isolation
+
+    @contextlib.contextmanager
+    def isolated(self, session_id: str, stage: str) -> Iterator[None]:
+        """Run one session's step: an exception in it ends that session alone."""
+        try:
+            yield
+        except Exception as exc:  # any bug, or data the runner cannot handle
+            self.fail(session_id, stage, exc)
+
+    def fail(self, session_id: str, stage: str, exc: Exception) -> None:
+        """End one session over a failure of this worker's own at ``stage`` (one of
+        ``metrics.FAILURE_STAGES``): its slot is freed at once, and the flusher writes what
+        was encoded before the failure, then ``session.closed`` ``internal_error``."""
+        session = self._sessions.get(session_id)
+        if session is None or session.failed:
+            return
+        session.failed = True
+        self._metrics.session_failed(stage)
+        self._failure_log.exception(
+            (stage, *cause_of(exc)),
+            f"session {session_id}: the worker failed on it ({stage}); ending it"
+            f" {FAILED_REASON}", exc)
+        self.release_slot(session)
+        self._mark_dirty(session_id)
+
+    # ------------------------------------------------------------------ runner steps
+
+    def apply(self, session_id: str, session: Session, entries: list[tuple[int, bytes]],
+              now: float) -> None:
+        """Apply the session's new input entries (index, payload) in order, and hand the
+        engine the input they produced."""
+        with self.isolated(session_id, "receive"):
+            for _, payload in entries:
+                try:
+                    command = decode_command(payload)
+                except MessageDecodeError:
+                    self._log.error("undecodable input entry for %s; skipped", session_id)
+                    continue
+                session.runner.receive(command, now)
+            self._pump(session)
+        self._mark_dirty(session_id)
+
+    def _pump(self, session: Session) -> None:
+        """Hand the engine the input the session's commands produced."""
+        engine, handle = self._engine(), session.handle
+        if engine is None or handle is None or not isinstance(session.runner, DuplexRunner):
+            return
+        pending = session.runner.take_input()
+        if pending.clear:
+            engine.clear_input(handle)
+        if pending.audio:
+            engine.push_audio(handle, pending.audio)
+
+    def feed(self, serial: int, frame: FrameOutput, now: float) -> None:
+        """Hand one tick's output to the runner of the session that holds handle ``serial``."""
+        session_id = self._by_serial.get(serial)
+        if session_id is None:
+            return  # closed (or failed) while the tick ran
+        session = self._sessions.get(session_id)
+        runner = session.runner if session is not None else None
+        if not isinstance(runner, DuplexRunner):
+            return
+        with self.isolated(session_id, "tick"):
+            runner.on_frame(frame, now)
+            for latency in runner.take_first_audio_latencies():
+                self._metrics.time_to_first_audio.observe(latency)
+        self._mark_dirty(session_id)
+
+    def deadline_of(self, session_id: str, session: Session) -> float | None:
+        """When the session's runner next needs a tick (None: never, or it failed)."""
+        if session.failed:
+            return None
+        with self.isolated(session_id, "tick"):
+            return session.runner.next_deadline()
+        return None  # it raised: the session is failed now
+
+    def next_deadline(self) -> float | None:
+        """The earliest of the sessions' deadlines (None: none needs a tick)."""
+        deadlines = [d for session_id, s in self.items()
+                     if (d := self.deadline_of(session_id, s)) is not None]
+        return min(deadlines) if deadlines else None
+
+    def tick_due(self, now: float) -> None:
+        """Run the timers of the sessions whose deadline has come."""
+        for session_id, session in self.items():
+            deadline = self.deadline_of(session_id, session)
+            if deadline is not None and deadline <= now:
+                with self.isolated(session_id, "tick"):
+                    session.runner.tick(now)
+                self._mark_dirty(session_id)
+
+    def end(self, session_id: str, reason: str, now: float) -> None:
+        """Tell a session's runner to end with ``reason``; the flusher writes its last events
+        and the terminal one, then forgets the session."""
+        session = self._sessions.get(session_id)
+        if session is None or session.failed:
+            return  # a failed session is ending already
+        with self.isolated(session_id, "receive"):
+            session.runner.receive(CloseSession(reason=reason), now)
+        self._mark_dirty(session_id)
+
+    # ------------------------------------------------------------------ output
+
+    def output_of(self, session_id: str, session: Session) -> OutputPart | None:
+        """Encode what the session's runner produced into its unsent events and pick its close
+        reason: its part of the next write, or None when it has nothing to write."""
+        if not session.failed:
+            events: list[Event] = []
+            with self.isolated(session_id, "events"):
+                events = session.runner.events_to_send()
+            with self.isolated(session_id, "encode"):
+                for event in events:  # those encoded before a failure are still written
+                    session.unsent.append(encode_message(event))
+        reason = self.close_reason_of(session_id, session)
+        if session.unsent or reason is not None:
+            return session_id, session, reason
+        return None
+
+    def close_reason_of(self, session_id: str, session: Session) -> str | None:
+        """The reason to end the session with now, checked to be sendable."""
+        if not session.failed:
+            with self.isolated(session_id, "write"):
+                reason = session.runner.close_requested
+                if reason is not None:
+                    # Redis's client encodes it as strict UTF-8, and one that cannot be would
+                    # fail the whole batch. The runners replace such reasons already; this
+                    # keeps a bug in one from reaching the batch.
+                    reason.encode("utf-8")
+                return reason
+        return FAILED_REASON
