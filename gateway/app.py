@@ -16,10 +16,11 @@ from starlette.websockets import WebSocket
 
 from gateway.auth import error_response, identify
 from gateway.client_secrets import mint_client_secret
-from gateway.connection import ConnectionDriver, GatewayServices
+from gateway.connection import ConnectionDriver
 from gateway.metrics import GatewayMetrics
 from gateway.protocol.errors import CloseCode
 from gateway.reaper import run_reaper
+from gateway.services import GatewayServices
 from gateway.settings import GatewaySettings
 from store import Scripts, create_client
 from store.pubsub import Subscriber

@@ -20,10 +20,8 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from gateway.batcher import InputBatcher
-from gateway.metrics import GatewayMetrics
 from gateway.notices import NoticeQueue
-from gateway.placement import place_session, tenant_lease_ms
+from gateway.placement import place_session
 from gateway.protocol.connection import (
     Action,
     AppendCommands,
@@ -45,43 +43,26 @@ from gateway.protocol.errors import (
     fit_close_reason,
 )
 from gateway.protocol.pacing import InputPacer, PacingLimits
-from gateway.settings import GatewaySettings
+from gateway.services import GatewayServices
 from gateway.wsprotocol import INVALID_TEXT_KEY
 from store import (
     AppendResult,
     Lease,
     LeaseLost,
     ResumeStatus,
-    Scripts,
     SessionGone,
     StoreError,
 )
-from store.client import RedisClient
 from store.follower import REWIND_WINDOW
 from store.keys import SessionKeys
 from store.logs import log_ends, read_output
 from store.messages import Command, encode_message
-from store.pubsub import Subscriber
 
-__all__ = ["ConnectionDriver", "GatewayServices"]
+__all__ = ["ConnectionDriver"]
 
 _log = logging.getLogger(__name__)
 _RESUME_ATTEMPTS = 3
 _HOUSEKEEPING_S = 1.0
-
-
-class GatewayServices:
-    """What every connection of one gateway process shares."""
-
-    def __init__(self, settings: GatewaySettings, client: RedisClient, scripts: Scripts,
-                 subscriber: Subscriber, metrics: GatewayMetrics) -> None:
-        self.settings = settings
-        self.client = client
-        self.scripts = scripts
-        self.subscriber = subscriber
-        self.metrics = metrics
-        self.batcher = InputBatcher(scripts, max_entries=settings.input_log_max_entries)
-        self.draining = False
 
 
 def _digest(token: str) -> str:
@@ -260,7 +241,7 @@ class ConnectionDriver:
             return
         try:
             await self._svc.scripts.renew_tenant_slot(
-                self._tenant, session_id, lease_ms=tenant_lease_ms(self._svc))
+                self._tenant, session_id, lease_ms=self._svc.tenant_lease_ms)
         except StoreError as exc:
             _log.warning("tenant renewal failed for %s: %s", session_id, exc)
 

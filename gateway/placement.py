@@ -11,20 +11,15 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
 from gateway.protocol.errors import ClientProtocolError, CloseCode, ErrorCode
+from gateway.services import GatewayServices
 from store import Lease, OpenStatus, SessionPolicy, StoreError, StoreUnavailable
 from store.directory import list_workers, server_time_ms, worker_loads
 from store.keys import new_session_id
 
-if TYPE_CHECKING:
-    from gateway.connection import GatewayServices
+__all__ = ["place_session", "policy_of"]
 
-__all__ = ["place_session", "policy_of", "tenant_lease_ms"]
-
-# Renewals come about every second; this much slack survives a missed one or two.
-_TENANT_LEASE_SLACK_MS = 5_000
 # tenant_sessions_per_minute counts opens in any window this long.
 _OPEN_RATE_WINDOW_MS = 60_000
 
@@ -46,11 +41,6 @@ def _exhausted(why: str = "no inference worker has a free slot") -> ClientProtoc
         ErrorCode.RESOURCE_EXHAUSTED, f"{why}; retry later", close_code=CloseCode.TRY_AGAIN_LATER,
     )
 
-
-def tenant_lease_ms(services: GatewayServices) -> int:
-    """How long a tenant reservation lasts unless renewed: past the disconnect grace, so a
-    detached session stays counted until it could have expired."""
-    return int(services.settings.disconnect_grace_s * 1000) + _TENANT_LEASE_SLACK_MS
 
 
 async def place_session(
@@ -80,7 +70,7 @@ async def place_session(
         # Reserve-then-confirm (DESIGN §2.1): the tenant count lives in another hash slot than
         # the worker, so it is reserved first and released again if the open does not land.
         if cap and not await scripts.reserve_tenant_slot(
-                tenant, session_id, cap=cap, lease_ms=tenant_lease_ms(services)):
+                tenant, session_id, cap=cap, lease_ms=services.tenant_lease_ms):
             raise _exhausted(f"the tenant's limit of {cap} concurrent sessions is reached")
         await subscribe(session_id)
         try:

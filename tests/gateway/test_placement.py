@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
-from gateway.connection import GatewayServices
 from gateway.metrics import GatewayMetrics
 from gateway.placement import place_session
 from gateway.protocol.errors import ClientProtocolError
+from gateway.services import GatewayServices
 from gateway.settings import GatewaySettings
 from store import Scripts
 from store.directory import announce_worker

@@ -1,0 +1,40 @@
+"""What every connection of one gateway process shares, and the policies they all apply.
+
+The connection driver, placement and the app all take a :class:`GatewayServices`; keeping it
+here, below all three, means none of them imports another for it.
+"""
+
+from __future__ import annotations
+
+from gateway.batcher import InputBatcher
+from gateway.metrics import GatewayMetrics
+from gateway.settings import GatewaySettings
+from store import Scripts
+from store.client import RedisClient
+from store.pubsub import Subscriber
+
+__all__ = ["GatewayServices"]
+
+# Renewals come about every second; this much slack survives a missed one or two.
+_TENANT_LEASE_SLACK_MS = 5_000
+
+
+class GatewayServices:
+    """What every connection of one gateway process shares."""
+
+    def __init__(self, settings: GatewaySettings, client: RedisClient, scripts: Scripts,
+                 subscriber: Subscriber, metrics: GatewayMetrics) -> None:
+        self.settings = settings
+        self.client = client
+        self.scripts = scripts
+        self.subscriber = subscriber
+        self.metrics = metrics
+        self.batcher = InputBatcher(scripts, max_entries=settings.input_log_max_entries)
+        self.draining = False
+
+    @property
+    def tenant_lease_ms(self) -> int:
+        """How long a tenant reservation lasts unless renewed: past the disconnect grace, so a
+        detached session stays counted until it could have expired (the reaper releases it
+        as soon as the session ends)."""
+        return int(self.settings.disconnect_grace_s * 1000) + _TENANT_LEASE_SLACK_MS
