@@ -10,9 +10,11 @@ so frames reach the client in the order the core decided.
 from __future__ import annotations
 
 import asyncio
+import base64
 import collections
 import contextlib
 import hashlib
+import hmac
 import logging
 import secrets
 import time
@@ -30,6 +32,7 @@ from gateway.protocol.connection import (
     ConnectionState,
     DetachLease,
     FetchLog,
+    GiveUpSession,
     OpenSession,
     ResumeSession,
     SendFrame,
@@ -67,6 +70,19 @@ _HOUSEKEEPING_S = 1.0
 
 def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _rotated_token(old_token: str, control_id: str) -> str:
+    """The token a resume rotates to, derived from the token it presents and its control id.
+
+    A retry of that resume (its answer was lost) through any gateway presents the same two and
+    so derives the same new token, whose digest the store then recognises as the one it
+    rotated to: the retry gets the same token instead of ``invalid_resume_token``. The old
+    token is the secret: only its holder can derive the new one, as only it could resume.
+    """
+    mac = hmac.new(old_token.encode(), b"session.resume\0" + control_id.encode(),
+                   hashlib.sha256)
+    return base64.urlsafe_b64encode(mac.digest()).rstrip(b"=").decode("ascii")
 
 
 class ConnectionDriver:
@@ -311,10 +327,7 @@ class ConnectionDriver:
             case SendFrame(text=text):
                 await self._send(text)
             case AppendCommands(entries=entries):
-                if not self._outbox:
-                    self._outbox_since = time.monotonic()
-                self._outbox.extend(entries)
-                self._outbox_ready.set()
+                self._queue_commands(entries)
             case FetchLog(after_seq=after):
                 await self._fetch(after)
                 if self._resume_started is not None:  # the replay of a resume was read
@@ -324,18 +337,21 @@ class ConnectionDriver:
             case OpenSession():
                 await self._open()
             case ResumeSession(request=request):
-                started = time.monotonic()
                 await self._resume(request)
-                if self._lease is None:  # refused: no replay follows
-                    self._svc.metrics.resume_seconds.observe(time.monotonic() - started)
-                else:
-                    self._resume_started = started
             case TrimLog(upto_seq=upto):
                 await self._trim(upto)
             case DetachLease():
                 await self._detach()
+            case GiveUpSession(session_id=session_id):
+                await self._give_up(session_id)
             case CloseConnection(code=code, reason=reason):
                 await self._close(code, reason)
+
+    def _queue_commands(self, entries: tuple[tuple[int | None, Command], ...]) -> None:
+        if not self._outbox:
+            self._outbox_since = time.monotonic()
+        self._outbox.extend(entries)
+        self._outbox_ready.set()
 
     async def _send(self, text: str) -> None:
         if self._ws.application_state is not WebSocketState.CONNECTED:
@@ -377,8 +393,11 @@ class ConnectionDriver:
     async def _subscribe(self, session_id: str) -> None:
         channel = SessionKeys(session_id).output_channel
         if self._channel is not None and self._channel != channel:
-            # Placement moved on to another worker: drop the refused candidate's channel.
+            # Placement moved on to another worker, or the client resumed another session than
+            # the one its URL opened: leave the old channel, and drop what it already pushed
+            # (those entries belong to another session's log).
             await self._svc.subscriber.unsubscribe(self._channel, self._notices.put)
+            self._notices.clear()
         self._channel = channel
         with contextlib.suppress(TimeoutError):
             # A missed confirmation only costs latency: the pump reads the log regardless.
@@ -401,8 +420,11 @@ class ConnectionDriver:
                                   generation=placed.generation, model=self._model)
 
     async def _resume(self, request: ResumeRequest) -> None:
+        started = time.monotonic()
+
         def refuse(code: str, message: str) -> None:
             self._svc.metrics.resumes.labels(outcome=code).inc()
+            self._svc.metrics.resume_seconds.observe(time.monotonic() - started)
             self._core.resume_failed(ClientProtocolError(
                 code, message, client_event_id=request.event_id))
 
@@ -412,8 +434,8 @@ class ConnectionDriver:
             refuse(ErrorCode.SESSION_RESUME_EXPIRED, "unknown session")
             return
         await self._subscribe(request.session_id)
-        token = secrets.token_urlsafe(32)
         control_id = request.control_id or secrets.token_hex(16)
+        token = _rotated_token(request.resume_token, control_id)
         for attempt in range(_RESUME_ATTEMPTS):
             try:
                 result = await self._svc.scripts.resume(
@@ -422,8 +444,9 @@ class ConnectionDriver:
                     new_digest=_digest(token), control_id=control_id)
                 break
             except StoreError as exc:
-                # Same control id: if the first try landed, the retry returns its answer.
+                # Same control id: if the first try landed, the retry is recognised as such.
                 if attempt == _RESUME_ATTEMPTS - 1:
+                    self._svc.metrics.resume_seconds.observe(time.monotonic() - started)
                     self._core.fail(InternalError(str(exc)))
                     return
         if result.status is ResumeStatus.UNKNOWN:
@@ -433,6 +456,7 @@ class ConnectionDriver:
             refuse(ErrorCode.INVALID_RESUME_TOKEN, "the resume token is not valid")
             return
         self._lease = result.lease
+        self._resume_started = started  # observed once the replay was read
         self._svc.metrics.resumes.labels(outcome="ok").inc()
         self._core.resume_succeeded(
             request.session_id, resume_token=token if result.status is ResumeStatus.OK
@@ -449,6 +473,13 @@ class ConnectionDriver:
         except StoreError as exc:
             # Only memory is at stake: the length cap still bounds the log.
             _log.warning("trim failed for %s: %s", self._lease.session_id, exc)
+
+    async def _give_up(self, session_id: str) -> None:
+        try:
+            await self._svc.scripts.close_session(session_id, "open_abandoned")
+        except StoreError as exc:
+            # Nothing was ever sent to it: its idle TTL ends it.
+            _log.warning("giving up %s failed: %s", session_id, exc)
 
     async def _detach(self) -> None:
         if self._lease is None:

@@ -31,6 +31,11 @@ class NoticeQueue:
             notice = None
         self._queue.put_nowait(notice)
 
+    def clear(self) -> None:
+        """Drop every queued notice: they came from a channel this connection has left."""
+        while not self._queue.empty():
+            self._queue.get_nowait()
+
     async def get(self) -> list[Any] | None:
         """The next notice, waiting for one."""
         return await self._queue.get()

@@ -19,9 +19,9 @@ Conventions shared by all scripts:
 * Statuses come back as short strings that ``store/scripts.py`` turns into enums.
 * Every script is safe to send twice. A connection can break after Redis ran a script and
   before its answer arrived; ``Scripts`` then sends it again, so a second run must change
-  nothing: open recognises its own token digest, resume its control id, input appends their
-  call id, output appends their events' numbers (the worker numbers them); close, detach,
-  trim, reap, heartbeat and tenant reservations check state that the first run already set.
+  nothing: open recognises its own token digest, resume and input appends their call id,
+  output appends their events' numbers (the worker numbers them); close, detach, trim, reap,
+  heartbeat and tenant reservations check state that the first run already set.
 """
 
 from __future__ import annotations
@@ -142,20 +142,26 @@ return {'ok', 1}
 RESUME = _PRELUDE + r"""
 -- Attach a new connection: verify the token digest, bump the lease generation (the fencing
 -- token), rotate the token, tell the old connection it was replaced (DESIGN §2.7).
--- A retry under the same control id after it landed returns the same answer (idempotent).
 -- A session belongs to the tenant that opened it: another tenant's resume is answered as if
 -- the session did not exist, before the token is looked at, so the answer reveals nothing.
+-- A retry of a resume that landed but whose answer was lost (through any gateway) presents the
+-- token that resume rotated from, under the same control id, and rotates to the same new
+-- token (the gateway derives it from those two): within the retry window it is accepted and
+-- keeps that token. It is a resume like any other: a newer generation fences whichever
+-- connection the lost answer was for. A different control id with the old token is refused.
 -- KEYS[1] session record  KEYS[2] worker deadlines  KEYS[3] output channel  KEYS[4] output log
 -- ARGV[1] presented token digest  ARGV[2] new token digest  ARGV[3] control id
--- ARGV[4] session id  ARGV[5] tenant of the caller
+-- ARGV[4] session id  ARGV[5] tenant of the caller  ARGV[6] retry window ms
+-- ARGV[7] call id (unique per call, kept by a resend: a resend changes nothing)
 -- returns {status, generation, epoch, highest client seq, last server_event_seq,
 --          first retained server_event_seq (0 if the log is empty)}
 --   status ok | closed (token valid, session over: replay only) | unknown | bad_token
 local rec, deadlines, out_channel, out_log = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local presented, fresh, control_id, sid, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local window, call_id = tonumber(ARGV[6]), ARGV[7]
 
 local f = redis.call('HMGET', rec, 'state', 'gen', 'epoch', 'digest', 'rcid', 'cseq', 'out_seq',
-                     'tenant')
+                     'tenant', 'prev', 'rcid_ms', 'rcall')
 if not f[1] or f[8] ~= tenant then return {'unknown', 0, '', 0, 0, 0} end
 local state, gen, epoch, digest, rcid = f[1], tonumber(f[2]), f[3], f[4], f[5]
 local first = redis.call('XRANGE', out_log, '-', '+', 'COUNT', 1)
@@ -165,15 +171,21 @@ local answer = function(status, g)
   return {status, g, epoch, tonumber(f[6]), tonumber(f[7]), first_seq}
 end
 
-if control_id ~= '' and rcid == control_id and digest == fresh then return answer('ok', gen) end
+if f[11] == call_id then return answer('ok', gen) end  -- this very call, sent again
+local now = now_ms()
+local retry = control_id ~= '' and rcid == control_id and digest == fresh
+  and f[9] == presented and now < tonumber(f[10] or '0') + window
 -- Digests, not tokens, are compared: a timing difference reveals nothing about the token.
-if digest ~= presented then return answer('bad_token', 0) end
+if not retry and digest ~= presented then return answer('bad_token', 0) end
 if state == 'closed' then return answer('closed', gen) end
 
 gen = gen + 1
-local now = now_ms()
-redis.call('HSET', rec, 'state', 'attached', 'gen', gen, 'digest', fresh, 'rcid', control_id,
-  'active_ms', now, 'detached_ms', 0)
+redis.call('HSET', rec, 'state', 'attached', 'gen', gen, 'active_ms', now, 'detached_ms', 0,
+           'rcall', call_id)
+if not retry then
+  redis.call('HSET', rec, 'digest', fresh, 'prev', presented, 'rcid', control_id,
+             'rcid_ms', now)
+end
 redis.call('ZADD', deadlines, next_deadline(rec), sid)
 redis.call('SPUBLISH', out_channel, cmsgpack.pack({'r', gen}))
 return answer('ok', gen)

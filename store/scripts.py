@@ -39,6 +39,7 @@ from store.keys import SessionKeys, WorkerKeys, tenant_opens, tenant_sessions
 from store.messages import SessionClosed, SessionExpired, encode_message
 
 __all__ = [
+    "RESUME_RETRY_WINDOW_MS",
     "AppendResult",
     "EndedSession",
     "Lease",
@@ -169,6 +170,10 @@ class WorkerBeat:
     alive_until_ms: int
 
 
+#: How long after a resume landed a retry of it (same control id, the token it rotated from)
+#: is still accepted: long enough for a client to reconnect through another gateway.
+RESUME_RETRY_WINDOW_MS = 60_000
+
 #: Pauses before each resend of a script after a connection error; then the error stands.
 RESEND_BACKOFF_S = (0.01, 0.05, 0.25)
 
@@ -256,15 +261,19 @@ class Scripts:
         self, session_id: str, *, tenant: str, presented_digest: str, new_digest: str,
         control_id: str,
     ) -> ResumeResult:
-        """Bump the generation if the presented token is right; idempotent per control id.
+        """Bump the generation if the presented token is right.
 
-        Another tenant's session is ``UNKNOWN``, whatever token is presented (no oracle).
+        A retry of a resume that landed (same ``control_id``, presenting the token it rotated
+        from, ``new_digest`` the one it rotated to) within :data:`RESUME_RETRY_WINDOW_MS` is
+        accepted too, and keeps the token it rotated to. Another tenant's session is
+        ``UNKNOWN``, whatever token is presented (no oracle).
         """
         k = SessionKeys(session_id)
         answer = await self._run(
             self._resume,
             [k.record, k.worker.deadlines, k.output_channel, k.output_log],
-            [presented_digest, new_digest, control_id, session_id, tenant],
+            [presented_digest, new_digest, control_id, session_id, tenant,
+             RESUME_RETRY_WINDOW_MS, _new_call_id()],
         )
         status = ResumeStatus(_str(answer[0]))
         lease = None

@@ -10,6 +10,8 @@ Connection states, as data (style rule 2)::
 
     AWAITING_FIRST --first frame: session.update / any command--> OPENING --open ok--> ATTACHED
     AWAITING_FIRST --first frame: session.resume--> RESUMING --resume ok--> ATTACHED
+    OPENING / ATTACHED --session.resume as the first client event (a ?model= URL opened a
+                         session at once): that session is given up--> RESUMING
     OPENING / RESUMING --failed--> CLOSED
     ATTACHED --terminal event / replaced / lease lost / client close--> CLOSED
 
@@ -64,6 +66,7 @@ __all__ = [
     "ConnectionState",
     "DetachLease",
     "FetchLog",
+    "GiveUpSession",
     "OpenSession",
     "ResumeSession",
     "SendFrame",
@@ -85,6 +88,8 @@ class ConnectionState(enum.Enum):
 _TRANSITIONS: dict[tuple[ConnectionState, str], ConnectionState] = {
     (ConnectionState.AWAITING_FIRST, "open"): ConnectionState.OPENING,
     (ConnectionState.AWAITING_FIRST, "resume"): ConnectionState.RESUMING,
+    (ConnectionState.OPENING, "resume"): ConnectionState.RESUMING,
+    (ConnectionState.ATTACHED, "resume"): ConnectionState.RESUMING,
     (ConnectionState.OPENING, "attached"): ConnectionState.ATTACHED,
     (ConnectionState.RESUMING, "attached"): ConnectionState.ATTACHED,
     (ConnectionState.OPENING, "fail"): ConnectionState.CLOSED,
@@ -153,9 +158,18 @@ class DetachLease:
     generation: int
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GiveUpSession:
+    """End a session this connection opened for its URL and the client never used (it resumed
+    another instead): its slot and tenant place are released, and it gets its one terminal
+    event (``open_abandoned``)."""
+
+    session_id: str
+
+
 Action: TypeAlias = (
     SendFrame | CloseConnection | OpenSession | ResumeSession | AppendCommands | FetchLog
-    | TrimLog | DetachLease
+    | TrimLog | DetachLease | GiveUpSession
 )
 
 
@@ -187,6 +201,9 @@ class ConnectionCore:
         self._event_counter = 0
         #: Bytes of input audio in the frames received so far (the driver paces on it).
         self.audio_bytes_received = 0
+        self._autostarted = autostart
+        self._client_commands = 0  # commands the client sent (a secret's config is not one)
+        self._give_up_opening = False  # the open in flight is given up when it lands
         if autostart:
             self._move("open")
             self._actions.append(OpenSession())
@@ -239,7 +256,9 @@ class ConnectionCore:
         ))
 
     def _receive_resume(self, request: ResumeRequest) -> None:
-        if self.state is not ConnectionState.AWAITING_FIRST:
+        if self._url_session_unused():
+            self._give_up_url_session()
+        elif self.state is not ConnectionState.AWAITING_FIRST:
             self._refuse(ClientProtocolError(
                 ErrorCode.UNSUPPORTED_SESSION_RESUME,
                 "session.resume must be the first message of a connection",
@@ -250,6 +269,23 @@ class ConnectionCore:
         self._pending = []  # a client secret's configuration is for new sessions only
         self._follower = LogFollower(request.last_received_server_event_seq)
         self._actions.append(ResumeSession(request=request))
+
+    def _url_session_unused(self) -> bool:
+        """A ``?model=`` URL opened a session at once (what the openai SDK's every connection
+        does) and the client has sent no command for it yet."""
+        return (self._autostarted and not self._client_commands
+                and self.state in (ConnectionState.OPENING, ConnectionState.ATTACHED))
+
+    def _give_up_url_session(self) -> None:
+        """The client resumes another session as its first event: give up the one the URL
+        opened, now or when its open lands (once: the resumed session is the client's)."""
+        self._autostarted = False
+        if self.state is ConnectionState.ATTACHED:
+            assert self.session_id is not None
+            self._actions.append(GiveUpSession(session_id=self.session_id))
+            self.session_id, self.generation = None, 0
+        else:
+            self._give_up_opening = True
 
     def _receive_ack(self, ack: EventAck) -> None:
         if ack.server_event_seq > self.delivered_seq:
@@ -262,6 +298,7 @@ class ConnectionCore:
             self._actions.append(TrimLog(upto_seq=ack.server_event_seq))
 
     def _receive_command(self, client_seq: int | None, command: Command) -> None:
+        self._client_commands += 1
         if self.state is ConnectionState.AWAITING_FIRST:
             # The first frame opens the session; a session.update configures it, anything
             # else opens a default session and then runs as its first command.
@@ -289,6 +326,10 @@ class ConnectionCore:
         self, session_id: str, *, resume_token: str, generation: int, model: str
     ) -> None:
         """The open script placed the session; announce it and release queued commands."""
+        if self._give_up_opening:  # the client resumed another session meanwhile
+            self._give_up_opening = False
+            self._actions.append(GiveUpSession(session_id=session_id))
+            return
         if self._landed_after_close(session_id, generation):
             return
         self.session_id = session_id

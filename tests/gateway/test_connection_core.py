@@ -21,6 +21,7 @@ from gateway.protocol.connection import (
     ConnectionState,
     DetachLease,
     FetchLog,
+    GiveUpSession,
     OpenSession,
     ResumeSession,
     SendFrame,
@@ -549,9 +550,11 @@ def test_resume_refused_sends_the_error_and_closes_1008(code: ErrorCode) -> None
     assert core.state is ConnectionState.CLOSED
 
 
-def test_resume_after_attach_is_refused_and_the_session_survives() -> None:
-    """session.resume on an attached connection is unsupported_session_resume, nothing else."""
+def test_resume_after_a_command_is_refused_and_the_session_survives() -> None:
+    """session.resume once the client used its session is unsupported_session_resume."""
     core = opened()
+    core.receive_frame(COMMIT)
+    assert kinds(core.actions_to_run()) == [AppendCommands]
     core.receive_frame(resume_frame(event_id="c_r2"))
     actions = core.actions_to_run()
     assert len(actions) == 1
@@ -563,13 +566,59 @@ def test_resume_after_attach_is_refused_and_the_session_survives() -> None:
     assert kinds(core.actions_to_run()) == [AppendCommands]
 
 
-def test_resume_while_opening_is_refused() -> None:
-    """session.resume behind an autostarted open is refused; the open goes on."""
+def test_resume_first_on_a_model_url_gives_up_the_opened_session() -> None:
+    """The SDK's every connection opens a session for its ?model= URL; a session.resume as the
+    client's first event gives that session up (one GiveUpSession) and resumes, and what the
+    given-up session still pushes is not delivered."""
+    core = opened()
+    core.receive_frame(resume_frame(last=7))
+    assert core.actions_to_run() == [GiveUpSession(session_id=SID),
+                                     ResumeSession(request=ResumeRequest(
+                                         session_id=SID, resume_token=TOKEN,
+                                         last_received_server_event_seq=7))]
+    assert core.state is ConnectionState.RESUMING
+    core.receive_log_entries(1, hb(2))  # the given-up session's own log
+    assert core.actions_to_run() == []
+    core.resume_succeeded("sess_other", resume_token="tok_new", generation=4, last_client_seq=0,
+                          first_retained_seq=1, last_server_event_seq=9)
+    actions = core.actions_to_run()
+    assert sent(actions)[0]["type"] == "session.resumed"
+    assert FetchLog(after_seq=7) in actions
+    core.receive_log_entries(8, hb(2))
+    assert seqs(core.actions_to_run()) == [8, 9]
+
+
+def test_resume_while_the_url_session_opens_gives_it_up_when_it_lands() -> None:
+    """session.resume behind an autostarted open that is still in flight: the open, when it
+    lands, is given up without a session.created, and the resume goes on."""
     core = new_core(autostart=True)
     core.actions_to_run()
     core.receive_frame(resume_frame())
+    assert kinds(core.actions_to_run()) == [ResumeSession]
+    core.open_succeeded("sess_url", resume_token="t", generation=1, model="loopback")
+    assert core.actions_to_run() == [GiveUpSession(session_id="sess_url")]
+    core.resume_succeeded(SID, resume_token="tok_new", generation=2, last_client_seq=0,
+                          first_retained_seq=0, last_server_event_seq=0)
+    assert [f["type"] for f in sent(core.actions_to_run())] == ["session.resumed"]
+    assert core.state is ConnectionState.ATTACHED
+
+
+def test_a_second_resume_is_refused() -> None:
+    """Only the first client event may be a resume, also on a ?model= connection: once the
+    URL's session was given up, the resumed one is never given up in turn."""
+    core = opened()
+    core.receive_frame(resume_frame())
+    core.actions_to_run()
+    core.receive_frame(resume_frame(event_id="again"))
     assert error_of(core.actions_to_run()[0])["code"] == ErrorCode.UNSUPPORTED_SESSION_RESUME
-    assert core.state is ConnectionState.OPENING
+    core.resume_succeeded(SID, resume_token="tok_new", generation=2, last_client_seq=0,
+                          first_retained_seq=0, last_server_event_seq=0)
+    core.actions_to_run()
+    core.receive_frame(resume_frame(event_id="third"))
+    actions = core.actions_to_run()
+    assert len(actions) == 1
+    assert error_of(actions[0])["code"] == ErrorCode.UNSUPPORTED_SESSION_RESUME
+    assert core.state is ConnectionState.ATTACHED
 
 
 def test_malformed_resume_is_invalid_session_resume_and_the_connection_stays() -> None:

@@ -32,6 +32,7 @@ from gateway.protocol.connection import (
     ConnectionState,
     DetachLease,
     FetchLog,
+    GiveUpSession,
     OpenSession,
     ResumeSession,
     SendFrame,
@@ -169,6 +170,7 @@ class ConnectionMachine(RuleBasedStateMachine):
         self.resync_pending = False
         self.terminal_sent = False
         self.replaced = False
+        self.given_up = False  # the session a ?model= URL opened was given up for a resume
 
     # ------------------------------------------------------------------ setup
 
@@ -228,8 +230,20 @@ class ConnectionMachine(RuleBasedStateMachine):
         elif isinstance(action, TrimLog):
             assert 0 < action.upto_seq <= self.core.delivered_seq
             self.first_retained = max(self.first_retained, action.upto_seq + 1)
+        elif isinstance(action, GiveUpSession):
+            # A ?model= connection's own session, never used, given up for the client's
+            # resume: from here on the connection is a resuming one.
+            assert self.attach_called and not self.accepted and not self.given_up
+            self.given_up = True
+            self.attach_called = False
+            self.store_calls = 0
         else:
             assert isinstance(action, OpenSession | ResumeSession)
+            if isinstance(action, ResumeSession) and self.pending == "open":
+                # Behind the URL's open, still in flight: that open is given up when it lands.
+                assert not self.accepted and not self.given_up
+                self.given_up = True
+                self.store_calls = 0
             self.store_calls += 1
             assert self.store_calls == 1
             self.pending = "open" if isinstance(action, OpenSession) else "resume"

@@ -24,6 +24,7 @@ from store.directory import worker_loads
 from store.keys import SessionKeys, WorkerKeys, new_session_id, new_worker_id
 from store.logs import read_input, read_output
 from store.messages import AudioDelta, ErrorEvent, SessionClosed, encode_message
+from store.scripts import RESUME_RETRY_WINDOW_MS
 from tests.store._support import (
     EPOCH,
     LONG_POLICY,
@@ -227,25 +228,53 @@ async def test_resume_of_detached_session_reattaches(scripts: Scripts, redis_cli
     assert await session_field(redis_client, opened.session_id, "state") == "attached"
 
 
-async def test_resume_retry_with_same_control_id_is_idempotent(
+async def test_a_retried_resume_keeps_its_token_and_fences_the_first(
     scripts: Scripts, redis_client: Redis
 ) -> None:
-    """A retried resume (same control id, same new digest) gets the same generation back."""
+    """A retry of a resume that landed (its answer lost: same control id, the old token, the
+    same new digest), as another gateway sends it: accepted, the token it rotated to stays
+    valid, and a newer generation fences the first attempt's lease."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
     sid = opened.session_id
     kwargs = {"tenant": "tenant-a", "presented_digest": digest(opened.token),
-              "new_digest": digest("t2"),
-              "control_id": "ctl-1"}
+              "new_digest": digest("t2"), "control_id": "ctl-1"}
     first = await scripts.resume(sid, **kwargs)
     retry = await scripts.resume(sid, **kwargs)
     assert first.status is retry.status is ResumeStatus.OK
-    assert first.lease == retry.lease
-    assert retry.lease is not None and retry.lease.generation == 2
-    assert await session_field(redis_client, sid, "gen") == "2"
+    assert first.lease is not None and retry.lease is not None
+    assert (first.lease.generation, retry.lease.generation) == (2, 3)
+    assert await session_field(redis_client, sid, "digest") == digest("t2")
+    with pytest.raises(LeaseLost):
+        await scripts.append_input(first.lease, [(None, cmd("late"))], max_entries=100)
+    # The old token under another control id, or with another new digest, is refused.
     other = await scripts.resume(sid, tenant="tenant-a", presented_digest=digest(opened.token),
                                  new_digest=digest("t2"), control_id="ctl-2")
     assert other.status is ResumeStatus.BAD_TOKEN
+    forged = await scripts.resume(sid, **{**kwargs, "new_digest": digest("t3")})
+    assert forged.status is ResumeStatus.BAD_TOKEN
+    # The rotated-to token resumes as usual, and after that the retry is over.
+    assert (await scripts.resume(sid, tenant="tenant-a", presented_digest=digest("t2"),
+                                 new_digest=digest("t4"), control_id="ctl-3")).status \
+        is ResumeStatus.OK
+    assert (await scripts.resume(sid, **kwargs)).status is ResumeStatus.BAD_TOKEN
+
+
+async def test_a_resume_retry_is_refused_after_its_window(
+    scripts: Scripts, redis_client: Redis
+) -> None:
+    """Once the retry window has passed, the old token is void like any rotated token."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    sid = opened.session_id
+    kwargs = {"tenant": "tenant-a", "presented_digest": digest(opened.token),
+              "new_digest": digest("t2"), "control_id": "ctl-1"}
+    assert (await scripts.resume(sid, **kwargs)).status is ResumeStatus.OK
+    landed = int(await session_field(redis_client, sid, "rcid_ms") or 0)
+    # Move the landing back past the window instead of waiting a minute.
+    await redis_client.hset(SessionKeys(sid).record, "rcid_ms",
+                            landed - RESUME_RETRY_WINDOW_MS)
+    assert (await scripts.resume(sid, **kwargs)).status is ResumeStatus.BAD_TOKEN
 
 
 async def test_resume_with_bad_token_changes_nothing(scripts: Scripts, redis_client: Redis) -> None:
