@@ -109,6 +109,7 @@ class ConnectionDriver:
         self._input_end = 0  # the highest input log index Redis assigned under this lease
         self._outbox_ready = asyncio.Event()
         self._write_lock = asyncio.Lock()  # one append at a time, in order
+        self._held: str | None = None  # the session held under this gateway's lease
         s = services.settings
         self._pacer = InputPacer(PacingLimits(frames_per_s=s.max_frames_per_s,
                                               bytes_per_s=s.max_bytes_per_s,
@@ -135,6 +136,8 @@ class ConnectionDriver:
             await asyncio.gather(closed, *tasks, return_exceptions=True)
             if self._channel is not None:
                 await self._svc.subscriber.unsubscribe(self._channel, self._notices.put)
+            if self._held is not None:
+                self._svc.leases.release(self._held)
 
     async def _fail_if_broken(self, tasks: list[asyncio.Task[None]]) -> None:
         """A task that ended on a bug would leave a connection that reads but never delivers
@@ -283,7 +286,12 @@ class ConnectionDriver:
                 self._relay_in.observe(time.monotonic() - since)
                 await self._check_input_end(appended)
             except LeaseLost as exc:
-                self._core.lease_moved(exc.current_generation)
+                if exc.current_generation == self._lease.generation:
+                    # Not replaced: our attachment lapsed (this gateway could not renew in
+                    # time) and a reaper detached the session. Let the client resume it.
+                    self._core.lease_lapsed()
+                else:
+                    self._core.lease_moved(exc.current_generation)
             except SessionGone as exc:
                 if exc.status == "unknown":
                     self._core.session_lost()
@@ -414,6 +422,7 @@ class ConnectionDriver:
         except StoreError as exc:
             self._core.fail(InternalError(str(exc)))
             return
+        self._hold(placed.session_id)
         self._lease = placed
         self._svc.metrics.sessions_opened.inc()
         self._core.open_succeeded(placed.session_id, resume_token=token,
@@ -441,7 +450,8 @@ class ConnectionDriver:
                 result = await self._svc.scripts.resume(
                     request.session_id, tenant=self._tenant,
                     presented_digest=_digest(request.resume_token),
-                    new_digest=_digest(token), control_id=control_id)
+                    new_digest=_digest(token), control_id=control_id,
+                    holder=self._svc.holder)
                 break
             except StoreError as exc:
                 # Same control id: if the first try landed, the retry is recognised as such.
@@ -455,6 +465,7 @@ class ConnectionDriver:
         if result.status is ResumeStatus.BAD_TOKEN or result.lease is None:
             refuse(ErrorCode.INVALID_RESUME_TOKEN, "the resume token is not valid")
             return
+        self._hold(result.lease.session_id)
         self._lease = result.lease
         self._resume_started = started  # observed once the replay was read
         self._svc.metrics.resumes.labels(outcome="ok").inc()
@@ -473,6 +484,13 @@ class ConnectionDriver:
         except StoreError as exc:
             # Only memory is at stake: the length cap still bounds the log.
             _log.warning("trim failed for %s: %s", self._lease.session_id, exc)
+
+    def _hold(self, session_id: str) -> None:
+        """This connection now holds ``session_id`` under the gateway's attachment lease."""
+        if self._held is not None:
+            self._svc.leases.release(self._held)
+        self._svc.leases.hold(session_id)
+        self._held = session_id
 
     async def _give_up(self, session_id: str) -> None:
         try:

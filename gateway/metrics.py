@@ -27,6 +27,10 @@ class GatewayMetrics:
                                          "Client commands appended to input logs", registry=r)
         self.reaped = Counter(f"{_NS}_sessions_reaped", "Sessions ended by this reaper",
                               registry=r)
+        self.lapsed_detached = Counter(
+            f"{_NS}_sessions_lease_detached",
+            "Sessions this reaper detached because their gateway's attachment lease lapsed",
+            registry=r)
         self.paced_seconds = Counter(
             f"{_NS}_paced_seconds",
             "Time client reads were held back because a connection was over its frame, byte"

@@ -76,7 +76,7 @@ async def place_session(
         try:
             status = await asyncio.wait_for(
                 scripts.open_session(session_id, epoch=epoch, token_digest=token_digest,
-                                     tenant=tenant, policy=policy),
+                                     tenant=tenant, policy=policy, holder=services.holder),
                 services.settings.open_timeout_s)
         except (TimeoutError, StoreError) as exc:
             await _abandon(services, session_id)

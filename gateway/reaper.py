@@ -14,6 +14,7 @@ from store import Scripts, StoreError
 from store.client import RedisClient
 from store.directory import forget_worker, listed_workers, server_time_ms
 from store.errors import raise_if_cancelled
+from store.scripts import DEFAULT_ATTACHMENT_LEASE_MS
 
 __all__ = ["reap_once", "run_reaper"]
 
@@ -21,7 +22,7 @@ _log = logging.getLogger(__name__)
 
 
 async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetrics, *,
-                    recovered_ms: int = 0) -> int:
+                    recovered_ms: int = 0, lease_ms: int = DEFAULT_ATTACHMENT_LEASE_MS) -> int:
     """One pass over every listed worker; returns how many sessions ended.
 
     Each worker's reap also hands back the sessions that ended on it since the last pass,
@@ -34,8 +35,9 @@ async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetri
     # its record gone) removes it, so one that died during a long outage is still declared
     # lost afterwards.
     for worker_id in await listed_workers(client):
-        reaped = await scripts.reap(worker_id, recovered_ms=recovered_ms)
+        reaped = await scripts.reap(worker_id, recovered_ms=recovered_ms, lease_ms=lease_ms)
         ended += reaped.ended
+        metrics.lapsed_detached.inc(reaped.detached)
         # Released before anything else can fail: these entries are ours alone now. Should
         # this fail, the places lapse with their reservation lease instead.
         await scripts.release_tenant_slots(reaped.released)
@@ -46,7 +48,8 @@ async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetri
 
 
 async def run_reaper(client: RedisClient, scripts: Scripts, metrics: GatewayMetrics,
-                     interval_s: float) -> None:
+                     interval_s: float, *,
+                     lease_ms: int = DEFAULT_ATTACHMENT_LEASE_MS) -> None:
     """Reap forever, every ``interval_s``; Redis errors are logged and retried.
 
     After a pass fails (Redis unreachable: a failover, a restart), the first pass that reaches
@@ -60,7 +63,8 @@ async def run_reaper(client: RedisClient, scripts: Scripts, metrics: GatewayMetr
             if failing:
                 recovered_ms = await server_time_ms(client)
                 failing = False
-            await reap_once(client, scripts, metrics, recovered_ms=recovered_ms)
+            await reap_once(client, scripts, metrics, recovered_ms=recovered_ms,
+                            lease_ms=lease_ms)
         except (StoreError, OSError) as exc:
             _log.warning("reaper pass failed: %s", exc)
             failing = True

@@ -7,10 +7,12 @@ here, below all three, means none of them imports another for it.
 from __future__ import annotations
 
 from gateway.batcher import InputBatcher
+from gateway.leases import AttachmentLeases
 from gateway.metrics import GatewayMetrics
 from gateway.settings import GatewaySettings
-from store import Scripts
+from store import AttachmentHolder, Scripts
 from store.client import RedisClient
+from store.keys import new_gateway_id
 from store.pubsub import Subscriber
 
 __all__ = ["GatewayServices"]
@@ -30,6 +32,10 @@ class GatewayServices:
         self.subscriber = subscriber
         self.metrics = metrics
         self.batcher = InputBatcher(scripts, max_entries=settings.input_log_max_entries)
+        #: This process as the holder of the sessions it attaches (a fresh id per process).
+        self.holder = AttachmentHolder(gateway_id=new_gateway_id(),
+                                       lease_ms=int(settings.attach_lease_s * 1000))
+        self.leases = AttachmentLeases(scripts, self.holder)
         self.draining = False
 
     @property

@@ -58,6 +58,12 @@ class GatewaySettings:
     open_timeout_s: float = field(
         default=5.0, metadata={"help": "give up placing a session after this long"}
     )
+    attach_lease_s: float = field(
+        default=5.0,
+        metadata={"help": "sessions attached through this gateway are detached by any reaper"
+                          " once it has not renewed its lease for this long (killed, paused,"
+                          " cut off); renewed every fifth of it, once per worker"},
+    )
     disconnect_grace_s: float = field(
         default=30.0, metadata={"help": "a detached session expires after this long"}
     )

@@ -18,6 +18,7 @@ from store.errors import (
 from store.follower import LogFollower
 from store.scripts import (
     AppendResult,
+    AttachmentHolder,
     EndedSession,
     Lease,
     OpenStatus,
@@ -32,6 +33,7 @@ from store.scripts import (
 
 __all__ = [
     "AppendResult",
+    "AttachmentHolder",
     "EndedSession",
     "Lease",
     "LeaseLost",

@@ -21,6 +21,7 @@ __all__ = [
     "SessionKeys",
     "WorkerKeys",
     "client_secret",
+    "new_gateway_id",
     "new_session_id",
     "new_worker_id",
     "tenant_opens",
@@ -33,6 +34,7 @@ _PREFIX = "dg"
 WORKER_DIRECTORY = f"{_PREFIX}:workers"
 
 _WORKER_ID = re.compile(r"^w[0-9a-f]{12}$")
+_GATEWAY_ID = re.compile(r"^g[0-9a-f]{12}$")
 _SESSION_ID = re.compile(r"^sess_(w[0-9a-f]{12})\.([0-9a-f]{32})$")
 
 
@@ -69,6 +71,11 @@ def client_secret(digest: str) -> str:
     return f"{_PREFIX}:secret:{digest}"
 
 
+def new_gateway_id() -> str:
+    """A fresh gateway process id: the holder of that process's attachment leases."""
+    return "g" + secrets.token_hex(6)
+
+
 def new_worker_id() -> str:
     """A fresh worker incarnation id. A restarted worker never reuses one (fencing)."""
     return "w" + secrets.token_hex(6)
@@ -96,7 +103,8 @@ def worker_of_session(session_id: str) -> str:
 class WorkerKeys:
     """Keys of one worker; all share the hash tag ``{<worker_id>}``."""
 
-    __slots__ = ("deadlines", "ended", "input_channel", "record", "sessions", "worker_id")
+    __slots__ = ("deadlines", "ended", "gateways", "input_channel", "record", "sessions",
+                 "worker_id")
 
     def __init__(self, worker_id: str) -> None:
         if not _WORKER_ID.match(worker_id):
@@ -114,6 +122,16 @@ class WorkerKeys:
         #: list of ``<tenant> <session id>``: sessions that ended, until a reaper releases their
         #: tenant places (the tenant's key is in another hash slot than the session's end).
         self.ended = f"{base}:ended"
+        #: sorted set: gateway id -> end of its attachment lease on this worker (ms); renewed
+        #: once per gateway and worker, whatever the number of sessions (DESIGN §2.6).
+        self.gateways = f"{base}:gateways"
+
+    def gateway_sessions(self, gateway_id: str) -> str:
+        """Set of the sessions ``gateway_id`` holds attached on this worker (the scripts build
+        this same name from :attr:`gateways` for the gateway a record names)."""
+        if not _GATEWAY_ID.match(gateway_id):
+            raise ValueError(f"not a gateway id: {gateway_id!r}")
+        return f"{self.gateways}:{gateway_id}"
 
 
 class SessionKeys:

@@ -32,6 +32,7 @@ __all__ = [
     "APPEND_OUTPUT",
     "CLOSE_SESSION",
     "DETACH",
+    "GATEWAY_LEASE",
     "OPEN_SESSION",
     "REAP",
     "RESUME",
@@ -62,27 +63,56 @@ local function append_events(rec, out_log, out_channel, payloads, max_entries)
   return first
 end
 
+-- A worker's keys, as the scripts that end sessions receive them (all in the worker's slot).
+local function worker_keys(record, sessions, deadlines, channel, ended, gateways)
+  return {record = record, sessions = sessions, deadlines = deadlines, channel = channel,
+          ended = ended, gateways = gateways}
+end
+
+-- Attachment leases (DESIGN §2.6). A gateway holds the sessions it serves on a worker under one
+-- lease per (gateway, worker): its score in the worker's gateways set, renewed in bulk, so the
+-- cost of renewal grows with gateways x workers, never with sessions. The sessions it holds
+-- there are the set '<gateways key>:<gateway id>'; a record's 'gw' names its holder.
+local function attach_to(rec, sid, gateways, gid, lease_ms, now)
+  if gid == '' then return end  -- a caller that serves no connection holds no lease
+  local old = redis.call('HGET', rec, 'gw')
+  if old and old ~= '' and old ~= gid then redis.call('SREM', gateways .. ':' .. old, sid) end
+  redis.call('HSET', rec, 'gw', gid)
+  redis.call('SADD', gateways .. ':' .. gid, sid)
+  if tonumber(redis.call('ZSCORE', gateways, gid) or '0') < now + lease_ms then
+    redis.call('ZADD', gateways, now + lease_ms, gid)
+  end
+end
+
+local function let_go(rec, sid, gateways)
+  local gid = redis.call('HGET', rec, 'gw')
+  if gid and gid ~= '' then
+    redis.call('SREM', gateways .. ':' .. gid, sid)
+    redis.call('HSET', rec, 'gw', '')
+  end
+end
+
 -- The one place a session ends: the terminal event goes last into the output log, the slot is
 -- released, the worker is told, the session is queued on its worker's ended list (a reaper hands
 -- its tenant place back: that key lives in another hash slot), and the keys get a retention TTL
 -- so a late resume can still replay up to the terminal event. Callers check that the session is
 -- not closed already, so each session is queued exactly once.
-local function terminate(sid, rec, out_log, out_channel, worker, sessions, deadlines,
-                         worker_channel, ended, terminal, reason)
+local function terminate(sid, rec, out_log, out_channel, wk, terminal, reason)
   local retention = tonumber(redis.call('HGET', rec, 'retention_ms') or '60000')
   local max_entries = tonumber(redis.call('HGET', rec, 'out_max') or '2048')
   append_events(rec, out_log, out_channel, {terminal}, max_entries + 1)
+  let_go(rec, sid, wk.gateways)
   redis.call('HSET', rec, 'state', 'closed', 'reason', reason)
-  if redis.call('SREM', sessions, sid) == 1 then
-    redis.call('HINCRBY', worker, 'used', -1)
+  if redis.call('SREM', wk.sessions, sid) == 1 then
+    redis.call('HINCRBY', wk.record, 'used', -1)
   end
   local tenant = redis.call('HGET', rec, 'tenant')
   if tenant then
-    redis.call('RPUSH', ended, tenant .. ' ' .. sid)
-    redis.call('PEXPIRE', ended, 86400000)
+    redis.call('RPUSH', wk.ended, tenant .. ' ' .. sid)
+    redis.call('PEXPIRE', wk.ended, 86400000)
   end
-  redis.call('ZREM', deadlines, sid)
-  redis.call('SPUBLISH', worker_channel, cmsgpack.pack({'c', sid}))
+  redis.call('ZREM', wk.deadlines, sid)
+  redis.call('SPUBLISH', wk.channel, cmsgpack.pack({'c', sid}))
   redis.call('PEXPIRE', rec, retention)
   redis.call('PEXPIRE', out_log, retention)
   redis.call('DEL', string.sub(rec, 1, -4) .. 'in')
@@ -104,14 +134,17 @@ OPEN_SESSION = _PRELUDE + r"""
 -- record, all in the worker's slot, so two opens can never take the same slot (DESIGN §2.1).
 -- KEYS[1] worker record   KEYS[2] worker session set   KEYS[3] worker deadlines
 -- KEYS[4] session record  KEYS[5] abandoned tombstone  KEYS[6] worker input channel
+-- KEYS[7] worker gateways (attachment leases)
 -- ARGV[1] session id  ARGV[2] store epoch  ARGV[3] token digest  ARGV[4] tenant
 -- ARGV[5] grace ms    ARGV[6] idle ms      ARGV[7] out log max entries  ARGV[8] retention ms
+-- ARGV[9] gateway id  ARGV[10] attachment lease ms
 -- returns {status, generation}: status ok | abandoned | exists | unavailable | full
 --   (a resend of an open that landed, same epoch and digest, answers ok again)
 local worker, sessions, deadlines = KEYS[1], KEYS[2], KEYS[3]
-local rec, abandoned, worker_channel = KEYS[4], KEYS[5], KEYS[6]
+local rec, abandoned, worker_channel, gateways = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local sid, epoch, digest, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local grace_ms, idle_ms, out_max, retention_ms = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local gid, lease_ms = ARGV[9], tonumber(ARGV[10])
 
 if redis.call('EXISTS', abandoned) == 1 then return {'abandoned', 0} end
 local placed = redis.call('HMGET', rec, 'epoch', 'digest', 'gen', 'state')
@@ -135,6 +168,7 @@ redis.call('HSET', rec, 'state', 'attached', 'epoch', epoch, 'gen', 1, 'digest',
   'active_ms', now, 'detached_ms', 0, 'grace_ms', grace_ms, 'idle_ms', idle_ms,
   'out_max', out_max, 'retention_ms', retention_ms)
 redis.call('ZADD', deadlines, now + tonumber(idle_ms), sid)
+attach_to(rec, sid, gateways, gid, lease_ms, now)
 redis.call('SPUBLISH', worker_channel, cmsgpack.pack({'o', sid}))
 return {'ok', 1}
 """
@@ -150,15 +184,18 @@ RESUME = _PRELUDE + r"""
 -- keeps that token. It is a resume like any other: a newer generation fences whichever
 -- connection the lost answer was for. A different control id with the old token is refused.
 -- KEYS[1] session record  KEYS[2] worker deadlines  KEYS[3] output channel  KEYS[4] output log
+-- KEYS[5] worker gateways (attachment leases)
 -- ARGV[1] presented token digest  ARGV[2] new token digest  ARGV[3] control id
 -- ARGV[4] session id  ARGV[5] tenant of the caller  ARGV[6] retry window ms
 -- ARGV[7] call id (unique per call, kept by a resend: a resend changes nothing)
+-- ARGV[8] gateway id  ARGV[9] attachment lease ms
 -- returns {status, generation, epoch, highest client seq, last server_event_seq,
 --          first retained server_event_seq (0 if the log is empty)}
 --   status ok | closed (token valid, session over: replay only) | unknown | bad_token
 local rec, deadlines, out_channel, out_log = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local presented, fresh, control_id, sid, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local window, call_id = tonumber(ARGV[6]), ARGV[7]
+local gateways, gid, lease_ms = KEYS[5], ARGV[8], tonumber(ARGV[9])
 
 local f = redis.call('HMGET', rec, 'state', 'gen', 'epoch', 'digest', 'rcid', 'cseq', 'out_seq',
                      'tenant', 'prev', 'rcid_ms', 'rcall')
@@ -187,6 +224,7 @@ if not retry then
              'rcid_ms', now)
 end
 redis.call('ZADD', deadlines, next_deadline(rec), sid)
+attach_to(rec, sid, gateways, gid, lease_ms, now)
 redis.call('SPUBLISH', out_channel, cmsgpack.pack({'r', gen}))
 return answer('ok', gen)
 """
@@ -194,11 +232,11 @@ return answer('ok', gen)
 DETACH = _PRELUDE + r"""
 -- A connection was lost without session.close: start the disconnect grace, fenced on the
 -- generation that connection served, so an old socket cannot detach a newer lease (§2.6).
--- KEYS[1] session record  KEYS[2] worker deadlines
+-- KEYS[1] session record  KEYS[2] worker deadlines  KEYS[3] worker gateways
 -- ARGV[1] session id  ARGV[2] store epoch  ARGV[3] generation served  ARGV[4] tenant
 -- returns status: ok | stale | closed | unknown (also: another tenant's session)
 --   (detaching the same lease again is ok and changes nothing: the grace keeps its start)
-local rec, deadlines = KEYS[1], KEYS[2]
+local rec, deadlines, gateways = KEYS[1], KEYS[2], KEYS[3]
 local sid, epoch, gen, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
 local f = redis.call('HMGET', rec, 'state', 'epoch', 'gen', 'tenant')
@@ -207,6 +245,7 @@ if f[1] == 'closed' then return 'closed' end
 if f[2] ~= epoch or f[3] ~= gen then return 'stale' end
 if f[1] == 'detached' then return 'ok' end
 redis.call('HSET', rec, 'state', 'detached', 'detached_ms', now_ms())
+let_go(rec, sid, gateways)
 redis.call('ZADD', deadlines, next_deadline(rec), sid)
 return 'ok'
 """
@@ -350,8 +389,8 @@ APPEND_OUTPUT = _PRELUDE + r"""
 -- unknown is refused alone (§2.3, §2.9). With a terminal payload a session ends after its
 -- events, exactly once.
 -- KEYS[1] worker record  KEYS[2] worker session set  KEYS[3] worker deadlines
--- KEYS[4] worker channel  KEYS[5] worker ended list
--- KEYS[3i+3], KEYS[3i+4], KEYS[3i+5] (i = 1..n): session record, output log, output channel
+-- KEYS[4] worker channel  KEYS[5] worker ended list  KEYS[6] worker gateways
+-- KEYS[3i+4], KEYS[3i+5], KEYS[3i+6] (i = 1..n): session record, output log, output channel
 -- ARGV per session: session id, terminal payload ('' for none), terminal reason,
 --   input applied up to (0: leave the input log alone), the server_event_seq of the first
 --   event (0: whatever comes next), event count c, then c encoded events
@@ -364,8 +403,8 @@ APPEND_OUTPUT = _PRELUDE + r"""
 -- input log's end (gap), or a resent event that differs from the stored one (conflict), means
 -- the worker and the store disagree (a bug, or a failover that lost writes): nothing is
 -- written, and the worker ends the session loudly.
-local worker, sessions, deadlines, worker_channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local ended = KEYS[5]
+local worker = KEYS[1]
+local wk = worker_keys(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
 
 if redis.call('HGET', worker, 'state') == 'lost' or redis.call('HEXISTS', worker, 'state') == 0
 then
@@ -402,14 +441,13 @@ local function append_one(sid, rec, out_log, out_channel, terminal, reason, appl
   if count > skip then
     local payloads = {}
     for i = at + skip, at + count - 1 do payloads[#payloads + 1] = ARGV[i] end
+    -- The model's output is no activity: the idle TTL counts the client's alone.
     local appended = append_events(rec, out_log, out_channel, payloads,
                                    redis.call('HGET', rec, 'out_max'))
     if first == 0 then first = appended end
-    redis.call('HSET', rec, 'active_ms', now_ms())
   end
   if terminal ~= '' then
-    terminate(sid, rec, out_log, out_channel, worker, sessions, deadlines, worker_channel,
-              ended, terminal, reason)
+    terminate(sid, rec, out_log, out_channel, wk, terminal, reason)
   end
   if count == 0 then first = 0 end
   return {'ok', first}
@@ -417,7 +455,7 @@ end
 
 local answers = {}
 local at = 1
-for k = 6, #KEYS, 3 do
+for k = 7, #KEYS, 3 do
   local count = tonumber(ARGV[at + 5])
   answers[#answers + 1] = append_one(ARGV[at], KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[at + 1],
                                      ARGV[at + 2], tonumber(ARGV[at + 3]),
@@ -432,31 +470,29 @@ CLOSE_SESSION = _PRELUDE + r"""
 -- closing is idempotent, and the closed state fences every later write.
 -- KEYS[1] session record  KEYS[2] output log  KEYS[3] output channel  KEYS[4] worker record
 -- KEYS[5] worker session set  KEYS[6] worker deadlines  KEYS[7] worker channel
--- KEYS[8] worker ended list
+-- KEYS[8] worker ended list  KEYS[9] worker gateways
 -- ARGV[1] session id  ARGV[2] terminal payload  ARGV[3] reason
 -- returns status: ok | closed | unknown
 local rec, out_log, out_channel = KEYS[1], KEYS[2], KEYS[3]
-local worker, sessions, deadlines, worker_channel = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local ended = KEYS[8]
+local wk = worker_keys(KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9])
 local sid, terminal, reason = ARGV[1], ARGV[2], ARGV[3]
 
 local state = redis.call('HGET', rec, 'state')
 if not state then return 'unknown' end
 if state == 'closed' then return 'closed' end
-terminate(sid, rec, out_log, out_channel, worker, sessions, deadlines, worker_channel, ended,
-          terminal, reason)
+terminate(sid, rec, out_log, out_channel, wk, terminal, reason)
 return 'ok'
 """
 
 ABANDON_OPEN = _PRELUDE + r"""
 -- A gateway gave up on an open whose outcome it does not know (timeout, cancellation). If the
 -- open landed, close it; if not, leave a tombstone so that a late open is refused (§2.10).
--- KEYS[1..8] as CLOSE_SESSION  KEYS[9] abandoned tombstone
+-- KEYS[1..9] as CLOSE_SESSION  KEYS[10] abandoned tombstone
 -- ARGV[1] session id  ARGV[2] terminal payload  ARGV[3] tombstone ttl ms
 -- returns status: closed_open (the open had landed) | tombstoned | already_closed
 local rec, out_log, out_channel = KEYS[1], KEYS[2], KEYS[3]
-local worker, sessions, deadlines, worker_channel = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
-local ended, abandoned = KEYS[8], KEYS[9]
+local wk = worker_keys(KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9])
+local abandoned = KEYS[10]
 local sid, terminal, ttl = ARGV[1], ARGV[2], ARGV[3]
 
 local state = redis.call('HGET', rec, 'state')
@@ -465,32 +501,35 @@ if not state then
   return 'tombstoned'
 end
 if state == 'closed' then return 'already_closed' end
-terminate(sid, rec, out_log, out_channel, worker, sessions, deadlines, worker_channel, ended,
-          terminal, 'open_abandoned')
+terminate(sid, rec, out_log, out_channel, wk, terminal, 'open_abandoned')
 return 'closed_open'
 """
 
 REAP = _PRELUDE + r"""
 -- Run by any gateway, for one worker: declare the worker lost if its heartbeat lapsed (closing
--- all its sessions with worker_lost), then expire due sessions. The state checks make exactly
+-- all its sessions with worker_lost); else detach the sessions of gateways whose attachment
+-- lease lapsed (their grace starts), then expire due sessions. The state checks make exactly
 -- one reaper win and write exactly one terminal event (DESIGN §2.6, §2.8, §2.9).
 -- KEYS[1] worker record  KEYS[2] worker session set  KEYS[3] worker deadlines
--- KEYS[4] worker channel  KEYS[5] worker ended list
+-- KEYS[4] worker channel  KEYS[5] worker ended list  KEYS[6] worker gateways
 -- ARGV[1] key prefix of this worker's sessions ('dg:{w...}:s:')
 -- ARGV[2] terminal payload: worker lost  ARGV[3] terminal: grace expired
 -- ARGV[4] terminal: idle expired         ARGV[5] max sessions to expire in this call
 -- ARGV[6] when this reaper reached Redis again after failing to (ms, Redis clock; 0: never)
 -- ARGV[7] most ended sessions to hand back for tenant release in this call
--- returns {worker state, sessions ended, {'<tenant> <session id>', ...}}: the last list holds
---   sessions that ended since any reaper last asked (wherever they ended), each handed to
---   exactly one reaper, which releases their tenant places
+-- ARGV[8] attachment lease ms (a lapsed lease counts only a full lease after an outage)
+-- returns {worker state, sessions ended, {'<tenant> <session id>', ...}, sessions detached}:
+--   the list holds sessions that ended since any reaper last asked (wherever they ended),
+--   each handed to exactly one reaper, which releases their tenant places
 -- A worker cannot heartbeat while Redis is unreachable (a failover, a restart), so after an
 -- outage a lapsed heartbeat is only a loss once the worker had a full TTL to beat again; and
 -- a client could neither resume nor show activity, so grace and idle time count from then too.
 local worker, sessions, deadlines, worker_channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local ended_list = KEYS[5]
+local ended_list, gateways = KEYS[5], KEYS[6]
+local wk = worker_keys(worker, sessions, deadlines, worker_channel, ended_list, gateways)
 local prefix, lost_event, grace_event, idle_event = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local budget, recovered, release_budget = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+local lease_ms = tonumber(ARGV[8])
 
 local function keys_of(sid)
   local base = prefix .. string.match(sid, '%.(%x+)$')
@@ -498,11 +537,32 @@ local function keys_of(sid)
 end
 local function finish(sid, terminal, reason)
   local rec, out_log, out_channel = keys_of(sid)
-  terminate(sid, rec, out_log, out_channel, worker, sessions, deadlines, worker_channel,
-            ended_list, terminal, reason)
+  terminate(sid, rec, out_log, out_channel, wk, terminal, reason)
 end
 local function take_ended(count)
   return redis.call('LPOP', ended_list, count) or {}
+end
+-- A gateway that stopped renewing (killed, paused, partitioned) holds its sessions no more:
+-- each is detached as a lost connection would have detached it. After an outage a gateway
+-- gets a full lease from Redis's return to renew first.
+local function detach_lapsed(now)
+  if recovered > 0 and now < recovered + lease_ms then return 0 end
+  local detached = 0
+  for _, gid in ipairs(redis.call('ZRANGEBYSCORE', gateways, '-inf', '(' .. now)) do
+    local held = gateways .. ':' .. gid
+    for _, sid in ipairs(redis.call('SMEMBERS', held)) do
+      local rec = keys_of(sid)
+      local f = redis.call('HMGET', rec, 'state', 'gw')
+      if f[1] == 'attached' and f[2] == gid then
+        redis.call('HSET', rec, 'state', 'detached', 'detached_ms', now, 'gw', '')
+        redis.call('ZADD', deadlines, next_deadline(rec), sid)
+        detached = detached + 1
+      end
+    end
+    redis.call('DEL', held)
+    redis.call('ZREM', gateways, gid)
+  end
+  return detached
 end
 
 local now = now_ms()
@@ -523,9 +583,15 @@ if lapsed then
     end
   end
   redis.call('DEL', sessions, deadlines)
+  for _, gid in ipairs(redis.call('ZRANGE', gateways, 0, -1)) do
+    redis.call('DEL', gateways .. ':' .. gid)
+  end
+  redis.call('DEL', gateways)
   -- No reaper visits a lost worker again: hand back every ended session now.
-  return {'lost', ended, take_ended(redis.call('LLEN', ended_list) + 1)}
+  return {'lost', ended, take_ended(redis.call('LLEN', ended_list) + 1), 0}
 end
+
+local detached = detach_lapsed(now)
 
 for _, sid in ipairs(redis.call('ZRANGEBYSCORE', deadlines, '-inf', now, 'LIMIT', 0, budget)) do
   local rec = keys_of(sid)
@@ -548,7 +614,19 @@ for _, sid in ipairs(redis.call('ZRANGEBYSCORE', deadlines, '-inf', now, 'LIMIT'
     redis.call('ZADD', deadlines, due, sid)
   end
 end
-return {w[1] or 'unknown', ended, take_ended(release_budget)}
+return {w[1] or 'unknown', ended, take_ended(release_budget), detached}
+"""
+
+GATEWAY_LEASE = _PRELUDE + r"""
+-- Renew one gateway's attachment lease on one worker: every session it serves there at once
+-- (one call per gateway and worker, whatever the number of sessions). Safe to run twice.
+-- KEYS[1] worker gateways
+-- ARGV[1] gateway id  ARGV[2] lease ms
+-- returns the lease's end (ms, Redis clock)
+local gateways, gid, lease_ms = KEYS[1], ARGV[1], tonumber(ARGV[2])
+local until_ms = now_ms() + lease_ms
+redis.call('ZADD', gateways, until_ms, gid)
+return until_ms
 """
 
 WORKER_HEARTBEAT = _PRELUDE + r"""

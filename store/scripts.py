@@ -39,8 +39,10 @@ from store.keys import SessionKeys, WorkerKeys, tenant_opens, tenant_sessions
 from store.messages import SessionClosed, SessionExpired, encode_message
 
 __all__ = [
+    "DEFAULT_ATTACHMENT_LEASE_MS",
     "RESUME_RETRY_WINDOW_MS",
     "AppendResult",
+    "AttachmentHolder",
     "EndedSession",
     "Lease",
     "OpenStatus",
@@ -155,11 +157,30 @@ class Reaped:
         ended: sessions this call ended (worker lost, grace or idle expiry).
         released: sessions that ended anywhere since a reaper last asked; the caller releases
             their tenant places (no other reaper gets them).
+        detached: sessions detached because their gateway's attachment lease lapsed.
     """
 
     state: str
     ended: int
     released: tuple[EndedSession, ...] = ()
+    detached: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttachmentHolder:
+    """A gateway process as the holder of attachment leases: the sessions it attaches are its
+    until its lease on their worker lapses (renewed in bulk, one call per worker)."""
+
+    gateway_id: str
+    lease_ms: int
+
+
+#: The attachment lease a reaper assumes a lapsed gateway had, unless told otherwise.
+DEFAULT_ATTACHMENT_LEASE_MS = 5_000
+
+
+def _holder_args(holder: AttachmentHolder | None) -> tuple[str, int]:
+    return ("", 0) if holder is None else (holder.gateway_id, holder.lease_ms)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -221,6 +242,7 @@ class Scripts:
         self._trim = register(lua.TRIM_OUTPUT)
         self._tenant = register(lua.TENANT_RESERVE)
         self._tenant_opens = register(lua.TENANT_OPEN_RATE)
+        self._gateway_lease = register(lua.GATEWAY_LEASE)
 
     async def _run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run ``script``, sending it again after a connection error (see ``store/lua.py``:
@@ -244,22 +266,26 @@ class Scripts:
 
     async def open_session(
         self, session_id: str, *, epoch: str, token_digest: str, tenant: str,
-        policy: SessionPolicy,
+        policy: SessionPolicy, holder: AttachmentHolder | None = None,
     ) -> OpenStatus:
-        """Place ``session_id`` on the worker named in its id (one CAS in the worker's slot)."""
+        """Place ``session_id`` on the worker named in its id (one CAS in the worker's slot),
+        attached under ``holder``'s lease (None: no lease, for callers serving no client)."""
         k = SessionKeys(session_id)
         w = k.worker
+        gateway_id, lease_ms = _holder_args(holder)
         answer = await self._run(
             self._open,
-            [w.record, w.sessions, w.deadlines, k.record, k.abandoned, w.input_channel],
+            [w.record, w.sessions, w.deadlines, k.record, k.abandoned, w.input_channel,
+             w.gateways],
             [session_id, epoch, token_digest, tenant, policy.disconnect_grace_ms,
-             policy.idle_ttl_ms, policy.output_log_max_entries, policy.closed_retention_ms],
+             policy.idle_ttl_ms, policy.output_log_max_entries, policy.closed_retention_ms,
+             gateway_id, lease_ms],
         )
         return OpenStatus(_str(answer[0]))
 
     async def resume(
         self, session_id: str, *, tenant: str, presented_digest: str, new_digest: str,
-        control_id: str,
+        control_id: str, holder: AttachmentHolder | None = None,
     ) -> ResumeResult:
         """Bump the generation if the presented token is right.
 
@@ -269,11 +295,12 @@ class Scripts:
         ``UNKNOWN``, whatever token is presented (no oracle).
         """
         k = SessionKeys(session_id)
+        gateway_id, lease_ms = _holder_args(holder)
         answer = await self._run(
             self._resume,
-            [k.record, k.worker.deadlines, k.output_channel, k.output_log],
+            [k.record, k.worker.deadlines, k.output_channel, k.output_log, k.worker.gateways],
             [presented_digest, new_digest, control_id, session_id, tenant,
-             RESUME_RETRY_WINDOW_MS, _new_call_id()],
+             RESUME_RETRY_WINDOW_MS, _new_call_id(), gateway_id, lease_ms],
         )
         status = ResumeStatus(_str(answer[0]))
         lease = None
@@ -289,7 +316,7 @@ class Scripts:
         """Start the disconnect grace, fenced on ``lease``. Returns ok|stale|closed|unknown."""
         k = SessionKeys(lease.session_id)
         answer = await self._run(
-            self._detach, [k.record, k.worker.deadlines],
+            self._detach, [k.record, k.worker.deadlines, k.worker.gateways],
             [lease.session_id, lease.epoch, lease.generation, lease.tenant],
         )
         return _str(answer)
@@ -398,7 +425,7 @@ class Scripts:
         k = SessionKeys(session_id)
         w = k.worker
         return [k.record, k.output_log, k.output_channel, w.record, w.sessions, w.deadlines,
-                w.input_channel, w.ended]
+                w.input_channel, w.ended, w.gateways]
 
     async def append_output(
         self, session_id: str, payloads: Sequence[bytes], *, first_seq: int = 0,
@@ -435,7 +462,7 @@ class Scripts:
         """
         worker = SessionKeys(batch[0].session_id).worker
         keys = [worker.record, worker.sessions, worker.deadlines, worker.input_channel,
-                worker.ended]
+                worker.ended, worker.gateways]
         args: list[Any] = []
         for item in batch:
             k = SessionKeys(item.session_id)
@@ -478,9 +505,12 @@ class Scripts:
         return _str(answer)
 
     async def reap(self, worker_id: str, *, budget: int = 100, recovered_ms: int = 0,
-                   release_budget: int = 1000) -> Reaped:
-        """Declare ``worker_id`` lost if its heartbeat lapsed, and expire its due sessions; take
-        up to ``release_budget`` of its ended sessions, whose tenant places the caller releases.
+                   release_budget: int = 1000,
+                   lease_ms: int = DEFAULT_ATTACHMENT_LEASE_MS) -> Reaped:
+        """Declare ``worker_id`` lost if its heartbeat lapsed; else detach the sessions of
+        gateways whose attachment lease (``lease_ms`` long) lapsed, and expire its due
+        sessions. Take up to ``release_budget`` of its ended sessions, whose tenant places the
+        caller releases.
 
         ``recovered_ms``: when the caller reached Redis again after failing to (Redis clock;
         0: it never failed). A worker whose heartbeat lapsed is not declared lost until it had
@@ -489,17 +519,26 @@ class Scripts:
         w = WorkerKeys(worker_id)
         prefix = w.record.removesuffix("worker") + "s:"
         answer = await self._run(
-            self._reap, [w.record, w.sessions, w.deadlines, w.input_channel, w.ended],
+            self._reap, [w.record, w.sessions, w.deadlines, w.input_channel, w.ended,
+                         w.gateways],
             [prefix, encode_message(SessionClosed(reason="worker_lost")),
              encode_message(SessionExpired(reason="disconnect_grace_expired")),
              encode_message(SessionExpired(reason="idle_ttl_expired")), budget, recovered_ms,
-             release_budget],
+             release_budget, lease_ms],
         )
         released = []
         for entry in answer[2]:
             tenant, _, session_id = _str(entry).partition(" ")
             released.append(EndedSession(tenant=tenant, session_id=session_id))
-        return Reaped(state=_str(answer[0]), ended=int(answer[1]), released=tuple(released))
+        return Reaped(state=_str(answer[0]), ended=int(answer[1]), released=tuple(released),
+                      detached=int(answer[3]))
+
+    async def renew_attachment_lease(self, worker_id: str, holder: AttachmentHolder) -> int:
+        """Renew ``holder``'s lease on every session it serves on ``worker_id``; returns when
+        it now ends (ms, Redis clock)."""
+        answer = await self._run(self._gateway_lease, [WorkerKeys(worker_id).gateways],
+                                 [holder.gateway_id, holder.lease_ms])
+        return int(answer)
 
     async def worker_heartbeat(
         self, worker_id: str, *, slots: int, ttl_ms: int, register: bool, drain: bool,

@@ -431,6 +431,17 @@ class ConnectionCore:
         self._actions.append(CloseConnection(code=CloseCode.NORMAL, reason="session_replaced"))
         self._move("end")
 
+    def lease_lapsed(self) -> None:
+        """The session was detached under this connection's own lease (the gateway did not
+        renew its attachment in time): it lives on, resumable; close 1012 so the client
+        resumes it, through any gateway. Nothing to detach: it is detached already."""
+        if self.state is not ConnectionState.ATTACHED:
+            return
+        self._actions.append(CloseConnection(code=CloseCode.SERVICE_RESTART,
+                                             reason="lease_lapsed"))
+        self.state = ConnectionState.CLOSED
+        self._pending = []
+
     def log_trimmed(self, first_available_seq: int) -> None:
         """A log read found entries missing before ``first_available_seq`` (trimmed)."""
         # A read issued before live pushes caught up may report a "trim" below what was

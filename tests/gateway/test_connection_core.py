@@ -950,3 +950,14 @@ def test_session_lost_closes_1011_without_detaching() -> None:
     assert not any(isinstance(a, DetachLease) for a in actions)
     core.session_lost()
     assert core.actions_to_run() == []
+
+
+def test_a_lapsed_attachment_closes_1012_without_a_detach() -> None:
+    """Our own lease lapsed (a reaper detached the session under our generation): close 1012
+    so the client resumes; the session is detached already, so no DetachLease."""
+    core = opened(generation=3)
+    core.lease_lapsed()
+    assert core.actions_to_run() == [CloseConnection(code=1012, reason="lease_lapsed")]
+    assert core.state is ConnectionState.CLOSED
+    core.connection_lost()
+    assert core.actions_to_run() == []

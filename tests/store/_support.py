@@ -14,7 +14,7 @@ import msgpack  # type: ignore[import-untyped]
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from store import Lease, OpenStatus, Reaped, Scripts, SessionPolicy
+from store import AttachmentHolder, Lease, OpenStatus, Reaped, Scripts, SessionPolicy
 from store.keys import SessionKeys, WorkerKeys, new_session_id, new_worker_id
 from store.logs import read_output
 from store.messages import AudioDelta, Event, decode_message, encode_message, is_terminal
@@ -67,12 +67,14 @@ async def register_worker(
 async def open_session(
     scripts: Scripts, worker_id: str, *, policy: SessionPolicy = LONG_POLICY,
     tenant: str = "tenant-a", session_id: str | None = None,
+    holder: AttachmentHolder | None = None,
 ) -> Opened:
-    """Open a session on ``worker_id``; the open must succeed."""
+    """Open a session on ``worker_id`` (attached under ``holder``'s lease, if given); the open
+    must succeed."""
     sid = session_id or new_session_id(worker_id)
     token = secrets.token_urlsafe(16)
     status = await scripts.open_session(sid, epoch=EPOCH, token_digest=digest(token),
-                                        tenant=tenant, policy=policy)
+                                        tenant=tenant, policy=policy, holder=holder)
     assert status is OpenStatus.OK, status
     return Opened(Lease(session_id=sid, epoch=EPOCH, generation=1, tenant=tenant), token)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -237,8 +238,8 @@ async def test_a_retried_resume_keeps_its_token_and_fences_the_first(
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
     sid = opened.session_id
-    kwargs = {"tenant": "tenant-a", "presented_digest": digest(opened.token),
-              "new_digest": digest("t2"), "control_id": "ctl-1"}
+    kwargs: dict[str, Any] = {"tenant": "tenant-a", "presented_digest": digest(opened.token),
+                              "new_digest": digest("t2"), "control_id": "ctl-1"}
     first = await scripts.resume(sid, **kwargs)
     retry = await scripts.resume(sid, **kwargs)
     assert first.status is retry.status is ResumeStatus.OK
@@ -267,8 +268,8 @@ async def test_a_resume_retry_is_refused_after_its_window(
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
     sid = opened.session_id
-    kwargs = {"tenant": "tenant-a", "presented_digest": digest(opened.token),
-              "new_digest": digest("t2"), "control_id": "ctl-1"}
+    kwargs: dict[str, Any] = {"tenant": "tenant-a", "presented_digest": digest(opened.token),
+                              "new_digest": digest("t2"), "control_id": "ctl-1"}
     assert (await scripts.resume(sid, **kwargs)).status is ResumeStatus.OK
     landed = int(await session_field(redis_client, sid, "rcid_ms") or 0)
     # Move the landing back past the window instead of waiting a minute.

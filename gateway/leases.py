@@ -1,0 +1,74 @@
+"""This gateway's attachment leases: one per worker it serves sessions on, renewed in bulk.
+
+Every session a gateway attaches (open, resume) is held under the gateway's lease on that
+session's worker (``store/lua.py``, ``attach_to``). The gateway renews each lease it holds once
+per ``lease / 5``, so its Redis cost is one call per worker per period, whatever the number of
+sessions. A gateway that dies, pauses or is cut off stops renewing; once the lease lapses any
+reaper detaches its sessions, whose disconnect grace then runs as after a lost connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+
+from store import AttachmentHolder, Scripts, StoreError
+from store.errors import raise_if_cancelled
+from store.keys import worker_of_session
+
+__all__ = ["AttachmentLeases"]
+
+_log = logging.getLogger(__name__)
+
+# Renewals per lease period: four may fail in a row before the lease lapses.
+_RENEWALS_PER_LEASE = 5
+
+
+class AttachmentLeases:
+    """Which workers this gateway holds sessions on, and the loop that renews its leases."""
+
+    def __init__(self, scripts: Scripts, holder: AttachmentHolder) -> None:
+        self.holder = holder
+        self._scripts = scripts
+        self._sessions_on: collections.Counter[str] = collections.Counter()  # worker -> held
+        #: Renewal calls made so far (one per worker per round, whatever the session count).
+        self.renewals = 0
+
+    def hold(self, session_id: str) -> None:
+        """A connection of this gateway attached ``session_id``."""
+        self._sessions_on[worker_of_session(session_id)] += 1
+
+    def release(self, session_id: str) -> None:
+        """That connection ended; the session is detached, replaced or over."""
+        worker = worker_of_session(session_id)
+        self._sessions_on[worker] -= 1
+        if self._sessions_on[worker] <= 0:
+            del self._sessions_on[worker]
+
+    @property
+    def workers(self) -> list[str]:
+        """The workers this gateway holds sessions on now."""
+        return sorted(self._sessions_on)
+
+    async def renew_once(self) -> int:
+        """Renew the lease on every worker held now, concurrently; how many calls were made."""
+        workers = self.workers
+        answers = await asyncio.gather(
+            *(self._scripts.renew_attachment_lease(w, self.holder) for w in workers),
+            return_exceptions=True)
+        self.renewals += len(workers)
+        for worker, answer in zip(workers, answers, strict=True):
+            if isinstance(answer, StoreError):
+                _log.warning("lease renewal on %s failed: %s", worker, answer)
+            elif isinstance(answer, BaseException):
+                raise answer
+        return len(workers)
+
+    async def run(self) -> None:
+        """Renew forever, ``_RENEWALS_PER_LEASE`` times per lease period."""
+        interval = self.holder.lease_ms / 1000 / _RENEWALS_PER_LEASE
+        while True:
+            await self.renew_once()
+            raise_if_cancelled()
+            await asyncio.sleep(interval)  # a periodic duty, not a wait for a condition
