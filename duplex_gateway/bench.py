@@ -753,11 +753,12 @@ def _gateway_phase(sessions: int, seconds: float, clients: int, compression: boo
         redis = start_server("auto")
         stack.callback(shutil.rmtree, redis.workdir, True)
         stack.callback(redis.stop)
+        # First: a gateway is ready (/readyz 200) only once a worker is live.
+        worker = start_worker(stack, redis.url, max(sessions, 1), log_dir)
         gateway = start_http_server(
             stack, "gateway", ["duplex_gateway", "--log-level", "warning", "serve", "--host",
                                "127.0.0.1", "--port", str(port), "--redis-url", redis.url],
             port, log_dir)
-        worker = start_worker(stack, redis.url, max(sessions, 1), log_dir)
         result = _run_phase(_Phase(
             name="gateway", url=f"ws://127.0.0.1:{port}/v1/realtime",
             servers={"gateway": gateway.pid, "worker": worker.pid,

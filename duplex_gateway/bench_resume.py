@@ -114,6 +114,8 @@ def run_resume_bench(*, sessions: int, disconnects: int, output: str,
     with contextlib.ExitStack() as stack:
         redis = start_server("auto")
         stack.callback(redis.stop)
+        # First: a gateway is ready (/readyz 200) only once a worker is live.
+        start_worker(stack, redis.url, max(sessions, 1), log_dir)
         urls = []
         for name in ("gateway-a", "gateway-b"):
             port = free_port()
@@ -121,7 +123,6 @@ def run_resume_bench(*, sessions: int, disconnects: int, output: str,
                 "duplex_gateway", "--log-level", "warning", "serve", "--host", "127.0.0.1",
                 "--port", str(port), "--redis-url", redis.url], port, log_dir)
             urls.append(f"ws://127.0.0.1:{port}/v1/realtime")
-        start_worker(stack, redis.url, max(sessions, 1), log_dir)
         per_session = max(1, disconnects // max(sessions, 1))
         began = time.monotonic()
         tallies = asyncio.run(_drive((urls[0], urls[1]), sessions, per_session, chunks_per_cut))

@@ -15,7 +15,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
 
 from store.config import SettingsError, from_env
 from store.embedded import free_port, start_server
@@ -98,17 +100,78 @@ def _worker(args: argparse.Namespace) -> int:
     return asyncio.run(_run_worker(args))
 
 
+# How long `dev` waits for its gateway and worker to serve, and how often it looks.
+_DEV_START_TIMEOUT_S = 60.0
+_DEV_POLL_S = 0.05
+_STDERR_FD = 2  # the descriptor itself: sys.stderr may be a stand-in without one
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return bool(response.status == 200)
+    except urllib.error.HTTPError as error:  # 503: not ready yet
+        error.close()
+        return False
+    except (urllib.error.URLError, OSError):  # not listening yet
+        return False
+
+
+async def _worker_listed(redis_url: str, starting: Callable[[], bool]) -> bool:
+    """Wait until a worker is live in the directory; False once ``starting`` says stop."""
+    from store import create_client
+    from store.directory import live_worker_count
+    from store.errors import StoreUnavailable
+
+    client = create_client(redis_url)
+    try:
+        while starting():
+            with contextlib.suppress(StoreUnavailable):
+                if await live_worker_count(client):
+                    return True
+            await asyncio.sleep(_DEV_POLL_S)  # polling another process; no event to wait on
+        return False
+    finally:
+        await client.aclose()
+
+
+def _await_serving(gateway_http: str, redis_url: str, running: Callable[[], bool]) -> bool:
+    """Wait until the stack can place a session: a worker is registered and the gateway
+    answers /readyz 200. False if ``running`` turns false (a signal, a dead child) or the
+    start takes too long."""
+    deadline = time.monotonic() + _DEV_START_TIMEOUT_S
+
+    def starting() -> bool:
+        return running() and time.monotonic() < deadline
+
+    if not asyncio.run(_worker_listed(redis_url, starting)):
+        return False
+    while not _http_ok(gateway_http + "/readyz"):
+        if not starting():
+            return False
+        time.sleep(_DEV_POLL_S)  # polling another process; no event to wait on
+    return True
+
+
 def _dev(args: argparse.Namespace) -> int:
-    """Redis-compatible server + one gateway + one worker, until Ctrl-C or SIGTERM."""
+    """Redis-compatible server + one gateway + one worker, until Ctrl-C or SIGTERM.
+
+    The URL is printed only once a session can be opened: a client started on that line
+    must not meet a gateway that is not listening yet, or resource_exhausted because the
+    worker has not registered.
+    """
     server = start_server("auto")
     port = args.port or free_port()
     python = [sys.executable, "-m", "duplex_gateway"]
+    # The children log to our stderr (uvicorn writes its access log to stdout), so our stdout
+    # carries the URL line alone, for a script to wait on.
     children = [
         subprocess.Popen([*python, "serve", "--host", args.host, "--port", str(port),
-                          "--redis-url", server.url]),
+                          "--redis-url", server.url], stdout=_STDERR_FD),
         # Ctrl-C stops the whole product: no other worker will take over, so drain briefly.
         subprocess.Popen([*python, "worker", "--redis-url", server.url, "--backend",
-                          "loopback", "--slots", str(args.slots), "--drain-timeout", "1"]),
+                          "loopback", "--slots", str(args.slots), "--drain-timeout", "1"],
+                         stdout=_STDERR_FD),
     ]
     stop = False
 
@@ -116,12 +179,21 @@ def _dev(args: argparse.Namespace) -> int:
         nonlocal stop
         stop = True
 
+    def running() -> bool:
+        return not stop and all(child.poll() is None for child in children)
+
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
-    print(f"duplex-gateway dev: ws://{args.host}:{port}/v1/realtime "
-          f"(redis {server.url}, {server.binary.name})", flush=True)
+    serving = False
     try:
-        while not stop and all(child.poll() is None for child in children):
+        serving = _await_serving(f"http://{args.host}:{port}", server.url, running)
+        if serving:
+            print(f"duplex-gateway dev: ws://{args.host}:{port}/v1/realtime "
+                  f"(redis {server.url}, {server.binary.name})", flush=True)
+        elif not stop:
+            print("duplex-gateway dev: the gateway or the worker did not start",
+                  file=sys.stderr, flush=True)
+        while serving and running():
             time.sleep(0.2)  # a supervisor loop: wakes for a signal or a dead child
     finally:
         for child in children:
@@ -134,7 +206,7 @@ def _dev(args: argparse.Namespace) -> int:
                 child.kill()
         server.stop()
     failed = [c.returncode for c in children if c.returncode not in (0, -signal.SIGTERM)]
-    return 1 if failed and not stop else 0
+    return 1 if (failed or not serving) and not stop else 0
 
 
 def _bench(args: argparse.Namespace) -> int:

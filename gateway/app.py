@@ -23,9 +23,26 @@ from gateway.reaper import run_reaper
 from gateway.services import GatewayServices
 from gateway.settings import GatewaySettings
 from store import Scripts, create_client
+from store.directory import live_worker_count
 from store.pubsub import Subscriber
 
 __all__ = ["create_app"]
+
+
+async def _readiness(services: GatewayServices | None) -> Response:
+    """/readyz: 200 only while this gateway can place a session, so a balancer sends no
+    traffic to one that would answer every open with resource_exhausted. Liveness
+    (/healthz) never asks Redis or the workers."""
+    if services is None or services.draining:
+        return PlainTextResponse("draining", status_code=503)
+    try:
+        live_workers = await live_worker_count(services.client)
+    except Exception:  # any failure to reach Redis means not ready
+        return PlainTextResponse("redis unreachable", status_code=503)
+    if not live_workers:
+        return PlainTextResponse("no worker", status_code=503)
+    return PlainTextResponse("ready")
+
 
 def create_app(settings: GatewaySettings) -> Starlette:
     """A gateway application bound to ``settings``; Redis is connected in the lifespan."""
@@ -39,14 +56,17 @@ def create_app(settings: GatewaySettings) -> Starlette:
         await subscriber.start()
         services = GatewayServices(settings, client, Scripts(client), subscriber, metrics)
         state["services"] = services
-        reaper = asyncio.create_task(run_reaper(client, services.scripts, metrics,
-                                                settings.reaper_interval_s))
+        reaper = asyncio.create_task(run_reaper(
+            client, services.scripts, metrics, settings.reaper_interval_s,
+            lease_ms=services.holder.lease_ms))
+        leases = asyncio.create_task(services.leases.run())
         try:
             yield
         finally:
             services.draining = True
-            reaper.cancel()
-            await asyncio.gather(reaper, return_exceptions=True)
+            for task in (reaper, leases):
+                task.cancel()
+            await asyncio.gather(reaper, leases, return_exceptions=True)
             await services.batcher.aclose()
             await subscriber.aclose()
             await client.aclose()
@@ -86,14 +106,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
         return PlainTextResponse("ok")
 
     async def readyz(request: Request) -> Response:
-        services = state.get("services")
-        if services is None or services.draining:
-            return PlainTextResponse("draining", status_code=503)
-        try:
-            await services.client.ping()
-        except Exception:  # any failure to reach Redis means not ready
-            return PlainTextResponse("redis unreachable", status_code=503)
-        return PlainTextResponse("ready")
+        return await _readiness(state.get("services"))
 
     async def metrics_endpoint(request: Request) -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -27,6 +27,7 @@ __all__ = [
     "forget_worker",
     "list_workers",
     "listed_workers",
+    "live_worker_count",
     "server_time_ms",
     "sessions_of_worker",
     "worker_loads",
@@ -100,6 +101,20 @@ async def listed_workers(client: Redis | RedisCluster) -> list[str]:
     except RedisError as exc:
         raise StoreUnavailable(f"ZRANGE directory failed: {exc}") from exc
     return [m.decode() for m in members]
+
+
+async def live_worker_count(client: Redis | RedisCluster) -> int:
+    """How many listed workers' heartbeat deadlines are still ahead on Redis's clock.
+
+    What readiness asks on every probe, so it stays cheap: TIME and one ZCOUNT. A worker
+    that beats but admits no one (draining, busy) still counts: placement may wait for it.
+    """
+    now_ms = await server_time_ms(client)
+    try:
+        count: Any = await client.zcount(WORKER_DIRECTORY, now_ms, "+inf")
+    except RedisError as exc:
+        raise StoreUnavailable(f"ZCOUNT directory failed: {exc}") from exc
+    return int(count)
 
 
 async def worker_loads(client: Redis | RedisCluster, worker_ids: list[str]) -> list[WorkerLoad]:

@@ -2,8 +2,13 @@
 
 Pushes are an optimisation, never the truth: a consumer that misses one (reconnect, slow
 handler, Redis restart) catches up from the log. So each connection reconnects on its own,
-re-subscribes, and once Redis confirms a re-subscription, calls that channel's handler with
+re-subscribes, and once Redis confirms a re-subscription, calls that channel's handlers with
 ``None`` ("you may have missed something; read the log").
+
+A channel may have several handlers in one process (a session resumed through the gateway
+that still holds its old connection: the old one must hear the lease notice that replaces
+it). Each push reaches every handler of its channel, over one Redis subscription per channel,
+which is dropped when the last handler leaves.
 
 One connection per Redis node, each with its own reader task: on a Cluster a sharded channel
 lives on the node that owns its slot, and one blocking read per node means a push on any node
@@ -103,13 +108,19 @@ class _Shard:
 class Subscriber:
     """Sharded subscriptions for one process, with confirmed subscribe and self-healing.
 
-    Handlers run on the event loop and must not block: they enqueue or set an event.
+    Handlers run on the event loop and must not block: they enqueue or set an event. The
+    handlers of one channel share each decoded notice: they must not change it.
     """
 
     def __init__(self, client: Redis | RedisCluster) -> None:
         self._client = client
-        self._handlers: dict[bytes, NoticeHandler] = {}
-        self._confirmations: dict[bytes, asyncio.Future[None]] = {}
+        # Per channel, its handlers in the order they subscribed; a channel is listed while
+        # it has at least one.
+        self._handlers: dict[bytes, list[NoticeHandler]] = {}
+        # Per channel, the SSUBSCRIBE sent and not confirmed yet: True once Redis confirmed
+        # it, False when its sender gave up waiting (the handlers then get None on the late
+        # confirmation, as after a reconnect).
+        self._confirmations: dict[bytes, asyncio.Future[bool]] = {}
         self._shards: dict[str, _Shard] = {}
         self._shard_of: dict[bytes, _Shard] = {}
         self._moves: set[asyncio.Task[None]] = set()
@@ -149,16 +160,33 @@ class Subscriber:
         return self._shards[name]
 
     async def subscribe(self, channel: str, handler: NoticeHandler) -> None:
-        """Subscribe and return once Redis confirmed it, so no later push is missed.
+        """Deliver ``channel`` to ``handler`` too; return once Redis confirmed the channel,
+        so no later push is missed. Subscribing a handler twice delivers to it once.
 
         If Redis cannot be reached the subscription is kept and completes when Redis is back
         (the handler then gets None); the caller reads the log meanwhile.
         """
         key = channel.encode()
-        confirmed = asyncio.get_running_loop().create_future()
+        handlers = self._handlers.get(key)
+        if handlers is None:
+            shard = self._shard_for(channel)  # before any bookkeeping: it may raise
+            self._handlers[key] = [handler]
+            await self._ssubscribe(key, shard)
+            return
+        if handler not in handlers:
+            handlers.append(handler)
+        # The channel is subscribed on Redis already, or on its way there: wait for the
+        # confirmation in flight, if any. Otherwise it is confirmed, or being re-subscribed
+        # (a reconnect, a move), which ends with None to every handler, this one included.
+        pending = self._confirmations.get(key)
+        if pending is not None:
+            await asyncio.shield(pending)
+
+    async def _ssubscribe(self, key: bytes, shard: _Shard) -> None:
+        """Subscribe ``key`` on ``shard``'s connection and wait for Redis to confirm it."""
+        channel = key.decode()
+        confirmed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._confirmations[key] = confirmed
-        shard = self._shard_for(channel)
-        self._handlers[key] = handler
         self._shard_of[key] = shard
         try:
             await shard.ensure().ssubscribe(channel)
@@ -172,19 +200,36 @@ class Subscriber:
             shard.wake.set()
             _log.warning("ssubscribe %s not confirmed: %s", channel, exc)
         finally:
-            self._confirmations.pop(key, None)
+            if self._confirmations.get(key) is confirmed:
+                del self._confirmations[key]
+            if not confirmed.done():
+                # Handlers that joined meanwhile stop waiting with this sender (cancelled
+                # too, say, when its connection ended): the late confirmation, now unasked
+                # for, tells every handler to read the log.
+                confirmed.set_result(False)
 
     async def unsubscribe(self, channel: str, handler: NoticeHandler | None = None) -> None:
-        """Stop delivering ``channel``; safe to call twice.
+        """Stop delivering ``channel`` to ``handler``, or with no handler to any; safe to call
+        twice. Redis is told once the channel has no handler left.
 
-        With ``handler``, only if ``channel`` is still delivered to it: a connection that
-        ends after another one (a quick resume through this same process) subscribed the
-        channel again must not take the newer subscription with it.
+        A connection that ends after another one (a quick resume through this same process)
+        subscribed the channel too takes only its own handler with it.
         """
         key = channel.encode()
-        if handler is not None and self._handlers.get(key) != handler:
+        handlers = self._handlers.get(key)
+        if handlers is None:
             return
-        self._handlers.pop(key, None)
+        if handler is not None:
+            if handler not in handlers:
+                return
+            handlers.remove(handler)
+            if handlers:
+                return
+        del self._handlers[key]
+        await self._sunsubscribe(key)
+
+    async def _sunsubscribe(self, key: bytes) -> None:
+        """Drop ``key``'s subscription on Redis (none of this process's handlers want it)."""
         shard = self._shard_of.pop(key, None)
         if shard is None:
             return
@@ -194,13 +239,13 @@ class Subscriber:
             # the channel is subscribed again before the answer arrives.
             self._unsubscribing[key] += 1
             try:
-                await shard.pubsub.sunsubscribe(channel)
+                await shard.pubsub.sunsubscribe(key.decode())
             except (RedisError, OSError) as exc:
                 self._unsubscribing[key] -= 1
-                _log.debug("sunsubscribe %s failed: %s", channel, exc)
+                _log.debug("sunsubscribe %r failed: %s", key, exc)
 
     async def _follow(self, channel: bytes) -> None:
-        """Subscribe again where ``channel``'s slot lives now, then tell the handler to read
+        """Subscribe again where ``channel``'s slot lives now, then tell the handlers to read
         the log (pushes made during the move reached no one)."""
         old = self._shard_of.pop(channel, None)
         if old is not None:
@@ -209,20 +254,31 @@ class Subscriber:
                 # redis-py forgets only the unsubscriptions it asked for itself.
                 old.pubsub.shard_channels.pop(channel, None)
         try:
-            while (handler := self._handlers.get(channel)) is not None:  # else: unsubscribed
+            while channel in self._handlers:  # else: unsubscribed meanwhile
                 try:
                     if isinstance(self._client, RedisCluster):
                         await self._client.nodes_manager.initialize()
-                    await self.subscribe(channel.decode(), handler)
+                    await self._ssubscribe(channel, self._shard_for(channel.decode()))
                 except (RedisError, OSError) as exc:
                     # Consumers read the log on their poll meanwhile.
                     _log.warning("following %r to its new node failed: %s", channel, exc)
                     await asyncio.sleep(_RECONNECT_DELAY_S)  # back off; the Cluster may settle
                     continue
-                handler(None)
+                if channel in self._handlers:
+                    self._deliver(channel, None)
+                else:  # the last handler left while we subscribed: do not keep it
+                    await self._sunsubscribe(channel)
                 return
         finally:
             self._following.discard(channel)
+
+    def _deliver(self, channel: bytes, notice: Notice) -> None:
+        """Call every handler of ``channel``; one that raises costs the others nothing."""
+        for handler in list(self._handlers.get(channel, ())):
+            try:
+                handler(notice)
+            except Exception:  # a handler bug must not starve its channel's other handlers
+                _log.exception("a handler of %r failed on %r", channel, notice)
 
     def dispatch(self, message: dict[str, Any]) -> None:
         """Route one message from a shard's connection (called by the shards)."""
@@ -232,13 +288,11 @@ class Subscriber:
         if kind == "ssubscribe":
             future = self._confirmations.get(channel)
             if future is not None and not future.done():
-                future.set_result(None)
+                future.set_result(True)
                 return
             # Not asked for by subscribe(): a re-subscription after a reconnect (ours or
             # redis-py's own), now confirmed. Pushes may have been missed: read the log.
-            resubscribed = self._handlers.get(channel)
-            if resubscribed is not None:
-                resubscribed(None)
+            self._deliver(channel, None)
             return
         if kind == "sunsubscribe":
             if self._unsubscribing[channel] > 0:
@@ -255,6 +309,5 @@ class Subscriber:
             return
         if kind != "smessage":
             return
-        handler = self._handlers.get(channel)
-        if handler is not None:
-            handler(msgpack.unpackb(message["data"], raw=True))
+        if channel in self._handlers:
+            self._deliver(channel, msgpack.unpackb(message["data"], raw=True))

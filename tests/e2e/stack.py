@@ -30,6 +30,11 @@ LOG_DIR_VARIABLE = "DUPLEX_TEST_LOG_DIR"
 KNOWN_SECRETS = "known-secrets.txt"
 _log_names = itertools.count()
 
+#: What a gateway's /readyz answers when it can place sessions, and when it reaches Redis
+#: but no worker is live in the directory.
+READY = (200, "ready")
+NO_WORKER = (503, "no worker")
+
 
 def log_dir() -> Path:
     """The folder process logs go to (made on first use)."""
@@ -51,12 +56,21 @@ def wait_for(condition: Callable[[], bool], what: str, timeout: float = DEADLINE
         time.sleep(0.02)
 
 
-def http_ok(url: str) -> bool:
+def http_answer(url: str) -> tuple[int, str] | None:
+    """The status and body of a GET of ``url``; None when nothing answers."""
     try:
         with urllib.request.urlopen(url, timeout=1) as response:
-            return bool(response.status == 200)
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, error.read().decode()
     except (urllib.error.URLError, OSError):
-        return False
+        return None
+
+
+def http_ok(url: str) -> bool:
+    answer = http_answer(url)
+    return answer is not None and answer[0] == 200
 
 
 @dataclass
@@ -126,12 +140,13 @@ class Stack:
         return proc
 
     def gateway(self, *, log_level: str = "warning") -> Proc:
-        """Start a gateway and wait until it is ready."""
+        """Start a gateway and wait until it serves and reaches Redis: ready, or lacking only
+        a live worker (/readyz wants one, and tests mostly start the gateway first)."""
         port = free_port()
         proc = self._spawn("gateway", ["serve", "--host", "127.0.0.1", "--port", str(port),
                                        "--redis-url", self.url], port, log_level=log_level)
-        wait_for(lambda: http_ok(proc.http_url + "/readyz") or proc.process.poll() is not None,
-                 f"gateway on {port}")
+        wait_for(lambda: http_answer(proc.http_url + "/readyz") in (READY, NO_WORKER)
+                 or proc.process.poll() is not None, f"gateway on {port}")
         assert proc.process.poll() is None, "gateway exited at start"
         return proc
 

@@ -10,7 +10,7 @@ import pytest
 
 from gateway.client import DuplexClient, DuplexClientError
 from tests.e2e.helpers import collect_until
-from tests.e2e.stack import Stack
+from tests.e2e.stack import NO_WORKER, READY, Stack, http_answer, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
@@ -21,17 +21,31 @@ def get(url: str) -> tuple[int, str]:
 
 
 async def test_health_ready_and_metrics(stack: Stack) -> None:
-    """/healthz and /readyz answer 200; /metrics counts the session that was opened."""
+    """With a worker, /healthz and /readyz answer 200; /metrics counts the session opened."""
     gateway = stack.gateway()
     stack.worker()
     assert get(gateway.http_url + "/healthz") == (200, "ok")
-    assert get(gateway.http_url + "/readyz") == (200, "ready")
+    assert get(gateway.http_url + "/readyz") == READY
     async with await DuplexClient.connect(gateway.ws_url) as client:
         await collect_until(client, "session.updated", [])
     status, text = get(gateway.http_url + "/metrics")
     assert status == 200
     assert "duplex_gateway_sessions_opened_total 1.0" in text
     assert "duplex_gateway_connections" in text
+
+
+def test_ready_only_while_a_worker_is_live(stack: Stack) -> None:
+    """/readyz is 503 "no worker" until a worker registers, 200 while it lives, and 503 again
+    once its heartbeat lapses; /healthz answers 200 throughout."""
+    gateway = stack.gateway()
+    readyz, healthz = gateway.http_url + "/readyz", gateway.http_url + "/healthz"
+    assert http_answer(readyz) == NO_WORKER
+    assert http_answer(healthz) == (200, "ok")
+    worker = stack.worker()
+    wait_for(lambda: http_answer(readyz) == READY, "ready once the worker registered")
+    worker.kill()
+    wait_for(lambda: http_answer(readyz) == NO_WORKER, "not ready once the worker is gone")
+    assert http_answer(healthz) == (200, "ok")
 
 
 def metric_value(text: str, name: str) -> float:

@@ -240,8 +240,8 @@ async def test_a_late_unsubscribe_of_the_old_owner_keeps_the_new_subscription(
     subscriber: Subscriber, redis_client: Redis
 ) -> None:
     """A connection that ends after a newer one on the same process subscribed its channel
-    (a quick resume through the same gateway) unsubscribes with its own handler, which no
-    longer owns the channel: the newer one keeps getting pushes."""
+    (a quick resume through the same gateway) unsubscribes its own handler only: the newer
+    one keeps getting pushes."""
     old, new = Notices(), Notices()
     await subscriber.subscribe("dg:{a}:chan", old)
     await subscriber.subscribe("dg:{a}:chan", new)
@@ -251,6 +251,111 @@ async def test_a_late_unsubscribe_of_the_old_owner_keeps_the_new_subscription(
     old.assert_empty()
     await subscriber.unsubscribe("dg:{a}:chan", new)  # the owner's own unsubscribe works
     await poll_until(lambda: shard_subscribers(redis_client, "dg:{a}:chan"), lambda n: n == 0)
+
+
+async def test_every_handler_of_a_channel_gets_each_push(
+    subscriber: Subscriber, redis_client: Redis
+) -> None:
+    """Two handlers on one channel (an old and a new connection of one session on the same
+    gateway) both get every push, over one subscription on the server."""
+    first, second = Notices(), Notices()
+    await subscriber.subscribe("dg:{a}:chan", first)
+    await subscriber.subscribe("dg:{a}:chan", second)
+    assert await shard_subscribers(redis_client, "dg:{a}:chan") == 1
+    assert await spublish(redis_client, "dg:{a}:chan", ["r", 2]) == 1
+    assert await first.next() == [b"r", 2]
+    assert await second.next() == [b"r", 2]
+    assert await spublish(redis_client, "dg:{a}:chan", ["e", 1]) == 1
+    assert await first.next() == [b"e", 1]
+    assert await second.next() == [b"e", 1]
+    first.assert_empty()
+    second.assert_empty()
+
+
+async def test_removing_one_handler_keeps_the_others(
+    subscriber: Subscriber, redis_client: Redis
+) -> None:
+    """unsubscribe(channel, handler) stops that handler alone; the channel stays subscribed on
+    the server for the handlers left."""
+    gone, kept = Notices(), Notices()
+    await subscriber.subscribe("dg:{a}:chan", gone)
+    await subscriber.subscribe("dg:{a}:chan", kept)
+    await subscriber.unsubscribe("dg:{a}:chan", gone)
+    await subscriber.unsubscribe("dg:{a}:chan", gone)  # twice is fine
+    assert await shard_subscribers(redis_client, "dg:{a}:chan") == 1
+    assert await spublish(redis_client, "dg:{a}:chan", ["live"]) == 1
+    assert await kept.next() == [b"live"]
+    gone.assert_empty()
+    kept.assert_empty()
+
+
+async def test_the_last_handler_leaving_unsubscribes_on_the_server(
+    subscriber: Subscriber, redis_client: Redis
+) -> None:
+    """Only when the last handler of a channel leaves does the server drop the subscription;
+    subscribing again afterwards works."""
+    first, second = Notices(), Notices()
+    await subscriber.subscribe("dg:{a}:chan", first)
+    await subscriber.subscribe("dg:{a}:chan", second)
+    await subscriber.unsubscribe("dg:{a}:chan", second)
+    await subscriber.unsubscribe("dg:{a}:chan", first)
+    await poll_until(lambda: shard_subscribers(redis_client, "dg:{a}:chan"), lambda n: n == 0)
+    assert await spublish(redis_client, "dg:{a}:chan", ["late"]) == 0
+    again = Notices()
+    await subscriber.subscribe("dg:{a}:chan", again)
+    assert await spublish(redis_client, "dg:{a}:chan", ["again"]) == 1
+    assert await again.next() == [b"again"]
+    first.assert_empty()
+    second.assert_empty()
+
+
+async def test_unsubscribe_without_a_handler_removes_every_handler(
+    subscriber: Subscriber, redis_client: Redis
+) -> None:
+    """unsubscribe(channel) with no handler stops the channel for all its handlers."""
+    first, second = Notices(), Notices()
+    await subscriber.subscribe("dg:{a}:chan", first)
+    await subscriber.subscribe("dg:{a}:chan", second)
+    await subscriber.unsubscribe("dg:{a}:chan")
+    await poll_until(lambda: shard_subscribers(redis_client, "dg:{a}:chan"), lambda n: n == 0)
+    await subscriber.unsubscribe("dg:{a}:chan", first)  # nothing left to remove: a no-op
+    first.assert_empty()
+    second.assert_empty()
+
+
+async def test_a_handler_joining_a_pending_subscription_returns_once_it_is_confirmed(
+    subscriber: Subscriber, redis_client: Redis
+) -> None:
+    """A second subscribe while the first one's confirmation is on its way returns only once
+    Redis confirmed the channel, so the very next push reaches both, and neither gets a
+    spurious None."""
+    first, second = Notices(), Notices()
+    pending = asyncio.create_task(subscriber.subscribe("dg:{a}:chan", first))
+    await asyncio.sleep(0)  # one loop turn: the first subscribe sends its SSUBSCRIBE
+    assert not pending.done()
+    await subscriber.subscribe("dg:{a}:chan", second)
+    assert await spublish(redis_client, "dg:{a}:chan", ["x"]) == 1
+    await pending
+    assert await first.next() == [b"x"]
+    assert await second.next() == [b"x"]
+    first.assert_empty()
+    second.assert_empty()
+
+
+async def test_a_failing_handler_does_not_starve_the_others_on_its_channel(
+    subscriber: Subscriber, redis_client: Redis
+) -> None:
+    """A handler that raises loses its push alone: the channel's other handler still gets it."""
+
+    def explode(notice: Notice) -> None:
+        raise RuntimeError(f"handler bug on {notice!r}")
+
+    notices = Notices()
+    await subscriber.subscribe("dg:{a}:chan", explode)
+    await subscriber.subscribe("dg:{a}:chan", notices)
+    assert await spublish(redis_client, "dg:{a}:chan", ["fine"]) == 1
+    assert await notices.next() == [b"fine"]
+    notices.assert_empty()
 
 
 async def test_unsubscribe_last_channel_then_subscribe_again(
@@ -299,6 +404,34 @@ async def test_restart_resubscribes_and_signals_none(own_server: EmbeddedServer)
             assert await other.next() == [b"still here"]
         finally:
             await fresh.aclose()
+    finally:
+        await sub.aclose()
+        await client.aclose()
+
+
+async def test_restart_tells_every_handler_of_a_channel(own_server: EmbeddedServer) -> None:
+    """After a Redis restart each handler of a shared channel gets None once the channel is
+    subscribed again, and then every push."""
+    client = Redis.from_url(own_server.url)
+    sub = Subscriber(client)
+    await sub.start()
+    try:
+        first, second = Notices(), Notices()
+        await sub.subscribe("dg:{a}:chan", first)
+        await sub.subscribe("dg:{a}:chan", second)
+        await asyncio.to_thread(own_server.restart)
+        assert await first.next() is None
+        assert await second.next() is None
+        fresh = Redis.from_url(own_server.url)
+        try:
+            assert await shard_subscribers(fresh, "dg:{a}:chan") == 1
+            assert await spublish(fresh, "dg:{a}:chan", ["back"]) == 1
+            assert await first.next() == [b"back"]
+            assert await second.next() == [b"back"]
+        finally:
+            await fresh.aclose()
+        first.assert_empty()
+        second.assert_empty()
     finally:
         await sub.aclose()
         await client.aclose()
