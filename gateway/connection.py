@@ -41,6 +41,7 @@ from gateway.protocol.connection import (
 from gateway.protocol.envelope import ResumeRequest
 from gateway.protocol.errors import (
     ClientProtocolError,
+    CloseCode,
     ErrorCode,
     InternalError,
     fit_close_reason,
@@ -157,12 +158,16 @@ class ConnectionDriver:
 
     async def _read_frames(self) -> None:
         timeout = self._svc.settings.first_message_timeout_s
+        departed = False
         try:
             while True:
                 waiting_first = self._core.state is ConnectionState.AWAITING_FIRST
                 message = await asyncio.wait_for(self._ws.receive(),
                                                  timeout if waiting_first else None)
                 if message["type"] == "websocket.disconnect":
+                    # A normal close (1000) without session.close is how the openai SDK
+                    # leaves: the session keeps its slot only for the short grace.
+                    departed = message.get("code") == CloseCode.NORMAL
                     break
                 if message.get(INVALID_TEXT_KEY):  # a text frame that is not UTF-8
                     self._core.receive_invalid_text()
@@ -179,7 +184,7 @@ class ConnectionDriver:
             self._core.first_message_timed_out()
         except (WebSocketDisconnect, RuntimeError, OSError):
             pass
-        self._core.connection_lost()
+        self._core.connection_lost(departed=departed)
         await self._step()
         self._closed.set()
 
@@ -348,8 +353,8 @@ class ConnectionDriver:
                 await self._resume(request)
             case TrimLog(upto_seq=upto):
                 await self._trim(upto)
-            case DetachLease():
-                await self._detach()
+            case DetachLease(departed=departed):
+                await self._detach(departed=departed)
             case GiveUpSession(session_id=session_id):
                 await self._give_up(session_id)
             case CloseConnection(code=code, reason=reason):
@@ -499,7 +504,7 @@ class ConnectionDriver:
             # Nothing was ever sent to it: its idle TTL ends it.
             _log.warning("giving up %s failed: %s", session_id, exc)
 
-    async def _detach(self) -> None:
+    async def _detach(self, *, departed: bool = False) -> None:
         if self._lease is None:
             return
         # Commands read before the socket went (a session.close sent just before closing it,
@@ -507,7 +512,8 @@ class ConnectionDriver:
         # is cancelled once the connection ends.
         await self._write_outbox()
         try:
-            await self._svc.scripts.detach(self._lease)
+            grace_s = self._svc.settings.departed_grace_s if departed else 0.0
+            await self._svc.scripts.detach(self._lease, grace_ms=int(grace_s * 1000))
         except StoreError as exc:
             # The idle deadline still ends the session; the client can resume meanwhile.
             _log.warning("detach failed for %s: %s", self._lease.session_id, exc)

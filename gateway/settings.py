@@ -67,6 +67,12 @@ class GatewaySettings:
     disconnect_grace_s: float = field(
         default=30.0, metadata={"help": "a detached session expires after this long"}
     )
+    departed_grace_s: float = field(
+        default=2.0,
+        metadata={"help": "a session whose client closed its socket normally (1000) without"
+                          " session.close (the openai SDK's way of leaving) expires after this"
+                          " long instead of DISCONNECT_GRACE_S; 0: the full grace"},
+    )
     idle_ttl_s: float = field(
         default=300.0, metadata={"help": "a session with no activity expires after this long"}
     )

@@ -118,12 +118,21 @@ local function terminate(sid, rec, out_log, out_channel, wk, terminal, reason)
   redis.call('DEL', string.sub(rec, 1, -4) .. 'in')
 end
 
+-- The disconnect grace of a detachment: the one its detach asked for (a client that closed its
+-- socket normally), else the session's own.
+local function grace_of(grace_ms, detach_grace_ms)
+  local asked = tonumber(detach_grace_ms or '0') or 0
+  if asked > 0 then return asked end
+  return tonumber(grace_ms)
+end
+
 -- When a session next needs the reaper: grace expiry once detached, idle expiry always.
 local function next_deadline(rec)
-  local f = redis.call('HMGET', rec, 'state', 'active_ms', 'idle_ms', 'detached_ms', 'grace_ms')
+  local f = redis.call('HMGET', rec, 'state', 'active_ms', 'idle_ms', 'detached_ms', 'grace_ms',
+                       'dgrace')
   local deadline = tonumber(f[2]) + tonumber(f[3])
   if f[1] == 'detached' then
-    deadline = math.min(deadline, tonumber(f[4]) + tonumber(f[5]))
+    deadline = math.min(deadline, tonumber(f[4]) + grace_of(f[5], f[6]))
   end
   return deadline
 end
@@ -234,17 +243,18 @@ DETACH = _PRELUDE + r"""
 -- generation that connection served, so an old socket cannot detach a newer lease (§2.6).
 -- KEYS[1] session record  KEYS[2] worker deadlines  KEYS[3] worker gateways
 -- ARGV[1] session id  ARGV[2] store epoch  ARGV[3] generation served  ARGV[4] tenant
+-- ARGV[5] grace ms for this detachment (0: the session's DISCONNECT grace)
 -- returns status: ok | stale | closed | unknown (also: another tenant's session)
 --   (detaching the same lease again is ok and changes nothing: the grace keeps its start)
 local rec, deadlines, gateways = KEYS[1], KEYS[2], KEYS[3]
-local sid, epoch, gen, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local sid, epoch, gen, tenant, detach_grace = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
 local f = redis.call('HMGET', rec, 'state', 'epoch', 'gen', 'tenant')
 if not f[1] or f[4] ~= tenant then return 'unknown' end
 if f[1] == 'closed' then return 'closed' end
 if f[2] ~= epoch or f[3] ~= gen then return 'stale' end
 if f[1] == 'detached' then return 'ok' end
-redis.call('HSET', rec, 'state', 'detached', 'detached_ms', now_ms())
+redis.call('HSET', rec, 'state', 'detached', 'detached_ms', now_ms(), 'dgrace', detach_grace)
 let_go(rec, sid, gateways)
 redis.call('ZADD', deadlines, next_deadline(rec), sid)
 return 'ok'
@@ -554,7 +564,7 @@ local function detach_lapsed(now)
       local rec = keys_of(sid)
       local f = redis.call('HMGET', rec, 'state', 'gw')
       if f[1] == 'attached' and f[2] == gid then
-        redis.call('HSET', rec, 'state', 'detached', 'detached_ms', now, 'gw', '')
+        redis.call('HSET', rec, 'state', 'detached', 'detached_ms', now, 'gw', '', 'dgrace', 0)
         redis.call('ZADD', deadlines, next_deadline(rec), sid)
         detached = detached + 1
       end
@@ -595,10 +605,12 @@ local detached = detach_lapsed(now)
 
 for _, sid in ipairs(redis.call('ZRANGEBYSCORE', deadlines, '-inf', now, 'LIMIT', 0, budget)) do
   local rec = keys_of(sid)
-  local f = redis.call('HMGET', rec, 'state', 'active_ms', 'idle_ms', 'detached_ms', 'grace_ms')
+  local f = redis.call('HMGET', rec, 'state', 'active_ms', 'idle_ms', 'detached_ms', 'grace_ms',
+                       'dgrace')
+  local grace = f[1] and grace_of(f[5], f[6])
   if not f[1] or f[1] == 'closed' then
     redis.call('ZREM', deadlines, sid)
-  elseif f[1] == 'detached' and now >= math.max(tonumber(f[4]), recovered) + tonumber(f[5])
+  elseif f[1] == 'detached' and now >= math.max(tonumber(f[4]), recovered) + grace
   then
     -- A client could not resume while Redis was away: its grace counts from Redis's return.
     finish(sid, grace_event, 'disconnect_grace_expired')
@@ -609,7 +621,7 @@ for _, sid in ipairs(redis.call('ZRANGEBYSCORE', deadlines, '-inf', now, 'LIMIT'
   else
     local due = math.max(tonumber(f[2]), recovered) + tonumber(f[3])
     if f[1] == 'detached' then
-      due = math.min(due, math.max(tonumber(f[4]), recovered) + tonumber(f[5]))
+      due = math.min(due, math.max(tonumber(f[4]), recovered) + grace)
     end
     redis.call('ZADD', deadlines, due, sid)
   end

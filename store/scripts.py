@@ -312,12 +312,13 @@ class Scripts:
             last_server_event_seq=int(answer[4]), first_retained_seq=int(answer[5]),
         )
 
-    async def detach(self, lease: Lease) -> str:
-        """Start the disconnect grace, fenced on ``lease``. Returns ok|stale|closed|unknown."""
+    async def detach(self, lease: Lease, *, grace_ms: int = 0) -> str:
+        """Start the disconnect grace, fenced on ``lease``: ``grace_ms`` long (0: the session's
+        own). Returns ok|stale|closed|unknown."""
         k = SessionKeys(lease.session_id)
         answer = await self._run(
             self._detach, [k.record, k.worker.deadlines, k.worker.gateways],
-            [lease.session_id, lease.epoch, lease.generation, lease.tenant],
+            [lease.session_id, lease.epoch, lease.generation, lease.tenant, grace_ms],
         )
         return _str(answer)
 

@@ -153,9 +153,11 @@ class TrimLog:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DetachLease:
-    """The client vanished without ``session.close``: start the disconnect grace."""
+    """The client vanished without ``session.close``: start the disconnect grace (the short
+    one when it closed its socket normally, ``departed``)."""
 
     generation: int
+    departed: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -316,9 +318,10 @@ class ConnectionCore:
                 ErrorCode.CONFIG_TIMEOUT, "no client event arrived in time to open a session"),
                 close_code=CloseCode.POLICY_VIOLATION)
 
-    def connection_lost(self) -> None:
-        """The socket dropped (or timed out) without a terminal event."""
-        self._force_closed()
+    def connection_lost(self, *, departed: bool = False) -> None:
+        """The socket dropped (or timed out) without a terminal event; ``departed``: the
+        client closed it normally (1000), without ``session.close``: it left."""
+        self._force_closed(departed=departed)
 
     # ------------------------------------------------------------------ inputs: store
 
@@ -541,11 +544,11 @@ class ConnectionCore:
             self._actions.append(DetachLease(generation=generation))
         return True
 
-    def _force_closed(self) -> None:
+    def _force_closed(self, *, departed: bool = False) -> None:
         # Ending an attached connection without a terminal event leaves the session alive in
         # its disconnect grace, resumable through any gateway (DESIGN §2.6).
         if self.state is ConnectionState.ATTACHED:
-            self._actions.append(DetachLease(generation=self.generation))
+            self._actions.append(DetachLease(generation=self.generation, departed=departed))
         self.state = ConnectionState.CLOSED
         self._pending = []
 

@@ -1103,3 +1103,30 @@ async def test_tenant_cap_reserve_renew_release(scripts: Scripts, redis_client: 
     assert await scripts.reserve_tenant_slot("t1", "s3", cap=2, lease_ms=1)
     await wait_redis_clock_past(redis_client, await redis_now_ms(redis_client) + 2)
     assert await scripts.reserve_tenant_slot("t1", "s4", cap=2, lease_ms=60_000), "s3 expired"
+
+
+async def test_a_detachment_may_ask_for_a_shorter_grace(
+    scripts: Scripts, redis_client: Redis
+) -> None:
+    """A detach that asks for a short grace (a client that closed its socket normally) expires
+    after it; resumed and detached again without asking, the session's own grace holds."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)  # a 60 s grace
+    assert await scripts.detach(opened.lease, grace_ms=30) == "ok"
+    detached_ms = int(await session_field(redis_client, opened.session_id, "detached_ms") or 0)
+    score = await redis_client.zscore(WorkerKeys(wid).deadlines, opened.session_id)
+    assert score == detached_ms + 30
+    await wait_redis_clock_past(redis_client, detached_ms + 30)
+    assert await reap_until_ended(scripts, wid, 1) == 1
+    await assert_one_terminal(redis_client, opened.session_id, "session.expired",
+                              "disconnect_grace_expired")
+    other = await open_session(scripts, wid)
+    await scripts.detach(other.lease, grace_ms=30)
+    resumed = await scripts.resume(other.session_id, tenant="tenant-a",
+                                   presented_digest=digest(other.token),
+                                   new_digest=digest("t2"), control_id="c")
+    assert resumed.lease is not None
+    await scripts.detach(resumed.lease)
+    detached_ms = int(await session_field(redis_client, other.session_id, "detached_ms") or 0)
+    score = await redis_client.zscore(WorkerKeys(wid).deadlines, other.session_id)
+    assert score == detached_ms + LONG_POLICY.disconnect_grace_ms
