@@ -13,6 +13,8 @@ import asyncio
 import collections
 import logging
 
+from prometheus_client import Counter
+
 from store import AttachmentHolder, Scripts, StoreError
 from store.errors import raise_if_cancelled
 from store.keys import worker_of_session
@@ -28,9 +30,11 @@ _RENEWALS_PER_LEASE = 5
 class AttachmentLeases:
     """Which workers this gateway holds sessions on, and the loop that renews its leases."""
 
-    def __init__(self, scripts: Scripts, holder: AttachmentHolder) -> None:
+    def __init__(self, scripts: Scripts, holder: AttachmentHolder,
+                 renewals: Counter | None = None) -> None:
         self.holder = holder
         self._scripts = scripts
+        self._renewals_metric = renewals
         self._sessions_on: collections.Counter[str] = collections.Counter()  # worker -> held
         #: Renewal calls made so far (one per worker per round, whatever the session count).
         self.renewals = 0
@@ -58,6 +62,8 @@ class AttachmentLeases:
             *(self._scripts.renew_attachment_lease(w, self.holder) for w in workers),
             return_exceptions=True)
         self.renewals += len(workers)
+        if self._renewals_metric is not None:
+            self._renewals_metric.inc(len(workers))
         for worker, answer in zip(workers, answers, strict=True):
             if isinstance(answer, StoreError):
                 _log.warning("lease renewal on %s failed: %s", worker, answer)

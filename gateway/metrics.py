@@ -27,6 +27,10 @@ class GatewayMetrics:
                                          "Client commands appended to input logs", registry=r)
         self.reaped = Counter(f"{_NS}_sessions_reaped", "Sessions ended by this reaper",
                               registry=r)
+        self.lease_renewals = Counter(
+            f"{_NS}_lease_renewals",
+            "Attachment lease renewals sent (one per worker this gateway serves, per round)",
+            registry=r)
         self.lapsed_detached = Counter(
             f"{_NS}_sessions_lease_detached",
             "Sessions this reaper detached because their gateway's attachment lease lapsed",

@@ -35,7 +35,7 @@ class GatewayServices:
         #: This process as the holder of the sessions it attaches (a fresh id per process).
         self.holder = AttachmentHolder(gateway_id=new_gateway_id(),
                                        lease_ms=int(settings.attach_lease_s * 1000))
-        self.leases = AttachmentLeases(scripts, self.holder)
+        self.leases = AttachmentLeases(scripts, self.holder, metrics.lease_renewals)
         self.draining = False
 
     @property
