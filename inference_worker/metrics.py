@@ -76,6 +76,11 @@ class WorkerMetrics:
             ["backend", "stage"], registry=r)
         for stage in FAILURE_STAGES:  # every stage exported from the start, at 0
             self._session_failures.labels(backend, stage)
+        self.stale_commands = Counter(
+            f"{_NS}_stale_commands",
+            "Input entries refused because they were written under an older lease generation,"
+            " another store epoch, or no token (a writer that went around the store's fencing)",
+            label, registry=r).labels(backend)
         self._backend = backend
         self.sessions = Gauge(
             f"{_NS}_sessions", "Sessions served now", label, registry=r).labels(backend)

@@ -13,6 +13,12 @@ its timer or tick is run, its events are drained or encoded, or its output is pr
 the batched write ends that session alone with ``session.closed`` ``internal_error`` (counted
 in ``duplex_worker_session_failures_total``, its traceback logged once per cause per minute);
 the other sessions never notice.
+
+Fencing holds here too, not only in the store's scripts (DESIGN §2.3): each input entry carries
+the (store epoch, generation) of the lease that wrote it, and an entry written under an older
+generation than the newest one applied, or under another epoch than the session's, is refused
+(not applied; counted in ``duplex_worker_stale_commands_total``). The scripts already refuse
+such writers, so a refusal here means a writer went around them.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from inference_worker.duplex_runner import DuplexRunner
@@ -29,6 +35,7 @@ from inference_worker.frames import FrameOutput
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.session_runner import SessionRunner
 from store import LogFollower
+from store.logs import InputEntry, WriteToken
 from store.messages import (
     CloseSession,
     Event,
@@ -38,12 +45,30 @@ from store.messages import (
 )
 from store.ratelog import RateLimitedLog, cause_of
 
-__all__ = ["FAILED_REASON", "OutputPart", "Session", "SessionTable"]
+__all__ = ["FAILED_REASON", "OutputPart", "Session", "SessionTable", "is_current"]
 
 # A session that fails inside this worker (its bug, or data it cannot handle) ends with this.
 FAILED_REASON = "internal_error"
 # Each cause of a session failure is logged with its traceback at most once per this long.
 _FAILURE_LOG_PERIOD_S = 60.0
+# Refused input is logged at most once per this long (with a count of the rest): a writer that
+# went around the scripts could send it at the rate of audio chunks.
+_STALE_LOG_PERIOD_S = 10.0
+
+
+def is_current(token: WriteToken | None, newest: WriteToken | None) -> bool:
+    """Whether input written under ``token`` may be applied to a session whose newest applied
+    token is ``newest`` (None: nothing known yet, any token is taken).
+
+    It may unless it was written under an older generation (a connection that a resume
+    replaced) or another epoch (the record was re-created). An entry without a token is never
+    current: no lease vouches for it.
+    """
+    if token is None:
+        return False
+    if newest is None:
+        return True
+    return token.epoch == newest.epoch and token.generation >= newest.generation
 
 
 @dataclass
@@ -60,6 +85,10 @@ class Session:
     # The server_event_seq of unsent[0]. This worker is the only writer of the session's events
     # (the store adds only the terminal one), so it numbers them and a resend is exactly-once.
     next_seq: int = 1
+    # The fencing token of the newest input applied (see is_current). Its epoch is the
+    # record's when the session was adopted, its generation 0 until input is applied; None
+    # when the record was gone by then (the first entry applied sets it).
+    applied_under: WriteToken | None = None
     # An input push arrived since the last poll: pushes show a rewound log themselves, so the
     # poll checks the log's end only for sessions that were quiet.
     pushed: bool = False
@@ -93,6 +122,7 @@ class SessionTable:
         self._sessions: dict[str, Session] = {}
         self._by_serial: dict[int, str] = {}  # engine handle serial -> session id
         self._failure_log = RateLimitedLog(log, interval_s=_FAILURE_LOG_PERIOD_S)
+        self._stale_log = RateLimitedLog(log, interval_s=_STALE_LOG_PERIOD_S)
         self.no_sessions = asyncio.Event()  # set whenever the last session leaves
 
     def __contains__(self, session_id: object) -> bool:
@@ -170,20 +200,35 @@ class SessionTable:
 
     # ------------------------------------------------------------------ runner steps
 
-    def apply(self, session_id: str, session: Session, entries: list[tuple[int, bytes]],
+    def apply(self, session_id: str, session: Session, entries: Sequence[InputEntry],
               now: float) -> None:
-        """Apply the session's new input entries (index, payload) in order, and hand the
-        engine the input they produced."""
+        """Apply the session's new input entries in order, and hand the engine the input they
+        produced. An entry that is not current (see :func:`is_current`) is refused: skipped,
+        counted and logged; the caller's log position moves past it all the same."""
         with self.isolated(session_id, "receive"):
-            for _, payload in entries:
+            for entry in entries:
+                if not self._admit(session_id, session, entry):
+                    continue
                 try:
-                    command = decode_command(payload)
+                    command = decode_command(entry.payload)
                 except MessageDecodeError:
                     self._log.error("undecodable input entry for %s; skipped", session_id)
                     continue
                 session.runner.receive(command, now)
             self._pump(session)
         self._mark_dirty(session_id)
+
+    def _admit(self, session_id: str, session: Session, entry: InputEntry) -> bool:
+        """Check the entry's token against the newest the session applied; note a newer one,
+        count and log a refusal."""
+        if is_current(entry.token, session.applied_under):
+            session.applied_under = entry.token
+            return True
+        self._metrics.stale_commands.inc()
+        self._stale_log.warning(
+            "stale_input", "session %s: refused input entry %d written under %s (newest"
+            " applied: %s)", session_id, entry.index, entry.token, session.applied_under)
+        return False
 
     def _pump(self, session: Session) -> None:
         """Hand the engine the input the session's commands produced."""

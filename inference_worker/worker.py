@@ -4,7 +4,10 @@ It registers and heartbeats, learns of sessions placed on it from its input chan
 periodic read of its session set and input logs as the safety net for lost pushes), applies
 each session's input log in order to that session's :class:`SessionRunner`, and appends what
 the runner emits to the session's output log. Every write is fenced in Lua: once this worker
-is declared lost, its writes are refused and it stops (DESIGN §2.9).
+is declared lost, its writes are refused and it stops (DESIGN §2.9). Every input entry is
+checked again here against the fencing token it was written under, so a writer that went
+around the scripts is refused at the resource too (DESIGN §2.3; see
+:func:`~inference_worker.sessions.is_current`).
 
 With a frame backend (``fake``, ``moshi``, ``cascade``) each session holds a slot of the
 :class:`~inference_worker.engine.Engine`, whose model thread steps all of them together; a
@@ -51,8 +54,9 @@ from store import (
 )
 from store.client import RedisClient
 from store.directory import announce_worker, sessions_of_worker
+from store.errors import raise_if_cancelled
 from store.keys import WorkerKeys, new_worker_id, worker_of_session
-from store.logs import log_ends, read_input
+from store.logs import InputEntry, WriteToken, log_ends, read_input_entries, session_epoch
 from store.pubsub import Subscriber
 
 __all__ = ["Worker"]
@@ -63,6 +67,21 @@ _MAX_FLUSH_BATCH = 256
 # How long a drain lets the flusher write the sessions' last events before it writes their
 # terminal events alone.
 _CLOSE_FLUSH_S = 5.0
+
+
+def _notice_entries(notice: list[Any]) -> list[InputEntry]:
+    """The entries of an input notice ``{'i', sid, first, payloads, epoch, generation}``, each
+    under the one token the notice names (a notice without one vouches for none of them).
+
+    Raises:
+        IndexError, TypeError, ValueError, AttributeError: a malformed notice.
+    """
+    first, payloads = int(notice[2]), list(notice[3])
+    if not all(isinstance(payload, bytes) for payload in payloads):
+        raise TypeError("input entries must be bytes")
+    token = WriteToken(notice[4].decode(), int(notice[5])) if len(notice) > 5 else None
+    return [InputEntry(first + offset, payload, token)
+            for offset, payload in enumerate(payloads)]
 
 
 class Worker:
@@ -244,6 +263,10 @@ class Worker:
 
     async def _heartbeat_loop(self) -> None:
         while True:
+            # Each loop that calls the store checks once per turn: a cancellation that landed
+            # while a command was in flight can be swallowed (see raise_if_cancelled), and a
+            # loop that ran on would hang the shutdown (or the rejoin after fencing).
+            raise_if_cancelled()
             await asyncio.sleep(self.settings.heartbeat_interval_s)
             try:
                 await self._heartbeat()
@@ -285,6 +308,7 @@ class Worker:
 
     async def _notice_loop(self) -> None:
         while True:
+            raise_if_cancelled()  # see _heartbeat_loop
             notice = await self._notices.get()
             try:
                 await self._on_notice(notice)
@@ -311,10 +335,11 @@ class Worker:
             session = self._sessions.get(session_id) or await self._adopt(session_id)
             if session is not None:
                 session.pushed = True
-                await self._offer(session_id, session, int(notice[2]), list(notice[3]))
+                await self._offer(session_id, session, _notice_entries(notice))
 
     async def _poll_loop(self) -> None:
         while True:
+            raise_if_cancelled()  # see _heartbeat_loop
             await asyncio.sleep(self.settings.input_poll_interval_s)
             try:
                 await self._discover()
@@ -335,10 +360,17 @@ class Worker:
     async def _adopt(self, session_id: str) -> Session | None:
         if session_id in self._sessions or self.fenced:
             return self._sessions.get(session_id)
+        # The epoch this worker serves the session under: input written under another (a
+        # record re-created after a lossy failover) is refused.
+        epoch = await session_epoch(self._client, session_id)
+        if session_id in self._sessions or self.fenced:  # a push and a poll adopted it at once
+            return self._sessions.get(session_id)
         session = self._new_session(session_id)
         if session is None:
             await self._close(session_id, "no_free_slot")
             return None
+        if epoch is not None:
+            session.applied_under = WriteToken(epoch, 0)
         self._sessions.add(session_id, session)
         await self._catch_up(session_id, session)
         return session
@@ -359,9 +391,9 @@ class Worker:
     async def _catch_up(self, session_id: str, session: Session, *,
                         check_rewind: bool = False) -> None:
         applied = session.follower.next_index - 1
-        rows = await read_input(self._client, session_id, applied)
+        rows = await read_input_entries(self._client, session_id, applied)
         if rows:
-            await self._offer(session_id, session, rows[0][0], [p for _, p in rows])
+            await self._offer(session_id, session, rows)
         elif (check_rewind and applied
               and (await log_ends(self._client, session_id)).last_input < applied):
             # Nothing new, and the log ends before what was applied: it went back, and the
@@ -369,10 +401,12 @@ class Worker:
             self._abandon(session_id, "log_rewound",
                           "its input log ends before what was applied (lost writes)")
 
-    async def _offer(self, session_id: str, session: Session, first: int,
-                     payloads: list[bytes]) -> None:
-        if session.failed:
+    async def _offer(self, session_id: str, session: Session,
+                     entries: list[InputEntry]) -> None:
+        """Apply the entries ``entries[0].index, ...`` that were not applied yet, in order."""
+        if session.failed or not entries:
             return  # ending: its commands are not applied any more
+        first, payloads = entries[0].index, [entry.payload for entry in entries]
         if session.follower.rewound_at(first, payloads) is not None:
             # Other commands under indices already applied: a Redis failover lost input this
             # worker acted on, and the log numbers on from there. The session's state here no
@@ -383,7 +417,10 @@ class Worker:
         if gap:
             await self._catch_up(session_id, session)
             return
-        self._sessions.apply(session_id, session, fresh, time.monotonic())
+        # The follower delivers a suffix (what it had not delivered yet). Refused entries are
+        # delivered too: the position moves past them, so they are never read again.
+        self._sessions.apply(session_id, session, entries[len(entries) - len(fresh):],
+                             time.monotonic())
         deadline = self._sessions.deadline_of(session_id, session)
         if deadline is not None and deadline < self._next_tick_at:
             # Only an earlier deadline needs the tick loop now; waking it for every command
@@ -411,6 +448,7 @@ class Worker:
 
     async def _flush_loop(self) -> None:
         while True:
+            raise_if_cancelled()  # see _heartbeat_loop
             await self._flush_wake.wait()
             self._flush_wake.clear()
             dirty, self._dirty = self._dirty, set()

@@ -12,12 +12,55 @@ from redis.exceptions import RedisError
 from store.errors import StoreUnavailable, raise_if_cancelled
 from store.keys import SessionKeys
 
-__all__ = ["LogEnds", "log_ends", "read_input", "read_output"]
+__all__ = [
+    "InputEntry",
+    "LogEnds",
+    "WriteToken",
+    "log_ends",
+    "read_input",
+    "read_input_entries",
+    "read_output",
+    "session_epoch",
+]
+
+# An input entry's fencing token is the field named this prefix plus the epoch, whose value is
+# the generation (store/lua.py APPEND_INPUT: a field name costs nothing per entry).
+_EPOCH_FIELD_PREFIX = b"e:"
+
+
+@dataclass(frozen=True, slots=True)
+class WriteToken:
+    """The fencing token an input entry was written under: the (store epoch, generation) of
+    the lease that appended it (DESIGN §2.2)."""
+
+    epoch: str
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class InputEntry:
+    """One input log entry: its index, the encoded command, and the token it was written
+    under (None: the entry carries none, so no lease vouches for it)."""
+
+    index: int
+    payload: bytes
+    token: WriteToken | None
+
+
+def _token_of(fields: dict[bytes, bytes]) -> WriteToken | None:
+    """The fencing token stored with an input entry's fields, or None (none, or malformed)."""
+    for name, value in fields.items():
+        if name.startswith(_EPOCH_FIELD_PREFIX):
+            try:
+                return WriteToken(name[len(_EPOCH_FIELD_PREFIX):].decode(), int(value))
+            except ValueError:  # not UTF-8, or not a number: no token to trust
+                return None
+    return None
 
 
 async def _read(
     client: Redis | RedisCluster, key: str, after: int, count: int
-) -> list[tuple[int, bytes]]:
+) -> list[tuple[int, dict[bytes, bytes]]]:
     # Entry ids are "<index>-0", so an exclusive range start is the last index delivered.
     try:
         rows: Any = await client.xrange(key, min=f"({after}-0", max="+", count=count)
@@ -25,21 +68,33 @@ async def _read(
         raise_if_cancelled()
         raise StoreUnavailable(f"XRANGE {key} failed: {exc}") from exc
     raise_if_cancelled()
-    return [(int(entry_id.split(b"-", 1)[0]), fields[b"d"]) for entry_id, fields in rows]
+    return [(int(entry_id.split(b"-", 1)[0]), fields) for entry_id, fields in rows]
 
 
 async def read_output(
     client: Redis | RedisCluster, session_id: str, after_seq: int, count: int = 512
 ) -> list[tuple[int, bytes]]:
     """Output entries with ``server_event_seq > after_seq``, oldest first, at most ``count``."""
-    return await _read(client, SessionKeys(session_id).output_log, after_seq, count)
+    rows = await _read(client, SessionKeys(session_id).output_log, after_seq, count)
+    return [(seq, fields[b"d"]) for seq, fields in rows]
+
+
+async def read_input_entries(
+    client: Redis | RedisCluster, session_id: str, after_index: int, count: int = 512
+) -> list[InputEntry]:
+    """Input entries with index > ``after_index``, oldest first, at most ``count``, each with
+    the fencing token it was written under (what the worker checks before applying it)."""
+    rows = await _read(client, SessionKeys(session_id).input_log, after_index, count)
+    return [InputEntry(index, fields[b"d"], _token_of(fields)) for index, fields in rows]
 
 
 async def read_input(
     client: Redis | RedisCluster, session_id: str, after_index: int, count: int = 512
 ) -> list[tuple[int, bytes]]:
-    """Input entries with index > ``after_index``, oldest first, at most ``count``."""
-    return await _read(client, SessionKeys(session_id).input_log, after_index, count)
+    """Input entries with index > ``after_index``, oldest first, at most ``count``, as
+    (index, command) pairs (:func:`read_input_entries` adds their tokens)."""
+    entries = await read_input_entries(client, session_id, after_index, count)
+    return [(entry.index, entry.payload) for entry in entries]
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,3 +117,16 @@ async def log_ends(client: Redis | RedisCluster, session_id: str) -> LogEnds:
     except RedisError as exc:
         raise StoreUnavailable(f"HMGET {key} failed: {exc}") from exc
     return LogEnds(int(fields[0] or 0), int(fields[1] or 0))
+
+
+async def session_epoch(client: Redis | RedisCluster, session_id: str) -> str | None:
+    """The store epoch of the session's record (None: no record). A record re-created (a
+    failover lost it, and the open was sent again) has another epoch than the one it had."""
+    key = SessionKeys(session_id).record
+    try:
+        value: Any = await client.hget(key, "epoch")
+    except RedisError as exc:
+        raise_if_cancelled()
+        raise StoreUnavailable(f"HGET {key} failed: {exc}") from exc
+    raise_if_cancelled()
+    return None if value is None else str(value.decode())

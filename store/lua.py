@@ -14,8 +14,9 @@ Conventions shared by all scripts:
 * Push notices are MessagePack arrays (``cmsgpack`` ships with Redis and Valkey) published with
   ``SPUBLISH`` (sharded pub/sub, also valid on a single node). Output notice: ``{"e", first_seq,
   {payload, ...}}`` or ``{"r", generation}`` (the lease moved to a newer connection). Worker
-  notice: ``{"i", session_id, first_index, {payload, ...}}``, ``{"o", session_id}`` (placed) or
-  ``{"c", session_id}`` (closed).
+  notice: ``{"i", session_id, first_index, {payload, ...}, epoch, generation}`` (the fencing
+  token the entries were written under), ``{"o", session_id}`` (placed) or ``{"c",
+  session_id}`` (closed).
 * Statuses come back as short strings that ``store/scripts.py`` turns into enums.
 * Every script is safe to send twice. A connection can break after Redis ran a script and
   before its answer arrived; ``Scripts`` then sends it again, so a second run must change
@@ -342,6 +343,11 @@ APPEND_INPUT = _PRELUDE + r"""
 -- ARGV[1] input log max entries  ARGV[2] call id (unique per call, kept by a resend)
 -- then per session: session id, store epoch, generation, tenant, entry count c,
 --   and c pairs: client seq ('' when the client sent none), encoded command
+-- Each entry keeps the fencing token it was written under, so the worker checks it again
+-- before applying (DESIGN §2.3): fields 'd' the command (raw) and 'e:<epoch>' the generation.
+-- The epoch is a field *name* because a stream stores the names of entries that repeat its
+-- node's first entry's names once per node: it costs nothing per entry, the generation a
+-- byte or two. The notice carries the token once: {'i', sid, first, payloads, epoch, gen}.
 -- returns, per session in order: {status, appended, highest client seq, current generation,
 --   last index of the input log (ok only)}: status ok | stale | closed | unknown (also:
 --   another tenant's session, answered as if it did not exist)
@@ -368,7 +374,8 @@ local function append_one(rec, in_log, sid, epoch, gen, tenant, at, count)
     if client_seq == nil or client_seq > cseq then
       if client_seq ~= nil then cseq = client_seq end
       n = n + 1
-      redis.call('XADD', in_log, 'MAXLEN', '~', in_max, n .. '-0', 'd', ARGV[i + 1])
+      redis.call('XADD', in_log, 'MAXLEN', '~', in_max, n .. '-0', 'd', ARGV[i + 1],
+                 'e:' .. epoch, gen)
       payloads[#payloads + 1] = ARGV[i + 1]
     end
   end
@@ -376,7 +383,8 @@ local function append_one(rec, in_log, sid, epoch, gen, tenant, at, count)
              'in_call_n', #payloads)
   redis.call('ZADD', deadlines, next_deadline(rec), sid)
   if #payloads > 0 then
-    redis.call('SPUBLISH', worker_channel, cmsgpack.pack({'i', sid, first, payloads}))
+    redis.call('SPUBLISH', worker_channel,
+               cmsgpack.pack({'i', sid, first, payloads, epoch, tonumber(gen)}))
   end
   return {'ok', #payloads, cseq, tonumber(gen), n}
 end

@@ -17,6 +17,7 @@ from store.messages import SessionClosed, encode_message
 from store.pubsub import Notice, Subscriber
 from tests.conftest import SERVER_KINDS
 from tests.store._support import (
+    EPOCH,
     Client,
     digest,
     expire_heartbeat,
@@ -134,7 +135,8 @@ async def test_replaced_notice_after_resume(
 async def test_worker_notices_open_input_close(
     subscriber: Subscriber, redis_client: Redis, scripts: Scripts
 ) -> None:
-    """The worker channel gets 'o' on open, 'i' per new input (not for duplicates), 'c'."""
+    """The worker channel gets 'o' on open, 'i' per new input (not for duplicates) with the
+    fencing token the entries were written under, 'c'."""
     wid = await register_worker(scripts)
     notices = Notices()
     await subscriber.subscribe(WorkerKeys(wid).input_channel, notices)
@@ -142,11 +144,11 @@ async def test_worker_notices_open_input_close(
     sid = opened.session_id.encode()
     assert await notices.next() == [b"o", sid]
     await scripts.append_input(opened.lease, [(1, b"a"), (2, b"b")], max_entries=100)
-    assert await notices.next() == [b"i", sid, 1, [b"a", b"b"]]
+    assert await notices.next() == [b"i", sid, 1, [b"a", b"b"], EPOCH.encode(), 1]
     await scripts.append_input(opened.lease, [(1, b"a"), (2, b"b")], max_entries=100)
     await scripts.append_input(opened.lease, [(2, b"b"), (3, b"c"), (None, b"d")],
                                max_entries=100)
-    assert await notices.next() == [b"i", sid, 3, [b"c", b"d"]]
+    assert await notices.next() == [b"i", sid, 3, [b"c", b"d"], EPOCH.encode(), 1]
     await scripts.close_session(opened.session_id, "client_close")
     assert await notices.next() == [b"c", sid]
     notices.assert_empty()

@@ -1,0 +1,159 @@
+"""Fencing at the worker (DESIGN §2.3): input written under an older lease generation, or
+under another store epoch, is not applied, even when it is in the input log.
+
+The store's scripts refuse such writers already, so these tests play a writer that went around
+them: the session is served through the store's own Scripts API (open, append, resume), then
+an entry is written straight into the input log with XADD, claiming a token that is no longer
+current. The worker is a real one, in process, on a real Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from redis.typing import EncodableT, FieldT
+
+from inference_worker.sessions import is_current
+from inference_worker.settings import WorkerSettings
+from inference_worker.worker import Worker
+from store import Lease, Scripts, messages as msg
+from store.keys import SessionKeys, WorkerKeys
+from store.logs import WriteToken
+from store.messages import encode_message
+from tests.store._support import EPOCH, digest, events_of, open_session, spublish, until
+
+STALE_METRIC = "duplex_worker_stale_commands_total"
+Fields = dict[FieldT, EncodableT]  # a stream entry's fields, as XADD takes them
+HEARTBEAT = encode_message(msg.Heartbeat())
+
+
+@pytest.mark.parametrize(("token", "newest", "current"), [
+    (WriteToken("e1", 1), None, True),  # nothing applied yet, nothing known
+    (WriteToken("e1", 1), WriteToken("e1", 0), True),  # the first input of the session
+    (WriteToken("e1", 2), WriteToken("e1", 2), True),  # the same lease again
+    (WriteToken("e1", 3), WriteToken("e1", 2), True),  # a resume's new lease
+    (WriteToken("e1", 1), WriteToken("e1", 2), False),  # a connection a resume replaced
+    (WriteToken("e2", 5), WriteToken("e1", 2), False),  # a re-created record
+    (None, WriteToken("e1", 2), False),  # no token: no lease vouches for it
+    (None, None, False),
+])
+def test_which_tokens_are_current(token: WriteToken | None, newest: WriteToken | None,
+                                  current: bool) -> None:
+    """Input is current under the newest generation applied or a newer one, in the same
+    epoch, and never without a token."""
+    assert is_current(token, newest) is current
+
+
+@dataclass
+class Running:
+    """A loopback worker serving on a task, and the store it serves from."""
+
+    worker: Worker
+    scripts: Scripts
+    client: Redis
+
+    def stale_commands(self) -> float:
+        """The worker's count of refused input entries."""
+        value = self.worker.metrics.registry.get_sample_value(
+            STALE_METRIC, {"backend": "loopback"})
+        assert value is not None, f"{STALE_METRIC} is not exported"
+        return value
+
+
+@pytest.fixture
+async def running(redis_client: Redis) -> AsyncIterator[Running]:
+    """A loopback worker whose safety poll reads the input logs often (a write that went
+    around the scripts pushes no notice), until the test ends."""
+    settings = WorkerSettings(backend="loopback", slots=2, heartbeat_interval_s=0.2,
+                              heartbeat_ttl_s=5.0, input_poll_interval_s=0.05,
+                              drain_timeout_s=0.1)
+    worker = Worker(settings, redis_client)
+    task = asyncio.create_task(worker.run())
+
+    async def registered() -> bool:
+        return bool(await redis_client.exists(WorkerKeys(worker.worker_id).record))
+
+    await until(registered, "registration")
+    yield Running(worker, Scripts(redis_client), redis_client)
+    worker.stop()
+    await asyncio.wait_for(task, 10)
+
+
+async def acks(running: Running, session_id: str) -> int:
+    """How many heartbeats the worker answered in the session's output log."""
+    return sum(isinstance(event, msg.HeartbeatAck)
+               for _, event in await events_of(running.client, session_id))
+
+
+async def heartbeat(running: Running, lease: Lease, want_acks: int) -> None:
+    """Append a heartbeat through the script under ``lease``; wait for its answer."""
+    await running.scripts.append_input(lease, [(None, HEARTBEAT)], max_entries=1000)
+
+    async def answered() -> bool:
+        return await acks(running, lease.session_id) >= want_acks
+
+    await until(answered, f"heartbeat answer {want_acks}")
+
+
+async def write_around_the_script(running: Running, session_id: str, fields: Fields,
+                                  notice_token: list[Any], *, pushed: bool) -> int:
+    """Write one entry after the input log's end as the script would number it, counted in
+    the record (so the script numbers on after it), but around the script: straight into
+    the log with XADD (the worker's poll reads it), or only pushed to the worker with a notice
+    naming ``notice_token`` (so the push alone carries it). Returns its index."""
+    keys = SessionKeys(session_id)
+    index = int(await running.client.hincrby(keys.record, "in_n", 1))
+    if pushed:
+        channel = WorkerKeys(running.worker.worker_id).input_channel
+        await spublish(running.client, channel,
+                       ["i", session_id, index, [fields["d"]], *notice_token])
+    else:
+        await running.client.xadd(keys.input_log, fields, id=f"{index}-0")
+    return index
+
+
+#: A rogue entry's stored fields and the token a push of it names ([]: a notice without one).
+ROGUES: dict[str, tuple[Fields, list[Any]]] = {
+    "older generation": ({"d": HEARTBEAT, f"e:{EPOCH}": "1"}, [EPOCH, 1]),
+    "another epoch": ({"d": HEARTBEAT, "e:epoch-of-another-record": "2"},
+                      ["epoch-of-another-record", 2]),
+    "no token": ({"d": HEARTBEAT}, []),
+}
+
+
+@pytest.mark.parametrize("pushed", [False, True], ids=["read", "pushed"])
+@pytest.mark.parametrize("rogue", list(ROGUES))
+async def test_input_under_a_stale_token_is_not_applied(running: Running, rogue: str,
+                                                        pushed: bool) -> None:
+    """After a resume to generation 2 and input applied under it, an entry claiming
+    generation 1 (or another epoch, or no token) is refused, whether the worker reads it from
+    the log or gets it pushed: not applied, counted once, and the worker's position moves past
+    it (it is not read again, and the input after it is applied)."""
+    opened = await open_session(running.scripts, running.worker.worker_id)
+    sid = opened.session_id
+    await heartbeat(running, opened.lease, 1)
+    resumed = await running.scripts.resume(
+        sid, tenant=opened.lease.tenant, presented_digest=digest(opened.token),
+        new_digest=digest("second"), control_id="c1")
+    assert resumed.lease is not None and resumed.lease.generation == 2
+    await heartbeat(running, resumed.lease, 2)
+
+    fields, notice_token = ROGUES[rogue]
+    index = await write_around_the_script(running, sid, fields, notice_token, pushed=pushed)
+    await until(lambda: running.stale_commands() >= 1, "the entry refused")
+    await heartbeat(running, resumed.lease, 3)
+
+    async def trimmed_past_it() -> bool:
+        first: Any = await running.client.xrange(SessionKeys(sid).input_log, count=1)
+        return not first or int(first[0][0].split(b"-")[0]) > index
+
+    await until(trimmed_past_it, "the worker's position past the refused entry")
+    assert await acks(running, sid) == 3, "the refused heartbeat was answered"
+    assert running.stale_commands() == 1
+    print(f"{rogue} ({'pushed' if pushed else 'read'}): refused"
+          f" {running.stale_commands():.0f} entry, applied 3 heartbeats")
