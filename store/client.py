@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -17,6 +19,9 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import Sentinel
+from redis.exceptions import RedisError
+
+from store.errors import StoreUnavailable, raise_if_cancelled
 
 __all__ = [
     "CLUSTER_SCHEME",
@@ -27,6 +32,7 @@ __all__ = [
     "create_client",
     "is_cluster_url",
     "parse_sentinel_url",
+    "store_call",
 ]
 
 CLUSTER_SCHEME = "redis+cluster"
@@ -109,3 +115,16 @@ def create_client(url: str) -> Redis | RedisCluster:
         client.sentinel_manager = sentinel
         return client
     return Redis.from_url(url, max_connections=MAX_CONNECTIONS)
+
+
+@contextlib.contextmanager
+def store_call(what: str) -> Iterator[None]:
+    """Around one plain Redis command: a Redis error becomes :class:`StoreUnavailable` naming
+    ``what``, and a cancellation redis-py swallowed mid-command is raised again on the way out
+    (see :func:`store.errors.raise_if_cancelled`), whether the command failed or not."""
+    try:
+        yield
+    except RedisError as exc:
+        raise_if_cancelled()
+        raise StoreUnavailable(f"{what} failed: {exc}") from exc
+    raise_if_cancelled()

@@ -13,10 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from redis.exceptions import RedisError
-
-from store.client import RedisClient
-from store.errors import StoreUnavailable
+from store.client import RedisClient, store_call
 from store.keys import client_secret
 
 __all__ = ["ClientSecretGrant", "load_client_secret", "save_client_secret", "secret_digest"]
@@ -51,10 +48,8 @@ async def save_client_secret(client: RedisClient, secret: str, grant: ClientSecr
     """
     record = json.dumps({"tenant": grant.tenant, "session": grant.session,
                          "expires_at": grant.expires_at}, separators=(",", ":"))
-    try:
+    with store_call("SET client secret"):
         await client.set(client_secret(secret_digest(secret)), record, px=ttl_ms)
-    except RedisError as exc:
-        raise StoreUnavailable(f"SET client secret failed: {exc}") from exc
 
 
 async def load_client_secret(client: RedisClient, secret: str) -> ClientSecretGrant | None:
@@ -63,10 +58,8 @@ async def load_client_secret(client: RedisClient, secret: str) -> ClientSecretGr
     Raises:
         StoreUnavailable: Redis could not be asked.
     """
-    try:
+    with store_call("GET client secret"):
         raw = await client.get(client_secret(secret_digest(secret)))
-    except RedisError as exc:
-        raise StoreUnavailable(f"GET client secret failed: {exc}") from exc
     if raw is None:
         return None
     record = json.loads(raw)

@@ -16,9 +16,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
 
-from store.errors import StoreUnavailable
+from store.client import store_call
 from store.keys import WORKER_DIRECTORY, WorkerKeys
 
 __all__ = [
@@ -57,36 +56,28 @@ async def announce_worker(
     client: Redis | RedisCluster, worker_id: str, alive_until_ms: int
 ) -> None:
     """List the worker in the directory until its heartbeat deadline."""
-    try:
+    with store_call("ZADD directory"):
         await client.zadd(WORKER_DIRECTORY, {worker_id: alive_until_ms})
-    except RedisError as exc:
-        raise StoreUnavailable(f"ZADD directory failed: {exc}") from exc
 
 
 async def forget_worker(client: Redis | RedisCluster, worker_id: str) -> None:
     """Remove a worker from the directory, once a reap reported it lost or unknown."""
-    try:
+    with store_call("ZREM directory"):
         await client.zrem(WORKER_DIRECTORY, worker_id)
-    except RedisError as exc:
-        raise StoreUnavailable(f"ZREM directory failed: {exc}") from exc
 
 
 async def sessions_of_worker(client: Redis | RedisCluster, worker_id: str) -> list[str]:
     """The ids of the sessions placed on a worker and not ended yet."""
     key = WorkerKeys(worker_id).sessions
-    try:
+    with store_call(f"SMEMBERS {key}"):
         members: Any = await client.smembers(key)
-    except RedisError as exc:
-        raise StoreUnavailable(f"SMEMBERS {key} failed: {exc}") from exc
     return sorted(m.decode() if isinstance(m, bytes) else str(m) for m in members)
 
 
 async def list_workers(client: Redis | RedisCluster, now_ms: int) -> list[str]:
     """The workers placement may consider: those that heartbeat within the last minute."""
-    try:
+    with store_call("ZRANGEBYSCORE directory"):
         members: Any = await client.zrangebyscore(WORKER_DIRECTORY, now_ms - _LINGER_MS, "+inf")
-    except RedisError as exc:
-        raise StoreUnavailable(f"ZRANGEBYSCORE directory failed: {exc}") from exc
     return [m.decode() for m in members]
 
 
@@ -96,10 +87,8 @@ async def listed_workers(client: Redis | RedisCluster) -> list[str]:
     A worker that died while no reaper could run (every gateway down, or Redis unreachable
     for longer than placement's linger) is still here, so it is still declared lost.
     """
-    try:
+    with store_call("ZRANGE directory"):
         members: Any = await client.zrange(WORKER_DIRECTORY, 0, -1)
-    except RedisError as exc:
-        raise StoreUnavailable(f"ZRANGE directory failed: {exc}") from exc
     return [m.decode() for m in members]
 
 
@@ -110,24 +99,20 @@ async def live_worker_count(client: Redis | RedisCluster) -> int:
     that beats but admits no one (draining, busy) still counts: placement may wait for it.
     """
     now_ms = await server_time_ms(client)
-    try:
+    with store_call("ZCOUNT directory"):
         count: Any = await client.zcount(WORKER_DIRECTORY, now_ms, "+inf")
-    except RedisError as exc:
-        raise StoreUnavailable(f"ZCOUNT directory failed: {exc}") from exc
     return int(count)
 
 
 async def worker_loads(client: Redis | RedisCluster, worker_ids: list[str]) -> list[WorkerLoad]:
     """Load of each worker, least loaded (most free slots) first; lost ones left out."""
     loads: list[WorkerLoad] = []
-    try:
+    with store_call("reading worker loads"):
         # One pipeline: on a Cluster redis-py splits it by node.
         async with client.pipeline(transaction=False) as pipe:
             for worker_id in worker_ids:
                 pipe.hmget(WorkerKeys(worker_id).record, "state", "slots", "used")
             rows = await pipe.execute()
-    except RedisError as exc:
-        raise StoreUnavailable(f"reading worker loads failed: {exc}") from exc
     for worker_id, (state, slots, used) in zip(worker_ids, rows, strict=True):
         if state is None or state == b"lost":
             continue
@@ -139,10 +124,8 @@ async def worker_loads(client: Redis | RedisCluster, worker_ids: list[str]) -> l
 
 async def server_time_ms(client: Redis | RedisCluster) -> int:
     """Redis's clock in ms: the one clock every deadline in the store is measured on."""
-    try:
+    with store_call("TIME"):
         answer: Any = await client.time()
-    except RedisError as exc:
-        raise StoreUnavailable(f"TIME failed: {exc}") from exc
     if isinstance(answer, dict):  # a Cluster answers per node; any node will do
         answer = next(iter(answer.values()))
     seconds, micros = answer
