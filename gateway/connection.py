@@ -111,6 +111,7 @@ class ConnectionDriver:
         self._outbox_ready = asyncio.Event()
         self._write_lock = asyncio.Lock()  # one append at a time, in order
         self._held: str | None = None  # the session held under this gateway's lease
+        self._append_failed = False  # an append failed: nothing more goes upstream
         s = services.settings
         self._pacer = InputPacer(PacingLimits(frames_per_s=s.max_frames_per_s,
                                               bytes_per_s=s.max_bytes_per_s,
@@ -281,7 +282,10 @@ class ConnectionDriver:
         the store's answer (run its actions with :meth:`_step`)."""
         async with self._write_lock:
             batch, self._outbox = self._outbox, []
-            if not batch or self._lease is None:
+            if not batch or self._lease is None or self._append_failed:
+                # After a failed append nothing more goes upstream on this connection: a later
+                # batch landing would move last_client_seq past the failed commands, and the
+                # resuming client would never send them again.
                 return
             since = self._outbox_since
             entries = [(seq, encode_message(command)) for seq, command in batch]
@@ -305,6 +309,7 @@ class ConnectionDriver:
             except StoreError as exc:
                 # Redis is failing: close 1011 so the client resumes (and resends by
                 # client_seq) once the store is back, through any gateway.
+                self._append_failed = True
                 _log.warning("append failed for %s: %s", self._lease.session_id, exc)
                 self._core.fail(InternalError(str(exc)))
 

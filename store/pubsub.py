@@ -44,6 +44,10 @@ NoticeHandler: TypeAlias = Callable[["list[Any] | None"], None]
 _SUBSCRIBE_TIMEOUT_S = 5.0
 _RECONNECT_DELAY_S = 0.2
 _READ_TIMEOUT_S = 1.0
+# How long a moved channel waits for a slot map that no longer names the node it left: the
+# nodes learn a move one after another, within milliseconds (a slot may also come back).
+_STALE_MAP_RETRY_S = 0.05
+_STALE_MAP_RETRIES = 100
 
 
 class _Shard:
@@ -55,12 +59,24 @@ class _Shard:
         self.channels: set[bytes] = set()
         self.pubsub: PubSub | None = None
         self.wake = asyncio.Event()
+        self._connecting = asyncio.Lock()
         self.task = asyncio.create_task(self._run(), name="store-subscriber-shard")
 
     def ensure(self) -> PubSub:
         if self.pubsub is None:
             self.pubsub = self.client.pubsub()
         return self.pubsub
+
+    async def connected(self) -> PubSub:
+        """The pub/sub, its connection made by one caller at a time: redis-py's
+        ``PubSub.connect`` is not safe to race. Concurrent first subscribes (sessions resumed
+        at once) would each open a connection, the last one would win, and the subscriptions
+        sent on the others, with every push to them, would never be read."""
+        async with self._connecting:
+            pubsub = self.ensure()
+            if pubsub.connection is None:
+                await pubsub.connect()  # type: ignore[no-untyped-call]
+            return pubsub
 
     async def aclose(self) -> None:
         self.task.cancel()
@@ -95,8 +111,9 @@ class _Shard:
             with contextlib.suppress(RedisError, OSError):
                 await old.aclose()  # type: ignore[no-untyped-call]
         await asyncio.sleep(_RECONNECT_DELAY_S)  # back off; Redis may be restarting
-        pubsub = self.ensure()
+        await self.owner.reroute(self)
         try:
+            pubsub = await self.connected()
             for channel in list(self.channels):
                 await pubsub.ssubscribe(channel.decode())
         except (RedisError, OSError) as exc2:
@@ -169,6 +186,8 @@ class Subscriber:
         key = channel.encode()
         handlers = self._handlers.get(key)
         if handlers is None:
+            if isinstance(self._client, RedisCluster):
+                await self._client.initialize()  # the slot map, if no command read it yet
             shard = self._shard_for(channel)  # before any bookkeeping: it may raise
             self._handlers[key] = [handler]
             await self._ssubscribe(key, shard)
@@ -189,7 +208,7 @@ class Subscriber:
         self._confirmations[key] = confirmed
         self._shard_of[key] = shard
         try:
-            await shard.ensure().ssubscribe(channel)
+            await (await shard.connected()).ssubscribe(channel)
             # Added only now: the reader must not poll a connection with no subscription.
             shard.channels.add(key)
             shard.wake.set()
@@ -244,6 +263,33 @@ class Subscriber:
                 self._unsubscribing[key] -= 1
                 _log.debug("sunsubscribe %r failed: %s", key, exc)
 
+    def _start_following(self, channel: bytes) -> None:
+        """Move ``channel`` to the node that serves its slot now, in the background."""
+        if channel in self._following:
+            return
+        self._following.add(channel)
+        task = asyncio.create_task(self._follow(channel), name="store-subscriber-move")
+        self._moves.add(task)
+        task.add_done_callback(self._moves.discard)
+
+    async def reroute(self, shard: _Shard) -> None:
+        """On a Cluster, hand the channels of ``shard``, whose connection broke, to the nodes
+        that serve their slots now. A node that died never says SUNSUBSCRIBE: without this,
+        its channels would be subscribed again on its dead address forever, and every push
+        to them, made on the replica promoted in its place, would reach no one."""
+        if not isinstance(self._client, RedisCluster):
+            return
+        try:
+            await self._client.nodes_manager.initialize()
+        except (RedisError, OSError) as exc:  # the Cluster may still be failing over
+            _log.debug("refreshing the Cluster's slots failed: %s", exc)
+            return
+        for channel in list(shard.channels):
+            node = self._client.get_node_from_key(channel.decode())
+            if node is not None and self._shards.get(node.name) is not shard:
+                shard.channels.discard(channel)  # not to be subscribed here again
+                self._start_following(channel)
+
     async def _follow(self, channel: bytes) -> None:
         """Subscribe again where ``channel``'s slot lives now, then tell the handlers to read
         the log (pushes made during the move reached no one)."""
@@ -253,12 +299,21 @@ class Subscriber:
             if old.pubsub is not None:
                 # redis-py forgets only the unsubscriptions it asked for itself.
                 old.pubsub.shard_channels.pop(channel, None)
+        stale_maps = 0
         try:
             while channel in self._handlers:  # else: unsubscribed meanwhile
                 try:
                     if isinstance(self._client, RedisCluster):
                         await self._client.nodes_manager.initialize()
-                    await self._ssubscribe(channel, self._shard_for(channel.decode()))
+                    shard = self._shard_for(channel.decode())
+                    if shard is old and stale_maps < _STALE_MAP_RETRIES:
+                        # The slot map predates the move: a master demoted by a failover
+                        # drops its subscriptions before every node knows, and subscribed
+                        # there again (it serves replicas' reads) we would hear no push.
+                        stale_maps += 1
+                        await asyncio.sleep(_STALE_MAP_RETRY_S)
+                        continue
+                    await self._ssubscribe(channel, shard)
                 except (RedisError, OSError) as exc:
                     # Consumers read the log on their poll meanwhile.
                     _log.warning("following %r to its new node failed: %s", channel, exc)
@@ -299,13 +354,10 @@ class Subscriber:
                 self._unsubscribing[channel] -= 1  # the answer to our own unsubscribe()
                 if not self._unsubscribing[channel]:
                     del self._unsubscribing[channel]
-            elif channel in self._handlers and channel not in self._following:
+            elif channel in self._handlers:
                 # Not asked for: Redis dropped the subscription because the channel's slot
                 # moved to another node (resharding).
-                self._following.add(channel)
-                task = asyncio.create_task(self._follow(channel), name="store-subscriber-move")
-                self._moves.add(task)
-                task.add_done_callback(self._moves.discard)
+                self._start_following(channel)
             return
         if kind != "smessage":
             return

@@ -14,9 +14,12 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 from redis import Redis
+from redis.cluster import RedisCluster
 
+from store.client import is_cluster_url
 from store.embedded import EmbeddedServer, free_port
 from store.keys import WORKER_DIRECTORY
 
@@ -115,12 +118,20 @@ class Stack:
     env: dict[str, str] = field(default_factory=dict)
     procs: list[Proc] = field(default_factory=list)
     #: What the processes are given; the server's own URL unless a test names another
-    #: (``redis+sentinel://``, say).
+    #: (``redis+sentinel://``; ``redis+cluster://``, where ``redis`` is one of its nodes).
     redis_url: str = ""
 
     @property
     def url(self) -> str:
         return self.redis_url or self.redis.url
+
+    def reader(self) -> Redis | RedisCluster:
+        """A client for the test's own reads of what the processes store: a Cluster client
+        on a ``redis+cluster://`` URL (a key may live on any node), else the server itself."""
+        if is_cluster_url(self.url):
+            seed = urlsplit(self.url)._replace(scheme="redis")
+            return RedisCluster.from_url(urlunsplit(seed))
+        return Redis.from_url(self.redis.url)
 
     def _spawn(self, name: str, args: list[str], port: int = 0, *,
                log_level: str = "warning") -> Proc:
@@ -152,7 +163,7 @@ class Stack:
 
     def worker(self, slots: int = 8, backend: str = "loopback", *, metrics_port: int = 0) -> Proc:
         """Start a worker and wait until it is in the directory (models load first)."""
-        client = Redis.from_url(self.redis.url)  # the server itself: reads only
+        client = self.reader()
         before = set(client.zrange(WORKER_DIRECTORY, 0, -1))
         extra = ["--metrics-port", str(metrics_port)] if metrics_port else []
         proc = self._spawn("worker", ["worker", "--redis-url", self.url, "--backend",

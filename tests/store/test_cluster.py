@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
-import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -14,11 +11,11 @@ from redis.asyncio.cluster import RedisCluster
 
 from store import LeaseLost, OpenStatus, ResumeStatus, Scripts, SessionPolicy, create_client
 from store.directory import announce_worker, list_workers, worker_loads
-from store.embedded import EmbeddedServer, free_port, start_server
 from store.keys import SessionKeys, WorkerKeys, new_session_id, new_worker_id, tenant_sessions
 from store.logs import read_input, read_output
 from store.messages import SessionClosed, encode_message
 from store.pubsub import Notice, Subscriber
+from tests.cluster import Cluster, start_cluster
 from tests.store._support import (
     EPOCH,
     assert_one_terminal,
@@ -34,54 +31,20 @@ from tests.store._support import (
 )
 
 NODES = 3
-READY_DEADLINE_S = 30.0
-
-
-def redis_cli(*args: str) -> str:
-    """Run redis-cli; its stdout. A missing redis-cli is a failure, not a skip."""
-    binary = shutil.which("redis-cli")
-    assert binary is not None, "redis-cli is not installed"
-    done = subprocess.run([binary, *args], capture_output=True, text=True, timeout=30,
-                          check=False)
-    assert done.returncode == 0, (args, done.stdout, done.stderr)
-    return done.stdout
-
-
-def cluster_state_ok(port: int) -> bool:
-    """Whether one node reports ``cluster_state:ok``."""
-    return "cluster_state:ok" in redis_cli("-p", str(port), "CLUSTER", "INFO")
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[list[EmbeddedServer]]:
+def cluster() -> Iterator[Cluster]:
     """Three redis-server primaries joined into one cluster, all reporting cluster_state:ok."""
-    nodes: list[EmbeddedServer] = []
-    try:
-        ports: set[int] = set()
-        while len(ports) < 2 * NODES:
-            ports.add(free_port())
-        # The bus port is named explicitly: the default (port + 10000) may be taken.
-        pairs = sorted(ports)
-        for port, bus in zip(pairs[:NODES], pairs[NODES:], strict=True):
-            extra = ["--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf",
-                     "--cluster-node-timeout", "2000", "--cluster-port", str(bus)]
-            nodes.append(start_server("redis", port=port, extra_args=extra))
-        redis_cli("--cluster", "create", *(f"127.0.0.1:{n.port}" for n in nodes),
-                  "--cluster-replicas", "0", "--cluster-yes")
-        give_up = time.monotonic() + READY_DEADLINE_S
-        while not all(cluster_state_ok(n.port) for n in nodes):
-            assert time.monotonic() < give_up, "cluster never reached cluster_state:ok"
-            time.sleep(0.05)  # a child process's state: nothing to await
-        yield nodes
-    finally:
-        for node in nodes:
-            node.stop()
+    running = start_cluster(masters=NODES)
+    yield running
+    running.stop()
 
 
 @pytest.fixture
-async def cluster_client(cluster: list[EmbeddedServer]) -> AsyncIterator[RedisCluster]:
+async def cluster_client(cluster: Cluster) -> AsyncIterator[RedisCluster]:
     """A cluster client (from the store's own factory) on a flushed cluster."""
-    client = create_client(f"redis+cluster://127.0.0.1:{cluster[0].port}")
+    client = create_client(cluster.url)
     assert isinstance(client, RedisCluster)
     await client.flushall(target_nodes=RedisCluster.PRIMARIES)
     yield client
@@ -244,25 +207,9 @@ async def test_cluster_push_latency_is_not_bounded_by_the_poll_timeout(
         await sub.aclose()
 
 
-def migrate_slot(nodes: list[EmbeddedServer], slot: int, source: int, target: int) -> None:
-    """Move ``slot`` and its keys from the node on port ``source`` to the one on ``target``,
-    as ``redis-cli --cluster reshard`` does."""
-    ids = {port: redis_cli("-p", str(port), "CLUSTER", "MYID").strip()
-           for port in (source, target)}
-    redis_cli("-p", str(target), "CLUSTER", "SETSLOT", str(slot), "IMPORTING", ids[source])
-    redis_cli("-p", str(source), "CLUSTER", "SETSLOT", str(slot), "MIGRATING", ids[target])
-    keys = redis_cli("-p", str(source), "CLUSTER", "GETKEYSINSLOT", str(slot), "1000").split()
-    if keys:
-        redis_cli("-p", str(source), "MIGRATE", "127.0.0.1", str(target), "", "0", "5000",
-                  "KEYS", *keys)
-    others = [n.port for n in nodes if n.port not in (source, target)]
-    for port in (target, source, *others):
-        redis_cli("-p", str(port), "CLUSTER", "SETSLOT", str(slot), "NODE", ids[target])
-
-
 # Last in the module: it changes which node serves a slot for the tests after it.
 async def test_subscription_follows_its_slot_to_another_node(
-    cluster: list[EmbeddedServer], cluster_client: RedisCluster,
+    cluster: Cluster, cluster_client: RedisCluster,
 ) -> None:
     """Resharding moves a session's slot: the subscriber is told to re-read (None), then
     gets pushes from the slot's new node; the session's scripts carry on there."""
@@ -280,8 +227,8 @@ async def test_subscription_follows_its_slot_to_another_node(
 
         slot = cluster_client.keyslot(SessionKeys(sid).record)
         source = int(str(node_of(cluster_client, SessionKeys(sid).record)).rsplit(":", 1)[1])
-        target = next(n.port for n in cluster if n.port != source)
-        await asyncio.to_thread(migrate_slot, cluster, slot, source, target)
+        target = next(n.port for n in cluster.masters if n.port != source)
+        await asyncio.to_thread(cluster.migrate_slot, slot, source, target)
 
         assert await asyncio.wait_for(queue.get(), 10) is None  # moved: read the log
         assert await scripts.append_output(sid, [ev(2)], first_seq=2) == 2
