@@ -41,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import enum
+import itertools
 import json
 import random
 import secrets
@@ -169,8 +170,10 @@ class ClientSettings:
     so retrying longer than that cannot succeed.
     """
 
-    #: Connection attempts after the first one, per outage (or per open).
-    max_retries: int = 8
+    #: Connection attempts after the first one, per outage (or per open): enough that
+    #: ``retry_deadline_s`` ends the tries first, also through a Redis Cluster failover
+    #: (cluster-node-timeout, 15 s by default, plus the election).
+    max_retries: int = 20
     #: Give up an outage this long after it began.
     retry_deadline_s: float = 30.0
     #: The first backoff ceiling; it doubles per retry up to ``backoff_cap_s``.
@@ -417,7 +420,7 @@ class DuplexClient:
         await self.drop_connection()
         self._closing = False
         self.url = url or self.url
-        ws, answer = await self._dial_and_resume(self.url, secrets.token_hex(8),
+        ws, answer = await self._dial_and_resume(self.url, secrets.token_hex(8), 1,
                                                  self.settings.attempt_timeout_s)
         return await self._adopt_resumed(_Connected(ws, answer, self.url, 1), after="")
 
@@ -470,15 +473,16 @@ class DuplexClient:
             raise _refusal(answer, "open")
         return ws, answer
 
-    async def _dial_and_resume(self, url: str, control_id: str, timeout: float,
+    async def _dial_and_resume(self, url: str, control_id: str, attempt: int, timeout: float,
                                ) -> tuple[ClientConnection, dict[str, Any]]:
-        """One resume attempt: connect, send ``session.resume``, read the answer."""
+        """One resume attempt (``attempt`` counts the tries of ``control_id``): connect, send
+        ``session.resume``, read the answer."""
         ws = await self._dial(url, timeout)
         answer = await _first_answer(ws, {
             "type": "session.resume", "session_id": self.session_id,
             "resume_token": self.resume_token,
             "last_received_server_event_seq": self.last_seq,
-            "control_id": control_id,
+            "control_id": control_id, "attempt": attempt,
         }, timeout)
         if answer.get("type") != "session.resumed":
             ws.transport.abort()
@@ -586,12 +590,15 @@ class DuplexClient:
             raise self._end(DuplexClientError("nothing to resume: the session was never opened"))
         self._forget_connection()
         # One id for this resume, kept across its retries: if an attempt landed but its answer
-        # was lost, the gateway answers the retry as it answered the lost one.
+        # was lost, the gateway answers the retry as it answered the lost one. The tries are
+        # numbered, so that an abandoned try which lands late (its gateway waited out a
+        # failover) cannot take the session from a later one.
         control_id = secrets.token_hex(8)
+        attempts = itertools.count(1)
 
         async def resume_at(url: str, timeout: float,
                             ) -> tuple[ClientConnection, dict[str, Any]]:
-            return await self._dial_and_resume(url, control_id, timeout)
+            return await self._dial_and_resume(url, control_id, next(attempts), timeout)
 
         try:
             connected = await self._retrying(resume_at, _resume_may_retry, rotate_first=True)

@@ -461,7 +461,7 @@ class ConnectionDriver:
                     request.session_id, tenant=self._tenant,
                     presented_digest=_digest(request.resume_token),
                     new_digest=_digest(token), control_id=control_id,
-                    holder=self._svc.holder)
+                    holder=self._svc.holder, attempt=request.attempt)
                 break
             except StoreError as exc:
                 # Same control id: if the first try landed, the retry is recognised as such.
@@ -471,6 +471,10 @@ class ConnectionDriver:
                     return
         if result.status is ResumeStatus.UNKNOWN:
             refuse(ErrorCode.SESSION_RESUME_EXPIRED, "the session is unknown or expired")
+            return
+        if result.status is ResumeStatus.STALE:
+            refuse(ErrorCode.SESSION_RESUME_CONFLICT,
+                   "a later attempt of this resume attached the session already")
             return
         if result.status is ResumeStatus.BAD_TOKEN or result.lease is None:
             refuse(ErrorCode.INVALID_RESUME_TOKEN, "the resume token is not valid")
@@ -484,7 +488,8 @@ class ConnectionDriver:
             else request.resume_token, generation=result.lease.generation,
             last_client_seq=result.last_client_seq,
             first_retained_seq=result.first_retained_seq,
-            last_server_event_seq=result.last_server_event_seq)
+            last_server_event_seq=result.last_server_event_seq,
+            session_over=result.status is ResumeStatus.CLOSED)
 
     async def _trim(self, upto: int) -> None:
         if self._lease is None:

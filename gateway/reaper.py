@@ -2,27 +2,46 @@
 
 Any number of gateways may reap at once: each session's end is a compare-and-set in Lua, so
 exactly one reaper wins and exactly one terminal event is written.
+
+A worker cannot heartbeat while its slot is out of reach (Redis restarting, a Cluster master
+failing over), so a lapsed heartbeat right after such an outage is no proof of death. The REAP
+script sees the outage itself, per slot, as a gap between reaps longer than ``outage_ms``, and
+then gives the worker a full TTL from that moment; see ``store/lua.py``. Outages shorter than
+that are the worker's own slack (its TTL minus its beat interval) to absorb.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import statistics
+import time
 
 from gateway.metrics import GatewayMetrics
 from store import Scripts, StoreError
 from store.client import RedisClient
-from store.directory import forget_worker, listed_workers, server_time_ms
+from store.directory import forget_worker, listed_workers
 from store.errors import raise_if_cancelled
-from store.scripts import DEFAULT_ATTACHMENT_LEASE_MS
+from store.ratelog import RateLimitedLog
+from store.scripts import DEFAULT_ATTACHMENT_LEASE_MS, DEFAULT_REAP_OUTAGE_MS
 
-__all__ = ["reap_once", "run_reaper"]
+__all__ = ["outage_threshold_ms", "reap_once", "run_reaper"]
 
 _log = logging.getLogger(__name__)
+_outages = RateLimitedLog(_log, interval_s=10.0)
+
+
+def outage_threshold_ms(interval_s: float, last_pass_s: float) -> int:
+    """The gap between two reaps of one worker that means its slot was out of reach: twice
+    the gap this reaper leaves between its visits (its pause plus a pass), so that a pass
+    that runs late is not taken for an outage (which would delay a loss by one TTL)."""
+    return int(2000 * (interval_s + last_pass_s))
 
 
 async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetrics, *,
-                    recovered_ms: int = 0, lease_ms: int = DEFAULT_ATTACHMENT_LEASE_MS) -> int:
+                    outage_ms: int = DEFAULT_REAP_OUTAGE_MS,
+                    lease_ms: int = DEFAULT_ATTACHMENT_LEASE_MS) -> int:
     """One pass over every listed worker; returns how many sessions ended.
 
     Each worker's reap also hands back the sessions that ended on it since the last pass,
@@ -35,9 +54,13 @@ async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetri
     # its record gone) removes it, so one that died during a long outage is still declared
     # lost afterwards.
     for worker_id in await listed_workers(client):
-        reaped = await scripts.reap(worker_id, recovered_ms=recovered_ms, lease_ms=lease_ms)
+        reaped = await scripts.reap(worker_id, outage_ms=outage_ms, lease_ms=lease_ms)
         ended += reaped.ended
         metrics.lapsed_detached.inc(reaped.detached)
+        if reaped.outage_ms:
+            _outages.warning("slot_outage", "no reaper reached worker %s for %d ms (a failover "
+                             "or an outage): it gets a full heartbeat TTL to beat again",
+                             worker_id, reaped.outage_ms)
         # Released before anything else can fail: these entries are ours alone now. Should
         # this fail, the places lapse with their reservation lease instead.
         await scripts.release_tenant_slots(reaped.released)
@@ -50,23 +73,18 @@ async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetri
 async def run_reaper(client: RedisClient, scripts: Scripts, metrics: GatewayMetrics,
                      interval_s: float, *,
                      lease_ms: int = DEFAULT_ATTACHMENT_LEASE_MS) -> None:
-    """Reap forever, every ``interval_s``; Redis errors are logged and retried.
-
-    After a pass fails (Redis unreachable: a failover, a restart), the first pass that reaches
-    Redis again gives every worker a full heartbeat TTL from then before declaring it lost:
-    the workers could not beat while Redis was away either.
-    """
-    recovered_ms = 0
-    failing = False
+    """Reap forever, every ``interval_s``; Redis errors are logged and retried."""
+    # The median of the last passes: one pass that waited out a failover inside the client
+    # must not raise the outage threshold for the next ones.
+    passes_s: collections.deque[float] = collections.deque([0.0], maxlen=5)
     while True:
+        started = time.monotonic()
         try:
-            if failing:
-                recovered_ms = await server_time_ms(client)
-                failing = False
-            await reap_once(client, scripts, metrics, recovered_ms=recovered_ms,
+            await reap_once(client, scripts, metrics,
+                            outage_ms=outage_threshold_ms(interval_s, statistics.median(passes_s)),
                             lease_ms=lease_ms)
+            passes_s.append(time.monotonic() - started)
         except (StoreError, OSError) as exc:
             _log.warning("reaper pass failed: %s", exc)
-            failing = True
         raise_if_cancelled()  # a cancellation swallowed inside the Redis client ends us too
         await asyncio.sleep(interval_s)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from typing import Any
@@ -58,6 +59,7 @@ from store.errors import raise_if_cancelled
 from store.keys import WorkerKeys, new_worker_id, worker_of_session
 from store.logs import InputEntry, WriteToken, log_ends, read_input_entries, session_epoch
 from store.pubsub import Subscriber
+from store.ratelog import RateLimitedLog
 
 __all__ = ["Worker"]
 
@@ -67,6 +69,14 @@ _MAX_FLUSH_BATCH = 256
 # How long a drain lets the flusher write the sessions' last events before it writes their
 # terminal events alone.
 _CLOSE_FLUSH_S = 5.0
+# After a failed beat the next comes this soon, not a whole interval later: when the outage
+# ends (a failover completes) the reapers give the worker one TTL to beat, and this keeps the
+# beat well inside it.
+_BEAT_RETRY_S = 0.1
+_beat_failures = RateLimitedLog(_log, interval_s=5.0)
+#: Pauses between tries of a session's close while the store is away; the last one repeats.
+_CLOSE_RETRY_S = (0.1, 0.2, 0.5, 1.0, 2.0)
+_close_failures = RateLimitedLog(_log, interval_s=5.0)
 
 
 def _notice_entries(notice: list[Any]) -> list[InputEntry]:
@@ -176,9 +186,11 @@ class Worker:
             if not self.fenced:
                 await self._drain()
         finally:
-            for task in (stopping, *tasks):
+            # The closes still trying end with the incarnation: fenced, its writes are refused;
+            # stopped, its heartbeat lapses and the reaper ends what is left worker_lost.
+            for task in (stopping, *tasks, *self._background):
                 task.cancel()
-            await asyncio.gather(stopping, *tasks, return_exceptions=True)
+            await asyncio.gather(stopping, *tasks, *self._background, return_exceptions=True)
             await self._subscriber.unsubscribe(self._keys.input_channel)
             # The directory entry stays, whatever the way out: the reaper visits listed
             # workers only, and removes this one once it reports it lost. A crash leaves
@@ -262,19 +274,23 @@ class Worker:
         await announce_worker(self._client, self.worker_id, beat.alive_until_ms)
 
     async def _heartbeat_loop(self) -> None:
+        interval = self.settings.heartbeat_interval_s
+        pause = interval
         while True:
             # Each loop that calls the store checks once per turn: a cancellation that landed
             # while a command was in flight can be swallowed (see raise_if_cancelled), and a
             # loop that ran on would hang the shutdown (or the rejoin after fencing).
             raise_if_cancelled()
-            await asyncio.sleep(self.settings.heartbeat_interval_s)
+            await asyncio.sleep(pause)
             try:
                 await self._heartbeat()
+                pause = interval
             except WorkerFenced:
                 self._fence()
                 return
             except StoreError as exc:
-                _log.warning("heartbeat failed: %s", exc)
+                _beat_failures.warning("heartbeat", "heartbeat failed: %s", exc)
+                pause = min(interval, _BEAT_RETRY_S)
 
     async def _drain(self) -> None:
         await self._heartbeat()  # publishes the draining state: no new placements
@@ -295,7 +311,7 @@ class Worker:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._sessions.no_sessions.wait(), _CLOSE_FLUSH_S)
         for session_id in self._sessions.ids():
-            await self._close(session_id, "worker_shutdown")
+            await self._close(session_id, "worker_shutdown", retry=False)
 
     def _fence(self) -> None:
         _log.error("worker %s was declared lost; it stops writing now", self.worker_id)
@@ -367,7 +383,7 @@ class Worker:
             return self._sessions.get(session_id)
         session = self._new_session(session_id)
         if session is None:
-            await self._close(session_id, "no_free_slot")
+            self._spawn(self._close(session_id, "no_free_slot"))
             return None
         if epoch is not None:
             session.applied_under = WriteToken(epoch, 0)
@@ -534,9 +550,23 @@ class Worker:
         self._sessions.forget(session_id)
         self._spawn(self._close(session_id, reason))
 
-    async def _close(self, session_id: str, reason: str) -> None:
-        try:
-            await self._scripts.append_output(session_id, [], close_reason=reason)
-        except (SessionGone, WorkerFenced):
-            pass
+    async def _close(self, session_id: str, reason: str, *, retry: bool = True) -> None:
+        """End ``session_id`` with ``session.closed`` ``reason``. A session this worker stops
+        serving must not stay open and silent, its client heartbeating into a void: while
+        the store is away (its slot failing over, say) the close is tried again, with
+        backoff, until it lands, the session is gone, or this incarnation ends (``retry``
+        False: one try, for a shutdown whose leftovers the reaper ends worker_lost)."""
+        for attempt in itertools.count():
+            try:
+                await self._scripts.append_output(session_id, [], close_reason=reason)
+                break
+            except (SessionGone, WorkerFenced):
+                break
+            except StoreError as exc:
+                if not retry:
+                    _log.warning("closing %s failed: %s", session_id, exc)
+                    break
+                _close_failures.warning("close", "closing %s failed (%s); trying again",
+                                        session_id, exc)
+                await asyncio.sleep(_CLOSE_RETRY_S[min(attempt, len(_CLOSE_RETRY_S) - 1)])
         self._sessions.forget(session_id)

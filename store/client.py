@@ -19,13 +19,14 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.sentinel import Sentinel
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from store.errors import StoreUnavailable, raise_if_cancelled
 
 __all__ = [
     "CLUSTER_SCHEME",
     "MAX_CONNECTIONS",
+    "REDIS_ERRORS",
     "SENTINEL_SCHEME",
     "RedisClient",
     "SentinelTarget",
@@ -38,6 +39,10 @@ __all__ = [
 CLUSTER_SCHEME = "redis+cluster"
 SENTINEL_SCHEME = "redis+sentinel"
 RedisClient: TypeAlias = "Redis | RedisCluster"
+#: What redis-py raises for a command that failed: a Cluster client also raises
+#: ``RedisClusterException``s that are no ``RedisError`` (a slot no known node covers yet, in a
+#: failover), which would otherwise escape every handler as a crash.
+REDIS_ERRORS = (RedisError, RedisClusterException)
 
 
 def is_cluster_url(url: str) -> bool:
@@ -124,7 +129,7 @@ def store_call(what: str) -> Iterator[None]:
     (see :func:`store.errors.raise_if_cancelled`), whether the command failed or not."""
     try:
         yield
-    except RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise_if_cancelled()
         raise StoreUnavailable(f"{what} failed: {exc}") from exc
     raise_if_cancelled()

@@ -7,8 +7,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import RedisError
 
+from store.client import REDIS_ERRORS
 from store.errors import StoreUnavailable, raise_if_cancelled
 from store.keys import SessionKeys
 
@@ -64,7 +64,7 @@ async def _read(
     # Entry ids are "<index>-0", so an exclusive range start is the last index delivered.
     try:
         rows: Any = await client.xrange(key, min=f"({after}-0", max="+", count=count)
-    except RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise_if_cancelled()
         raise StoreUnavailable(f"XRANGE {key} failed: {exc}") from exc
     raise_if_cancelled()
@@ -114,7 +114,7 @@ async def log_ends(client: Redis | RedisCluster, session_id: str) -> LogEnds:
     key = SessionKeys(session_id).record
     try:
         fields: Any = await client.hmget(key, ["in_n", "out_seq"])
-    except RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise StoreUnavailable(f"HMGET {key} failed: {exc}") from exc
     return LogEnds(int(fields[0] or 0), int(fields[1] or 0))
 
@@ -125,7 +125,7 @@ async def session_epoch(client: Redis | RedisCluster, session_id: str) -> str | 
     key = SessionKeys(session_id).record
     try:
         value: Any = await client.hget(key, "epoch")
-    except RedisError as exc:
+    except REDIS_ERRORS as exc:
         raise_if_cancelled()
         raise StoreUnavailable(f"HGET {key} failed: {exc}") from exc
     raise_if_cancelled()

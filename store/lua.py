@@ -193,22 +193,27 @@ RESUME = _PRELUDE + r"""
 -- token (the gateway derives it from those two): within the retry window it is accepted and
 -- keeps that token. It is a resume like any other: a newer generation fences whichever
 -- connection the lost answer was for. A different control id with the old token is refused.
+-- Attempts of one resume are numbered by the client (1, 2, 3, ...; 0: not numbered): a copy
+-- of an earlier attempt that lands late (it waited out a failover inside its gateway, while
+-- the client gave up on it and a later attempt attached) is refused as 'stale' instead of
+-- taking the session from the connection the client now uses.
 -- KEYS[1] session record  KEYS[2] worker deadlines  KEYS[3] output channel  KEYS[4] output log
 -- KEYS[5] worker gateways (attachment leases)
 -- ARGV[1] presented token digest  ARGV[2] new token digest  ARGV[3] control id
 -- ARGV[4] session id  ARGV[5] tenant of the caller  ARGV[6] retry window ms
 -- ARGV[7] call id (unique per call, kept by a resend: a resend changes nothing)
--- ARGV[8] gateway id  ARGV[9] attachment lease ms
+-- ARGV[8] gateway id  ARGV[9] attachment lease ms  ARGV[10] attempt number (0: none)
 -- returns {status, generation, epoch, highest client seq, last server_event_seq,
 --          first retained server_event_seq (0 if the log is empty)}
---   status ok | closed (token valid, session over: replay only) | unknown | bad_token
+--   status ok | closed (token valid, session over: replay only) | unknown | bad_token | stale
 local rec, deadlines, out_channel, out_log = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local presented, fresh, control_id, sid, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local window, call_id = tonumber(ARGV[6]), ARGV[7]
 local gateways, gid, lease_ms = KEYS[5], ARGV[8], tonumber(ARGV[9])
+local attempt = tonumber(ARGV[10])
 
 local f = redis.call('HMGET', rec, 'state', 'gen', 'epoch', 'digest', 'rcid', 'cseq', 'out_seq',
-                     'tenant', 'prev', 'rcid_ms', 'rcall')
+                     'tenant', 'prev', 'rcid_ms', 'rcall', 'ratt')
 if not f[1] or f[8] ~= tenant then return {'unknown', 0, '', 0, 0, 0} end
 local state, gen, epoch, digest, rcid = f[1], tonumber(f[2]), f[3], f[4], f[5]
 local first = redis.call('XRANGE', out_log, '-', '+', 'COUNT', 1)
@@ -224,6 +229,9 @@ local retry = control_id ~= '' and rcid == control_id and digest == fresh
   and f[9] == presented and now < tonumber(f[10] or '0') + window
 -- Digests, not tokens, are compared: a timing difference reveals nothing about the token.
 if not retry and digest ~= presented then return answer('bad_token', 0) end
+local landed_attempt = tonumber(f[12] or '0')
+-- The same number again is that attempt resent by its gateway, not a stale copy.
+if retry and attempt > 0 and attempt < landed_attempt then return answer('stale', 0) end
 if state == 'closed' then return answer('closed', gen) end
 
 gen = gen + 1
@@ -231,7 +239,9 @@ redis.call('HSET', rec, 'state', 'attached', 'gen', gen, 'active_ms', now, 'deta
            'rcall', call_id)
 if not retry then
   redis.call('HSET', rec, 'digest', fresh, 'prev', presented, 'rcid', control_id,
-             'rcid_ms', now)
+             'rcid_ms', now, 'ratt', attempt)
+elseif attempt > landed_attempt then
+  redis.call('HSET', rec, 'ratt', attempt)
 end
 redis.call('ZADD', deadlines, next_deadline(rec), sid)
 attach_to(rec, sid, gateways, gid, lease_ms, now)
@@ -533,20 +543,26 @@ REAP = _PRELUDE + r"""
 -- ARGV[1] key prefix of this worker's sessions ('dg:{w...}:s:')
 -- ARGV[2] terminal payload: worker lost  ARGV[3] terminal: grace expired
 -- ARGV[4] terminal: idle expired         ARGV[5] max sessions to expire in this call
--- ARGV[6] when this reaper reached Redis again after failing to (ms, Redis clock; 0: never)
+-- ARGV[6] outage ms: a longer gap since any reaper last reached this worker's slot means the
+--         slot was out of reach (its master failed over, Redis restarted, no gateway ran)
 -- ARGV[7] most ended sessions to hand back for tenant release in this call
 -- ARGV[8] attachment lease ms (a lapsed lease counts only a full lease after an outage)
--- returns {worker state, sessions ended, {'<tenant> <session id>', ...}, sessions detached}:
+-- returns {worker state, sessions ended, {'<tenant> <session id>', ...}, sessions detached,
+--          outage ms (the gap this call ended, 0 if none)}:
 --   the list holds sessions that ended since any reaper last asked (wherever they ended),
 --   each handed to exactly one reaper, which releases their tenant places
--- A worker cannot heartbeat while Redis is unreachable (a failover, a restart), so after an
--- outage a lapsed heartbeat is only a loss once the worker had a full TTL to beat again; and
--- a client could neither resume nor show activity, so grace and idle time count from then too.
+-- A worker cannot heartbeat while its slot is out of reach, so after an outage a lapsed
+-- heartbeat is only a loss once the worker had a full TTL to beat again; and a client could
+-- neither resume nor show activity, so grace and idle time count from then too. The outage is
+-- seen here, per slot, from the gap between reaps (the record's reaped_ms and reached_ms travel
+-- with the slot to a promoted replica), not by a reaper: on a Cluster one master may fail over
+-- while every reaper reaches the others, and a reaper's call may wait out the failover inside
+-- the client and succeed.
 local worker, sessions, deadlines, worker_channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local ended_list, gateways = KEYS[5], KEYS[6]
 local wk = worker_keys(worker, sessions, deadlines, worker_channel, ended_list, gateways)
 local prefix, lost_event, grace_event, idle_event = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local budget, recovered, release_budget = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
+local budget, outage_ms, release_budget = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 local lease_ms = tonumber(ARGV[8])
 
 local function keys_of(sid)
@@ -563,8 +579,8 @@ end
 -- A gateway that stopped renewing (killed, paused, partitioned) holds its sessions no more:
 -- each is detached as a lost connection would have detached it. After an outage a gateway
 -- gets a full lease from Redis's return to renew first.
-local function detach_lapsed(now)
-  if recovered > 0 and now < recovered + lease_ms then return 0 end
+local function detach_lapsed(now, recovered)
+  if now < recovered + lease_ms then return 0 end
   local detached = 0
   for _, gid in ipairs(redis.call('ZRANGEBYSCORE', gateways, '-inf', '(' .. now)) do
     local held = gateways .. ':' .. gid
@@ -584,11 +600,21 @@ local function detach_lapsed(now)
 end
 
 local now = now_ms()
-local w = redis.call('HMGET', worker, 'state', 'alive_until', 'ttl_ms')
+local w = redis.call('HMGET', worker, 'state', 'alive_until', 'ttl_ms', 'reaped_ms',
+                     'reached_ms')
 local ended = 0
+-- recovered: since when reapers reached this slot without a gap (0: as far as is known).
+local recovered, outage = tonumber(w[5] or '0'), 0
+if w[1] and w[1] ~= 'lost' then
+  local seen = tonumber(w[4] or '0')
+  if seen > 0 and now - seen > outage_ms then
+    recovered, outage = now, now - seen
+  end
+  redis.call('HSET', worker, 'reaped_ms', now, 'reached_ms', recovered)
+end
 local lapsed = w[1] and w[1] ~= 'lost' and tonumber(w[2]) < now
-if lapsed and recovered > 0 and now < recovered + tonumber(w[3] or '0') then
-  lapsed = false  -- it may not have been able to beat since Redis came back
+if lapsed and now < recovered + tonumber(w[3] or '0') then
+  lapsed = false  -- it may not have been able to beat since its slot came back
 end
 if lapsed then
   redis.call('HSET', worker, 'state', 'lost')
@@ -606,10 +632,10 @@ if lapsed then
   end
   redis.call('DEL', gateways)
   -- No reaper visits a lost worker again: hand back every ended session now.
-  return {'lost', ended, take_ended(redis.call('LLEN', ended_list) + 1), 0}
+  return {'lost', ended, take_ended(redis.call('LLEN', ended_list) + 1), 0, outage}
 end
 
-local detached = detach_lapsed(now)
+local detached = detach_lapsed(now, recovered)
 
 for _, sid in ipairs(redis.call('ZRANGEBYSCORE', deadlines, '-inf', now, 'LIMIT', 0, budget)) do
   local rec = keys_of(sid)
@@ -634,7 +660,7 @@ for _, sid in ipairs(redis.call('ZRANGEBYSCORE', deadlines, '-inf', now, 'LIMIT'
     redis.call('ZADD', deadlines, due, sid)
   end
 end
-return {w[1] or 'unknown', ended, take_ended(release_budget), detached}
+return {w[1] or 'unknown', ended, take_ended(release_budget), detached, outage}
 """
 
 GATEWAY_LEASE = _PRELUDE + r"""
@@ -663,8 +689,11 @@ local slots, ttl, register, drain, admit = ARGV[1], tonumber(ARGV[2]), ARGV[3], 
 
 local state = redis.call('HGET', worker, 'state')
 if state == 'lost' or (not state and register ~= '1') then return {'lost', 0} end
+local now = now_ms()
 if not state then
-  redis.call('HSET', worker, 'used', 0)
+  -- The registration counts as a reaper's visit (reaped_ms): a first reap after an outage
+  -- can then tell the gap (see REAP).
+  redis.call('HSET', worker, 'used', 0, 'reaped_ms', now)
 end
 if drain == '1' or state == 'draining' then
   state = 'draining'
@@ -673,7 +702,7 @@ elseif admit == '0' then
 else
   state = 'live'
 end
-local alive_until = now_ms() + ttl
+local alive_until = now + ttl
 redis.call('HSET', worker, 'state', state, 'slots', slots, 'alive_until', alive_until,
            'ttl_ms', ttl)
 return {state, alive_until}

@@ -29,13 +29,19 @@ import msgpack  # type: ignore[import-untyped]
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
+from store.client import REDIS_ERRORS
 from store.errors import raise_if_cancelled
+from store.ratelog import RateLimitedLog
 
 __all__ = ["Notice", "NoticeHandler", "Subscriber"]
 
 _log = logging.getLogger(__name__)
+# A shard reconnects every _RECONNECT_DELAY_S while its node is away: a line per cause per 5 s.
+_reconnects = RateLimitedLog(_log, interval_s=5.0)
 
 #: A decoded push notice (a MessagePack array, see ``store/lua.py``), or None after a reconnect.
 Notice: TypeAlias = "list[Any] | None"
@@ -82,7 +88,7 @@ class _Shard:
         self.task.cancel()
         await asyncio.gather(self.task, return_exceptions=True)
         if self.pubsub is not None:
-            with contextlib.suppress(RedisError, OSError):
+            with contextlib.suppress(*REDIS_ERRORS, OSError):
                 await self.pubsub.aclose()  # type: ignore[no-untyped-call]
 
     async def _run(self) -> None:
@@ -93,7 +99,7 @@ class _Shard:
                 continue
             try:
                 message = await self.ensure().get_message(timeout=_READ_TIMEOUT_S)
-            except (RedisError, OSError, RuntimeError) as exc:
+            except (*REDIS_ERRORS, OSError, RuntimeError) as exc:
                 raise_if_cancelled()
                 await self._recover(exc)
                 continue
@@ -105,10 +111,10 @@ class _Shard:
                     _log.exception("dropped a pub/sub message: %r", message)
 
     async def _recover(self, exc: BaseException) -> None:
-        _log.warning("pub/sub connection lost (%s); re-subscribing", exc)
+        _reconnects.warning("lost", "pub/sub connection lost (%s); re-subscribing", exc)
         old, self.pubsub = self.pubsub, None
         if old is not None:
-            with contextlib.suppress(RedisError, OSError):
+            with contextlib.suppress(*REDIS_ERRORS, OSError):
                 await old.aclose()  # type: ignore[no-untyped-call]
         await asyncio.sleep(_RECONNECT_DELAY_S)  # back off; Redis may be restarting
         await self.owner.reroute(self)
@@ -116,8 +122,8 @@ class _Shard:
             pubsub = await self.connected()
             for channel in list(self.channels):
                 await pubsub.ssubscribe(channel.decode())
-        except (RedisError, OSError) as exc2:
-            _log.warning("re-subscribe failed: %s", exc2)
+        except (*REDIS_ERRORS, OSError) as exc2:
+            _reconnects.warning("failed", "re-subscribe failed: %s", exc2)
         # Each handler gets None when its re-subscription is confirmed (see dispatch), so a
         # log read it then starts cannot miss a push that the old subscription lost.
 
@@ -168,8 +174,12 @@ class Subscriber:
             if name not in self._shards:
                 auth = {k: v for k, v in node.connection_kwargs.items()
                         if k in ("username", "password")}
+                # No retries inside redis-py (its default tries a dead node for seconds):
+                # the shard's reader reconnects itself, asking for the slot map each time,
+                # so a channel whose master died moves as soon as a replica is promoted.
                 self._shards[name] = _Shard(
-                    Redis(host=node.host, port=int(node.port), **auth), self)
+                    Redis(host=node.host, port=int(node.port), retry=Retry(NoBackoff(), 0),
+                          **auth), self)
         else:
             name = ""
             if name not in self._shards:
@@ -213,7 +223,7 @@ class Subscriber:
             shard.channels.add(key)
             shard.wake.set()
             await asyncio.wait_for(asyncio.shield(confirmed), _SUBSCRIBE_TIMEOUT_S)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except (*REDIS_ERRORS, OSError, TimeoutError) as exc:
             # The shard's reader reconnects and re-subscribes every channel it holds.
             shard.channels.add(key)
             shard.wake.set()
@@ -259,7 +269,7 @@ class Subscriber:
             self._unsubscribing[key] += 1
             try:
                 await shard.pubsub.sunsubscribe(key.decode())
-            except (RedisError, OSError) as exc:
+            except (*REDIS_ERRORS, OSError) as exc:
                 self._unsubscribing[key] -= 1
                 _log.debug("sunsubscribe %r failed: %s", key, exc)
 
@@ -281,7 +291,7 @@ class Subscriber:
             return
         try:
             await self._client.nodes_manager.initialize()
-        except (RedisError, OSError) as exc:  # the Cluster may still be failing over
+        except (*REDIS_ERRORS, OSError) as exc:  # the Cluster may still be failing over
             _log.debug("refreshing the Cluster's slots failed: %s", exc)
             return
         for channel in list(shard.channels):
@@ -314,7 +324,7 @@ class Subscriber:
                         await asyncio.sleep(_STALE_MAP_RETRY_S)
                         continue
                     await self._ssubscribe(channel, shard)
-                except (RedisError, OSError) as exc:
+                except (*REDIS_ERRORS, OSError) as exc:
                     # Consumers read the log on their poll meanwhile.
                     _log.warning("following %r to its new node failed: %s", channel, exc)
                     await asyncio.sleep(_RECONNECT_DELAY_S)  # back off; the Cluster may settle

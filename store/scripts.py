@@ -20,12 +20,17 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import (
+    ClusterError,
     ConnectionError as RedisConnectionError,
-    RedisError,
+    NoScriptError,
+    ReadOnlyError,
+    RedisClusterException,
     TimeoutError as RedisTimeoutError,
+    TryAgainError,
 )
 
 from store import lua
+from store.client import REDIS_ERRORS
 from store.errors import (
     LeaseLost,
     OutputMismatch,
@@ -40,6 +45,7 @@ from store.messages import SessionClosed, SessionExpired, encode_message
 
 __all__ = [
     "DEFAULT_ATTACHMENT_LEASE_MS",
+    "DEFAULT_REAP_OUTAGE_MS",
     "RESUME_RETRY_WINDOW_MS",
     "AppendResult",
     "AttachmentHolder",
@@ -73,6 +79,8 @@ class ResumeStatus(enum.Enum):
     CLOSED = "closed"
     UNKNOWN = "unknown"
     BAD_TOKEN = "bad_token"
+    #: An earlier attempt of a resume whose later attempt attached the session already.
+    STALE = "stale"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -158,12 +166,15 @@ class Reaped:
         released: sessions that ended anywhere since a reaper last asked; the caller releases
             their tenant places (no other reaper gets them).
         detached: sessions detached because their gateway's attachment lease lapsed.
+        outage_ms: how long no reaper had reached the worker's slot, when this call ended
+            such an outage (0: none); the worker, its gateways and clients got time from now.
     """
 
     state: str
     ended: int
     released: tuple[EndedSession, ...] = ()
     detached: int = 0
+    outage_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -177,6 +188,10 @@ class AttachmentHolder:
 
 #: The attachment lease a reaper assumes a lapsed gateway had, unless told otherwise.
 DEFAULT_ATTACHMENT_LEASE_MS = 5_000
+
+#: The gap between reaps of one worker that counts as an outage of its slot, unless told
+#: otherwise: two of the default reaper's passes (0.25 s apart).
+DEFAULT_REAP_OUTAGE_MS = 500
 
 
 def _holder_args(holder: AttachmentHolder | None) -> tuple[str, int]:
@@ -195,8 +210,16 @@ class WorkerBeat:
 #: is still accepted: long enough for a client to reconnect through another gateway.
 RESUME_RETRY_WINDOW_MS = 60_000
 
-#: Pauses before each resend of a script after a connection error; then the error stands.
+#: Pauses before each resend of a script after a transient error; then the error stands.
 RESEND_BACKOFF_S = (0.01, 0.05, 0.25)
+
+#: Errors after which a script is sent again: the connection failed, or the Cluster was moving
+#: (CLUSTERDOWN or MASTERDOWN in a failover, TRYAGAIN while a slot is half migrated, "TTL
+#: exhausted" after too many redirections, a slot no known node covers yet) or the node had just
+#: been demoted (READONLY). All of them mean the script did not run or may be resent: every
+#: script is safe to resend (``store/lua.py``).
+_TRANSIENT_ERRORS = (RedisConnectionError, RedisTimeoutError, ClusterError, TryAgainError,
+                     ReadOnlyError, RedisClusterException)
 
 
 # Call ids: unique per process (64 random bits, drawn again in a forked child) and per call (a
@@ -245,24 +268,33 @@ class Scripts:
         self._gateway_lease = register(lua.GATEWAY_LEASE)
 
     async def _run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """Run ``script``, sending it again after a connection error (see ``store/lua.py``:
-        every script is safe to resend). A pooled connection that went stale (a Redis restart,
-        an idle cut) then costs a reconnect, not a failed call."""
+        """Run ``script``, sending it again after a transient error (:data:`_TRANSIENT_ERRORS`).
+        A pooled connection that went stale (a Redis restart, an idle cut) then costs a
+        reconnect, and a Cluster failover or resharding a pause, not a failed call."""
         for pause in (*RESEND_BACKOFF_S, None):
             try:
-                answer = await script(keys=list(keys), args=list(args))
-            except (RedisConnectionError, RedisTimeoutError) as exc:
+                answer = await self._call(script, keys, args)
+            except _TRANSIENT_ERRORS as exc:
                 raise_if_cancelled()
                 if pause is None:
                     raise StoreUnavailable(f"script failed: {exc}") from exc
                 await asyncio.sleep(pause)
                 continue
-            except RedisError as exc:
+            except REDIS_ERRORS as exc:
                 raise_if_cancelled()
                 raise StoreUnavailable(f"script failed: {exc}") from exc
             raise_if_cancelled()
             return answer
         raise AssertionError("unreachable")
+
+    async def _call(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return await script(keys=list(keys), args=list(args))
+        except NoScriptError:
+            # EVALSHA missed and redis-py's SCRIPT LOAD went elsewhere: on a Cluster, to the
+            # primaries of a slot map from before a failover, not to the promoted replica that
+            # now serves the keys. EVAL carries the source to whichever node serves them.
+            return await self._client.eval(script.script, len(keys), *keys, *args)  # type: ignore[arg-type]
 
     async def open_session(
         self, session_id: str, *, epoch: str, token_digest: str, tenant: str,
@@ -285,14 +317,16 @@ class Scripts:
 
     async def resume(
         self, session_id: str, *, tenant: str, presented_digest: str, new_digest: str,
-        control_id: str, holder: AttachmentHolder | None = None,
+        control_id: str, holder: AttachmentHolder | None = None, attempt: int = 0,
     ) -> ResumeResult:
         """Bump the generation if the presented token is right.
 
         A retry of a resume that landed (same ``control_id``, presenting the token it rotated
         from, ``new_digest`` the one it rotated to) within :data:`RESUME_RETRY_WINDOW_MS` is
-        accepted too, and keeps the token it rotated to. Another tenant's session is
-        ``UNKNOWN``, whatever token is presented (no oracle).
+        accepted too, and keeps the token it rotated to, unless its ``attempt`` number (the
+        client's count of its tries of this resume; 0: not counted) is below the one that
+        landed: that copy is ``STALE``. Another tenant's session is ``UNKNOWN``, whatever
+        token is presented (no oracle).
         """
         k = SessionKeys(session_id)
         gateway_id, lease_ms = _holder_args(holder)
@@ -300,7 +334,7 @@ class Scripts:
             self._resume,
             [k.record, k.worker.deadlines, k.output_channel, k.output_log, k.worker.gateways],
             [presented_digest, new_digest, control_id, session_id, tenant,
-             RESUME_RETRY_WINDOW_MS, _new_call_id(), gateway_id, lease_ms],
+             RESUME_RETRY_WINDOW_MS, _new_call_id(), gateway_id, lease_ms, attempt],
         )
         status = ResumeStatus(_str(answer[0]))
         lease = None
@@ -408,7 +442,7 @@ class Scripts:
                 for item in ended:
                     pipe.zrem(tenant_sessions(item.tenant), item.session_id)
                 await pipe.execute()
-        except RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise_if_cancelled()
             raise StoreUnavailable(f"ZREM tenant failed: {exc}") from exc
 
@@ -505,17 +539,19 @@ class Scripts:
         answer = await self._run(self._abandon, keys, [session_id, terminal, tombstone_ttl_ms])
         return _str(answer)
 
-    async def reap(self, worker_id: str, *, budget: int = 100, recovered_ms: int = 0,
-                   release_budget: int = 1000,
+    async def reap(self, worker_id: str, *, budget: int = 100,
+                   outage_ms: int = DEFAULT_REAP_OUTAGE_MS, release_budget: int = 1000,
                    lease_ms: int = DEFAULT_ATTACHMENT_LEASE_MS) -> Reaped:
         """Declare ``worker_id`` lost if its heartbeat lapsed; else detach the sessions of
         gateways whose attachment lease (``lease_ms`` long) lapsed, and expire its due
         sessions. Take up to ``release_budget`` of its ended sessions, whose tenant places the
         caller releases.
 
-        ``recovered_ms``: when the caller reached Redis again after failing to (Redis clock;
-        0: it never failed). A worker whose heartbeat lapsed is not declared lost until it had
-        a full TTL after that to beat again.
+        ``outage_ms``: a longer gap since any reaper last reached the worker's slot is an
+        outage of that slot (a failover, a restart). The worker then gets a full heartbeat TTL
+        from now to beat before it can be declared lost, lapsed gateways a full lease to
+        renew, clients their grace and idle time from now. Keep it above the gap between two
+        of the caller's passes (see ``gateway/reaper.py``).
         """
         w = WorkerKeys(worker_id)
         prefix = w.record.removesuffix("worker") + "s:"
@@ -524,7 +560,7 @@ class Scripts:
                          w.gateways],
             [prefix, encode_message(SessionClosed(reason="worker_lost")),
              encode_message(SessionExpired(reason="disconnect_grace_expired")),
-             encode_message(SessionExpired(reason="idle_ttl_expired")), budget, recovered_ms,
+             encode_message(SessionExpired(reason="idle_ttl_expired")), budget, outage_ms,
              release_budget, lease_ms],
         )
         released = []
@@ -532,7 +568,7 @@ class Scripts:
             tenant, _, session_id = _str(entry).partition(" ")
             released.append(EndedSession(tenant=tenant, session_id=session_id))
         return Reaped(state=_str(answer[0]), ended=int(answer[1]), released=tuple(released),
-                      detached=int(answer[3]))
+                      detached=int(answer[3]), outage_ms=int(answer[4]))
 
     async def renew_attachment_lease(self, worker_id: str, holder: AttachmentHolder) -> int:
         """Renew ``holder``'s lease on every session it serves on ``worker_id``; returns when

@@ -1,8 +1,10 @@
-"""A TCP proxy in front of a real server that loses one reply on purpose.
+"""A TCP proxy in front of a real server that loses one reply, or holds one command, on purpose.
 
-The failure it makes is the one a retrying client cannot see through: the server received the
-command and executed it, and the connection broke before the reply came back (a network blip,
-a proxy restart, a killed client connection). A client that resends must not apply it twice.
+The failures it makes are the ones a retrying client cannot see through. A lost reply: the
+server received the command and executed it, and the connection broke before the reply came
+back (a network blip, a proxy restart, a killed client connection); a client that resends must
+not apply it twice. A held command: it reaches the server late, long after its sender gave up
+on it (a call that waited out a failover inside its client); it must not undo what came since.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ class FaultProxy:
         self.lost_replies = 0
         #: True during an outage (see :meth:`cut`).
         self.refusing = False
+        self._hold_marker: bytes | None = None
+        #: Set once the command armed by :meth:`hold_command` arrived (and is being held).
+        self.holding = asyncio.Event()
+        self._released = asyncio.Event()
 
     async def start(self) -> None:
         """Listen on a free port."""
@@ -53,6 +59,17 @@ class FaultProxy:
     def lose_reply_to(self, marker: bytes) -> None:
         """The next command whose bytes contain ``marker`` runs, but its reply is lost."""
         self._marker = marker
+
+    def hold_command(self, marker: bytes) -> None:
+        """The next command whose bytes contain ``marker`` (and whatever follows it on its
+        connection) waits in the proxy until :meth:`release`."""
+        self._hold_marker = marker
+        self.holding.clear()
+        self._released.clear()
+
+    def release(self) -> None:
+        """Forward the held command at last."""
+        self._released.set()
 
     async def aclose(self) -> None:
         """Stop listening and cut every connection."""
@@ -83,6 +100,11 @@ class FaultProxy:
         async def upstream() -> None:
             tail = b""  # a marker may straddle two reads
             while data := await reader.read(_READ):
+                held = self._hold_marker
+                if held is not None and held in data:
+                    self._hold_marker = None
+                    self.holding.set()
+                    await self._released.wait()
                 marker = self._marker
                 if marker is not None and marker in tail + data:
                     self._marker = None

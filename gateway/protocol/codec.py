@@ -215,6 +215,7 @@ def _session_resume(f: _Fields) -> env.ClientEnvelope:
         resume_token = f.require("resume_token", str)
         last_seq = f.optional_seq("last_received_server_event_seq", minimum=0)
         control_id = f.optional("control_id", str)
+        attempt = f.optional_seq("attempt", minimum=1)
     except ClientProtocolError as exc:
         f.fail(ErrorCode.INVALID_SESSION_RESUME, exc.message, exc.param)
     for key, value in (("session_id", session_id), ("resume_token", resume_token)):
@@ -234,6 +235,7 @@ def _session_resume(f: _Fields) -> env.ClientEnvelope:
         resume_token=resume_token,
         last_received_server_event_seq=last_seq or 0,
         control_id=control_id,
+        attempt=attempt or 0,
         event_id=f.event_id,
     )
 

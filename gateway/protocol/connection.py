@@ -352,9 +352,10 @@ class ConnectionCore:
 
     def resume_succeeded(
         self, session_id: str, *, resume_token: str, generation: int, last_client_seq: int,
-        first_retained_seq: int, last_server_event_seq: int,
+        first_retained_seq: int, last_server_event_seq: int, session_over: bool = False,
     ) -> None:
-        """The resume CAS landed: announce, then replay from the log (or ask for a resync)."""
+        """The resume CAS landed: announce, then replay from the log (or ask for a resync).
+        ``session_over``: the session has ended (its terminal event is the log's last)."""
         if self._landed_after_close(session_id, generation):
             return
         self.session_id = session_id
@@ -365,7 +366,11 @@ class ConnectionCore:
             # The client holds events the log does not: the store lost acknowledged writes (a
             # failover to a replica that lagged) or the client is wrong. Its position is void;
             # new events are numbered on from the log's end, so say so (never a silent gap).
-            self._follower = LogFollower(last_server_event_seq)
+            # A session that ended since (the worker saw its input log go back) has its
+            # terminal event last, under a number the client holds: replay that one too.
+            ended_at = last_server_event_seq if session_over else 0
+            self._follower = LogFollower(max(ended_at - 1, 0) if ended_at
+                                         else last_server_event_seq)
         self._notice(SessionResumedNotice(
             session_id=session_id, resume_token=resume_token, lease_generation=generation,
             last_client_seq=last_client_seq, replay_from=self._follower.next_index,

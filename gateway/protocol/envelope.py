@@ -41,8 +41,11 @@ class ResumeRequest:
         resume_token: the newest token the client holds (rotated on every resume).
         last_received_server_event_seq: the highest ``server_event_seq`` the client has; the
             gateway replays every event after it (0: replay everything still in the log).
-        control_id: makes a retried resume idempotent (DESIGN.md §2.7): the same id that
-            already landed returns the current generation instead of bumping it again.
+        control_id: makes a retried resume idempotent (DESIGN.md §2.7): a retry of a resume
+            that landed, under the same id, is accepted and keeps the token it rotated to.
+        attempt: which try of this ``control_id`` this is (1, 2, 3, ...; 0: not counted). A
+            late copy of an earlier try is refused once a later one attached the session, so
+            it cannot take the session from the connection the client now uses.
         event_id: the client's ``event_id``, echoed in errors.
     """
 
@@ -50,6 +53,7 @@ class ResumeRequest:
     resume_token: str
     last_received_server_event_seq: int = 0
     control_id: str | None = None
+    attempt: int = 0
     event_id: str | None = None
 
 

@@ -33,7 +33,7 @@ reach the client through the output log and are not listed here.
 | `unsupported_session_resume` | invalid_request_error | - | `session.resume` not sent first |
 | `session_resume_expired` | invalid_request_error | 1008 | resumed session unknown or ended |
 | `invalid_resume_token` | invalid_request_error | 1008 | resume token does not match |
-| `session_resume_conflict` | invalid_request_error | 1008 | a concurrent resume won the lease |
+| `session_resume_conflict` | invalid_request_error | 1008 | a racing or later `attempt` won |
 | `invalid_event_ack` | invalid_request_error | - | acknowledges an event never sent |
 | `resource_exhausted` | rate_limit_error | 1013 | no worker slot or tenant quota (retryable) |
 | `rate_limit_exceeded` | rate_limit_error | 1013 | the tenant's new sessions per minute |

@@ -150,12 +150,14 @@ class Stack:
         self.procs.append(proc)
         return proc
 
-    def gateway(self, *, log_level: str = "warning") -> Proc:
+    def gateway(self, *, log_level: str = "warning", redis_url: str = "") -> Proc:
         """Start a gateway and wait until it serves and reaches Redis: ready, or lacking only
-        a live worker (/readyz wants one, and tests mostly start the gateway first)."""
+        a live worker (/readyz wants one, and tests mostly start the gateway first).
+        ``redis_url``: where this one reaches Redis (a fault proxy, say) instead."""
         port = free_port()
         proc = self._spawn("gateway", ["serve", "--host", "127.0.0.1", "--port", str(port),
-                                       "--redis-url", self.url], port, log_level=log_level)
+                                       "--redis-url", redis_url or self.url], port,
+                           log_level=log_level)
         wait_for(lambda: http_answer(proc.http_url + "/readyz") in (READY, NO_WORKER)
                  or proc.process.poll() is not None, f"gateway on {port}")
         assert proc.process.poll() is None, "gateway exited at start"

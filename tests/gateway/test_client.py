@@ -328,6 +328,7 @@ async def test_a_lost_resume_answer_is_retried_with_the_same_control_id(
     requests = [gateway.frames(n)[0] for n in (1, 2, 3)]
     ids = [request["control_id"] for request in requests]
     assert ids[0] == ids[1] != ids[2]
+    assert [r["attempt"] for r in requests] == [1, 2, 1]  # numbered per control_id
     assert [r["resume_token"] for r in requests] == ["token-1", "token-1", "token-2"]
     assert trace(events) == [1, 2, "resumed", 3, "resumed", 4, 5]
     markers = [e for e in events if isinstance(e, Resumed)]

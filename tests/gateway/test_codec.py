@@ -97,10 +97,11 @@ ACCEPTED: list[tuple[str, str, ParsedFrame]] = [
     ("close-reason", f(CLOSE, reason="done"), cmd(m.CloseSession(reason="done"))),
     (
         "resume-full",
-        f(RESUME, event_id="c4", **TOKEN, **{LAST: 17}, control_id="ctl"),
+        f(RESUME, event_id="c4", **TOKEN, **{LAST: 17}, control_id="ctl", attempt=3),
         ParsedFrame(
             envelope=ResumeRequest(
-                **TOKEN, last_received_server_event_seq=17, control_id="ctl", event_id="c4"
+                **TOKEN, last_received_server_event_seq=17, control_id="ctl", attempt=3,
+                event_id="c4"
             )
         ),
     ),
@@ -214,6 +215,8 @@ REJECTED: list[tuple[str, str | bytes, str, str | None, str | None]] = [
     ("resume-negative-seq", f(RESUME, **TOKEN, **{LAST: -1}), BAD_RESUME, LAST, None),
     ("resume-str-seq", f(RESUME, **TOKEN, **{LAST: "3"}), BAD_RESUME, LAST, None),
     ("resume-int-control", f(RESUME, **TOKEN, control_id=5), BAD_RESUME, "control_id", None),
+    ("resume-zero-attempt", f(RESUME, **TOKEN, attempt=0), BAD_RESUME, "attempt", None),
+    ("resume-str-attempt", f(RESUME, **TOKEN, attempt="2"), BAD_RESUME, "attempt", None),
     ("ack-missing", f(ACK, event_id="e8"), MISSING, "server_event_seq", "e8"),
     ("ack-null", f(ACK, server_event_seq=None), TYPE, "server_event_seq", None),
     ("ack-str", f(ACK, server_event_seq="1"), TYPE, "server_event_seq", None),

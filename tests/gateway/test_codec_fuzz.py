@@ -135,6 +135,7 @@ def client_fields(
         "resume_token": st.text(max_size=10) | values,
         "last_received_server_event_seq": seqs | values,
         "control_id": st.text(max_size=10) | values,
+        "attempt": seqs | values,
         "server_event_seq": seqs | values,
     }
 
@@ -251,7 +252,8 @@ EVENT_FIELDS: dict[str, dict[str, type]] = {
     "session.heartbeat": {},
     "session.close": {"reason": str},
     "session.resume": {"session_id": str, "resume_token": str,
-                       "last_received_server_event_seq": int, "control_id": str},
+                       "last_received_server_event_seq": int, "control_id": str,
+                       "attempt": int},
     "session.event_ack": {"server_event_seq": int},
 }
 # A valid frame of each type, which the wrong-type test spoils one field of.

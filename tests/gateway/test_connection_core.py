@@ -506,6 +506,25 @@ def test_resume_past_the_logs_end_requires_a_resync(first_retained: int,
     assert core.delivered_seq == last_server
 
 
+def test_resume_past_the_end_of_an_ended_sessions_log_replays_its_terminal_event() -> None:
+    """The session ended after the log went back (its worker saw its input log rewound): the
+    terminal event is the log's last, under a number the client holds. Resync to it and
+    deliver it, so the client learns the session is over instead of waiting in silence."""
+    core = new_core()
+    core.receive_frame(resume_frame(9))
+    core.actions_to_run()
+    core.resume_succeeded(SID, resume_token="tok", generation=2, last_client_seq=4,
+                          first_retained_seq=1, last_server_event_seq=6, session_over=True)
+    actions = core.actions_to_run()
+    frames = sent(actions)
+    assert [(f["type"], f.get("replay_from")) for f in frames] == [
+        ("session.resumed", 6), ("session.resync_required", 6)]
+    assert actions[-1] == FetchLog(after_seq=5)
+    core.receive_log_entries(6, payloads(m.SessionClosed(reason="log_rewound")))
+    closed = sent(core.actions_to_run())
+    assert [(f["type"], f["server_event_seq"]) for f in closed] == [("session.closed", 6)]
+
+
 @pytest.mark.parametrize(("last", "first_retained", "last_server"), [
     (0, 0, 0),  # an empty log: nothing was ever written
     (5, 0, 5),  # fully trimmed, but the client already holds everything

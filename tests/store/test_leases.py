@@ -134,15 +134,18 @@ async def test_detach_and_close_let_go_of_the_session(
 async def test_after_an_outage_a_lapsed_gateway_gets_one_lease_to_renew(
     scripts: Scripts, redis_client: Redis
 ) -> None:
-    """A reaper that just reached Redis again does not detach a lapsed gateway's sessions
-    until the gateway had a full lease to renew."""
+    """The reap that ends an outage of the slot (no reaper reached it for longer than
+    ``outage_ms``) does not detach a lapsed gateway's sessions until the gateway had a full
+    lease to renew."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid, holder=A)
     await expire_lease(redis_client, scripts, wid, A)
+    await wait_redis_clock_past(redis_client, await redis_now_ms(redis_client) + 150)
+    back = await scripts.reap(wid, outage_ms=100, lease_ms=100)
+    assert (back.detached, back.outage_ms > 0) == (0, True)
     recovered = await redis_now_ms(redis_client)
-    assert (await scripts.reap(wid, recovered_ms=recovered, lease_ms=100)).detached == 0
     await wait_redis_clock_past(redis_client, recovered + 100)
-    assert (await scripts.reap(wid, recovered_ms=recovered, lease_ms=100)).detached == 1
+    assert (await scripts.reap(wid, outage_ms=60_000, lease_ms=100)).detached == 1
     assert await session_field(redis_client, opened.session_id, "state") == "detached"
 
 

@@ -46,6 +46,10 @@ from tests.store._support import (
     worker_field,
 )
 
+#: Reaps further apart than this are an outage of the slot, in the outage tests; LONG_MS: never.
+OUTAGE_MS = 100
+LONG_MS = 60_000
+
 
 def cmd(text: str) -> bytes:
     """An opaque encoded input command (the store never decodes commands)."""
@@ -259,6 +263,32 @@ async def test_a_retried_resume_keeps_its_token_and_fences_the_first(
                                  new_digest=digest("t4"), control_id="ctl-3")).status \
         is ResumeStatus.OK
     assert (await scripts.resume(sid, **kwargs)).status is ResumeStatus.BAD_TOKEN
+
+
+async def test_a_late_copy_of_an_earlier_resume_attempt_is_stale(
+    scripts: Scripts, redis_client: Redis
+) -> None:
+    """Attempt 1 of a resume waits out a failover inside gateway B; the client gives up on it
+    and attempt 2 (same control id) attaches through gateway A. When attempt 1 lands at
+    last it is refused as stale: A's generation and lease stand, nothing is rotated. The same
+    attempt sent again (its gateway's own retry) and a later attempt are still accepted."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    sid = opened.session_id
+    kwargs: dict[str, Any] = {"tenant": "tenant-a", "presented_digest": digest(opened.token),
+                              "new_digest": digest("t2"), "control_id": "ctl-1"}
+    second = await scripts.resume(sid, **kwargs, attempt=2)
+    assert second.status is ResumeStatus.OK and second.lease is not None
+    late = await scripts.resume(sid, **kwargs, attempt=1)
+    assert (late.status, late.lease) == (ResumeStatus.STALE, None)
+    assert await session_field(redis_client, sid, "gen") == str(second.lease.generation)
+    await scripts.append_input(second.lease, [(None, cmd("still mine"))], max_entries=100)
+    again = await scripts.resume(sid, **kwargs, attempt=2)  # attempt 2's gateway retrying
+    third = await scripts.resume(sid, **kwargs, attempt=3)
+    assert again.status is third.status is ResumeStatus.OK
+    assert third.lease is not None and third.lease.generation == second.lease.generation + 2
+    assert (await scripts.resume(sid, **kwargs, attempt=2)).status is ResumeStatus.STALE
+    assert await session_field(redis_client, sid, "digest") == digest("t2")
 
 
 async def test_a_resume_retry_is_refused_after_its_window(
@@ -792,39 +822,60 @@ async def test_reap_lost_worker_closes_every_session_once(
 async def test_reap_after_an_outage_gives_a_lapsed_worker_one_ttl(
     scripts: Scripts, redis_client: Redis
 ) -> None:
-    """A reaper that just reached Redis again declares a lapsed worker lost only once the
-    worker had a full TTL since then to beat (it could not beat while Redis was away)."""
+    """No reaper reached the worker's slot for longer than ``outage_ms`` (a failover, a
+    restart) while its heartbeat lapsed: the reap that ends the gap reports the outage and
+    declares the worker lost only once it had a full TTL since then to beat."""
     wid = await register_worker(scripts, slots=2)
     opened = await open_session(scripts, wid)
+    assert (await scripts.reap(wid, outage_ms=OUTAGE_MS)).outage_ms == 0
     beat = await scripts.worker_heartbeat(wid, slots=2, ttl_ms=300, register=False,
                                           drain=False)
-    await wait_redis_clock_past(redis_client, beat.alive_until_ms)
+    await wait_redis_clock_past(redis_client, beat.alive_until_ms)  # 300 ms: an outage
+    back = await scripts.reap(wid, outage_ms=OUTAGE_MS)
+    assert counts(back) == ("live", 0) and back.outage_ms >= 300
     recovered = await redis_now_ms(redis_client)
-    assert counts(await scripts.reap(wid, recovered_ms=recovered)) == ("live", 0)
+    # Reaps close together: no outage, so the TTL since the return runs out.
+    assert counts(await scripts.reap(wid, outage_ms=LONG_MS)) == ("live", 0)
     await wait_redis_clock_past(redis_client, recovered + 300)
-    assert counts(await scripts.reap(wid, recovered_ms=recovered)) == ("lost", 1)
+    lost = await scripts.reap(wid, outage_ms=LONG_MS)
+    assert counts(lost) == ("lost", 1) and lost.outage_ms == 0
     await assert_one_terminal(redis_client, opened.session_id, "session.closed", "worker_lost")
+
+
+async def test_reap_after_a_short_gap_declares_a_lapsed_worker_lost_at_once(
+    scripts: Scripts, redis_client: Redis
+) -> None:
+    """A gap between reaps within ``outage_ms`` is no outage: a lapsed heartbeat is a loss."""
+    wid = await register_worker(scripts, slots=2)
+    await open_session(scripts, wid)
+    beat = await scripts.worker_heartbeat(wid, slots=2, ttl_ms=100, register=False,
+                                          drain=False)
+    await wait_redis_clock_past(redis_client, beat.alive_until_ms)
+    reaped = await scripts.reap(wid, outage_ms=LONG_MS)
+    assert counts(reaped) == ("lost", 1) and reaped.outage_ms == 0
 
 
 async def test_reap_after_an_outage_counts_grace_and_idle_from_the_return(
     scripts: Scripts, redis_client: Redis
 ) -> None:
-    """Clients could not resume or show activity while Redis was away: a detached session's
-    grace and an idle session's TTL count from when the reaper reached Redis again."""
+    """Clients could not resume or show activity while the slot was out of reach: a detached
+    session's grace and an idle session's TTL count from the reap that ended the outage."""
     wid = await register_worker(scripts, slots=4)
     policy = SessionPolicy(disconnect_grace_ms=200, idle_ttl_ms=300)
     detached = await open_session(scripts, wid, policy=policy)
     idle = await open_session(scripts, wid, policy=policy)
     await scripts.detach(detached.lease)
+    await scripts.worker_heartbeat(wid, slots=4, ttl_ms=60_000, register=False, drain=False)
     await wait_redis_clock_past(redis_client, await redis_now_ms(redis_client) + 320)
-    recovered = await redis_now_ms(redis_client)  # both are past due by now
-    assert counts(await scripts.reap(wid, recovered_ms=recovered)) == ("live", 0)
+    back = await scripts.reap(wid, outage_ms=OUTAGE_MS)  # both are past due by now
+    assert counts(back) == ("live", 0) and back.outage_ms > 0
+    recovered = await redis_now_ms(redis_client)
     await wait_redis_clock_past(redis_client, recovered + 200)
-    assert counts(await scripts.reap(wid, recovered_ms=recovered)) == ("live", 1)
+    assert counts(await scripts.reap(wid, outage_ms=LONG_MS)) == ("live", 1)
     await assert_one_terminal(redis_client, detached.session_id, "session.expired",
                               "disconnect_grace_expired")
     await wait_redis_clock_past(redis_client, recovered + 300)
-    assert counts(await scripts.reap(wid, recovered_ms=recovered)) == ("live", 1)
+    assert counts(await scripts.reap(wid, outage_ms=LONG_MS)) == ("live", 1)
     await assert_one_terminal(redis_client, idle.session_id, "session.expired",
                               "idle_ttl_expired")
 
