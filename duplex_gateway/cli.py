@@ -222,6 +222,22 @@ def _bench_resume(args: argparse.Namespace) -> int:
                             output=args.output)
 
 
+def _bench_leases(args: argparse.Namespace) -> int:
+    from duplex_gateway.bench_leases import run_leases_bench
+
+    return run_leases_bench(sessions=args.sessions, workers=args.workers, seconds=args.seconds,
+                            output=args.output)
+
+
+def _session_counts(text: str) -> list[int]:
+    from duplex_gateway.bench_leases import parse_session_counts
+
+    try:
+        return parse_session_counts(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _bench_worker(args: argparse.Namespace) -> int:
     from duplex_gateway.bench_worker import run_worker_bench
 
@@ -277,6 +293,13 @@ def _parser() -> argparse.ArgumentParser:
     resume.add_argument("--disconnects", type=int, default=1000)
     resume.add_argument("--output", default="bench-results/resume.json")
     resume.set_defaults(func=_bench_resume)
+    leases = bench_sub.add_parser("leases", help="Redis cost of attachment leases, per count")
+    leases.add_argument("--sessions", type=_session_counts, default=[100, 1000, 2000],
+                        help="idle session counts, comma-separated, measured in ascending order")
+    leases.add_argument("--workers", type=int, default=4)
+    leases.add_argument("--seconds", type=float, default=10.0, help="measured window per count")
+    leases.add_argument("--output", default="bench-results/leases.json")
+    leases.set_defaults(func=_bench_leases)
     bench_worker = bench_sub.add_parser("worker", help="batched step time per batch size")
     bench_worker.set_defaults(func=_bench_worker)
     _add_bench_worker_args(bench_worker)

@@ -72,9 +72,17 @@ class AttachmentLeases:
         return len(workers)
 
     async def run(self) -> None:
-        """Renew forever, ``_RENEWALS_PER_LEASE`` times per lease period."""
+        """Renew forever, ``_RENEWALS_PER_LEASE`` times per lease period, on a fixed clock: a
+        pause measured from the end of each round would let rounds drift apart on a busy
+        event loop (measured: a round every 2.6-3.8 s instead of 1 s on a saturated machine)
+        until healthy sessions' leases lapsed. A round that runs late is followed at once by
+        the next due one, never by a burst of the missed ones."""
+        loop = asyncio.get_running_loop()
         interval = self.holder.lease_ms / 1000 / _RENEWALS_PER_LEASE
+        due = loop.time()
         while True:
             await self.renew_once()
             raise_if_cancelled()
-            await asyncio.sleep(interval)  # a periodic duty, not a wait for a condition
+            due = max(due + interval, loop.time())
+            # A periodic duty, not a wait for a condition.
+            await asyncio.sleep(max(0.0, due - loop.time()))
