@@ -291,8 +291,11 @@ class ConnectionDriver:
             entries = [(seq, encode_message(command)) for seq, command in batch]
             try:
                 appended = await self._svc.batcher.append(self._lease, entries)
-                self._svc.metrics.commands_appended.inc(len(entries))
-                self._relay_in.observe(time.monotonic() - since)
+                if appended.backlog_full:
+                    self._refuse_backlogged(batch)
+                else:
+                    self._svc.metrics.commands_appended.inc(len(entries))
+                    self._relay_in.observe(time.monotonic() - since)
                 await self._check_input_end(appended)
             except LeaseLost as exc:
                 if exc.current_generation == self._lease.generation:
@@ -312,6 +315,25 @@ class ConnectionDriver:
                 self._append_failed = True
                 _log.warning("append failed for %s: %s", self._lease.session_id, exc)
                 self._core.fail(InternalError(str(exc)))
+
+    def _refuse_backlogged(self, batch: list[tuple[int | None, Command]]) -> None:
+        """The store took none of ``batch``: with it, the commands the worker has not read
+        yet would pass ``INPUT_LOG_MAX_ENTRIES``. Nothing more goes upstream from this
+        connection: a later command that landed would overtake the refused ones (and move
+        ``last_client_seq`` past them, so a resend would be dropped as a duplicate). The
+        client is told (``input_backpressure``) and the connection closed 1013; the session
+        is detached, not ended, so the client resumes (after a pause the worker can catch up
+        in) and resends everything after ``session.resumed.last_client_seq``, in order."""
+        self._append_failed = True
+        self._svc.metrics.commands_refused.inc(len(batch))
+        first_id = getattr(batch[0][1], "event_id", None)
+        start = f"starting with event {first_id} " if first_id else ""
+        self._core.fail(ClientProtocolError(
+            ErrorCode.INPUT_BACKPRESSURE,
+            f"The model worker is behind on this session's input: {len(batch)} command(s) "
+            f"{start}were not taken, nor anything after them. Resume and resend from"
+            " last_client_seq.",
+            client_event_id=first_id, close_code=CloseCode.TRY_AGAIN_LATER))
 
     async def _check_input_end(self, appended: AppendResult) -> None:
         """Redis numbers the input log; under one lease the numbers only grow. A number this

@@ -25,6 +25,11 @@ class GatewayMetrics:
         self.frames_sent = Counter(f"{_NS}_frames_sent", "Frames sent to clients", registry=r)
         self.commands_appended = Counter(f"{_NS}_commands_appended",
                                          "Client commands appended to input logs", registry=r)
+        self.commands_refused = Counter(
+            f"{_NS}_commands_refused",
+            "Client commands not appended because their session's worker was behind (its"
+            " unread input at INPUT_LOG_MAX_ENTRIES); each refusal is an input_backpressure"
+            " error", registry=r)
         self.reaped = Counter(f"{_NS}_sessions_reaped", "Sessions ended by this reaper",
                               registry=r)
         self.lease_renewals = Counter(

@@ -80,7 +80,8 @@ class GatewaySettings:
         default=4096, metadata={"help": "events kept per session for replay"}
     )
     input_log_max_entries: int = field(
-        default=4096, metadata={"help": "commands kept per session until the worker reads"}
+        default=4096,
+        metadata={"help": "commands a session's worker may have unread; more: input_backpressure"},
     )
     # An attached client that never acks keeps ~retention + 1 s of output in Redis: 3 s keeps a
     # 24 kHz stream under DESIGN §5's 256 KiB per session (bench relay: ~237 KiB; 5 s: ~373).

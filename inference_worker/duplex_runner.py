@@ -42,9 +42,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Final, assert_never
 
+from inference_worker.conversation import (
+    Conversation,
+    OpenResponse,
+    PendingInput,
+    UserItem,
+    already_active,
+    cancel_refusal,
+    commit_too_small,
+)
 from inference_worker.frames import FrameOutput
 from inference_worker.loopback import (
-    BYTES_PER_SECOND,
     MIN_COMMIT_BYTES,
     Refusal,
     apply_session_patch,
@@ -52,13 +60,6 @@ from inference_worker.loopback import (
     default_session,
     response_options,
     too_deep,
-)
-from inference_worker.realtime_items import (
-    assistant_item,
-    content_part,
-    item_content,
-    response_object,
-    zero_usage,
 )
 from inference_worker.untrusted import close_reason, describe
 from store import messages as msg
@@ -78,34 +79,15 @@ _MAX_HELD_TEXT: Final = 2000
 _LOOPBACK_EXTRA: Final = {"loopback_mode": "turn", "auto_response": False}
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PendingInput:
-    """What the engine must do for this session's slot: clear queued input, then queue audio."""
-
-    clear: bool = False
-    audio: bytes = b""
-
-
 @dataclass(slots=True, kw_only=True)
 class _Response:
     """The one active response and how far the model's turn has got."""
 
-    id: str
-    item_id: str
-    previous_item_id: str | None
-    created: JsonObject
+    opened: OpenResponse
     transcript: list[str] = field(default_factory=list)
     heard: bool = False  # audible output seen
     silent_run: int = 0  # consecutive silent ticks since the last audible one
     age: int = 0  # ticks since it opened
-
-
-@dataclass(slots=True, kw_only=True)
-class _UserItem:
-    """A user item added on end of speech, completed when its transcript arrives."""
-
-    id: str
-    previous_item_id: str | None
 
 
 class DuplexRunner:
@@ -126,19 +108,16 @@ class DuplexRunner:
         config = default_session(session_id)
         config["model"] = model
         config["extra_body"] = {"end_of_turn_silence_ms": _DEFAULT_SILENCE_MS}
-        self._config = config
+        self._conversation = Conversation(config)
         self._frame_seconds = frame_seconds
         self._explicit = explicit_turns
-        self._events: list[msg.Event] = []
         self._close_reason: str | None = None
         self._input = bytearray()
         self._clear = False
         self._uncommitted = 0  # bytes appended since the last commit or clear
-        self._last_item_id: str | None = None
-        self._items = 0
-        self._responses = 0
         self._response: _Response | None = None
-        self._user_item: _UserItem | None = None
+        # A user item added on end of speech, completed when its transcript arrives.
+        self._user_item: UserItem | None = None
         self._muted = False
         self._mute_silence = 0
         self._held_text = ""
@@ -148,6 +127,10 @@ class DuplexRunner:
         self._latencies: list[float] = []
 
     # ------------------------------------------------------------------ public API
+
+    @property
+    def _config(self) -> JsonObject:
+        return self._conversation.config
 
     @property
     def close_requested(self) -> str | None:
@@ -179,13 +162,13 @@ class DuplexRunner:
             case msg.ClearInput():
                 self._input.clear()
                 self._clear, self._uncommitted = True, 0
-                self._events.append(msg.InputCleared())
+                self._conversation.emit(msg.InputCleared())
             case msg.CreateResponse():
                 self._create(command, now)
             case msg.CancelResponse():
                 self._cancel(command)
             case msg.Heartbeat():
-                self._events.append(msg.HeartbeatAck())
+                self._conversation.emit(msg.HeartbeatAck())
             case msg.CloseSession():
                 self._close(command)
             case _:
@@ -220,8 +203,7 @@ class DuplexRunner:
 
     def events_to_send(self) -> list[msg.Event]:
         """Return the events produced since the last call, in order, and forget them."""
-        events, self._events = self._events, []
-        return events
+        return self._conversation.take_events()
 
     def take_first_audio_latencies(self) -> list[float]:
         """Seconds from each turn's trigger to its first audible output, since the last call."""
@@ -246,8 +228,8 @@ class DuplexRunner:
         rest = {k: v for k, v in command.session.items() if k != "extra_body"}
         config = apply_session_patch(rest, {**self._config, "extra_body": {}})
         config["extra_body"] = {**self._config["extra_body"], **extra}
-        self._config = config
-        self._events.append(msg.SessionUpdated(session=copy.deepcopy(config)))
+        self._conversation.config = config
+        self._conversation.session_updated()
 
     def _append(self, command: msg.AppendAudio, now: float) -> None:
         if not command.audio:
@@ -261,25 +243,15 @@ class DuplexRunner:
 
     def _commit(self, command: msg.CommitInput, now: float) -> None:
         if self._uncommitted < MIN_COMMIT_BYTES:
-            buffered_ms = self._uncommitted * 1000 / BYTES_PER_SECOND
-            self._refuse(command.event_id, Refusal(
-                code="input_audio_buffer_commit_empty",
-                message="Error committing input audio buffer: buffer too small. Expected at least"
-                f" 100ms of audio, but buffer only has {buffered_ms:.2f}ms of audio.",
-            ))
+            self._refuse(command.event_id, commit_too_small(self._uncommitted))
             return
         self._uncommitted = 0
-        self._add_user_item(done=True)
+        self._conversation.add_user_item(done=True)
         self._anchor = now
 
     def _create(self, command: msg.CreateResponse, now: float) -> None:
         if self._response is not None:
-            self._refuse(command.event_id, Refusal(
-                code="conversation_already_has_active_response",
-                message="Conversation already has an active response in progress:"
-                f" {self._response.id}. Wait until the response is finished before creating"
-                " a new one.",
-            ))
+            self._refuse(command.event_id, already_active(self._response.opened.id))
             return
         options = response_options(command.response, self._config)
         if isinstance(options, Refusal):
@@ -297,14 +269,10 @@ class DuplexRunner:
 
     def _cancel(self, command: msg.CancelResponse) -> None:
         active = self._response
-        if active is None or (command.response_id is not None
-                              and command.response_id != active.id):
-            param = None if active is None else "response_id"
-            what = "no active response found" if active is None else (
-                f"{command.response_id} is not active")
-            self._refuse(command.event_id, Refusal(code="response_cancel_not_active",
-                                                   message=f"Cancellation failed: {what}",
-                                                   param=param))
+        refusal = cancel_refusal(active.opened.id if active is not None else None,
+                                 command.response_id)
+        if refusal is not None:
+            self._refuse(command.event_id, refusal)
             return
         self._finish("cancelled", "client_cancelled")
         self._muted, self._mute_silence = True, 0
@@ -323,13 +291,13 @@ class DuplexRunner:
         """The ``events`` turn mode: the backend says when turns start and end."""
         error = events.get("error")
         if isinstance(error, str) and error:
-            self._events.append(msg.ErrorEvent(code="model_error", message=error,
-                                               error_type="server_error"))
+            self._conversation.emit(msg.ErrorEvent(code="model_error", message=error,
+                                                   error_type="server_error"))
         if events.get("barge_in") and self._response is not None:
             self._finish("cancelled", "turn_detected")
         if events.get("speech_stopped"):
             self._complete_user_item(None)
-            self._add_user_item(done=False)
+            self._user_item = self._conversation.add_user_item(done=False)
             self._uncommitted = 0
             self._anchor = now
         transcript = events.get("transcript")
@@ -356,16 +324,16 @@ class DuplexRunner:
 
     def _stream(self, response: _Response, frame: FrameOutput, audible: bool,
                 now: float) -> None:
-        rid, iid = response.id, response.item_id
+        rid, iid = response.opened.id, response.opened.item_id
         text, self._held_text = self._held_text + frame.text, ""
         if frame.audio:
-            self._events.append(msg.AudioDelta(response_id=rid, item_id=iid, output_index=0,
-                                               content_index=0, audio=frame.audio))
+            self._conversation.emit(msg.AudioDelta(response_id=rid, item_id=iid, output_index=0,
+                                                   content_index=0, audio=frame.audio))
         if text:
             response.transcript.append(text)
-            self._events.append(msg.TranscriptDelta(response_id=rid, item_id=iid,
-                                                    output_index=0, content_index=0,
-                                                    delta=text))
+            self._conversation.emit(msg.TranscriptDelta(response_id=rid, item_id=iid,
+                                                        output_index=0, content_index=0,
+                                                        delta=text))
         if audible and not response.heard and self._anchor is not None:
             self._latencies.append(max(0.0, now - self._anchor))
             self._anchor = None
@@ -390,87 +358,28 @@ class DuplexRunner:
     # ------------------------------------------------------------------ responses and items
 
     def _open(self, metadata: dict[str, str] | None = None) -> None:
-        # response.created -> response.output_item.added -> conversation.item.added ->
-        # response.content_part.added (openai_realtime.md §2a).
         self._complete_user_item(None)
-        self._responses += 1
-        response_id = f"resp_{self._responses}"
-        item_id = self._new_item_id()
-        created = response_object(response_id, self._config, True, metadata)
-        previous, self._last_item_id = self._last_item_id, item_id
-        self._response = _Response(id=response_id, item_id=item_id, previous_item_id=previous,
-                                   created=created)
-        item = assistant_item(item_id, "in_progress", [])
-        self._events += [
-            msg.ResponseCreated(response=copy.deepcopy(created)),
-            msg.OutputItemAdded(response_id=response_id, output_index=0, item=item),
-            msg.ItemAdded(item=copy.deepcopy(item), previous_item_id=previous),
-            msg.ContentPartAdded(response_id=response_id, item_id=item_id, output_index=0,
-                                 content_index=0, part=content_part(True)),
-        ]
+        self._response = _Response(
+            opened=self._conversation.open_response(audio=True, metadata=metadata))
 
     def _finish(self, status: str, reason: str | None) -> None:
         response = self._response
         assert response is not None  # callers checked
         self._response = None
-        rid, iid = response.id, response.item_id
-        transcript = "".join(response.transcript)
-        part = {**content_part(True), "transcript": transcript}
-        content = {**item_content(True), "transcript": transcript}
-        item = assistant_item(iid, "completed" if status == "completed" else "incomplete",
-                               [content])
-        details = None if reason is None else {"type": "cancelled", "reason": reason}
-        done = {**copy.deepcopy(response.created), "status": status, "status_details": details,
-                "output": [item], "usage": zero_usage()}
-        self._events += [
-            msg.AudioDone(response_id=rid, item_id=iid, output_index=0, content_index=0),
-            msg.TranscriptDone(response_id=rid, item_id=iid, output_index=0, content_index=0,
-                               transcript=transcript),
-            msg.ContentPartDone(response_id=rid, item_id=iid, output_index=0, content_index=0,
-                                part=part),
-            msg.ItemDone(item=copy.deepcopy(item), previous_item_id=response.previous_item_id),
-            msg.OutputItemDone(response_id=rid, output_index=0, item=copy.deepcopy(item)),
-            msg.ResponseDone(response=done),
-        ]
-
-    def _add_user_item(self, *, done: bool) -> None:
-        # input_audio_buffer.committed -> conversation.item.added [-> conversation.item.done].
-        item_id = self._new_item_id()
-        previous, self._last_item_id = self._last_item_id, item_id
-        self._events += [
-            msg.InputCommitted(item_id=item_id, previous_item_id=previous),
-            msg.ItemAdded(item=_user_item(item_id, None), previous_item_id=previous),
-        ]
-        pending = _UserItem(id=item_id, previous_item_id=previous)
-        if done:
-            self._events.append(msg.ItemDone(item=_user_item(item_id, None),
-                                             previous_item_id=previous))
-        else:
-            self._user_item = pending
+        self._conversation.finish_response(response.opened, status=status, reason=reason,
+                                           transcript="".join(response.transcript))
 
     def _complete_user_item(self, transcript: str | None) -> None:
         pending, self._user_item = self._user_item, None
         if pending is not None:
-            self._events.append(msg.ItemDone(item=_user_item(pending.id, transcript),
-                                             previous_item_id=pending.previous_item_id))
-
-    def _new_item_id(self) -> str:
-        self._items += 1
-        return f"item_{self._items}"
+            self._conversation.complete_user_item(pending, transcript)
 
     def _refuse(self, client_event_id: str | None, refusal: Refusal) -> None:
-        self._events.append(msg.ErrorEvent(code=refusal.code, message=refusal.message,
-                                           param=refusal.param, client_event_id=client_event_id))
+        self._conversation.refuse(client_event_id, refusal)
 
 
 def _turn_over(events: dict[str, Any]) -> bool:
     return bool(events.get("end_of_turn") or events.get("response_done"))
-
-
-def _user_item(item_id: str, transcript: str | None) -> JsonObject:
-    return {"id": item_id, "object": "realtime.item", "type": "message", "role": "user",
-            "status": "completed",
-            "content": [{"type": "input_audio", "transcript": transcript}]}
 
 
 def _check_patch(patch: Any, current: JsonObject) -> Refusal | None:

@@ -15,8 +15,14 @@ import copy
 from dataclasses import dataclass
 from typing import assert_never
 
+from inference_worker.conversation import (
+    Conversation,
+    OpenResponse,
+    already_active,
+    cancel_refusal,
+    commit_too_small,
+)
 from inference_worker.loopback import (
-    BYTES_PER_SECOND,
     MAX_BUFFER_BYTES,
     MIN_COMMIT_BYTES,
     PacedPlayback,
@@ -25,13 +31,6 @@ from inference_worker.loopback import (
     check_session_patch,
     default_session,
     response_options,
-)
-from inference_worker.realtime_items import (
-    assistant_item,
-    content_part,
-    item_content,
-    response_object,
-    zero_usage,
 )
 from inference_worker.states import InputState, ResponseState, Trigger, transition
 from inference_worker.untrusted import close_reason
@@ -45,14 +44,10 @@ __all__ = ["SessionRunner"]
 
 @dataclass(slots=True, kw_only=True)
 class _Response:
-    """The one active response: its ids, the object sent in response.created, its audio."""
+    """The one active response and its audio (None when streamed, or text-only)."""
 
-    id: str
-    item_id: str
-    previous_item_id: str | None
-    audio: bool  # output_modalities ["audio"] (else ["text"])
-    created: JsonObject
-    playback: PacedPlayback | None  # None when streamed (stream mode) or text-only
+    opened: OpenResponse
+    playback: PacedPlayback | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,17 +72,17 @@ class SessionRunner:
         The loopback has no timed state at open; ``now`` keeps the driver's calls uniform.
         """
         del now
-        self._config = default_session(session_id)
-        self._events: list[msg.Event] = []
+        self._conversation = Conversation(default_session(session_id))
         self._input = InputState.EMPTY
         self._response_state = ResponseState.IDLE
         self._buffer = bytearray()
-        self._last_item_id: str | None = None  # the tail of the conversation
         self._unanswered: _UserTurn | None = None
         self._response: _Response | None = None
-        self._item_count = 0
-        self._response_count = 0
         self._close_reason: str | None = None
+
+    @property
+    def _config(self) -> JsonObject:
+        return self._conversation.config
 
     # ------------------------------------------------------------------ public API
 
@@ -125,7 +120,7 @@ class SessionRunner:
             case msg.CancelResponse():
                 self._cancel(command)
             case msg.Heartbeat():
-                self._events.append(msg.HeartbeatAck())
+                self._conversation.emit(msg.HeartbeatAck())
             case msg.CloseSession():
                 self._close(command)
             case _:
@@ -137,8 +132,7 @@ class SessionRunner:
 
     def events_to_send(self) -> list[msg.Event]:
         """Return the events produced since the last call, in order, and forget them."""
-        events, self._events = self._events, []
-        return events
+        return self._conversation.take_events()
 
     def next_deadline(self) -> float | None:
         """When :meth:`tick` next has work to do, or None when nothing is scheduled."""
@@ -155,8 +149,8 @@ class SessionRunner:
         if refusal is not None:
             self._refuse(command.event_id, refusal)
             return
-        self._config = apply_session_patch(command.session, self._config)
-        self._events.append(msg.SessionUpdated(session=copy.deepcopy(self._config)))
+        self._conversation.config = apply_session_patch(command.session, self._config)
+        self._conversation.session_updated()
 
     def _append(self, command: msg.AppendAudio) -> None:
         if not command.audio:
@@ -170,16 +164,11 @@ class SessionRunner:
 
     def _commit(self, command: msg.CommitInput, now: float) -> None:
         if len(self._buffer) < MIN_COMMIT_BYTES or not self._move_input(Trigger.COMMIT):
-            buffered_ms = len(self._buffer) * 1000 / BYTES_PER_SECOND
-            self._refuse(command.event_id, Refusal(
-                code="input_audio_buffer_commit_empty",
-                message="Error committing input audio buffer: buffer too small. Expected at least"
-                f" 100ms of audio, but buffer only has {buffered_ms:.2f}ms of audio.",
-            ))
+            self._refuse(command.event_id, commit_too_small(len(self._buffer)))
             return
         audio = bytes(self._buffer)
         self._buffer.clear()
-        item_id = self._add_user_item()
+        item_id = self._conversation.add_user_item(done=True).id
         if self._response_state is ResponseState.STREAMING:
             # The streamed response already echoed this turn: the commit completes it.
             self._unanswered = None
@@ -194,17 +183,13 @@ class SessionRunner:
     def _clear(self) -> None:
         self._move_input(Trigger.CLEAR)
         self._buffer.clear()
-        self._events.append(msg.InputCleared())
+        self._conversation.emit(msg.InputCleared())
 
     def _create(self, command: msg.CreateResponse, now: float) -> None:
         active = self._response
         if active is not None or transition(self._response_state, Trigger.CREATE) is None:
-            active_id = active.id if active is not None else "?"
-            self._refuse(command.event_id, Refusal(
-                code="conversation_already_has_active_response",
-                message=f"Conversation already has an active response in progress: {active_id}."
-                " Wait until the response is finished before creating a new one.",
-            ))
+            self._refuse(command.event_id,
+                         already_active(active.opened.id if active is not None else "?"))
             return
         options = response_options(command.response, self._config)
         if isinstance(options, Refusal):
@@ -219,16 +204,14 @@ class SessionRunner:
 
     def _cancel(self, command: msg.CancelResponse) -> None:
         active = self._response
-        if active is None or transition(self._response_state, Trigger.CANCEL) is None:
-            refusal = Refusal(code="response_cancel_not_active",
-                              message="Cancellation failed: no active response found")
-        elif command.response_id is not None and command.response_id != active.id:
-            refusal = Refusal(code="response_cancel_not_active", param="response_id",
-                              message=f"Cancellation failed: {command.response_id} is not active")
-        else:
-            self._end_response(Trigger.CANCEL, "cancelled")  # unreleased audio is dropped
+        active_id = None
+        if active is not None and transition(self._response_state, Trigger.CANCEL) is not None:
+            active_id = active.opened.id
+        refusal = cancel_refusal(active_id, command.response_id)
+        if refusal is not None:
+            self._refuse(command.event_id, refusal)
             return
-        self._refuse(command.event_id, refusal)
+        self._end_response(Trigger.CANCEL, "cancelled")  # unreleased audio is dropped
 
     def _close(self, command: msg.CloseSession) -> None:
         if self._response is not None:
@@ -252,8 +235,7 @@ class SessionRunner:
             self._open_response(audio=True, metadata=None, playback=None)
         response = self._response
         assert response is not None  # STREAMING always has its response
-        self._events.append(msg.AudioDelta(response_id=response.id, item_id=response.item_id,
-                                       output_index=0, content_index=0, audio=audio))
+        self._delta(response.opened, audio)
 
     def _play(self, audio: bool, metadata: dict[str, str] | None, now: float) -> None:
         """Answer the unanswered user turn: play its audio back (or an empty text answer)."""
@@ -274,79 +256,30 @@ class SessionRunner:
         if response is None or response.playback is None:
             return
         for chunk in response.playback.release(now):
-            self._events.append(msg.AudioDelta(response_id=response.id, item_id=response.item_id,
-                                           output_index=0, content_index=0, audio=chunk))
+            self._delta(response.opened, chunk)
         if response.playback.finished:
             self._end_response(Trigger.FINISH, "completed")
 
+    def _delta(self, response: OpenResponse, audio: bytes) -> None:
+        self._conversation.emit(msg.AudioDelta(
+            response_id=response.id, item_id=response.item_id, output_index=0,
+            content_index=0, audio=audio))
+
     def _open_response(self, *, audio: bool, metadata: dict[str, str] | None,
                        playback: PacedPlayback | None) -> None:
-        # response.created -> response.output_item.added -> conversation.item.added ->
-        # response.content_part.added (openai_realtime.md §2a).
-        self._response_count += 1
-        response_id = f"resp_{self._response_count}"
-        item_id = self._new_item_id()
-        created = response_object(response_id, self._config, audio, metadata)
-        response = _Response(id=response_id, item_id=item_id, previous_item_id=self._last_item_id,
-                             audio=audio, created=created, playback=playback)
-        self._response = response
-        self._last_item_id = item_id
-        item = assistant_item(item_id, "in_progress", [])
-        self._events += [
-            msg.ResponseCreated(response=copy.deepcopy(created)),
-            msg.OutputItemAdded(response_id=response_id, output_index=0, item=item),
-            msg.ItemAdded(item=copy.deepcopy(item), previous_item_id=response.previous_item_id),
-            msg.ContentPartAdded(response_id=response_id, item_id=item_id, output_index=0,
-                             content_index=0, part=content_part(audio)),
-        ]
+        opened = self._conversation.open_response(audio=audio, metadata=metadata)
+        self._response = _Response(opened=opened, playback=playback)
 
     def _end_response(self, trigger: Trigger, status: str) -> None:
-        # The closing half, the same for completed and cancelled responses (seed §3.4).
         response = self._response
         assert response is not None  # callers checked
         self._move_response(trigger)
         self._response = None
-        rid, iid = response.id, response.item_id
-        if response.audio:
-            self._events += [
-                msg.AudioDone(response_id=rid, item_id=iid, output_index=0, content_index=0),
-                msg.TranscriptDone(response_id=rid, item_id=iid, output_index=0, content_index=0,
-                               transcript=""),
-            ]
-        item_status = "completed" if status == "completed" else "incomplete"
-        item = assistant_item(iid, item_status, [item_content(response.audio)])
-        cancelled = {"type": "cancelled", "reason": "client_cancelled"}
-        details = cancelled if status == "cancelled" else None
-        done = {**copy.deepcopy(response.created), "status": status, "status_details": details,
-                "output": [item], "usage": zero_usage()}
-        self._events += [
-            msg.ContentPartDone(response_id=rid, item_id=iid, output_index=0, content_index=0,
-                            part=content_part(response.audio)),
-            msg.ItemDone(item=copy.deepcopy(item), previous_item_id=response.previous_item_id),
-            msg.OutputItemDone(response_id=rid, output_index=0, item=copy.deepcopy(item)),
-            msg.ResponseDone(response=done),
-        ]
+        self._conversation.finish_response(
+            response.opened, status=status,
+            reason="client_cancelled" if status == "cancelled" else None)
 
     # ------------------------------------------------------------------ helpers
-
-    def _add_user_item(self) -> str:
-        # input_audio_buffer.committed -> conversation.item.added -> conversation.item.done.
-        item_id = self._new_item_id()
-        previous, self._last_item_id = self._last_item_id, item_id
-        item: JsonObject = {
-            "id": item_id, "object": "realtime.item", "type": "message", "role": "user",
-            "status": "completed", "content": [{"type": "input_audio", "transcript": None}],
-        }
-        self._events += [
-            msg.InputCommitted(item_id=item_id, previous_item_id=previous),
-            msg.ItemAdded(item=item, previous_item_id=previous),
-            msg.ItemDone(item=copy.deepcopy(item), previous_item_id=previous),
-        ]
-        return item_id
-
-    def _new_item_id(self) -> str:
-        self._item_count += 1
-        return f"item_{self._item_count}"
 
     def _move_input(self, trigger: Trigger) -> bool:
         target = transition(self._input, trigger)
@@ -361,5 +294,4 @@ class SessionRunner:
         return target is not None
 
     def _refuse(self, client_event_id: str | None, refusal: Refusal) -> None:
-        self._events.append(msg.ErrorEvent(code=refusal.code, message=refusal.message,
-                                       param=refusal.param, client_event_id=client_event_id))
+        self._conversation.refuse(client_event_id, refusal)

@@ -29,11 +29,10 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from inference_worker.duplex_runner import DuplexRunner
+from inference_worker.conversation import Runner, is_frame_runner
 from inference_worker.engine import Engine, SlotHandle
 from inference_worker.frames import FrameOutput
 from inference_worker.metrics import WorkerMetrics
-from inference_worker.session_runner import SessionRunner
 from store import LogFollower
 from store.logs import InputEntry, WriteToken
 from store.messages import (
@@ -75,7 +74,7 @@ def is_current(token: WriteToken | None, newest: WriteToken | None) -> bool:
 class Session:
     """One session served here: its runner, engine slot, input position and unsent output."""
 
-    runner: SessionRunner | DuplexRunner
+    runner: Runner
     # The engine slot of a frame backend's session (None on the loopback).
     handle: SlotHandle | None = None
     follower: LogFollower = field(default_factory=LogFollower)
@@ -233,7 +232,7 @@ class SessionTable:
     def _pump(self, session: Session) -> None:
         """Hand the engine the input the session's commands produced."""
         engine, handle = self._engine(), session.handle
-        if engine is None or handle is None or not isinstance(session.runner, DuplexRunner):
+        if engine is None or handle is None or not is_frame_runner(session.runner):
             return
         pending = session.runner.take_input()
         if pending.clear:
@@ -248,7 +247,7 @@ class SessionTable:
             return  # closed (or failed) while the tick ran
         session = self._sessions.get(session_id)
         runner = session.runner if session is not None else None
-        if not isinstance(runner, DuplexRunner):
+        if runner is None or not is_frame_runner(runner):
             return
         with self.isolated(session_id, "tick"):
             runner.on_frame(frame, now)

@@ -35,8 +35,9 @@ from typing import Any
 from inference_worker.backend import Backend
 from inference_worker.backends.registry import (
     BackendRequest,
+    TurnMode,
+    backend_entry,
     create_backend,
-    explicit_turns,
     parse_options as parse_backend_options,
 )
 from inference_worker.duplex_runner import DuplexRunner
@@ -77,6 +78,12 @@ _beat_failures = RateLimitedLog(_log, interval_s=5.0)
 #: Pauses between tries of a session's close while the store is away; the last one repeats.
 _CLOSE_RETRY_S = (0.1, 0.2, 0.5, 1.0, 2.0)
 _close_failures = RateLimitedLog(_log, interval_s=5.0)
+# A session's input log is trimmed to what this worker applied whenever it writes for the
+# session, and the gateway refuses input once the log holds INPUT_LOG_MAX_ENTRIES. A session
+# that answers nothing for a while (audio buffered in a turn) would fill it with commands
+# applied already, so its position is also written without events every this many commands:
+# one small script call per 64 commands, and at most this many applied entries kept.
+_REPORT_APPLIED_EVERY = 64
 
 
 def _notice_entries(notice: list[Any]) -> list[InputEntry]:
@@ -124,6 +131,8 @@ class Worker:
         # worker pays one Redis round trip per batch of sessions, not per session in turn.
         self._dirty: set[str] = set()
         self._flush_wake = asyncio.Event()
+        # Sessions whose applied input position is due to be written even without events.
+        self._report_applied: set[str] = set()
         self._stopping = asyncio.Event()
         self._draining = False
         self.fenced = False
@@ -210,8 +219,8 @@ class Worker:
 
     async def _start_engine(self) -> None:
         s = self.settings
-        if s.backend == "loopback":
-            return
+        if not backend_entry(s.backend).frames:
+            return  # the runner serves it alone
         backend = self._backend
         if backend is None:  # loading weights takes a while: off the event loop
             request = BackendRequest(name=s.backend, slots=s.slots, model_path=s.model_path,
@@ -399,15 +408,29 @@ class Worker:
         handle = engine.open()
         if handle is None:  # more placements than slots: cannot happen while capacity holds
             return None
+        turns = backend_entry(self.settings.backend).turns
         runner = DuplexRunner(session_id, model=self.settings.backend,
                               frame_seconds=engine.spec.frame_seconds, now=now,
-                              explicit_turns=explicit_turns(self.settings.backend))
+                              explicit_turns=turns is TurnMode.EVENTS)
         return Session(runner=runner, handle=handle)
 
     async def _catch_up(self, session_id: str, session: Session, *,
                         check_rewind: bool = False) -> None:
         applied = session.follower.next_index - 1
         rows = await read_input_entries(self._client, session_id, applied)
+        if self._sessions.get(session_id) is not session:
+            return  # abandoned or closed while the log was read
+        if rows and rows[0].index > session.follower.next_index:
+            # The commands after what this session applied are gone from its log: trimmed
+            # unread (a gateway of a version that capped the log by length, or a write around
+            # the scripts). Reading again would find the same range missing forever, and
+            # applying what follows would run the session without them. internal_error, not
+            # log_rewound: the log did not go back (its end is where it was), the store broke
+            # its promise to keep unread input, which is a bug to look for, not a failover.
+            self._abandon(session_id, FAILED_REASON,
+                          f"input {session.follower.next_index}-{rows[0].index - 1} was"
+                          " trimmed before it was applied")
+            return
         if rows:
             await self._offer(session_id, session, rows)
         elif (check_rewind and applied
@@ -420,8 +443,8 @@ class Worker:
     async def _offer(self, session_id: str, session: Session,
                      entries: list[InputEntry]) -> None:
         """Apply the entries ``entries[0].index, ...`` that were not applied yet, in order."""
-        if session.failed or not entries:
-            return  # ending: its commands are not applied any more
+        if session.failed or not entries or self._sessions.get(session_id) is not session:
+            return  # ending, or no longer served (abandoned): its commands are not applied
         first, payloads = entries[0].index, [entry.payload for entry in entries]
         if session.follower.rewound_at(first, payloads) is not None:
             # Other commands under indices already applied: a Redis failover lost input this
@@ -429,10 +452,16 @@ class Worker:
             # longer matches the store's; end it loudly rather than drop the new commands.
             self._abandon(session_id, "log_rewound", "its input log went back (lost writes)")
             return
+        applied_before = session.follower.next_index - 1
         fresh, gap = session.follower.offer(first, payloads)
         if gap:
+            # Read what lies between; _catch_up offers only a range that starts where this
+            # session stands (else it ends the session), so this cannot come back here.
             await self._catch_up(session_id, session)
             return
+        if (applied_before + len(fresh)) // _REPORT_APPLIED_EVERY > (
+                applied_before // _REPORT_APPLIED_EVERY):
+            self._report_applied.add(session_id)  # apply() below marks it for the flusher
         # The follower delivers a suffix (what it had not delivered yet). Refused entries are
         # delivered too: the position moves past them, so they are never read again.
         self._sessions.apply(session_id, session, entries[len(entries) - len(fresh):],
@@ -468,6 +497,7 @@ class Worker:
             await self._flush_wake.wait()
             self._flush_wake.clear()
             dirty, self._dirty = self._dirty, set()
+            report_applied, self._report_applied = self._report_applied, set()
             sessions = [(session_id, session) for session_id in sorted(dirty)
                         if (session := self._sessions.get(session_id)) is not None]
             async with contextlib.AsyncExitStack() as held:
@@ -477,10 +507,21 @@ class Worker:
                 # Each session's part is encoded and checked alone, so that one session's bad
                 # data fails that session, never the whole batch.
                 batch = [part for session_id, session in sessions
-                         if (part := self._sessions.output_of(session_id, session)) is not None]
+                         if (part := self._part_of(session_id, session, report_applied))
+                         is not None]
                 for start in range(0, len(batch), _MAX_FLUSH_BATCH):
                     if not await self._write(batch[start:start + _MAX_FLUSH_BATCH]):
                         break
+
+    def _part_of(self, session_id: str, session: Session,
+                 report_applied: set[str]) -> OutputPart | None:
+        """The session's part of the next write: its output, or, when it has none but its
+        applied input is due to be reported (see :data:`_REPORT_APPLIED_EVERY`), a part with
+        no events, which only moves the input log's trim point."""
+        part = self._sessions.output_of(session_id, session)
+        if part is None and session_id in report_applied:
+            part = (session_id, session, None)
+        return part
 
     async def _write(self, batch: list[OutputPart]) -> bool:
         """One script call for the output of many sessions (they share this worker's slot).

@@ -350,7 +350,8 @@ APPEND_INPUT = _PRELUDE + r"""
 -- per audio chunk per session.
 -- KEYS[1] worker deadlines  KEYS[2] worker channel
 -- KEYS[2i+1], KEYS[2i+2] (i = 1..n) session record, input log of the i-th session
--- ARGV[1] input log max entries  ARGV[2] call id (unique per call, kept by a resend)
+-- ARGV[1] input log max entries (the most unread commands a session may have)
+-- ARGV[2] call id (unique per call, kept by a resend)
 -- then per session: session id, store epoch, generation, tenant, entry count c,
 --   and c pairs: client seq ('' when the client sent none), encoded command
 -- Each entry keeps the fencing token it was written under, so the worker checks it again
@@ -359,12 +360,34 @@ APPEND_INPUT = _PRELUDE + r"""
 -- node's first entry's names once per node: it costs nothing per entry, the generation a
 -- byte or two. The notice carries the token once: {'i', sid, first, payloads, epoch, gen}.
 -- returns, per session in order: {status, appended, highest client seq, current generation,
---   last index of the input log (ok only)}: status ok | stale | closed | unknown (also:
---   another tenant's session, answered as if it did not exist)
+--   last index of the input log (ok and full only)}: status ok | full | stale | closed |
+--   unknown (also: another tenant's session, answered as if it did not exist)
+-- Backpressure, never trimming: the worker trims the entries it applied (APPEND_OUTPUT's
+-- XTRIM MINID), so a log's length is its session's unread backlog. A session whose new
+-- entries would take it past the cap is answered full: none of them is appended and nothing
+-- of the record changes (the highest client seq stays, so the client may send them again
+-- once the worker caught up). The other sessions of the call are not affected. Dropping old
+-- entries instead would lose commands the client was told were taken, unread.
 -- A resent call (its reply was lost, the client library sent it again) finds its call id in
 -- the record and gets the first answer back, so commands without a client seq are not
--- appended twice.
-local deadlines, worker_channel, in_max, call_id = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
+-- appended twice. A full answer records no call id: a resend is decided afresh, which is
+-- safe because the first run appended nothing.
+local deadlines, worker_channel, call_id = KEYS[1], KEYS[2], ARGV[2]
+local in_max = tonumber(ARGV[1])
+
+-- The argument positions of the commands that are new: no client seq, or one above the
+-- highest appended (which rises as they are taken), and that highest seq after them.
+local function fresh_commands(at, count, cseq)
+  local fresh = {}
+  for i = at, at + 2 * count - 1, 2 do
+    local client_seq = tonumber(ARGV[i])
+    if client_seq == nil or client_seq > cseq then
+      if client_seq ~= nil then cseq = client_seq end
+      fresh[#fresh + 1] = i
+    end
+  end
+  return fresh, cseq
+end
 
 local function append_one(rec, in_log, sid, epoch, gen, tenant, at, count)
   local f = redis.call('HMGET', rec, 'state', 'epoch', 'gen', 'in_n', 'cseq', 'in_call',
@@ -377,26 +400,25 @@ local function append_one(rec, in_log, sid, epoch, gen, tenant, at, count)
     return {'stale', 0, cseq, tonumber(f[3])}
   end
   local n = tonumber(f[4])
+  local fresh, top = fresh_commands(at, count, cseq)
+  if #fresh > 0 and redis.call('XLEN', in_log) + #fresh > in_max then
+    return {'full', 0, cseq, tonumber(gen), n}
+  end
   local first = n + 1
   local payloads = {}
-  for i = at, at + 2 * count - 1, 2 do
-    local client_seq = tonumber(ARGV[i])
-    if client_seq == nil or client_seq > cseq then
-      if client_seq ~= nil then cseq = client_seq end
-      n = n + 1
-      redis.call('XADD', in_log, 'MAXLEN', '~', in_max, n .. '-0', 'd', ARGV[i + 1],
-                 'e:' .. epoch, gen)
-      payloads[#payloads + 1] = ARGV[i + 1]
-    end
+  for _, i in ipairs(fresh) do
+    n = n + 1
+    redis.call('XADD', in_log, n .. '-0', 'd', ARGV[i + 1], 'e:' .. epoch, gen)
+    payloads[#payloads + 1] = ARGV[i + 1]
   end
-  redis.call('HSET', rec, 'in_n', n, 'cseq', cseq, 'active_ms', now_ms(), 'in_call', call_id,
+  redis.call('HSET', rec, 'in_n', n, 'cseq', top, 'active_ms', now_ms(), 'in_call', call_id,
              'in_call_n', #payloads)
   redis.call('ZADD', deadlines, next_deadline(rec), sid)
   if #payloads > 0 then
     redis.call('SPUBLISH', worker_channel,
                cmsgpack.pack({'i', sid, first, payloads, epoch, tonumber(gen)}))
   end
-  return {'ok', #payloads, cseq, tonumber(gen), n}
+  return {'ok', #payloads, top, tonumber(gen), n}
 end
 
 local answers = {}

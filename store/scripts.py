@@ -119,11 +119,17 @@ class ResumeResult:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AppendResult:
     """A fenced input append: how many entries were new, the highest client seq, and the
-    input log's last index after it (its new entries end there)."""
+    input log's last index after it (its new entries end there).
+
+    ``backlog_full``: the session's unread input was at the cap, so none of the entries was
+    appended (``appended`` 0, ``last_client_seq`` as before: they may be sent again once the
+    worker caught up). The store never drops input the worker has not read.
+    """
 
     appended: int
     last_client_seq: int
     last_index: int = 0
+    backlog_full: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -359,7 +365,9 @@ class Scripts:
     async def append_input(
         self, lease: Lease, entries: Sequence[tuple[int | None, bytes]], *, max_entries: int
     ) -> AppendResult:
-        """Fenced append of encoded commands, each with its optional client seq.
+        """Fenced append of encoded commands, each with its optional client seq, refused as a
+        whole (``backlog_full``) when they would take the session's unread input past
+        ``max_entries``.
 
         Raises:
             LeaseLost: a newer attach holds the session.
@@ -376,7 +384,9 @@ class Scripts:
     ) -> list[AppendResult | LeaseLost | SessionGone]:
         """One script call for several sessions of ONE worker (one hash slot).
 
-        Returns, per session in order, its result or the error it would raise alone.
+        Returns, per session in order, its result or the error it would raise alone. A
+        session whose unread input would pass ``max_entries`` appends none of its entries
+        (``backlog_full``); the others append theirs.
         """
         worker = SessionKeys(batch[0][0].session_id).worker
         keys = [worker.deadlines, worker.input_channel]
@@ -396,12 +406,13 @@ class Scripts:
             status = _str(answer[0])
             if status == "stale":
                 results.append(LeaseLost(lease.session_id, int(answer[3])))
-            elif status != "ok":
+            elif status not in ("ok", "full"):
                 results.append(SessionGone(lease.session_id, status))
             else:
                 results.append(AppendResult(appended=int(answer[1]),
                                             last_client_seq=int(answer[2]),
-                                            last_index=int(answer[4])))
+                                            last_index=int(answer[4]),
+                                            backlog_full=status == "full"))
         return results
 
     async def trim_output(self, lease: Lease, acknowledged_seq: int) -> str:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +29,8 @@ PURE = {
     "inference_worker/frames.py": {"asyncio", "redis", "time", "threading", "torch"},
     "store/follower.py": {"asyncio", "redis", "time"},
     "inference_worker/untrusted.py": {"asyncio", "redis", "time", "threading"},
+    "inference_worker/conversation.py": {"asyncio", "redis", "time", "threading", "torch"},
+    "inference_worker/vad.py": {"asyncio", "redis", "time", "threading", "torch", "onnxruntime"},
 }
 
 
@@ -66,3 +71,30 @@ def test_only_store_talks_to_redis() -> None:
     for package in ("gateway", "inference_worker"):
         for path in files(package):
             assert "redis" not in imported_tops(path), path.relative_to(ROOT)
+
+
+#: Cores whose import, with everything it pulls in, must load no event loop, no Redis client,
+#: no web framework and no torch: the store's contract (messages, follower, errors) imports
+#: without its Redis half (store/__init__.py loads names on first use).
+TRANSITIVELY_PURE = (
+    "gateway.protocol.connection",
+    "gateway.protocol.codec",
+    "inference_worker.conversation",
+    "inference_worker.session_runner",
+    "inference_worker.duplex_runner",
+    "inference_worker.states",
+    "inference_worker.vad",
+    "store.messages",
+    "store.follower",
+)
+HEAVY = ("asyncio", "redis", "starlette", "uvicorn", "torch", "websockets")
+
+
+@pytest.mark.parametrize("module", TRANSITIVELY_PURE)
+def test_importing_a_core_loads_no_io(module: str) -> None:
+    """In a fresh interpreter, importing the core leaves the I/O libraries unloaded."""
+    probe = (f"import json, sys, {module}; "
+             f"print(json.dumps([m for m in {list(HEAVY)!r} if m in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, cwd=ROOT, timeout=60)
+    assert json.loads(out.stdout) == [], f"importing {module} loads {out.stdout.strip()}"

@@ -491,7 +491,8 @@ class ConnectionCore:
             event = decode_event(payload)
             # Deterministic ids: a replayed event carries the same event_id as the first time.
             text = encode_frame(render_event(event, server_event_seq=seq,
-                                             event_id=f"event_{self.session_id[-12:]}_{seq}"))
+                                             event_id=f"event_{self.session_id[-12:]}_{seq}",
+                                             session_id=self.session_id))
         except (MessageDecodeError, InternalError):
             # A corrupt or unencodable entry (NaN from a worker) is our fault, never the
             # client's; skipping it keeps the stream going (the seq still advances, so replay

@@ -37,6 +37,7 @@ reach the client through the output log and are not listed here.
 | `invalid_event_ack` | invalid_request_error | - | acknowledges an event never sent |
 | `resource_exhausted` | rate_limit_error | 1013 | no worker slot or tenant quota (retryable) |
 | `rate_limit_exceeded` | rate_limit_error | 1013 | the tenant's new sessions per minute |
+| `input_backpressure` | rate_limit_error | 1013 | the worker is behind: resume, resend |
 | `internal_error` | server_error | 1011 | any `InternalError` (no details on the wire) |
 | `config_timeout` | invalid_request_error | 1008 | no first client event in time |
 | `session_lost` | server_error | 1011 | the store no longer has the session (data loss) |
@@ -105,6 +106,7 @@ class ErrorCode(StrEnum):
     INVALID_EVENT_ACK = "invalid_event_ack"
     RESOURCE_EXHAUSTED = "resource_exhausted"
     RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
+    INPUT_BACKPRESSURE = "input_backpressure"
     INTERNAL_ERROR = "internal_error"
     CONFIG_TIMEOUT = "config_timeout"
     SESSION_LOST = "session_lost"
@@ -129,6 +131,7 @@ PARSE_ERROR_CODES: frozenset[str] = frozenset(
 _ERROR_TYPE_BY_CODE: dict[str, str] = {
     ErrorCode.RESOURCE_EXHAUSTED: "rate_limit_error",
     ErrorCode.RATE_LIMIT_EXCEEDED: "rate_limit_error",
+    ErrorCode.INPUT_BACKPRESSURE: "rate_limit_error",
     ErrorCode.INTERNAL_ERROR: "server_error",
     ErrorCode.SESSION_LOST: "server_error",
 }

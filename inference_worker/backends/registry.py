@@ -1,13 +1,16 @@
-"""Backend selection by name: each backend module is imported only when it is chosen.
+"""The backends, as one table: each entry says how its sessions take turns and how to build it.
 
-``loopback`` is not here: it has no frames and is served by the ``SessionRunner`` path of the
-worker. Every other backend is a frame backend, stepped by the engine.
+Callers ask the table (:func:`backend_entry`) instead of comparing names. A backend module is
+imported only when its entry's ``load`` runs. ``loopback`` has no frames: the worker serves it
+with the ``SessionRunner`` path, and the engine steps every other backend frame by frame.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import enum
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Final
 
 from inference_worker.backend import Backend
@@ -15,16 +18,26 @@ from inference_worker.backend import Backend
 __all__ = [
     "BACKENDS",
     "FRAME_BACKENDS",
+    "REGISTRY",
+    "BackendEntry",
     "BackendRequest",
+    "TurnMode",
+    "backend_entry",
     "create_backend",
     "explicit_turns",
     "parse_options",
 ]
 
-#: Backends stepped frame by frame by the engine.
-FRAME_BACKENDS: Final = ("fake", "moshi", "cascade")
-#: Every backend name the worker accepts.
-BACKENDS: Final = ("loopback", *FRAME_BACKENDS)
+
+class TurnMode(enum.Enum):
+    """How a backend's sessions take turns."""
+
+    #: No model: committed audio is played back (or echoed as it streams) by the runner.
+    LOOPBACK = "loopback"
+    #: A full-duplex model: responses are cut out of its output audio (Moshi, the fake).
+    AUDIO = "audio"
+    #: The backend signals turns itself in its events (the cascade: VAD, ASR, responder, TTS).
+    EVENTS = "events"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,7 +69,7 @@ def parse_options(text: str) -> dict[str, str]:
 
 def explicit_turns(name: str) -> bool:
     """Whether the backend signals turns in its events (the cascade) rather than by audio."""
-    return name == "cascade"
+    return backend_entry(name).turns is TurnMode.EVENTS
 
 
 def create_backend(request: BackendRequest) -> Backend:
@@ -65,30 +78,31 @@ def create_backend(request: BackendRequest) -> Backend:
     This may take long (model weights): call it off the event loop.
 
     Raises:
-        ValueError: an unknown backend or option.
+        ValueError: an unknown backend, one without frames (``loopback``), or a bad option.
         ImportError: the backend's libraries are not installed (torch for ``moshi``, the
             ``cascade`` extra for ``cascade``).
     """
-    if request.name == "fake":
-        from inference_worker.backends.fake import FakeBackend, FakeOptions
+    load = backend_entry(request.name).load
+    if load is None:
+        raise ValueError(f"{request.name!r} has no frames; frame backends: {FRAME_BACKENDS}")
+    return load(request)
 
-        return FakeBackend(max_slots=request.slots,
-                           options=FakeOptions.parse(request.options))
-    if request.name == "moshi":
-        return _moshi(request)
-    if request.name == "cascade":
-        return _cascade(request)
-    raise ValueError(f"unknown frame backend {request.name!r}; available: {FRAME_BACKENDS}")
+
+def _fake(request: BackendRequest) -> Backend:
+    from inference_worker.backends.fake import FakeBackend, FakeOptions
+
+    return FakeBackend(max_slots=request.slots, options=FakeOptions.parse(request.options))
 
 
 def _moshi(request: BackendRequest) -> Backend:
-    from inference_worker.backends.moshi import MoshiBackend
-
+    # Checked before importing torch: a missing path is said at once.
     if request.options:
         raise ValueError(f"the moshi backend takes no options, got {sorted(request.options)}")
     if not request.model_path:
         raise ValueError("the moshi backend needs a model path (DUPLEX_GATEWAY_MODEL_PATH): a"
                          " save_pretrained directory, e.g. from scripts/make_tiny_moshi.py")
+    from inference_worker.backends.moshi import MoshiBackend
+
     backend: Backend = MoshiBackend.load(request.model_path, max_slots=request.slots,
                                          device=request.device, dtype=request.dtype)
     return backend
@@ -110,3 +124,50 @@ def _cascade(request: BackendRequest) -> Backend:
         "responder", "causal_lm" if paths["responder_path"] else "echo")
     return CascadeBackend.load(**paths, responder=responder,
                                config=CascadeConfig(max_slots=request.slots))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackendEntry:
+    """One backend: how its sessions take turns, and how to build it.
+
+    Attributes:
+        name: what ``--backend`` / ``DUPLEX_GATEWAY_BACKEND`` calls it.
+        turns: how its sessions take turns.
+        load: builds it from a request (None: no frames, the runner serves it alone).
+        needs_model_path: it cannot load without weights (``DUPLEX_GATEWAY_MODEL_PATH``).
+    """
+
+    name: str
+    turns: TurnMode
+    load: Callable[[BackendRequest], Backend] | None
+    needs_model_path: bool = False
+
+    @property
+    def frames(self) -> bool:
+        """Whether the engine steps it frame by frame (every backend but ``loopback``)."""
+        return self.load is not None
+
+
+#: Every backend the worker serves, by name.
+REGISTRY: Final[Mapping[str, BackendEntry]] = MappingProxyType({entry.name: entry for entry in (
+    BackendEntry(name="loopback", turns=TurnMode.LOOPBACK, load=None),
+    BackendEntry(name="fake", turns=TurnMode.AUDIO, load=_fake),
+    BackendEntry(name="moshi", turns=TurnMode.AUDIO, load=_moshi, needs_model_path=True),
+    BackendEntry(name="cascade", turns=TurnMode.EVENTS, load=_cascade),
+)})
+#: Every backend name the worker accepts.
+BACKENDS: Final = tuple(REGISTRY)
+#: Backends stepped frame by frame by the engine.
+FRAME_BACKENDS: Final = tuple(name for name, entry in REGISTRY.items() if entry.frames)
+
+
+def backend_entry(name: str) -> BackendEntry:
+    """The table's entry for ``name``.
+
+    Raises:
+        ValueError: no backend has that name (the message lists the ones that exist).
+    """
+    entry = REGISTRY.get(name)
+    if entry is None:
+        raise ValueError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
+    return entry

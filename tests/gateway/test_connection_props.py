@@ -273,7 +273,8 @@ class ConnectionMachine(RuleBasedStateMachine):
         # The frame is exactly that log entry, with its deterministic event id.
         event = m.decode_event(self.log[seq - 1])
         assert obj["event_id"] == f"event_{SID[-12:]}_{seq}"
-        assert obj == render_event(event, server_event_seq=seq, event_id=obj["event_id"])
+        assert obj == render_event(event, server_event_seq=seq, event_id=obj["event_id"],
+                                   session_id=SID)
         self.terminal_sent = kind in TERMINAL_TYPES
         assert self.terminal_sent == m.is_terminal(event)
 

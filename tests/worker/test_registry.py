@@ -1,0 +1,50 @@
+"""The backend table: every backend is one entry, and callers ask it instead of names."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference_worker.backends.fake import FakeBackend
+from inference_worker.backends.registry import (
+    BACKENDS,
+    FRAME_BACKENDS,
+    REGISTRY,
+    BackendRequest,
+    TurnMode,
+    backend_entry,
+    create_backend,
+    explicit_turns,
+)
+
+
+def test_the_table_names_every_backend_with_its_turn_mode() -> None:
+    """Four backends; only loopback has no frames; only the cascade signals its own turns."""
+    assert BACKENDS == ("loopback", "fake", "moshi", "cascade")
+    assert FRAME_BACKENDS == ("fake", "moshi", "cascade")
+    assert {name: entry.turns for name, entry in REGISTRY.items()} == {
+        "loopback": TurnMode.LOOPBACK, "fake": TurnMode.AUDIO, "moshi": TurnMode.AUDIO,
+        "cascade": TurnMode.EVENTS}
+    assert [name for name in BACKENDS if explicit_turns(name)] == ["cascade"]
+    assert [name for name in BACKENDS if backend_entry(name).needs_model_path] == ["moshi"]
+
+
+def test_an_unknown_name_is_refused_with_the_names_that_exist() -> None:
+    """A typo is a ValueError that lists every backend."""
+    with pytest.raises(ValueError, match="unknown backend 'mosh'; available: loopback, fake"):
+        backend_entry("mosh")
+    with pytest.raises(ValueError, match="unknown backend"):
+        create_backend(BackendRequest(name="mosh", slots=1))
+
+
+def test_loopback_is_not_built_and_a_frame_backend_is() -> None:
+    """Loopback has nothing to load; the fake frame backend loads from its entry."""
+    with pytest.raises(ValueError, match="has no frames"):
+        create_backend(BackendRequest(name="loopback", slots=1))
+    backend = create_backend(BackendRequest(name="fake", slots=2))
+    assert isinstance(backend, FakeBackend)
+
+
+def test_moshi_without_weights_says_where_to_put_them() -> None:
+    """The moshi entry refuses to load without a model path, naming the setting."""
+    with pytest.raises(ValueError, match="DUPLEX_GATEWAY_MODEL_PATH"):
+        create_backend(BackendRequest(name="moshi", slots=1))
