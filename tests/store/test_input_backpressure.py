@@ -10,14 +10,11 @@ the same call append as usual. On a real Redis and Valkey.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import AsyncIterator
 from typing import Any
 
-import pytest
 from redis.asyncio import Redis
 
-from store import AppendResult, Lease, OutputAppend, Scripts, create_client, lua
-from store.embedded import EmbeddedServer
+from store import AppendResult, Lease, OutputAppend, Scripts, lua
 from store.keys import SessionKeys
 from store.logs import read_input
 from tests.faultproxy import FaultProxy
@@ -118,21 +115,6 @@ async def test_another_session_in_the_same_call_appends(
                                                                        (2, cmd("b"))]
 
 
-@pytest.fixture
-async def proxy(redis_server: EmbeddedServer, redis_client: Redis) -> AsyncIterator[FaultProxy]:
-    """A fault proxy in front of the (freshly flushed) server."""
-    fault = FaultProxy("127.0.0.1", redis_server.port)
-    await fault.start()
-    yield fault
-    await fault.aclose()
-
-
-@pytest.fixture
-async def lossy(proxy: FaultProxy) -> AsyncIterator[Scripts]:
-    """The store's scripts through the proxy, on the production client factory."""
-    client = create_client(proxy.url)
-    yield Scripts(client)
-    await client.aclose()
 
 
 async def lose_next_append_reply(proxy: FaultProxy, client: Redis) -> None:

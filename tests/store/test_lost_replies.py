@@ -12,13 +12,11 @@ import asyncio
 import hashlib
 import os
 import secrets
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
 
-from store import OpenStatus, ResumeStatus, Scripts, create_client, lua
-from store.embedded import EmbeddedServer
+from store import OpenStatus, ResumeStatus, Scripts, lua
 from store.errors import raise_if_cancelled
 from store.keys import new_session_id
 from store.logs import read_input, read_output
@@ -48,21 +46,6 @@ async def lose_reply_to(proxy: FaultProxy, client: Redis, source: str) -> None:
     proxy.lose_reply_to(sha.encode())
 
 
-@pytest.fixture
-async def proxy(redis_server: EmbeddedServer, redis_client: Redis) -> AsyncIterator[FaultProxy]:
-    """A fault proxy in front of the (freshly flushed) server."""
-    fault = FaultProxy("127.0.0.1", redis_server.port)
-    await fault.start()
-    yield fault
-    await fault.aclose()
-
-
-@pytest.fixture
-async def lossy(proxy: FaultProxy) -> AsyncIterator[Scripts]:
-    """The store's scripts through the proxy, on the production client factory."""
-    client = create_client(proxy.url)
-    yield Scripts(client)
-    await client.aclose()
 
 
 async def test_output_append_is_stored_once(

@@ -10,17 +10,13 @@ straight into the log, around the scripts.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
-from inference_worker.settings import WorkerSettings
-from inference_worker.worker import Worker
-from store import Lease, Scripts, messages as msg
+from store import messages as msg
 from store.keys import SessionKeys, WorkerKeys
 from store.messages import encode_message
 from tests.store._support import (
@@ -31,54 +27,17 @@ from tests.store._support import (
     spublish,
     until,
 )
+from tests.worker._running import HEARTBEAT, Running, acks, heartbeat, running_worker
 
-HEARTBEAT = encode_message(msg.Heartbeat())
 #: 20 ms of silence: the default (turn mode) loopback buffers it and answers nothing.
 CHUNK = encode_message(msg.AppendAudio(audio=bytes(960)))
 
 
-@dataclass
-class Running:
-    """A loopback worker serving on a task, and the store it serves from."""
-
-    worker: Worker
-    scripts: Scripts
-    client: Redis
-
-
 @pytest.fixture
 async def running(redis_client: Redis) -> AsyncIterator[Running]:
-    """A loopback worker whose safety poll reads the input logs often (entries written around
-    the scripts push no notice), until the test ends."""
-    settings = WorkerSettings(backend="loopback", slots=4, heartbeat_interval_s=0.2,
-                              heartbeat_ttl_s=5.0, input_poll_interval_s=0.05,
-                              drain_timeout_s=0.1)
-    worker = Worker(settings, redis_client)
-    task = asyncio.create_task(worker.run())
-
-    async def registered() -> bool:
-        return bool(await redis_client.exists(WorkerKeys(worker.worker_id).record))
-
-    await until(registered, "registration")
-    yield Running(worker, Scripts(redis_client), redis_client)
-    worker.stop()
-    await asyncio.wait_for(task, 10)
-
-
-async def acks(running: Running, session_id: str) -> int:
-    """How many heartbeats the worker answered in the session's output log."""
-    return sum(isinstance(event, msg.HeartbeatAck)
-               for _, event in await events_of(running.client, session_id))
-
-
-async def heartbeat(running: Running, lease: Lease, want_acks: int) -> None:
-    """Append a heartbeat through the script under ``lease``; wait for its answer."""
-    await running.scripts.append_input(lease, [(None, HEARTBEAT)], max_entries=1000)
-
-    async def answered() -> bool:
-        return await acks(running, lease.session_id) >= want_acks
-
-    await until(answered, f"heartbeat answer {want_acks}")
+    """A loopback worker with 4 slots, until the test ends."""
+    async with running_worker(redis_client, slots=4) as serving:
+        yield serving
 
 
 async def write_after_a_hole(running: Running, session_id: str, *, gone: int, kept: int,

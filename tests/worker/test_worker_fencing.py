@@ -9,9 +9,7 @@ current. The worker is a real one, in process, on a real Redis.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -19,17 +17,13 @@ from redis.asyncio import Redis
 from redis.typing import EncodableT, FieldT
 
 from inference_worker.sessions import is_current
-from inference_worker.settings import WorkerSettings
-from inference_worker.worker import Worker
-from store import Lease, Scripts, messages as msg
 from store.keys import SessionKeys, WorkerKeys
 from store.logs import WriteToken
-from store.messages import encode_message
-from tests.store._support import EPOCH, digest, events_of, open_session, spublish, until
+from tests.store._support import EPOCH, digest, open_session, spublish, until
+from tests.worker._running import HEARTBEAT, Running, acks, heartbeat, running_worker
 
 STALE_METRIC = "duplex_worker_stale_commands_total"
 Fields = dict[FieldT, EncodableT]  # a stream entry's fields, as XADD takes them
-HEARTBEAT = encode_message(msg.Heartbeat())
 
 
 @pytest.mark.parametrize(("token", "newest", "current"), [
@@ -49,55 +43,19 @@ def test_which_tokens_are_current(token: WriteToken | None, newest: WriteToken |
     assert is_current(token, newest) is current
 
 
-@dataclass
-class Running:
-    """A loopback worker serving on a task, and the store it serves from."""
-
-    worker: Worker
-    scripts: Scripts
-    client: Redis
-
-    def stale_commands(self) -> float:
-        """The worker's count of refused input entries."""
-        value = self.worker.metrics.registry.get_sample_value(
-            STALE_METRIC, {"backend": "loopback"})
-        assert value is not None, f"{STALE_METRIC} is not exported"
-        return value
+def stale_commands(running: Running) -> float:
+    """The worker's count of refused input entries."""
+    value = running.worker.metrics.registry.get_sample_value(
+        STALE_METRIC, {"backend": "loopback"})
+    assert value is not None, f"{STALE_METRIC} is not exported"
+    return value
 
 
 @pytest.fixture
 async def running(redis_client: Redis) -> AsyncIterator[Running]:
-    """A loopback worker whose safety poll reads the input logs often (a write that went
-    around the scripts pushes no notice), until the test ends."""
-    settings = WorkerSettings(backend="loopback", slots=2, heartbeat_interval_s=0.2,
-                              heartbeat_ttl_s=5.0, input_poll_interval_s=0.05,
-                              drain_timeout_s=0.1)
-    worker = Worker(settings, redis_client)
-    task = asyncio.create_task(worker.run())
-
-    async def registered() -> bool:
-        return bool(await redis_client.exists(WorkerKeys(worker.worker_id).record))
-
-    await until(registered, "registration")
-    yield Running(worker, Scripts(redis_client), redis_client)
-    worker.stop()
-    await asyncio.wait_for(task, 10)
-
-
-async def acks(running: Running, session_id: str) -> int:
-    """How many heartbeats the worker answered in the session's output log."""
-    return sum(isinstance(event, msg.HeartbeatAck)
-               for _, event in await events_of(running.client, session_id))
-
-
-async def heartbeat(running: Running, lease: Lease, want_acks: int) -> None:
-    """Append a heartbeat through the script under ``lease``; wait for its answer."""
-    await running.scripts.append_input(lease, [(None, HEARTBEAT)], max_entries=1000)
-
-    async def answered() -> bool:
-        return await acks(running, lease.session_id) >= want_acks
-
-    await until(answered, f"heartbeat answer {want_acks}")
+    """A loopback worker with 2 slots, until the test ends."""
+    async with running_worker(redis_client, slots=2) as serving:
+        yield serving
 
 
 async def write_around_the_script(running: Running, session_id: str, fields: Fields,
@@ -145,7 +103,7 @@ async def test_input_under_a_stale_token_is_not_applied(running: Running, rogue:
 
     fields, notice_token = ROGUES[rogue]
     index = await write_around_the_script(running, sid, fields, notice_token, pushed=pushed)
-    await until(lambda: running.stale_commands() >= 1, "the entry refused")
+    await until(lambda: stale_commands(running) >= 1, "the entry refused")
     await heartbeat(running, resumed.lease, 3)
 
     async def trimmed_past_it() -> bool:
@@ -154,6 +112,6 @@ async def test_input_under_a_stale_token_is_not_applied(running: Running, rogue:
 
     await until(trimmed_past_it, "the worker's position past the refused entry")
     assert await acks(running, sid) == 3, "the refused heartbeat was answered"
-    assert running.stale_commands() == 1
+    assert stale_commands(running) == 1
     print(f"{rogue} ({'pushed' if pushed else 'read'}): refused"
-          f" {running.stale_commands():.0f} entry, applied 3 heartbeats")
+          f" {stale_commands(running):.0f} entry, applied 3 heartbeats")
