@@ -7,6 +7,11 @@ and their order, the user item's events, a response's opening and closing sequen
 GA order, openai_realtime.md §2a; seed §3.4), refusals as ``error`` events. It is I/O-free
 like the runners: it only queues typed events for the driver to drain.
 
+Turn detection is shared the same way: :class:`InputTimeline` counts a session's input audio
+and, while ``turn_detection`` is on, feeds it to an :class:`~inference_worker.vad.EnergyVad`;
+:meth:`Conversation.speech_started` reserves the id the turn's user item will get, so
+``speech_started``, ``speech_stopped`` and the commit that follows all name it.
+
 The :class:`Runner` protocols are what the worker's driver sees of a runner.
 """
 
@@ -25,21 +30,35 @@ from inference_worker.realtime_items import (
     response_object,
     zero_usage,
 )
+from inference_worker.vad import (
+    EnergyVad,
+    SpeechStarted,
+    SpeechStopped,
+    VadConfig,
+    VadEvent,
+    vad_config_from_turn_detection,
+)
 from store import messages as msg
 from store.messages import JsonObject
 
 __all__ = [
     "Conversation",
     "FrameRunner",
+    "InputTimeline",
     "OpenResponse",
     "PendingInput",
     "Runner",
+    "TurnDetection",
     "UserItem",
     "already_active",
     "cancel_refusal",
     "commit_too_small",
     "is_frame_runner",
+    "turn_detection_of",
 ]
+
+#: Bytes of pcm16 24 kHz mono per millisecond of audio.
+_BYTES_PER_MS = BYTES_PER_SECOND // 1000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,6 +124,96 @@ class OpenResponse:
     created: JsonObject
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnDetection:
+    """The session's ``turn_detection``, as the runners act on it.
+
+    Attributes:
+        vad: how the detector hears speech.
+        create_response: answer each detected turn as ``response.create`` would.
+        interrupt_response: cancel the active response when speech starts (``turn_detected``).
+    """
+
+    vad: VadConfig
+    create_response: bool
+    interrupt_response: bool
+
+
+def turn_detection_of(config: JsonObject) -> TurnDetection | None:
+    """The turn detection of an effective session object (None: off, push-to-talk)."""
+    value = config["audio"]["input"]["turn_detection"]
+    if value is None:
+        return None
+    return TurnDetection(vad=vad_config_from_turn_detection(value),
+                         create_response=bool(value["create_response"]),
+                         interrupt_response=bool(value["interrupt_response"]))
+
+
+class InputTimeline:
+    """A session's input audio timeline (bytes appended since it opened) and, while turn
+    detection is on, the detector that hears it.
+
+    Event times are milliseconds on this timeline, whenever the detector was switched on, as
+    the Realtime API counts from the start of the session's audio.
+    """
+
+    def __init__(self) -> None:
+        self._fed = 0
+        self._vad: EnergyVad | None = None
+        self._vad_origin_ms = 0  # the timeline's position when the detector was created
+        self._settings: TurnDetection | None = None
+
+    @property
+    def settings(self) -> TurnDetection | None:
+        """The turn detection in force (None: off)."""
+        return self._settings
+
+    @property
+    def fed_bytes(self) -> int:
+        """Bytes of input audio appended so far."""
+        return self._fed
+
+    @property
+    def fed_ms(self) -> int:
+        """Whole milliseconds of input audio appended so far."""
+        return self._fed // _BYTES_PER_MS
+
+    @staticmethod
+    def byte_at(ms: int) -> int:
+        """The timeline position in bytes of ``ms``."""
+        return ms * _BYTES_PER_MS
+
+    def configure(self, settings: TurnDetection | None) -> None:
+        """Apply the session's turn detection. The same settings again change nothing (a turn
+        in progress goes on); other settings restart detection; None stops it."""
+        if settings == self._settings:
+            return
+        self._settings = settings
+        if settings is None:
+            self._vad = None
+        elif self._vad is None:
+            self._vad = EnergyVad(settings.vad)
+            self._vad_origin_ms = self.fed_ms
+        else:
+            self._vad.reset(settings.vad)
+
+    def feed(self, audio: bytes) -> list[VadEvent]:
+        """Count appended audio; with detection on, the speech events it completes."""
+        self._fed += len(audio)
+        if self._vad is None:
+            return []
+        origin = self._vad_origin_ms
+        return [SpeechStarted(audio_start_ms=origin + event.audio_start_ms)
+                if isinstance(event, SpeechStarted)
+                else SpeechStopped(audio_end_ms=origin + event.audio_end_ms)
+                for event in self._vad.feed(audio)]
+
+    def reset(self) -> None:
+        """Forget a turn in progress (after a manual commit or a clear took its audio)."""
+        if self._vad is not None:
+            self._vad.reset()
+
+
 class Conversation:
     """The default conversation of one session, and the events it emits, in order.
 
@@ -118,6 +227,7 @@ class Conversation:
         self._last_item_id: str | None = None  # the tail of the conversation
         self._items = 0
         self._responses = 0
+        self._reserved_item_id: str | None = None  # the next user item's, once announced
 
     def emit(self, *events: msg.Event) -> None:
         """Queue events after those already queued."""
@@ -137,13 +247,32 @@ class Conversation:
         """``session.updated`` with the whole effective session object."""
         self.emit(msg.SessionUpdated(session=copy.deepcopy(self.config)))
 
+    # ------------------------------------------------------------------ turn detection
+
+    def speech_started(self, audio_start_ms: int) -> None:
+        """``input_audio_buffer.speech_started``, naming the user item the turn will be."""
+        self.emit(msg.InputSpeechStarted(audio_start_ms=audio_start_ms,
+                                         item_id=self._next_user_item_id()))
+
+    def speech_stopped(self, audio_end_ms: int) -> None:
+        """``input_audio_buffer.speech_stopped``, naming the same item (the commit follows)."""
+        self.emit(msg.InputSpeechStopped(audio_end_ms=audio_end_ms,
+                                         item_id=self._next_user_item_id()))
+
+    def _next_user_item_id(self) -> str:
+        if self._reserved_item_id is None:
+            self._reserved_item_id = self._new_item_id()
+        return self._reserved_item_id
+
     # ------------------------------------------------------------------ items
 
     def add_user_item(self, *, done: bool) -> UserItem:
         """A committed user turn: ``input_audio_buffer.committed`` ->
         ``conversation.item.added`` [-> ``conversation.item.done``, when ``done``; else the
-        caller completes it with :meth:`complete_user_item` once its transcript is known]."""
-        item = UserItem(id=self._new_item_id(), previous_item_id=self._last_item_id)
+        caller completes it with :meth:`complete_user_item` once its transcript is known].
+        Its id is the one a ``speech_started`` announced, when one did."""
+        item = UserItem(id=self._next_user_item_id(), previous_item_id=self._last_item_id)
+        self._reserved_item_id = None
         self._last_item_id = item.id
         self.emit(msg.InputCommitted(item_id=item.id, previous_item_id=item.previous_item_id),
                   msg.ItemAdded(item=_user_item(item.id, None),

@@ -28,11 +28,23 @@ responses are cut out of one continuous output stream (the ``audio`` turn mode):
   (at least 100 ms, as OpenAI requires); ``clear`` also drops the audio the model has not
   consumed yet.
 
+* **Turn detection.** With ``turn_detection`` on (``server_vad`` / ``semantic_vad``) an
+  energy VAD hears the appended audio: ``speech_started`` (then, with ``interrupt_response``
+  and a response active, that response ends ``cancelled`` ``turn_detected`` and the model is
+  muted, as after ``response.cancel``); on ``speech_stopped`` the turn is committed as a
+  manual commit would be and, with ``create_response`` and no response active, a response
+  opens exactly as ``response.create`` opens one. Manual commits still work.
+
 A backend that takes turns itself (the cascade: VAD -> ASR -> responder -> TTS) runs in the
 ``events`` turn mode: its ``SlotResult.events`` drive the turns instead of the audio level.
-``speech_stopped`` commits a user item (its ``transcript`` event completes it),
-``response_started``/``response_done`` open and complete a response, and ``barge_in``
-cancels the active one (``turn_detected``).
+Its own ``speech_started``/``speech_stopped`` become ``input_audio_buffer.speech_started`` /
+``.speech_stopped`` whatever ``turn_detection`` says (the energy VAD never runs there; the
+times are the input the worker had received when the backend reported, so they run late by
+the backend's detection delay). ``speech_stopped`` commits a user item (its ``transcript``
+event completes it), ``response_started``/``response_done`` open and complete a response, and
+``barge_in`` cancels the active one (``turn_detected``). The backend decides when it answers
+and when it is interrupted, so ``create_response`` and ``interrupt_response`` are echoed but
+do not change what it does.
 """
 
 from __future__ import annotations
@@ -44,12 +56,14 @@ from typing import Any, Final, assert_never
 
 from inference_worker.conversation import (
     Conversation,
+    InputTimeline,
     OpenResponse,
     PendingInput,
     UserItem,
     already_active,
     cancel_refusal,
     commit_too_small,
+    turn_detection_of,
 )
 from inference_worker.frames import FrameOutput
 from inference_worker.loopback import (
@@ -62,6 +76,7 @@ from inference_worker.loopback import (
     too_deep,
 )
 from inference_worker.untrusted import close_reason, describe
+from inference_worker.vad import SpeechStarted, VadEvent
 from store import messages as msg
 from store.messages import JsonObject
 
@@ -115,6 +130,7 @@ class DuplexRunner:
         self._input = bytearray()
         self._clear = False
         self._uncommitted = 0  # bytes appended since the last commit or clear
+        self._timeline = InputTimeline()
         self._response: _Response | None = None
         # A user item added on end of speech, completed when its transcript arrives.
         self._user_item: UserItem | None = None
@@ -162,6 +178,7 @@ class DuplexRunner:
             case msg.ClearInput():
                 self._input.clear()
                 self._clear, self._uncommitted = True, 0
+                self._timeline.reset()
                 self._conversation.emit(msg.InputCleared())
             case msg.CreateResponse():
                 self._create(command, now)
@@ -229,6 +246,8 @@ class DuplexRunner:
         config = apply_session_patch(rest, {**self._config, "extra_body": {}})
         config["extra_body"] = {**self._config["extra_body"], **extra}
         self._conversation.config = config
+        if not self._explicit:  # an events-mode backend detects speech itself
+            self._timeline.configure(turn_detection_of(config))
         self._conversation.session_updated()
 
     def _append(self, command: msg.AppendAudio, now: float) -> None:
@@ -240,14 +259,37 @@ class DuplexRunner:
                 self._anchor = now  # the session's first words: the model's first reply
         self._input += command.audio
         self._uncommitted += len(command.audio)
+        for event in self._timeline.feed(command.audio):
+            self._on_speech(event, now)
 
     def _commit(self, command: msg.CommitInput, now: float) -> None:
         if self._uncommitted < MIN_COMMIT_BYTES:
             self._refuse(command.event_id, commit_too_small(self._uncommitted))
             return
         self._uncommitted = 0
+        self._timeline.reset()  # a turn in progress was committed with the rest
         self._conversation.add_user_item(done=True)
         self._anchor = now
+
+    def _on_speech(self, event: VadEvent, now: float) -> None:
+        settings = self._timeline.settings
+        assert settings is not None  # only a detector makes events
+        if isinstance(event, SpeechStarted):
+            # GA order: speech_started first, then the interrupted response's response.done.
+            self._conversation.speech_started(event.audio_start_ms)
+            if settings.interrupt_response and self._response is not None:
+                self._finish("cancelled", "turn_detected")
+                self._muted, self._mute_silence = True, 0
+            return
+        self._conversation.speech_stopped(event.audio_end_ms)
+        # Audio after the turn's end (in the same chunk) belongs to the next turn.
+        after = self._timeline.fed_bytes - self._timeline.byte_at(event.audio_end_ms)
+        self._uncommitted = max(0, min(self._uncommitted, after))
+        self._conversation.add_user_item(done=True)
+        self._anchor = now
+        if settings.create_response and self._response is None:
+            self._muted = False  # as response.create: the model's next audible output fills it
+            self._open()
 
     def _create(self, command: msg.CreateResponse, now: float) -> None:
         if self._response is not None:
@@ -293,13 +335,17 @@ class DuplexRunner:
         if isinstance(error, str) and error:
             self._conversation.emit(msg.ErrorEvent(code="model_error", message=error,
                                                    error_type="server_error"))
-        if events.get("barge_in") and self._response is not None:
-            self._finish("cancelled", "turn_detected")
-        if events.get("speech_stopped"):
-            self._complete_user_item(None)
-            self._user_item = self._conversation.add_user_item(done=False)
-            self._uncommitted = 0
-            self._anchor = now
+        for key in events:  # in the order they happened: speech_started precedes barge_in
+            if key == "speech_started" and events[key]:
+                self._conversation.speech_started(self._timeline.fed_ms)
+            elif key == "barge_in" and events[key] and self._response is not None:
+                self._finish("cancelled", "turn_detected")
+            elif key == "speech_stopped" and events[key]:
+                self._conversation.speech_stopped(self._timeline.fed_ms)
+                self._complete_user_item(None)
+                self._user_item = self._conversation.add_user_item(done=False)
+                self._uncommitted = 0
+                self._anchor = now
         transcript = events.get("transcript")
         if isinstance(transcript, str):
             self._complete_user_item(transcript)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from inference_worker.untrusted import MAX_SESSION_DEPTH, describe, nests_deeper_than
+from inference_worker.vad import VadConfigError, vad_config_from_turn_detection
 from store.messages import JsonObject
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "apply_session_patch",
     "check_session_patch",
     "default_session",
+    "effective_turn_detection",
     "response_options",
     "too_deep",
 ]
@@ -58,8 +60,10 @@ _READ_ONLY: Final = frozenset({"id", "object", "model"})
 def default_session(session_id: str) -> JsonObject:
     """The effective GA session object of a new loopback session.
 
-    ``turn_detection`` is null because the loopback has no VAD (push-to-talk). The extension
-    knobs live under ``extra_body``; the SDK session types allow extra keys, so it is echoed.
+    ``turn_detection`` is null (push-to-talk), unlike OpenAI's default ``server_vad``: a client
+    that never asks for turn detection keeps committing and creating responses itself, and no
+    detector second-guesses it. The extension knobs live under ``extra_body``; the SDK session
+    types allow extra keys, so it is echoed.
     """
     return {
         "type": "realtime",
@@ -153,7 +157,6 @@ _LEAVES: Final[Mapping[tuple[str, ...], tuple[_Check, str]]] = {
         lambda v: v is None or v in ({"type": "near_field"}, {"type": "far_field"}),
         "invalid_value",
     ),
-    ("audio", "input", "turn_detection"): (lambda v: v is None, "unsupported_turn_detection"),
     ("audio", "output", "format"): (lambda v: v == PCM_FORMAT, "unsupported_audio_format"),
     ("audio", "output", "voice"): (_is_voice, "invalid_value"),
     ("audio", "output", "speed"): (lambda v: _is_number(v, 0.25, 1.5), "invalid_value"),
@@ -162,6 +165,8 @@ _LEAVES: Final[Mapping[tuple[str, ...], tuple[_Check, str]]] = {
 }
 _CONTAINERS: Final = frozenset({(), ("audio",), ("audio", "input"), ("audio", "output"),
                                 ("extra_body",)})
+# Checked by the VAD's own rules, and stored with its defaults filled in (GA's effective shape).
+_TURN_DETECTION: Final = ("audio", "input", "turn_detection")
 
 
 def _param(path: tuple[str, ...]) -> str:
@@ -177,6 +182,10 @@ def _check_level(patch: Any, path: tuple[str, ...]) -> Refusal | None:
             refusal = _check_level(value, sub)
             if refusal is not None:
                 return refusal
+        elif sub == _TURN_DETECTION:
+            refusal = _turn_detection_refusal(value)
+            if refusal is not None:
+                return refusal
         elif sub in _LEAVES:
             check, code = _LEAVES[sub]
             if not check(value):
@@ -186,6 +195,46 @@ def _check_level(patch: Any, path: tuple[str, ...]) -> Refusal | None:
             return Refusal(code="unknown_parameter", message=f"unknown parameter {describe(key)}",
                            param=_param(sub))
     return None
+
+
+def _turn_detection_refusal(value: Any) -> Refusal | None:
+    """Why ``audio.input.turn_detection`` cannot be ``value`` (None: it can).
+
+    ``idle_timeout_ms`` other than null is refused: no runner implements the idle timeout.
+    """
+    if value is None:
+        return None
+    base = _param(_TURN_DETECTION)
+    try:
+        vad_config_from_turn_detection(value)
+    except VadConfigError as error:
+        param = f"{base}.{error.param}" if error.param else base
+        return Refusal(code=error.code, message=str(error), param=param)
+    if value.get("idle_timeout_ms") is not None:
+        return Refusal(code="unsupported_turn_detection", param=f"{base}.idle_timeout_ms",
+                       message="idle_timeout_ms is not supported: send null or leave it out")
+    return None
+
+
+def effective_turn_detection(value: Any) -> JsonObject | None:
+    """The effective ``turn_detection`` object for an accepted one: GA's shape, every key
+    present, defaults filled in (``null`` stays ``null``).
+
+    An update replaces the whole object, as OpenAI does: keys it leaves out take their
+    defaults again, not the values of the object it replaces.
+    """
+    if value is None:
+        return None
+    config = vad_config_from_turn_detection(value)
+    conversation = {"create_response": value.get("create_response", True),
+                    "interrupt_response": value.get("interrupt_response", True)}
+    if value["type"] == "semantic_vad":
+        return {"type": "semantic_vad", "eagerness": value.get("eagerness", "auto"),
+                **conversation}
+    return {"type": "server_vad", "threshold": float(config.threshold),
+            "prefix_padding_ms": config.prefix_padding_ms,
+            "silence_duration_ms": config.silence_duration_ms, "idle_timeout_ms": None,
+            **conversation}
 
 
 def check_session_patch(patch: JsonObject, current: JsonObject) -> Refusal | None:
@@ -212,6 +261,11 @@ def check_session_patch(patch: JsonObject, current: JsonObject) -> Refusal | Non
     ]:
         return Refusal(code="invalid_value", param="session.extra_body.loopback_mode",
                        message="loopback stream mode needs output_modalities ['audio']")
+    # Stream mode answers every chunk at once: there is no turn for a detector to end.
+    if (merged["extra_body"]["loopback_mode"] == "stream"
+            and merged["audio"]["input"]["turn_detection"] is not None):
+        return Refusal(code="invalid_value", param=_param(_TURN_DETECTION),
+                       message="loopback stream mode takes no turn detection: use turn mode")
     return None
 
 
@@ -243,6 +297,8 @@ def _merge_into(target: JsonObject, patch: JsonObject, path: tuple[str, ...]) ->
         sub = (*path, key)
         if sub in _CONTAINERS:
             _merge_into(target[key], value, sub)
+        elif sub == _TURN_DETECTION:
+            target[key] = effective_turn_detection(value)
         elif key not in _READ_ONLY or path:
             target[key] = copy.deepcopy(value)
 

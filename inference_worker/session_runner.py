@@ -7,6 +7,14 @@ touches Redis (style rule 1): time is passed in as ``now``, monotonic seconds.
 
 Event order follows the Realtime GA order for one spoken turn (openai_realtime.md §2a). The runner
 never emits ``SessionClosed``/``SessionExpired``: a store script writes the single terminal event.
+
+With ``turn_detection`` on (``server_vad`` / ``semantic_vad``, turn mode only), appended audio
+is heard by an energy VAD on the input timeline: ``speech_started`` (then, with
+``interrupt_response``, the active response ends ``cancelled`` ``turn_detected``), and on
+``speech_stopped`` the turn's audio, from ``audio_start_ms`` to ``audio_end_ms``, is committed
+as a manual commit would be; with ``create_response`` it is played back as ``response.create``
+would. A turn that ends while a response is still active (``interrupt_response`` false) is
+left for a later ``response.create``, as OpenAI's automatic response may fail then.
 """
 
 from __future__ import annotations
@@ -17,10 +25,12 @@ from typing import assert_never
 
 from inference_worker.conversation import (
     Conversation,
+    InputTimeline,
     OpenResponse,
     already_active,
     cancel_refusal,
     commit_too_small,
+    turn_detection_of,
 )
 from inference_worker.loopback import (
     MAX_BUFFER_BYTES,
@@ -34,6 +44,7 @@ from inference_worker.loopback import (
 )
 from inference_worker.states import InputState, ResponseState, Trigger, transition
 from inference_worker.untrusted import close_reason
+from inference_worker.vad import SpeechStarted, VadEvent
 from store import messages as msg
 from store.messages import JsonObject
 
@@ -76,6 +87,9 @@ class SessionRunner:
         self._input = InputState.EMPTY
         self._response_state = ResponseState.IDLE
         self._buffer = bytearray()
+        self._timeline = InputTimeline()
+        self._buffer_start = 0  # the timeline position, in bytes, of the buffer's first byte
+        self._turn_start_ms = 0  # where the turn being spoken started (its speech_started)
         self._unanswered: _UserTurn | None = None
         self._response: _Response | None = None
         self._close_reason: str | None = None
@@ -110,7 +124,7 @@ class SessionRunner:
             case msg.UpdateSession():
                 self._update(command)
             case msg.AppendAudio():
-                self._append(command)
+                self._append(command, now)
             case msg.CommitInput():
                 self._commit(command, now)
             case msg.ClearInput():
@@ -150,24 +164,35 @@ class SessionRunner:
             self._refuse(command.event_id, refusal)
             return
         self._conversation.config = apply_session_patch(command.session, self._config)
+        self._timeline.configure(turn_detection_of(self._config))
         self._conversation.session_updated()
 
-    def _append(self, command: msg.AppendAudio) -> None:
+    def _append(self, command: msg.AppendAudio, now: float) -> None:
         if not command.audio:
             return  # nothing to buffer or echo
         self._move_input(Trigger.APPEND)
         self._buffer += command.audio
         if len(self._buffer) > MAX_BUFFER_BYTES:
-            del self._buffer[: len(self._buffer) - MAX_BUFFER_BYTES]  # keep the newest audio
+            dropped = len(self._buffer) - MAX_BUFFER_BYTES
+            del self._buffer[:dropped]  # keep the newest audio
+            self._buffer_start += dropped
         if self._config["extra_body"]["loopback_mode"] == "stream":
             self._echo(command.audio)
+        for event in self._timeline.feed(command.audio):
+            self._on_speech(event, now)
 
     def _commit(self, command: msg.CommitInput, now: float) -> None:
         if len(self._buffer) < MIN_COMMIT_BYTES or not self._move_input(Trigger.COMMIT):
             self._refuse(command.event_id, commit_too_small(len(self._buffer)))
             return
         audio = bytes(self._buffer)
-        self._buffer.clear()
+        self._empty_buffer()
+        extra = self._config["extra_body"]
+        self._commit_turn(audio, now, respond=extra["loopback_mode"] == "turn"
+                          and extra["auto_response"])
+
+    def _commit_turn(self, audio: bytes, now: float, *, respond: bool) -> None:
+        """The user item of a committed turn, then its answer when ``respond`` and idle."""
         item_id = self._conversation.add_user_item(done=True).id
         if self._response_state is ResponseState.STREAMING:
             # The streamed response already echoed this turn: the commit completes it.
@@ -175,15 +200,49 @@ class SessionRunner:
             self._end_response(Trigger.FINISH, "completed")
             return
         self._unanswered = _UserTurn(item_id=item_id, audio=audio)
-        extra = self._config["extra_body"]
-        if (extra["loopback_mode"] == "turn" and extra["auto_response"]
-                and self._response_state is ResponseState.IDLE):
+        if respond and self._response_state is ResponseState.IDLE:
             self._play(self._config["output_modalities"] == ["audio"], None, now)
 
     def _clear(self) -> None:
         self._move_input(Trigger.CLEAR)
-        self._buffer.clear()
+        self._empty_buffer()
         self._conversation.emit(msg.InputCleared())
+
+    def _empty_buffer(self) -> None:
+        # The detector forgets a turn in progress with it: that audio is gone.
+        self._buffer.clear()
+        self._buffer_start = self._timeline.fed_bytes
+        self._timeline.reset()
+
+    # ------------------------------------------------------------------ turn detection
+
+    def _on_speech(self, event: VadEvent, now: float) -> None:
+        settings = self._timeline.settings
+        assert settings is not None  # only a detector makes events
+        if isinstance(event, SpeechStarted):
+            self._turn_start_ms = event.audio_start_ms
+            # GA order: speech_started first, then the interrupted response's response.done.
+            self._conversation.speech_started(event.audio_start_ms)
+            if settings.interrupt_response and self._response is not None:
+                self._end_response(Trigger.CANCEL, "cancelled", reason="turn_detected")
+            return
+        self._conversation.speech_stopped(event.audio_end_ms)
+        audio = self._take_turn_audio(self._turn_start_ms, event.audio_end_ms)
+        self._move_input(Trigger.COMMIT)
+        if self._buffer:
+            self._move_input(Trigger.APPEND)  # what followed the turn stays buffered
+        self._commit_turn(audio, now, respond=settings.create_response)
+
+    def _take_turn_audio(self, start_ms: int, end_ms: int) -> bytes:
+        """Cut the turn's audio out of the buffer; what came before it is dropped, what came
+        after it stays for the next turn."""
+        size = len(self._buffer)
+        begin = min(size, max(0, self._timeline.byte_at(start_ms) - self._buffer_start))
+        end = min(size, max(begin, self._timeline.byte_at(end_ms) - self._buffer_start))
+        audio = bytes(self._buffer[begin:end])
+        del self._buffer[:end]
+        self._buffer_start += end
+        return audio
 
     def _create(self, command: msg.CreateResponse, now: float) -> None:
         active = self._response
@@ -219,7 +278,7 @@ class SessionRunner:
         else:
             self._move_response(Trigger.CLOSE)
         self._move_input(Trigger.CLOSE)
-        self._buffer.clear()
+        self._empty_buffer()
         self._unanswered = None
         # The store writes the reason back as session.closed: one it cannot encode is replaced.
         self._close_reason = close_reason(command.reason)
@@ -270,14 +329,14 @@ class SessionRunner:
         opened = self._conversation.open_response(audio=audio, metadata=metadata)
         self._response = _Response(opened=opened, playback=playback)
 
-    def _end_response(self, trigger: Trigger, status: str) -> None:
+    def _end_response(self, trigger: Trigger, status: str,
+                      reason: str = "client_cancelled") -> None:
         response = self._response
         assert response is not None  # callers checked
         self._move_response(trigger)
         self._response = None
         self._conversation.finish_response(
-            response.opened, status=status,
-            reason="client_cancelled" if status == "cancelled" else None)
+            response.opened, status=status, reason=reason if status == "cancelled" else None)
 
     # ------------------------------------------------------------------ helpers
 

@@ -35,6 +35,8 @@ __all__ = [
     "HeartbeatAck",
     "InputCleared",
     "InputCommitted",
+    "InputSpeechStarted",
+    "InputSpeechStopped",
     "ItemAdded",
     "ItemDone",
     "JsonObject",
@@ -190,6 +192,27 @@ class InputCleared:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class InputSpeechStarted:
+    """Turn detection heard speech start in the input buffer."""
+
+    KIND: ClassVar[str] = "input.speech_started"
+    #: Milliseconds of the session's input audio before the turn, prefix padding included.
+    audio_start_ms: int
+    #: The id the user item of this turn will get once it is committed.
+    item_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputSpeechStopped:
+    """Turn detection heard speech end in the input buffer (a commit follows)."""
+
+    KIND: ClassVar[str] = "input.speech_stopped"
+    #: Milliseconds of the session's input audio up to the turn's end, its silence included.
+    audio_end_ms: int
+    item_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ItemAdded:
     """A conversation item was added (user item on commit, assistant item on response)."""
 
@@ -336,6 +359,8 @@ Event: TypeAlias = (
     | HeartbeatAck
     | InputCommitted
     | InputCleared
+    | InputSpeechStarted
+    | InputSpeechStopped
     | ItemAdded
     | ItemDone
     | ResponseCreated
@@ -355,10 +380,10 @@ Event: TypeAlias = (
 _CLASSES: tuple[type[Any], ...] = (
     UpdateSession, AppendAudio, CommitInput, ClearInput, CreateResponse, CancelResponse,
     Heartbeat, CloseSession,
-    SessionUpdated, ErrorEvent, HeartbeatAck, InputCommitted, InputCleared, ItemAdded, ItemDone,
-    ResponseCreated, ResponseDone, OutputItemAdded, OutputItemDone, ContentPartAdded,
-    ContentPartDone, AudioDelta, AudioDone, TranscriptDelta, TranscriptDone, SessionClosed,
-    SessionExpired,
+    SessionUpdated, ErrorEvent, HeartbeatAck, InputCommitted, InputCleared, InputSpeechStarted,
+    InputSpeechStopped, ItemAdded, ItemDone, ResponseCreated, ResponseDone, OutputItemAdded,
+    OutputItemDone, ContentPartAdded, ContentPartDone, AudioDelta, AudioDone, TranscriptDelta,
+    TranscriptDone, SessionClosed, SessionExpired,
 )
 _BY_KIND: dict[str, type[Any]] = {cls.KIND: cls for cls in _CLASSES}
 # The (at most one) bytes field of each class; found once, not per message.

@@ -9,7 +9,9 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any, cast
 
+import numpy as np
 import pytest
 from openai import AsyncOpenAI
 from redis import Redis
@@ -73,4 +75,51 @@ async def test_sdk_full_turn(dev_stack: str) -> None:
     assert next(t for t in seen if t in order) == "response.created"
     assert seen[-1] == "response.done"
     assert bytes(audio) == pcm, "loopback plays the committed audio back exactly"
+    await client.close()
+
+
+def _tone_burst() -> bytes:
+    """1 s of silence, 1 s of a loud 440 Hz tone, 1 s of silence: pcm16 24 kHz mono."""
+    t = np.arange(24_000) / 24_000
+    burst = (0.33 * 32767 * np.sin(2 * np.pi * 440 * t)).astype("<i2").tobytes()
+    return bytes(48_000) + burst + bytes(48_000)
+
+
+async def test_sdk_server_vad_turn_is_detected_and_answered(dev_stack: str) -> None:
+    """A server_vad session hears a turn in streamed audio: speech_started, speech_stopped,
+    the commit and an automatic response that plays the turn back, every event strictly
+    valid."""
+    client = AsyncOpenAI(api_key="sk-test", base_url="http://unused.invalid/v1",
+                         websocket_base_url=dev_stack)
+    pcm = _tone_burst()
+    seen: list[str] = []
+    audio = bytearray()
+    async with client.realtime.connect(model="loopback") as conn:
+        await conn.session.update(session={
+            "type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad"}}}})
+        for start in range(0, len(pcm), 4800):  # 100 ms appends
+            await conn.input_audio_buffer.append(
+                audio=base64.b64encode(pcm[start:start + 4800]).decode())
+        async for event in conn:
+            validate_server_event(event.to_dict())
+            seen.append(event.type)
+            if event.type == "session.updated":
+                session = cast(dict[str, Any], event.to_dict()["session"])
+                detection = session["audio"]["input"]["turn_detection"]
+                assert detection["type"] == "server_vad"
+                assert detection["silence_duration_ms"] == 500
+            if event.type == "input_audio_buffer.speech_started":
+                assert event.audio_start_ms == 700  # the burst at 1000 ms, less 300 ms padding
+            if event.type == "input_audio_buffer.speech_stopped":
+                assert event.audio_end_ms == 2500  # 500 ms of silence after the burst
+            if event.type == "response.output_audio.delta":
+                audio += base64.b64decode(event.delta)
+            if event.type == "response.done":
+                assert event.response.status == "completed"
+                break
+    assert seen[:2] == ["session.created", "session.updated"]
+    assert seen[2:8] == ["input_audio_buffer.speech_started",
+                         "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
+                         "conversation.item.added", "conversation.item.done", "response.created"]
+    assert bytes(audio) == pcm[700 * 48:2500 * 48], "the turn's audio is played back"
     await client.close()

@@ -596,6 +596,16 @@ EVENTS: list[tuple[m.Event, dict[str, Any]]] = [
     ),
     (m.InputCleared(), {"type": "input_audio_buffer.cleared"}),
     (
+        m.InputSpeechStarted(audio_start_ms=700, item_id="item_user1"),
+        {"type": "input_audio_buffer.speech_started", "audio_start_ms": 700,
+         "item_id": "item_user1"},
+    ),
+    (
+        m.InputSpeechStopped(audio_end_ms=2500, item_id="item_user1"),
+        {"type": "input_audio_buffer.speech_stopped", "audio_end_ms": 2500,
+         "item_id": "item_user1"},
+    ),
+    (
         m.ItemAdded(item=ITEM_USER),
         {"type": "conversation.item.added", "previous_item_id": None, "item": ITEM_USER},
     ),

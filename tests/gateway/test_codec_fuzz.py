@@ -428,6 +428,8 @@ EVENTS: st.SearchStrategy[m.Event] = st.one_of(
     st.builds(m.HeartbeatAck),
     st.builds(m.InputCommitted, item_id=TEXT, previous_item_id=OPTIONAL_TEXT),
     st.builds(m.InputCleared),
+    st.builds(m.InputSpeechStarted, audio_start_ms=INDEX, item_id=TEXT),
+    st.builds(m.InputSpeechStopped, audio_end_ms=INDEX, item_id=TEXT),
     st.builds(m.ItemAdded, item=ITEMS, previous_item_id=OPTIONAL_TEXT),
     st.builds(m.ItemDone, item=ITEMS, previous_item_id=OPTIONAL_TEXT),
     st.builds(m.ResponseCreated, response=RESPONSES),

@@ -23,6 +23,8 @@ WIRE_TYPES: dict[type[Any], str] = {
     msg.HeartbeatAck: "session.heartbeat_ack",
     msg.InputCommitted: "input_audio_buffer.committed",
     msg.InputCleared: "input_audio_buffer.cleared",
+    msg.InputSpeechStarted: "input_audio_buffer.speech_started",
+    msg.InputSpeechStopped: "input_audio_buffer.speech_stopped",
     msg.ItemAdded: "conversation.item.added",
     msg.ItemDone: "conversation.item.done",
     msg.ResponseCreated: "response.created",

@@ -81,8 +81,8 @@ def test_default_session_names_the_model_and_validates() -> None:
      "session.extra_body.end_of_turn_silence_ms"),
     ({"extra_body": "x"}, "invalid_type", "session.extra_body"),
     ({"output_modalities": ["text"]}, "invalid_value", "session.output_modalities"),
-    ({"audio": {"input": {"turn_detection": {"type": "server_vad"}}}},
-     "unsupported_turn_detection", "session.audio.input.turn_detection"),
+    ({"audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 1}}}},
+     "unsupported_turn_detection", "session.audio.input.turn_detection.idle_timeout_ms"),
     ({"bogus": 1}, "unknown_parameter", "session.bogus"),
 ])
 def test_bad_updates_are_refused_and_change_nothing(patch: dict[str, Any], code: str,
@@ -321,11 +321,18 @@ def test_time_to_first_audio_from_first_input_and_from_commit() -> None:
 
 
 def test_cascade_events_drive_turns() -> None:
-    """speech_stopped commits, transcript completes the item, response_* bound the answer."""
+    """speech_started/stopped are surfaced, naming the item speech_stopped commits; transcript
+    completes the item, response_* bound the answer."""
     r = runner(explicit=True)
-    assert frames(r, FrameOutput(audio=b"", level=0.0, events={"speech_started": True})) == []
+    r.receive(msg.AppendAudio(audio=bytes(4800)), T0)  # 100 ms of input on the timeline
+    [started] = frames(r, FrameOutput(audio=b"", level=0.0, events={"speech_started": True}))
+    assert isinstance(started, msg.InputSpeechStarted) and started.audio_start_ms == 100
     events = frames(r, FrameOutput(audio=b"", level=0.0, events={"speech_stopped": True}))
-    assert kinds(events) == ["input.committed", "item.added"]
+    assert kinds(events) == ["input.speech_stopped", "input.committed", "item.added"]
+    stopped, committed = events[0], events[1]
+    assert isinstance(stopped, msg.InputSpeechStopped)
+    assert isinstance(committed, msg.InputCommitted)
+    assert stopped.item_id == committed.item_id == started.item_id
     events = frames(r, FrameOutput(audio=b"", level=0.0, events={
         "transcript": "hi there", "response_started": True}))
     assert kinds(events) == ["item.done", *OPENING]
@@ -348,7 +355,7 @@ def test_cascade_barge_in_cancels_with_turn_detected() -> None:
     frames(r, FrameOutput(audio=b"", level=0.0, events={"response_started": True}))
     events = frames(r, FrameOutput(audio=b"", level=0.0, events={
         "speech_started": True, "barge_in": True, "response_done": True}))
-    assert kinds(events) == CLOSING
+    assert kinds(events) == ["input.speech_started", *CLOSING]  # GA: speech_started first
     done = done_of(events)
     assert done["status_details"] == {"type": "cancelled", "reason": "turn_detected"}
 
@@ -358,7 +365,8 @@ def test_cascade_errors_and_close_complete_the_pending_item() -> None:
     r = runner(explicit=True)
     events = frames(r, FrameOutput(audio=b"", level=0.0, events={
         "speech_stopped": True, "transcript": "", "error": "asr failed"}))
-    assert kinds(events) == ["error", "input.committed", "item.added", "item.done"]
+    assert kinds(events) == ["error", "input.speech_stopped", "input.committed", "item.added",
+                             "item.done"]
     error = events[0]
     assert isinstance(error, msg.ErrorEvent) and error.error_type == "server_error"
     frames(r, FrameOutput(audio=b"", level=0.0, events={"speech_stopped": True}))
