@@ -23,17 +23,24 @@ Two ways to read:
 * :meth:`DuplexClient.recv` is the low-level call: the next event of the current connection,
   raising ``ConnectionClosed`` when it drops; :meth:`DuplexClient.resume` is then one resume.
 
+Ending: :meth:`DuplexClient.close` asks the session to end and :meth:`DuplexClient.wait_closed`
+waits for its terminal event (see there for who reads the events meanwhile);
+:meth:`DuplexClient.detach` only closes the connection, leaving the session resumable. Leaving
+``async with`` closes the session, as the seed's handle does.
+
 Example::
 
-    client = await DuplexClient.connect(["ws://gw-a/v1/realtime", "ws://gw-b/v1/realtime"])
-    await client.append_audio(pcm)
-    await client.commit()
-    await client.create_response()
-    async for event in client.events():
-        if isinstance(event, Resumed):
-            continue  # nothing lost: the events go on where they stopped
-        if event.type == "response.done":
-            break
+    urls = ["ws://gw-a/v1/realtime", "ws://gw-b/v1/realtime"]
+    async with await DuplexClient.connect(urls) as client:
+        await client.submit(AppendAudio(pcm))
+        await client.submit(CommitInput())
+        await client.submit(CreateResponse())
+        async for event in client.events():
+            if isinstance(event, Resumed):
+                continue  # nothing lost: the events go on where they stopped
+            if event.type == "response.done":
+                break
+    # here the session is closed: session.close went out and session.closed came back
 """
 
 from __future__ import annotations
@@ -46,8 +53,9 @@ import json
 import random
 import secrets
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType, TracebackType
 from typing import Any
 
 import websockets
@@ -57,19 +65,55 @@ from websockets.exceptions import (
     InvalidMessage,
     InvalidStatus,
 )
+from websockets.protocol import State
+
+from gateway.client_commands import (
+    AckEvents,
+    AppendAudio,
+    CancelResponse,
+    ClearInput,
+    ClearOutputAudio,
+    ClientCommand,
+    CloseSession,
+    CommitInput,
+    CreateItem,
+    CreateResponse,
+    DeleteItem,
+    Heartbeat,
+    RetrieveItem,
+    TruncateItem,
+    UpdateSession,
+)
 
 __all__ = [
+    "AckEvents",
+    "AppendAudio",
+    "CancelResponse",
+    "ClearInput",
+    "ClearOutputAudio",
+    "ClientCommand",
     "ClientSettings",
+    "CloseSession",
+    "CommitInput",
+    "CreateItem",
+    "CreateResponse",
+    "DeleteItem",
     "DuplexClient",
     "DuplexClientError",
+    "Heartbeat",
     "RealtimeEvent",
     "ResumeRefused",
     "Resumed",
     "RetriesExhausted",
+    "RetrieveItem",
     "SessionReplaced",
+    "TruncateItem",
+    "UpdateSession",
 ]
 
 _TERMINAL = frozenset({"session.closed", "session.expired"})
+#: The events whose ``session`` is the session object :attr:`DuplexClient.capabilities` shows.
+_SESSION_OBJECT_EVENTS = frozenset({"session.created", "session.updated"})
 _FATAL_RESUME_CODES = frozenset({
     "session_resume_expired", "invalid_resume_token", "invalid_session_resume",
     "unsupported_session_resume", "session_resume_conflict",
@@ -185,12 +229,15 @@ class ClientSettings:
     #: nothing was sent for this long, so a client that only listens keeps its session from
     #: the gateway's ``IDLE_TTL_S`` (300 s); None: never.
     heartbeat_interval_s: float | None = 10.0
+    #: Leaving ``async with``: wait this long for the session's terminal event after
+    #: ``session.close`` (a resume included, when the connection was gone).
+    close_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.max_retries < 0:
             raise ValueError("max_retries must be >= 0")
-        if self.retry_deadline_s <= 0 or self.attempt_timeout_s <= 0:
-            raise ValueError("retry_deadline_s and attempt_timeout_s must be > 0")
+        if min(self.retry_deadline_s, self.attempt_timeout_s, self.close_timeout_s) <= 0:
+            raise ValueError("retry_deadline_s, attempt_timeout_s and close_timeout_s must be > 0")
         if not 0 < self.backoff_base_s <= self.backoff_cap_s:
             raise ValueError("need 0 < backoff_base_s <= backoff_cap_s")
         if self.heartbeat_interval_s is not None and self.heartbeat_interval_s <= 0:
@@ -295,7 +342,7 @@ class _Connected:
 
 
 class _ClientClosing(Exception):
-    """:meth:`DuplexClient.aclose` was called while a reconnection was under way."""
+    """:meth:`DuplexClient.detach` was called while a reconnection was under way."""
 
 
 async def _recv_json(ws: ClientConnection) -> dict[str, Any]:
@@ -370,6 +417,32 @@ class DuplexClient:
         self._closing = False
         self._terminal: DuplexClientError | None = None
         self._heartbeats: asyncio.Task[None] | None = None
+        self._close_reason: str | None = None
+        self._session_object: dict[str, Any] = {}
+        # Who reads the events: open events() iterators, pending recv() calls and a draining
+        # wait_closed() each count one; wait_closed() reads by itself only when none does.
+        self._readers = 0
+        # Set (and replaced) whenever the readers or the session's outcome change: what
+        # wait_closed() waits on while someone else reads.
+        self._changed = asyncio.Event()
+        # wait_closed()'s own reading, a task so that a reader arriving later can stop it.
+        self._drain: asyncio.Task[None] | None = None
+        # A resume is under way: not a point at which reading can be handed over.
+        self._recovering = False
+
+    @property
+    def close_reason(self) -> str | None:
+        """The ``reason`` of the session's terminal event (``session.closed`` /
+        ``.expired``); None while it has not been received."""
+        return self._close_reason
+
+    @property
+    def capabilities(self) -> Mapping[str, Any]:
+        """What the session can do, as far as the gateway tells: it sends no capability flags,
+        so this is the session object of the last ``session.updated`` (or, before one, of
+        ``session.created``), with every default filled in (``audio``, ``turn_detection``,
+        ``extra_body``, ...). A read-only view; empty before the session was opened."""
+        return MappingProxyType(self._session_object)
 
     # ------------------------------------------------------------------ connecting
 
@@ -437,11 +510,14 @@ class DuplexClient:
             if self._ws is ws:  # events() may have reconnected meanwhile
                 self._ws = None
 
-    async def aclose(self) -> None:
-        """Close the connection normally (1000); :meth:`events` then ends without resuming.
-        The session itself lives on, detached, in its disconnect grace; call :meth:`close`
-        first to end it."""
+    async def detach(self) -> None:
+        """Close the connection normally (1000) and leave the session to its gateway:
+        :meth:`events` ends without resuming, and the session lives on, detached, resumable
+        for the gateway's departed grace (``DEPARTED_GRACE_S``, 2 s: a 1000 close without
+        ``session.close`` is how a client says it left). To end the session, :meth:`close`
+        it first (or leave ``async with``, which does)."""
         self._closing = True
+        self._notify()
         if self._heartbeats is not None:
             self._heartbeats.cancel()
             self._heartbeats = None
@@ -449,11 +525,142 @@ class DuplexClient:
             await self._ws.close()
             self._ws = None
 
+    async def aclose(self) -> None:
+        """The same as :meth:`detach` (its older name)."""
+        await self.detach()
+
     async def __aenter__(self) -> DuplexClient:
         return self
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        await self.aclose()
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        """Close the SESSION, as the seed's handle does, then the connection.
+
+        ``session.close`` goes out and the terminal event is awaited for at most
+        ``settings.close_timeout_s``; a connection already gone is resumed once (through the
+        next URL) to deliver it. Nothing is sent when the session already ended, ended for this
+        client (:class:`SessionReplaced`, :class:`ResumeRefused`, ...) or was :meth:`detach`-ed
+        inside the block. Leaving with an exception closes the session too, and a failure to
+        close is then added to that exception as a note, never raised over it; leaving
+        normally raises the failure (a :class:`DuplexClientError`). A cancellation (or any
+        other ``BaseException``) only closes the connection: it must not wait on the network.
+        """
+        try:
+            if exc is None or isinstance(exc, Exception):
+                await self._close_session_on_exit()
+        except DuplexClientError as failure:
+            if exc is None:
+                raise
+            exc.add_note(f"closing the session on leaving the block failed too: {failure}")
+        finally:
+            await self.detach()
+
+    async def _close_session_on_exit(self) -> None:
+        if self.closed or self._terminal is not None or self._closing:
+            return
+        await self.close()  # numbered and buffered: a resume resends it
+        timeout = self.settings.close_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                if self._connection_gone():
+                    await self._resume_once()
+                await self.wait_closed()
+        except TimeoutError:
+            raise DuplexClientError(f"no terminal event within {timeout} s of session.close",
+                                    code="close_timeout") from None
+
+    def _connection_gone(self) -> bool:
+        return self._ws is None or self._ws.state is not State.OPEN
+
+    async def _resume_once(self) -> None:
+        """One resume attempt, through the next URL (the current one may be what failed)."""
+        try:
+            await self.resume(self._next_url())
+        except _ATTEMPT_ERRORS as exc:
+            raise _as_client_error(exc, _failure_of(exc)) from exc
+
+    async def wait_closed(self, timeout: float | None = None) -> str | None:
+        """Until the session's terminal event was received; returns :attr:`close_reason`.
+
+        Who reads the events meanwhile (the rule): whoever already does. While an
+        :meth:`events` iterator is open (a task iterating it, or one it was not yet closed
+        for) or a :meth:`recv` call is pending, that reader gets every event, the terminal
+        one included, and this only waits for it; if the reader stops before the end (its
+        loop broke out), this takes over. When no one reads, this reads by itself, as
+        :meth:`events` would (resuming lost connections, heartbeating) and drops what it
+        reads: the caller said it is not interested. So do not start :meth:`recv` or
+        :meth:`events` while it reads, and do not call it from inside an ``async for`` over
+        :meth:`events` (that loop is the reader and ends at the terminal event by itself).
+
+        Raises:
+            TimeoutError: ``timeout`` seconds passed first (the session goes on).
+            DuplexClientError: the session cannot end for this client any more: what
+                :meth:`events` raises (:class:`SessionReplaced`, :class:`ResumeRefused`,
+                :class:`RetriesExhausted`, ...), or ``client_detached`` after :meth:`detach`.
+        """
+        async with asyncio.timeout(timeout):
+            while not self._outcome_known():
+                changed = self._changed
+                if self._readers or self._drain is not None:
+                    await changed.wait()
+                else:
+                    await self._drain_until_outcome()
+        if self.closed:
+            return self._close_reason
+        if self._terminal is not None:
+            raise self._terminal
+        raise DuplexClientError("the client detached before the session ended",
+                                code="client_detached")
+
+    def _outcome_known(self) -> bool:
+        return self.closed or self._terminal is not None or self._closing
+
+    async def _drain_until_outcome(self) -> None:
+        """Read (and drop) events until the session's end, in a task a reader arriving
+        meanwhile stops (:meth:`_enter_reader`); its failure is this call's."""
+        drain = self._drain = asyncio.create_task(self._read_until_outcome(),
+                                                  name="duplex-client-drain")
+        try:
+            await asyncio.wait({drain})
+        finally:
+            if not drain.done():  # this call was cancelled (its timeout)
+                drain.cancel()
+                await asyncio.wait({drain})
+            self._drain = None
+            self._notify()
+        if not drain.cancelled() and (error := drain.exception()) is not None:
+            raise error
+
+    async def _read_until_outcome(self) -> None:
+        self._start_heartbeats()
+        try:
+            while not self._outcome_known():
+                await self._next_event_resuming()
+        finally:
+            self._stop_heartbeats()
+
+    async def _enter_reader(self) -> None:
+        """A caller starts reading (events(), recv()): wait_closed()'s own reading, if any,
+        stops first (websockets allows one recv at a time), at a point where nothing is lost:
+        while it waits for a frame (a cancelled recv keeps the frame for the next one), never
+        in the middle of a resume."""
+        self._readers += 1
+        drain = self._drain
+        if drain is None:
+            return
+        while self._recovering and not drain.done():
+            await self._changed.wait()
+        drain.cancel()
+        await asyncio.wait({drain})
+
+    def _leave_reader(self) -> None:
+        self._readers -= 1
+        self._notify()
+
+    def _notify(self) -> None:
+        """Wake every wait_closed() waiting on the readers or the outcome."""
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     async def _dial(self, url: str | None = None,
                     timeout: float | None = None) -> ClientConnection:
@@ -494,6 +701,9 @@ class DuplexClient:
         self.session_id = created["session_id"]
         self.resume_token = created["resume_token"]
         self.generation = created["lease_generation"]
+        session = created.get("session")
+        if isinstance(session, dict):
+            self._session_object = session
         self.url = connected.url
         self._ws = connected.ws
         self._mark_sent()
@@ -581,6 +791,14 @@ class DuplexClient:
     async def _recover(self, lost: Exception | None) -> Resumed:
         """The connection is gone (``lost`` says how; None: there was none): resume, or raise
         the terminal outcome."""
+        self._recovering = True
+        try:
+            return await self._resume_after(lost)
+        finally:
+            self._recovering = False
+            self._notify()
+
+    async def _resume_after(self, lost: Exception | None) -> Resumed:
         failure = _failure_of(lost) if lost is not None else None
         if failure is not None and not _resume_may_retry(failure):
             raise self._end(DuplexClientError(
@@ -605,8 +823,10 @@ class DuplexClient:
         except DuplexClientError as exc:
             self._end(exc)
             raise
-        return await self._adopt_resumed(
-            connected, after=failure.reason if failure is not None else "no connection")
+        # Shielded: a reader cancelled here (a timeout around events() or wait_closed()) must
+        # not leave the new connection adopted with only part of the resends sent.
+        return await asyncio.shield(self._adopt_resumed(
+            connected, after=failure.reason if failure is not None else "no connection"))
 
     def _forget_connection(self) -> None:
         ws, self._ws = self._ws, None
@@ -616,55 +836,86 @@ class DuplexClient:
     def _end(self, error: DuplexClientError) -> DuplexClientError:
         """Remember the terminal outcome: :meth:`events` raises it from now on."""
         self._terminal = error
+        self._notify()
         return error
 
     # ------------------------------------------------------------------ commands
 
+    async def submit(self, command: ClientCommand) -> None:
+        """Send any command (:mod:`gateway.client_commands`), in call order.
+
+        A ``sequenced`` command is numbered (``client_seq``) and kept until a resume shows the
+        input log holds it; one submitted while the connection is down goes out with the
+        resume's resends. ``session.heartbeat`` and ``session.event_ack`` are sent once, and
+        dropped while disconnected. Refusals come back later as ``error`` events whose
+        ``error.event_id`` is the command's ``event_id``.
+        """
+        if command.sequenced:
+            await self._command(command.to_wire())
+        else:
+            await self._send_unsequenced(command.to_wire())
+
     async def append_audio(self, pcm16: bytes) -> None:
         """``input_audio_buffer.append`` (pcm16 LE mono 24 kHz)."""
-        await self._command({"type": "input_audio_buffer.append",
-                             "audio": base64.b64encode(pcm16).decode()})
+        await self.submit(AppendAudio(pcm16))
 
     async def commit(self) -> None:
         """``input_audio_buffer.commit``."""
-        await self._command({"type": "input_audio_buffer.commit"})
+        await self.submit(CommitInput())
 
     async def clear_input(self) -> None:
         """``input_audio_buffer.clear``."""
-        await self._command({"type": "input_audio_buffer.clear"})
+        await self.submit(ClearInput())
 
-    async def create_response(self, options: dict[str, Any] | None = None) -> None:
+    async def create_response(self, options: Mapping[str, Any] | None = None) -> None:
         """``response.create`` with optional per-response options."""
-        message: dict[str, Any] = {"type": "response.create"}
-        if options is not None:
-            message["response"] = options
-        await self._command(message)
+        await self.submit(CreateResponse(options))
 
     async def cancel_response(self, response_id: str | None = None) -> None:
         """``response.cancel``."""
-        message: dict[str, Any] = {"type": "response.cancel"}
-        if response_id is not None:
-            message["response_id"] = response_id
-        await self._command(message)
+        await self.submit(CancelResponse(response_id))
 
-    async def update(self, patch: dict[str, Any]) -> None:
+    async def clear_output_audio(self) -> None:
+        """``output_audio_buffer.clear``."""
+        await self.submit(ClearOutputAudio())
+
+    async def create_item(self, item: Mapping[str, Any],
+                          previous_item_id: str | None = None) -> None:
+        """``conversation.item.create``."""
+        await self.submit(CreateItem(item, previous_item_id))
+
+    async def retrieve_item(self, item_id: str) -> None:
+        """``conversation.item.retrieve``."""
+        await self.submit(RetrieveItem(item_id))
+
+    async def delete_item(self, item_id: str) -> None:
+        """``conversation.item.delete``."""
+        await self.submit(DeleteItem(item_id))
+
+    async def truncate_item(self, item_id: str, audio_end_ms: int,
+                            content_index: int = 0) -> None:
+        """``conversation.item.truncate``."""
+        await self.submit(TruncateItem(item_id, audio_end_ms, content_index))
+
+    async def update(self, patch: Mapping[str, Any]) -> None:
         """``session.update``."""
-        await self._command({"type": "session.update", "session": patch})
+        await self.submit(UpdateSession(patch))
 
     async def heartbeat(self) -> None:
-        """``session.heartbeat``."""
-        await self._command({"type": "session.heartbeat"})
+        """``session.heartbeat`` (unsequenced: dropped while disconnected)."""
+        await self.submit(Heartbeat())
 
     async def close(self, reason: str = "client_close") -> None:
-        """``session.close``: the session ends with ``session.closed`` (read it from events)."""
-        await self._command({"type": "session.close", "reason": reason})
+        """``session.close``: the session ends with ``session.closed``; read it from
+        :meth:`events`, or wait for it with :meth:`wait_closed`."""
+        await self.submit(CloseSession(reason))
 
     async def ack(self, server_event_seq: int | None = None) -> None:
         """``session.event_ack``: the log may drop every event up to this seq (default: all
         handed out so far), which bounds Redis memory for this session. Not sent while
         disconnected: the next ack covers it."""
         seq = self.last_seq if server_event_seq is None else server_event_seq
-        await self._send_unsequenced({"type": "session.event_ack", "server_event_seq": seq})
+        await self.submit(AckEvents(seq))
 
     async def send_raw(self, data: str | bytes) -> None:
         """Send a frame as is (for tests of bad input)."""
@@ -736,6 +987,13 @@ class DuplexClient:
             websockets.exceptions.ConnectionClosed: the connection dropped; call
                 :meth:`resume` and go on (or read with :meth:`events`, which does).
         """
+        try:
+            await self._enter_reader()
+            return await self._recv_event()
+        finally:
+            self._leave_reader()
+
+    async def _recv_event(self) -> RealtimeEvent:
         while True:
             data = await self._recv_raw()
             seq = data.get("server_event_seq")
@@ -747,9 +1005,20 @@ class DuplexClient:
                 # The next event's number: past a trim, or below ours after a rewound log.
                 self.last_seq = int(data["replay_from"]) - 1
             event = RealtimeEvent(str(data.get("type")), seq, data)
-            if event.type in _TERMINAL:
-                self.closed = True
+            self._track(event)
             return event
+
+    def _track(self, event: RealtimeEvent) -> None:
+        """What the client remembers of the session from its events."""
+        if event.type in _SESSION_OBJECT_EVENTS:
+            session = event.data.get("session")
+            if isinstance(session, dict):
+                self._session_object = session
+        elif event.type in _TERMINAL:
+            reason = event.data.get("reason")
+            self._close_reason = reason if isinstance(reason, str) else None
+            self.closed = True
+            self._notify()
 
     async def events(self) -> AsyncIterator[RealtimeEvent]:
         """Every event once, in order, until the terminal one (which is yielded last), across
@@ -759,7 +1028,7 @@ class DuplexClient:
         :class:`ClientSettings`); a :class:`Resumed` marker is yielded where that happened.
         ``session.resync_required`` is yielded as it comes: the events it announces are gone.
         Heartbeats go out on a timer while this runs. Ends without raising after the terminal
-        event, or once :meth:`aclose` was called.
+        event, or once :meth:`detach` was called.
 
         Raises:
             ResumeRefused: the session ended or is unknown, or the token was refused.
@@ -768,8 +1037,9 @@ class DuplexClient:
             DuplexClientError: the connection was closed with a code no retry can help
                 (``close_code``, and ``code`` from the ``error`` event before it).
         """
-        self._start_heartbeats()
         try:
+            await self._enter_reader()
+            self._start_heartbeats()
             while not self.closed:
                 event = await self._next_event_resuming()
                 if event is None:
@@ -777,6 +1047,7 @@ class DuplexClient:
                 yield event
         finally:
             self._stop_heartbeats()
+            self._leave_reader()
 
     async def _next_event_resuming(self) -> RealtimeEvent | None:
         """The next event, resuming first when the connection is gone; None once the caller
@@ -789,7 +1060,7 @@ class DuplexClient:
             if self._ws is None:
                 return await self._recover(None)
             try:
-                event = await self.recv()
+                event = await self._recv_event()
             except (ConnectionClosed, OSError) as exc:
                 if self._closing:
                     return None

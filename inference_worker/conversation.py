@@ -12,14 +12,26 @@ and, while ``turn_detection`` is on, feeds it to an :class:`~inference_worker.va
 :meth:`Conversation.speech_started` reserves the id the turn's user item will get, so
 ``speech_started``, ``speech_stopped`` and the commit that follows all name it.
 
+The conversation keeps its items in order (:class:`Item`: id, role, status, content with the
+audio bytes left out, and for assistant audio the audio generated so far), at most
+:data:`MAX_ITEMS` of them: adding one more drops the oldest first, silently, as GA's own context
+truncation does. The client manages them with ``conversation.item.create`` / ``.retrieve`` /
+``.delete`` / ``.truncate`` (:meth:`Conversation.item_command`), the same for every runner:
+a truncation cuts an assistant audio item to the milliseconds the client says it heard and
+drops its transcript, so the history never claims audio the user did not hear.
+
 The :class:`Runner` protocols are what the worker's driver sees of a runner.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import copy
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeGuard
+from typing import Any, Final, Protocol, TypeAlias, TypeGuard
 
 from inference_worker.frames import FrameOutput
 from inference_worker.loopback import BYTES_PER_SECOND, Refusal
@@ -30,6 +42,7 @@ from inference_worker.realtime_items import (
     response_object,
     zero_usage,
 )
+from inference_worker.untrusted import describe
 from inference_worker.vad import (
     EnergyVad,
     SpeechStarted,
@@ -42,9 +55,13 @@ from store import messages as msg
 from store.messages import JsonObject
 
 __all__ = [
+    "MAX_ITEMS",
     "Conversation",
+    "CreatedUserTurn",
     "FrameRunner",
     "InputTimeline",
+    "Item",
+    "ItemCommand",
     "OpenResponse",
     "PendingInput",
     "Runner",
@@ -59,6 +76,21 @@ __all__ = [
 
 #: Bytes of pcm16 24 kHz mono per millisecond of audio.
 _BYTES_PER_MS = BYTES_PER_SECOND // 1000
+
+#: Items a conversation keeps; one more drops the oldest (never the one just added).
+MAX_ITEMS: Final = 256
+#: ``previous_item_id`` of ``conversation.item.create`` that puts the item first (GA).
+_ROOT: Final = "root"
+#: Longest client-chosen item id.
+_MAX_ITEM_ID_CHARS: Final = 64
+#: The content part types each role's message may carry (openai_realtime.md §1c).
+_PART_TYPES: Final = {
+    "user": ("input_text", "input_audio"),
+    "system": ("input_text",),
+    "assistant": ("output_text", "output_audio"),
+}
+
+ItemCommand: TypeAlias = msg.CreateItem | msg.RetrieveItem | msg.DeleteItem | msg.TruncateItem
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,6 +134,52 @@ def is_frame_runner(runner: Runner) -> TypeGuard[FrameRunner]:
     """Whether ``runner`` takes frames. A look at its class, not a runtime-checkable
     isinstance: that would evaluate every property (a deep copy of the session) per tick."""
     return callable(getattr(type(runner), "on_frame", None))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Item:
+    """One conversation item, as the conversation keeps it (no audio bytes).
+
+    Attributes:
+        id: the item's id.
+        role: ``user``, ``system`` or ``assistant`` (every item is a ``message``).
+        status: ``in_progress``, ``completed`` or ``incomplete``.
+        content: its GA content parts, without their ``audio``.
+        audio_bytes: assistant audio: the bytes generated so far (or sent with a created
+            item), cut to the heard length by a truncation.
+    """
+
+    id: str
+    role: str
+    status: str
+    content: tuple[JsonObject, ...]
+    audio_bytes: int = 0
+
+    @property
+    def audio_ms(self) -> int:
+        """Milliseconds of audio, rounded up: a client that played every byte it got may
+        say so in whole milliseconds without exceeding it."""
+        return -(-self.audio_bytes // _BYTES_PER_MS)
+
+    @property
+    def truncatable(self) -> bool:
+        """Whether it is an assistant audio item (the only kind GA truncates)."""
+        return self.role == "assistant" and any(part["type"] == "output_audio"
+                                                for part in self.content)
+
+    def realtime(self) -> JsonObject:
+        """The GA item object (``realtime.item``)."""
+        return {"id": self.id, "object": "realtime.item", "type": "message", "role": self.role,
+                "status": self.status, "content": [dict(part) for part in self.content]}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CreatedUserTurn:
+    """A user message a ``conversation.item.create`` added, for a runner that answers user
+    turns: its id and the pcm16 audio of its ``input_audio`` parts (empty for text)."""
+
+    item_id: str
+    audio: bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -224,10 +302,30 @@ class Conversation:
     def __init__(self, config: JsonObject) -> None:
         self.config = config
         self._events: list[msg.Event] = []
-        self._last_item_id: str | None = None  # the tail of the conversation
+        self._order: list[str] = []  # item ids, oldest first
+        self._by_id: dict[str, Item] = {}
         self._items = 0
         self._responses = 0
         self._reserved_item_id: str | None = None  # the next user item's, once announced
+
+    @property
+    def _last_item_id(self) -> str | None:
+        """The tail of the conversation: the item a new one follows."""
+        return self._order[-1] if self._order else None
+
+    @property
+    def items(self) -> list[Item]:
+        """The conversation's items, in order."""
+        return [self._by_id[item_id] for item_id in self._order]
+
+    def item(self, item_id: str) -> Item | None:
+        """The item ``item_id`` (None: not in the conversation, or no longer)."""
+        return self._by_id.get(item_id)
+
+    @property
+    def last_response_id(self) -> str | None:
+        """The id of the newest response (None before the first)."""
+        return f"resp_{self._responses}" if self._responses else None
 
     def emit(self, *events: msg.Event) -> None:
         """Queue events after those already queued."""
@@ -273,7 +371,8 @@ class Conversation:
         Its id is the one a ``speech_started`` announced, when one did."""
         item = UserItem(id=self._next_user_item_id(), previous_item_id=self._last_item_id)
         self._reserved_item_id = None
-        self._last_item_id = item.id
+        self._insert(Item(id=item.id, role="user", status="completed",
+                          content=_user_audio_content(None)), None)
         self.emit(msg.InputCommitted(item_id=item.id, previous_item_id=item.previous_item_id),
                   msg.ItemAdded(item=_user_item(item.id, None),
                                 previous_item_id=item.previous_item_id))
@@ -283,6 +382,7 @@ class Conversation:
 
     def complete_user_item(self, item: UserItem, transcript: str | None) -> None:
         """``conversation.item.done`` for a user item, with its transcript if known."""
+        self._update(item.id, content=_user_audio_content(transcript))
         self.emit(msg.ItemDone(item=_user_item(item.id, transcript),
                                previous_item_id=item.previous_item_id))
 
@@ -297,7 +397,8 @@ class Conversation:
         response = OpenResponse(
             id=response_id, item_id=item_id, previous_item_id=self._last_item_id, audio=audio,
             created=response_object(response_id, self.config, audio, metadata))
-        self._last_item_id = item_id
+        self._insert(Item(id=item_id, role="assistant", status="in_progress",
+                          content=(item_content(audio),)), None)
         item = assistant_item(item_id, "in_progress", [])
         self.emit(
             msg.ResponseCreated(response=copy.deepcopy(response.created)),
@@ -331,6 +432,7 @@ class Conversation:
             )
         item = assistant_item(iid, "completed" if status == "completed" else "incomplete",
                               [content])
+        self._update(iid, status=item["status"], content=(dict(content),))
         details = None if reason is None else {"type": "cancelled", "reason": reason}
         done = {**copy.deepcopy(response.created), "status": status, "status_details": details,
                 "output": [item], "usage": zero_usage()}
@@ -342,9 +444,267 @@ class Conversation:
             msg.ResponseDone(response=done),
         )
 
+    def audio_delta(self, response: OpenResponse, audio: bytes) -> None:
+        """``response.output_audio.delta``; the response's item counts the audio generated."""
+        self.emit(msg.AudioDelta(response_id=response.id, item_id=response.item_id,
+                                 output_index=0, content_index=0, audio=audio))
+        item = self._by_id.get(response.item_id)
+        if item is not None:
+            self._update(item.id, audio_bytes=item.audio_bytes + len(audio))
+
+    def output_cleared(self, response_id: str | None) -> None:
+        """``output_audio_buffer.cleared``, naming the response whose audio was dropped, or
+        the newest one when none was playing ("" before any response)."""
+        self.emit(msg.OutputAudioCleared(response_id=response_id or self.last_response_id or ""))
+
+    # ------------------------------------------------------------------ client item commands
+
+    def item_command(self, command: ItemCommand, *, active: OpenResponse | None,
+                     cancel_active: Callable[[], None]) -> CreatedUserTurn | None:
+        """Apply ``conversation.item.create`` / ``.retrieve`` / ``.delete`` / ``.truncate``.
+
+        Args:
+            command: the client's command.
+            active: the response that may still be cancelled (None: none is active).
+            cancel_active: ends ``active`` as ``cancelled`` (``client_cancelled``), the way the
+                runner cancels; called when a truncation names its item, before truncating.
+
+        Returns:
+            The user message a create added, for a runner that answers user turns.
+        """
+        match command:
+            case msg.CreateItem():
+                return self._create_item(command)
+            case msg.RetrieveItem():
+                item = self._known(command.event_id, command.item_id)
+                if item is not None:
+                    self.emit(msg.ItemRetrieved(item=item.realtime()))
+            case msg.DeleteItem():
+                self._delete_item(command, active)
+            case msg.TruncateItem():
+                self._truncate_item(command, active, cancel_active)
+        return None
+
+    def _known(self, event_id: str | None, item_id: str,
+               param: str = "item_id") -> Item | None:
+        item = self._by_id.get(item_id)
+        if item is None:
+            self.refuse(event_id, Refusal(
+                code="item_not_found", param=param,
+                message=f"Item with item_id {describe(item_id)} not found in conversation."))
+        return item
+
+    def _delete_item(self, command: msg.DeleteItem, active: OpenResponse | None) -> None:
+        item = self._known(command.event_id, command.item_id)
+        if item is None:
+            return
+        if active is not None and active.item_id == item.id:
+            self.refuse(command.event_id, Refusal(
+                code="invalid_value", param="item_id",
+                message=f"Item {item.id} belongs to the active response {active.id};"
+                " cancel it (response.cancel) before deleting it."))
+            return
+        self._order.remove(item.id)
+        del self._by_id[item.id]
+        self.emit(msg.ItemDeleted(item_id=item.id))
+
+    def _truncate_item(self, command: msg.TruncateItem, active: OpenResponse | None,
+                       cancel_active: Callable[[], None]) -> None:
+        item = self._known(command.event_id, command.item_id)
+        if item is None:
+            return
+        refusal = _truncate_refusal(item, command)
+        if refusal is not None:
+            self.refuse(command.event_id, refusal)
+            return
+        if active is not None and active.item_id == item.id:
+            cancel_active()  # what the client did not hear will not be generated either
+        current = self._by_id.get(item.id, item)
+        # GA drops the transcript: it would describe audio the user never heard.
+        content = tuple({**part, "transcript": ""} if part["type"] == "output_audio" else part
+                        for part in current.content)
+        heard = min(current.audio_bytes, command.audio_end_ms * _BYTES_PER_MS)
+        self._update(item.id, content=content, audio_bytes=heard)
+        self.emit(msg.ItemTruncated(item_id=item.id, content_index=command.content_index,
+                                    audio_end_ms=command.audio_end_ms))
+
+    def _create_item(self, command: msg.CreateItem) -> CreatedUserTurn | None:
+        parsed = _parse_item(command.item)
+        if isinstance(parsed, Refusal):
+            self.refuse(command.event_id, parsed)
+            return None
+        role, content, audio = parsed
+        item_id = command.item.get("id")
+        if item_id is not None:
+            refusal = self._id_refusal(item_id)
+            if refusal is not None:
+                self.refuse(command.event_id, refusal)
+                return None
+        after = command.previous_item_id
+        if after not in (None, _ROOT) and self._known(
+                command.event_id, after, "previous_item_id") is None:
+            return None
+        item = Item(id=item_id or self._new_item_id(), role=role, status="completed",
+                    content=content, audio_bytes=len(audio) if role == "assistant" else 0)
+        previous = self._insert(item, after)
+        self.emit(msg.ItemAdded(item=item.realtime(), previous_item_id=previous),
+                  msg.ItemDone(item=item.realtime(), previous_item_id=previous))
+        return CreatedUserTurn(item_id=item.id, audio=audio) if role == "user" else None
+
+    def _id_refusal(self, item_id: Any) -> Refusal | None:
+        if not isinstance(item_id, str):
+            return Refusal(code="invalid_type", param="item.id", message="expected a string")
+        if not 0 < len(item_id) <= _MAX_ITEM_ID_CHARS:
+            return Refusal(code="invalid_value", param="item.id",
+                           message=f"must be 1 to {_MAX_ITEM_ID_CHARS} characters")
+        if item_id in self._by_id or item_id == self._reserved_item_id:
+            return Refusal(code="invalid_value", param="item.id",
+                           message=f"an item with id {describe(item_id)} already exists")
+        return None
+
+    # ------------------------------------------------------------------ the item store
+
+    def _insert(self, item: Item, after: str | None) -> str | None:
+        """Put ``item`` after ``after`` (None: at the end; ``root``: first), keep the bound;
+        return the id of the item before it."""
+        if after is None:
+            index = len(self._order)
+        elif after == _ROOT:
+            index = 0
+        else:
+            index = self._order.index(after) + 1
+        self._order.insert(index, item.id)
+        self._by_id[item.id] = item
+        while len(self._order) > MAX_ITEMS:
+            oldest = self._order[0] if self._order[0] != item.id else self._order[1]
+            self._order.remove(oldest)
+            del self._by_id[oldest]
+        index = self._order.index(item.id)
+        return self._order[index - 1] if index else None
+
+    def _update(self, item_id: str, **changes: Any) -> None:
+        # An item dropped by the bound or deleted is not brought back by a late update.
+        item = self._by_id.get(item_id)
+        if item is not None:
+            self._by_id[item_id] = dataclasses.replace(item, **changes)
+
     def _new_item_id(self) -> str:
-        self._items += 1
-        return f"item_{self._items}"
+        while True:  # a client may have taken a name of ours for an item it created
+            self._items += 1
+            item_id = f"item_{self._items}"
+            if item_id not in self._by_id:
+                return item_id
+
+
+def _user_audio_content(transcript: str | None) -> tuple[JsonObject, ...]:
+    return ({"type": "input_audio", "transcript": transcript},)
+
+
+def _truncate_refusal(item: Item, command: msg.TruncateItem) -> Refusal | None:
+    """Why ``item`` cannot be cut to ``command.audio_end_ms`` (None: it can)."""
+    if not item.truncatable:
+        return Refusal(code="invalid_value", param="item_id",
+                       message=f"Only assistant audio items can be truncated; {item.id} is not"
+                       " one.")
+    if command.content_index != 0:
+        return Refusal(code="invalid_value", param="content_index",
+                       message="Invalid value for 'content_index': audio is content part 0.")
+    if command.audio_end_ms > item.audio_ms:
+        return Refusal(code="invalid_value", param="audio_end_ms",
+                       message=f"audio_end_ms {command.audio_end_ms} is longer than the"
+                       f" {item.audio_ms} ms of audio of item {item.id}.")
+    return None
+
+
+def _parse_item(item: JsonObject) -> tuple[str, tuple[JsonObject, ...], bytes] | Refusal:
+    """A created item's role, its content parts without audio, and the pcm16 audio its parts
+    carried; or why it is refused. Only ``message`` items: sessions have no tools, so no
+    ``function_call`` exists for a ``function_call_output`` to answer."""
+    kind = _string_field(item, "type", "item.type")
+    if isinstance(kind, Refusal):
+        return kind
+    if kind != "message":
+        return Refusal(code="invalid_value", param="item.type",
+                       message=f"unsupported item type {describe(kind)}: this server takes"
+                       " 'message' items (its sessions have no tools to call)")
+    role = _string_field(item, "role", "item.role")
+    if isinstance(role, Refusal):
+        return role
+    if role not in _PART_TYPES:
+        return Refusal(code="invalid_value", param="item.role",
+                       message=f"unsupported role {describe(role)}: expected one of"
+                       " 'user', 'system', 'assistant'")
+    parts = item.get("content")
+    if parts is None:
+        return Refusal(code="missing_required_parameter", param="item.content",
+                       message="Missing required parameter: 'item.content'.")
+    if not isinstance(parts, list):
+        return Refusal(code="invalid_type", param="item.content", message="expected an array")
+    if not parts:
+        return Refusal(code="invalid_value", param="item.content",
+                       message="a message needs at least one content part")
+    content: list[JsonObject] = []
+    audio = bytearray()
+    for index, part in enumerate(parts):
+        parsed = _parse_part(part, _PART_TYPES[role], f"item.content[{index}]")
+        if isinstance(parsed, Refusal):
+            return parsed
+        content.append(parsed[0])
+        audio += parsed[1]
+    return role, tuple(content), bytes(audio)
+
+
+def _parse_part(part: Any, allowed: tuple[str, ...],
+                param: str) -> tuple[JsonObject, bytes] | Refusal:
+    """One content part without its audio, and the audio; or why it is refused."""
+    if not isinstance(part, dict):
+        return Refusal(code="invalid_type", param=param, message="expected an object")
+    kind = _string_field(part, "type", f"{param}.type")
+    if isinstance(kind, Refusal):
+        return kind
+    if kind not in allowed:
+        return Refusal(code="invalid_value", param=f"{param}.type",
+                       message=f"unsupported part type {describe(kind)} for this role:"
+                       f" expected one of {', '.join(allowed)}")
+    if kind.endswith("_text"):
+        text = _string_field(part, "text", f"{param}.text")
+        return text if isinstance(text, Refusal) else ({"type": kind, "text": text}, b"")
+    transcript = part.get("transcript")
+    if transcript is not None and not isinstance(transcript, str):
+        return Refusal(code="invalid_type", param=f"{param}.transcript",
+                       message="expected a string or null")
+    audio = _pcm16(part.get("audio"), f"{param}.audio")
+    if isinstance(audio, Refusal):
+        return audio
+    if kind == "output_audio":
+        transcript = transcript or ""  # assistant audio always has a transcript, maybe empty
+    return {"type": kind, "transcript": transcript}, audio
+
+
+def _string_field(obj: JsonObject, key: str, param: str) -> str | Refusal:
+    value = obj.get(key)
+    if value is None:
+        return Refusal(code="missing_required_parameter", param=param,
+                       message=f"Missing required parameter: '{param}'.")
+    if not isinstance(value, str):
+        return Refusal(code="invalid_type", param=param, message="expected a string")
+    return value
+
+
+def _pcm16(value: Any, param: str) -> bytes | Refusal:
+    """The optional base64 pcm16 ``audio`` of a part (b"" when absent)."""
+    if value is None:
+        return b""
+    if not isinstance(value, str):
+        return Refusal(code="invalid_type", param=param, message="expected a base64 string")
+    try:
+        audio = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        return Refusal(code="invalid_value", param=param, message="not base64")
+    if len(audio) % 2:
+        return Refusal(code="invalid_value", param=param,
+                       message="pcm16 audio must be whole 2-byte samples")
+    return audio
 
 
 def _user_item(item_id: str, transcript: str | None) -> JsonObject:

@@ -45,6 +45,12 @@ event completes it), ``response_started``/``response_done`` open and complete a 
 ``barge_in`` cancels the active one (``turn_detected``). The backend decides when it answers
 and when it is interrupted, so ``create_response`` and ``interrupt_response`` are echoed but
 do not change what it does.
+
+* **Items.** ``conversation.item.create`` / ``.retrieve`` / ``.delete`` / ``.truncate`` keep
+  the conversation's history (the shared conversation layer); a created message is history
+  only: the model hears appended audio, never an item. Truncating the active response's item
+  cancels it first, as ``response.cancel`` does (``client_cancelled``, muted);
+  ``output_audio_buffer.clear`` does the same after ``output_audio_buffer.cleared``.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ from typing import Any, Final, assert_never
 from inference_worker.conversation import (
     Conversation,
     InputTimeline,
+    ItemCommand,
     OpenResponse,
     PendingInput,
     UserItem,
@@ -188,6 +195,10 @@ class DuplexRunner:
                 self._conversation.emit(msg.HeartbeatAck())
             case msg.CloseSession():
                 self._close(command)
+            case msg.CreateItem() | msg.RetrieveItem() | msg.DeleteItem() | msg.TruncateItem():
+                self._item_command(command)
+            case msg.ClearOutputAudio():
+                self._clear_output()
             case _:
                 assert_never(command)
 
@@ -316,6 +327,23 @@ class DuplexRunner:
         if refusal is not None:
             self._refuse(command.event_id, refusal)
             return
+        self._cancel_active()
+
+    def _item_command(self, command: ItemCommand) -> None:
+        active = self._response
+        self._conversation.item_command(
+            command, active=active.opened if active is not None else None,
+            cancel_active=self._cancel_active)
+
+    def _clear_output(self) -> None:
+        active = self._response
+        self._conversation.output_cleared(active.opened.id if active is not None else None)
+        if active is not None:
+            self._cancel_active()
+
+    def _cancel_active(self) -> None:
+        """End the active response ``client_cancelled`` and mute the rest of the model's turn:
+        a full-duplex model cannot be told to stop mid-word, but the client never hears it."""
         self._finish("cancelled", "client_cancelled")
         self._muted, self._mute_silence = True, 0
 
@@ -373,8 +401,7 @@ class DuplexRunner:
         rid, iid = response.opened.id, response.opened.item_id
         text, self._held_text = self._held_text + frame.text, ""
         if frame.audio:
-            self._conversation.emit(msg.AudioDelta(response_id=rid, item_id=iid, output_index=0,
-                                                   content_index=0, audio=frame.audio))
+            self._conversation.audio_delta(response.opened, frame.audio)
         if text:
             response.transcript.append(text)
             self._conversation.emit(msg.TranscriptDelta(response_id=rid, item_id=iid,

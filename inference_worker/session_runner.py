@@ -15,6 +15,14 @@ is heard by an energy VAD on the input timeline: ``speech_started`` (then, with
 as a manual commit would be; with ``create_response`` it is played back as ``response.create``
 would. A turn that ends while a response is still active (``interrupt_response`` false) is
 left for a later ``response.create``, as OpenAI's automatic response may fail then.
+
+Items (:meth:`~inference_worker.conversation.Conversation.item_command`): a user message
+created with ``conversation.item.create`` is the turn the next ``response.create`` answers,
+as a commit's is: its ``input_audio`` is played back (a text-only message: an audio response
+with no audio, or the empty text response). Deleting the unanswered turn's item leaves nothing
+to answer. ``output_audio_buffer.clear`` ends the active response ``cancelled``
+(``client_cancelled``) after ``output_audio_buffer.cleared``: the paced audio not yet released
+is dropped.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from typing import assert_never
 from inference_worker.conversation import (
     Conversation,
     InputTimeline,
+    ItemCommand,
     OpenResponse,
     already_active,
     cancel_refusal,
@@ -137,6 +146,10 @@ class SessionRunner:
                 self._conversation.emit(msg.HeartbeatAck())
             case msg.CloseSession():
                 self._close(command)
+            case msg.CreateItem() | msg.RetrieveItem() | msg.DeleteItem() | msg.TruncateItem():
+                self._item_command(command)
+            case msg.ClearOutputAudio():
+                self._clear_output()
             case _:
                 assert_never(command)
 
@@ -253,7 +266,7 @@ class SessionRunner:
         options = response_options(command.response, self._config)
         if isinstance(options, Refusal):
             self._refuse(command.event_id, options)
-        elif self._unanswered is None:
+        elif self._unanswered is None or self._conversation.item(self._unanswered.item_id) is None:
             self._refuse(command.event_id, Refusal(
                 code="response_create_without_input",
                 message="The loopback answers a committed user turn; commit input audio first.",
@@ -271,6 +284,26 @@ class SessionRunner:
             self._refuse(command.event_id, refusal)
             return
         self._end_response(Trigger.CANCEL, "cancelled")  # unreleased audio is dropped
+
+    def _item_command(self, command: ItemCommand) -> None:
+        turn = self._conversation.item_command(
+            command, active=self._cancellable(),
+            cancel_active=lambda: self._end_response(Trigger.CANCEL, "cancelled"))
+        if turn is not None:
+            self._unanswered = _UserTurn(item_id=turn.item_id, audio=turn.audio)
+
+    def _clear_output(self) -> None:
+        active = self._cancellable()
+        self._conversation.output_cleared(active.id if active is not None else None)
+        if active is not None:
+            self._end_response(Trigger.CANCEL, "cancelled")  # unreleased audio is dropped
+
+    def _cancellable(self) -> OpenResponse | None:
+        """The active response, when it may be cancelled now."""
+        active = self._response
+        if active is None or transition(self._response_state, Trigger.CANCEL) is None:
+            return None
+        return active.opened
 
     def _close(self, command: msg.CloseSession) -> None:
         if self._response is not None:
@@ -320,9 +353,7 @@ class SessionRunner:
             self._end_response(Trigger.FINISH, "completed")
 
     def _delta(self, response: OpenResponse, audio: bytes) -> None:
-        self._conversation.emit(msg.AudioDelta(
-            response_id=response.id, item_id=response.item_id, output_index=0,
-            content_index=0, audio=audio))
+        self._conversation.audio_delta(response, audio)
 
     def _open_response(self, *, audio: bool, metadata: dict[str, str] | None,
                        playback: PacedPlayback | None) -> None:

@@ -421,15 +421,15 @@ class Worker:
         if self._sessions.get(session_id) is not session:
             return  # abandoned or closed while the log was read
         if rows and rows[0].index > session.follower.next_index:
-            # The commands after what this session applied are gone from its log: trimmed
-            # unread (a gateway of a version that capped the log by length, or a write around
-            # the scripts). Reading again would find the same range missing forever, and
-            # applying what follows would run the session without them. internal_error, not
-            # log_rewound: the log did not go back (its end is where it was), the store broke
-            # its promise to keep unread input, which is a bug to look for, not a failover.
-            self._abandon(session_id, FAILED_REASON,
-                          f"input {session.follower.next_index}-{rows[0].index - 1} was"
-                          " trimmed before it was applied")
+            # The commands after what this session applied are gone from its log: a failover
+            # to a replica that lacked them (the log went back, and this worker's own trim to
+            # what it applied took the new commands under the reused indices), or trimmed
+            # unread (a gateway of a version that capped the log by length). Reading again
+            # would find the same range missing forever, and applying what follows would run
+            # the session without them: the store lost input, so the session ends log_rewound.
+            self._abandon(session_id, "log_rewound",
+                          f"input {session.follower.next_index}-{rows[0].index - 1} is gone"
+                          " from the log before it was applied")
             return
         if rows:
             await self._offer(session_id, session, rows)

@@ -23,12 +23,15 @@ __all__ = [
     "AudioDone",
     "CancelResponse",
     "ClearInput",
+    "ClearOutputAudio",
     "CloseSession",
     "Command",
     "CommitInput",
     "ContentPartAdded",
     "ContentPartDone",
+    "CreateItem",
     "CreateResponse",
+    "DeleteItem",
     "ErrorEvent",
     "Event",
     "Heartbeat",
@@ -38,18 +41,24 @@ __all__ = [
     "InputSpeechStarted",
     "InputSpeechStopped",
     "ItemAdded",
+    "ItemDeleted",
     "ItemDone",
+    "ItemRetrieved",
+    "ItemTruncated",
     "JsonObject",
     "MessageDecodeError",
+    "OutputAudioCleared",
     "OutputItemAdded",
     "OutputItemDone",
     "ResponseCreated",
     "ResponseDone",
+    "RetrieveItem",
     "SessionClosed",
     "SessionExpired",
     "SessionUpdated",
     "TranscriptDelta",
     "TranscriptDone",
+    "TruncateItem",
     "UpdateSession",
     "decode_command",
     "decode_event",
@@ -134,6 +143,55 @@ class CloseSession:
     event_id: str | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CreateItem:
+    """``conversation.item.create``: the item as sent (the worker validates its shape) and
+    where it goes (None: at the end; ``root``: first; an item id: after that item)."""
+
+    KIND: ClassVar[str] = "item.create"
+    item: JsonObject
+    previous_item_id: str | None = None
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetrieveItem:
+    """``conversation.item.retrieve``."""
+
+    KIND: ClassVar[str] = "item.retrieve"
+    item_id: str
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeleteItem:
+    """``conversation.item.delete``."""
+
+    KIND: ClassVar[str] = "item.delete"
+    item_id: str
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TruncateItem:
+    """``conversation.item.truncate``: the client heard ``audio_end_ms`` of an assistant
+    audio item's content part ``content_index``, and no more."""
+
+    KIND: ClassVar[str] = "item.truncate"
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClearOutputAudio:
+    """``output_audio_buffer.clear``: drop the active response's audio not yet sent."""
+
+    KIND: ClassVar[str] = "output.clear"
+    event_id: str | None = None
+
+
 Command: TypeAlias = (
     UpdateSession
     | AppendAudio
@@ -143,6 +201,11 @@ Command: TypeAlias = (
     | CancelResponse
     | Heartbeat
     | CloseSession
+    | CreateItem
+    | RetrieveItem
+    | DeleteItem
+    | TruncateItem
+    | ClearOutputAudio
 )
 
 # --------------------------------------------------------------------------- events
@@ -228,6 +291,41 @@ class ItemDone:
     KIND: ClassVar[str] = "item.done"
     item: JsonObject
     previous_item_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemRetrieved:
+    """Answer to ``conversation.item.retrieve``: the item as the conversation holds it."""
+
+    KIND: ClassVar[str] = "item.retrieved"
+    item: JsonObject
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemDeleted:
+    """An item left the conversation (``conversation.item.delete``)."""
+
+    KIND: ClassVar[str] = "item.deleted"
+    item_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ItemTruncated:
+    """An assistant audio item was cut to what the client heard; its transcript is gone."""
+
+    KIND: ClassVar[str] = "item.truncated"
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutputAudioCleared:
+    """Answer to ``output_audio_buffer.clear``: the response whose audio was dropped (or the
+    last one, when none was playing)."""
+
+    KIND: ClassVar[str] = "output_audio.cleared"
+    response_id: str
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -363,6 +461,10 @@ Event: TypeAlias = (
     | InputSpeechStopped
     | ItemAdded
     | ItemDone
+    | ItemRetrieved
+    | ItemDeleted
+    | ItemTruncated
+    | OutputAudioCleared
     | ResponseCreated
     | ResponseDone
     | OutputItemAdded
@@ -379,11 +481,13 @@ Event: TypeAlias = (
 
 _CLASSES: tuple[type[Any], ...] = (
     UpdateSession, AppendAudio, CommitInput, ClearInput, CreateResponse, CancelResponse,
-    Heartbeat, CloseSession,
+    Heartbeat, CloseSession, CreateItem, RetrieveItem, DeleteItem, TruncateItem,
+    ClearOutputAudio,
     SessionUpdated, ErrorEvent, HeartbeatAck, InputCommitted, InputCleared, InputSpeechStarted,
     InputSpeechStopped, ItemAdded, ItemDone, ResponseCreated, ResponseDone, OutputItemAdded,
     OutputItemDone, ContentPartAdded, ContentPartDone, AudioDelta, AudioDone, TranscriptDelta,
-    TranscriptDone, SessionClosed, SessionExpired,
+    TranscriptDone, SessionClosed, SessionExpired, ItemRetrieved, ItemDeleted, ItemTruncated,
+    OutputAudioCleared,
 )
 _BY_KIND: dict[str, type[Any]] = {cls.KIND: cls for cls in _CLASSES}
 # The (at most one) bytes field of each class; found once, not per message.

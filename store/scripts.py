@@ -418,7 +418,9 @@ class Scripts:
     async def trim_output(self, lease: Lease, acknowledged_seq: int) -> str:
         """Drop output entries up to ``acknowledged_seq``, fenced on ``lease``.
 
-        Returns ok | stale | unknown.
+        Returns ok | stale | unknown | ahead (``acknowledged_seq`` is past the log's end: the
+        log went back in a failover, and the entries under those numbers now are new ones the
+        client has not seen, so nothing is trimmed).
         """
         k = SessionKeys(lease.session_id)
         answer = await self._run(self._trim, [k.record, k.output_log],

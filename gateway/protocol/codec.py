@@ -194,6 +194,32 @@ def _response_cancel(f: _Fields) -> m.Command:
     return m.CancelResponse(response_id=f.optional("response_id", str), event_id=f.event_id)
 
 
+def _item_create(f: _Fields) -> m.Command:
+    # The item's shape is the worker's to judge: its refusals come in order with the rest.
+    return m.CreateItem(item=f.require("item", dict),
+                        previous_item_id=f.optional("previous_item_id", str),
+                        event_id=f.event_id)
+
+
+def _item_retrieve(f: _Fields) -> m.Command:
+    return m.RetrieveItem(item_id=f.require("item_id", str), event_id=f.event_id)
+
+
+def _item_delete(f: _Fields) -> m.Command:
+    return m.DeleteItem(item_id=f.require("item_id", str), event_id=f.event_id)
+
+
+def _item_truncate(f: _Fields) -> m.Command:
+    return m.TruncateItem(item_id=f.require("item_id", str),
+                          content_index=f.require_seq("content_index", minimum=0),
+                          audio_end_ms=f.require_seq("audio_end_ms", minimum=0),
+                          event_id=f.event_id)
+
+
+def _output_audio_clear(f: _Fields) -> m.Command:
+    return m.ClearOutputAudio(event_id=f.event_id)
+
+
 def _heartbeat(f: _Fields) -> m.Command:
     return m.Heartbeat(event_id=f.event_id)
 
@@ -252,6 +278,11 @@ _PARSERS: dict[str, Callable[[_Fields], m.Command | env.ClientEnvelope]] = {
     "input_audio_buffer.clear": _audio_clear,
     "response.create": _response_create,
     "response.cancel": _response_cancel,
+    "conversation.item.create": _item_create,
+    "conversation.item.retrieve": _item_retrieve,
+    "conversation.item.delete": _item_delete,
+    "conversation.item.truncate": _item_truncate,
+    "output_audio_buffer.clear": _output_audio_clear,
     # Extensions (seed_behaviour.md §4.7): lease keepalive, graceful close, resume, log trim.
     "session.heartbeat": _heartbeat,
     "session.close": _session_close,
@@ -265,14 +296,7 @@ CLIENT_EVENT_TYPES: frozenset[str] = frozenset(_PARSERS)
 #: Realtime client events (GA, plus beta's ``transcription_session.update``) that exist upstream
 #: but are not implemented yet: refused with ``unsupported_event`` so the session survives.
 UNSUPPORTED_CLIENT_EVENT_TYPES: frozenset[str] = frozenset(
-    {
-        "conversation.item.create",
-        "conversation.item.truncate",
-        "conversation.item.delete",
-        "conversation.item.retrieve",
-        "output_audio_buffer.clear",
-        "transcription_session.update",
-    }
+    {"transcription_session.update"}
 )
 
 
@@ -422,6 +446,11 @@ _EVENT_RENDERERS: dict[type[Any], tuple[str, Callable[[Any], JsonDict]]] = {
     m.InputSpeechStopped: ("input_audio_buffer.speech_stopped", _copy("audio_end_ms", "item_id")),
     m.ItemAdded: ("conversation.item.added", _copy("previous_item_id", "item")),
     m.ItemDone: ("conversation.item.done", _copy("previous_item_id", "item")),
+    m.ItemRetrieved: ("conversation.item.retrieved", _copy("item")),
+    m.ItemDeleted: ("conversation.item.deleted", _copy("item_id")),
+    m.ItemTruncated: ("conversation.item.truncated",
+                      _copy("item_id", "content_index", "audio_end_ms")),
+    m.OutputAudioCleared: ("output_audio_buffer.cleared", _copy("response_id")),
     m.ResponseCreated: ("response.created", _copy("response")),
     m.ResponseDone: ("response.done", _copy("response")),
     m.OutputItemAdded: ("response.output_item.added", _copy("response_id", "output_index", "item")),

@@ -89,7 +89,8 @@ GATEWAY_CODES = frozenset({
 WORKER_REFUSAL_CODES = frozenset({
     "input_audio_buffer_commit_empty", "conversation_already_has_active_response",
     "response_cancel_not_active", "response_create_without_input", "unsupported_audio_format",
-    "unsupported_turn_detection", "unknown_parameter", "invalid_value",
+    "unsupported_turn_detection", "unknown_parameter", "invalid_value", "invalid_type",
+    "missing_required_parameter", "item_not_found",
 })
 DOCUMENTED_ERROR_CODES = frozenset(PARSE_ERROR_CODES) | GATEWAY_CODES | WORKER_REFUSAL_CODES
 DOCUMENTED_CLOSE_CODES = frozenset({1000, 1007, 1008, 1009, 1011, 1012, 1013})
@@ -179,20 +180,32 @@ VALID_EVENTS: dict[str, JsonDict] = {
     "session.heartbeat": {},
     "session.close": {"reason": "fuzz"},
     "session.resume": {"session_id": "sess_fuzz", "resume_token": "token",
-                       "last_received_server_event_seq": 0, "control_id": "control"},
+                       "last_received_server_event_seq": 0, "control_id": "control",
+                       "attempt": 1},
     "session.event_ack": {"server_event_seq": 0},
+    "conversation.item.create": {
+        "previous_item_id": "item_fuzz",
+        "item": {"type": "message", "role": "user",
+                 "content": [{"type": "input_text", "text": "fuzz"}]}},
+    "conversation.item.retrieve": {"item_id": "item_fuzz"},
+    "conversation.item.delete": {"item_id": "item_fuzz"},
+    "conversation.item.truncate": {"item_id": "item_fuzz", "content_index": 0,
+                                   "audio_end_ms": 0},
+    "output_audio_buffer.clear": {},
 }
 # The JSON type of every field the parsers in gateway/protocol/codec.py read.
 FIELD_KINDS: dict[str, type] = {
     "type": str, "event_id": str, "client_seq": int, "session": dict, "audio": str,
     "response": dict, "response_id": str, "reason": str, "session_id": str,
     "resume_token": str, "last_received_server_event_seq": int, "control_id": str,
-    "server_event_seq": int,
+    "server_event_seq": int, "attempt": int, "item": dict, "previous_item_id": str,
+    "item_id": str, "content_index": int, "audio_end_ms": int,
 }
 COMMON_FIELDS = ("type", "event_id", "client_seq")
 # An absent optional field may be sent as null: null is a wrong type only where required.
 REQUIRED_FIELDS = frozenset({"type", "session", "audio", "session_id", "resume_token",
-                             "server_event_seq"})
+                             "server_event_seq", "item", "item_id", "content_index",
+                             "audio_end_ms"})
 # Values inside ``session`` that the worker reads; the last one is echoed back unchecked.
 SESSION_SLOTS: dict[str, Callable[[Any], JsonDict]] = {
     "session.instructions": lambda v: {"type": "realtime", "instructions": v},

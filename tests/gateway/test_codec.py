@@ -125,6 +125,24 @@ ACCEPTED: list[tuple[str, str, ParsedFrame]] = [
     ("client_seq-max", f(HEARTBEAT, client_seq=MAX_SEQ), cmd(m.Heartbeat(), client_seq=MAX_SEQ)),
     ("nulls-are-absent", f(HEARTBEAT, client_seq=None, event_id=None), cmd(m.Heartbeat())),
     ("unknown-fields-ignored", f(COMMIT, final=True, hints={"x": 1}), cmd(m.CommitInput())),
+    (
+        "item-create",
+        f("conversation.item.create", event_id="c6", item={"type": "message"},
+          previous_item_id="root"),
+        cmd(m.CreateItem(item={"type": "message"}, previous_item_id="root", event_id="c6")),
+    ),
+    ("item-create-append", f("conversation.item.create", item={}, previous_item_id=None),
+     cmd(m.CreateItem(item={}))),
+    ("item-retrieve", f("conversation.item.retrieve", item_id="item_2"),
+     cmd(m.RetrieveItem(item_id="item_2"))),
+    ("item-delete", f("conversation.item.delete", item_id="item_2"),
+     cmd(m.DeleteItem(item_id="item_2"))),
+    (
+        "item-truncate",
+        f("conversation.item.truncate", item_id="item_2", content_index=0, audio_end_ms=640),
+        cmd(m.TruncateItem(item_id="item_2", content_index=0, audio_end_ms=640)),
+    ),
+    ("output-clear", f("output_audio_buffer.clear"), cmd(m.ClearOutputAudio())),
 ]
 
 
@@ -617,6 +635,16 @@ EVENTS: list[tuple[m.Event, dict[str, Any]]] = [
             "item": ITEM_ASSISTANT,
         },
     ),
+    (m.ItemRetrieved(item=ITEM_ASSISTANT),
+     {"type": "conversation.item.retrieved", "item": ITEM_ASSISTANT}),
+    (m.ItemDeleted(item_id="item_2"), {"type": "conversation.item.deleted", "item_id": "item_2"}),
+    (
+        m.ItemTruncated(item_id="item_2", content_index=0, audio_end_ms=640),
+        {"type": "conversation.item.truncated", "item_id": "item_2", "content_index": 0,
+         "audio_end_ms": 640},
+    ),
+    (m.OutputAudioCleared(response_id="resp_1"),
+     {"type": "output_audio_buffer.cleared", "response_id": "resp_1"}),
     (m.ResponseCreated(response=RESPONSE), {"type": "response.created", "response": RESPONSE}),
     (
         m.ResponseDone(response=RESPONSE_CANCELLED),

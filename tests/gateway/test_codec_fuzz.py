@@ -249,6 +249,11 @@ EVENT_FIELDS: dict[str, dict[str, type]] = {
     "input_audio_buffer.clear": {},
     "response.create": {"response": dict},
     "response.cancel": {"response_id": str},
+    "conversation.item.create": {"item": dict, "previous_item_id": str},
+    "conversation.item.retrieve": {"item_id": str},
+    "conversation.item.delete": {"item_id": str},
+    "conversation.item.truncate": {"item_id": str, "content_index": int, "audio_end_ms": int},
+    "output_audio_buffer.clear": {},
     "session.heartbeat": {},
     "session.close": {"reason": str},
     "session.resume": {"session_id": str, "resume_token": str,
@@ -262,8 +267,13 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
     "input_audio_buffer.append": {"audio": "AQD/fw=="},
     "session.resume": {"session_id": "s", "resume_token": "t"},
     "session.event_ack": {"server_event_seq": 0},
+    "conversation.item.create": {"item": {}},
+    "conversation.item.retrieve": {"item_id": "item_1"},
+    "conversation.item.delete": {"item_id": "item_1"},
+    "conversation.item.truncate": {"item_id": "item_1", "content_index": 0, "audio_end_ms": 0},
 }
-REQUIRED = {"session", "audio", "session_id", "resume_token", "server_event_seq"}
+REQUIRED = {"session", "audio", "session_id", "resume_token", "server_event_seq", "item",
+            "item_id", "content_index", "audio_end_ms"}
 FIELD_OF_EVENT = st.sampled_from(sorted(EVENT_FIELDS)).flatmap(
     lambda type_: st.tuples(
         st.just(type_), st.sampled_from(sorted({**COMMON_FIELDS, **EVENT_FIELDS[type_]}.items(),
@@ -432,6 +442,10 @@ EVENTS: st.SearchStrategy[m.Event] = st.one_of(
     st.builds(m.InputSpeechStopped, audio_end_ms=INDEX, item_id=TEXT),
     st.builds(m.ItemAdded, item=ITEMS, previous_item_id=OPTIONAL_TEXT),
     st.builds(m.ItemDone, item=ITEMS, previous_item_id=OPTIONAL_TEXT),
+    st.builds(m.ItemRetrieved, item=ITEMS),
+    st.builds(m.ItemDeleted, item_id=TEXT),
+    st.builds(m.ItemTruncated, item_id=TEXT, content_index=INDEX, audio_end_ms=INDEX),
+    st.builds(m.OutputAudioCleared, response_id=TEXT),
     st.builds(m.ResponseCreated, response=RESPONSES),
     st.builds(m.ResponseDone, response=RESPONSES),
     st.builds(m.OutputItemAdded, output_index=INDEX, item=ITEMS),

@@ -722,6 +722,32 @@ async def test_trim_output_drops_acknowledged_events(scripts: Scripts, redis_cli
     assert (result.first_retained_seq, result.last_server_event_seq) == (6, 6)
 
 
+async def test_an_ack_past_a_rewound_logs_end_trims_nothing(
+    scripts: Scripts, redis_client: Redis
+) -> None:
+    """The client holds events 1-5; a failover to a replica that had only 1-3 loses 4-5, and
+    the session's terminal event is written as 4. The client's ack of 5, sent before it
+    heard of the rewind, must not trim that unseen event 4: it is 'ahead' of the log."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    sid = opened.session_id
+    await scripts.append_output(sid, [ev(i) for i in range(1, 6)])
+    # What the replica holds: events 1-3, numbered up to 3 (a stream rebuilt from them: one
+    # that saw 5 would refuse a new 4).
+    keys = SessionKeys(sid)
+    kept: Any = await redis_client.xrange(keys.output_log, "-", "3-0")
+    await redis_client.delete(keys.output_log)
+    for entry_id, fields in kept:
+        await redis_client.xadd(keys.output_log, fields, id=entry_id)
+    await redis_client.hset(keys.record, "out_seq", 3)
+    await scripts.close_session(sid, "log_rewound")
+    assert [seq for seq, _ in await read_output(redis_client, sid, 0)] == [1, 2, 3, 4]
+    assert await scripts.trim_output(opened.lease, 5) == "ahead"
+    assert [seq for seq, _ in await read_output(redis_client, sid, 0)] == [1, 2, 3, 4]
+    assert await scripts.trim_output(opened.lease, 3) == "ok"
+    assert [seq for seq, _ in await read_output(redis_client, sid, 0)] == [4]
+
+
 async def test_trim_output_is_fenced(scripts: Scripts, redis_client: Redis) -> None:
     """Only the current attachment may trim: stale generation or epoch, or no session, refused."""
     wid = await register_worker(scripts)

@@ -63,9 +63,9 @@ async def test_a_trimmed_input_range_ends_the_session_once(running: Running,
                                                            pushed: bool) -> None:
     """Commands 1-5 of a session are gone from its input log before the worker read them,
     6-8 are there (read by the safety poll, or pushed too): the worker ends that session
-    once, ``session.closed`` ``internal_error``, and stops serving it, instead of reading
-    the same range again forever; none of 6-8 is applied (the session's state would miss
-    1-5), and another session on the same worker is served on."""
+    once, ``session.closed`` ``log_rewound`` (the store lost input), and stops serving it,
+    instead of reading the same range again forever; none of 6-8 is applied (the session's
+    state would miss 1-5), and another session on the same worker is served on."""
     victim = await open_session(running.scripts, running.worker.worker_id)
     other = await open_session(running.scripts, running.worker.worker_id)
     await heartbeat(running, other.lease, 1)
@@ -79,14 +79,14 @@ async def test_a_trimmed_input_range_ends_the_session_once(running: Running,
 
     await until(ended, "the session with the trimmed range ended")
     await assert_one_terminal(running.client, victim.session_id, "session.closed",
-                              "internal_error")
+                              "log_rewound")
     await until(lambda: victim.session_id not in running.worker.session_ids,
                 "the worker stopped serving it")
     assert await acks(running, victim.session_id) == 0
     await heartbeat(running, other.lease, 2)
     await heartbeat(running, other.lease, 3)  # a few safety polls later: still served
     await assert_one_terminal(running.client, victim.session_id, "session.closed",
-                              "internal_error")
+                              "log_rewound")
 
 
 async def test_applied_input_is_trimmed_while_a_session_answers_nothing(

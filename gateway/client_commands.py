@@ -1,0 +1,207 @@
+"""Typed client commands for :meth:`gateway.client.DuplexClient.submit`.
+
+One frozen dataclass per client event the gateway accepts (``session.resume`` excepted: the
+client sends it itself when it resumes). Names follow the seed's command records. Each
+renders its own wire JSON; ``event_id``, when given, is echoed as ``error.event_id`` if the
+gateway or the worker refuses the command.
+
+``sequenced`` says how the client sends a command: numbered with ``client_seq`` and kept for
+resending after a resume (everything that changes the session), or sent once and dropped while
+disconnected (``session.heartbeat``: the resume itself is activity; ``session.event_ack``: the
+next ack covers it).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+__all__ = [
+    "AckEvents",
+    "AppendAudio",
+    "CancelResponse",
+    "ClearInput",
+    "ClearOutputAudio",
+    "ClientCommand",
+    "CloseSession",
+    "CommitInput",
+    "CreateItem",
+    "CreateResponse",
+    "DeleteItem",
+    "Heartbeat",
+    "RetrieveItem",
+    "TruncateItem",
+    "UpdateSession",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ClientCommand:
+    """The base of every command: its wire ``type`` and the optional client ``event_id``."""
+
+    type: ClassVar[str]
+    sequenced: ClassVar[bool] = True
+    event_id: str | None = field(default=None, kw_only=True)
+
+    def to_wire(self) -> dict[str, Any]:
+        """The JSON object to send (without ``client_seq``: the client numbers it)."""
+        message: dict[str, Any] = {"type": self.type}
+        if self.event_id is not None:
+            message["event_id"] = self.event_id
+        message.update(self._fields())
+        return message
+
+    def _fields(self) -> dict[str, Any]:
+        return {}
+
+
+def _present(**fields: Any) -> dict[str, Any]:
+    """The optional fields that were given: an absent one is left out, not sent as null."""
+    return {key: value for key, value in fields.items() if value is not None}
+
+
+@dataclass(frozen=True, slots=True)
+class UpdateSession(ClientCommand):
+    """``session.update``: a patch of the session object."""
+
+    type: ClassVar[str] = "session.update"
+    session: Mapping[str, Any]
+
+    def _fields(self) -> dict[str, Any]:
+        return {"session": dict(self.session)}
+
+
+@dataclass(frozen=True, slots=True)
+class AppendAudio(ClientCommand):
+    """``input_audio_buffer.append``: pcm16 LE mono 24 kHz, raw bytes (base64 on the wire)."""
+
+    type: ClassVar[str] = "input_audio_buffer.append"
+    audio: bytes
+
+    def _fields(self) -> dict[str, Any]:
+        return {"audio": base64.b64encode(self.audio).decode()}
+
+
+@dataclass(frozen=True, slots=True)
+class CommitInput(ClientCommand):
+    """``input_audio_buffer.commit``."""
+
+    type: ClassVar[str] = "input_audio_buffer.commit"
+
+
+@dataclass(frozen=True, slots=True)
+class ClearInput(ClientCommand):
+    """``input_audio_buffer.clear``."""
+
+    type: ClassVar[str] = "input_audio_buffer.clear"
+
+
+@dataclass(frozen=True, slots=True)
+class CreateResponse(ClientCommand):
+    """``response.create``, with the Realtime ``response`` options when given."""
+
+    type: ClassVar[str] = "response.create"
+    response: Mapping[str, Any] | None = None
+
+    def _fields(self) -> dict[str, Any]:
+        return _present(response=None if self.response is None else dict(self.response))
+
+
+@dataclass(frozen=True, slots=True)
+class CancelResponse(ClientCommand):
+    """``response.cancel``: the active response, or the one named."""
+
+    type: ClassVar[str] = "response.cancel"
+    response_id: str | None = None
+
+    def _fields(self) -> dict[str, Any]:
+        return _present(response_id=self.response_id)
+
+
+@dataclass(frozen=True, slots=True)
+class CreateItem(ClientCommand):
+    """``conversation.item.create``: ``item`` is a Realtime conversation item."""
+
+    type: ClassVar[str] = "conversation.item.create"
+    item: Mapping[str, Any]
+    previous_item_id: str | None = None
+
+    def _fields(self) -> dict[str, Any]:
+        return {"item": dict(self.item), **_present(previous_item_id=self.previous_item_id)}
+
+
+@dataclass(frozen=True, slots=True)
+class RetrieveItem(ClientCommand):
+    """``conversation.item.retrieve``."""
+
+    type: ClassVar[str] = "conversation.item.retrieve"
+    item_id: str
+
+    def _fields(self) -> dict[str, Any]:
+        return {"item_id": self.item_id}
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteItem(ClientCommand):
+    """``conversation.item.delete``."""
+
+    type: ClassVar[str] = "conversation.item.delete"
+    item_id: str
+
+    def _fields(self) -> dict[str, Any]:
+        return {"item_id": self.item_id}
+
+
+@dataclass(frozen=True, slots=True)
+class TruncateItem(ClientCommand):
+    """``conversation.item.truncate``: cut an assistant item's audio at ``audio_end_ms``."""
+
+    type: ClassVar[str] = "conversation.item.truncate"
+    item_id: str
+    audio_end_ms: int
+    content_index: int = 0
+
+    def _fields(self) -> dict[str, Any]:
+        return {"item_id": self.item_id, "content_index": self.content_index,
+                "audio_end_ms": self.audio_end_ms}
+
+
+@dataclass(frozen=True, slots=True)
+class ClearOutputAudio(ClientCommand):
+    """``output_audio_buffer.clear``: stop the response audio being played."""
+
+    type: ClassVar[str] = "output_audio_buffer.clear"
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat(ClientCommand):
+    """``session.heartbeat``: keeps the session from the idle TTL; unsequenced."""
+
+    type: ClassVar[str] = "session.heartbeat"
+    sequenced: ClassVar[bool] = False
+
+
+@dataclass(frozen=True, slots=True)
+class CloseSession(ClientCommand):
+    """``session.close``: the session ends; ``session.closed`` is its last event."""
+
+    type: ClassVar[str] = "session.close"
+    reason: str = "client_close"
+
+    def _fields(self) -> dict[str, Any]:
+        return {"reason": self.reason}
+
+
+@dataclass(frozen=True, slots=True)
+class AckEvents(ClientCommand):
+    """``session.event_ack``: the log may drop every event up to ``server_event_seq``;
+    unsequenced."""
+
+    type: ClassVar[str] = "session.event_ack"
+    sequenced: ClassVar[bool] = False
+    server_event_seq: int
+
+    def _fields(self) -> dict[str, Any]:
+        return {"server_event_seq": self.server_event_seq}
