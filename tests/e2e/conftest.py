@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
+from redis import Redis
 
-from store.embedded import EmbeddedServer, start_server
-from tests.e2e.stack import Stack
+from store.embedded import EmbeddedServer, free_port, start_server
+from store.keys import WORKER_DIRECTORY
+from tests.e2e.stack import Stack, http_ok, wait_for
 
 # Small timings so expiry and loss show up within a test; every wait polls a condition.
 FAST_ENV = {
@@ -33,3 +40,29 @@ def stack(e2e_redis: EmbeddedServer) -> Iterator[Stack]:
     running = Stack(redis=e2e_redis, env=dict(FAST_ENV))
     yield running
     running.stop()
+
+
+@pytest.fixture
+def dev_stack() -> Iterator[str]:
+    """`duplex-gateway dev` as a user runs it; yields its websocket base URL."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "duplex_gateway", "--log-level", "warning", "dev",
+         "--port", str(port)],
+        stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        assert process.stdout is not None
+        banner = process.stdout.readline()
+        match = re.search(r"ws://(\S+)/v1/realtime \(redis (\S+),", banner)
+        assert match, banner
+        redis = Redis.from_url(match.group(2))
+        wait_for(lambda: redis.zcard(WORKER_DIRECTORY) > 0, "the dev worker")
+        redis.close()
+        wait_for(lambda: http_ok(f"http://{match.group(1)}/readyz"), "the dev gateway")
+        yield f"ws://{match.group(1)}/v1"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(timeout=30)
+        if process.stdout is not None:
+            process.stdout.close()
+    assert code == 0, f"dev exited with {code} on SIGTERM"
