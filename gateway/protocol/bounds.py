@@ -33,7 +33,8 @@ MAX_DEPTH = 32
 MAX_VALUES = 10_000
 
 #: Longest string anywhere in a frame, object keys included, in characters. The top-level
-#: ``audio`` of ``input_audio_buffer.append`` is exempt: only the frame size bounds it.
+#: ``audio`` of ``input_audio_buffer.append``, and of an item's ``input_audio`` part in
+#: ``conversation.item.create``, is exempt: only the frame size bounds it.
 MAX_STRING_CHARS = 65_536
 
 
@@ -114,6 +115,13 @@ def _value_problem(value: Any, *, exempt_length: bool = False) -> str | None:
     return None
 
 
+def _holds_audio(path: _Path) -> bool:
+    """Whether an ``audio`` member at ``path`` is client audio, bounded by the frame size
+    alone: the top-level one (``input_audio_buffer.append``) or an ``input_audio`` part of a
+    ``conversation.item.create`` item (``item.content[i].audio``)."""
+    return not path or (len(path) == 3 and path[0] == "item" and path[1] == "content")
+
+
 def _scan_members(
     container: Any, path: _Path, pending: list[tuple[Any, _Path]]
 ) -> _Violation | None:
@@ -141,7 +149,7 @@ def _scan_members(
             continue
         elif kind is not float or _isfinite(value):  # null, a boolean, a finite number
             continue
-        if problem := _value_problem(value, exempt_length=not path and key == "audio"):
+        if problem := _value_problem(value, exempt_length=key == "audio" and _holds_audio(path)):
             return _Violation.at((*path, key), problem)
     return None
 

@@ -425,7 +425,8 @@ def test_integers_at_the_bounds_pass() -> None:
 
 
 def test_long_strings_are_refused_except_audio() -> None:
-    """Strings are bounded (instructions too); the top-level audio only by the frame limit."""
+    """Strings are bounded (instructions too); client audio (the top-level audio, an item's
+    input_audio part) only by the frame limit."""
     at_limit = {"instructions": "x" * MAX_STRING_CHARS}
     assert parse(f(UPDATE, session=at_limit)).command == m.UpdateSession(session=at_limit)
     error = refusal(f(UPDATE, session={"instructions": "x" * (MAX_STRING_CHARS + 1)}))
@@ -436,6 +437,16 @@ def test_long_strings_are_refused_except_audio() -> None:
     assert parse(f(APPEND, audio=audio)).command == m.AppendAudio(audio=bytes(MAX_STRING_CHARS))
     nested_audio = refusal(f(UPDATE, session={"audio": "x" * (MAX_STRING_CHARS + 1)}))
     assert nested_audio.param == "session.audio"
+    # An input_audio part of a created item carries audio too: a second of it is 64,000 base64
+    # characters, so it is bounded by the frame size alone; its other strings are not.
+    item = {"type": "message", "role": "user",
+            "content": [{"type": "input_audio", "audio": audio}]}
+    created = parse(f("conversation.item.create", item=item)).command
+    assert isinstance(created, m.CreateItem) and created.item == item
+    long_text = {"type": "message", "role": "user",
+                 "content": [{"type": "input_text", "text": "x" * (MAX_STRING_CHARS + 1)}]}
+    text_error = refusal(f("conversation.item.create", item=long_text))
+    assert (text_error.code, text_error.param) == (VALUE, "item.content[0].text")
 
 
 def test_value_count_is_bounded() -> None:
