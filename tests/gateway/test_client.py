@@ -522,20 +522,22 @@ async def test_a_close_code_no_retry_can_help_is_terminal_with_the_error_code(
 # --------------------------------------------------------------------------- opening
 
 
+async def refuse_busy(peer: Peer) -> None:
+    """A gateway with no slot free: resource_exhausted, then close 1013."""
+    await peer.expect("session.update")
+    await peer.send(error("resource_exhausted"))
+    await peer.close(1013)
+
+
 async def test_an_open_refused_with_1013_is_retried_when_asked(
     gateway_factory: Callable[..., Awaitable[ScriptedGateway]],
 ) -> None:
     """connect(retry_open=True) opens again after resource_exhausted (close 1013)."""
-    async def busy(peer: Peer) -> None:
-        await peer.expect("session.update")
-        await peer.send(error("resource_exhausted"))
-        await peer.close(1013)
-
     async def open_and_end(peer: Peer) -> None:
         await peer.expect("session.update")
         await peer.send(created(), delta(1), closed(2))
 
-    gateway = await gateway_factory(busy, open_and_end)
+    gateway = await gateway_factory(refuse_busy, open_and_end)
     client = await connect(gateway.url, retry_open=True)
     assert client.session_id == SESSION_ID
     assert trace(await collect(client, [])) == [1, 2]
@@ -546,12 +548,7 @@ async def test_an_open_refusal_is_raised_at_once_by_default(
     gateway_factory: Callable[..., Awaitable[ScriptedGateway]],
 ) -> None:
     """Without retry_open, the refusal reaches the caller with its code, after one try."""
-    async def busy(peer: Peer) -> None:
-        await peer.expect("session.update")
-        await peer.send(error("resource_exhausted"))
-        await peer.close(1013)
-
-    gateway = await gateway_factory(busy)
+    gateway = await gateway_factory(refuse_busy)
     with pytest.raises(DuplexClientError) as refused:
         await connect(gateway.url)
     assert refused.value.code == "resource_exhausted"
