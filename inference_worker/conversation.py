@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeAlias, TypeGuard
 
 from inference_worker.frames import FrameOutput
-from inference_worker.loopback import BYTES_PER_SECOND, Refusal
 from inference_worker.realtime_items import (
     assistant_item,
     content_part,
@@ -42,6 +41,7 @@ from inference_worker.realtime_items import (
     response_object,
     zero_usage,
 )
+from inference_worker.session_config import BYTES_PER_SECOND, Refusal
 from inference_worker.untrusted import describe
 from inference_worker.vad import (
     EnergyVad,

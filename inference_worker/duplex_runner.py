@@ -73,7 +73,7 @@ from inference_worker.conversation import (
     turn_detection_of,
 )
 from inference_worker.frames import FrameOutput
-from inference_worker.loopback import (
+from inference_worker.session_config import (
     MIN_COMMIT_BYTES,
     Refusal,
     apply_session_patch,

@@ -41,10 +41,10 @@ from inference_worker.conversation import (
     commit_too_small,
     turn_detection_of,
 )
-from inference_worker.loopback import (
+from inference_worker.loopback import PacedPlayback
+from inference_worker.session_config import (
     MAX_BUFFER_BYTES,
     MIN_COMMIT_BYTES,
-    PacedPlayback,
     Refusal,
     apply_session_patch,
     check_session_patch,
