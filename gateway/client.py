@@ -1,7 +1,9 @@
 """A Python client for the gateway: typed commands in, typed events out, resume built in.
 
-Method names follow the seed's ``DuplexSessionHandle`` (``append_audio``, ``commit``,
-``create_response``, ``cancel_response``, ``close``, ``events()``).
+Method names follow the seed's ``DuplexSessionHandle`` (``append_audio``, ``append_text``,
+``commit``, ``create_response``, ``cancel_input``, ``cancel_response``, ``barge_in``,
+``signal_turn``, ``ack_playback``, ``close``, ``events()``); each is :meth:`DuplexClient.submit`
+of one typed command of :mod:`gateway.client_commands`.
 
 Exactly once, both directions, across lost connections:
 
@@ -69,7 +71,11 @@ from websockets.protocol import State
 
 from gateway.client_commands import (
     AckEvents,
+    AckPlayback,
     AppendAudio,
+    AppendText,
+    BargeIn,
+    CancelInput,
     CancelResponse,
     ClearInput,
     ClearOutputAudio,
@@ -81,13 +87,18 @@ from gateway.client_commands import (
     DeleteItem,
     Heartbeat,
     RetrieveItem,
+    SignalTurn,
     TruncateItem,
     UpdateSession,
 )
 
 __all__ = [
     "AckEvents",
+    "AckPlayback",
     "AppendAudio",
+    "AppendText",
+    "BargeIn",
+    "CancelInput",
     "CancelResponse",
     "ClearInput",
     "ClearOutputAudio",
@@ -107,13 +118,14 @@ __all__ = [
     "RetriesExhausted",
     "RetrieveItem",
     "SessionReplaced",
+    "SignalTurn",
     "TruncateItem",
     "UpdateSession",
 ]
 
 _TERMINAL = frozenset({"session.closed", "session.expired"})
-#: The events whose ``session`` is the session object :attr:`DuplexClient.capabilities` shows.
-_SESSION_OBJECT_EVENTS = frozenset({"session.created", "session.updated"})
+#: The events whose ``session`` is the session object :attr:`DuplexClient.session` shows.
+_SESSION_OBJECT_EVENTS = frozenset({"session.created", "session.updated", "session.resumed"})
 _FATAL_RESUME_CODES = frozenset({
     "session_resume_expired", "invalid_resume_token", "invalid_session_resume",
     "unsupported_session_resume", "session_resume_conflict",
@@ -419,6 +431,7 @@ class DuplexClient:
         self._heartbeats: asyncio.Task[None] | None = None
         self._close_reason: str | None = None
         self._session_object: dict[str, Any] = {}
+        self._capabilities: dict[str, Any] = {}
         # Who reads the events: open events() iterators, pending recv() calls and a draining
         # wait_closed() each count one; wait_closed() reads by itself only when none does.
         self._readers = 0
@@ -438,10 +451,18 @@ class DuplexClient:
 
     @property
     def capabilities(self) -> Mapping[str, Any]:
-        """What the session can do, as far as the gateway tells: it sends no capability flags,
-        so this is the session object of the last ``session.updated`` (or, before one, of
-        ``session.created``), with every default filled in (``audio``, ``turn_detection``,
-        ``extra_body``, ...). A read-only view; empty before the session was opened."""
+        """What the session can do (the seed's ``DuplexCapabilities``: ``supports_barge_in``,
+        ``supports_playback_ack``, ``chunk_period_ms``, ...), as ``session.created`` and
+        ``session.resumed`` announce it: branch on these, not on a model's name. A read-only
+        view; empty before the session was opened, or when its worker announced none."""
+        return MappingProxyType(self._capabilities)
+
+    @property
+    def session(self) -> Mapping[str, Any]:
+        """The session object of the last ``session.updated`` (or, before one, of
+        ``session.created`` / ``.resumed``), with every default filled in (``audio``,
+        ``turn_detection``, ``extra_body``, ...). A read-only view; empty before the session
+        was opened."""
         return MappingProxyType(self._session_object)
 
     # ------------------------------------------------------------------ connecting
@@ -701,9 +722,7 @@ class DuplexClient:
         self.session_id = created["session_id"]
         self.resume_token = created["resume_token"]
         self.generation = created["lease_generation"]
-        session = created.get("session")
-        if isinstance(session, dict):
-            self._session_object = session
+        self._adopt_session(created)
         self.url = connected.url
         self._ws = connected.ws
         self._mark_sent()
@@ -713,6 +732,7 @@ class DuplexClient:
         answer = connected.answer
         self.resume_token = answer["resume_token"]
         self.generation = answer["lease_generation"]
+        self._adopt_session(answer)
         self.url = connected.url
         # Where the server's replay starts. Below our position only when the store lost events
         # we had (session.resync_required log_rewound follows): the next events reuse those
@@ -859,6 +879,10 @@ class DuplexClient:
         """``input_audio_buffer.append`` (pcm16 LE mono 24 kHz)."""
         await self.submit(AppendAudio(pcm16))
 
+    async def append_text(self, text: str) -> None:
+        """``input.text.append``: text for the user's turn (at most 4096 characters)."""
+        await self.submit(AppendText(text))
+
     async def commit(self) -> None:
         """``input_audio_buffer.commit``."""
         await self.submit(CommitInput())
@@ -866,6 +890,10 @@ class DuplexClient:
     async def clear_input(self) -> None:
         """``input_audio_buffer.clear``."""
         await self.submit(ClearInput())
+
+    async def cancel_input(self) -> None:
+        """``input.cancel``: drop the pending input and stop the work in flight."""
+        await self.submit(CancelInput())
 
     async def create_response(self, options: Mapping[str, Any] | None = None) -> None:
         """``response.create`` with optional per-response options."""
@@ -875,9 +903,27 @@ class DuplexClient:
         """``response.cancel``."""
         await self.submit(CancelResponse(response_id))
 
+    async def barge_in(self) -> None:
+        """``barge_in``: interrupt the active response at once."""
+        await self.submit(BargeIn())
+
     async def clear_output_audio(self) -> None:
         """``output_audio_buffer.clear``."""
         await self.submit(ClearOutputAudio())
+
+    async def signal_turn(self, event: str, payload: Mapping[str, Any] | None = None) -> None:
+        """``turn.signal``: the turn transition ``event``; one that names a client event
+        (``barge_in``, ``response.cancel``, ...) is that event, with its fields in
+        ``payload``."""
+        await self.submit(SignalTurn(event, payload))
+
+    async def ack_playback(self, played_ms: int, *, response_id: str | None = None,
+                           item_id: str | None = None, committed_ms: int | None = None) -> None:
+        """``playback.ack``: ``played_ms`` of a response's audio was played; ``committed_ms``
+        of it (default: all played) stays in the conversation. Without ids: the response
+        playing now. Answered by ``playback.acknowledged``."""
+        await self.submit(AckPlayback(played_ms, committed_ms=committed_ms,
+                                      response_id=response_id, item_id=item_id))
 
     async def create_item(self, item: Mapping[str, Any],
                           previous_item_id: str | None = None) -> None:
@@ -1008,12 +1054,19 @@ class DuplexClient:
             self._track(event)
             return event
 
+    def _adopt_session(self, event: dict[str, Any]) -> None:
+        """Remember the session object and capabilities an event carries."""
+        session = event.get("session")
+        if isinstance(session, dict):
+            self._session_object = session
+        capabilities = event.get("capabilities")
+        if isinstance(capabilities, dict):
+            self._capabilities = capabilities
+
     def _track(self, event: RealtimeEvent) -> None:
         """What the client remembers of the session from its events."""
         if event.type in _SESSION_OBJECT_EVENTS:
-            session = event.data.get("session")
-            if isinstance(session, dict):
-                self._session_object = session
+            self._adopt_session(event.data)
         elif event.type in _TERMINAL:
             reason = event.data.get("reason")
             self._close_reason = reason if isinstance(reason, str) else None

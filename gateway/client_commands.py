@@ -1,7 +1,8 @@
 """Typed client commands for :meth:`gateway.client.DuplexClient.submit`.
 
 One frozen dataclass per client event the gateway accepts (``session.resume`` excepted: the
-client sends it itself when it resumes). Names follow the seed's command records. Each
+client sends it itself when it resumes; the seed's aliases need none: each command sends the
+canonical name). Names follow the seed's command records. Each
 renders its own wire JSON; ``event_id``, when given, is echoed as ``error.event_id`` if the
 gateway or the worker refuses the command.
 
@@ -15,12 +16,16 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, ClassVar
 
 __all__ = [
     "AckEvents",
+    "AckPlayback",
     "AppendAudio",
+    "AppendText",
+    "BargeIn",
+    "CancelInput",
     "CancelResponse",
     "ClearInput",
     "ClearOutputAudio",
@@ -32,6 +37,7 @@ __all__ = [
     "DeleteItem",
     "Heartbeat",
     "RetrieveItem",
+    "SignalTurn",
     "TruncateItem",
     "UpdateSession",
 ]
@@ -173,6 +179,62 @@ class ClearOutputAudio(ClientCommand):
     """``output_audio_buffer.clear``: stop the response audio being played."""
 
     type: ClassVar[str] = "output_audio_buffer.clear"
+
+
+@dataclass(frozen=True, slots=True)
+class AppendText(ClientCommand):
+    """``input.text.append``: text for the user's turn (at most 4096 characters)."""
+
+    type: ClassVar[str] = "input.text.append"
+    text: str
+
+    def _fields(self) -> dict[str, Any]:
+        return {"text": self.text}
+
+
+@dataclass(frozen=True, slots=True)
+class CancelInput(ClientCommand):
+    """``input.cancel``: drop the pending input and stop the work in flight."""
+
+    type: ClassVar[str] = "input.cancel"
+
+
+@dataclass(frozen=True, slots=True)
+class BargeIn(ClientCommand):
+    """``barge_in``: interrupt the active response at once."""
+
+    type: ClassVar[str] = "barge_in"
+
+
+@dataclass(frozen=True, slots=True)
+class SignalTurn(ClientCommand):
+    """``turn.signal``: a turn transition named ``event``, with its ``payload``. The events
+    that name a client event (``barge_in``, ``response.cancel``, ...) are that event, with
+    its fields in ``payload``."""
+
+    type: ClassVar[str] = "turn.signal"
+    event: str
+    payload: Mapping[str, Any] | None = None
+
+    def _fields(self) -> dict[str, Any]:
+        return {"event": self.event, "payload": dict(self.payload or {})}
+
+
+@dataclass(frozen=True, slots=True)
+class AckPlayback(ClientCommand):
+    """``playback.ack``: ``played_ms`` of a response's audio was played (``committed_ms`` of
+    it kept in the conversation; None: all of it). Without ids: the response playing now."""
+
+    type: ClassVar[str] = "playback.ack"
+    played_ms: int
+    _: KW_ONLY
+    committed_ms: int | None = None
+    response_id: str | None = None
+    item_id: str | None = None
+
+    def _fields(self) -> dict[str, Any]:
+        return {"played_ms": self.played_ms, **_present(
+            committed_ms=self.committed_ms, response_id=self.response_id, item_id=self.item_id)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,6 +5,12 @@ notices, plus a periodic safety read of the log), and the writer (input appends,
 whatever arrives while one append is in flight goes out in the next single script call, so a
 busy session costs one Redis round trip per batch, not per frame). Actions run under one lock
 so frames reach the client in the order the core decided.
+
+Output backpressure: a client that does not read blocks the send in flight (and with it the
+lock). Pushes are still counted as they arrive (:class:`OutputBacklog`), and when the client's
+untaken output goes over its limits the writer, which never waits for that lock, appends one
+``output.backpressure`` command: the worker ends the active response. A send blocked for
+``OUTPUT_STALL_TIMEOUT_S`` detaches the session and closes the connection 1013.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import hashlib
 import hmac
 import logging
 import secrets
+import socket
 import time
 from typing import Any
 
@@ -25,6 +32,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from gateway.notices import NoticeQueue
 from gateway.placement import place_session
 from gateway.protocol.connection import (
+    OUTPUT_STALLED,
     Action,
     AppendCommands,
     CloseConnection,
@@ -34,6 +42,8 @@ from gateway.protocol.connection import (
     FetchLog,
     GiveUpSession,
     OpenSession,
+    OutputBacklog,
+    OutputLimits,
     ResumeSession,
     SendFrame,
     TrimLog,
@@ -48,7 +58,7 @@ from gateway.protocol.errors import (
 )
 from gateway.protocol.pacing import InputPacer, PacingLimits
 from gateway.services import GatewayServices
-from gateway.wsprotocol import INVALID_TEXT_KEY
+from gateway.wsprotocol import INVALID_TEXT_KEY, TRANSPORT_KEY
 from store import (
     AppendResult,
     Lease,
@@ -60,13 +70,25 @@ from store import (
 from store.follower import REWIND_WINDOW
 from store.keys import SessionKeys
 from store.logs import log_ends, read_output
-from store.messages import Command, encode_message
+from store.messages import Command, OutputBackpressure, encode_message
+from store.ratelog import RateLimitedLog
 
 __all__ = ["ConnectionDriver"]
 
 _log = logging.getLogger(__name__)
+_stall_log = RateLimitedLog(_log, interval_s=10.0)
 _RESUME_ATTEMPTS = 3
 _HOUSEKEEPING_S = 1.0
+
+
+def _transport_of(websocket: WebSocket) -> asyncio.WriteTransport | None:
+    """The socket transport under ``websocket``, as the gateway's websocket protocol
+    publishes it (:data:`~gateway.wsprotocol.TRANSPORT_KEY`). Under another server (a test
+    client) this is None: the gateway then counts no write buffer, sets no socket option and
+    cannot drop a socket whose client never takes the close frame.
+    """
+    transport = websocket.scope.get("extensions", {}).get(TRANSPORT_KEY)
+    return transport if isinstance(transport, asyncio.WriteTransport) else None
 
 
 def _digest(token: str) -> str:
@@ -118,6 +140,16 @@ class ConnectionDriver:
                                               audio_speed=s.max_audio_speed),
                                  now=asyncio.get_running_loop().time())
         self._closed = asyncio.Event()
+        self._transport = _transport_of(websocket)
+        if s.socket_send_buffer_bytes and self._transport is not None:
+            self._transport.get_extra_info("socket").setsockopt(
+                socket.SOL_SOCKET, socket.SO_SNDBUF, s.socket_send_buffer_bytes)
+        self._output_limits = OutputLimits(max_events=s.output_backpressure_events,
+                                           max_bytes=s.output_backpressure_bytes)
+        self._backlog = OutputBacklog(self._output_limits)
+        self._stall_s = s.output_stall_timeout_s or None
+        self._stalled = False  # a send stalled: no frame goes out any more
+        self._cut_batch = False  # ... and the rest of the actions in hand are dropped
 
     async def run(self) -> None:
         """Serve the connection; returns once it is closed and the session detached or over."""
@@ -137,7 +169,7 @@ class ConnectionDriver:
                 task.cancel()
             await asyncio.gather(closed, *tasks, return_exceptions=True)
             if self._channel is not None:
-                await self._svc.subscriber.unsubscribe(self._channel, self._notices.put)
+                await self._svc.subscriber.unsubscribe(self._channel, self._take_push)
             if self._held is not None:
                 self._svc.leases.release(self._held)
 
@@ -230,6 +262,36 @@ class ConnectionDriver:
             if notice is not None:
                 self._relay_out.observe(time.monotonic() - taken)
 
+    def _take_push(self, notice: list[Any] | None) -> None:
+        """Every push for this connection, as it arrives, also while a send is blocked: queue
+        it for the pump, and count the output it announces."""
+        self._notices.put(notice)
+        try:
+            if notice is None or notice[0] != b"e":
+                return
+            self._backlog.seen(int(notice[1]), notice[2])
+        except (IndexError, TypeError, ValueError):
+            return  # malformed: the pump drops it and reads the log instead
+        self._check_backlog()
+
+    def _check_backlog(self) -> None:
+        """Once per crossing, tell the session's worker (fenced, like the client's commands)
+        that the client has too much output untaken: it ends the active response failed,
+        ``output_backpressure``. Nothing written is dropped: the client gets it all when it
+        reads."""
+        if self._core.state is not ConnectionState.ATTACHED:
+            return
+        crossed = self._backlog.crossed(self._buffered_bytes())
+        if crossed is None:
+            return
+        self._svc.metrics.output_backpressure.inc()
+        self._queue_commands(((None, OutputBackpressure(pending_events=crossed.events,
+                                                        pending_bytes=crossed.bytes)),))
+
+    def _buffered_bytes(self) -> int:
+        """What the transport holds that the kernel has not taken yet."""
+        return 0 if self._transport is None else self._transport.get_write_buffer_size()
+
     async def _housekeeping(self) -> None:
         """Once a second: renew the tenant reservation, trim what was delivered long ago.
 
@@ -239,7 +301,9 @@ class ConnectionDriver:
         Clients that never send session.event_ack (the openai SDK) would otherwise keep the
         whole capped log in Redis. Events sent ``delivered_retention_s`` ago on a live
         connection count as acknowledged: a client that lost them anyway gets
-        session.resync_required on resume, never a silent gap (DESIGN §2.7, §5).
+        session.resync_required on resume, never a silent gap (DESIGN §2.7, §5). Sent means
+        taken by the websocket: what waits behind a client that does not read stays in the log
+        for its resume.
         """
         retention = self._svc.settings.delivered_retention_s
         samples: collections.deque[tuple[float, int]] = collections.deque()
@@ -253,7 +317,7 @@ class ConnectionDriver:
             if retention <= 0:
                 continue
             now = loop.time()
-            samples.append((now, self._core.delivered_seq))
+            samples.append((now, self._backlog.taken_seq))
             upto = 0
             while samples and now - samples[0][0] >= retention:
                 upto = samples.popleft()[1]
@@ -275,7 +339,11 @@ class ConnectionDriver:
             await self._outbox_ready.wait()
             self._outbox_ready.clear()
             await self._write_outbox()
-            await self._step()
+            if not self._lock.locked():
+                await self._step()
+            # Else the step in progress runs what the store's answer decided (it drains until
+            # nothing is left). Waiting for it here would hold the next append behind a send
+            # the client does not take, the output backpressure command above all.
 
     async def _write_outbox(self) -> None:
         """Append what the outbox holds, in order after any append in flight; the core hears
@@ -359,13 +427,16 @@ class ConnectionDriver:
         """Run every action the core decided, in order, until it decides no more."""
         async with self._lock:
             while actions := self._core.actions_to_run():
+                self._cut_batch = False
                 for action in actions:
+                    if self._cut_batch and isinstance(action, SendFrame | CloseConnection):
+                        continue  # decided before a send stalled; the log keeps the events
                     await self._run_action(action)
 
     async def _run_action(self, action: Action) -> None:
         match action:
-            case SendFrame(text=text):
-                await self._send(text)
+            case SendFrame(text=text, seq=seq):
+                await self._send(text, seq)
             case AppendCommands(entries=entries):
                 self._queue_commands(entries)
             case FetchLog(after_seq=after):
@@ -393,14 +464,42 @@ class ConnectionDriver:
         self._outbox.extend(entries)
         self._outbox_ready.set()
 
-    async def _send(self, text: str) -> None:
-        if self._ws.application_state is not WebSocketState.CONNECTED:
+    async def _send(self, text: str, seq: int) -> None:
+        if self._stalled or self._ws.application_state is not WebSocketState.CONNECTED:
             return
         try:
-            await self._ws.send_text(text)
-            self._svc.metrics.frames_sent.inc()
+            async with asyncio.timeout(self._send_limit()):
+                await self._ws.send_text(text)
+        except TimeoutError:
+            self._output_stalled()
+            return
         except (WebSocketDisconnect, RuntimeError, OSError):
             self._core.connection_lost()
+            return
+        self._svc.metrics.frames_sent.inc()
+        if seq:
+            self._backlog.taken(seq, buffered_bytes=self._buffered_bytes())
+
+    def _send_limit(self) -> float | None:
+        """How long the next send may wait for the client. A transport whose buffer is at or
+        under its low-water mark has not paused writing, so the send cannot wait: no timer
+        on the hot path."""
+        transport = self._transport
+        if (transport is not None
+                and transport.get_write_buffer_size() <= transport.get_write_buffer_limits()[0]):
+            return None
+        return self._stall_s
+
+    def _output_stalled(self) -> None:
+        """A send waited ``OUTPUT_STALL_TIMEOUT_S``: the client reads nothing. The frames
+        decided so far are dropped (their events stay in the log for the resume); the core
+        detaches the session and closes 1013."""
+        # Any client can stall at will: one line per 10 s for the whole process.
+        _stall_log.log(logging.INFO, "stall", "a client took no output for %.1f s: closing it"
+                       " 1013 %s, its session detached", self._stall_s, OUTPUT_STALLED)
+        self._svc.metrics.output_stalls.inc()
+        self._stalled = self._cut_batch = True
+        self._core.output_stalled()
 
     async def _fetch(self, after: int, *, quiet: bool = False) -> None:
         """Read the log after ``after``; on a ``quiet`` poll that finds nothing, also check
@@ -428,7 +527,9 @@ class ConnectionDriver:
         if rows and rows[0][0] > after + 1:
             self._core.log_trimmed(rows[0][0])
         if rows:
-            self._core.receive_log_entries(rows[0][0], [payload for _, payload in rows])
+            payloads = [payload for _, payload in rows]
+            self._backlog.seen(rows[0][0], payloads)
+            self._core.receive_log_entries(rows[0][0], payloads)
 
     async def _subscribe(self, session_id: str) -> None:
         channel = SessionKeys(session_id).output_channel
@@ -436,29 +537,33 @@ class ConnectionDriver:
             # Placement moved on to another worker, or the client resumed another session than
             # the one its URL opened: leave the old channel, and drop what it already pushed
             # (those entries belong to another session's log).
-            await self._svc.subscriber.unsubscribe(self._channel, self._notices.put)
+            await self._svc.subscriber.unsubscribe(self._channel, self._take_push)
             self._notices.clear()
         self._channel = channel
         with contextlib.suppress(TimeoutError):
             # A missed confirmation only costs latency: the pump reads the log regardless.
-            await self._svc.subscriber.subscribe(channel, self._notices.put)
+            await self._svc.subscriber.subscribe(channel, self._take_push)
 
     async def _open(self) -> None:
         token = secrets.token_urlsafe(32)
         try:
             placed = await place_session(self._svc, token_digest=_digest(token),
-                                         tenant=self._tenant, subscribe=self._subscribe)
+                                         tenant=self._tenant, subscribe=self._subscribe,
+                                         model=self._model)
         except ClientProtocolError as exc:
             self._core.fail(exc)
             return
         except StoreError as exc:
             self._core.fail(InternalError(str(exc)))
             return
-        self._hold(placed.session_id)
-        self._lease = placed
+        lease = placed.lease
+        self._hold(lease.session_id)
+        self._lease = lease
         self._svc.metrics.sessions_opened.inc()
-        self._core.open_succeeded(placed.session_id, resume_token=token,
-                                  generation=placed.generation, model=self._model)
+        self._core.open_succeeded(lease.session_id, resume_token=token,
+                                  generation=lease.generation, model=self._model,
+                                  session=placed.session, capabilities=placed.capabilities)
+        self._backlog = OutputBacklog(self._output_limits)
 
     async def _resume(self, request: ResumeRequest) -> None:
         started = time.monotonic()
@@ -511,7 +616,10 @@ class ConnectionDriver:
             last_client_seq=result.last_client_seq,
             first_retained_seq=result.first_retained_seq,
             last_server_event_seq=result.last_server_event_seq,
-            session_over=result.status is ResumeStatus.CLOSED)
+            session_over=result.status is ResumeStatus.CLOSED,
+            session=result.session, capabilities=result.capabilities)
+        # Counted from where the client stands (the replay starts there).
+        self._backlog = OutputBacklog(self._output_limits, taken_seq=self._core.delivered_seq)
 
     async def _trim(self, upto: int) -> None:
         if self._lease is None:
@@ -552,8 +660,17 @@ class ConnectionDriver:
 
     async def _close(self, code: int, reason: str) -> None:
         if self._ws.application_state is WebSocketState.CONNECTED:
-            with contextlib.suppress(RuntimeError, OSError, WebSocketDisconnect):
-                # Cut by UTF-8 bytes: a longer reason makes the close frame itself invalid.
-                await self._ws.close(code, fit_close_reason(reason))
+            try:
+                # A client that reads nothing never takes the close frame either: it gets as
+                # long as any send, then its socket is dropped (it resumes, through any
+                # gateway, from the last event it got).
+                async with asyncio.timeout(self._stall_s):
+                    # Cut by UTF-8 bytes: a longer reason makes the close frame itself invalid.
+                    await self._ws.close(code, fit_close_reason(reason))
+            except TimeoutError:
+                if self._transport is not None:
+                    self._transport.abort()
+            except (RuntimeError, OSError, WebSocketDisconnect):
+                pass
         self._closed.set()
 

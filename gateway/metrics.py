@@ -30,6 +30,15 @@ class GatewayMetrics:
             "Client commands not appended because their session's worker was behind (its"
             " unread input at INPUT_LOG_MAX_ENTRIES); each refusal is an input_backpressure"
             " error", registry=r)
+        self.output_backpressure = Counter(
+            f"{_NS}_output_backpressure",
+            "Times a client's untaken output went over OUTPUT_BACKPRESSURE_EVENTS or _BYTES and"
+            " its session's worker was told to end the active response (output_backpressure)",
+            registry=r)
+        self.output_stalls = Counter(
+            f"{_NS}_output_stalls",
+            "Connections closed 1013 output_stalled: a send to the client stayed blocked for"
+            " OUTPUT_STALL_TIMEOUT_S (the session is detached, resumable)", registry=r)
         self.reaped = Counter(f"{_NS}_sessions_reaped", "Sessions ended by this reaper",
                               registry=r)
         self.lease_renewals = Counter(

@@ -4,6 +4,10 @@ Optimistic: read the directory and the workers' loads, then try the least loaded
 one compare-and-set script in that worker's slot; on refusal try the next. An open whose
 outcome is unknown (timeout, connection error) is compensated with ``abandon_open`` so a late
 landing cannot leak a slot (DESIGN §2.10).
+
+The chosen worker's profile (the default session and capabilities it published when it
+registered) is what ``session.created`` announces; the open stores it in the session's record
+in the same script call, so a resume through any gateway can announce it too.
 """
 
 from __future__ import annotations
@@ -11,14 +15,17 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
+from gateway.protocol.codec import public_session
 from gateway.protocol.errors import ClientProtocolError, CloseCode, ErrorCode
 from gateway.services import GatewayServices
 from store import Lease, OpenStatus, SessionPolicy, StoreError, StoreUnavailable
-from store.directory import list_workers, server_time_ms, worker_loads
+from store.directory import WorkerProfile, list_workers, server_time_ms, worker_loads
 from store.keys import new_session_id
+from store.messages import JsonObject
 
-__all__ = ["place_session", "policy_of"]
+__all__ = ["Placement", "place_session", "policy_of"]
 
 # tenant_sessions_per_minute counts opens in any window this long.
 _OPEN_RATE_WINDOW_MS = 60_000
@@ -42,15 +49,42 @@ def _exhausted(why: str = "no inference worker has a free slot") -> ClientProtoc
     )
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Placement:
+    """A session that landed, and what its ``session.created`` announces.
+
+    Attributes:
+        lease: its first lease.
+        session: the public session object stored in its record: the worker's default
+            session with its ``id`` and ``object`` and the connection's ``model``; None when
+            the worker published no profile (an older worker, during a rolling upgrade).
+        capabilities: what sessions on that worker can do (None: no profile).
+    """
+
+    lease: Lease
+    session: JsonObject | None = None
+    capabilities: JsonObject | None = None
+
+
+def _announced(profile: WorkerProfile | None, session_id: str,
+               model: str | None) -> JsonObject | None:
+    """The session object a new session on a worker with ``profile`` starts with, as the
+    client is shown it: the worker's, with the model the connection asked for."""
+    if profile is None:
+        return None
+    session = profile.session if model is None else {**profile.session, "model": model}
+    return public_session(session, session_id=session_id)
+
 
 async def place_session(
     services: GatewayServices, *, token_digest: str, tenant: str,
-    subscribe: Callable[[str], Awaitable[None]],
-) -> Lease:
-    """Open a session on the least loaded live worker; returns its first lease.
+    subscribe: Callable[[str], Awaitable[None]], model: str | None = None,
+) -> Placement:
+    """Open a session on the least loaded live worker.
 
     ``subscribe`` is called with the session id before the open lands, so not even the
-    session's first event can be published before this gateway listens.
+    session's first event can be published before this gateway listens. ``model`` is what
+    the session object reports as its ``model`` (None: the worker's own).
 
     Raises:
         ClientProtocolError: ``resource_exhausted`` (close 1013) when no worker accepted.
@@ -73,17 +107,21 @@ async def place_session(
                 tenant, session_id, cap=cap, lease_ms=services.tenant_lease_ms):
             raise _exhausted(f"the tenant's limit of {cap} concurrent sessions is reached")
         await subscribe(session_id)
+        session = _announced(load.profile, session_id, model)
+        capabilities = load.profile.capabilities if load.profile is not None else None
         try:
             status = await asyncio.wait_for(
                 scripts.open_session(session_id, epoch=epoch, token_digest=token_digest,
-                                     tenant=tenant, policy=policy, holder=services.holder),
+                                     tenant=tenant, policy=policy, holder=services.holder,
+                                     session=session, capabilities=capabilities),
                 services.settings.open_timeout_s)
         except (TimeoutError, StoreError) as exc:
             await _abandon(services, session_id)
             await _release(services, tenant, session_id)
             raise StoreUnavailable(f"open of {session_id} did not complete: {exc!r}") from exc
         if status is OpenStatus.OK:
-            return Lease(session_id=session_id, epoch=epoch, generation=1, tenant=tenant)
+            lease = Lease(session_id=session_id, epoch=epoch, generation=1, tenant=tenant)
+            return Placement(lease=lease, session=session, capabilities=capabilities)
         await _release(services, tenant, session_id)
     raise _exhausted()
 

@@ -83,6 +83,29 @@ class GatewaySettings:
         default=4096,
         metadata={"help": "commands a session's worker may have unread; more: input_backpressure"},
     )
+    # The seed's pending-output bounds (max_pending_output_events/_bytes_per_session).
+    output_backpressure_events: int = field(
+        default=512,
+        metadata={"help": "events a client may leave untaken (in the log after the last one"
+                          " its websocket accepted); more: the active response ends failed,"
+                          " output_backpressure; 0: no limit"},
+    )
+    output_backpressure_bytes: int = field(
+        default=2 * 1024 * 1024,
+        metadata={"help": "bytes of those events as the client gets them, plus the socket's"
+                          " write buffer; more: as OUTPUT_BACKPRESSURE_EVENTS; 0: no limit"},
+    )
+    output_stall_timeout_s: float = field(
+        default=30.0,
+        metadata={"help": "a send to a client that stays blocked this long (it reads nothing)"
+                          " closes the connection 1013 output_stalled; the session is"
+                          " detached, resumable; 0: never"},
+    )
+    socket_send_buffer_bytes: int = field(
+        default=0,
+        metadata={"help": "SO_SNDBUF of each websocket's socket: a small one shows a client"
+                          " that does not read sooner (tests use it); 0: the OS's"},
+    )
     # An attached client that never acks keeps ~retention + 1 s of output in Redis: 3 s keeps a
     # 24 kHz stream under DESIGN §5's 256 KiB per session (bench relay: ~237 KiB; 5 s: ~373).
     delivered_retention_s: float = field(

@@ -9,8 +9,11 @@ frame (a client could flood the log with them) and never tells the app, so the c
 the driver recognises by :data:`INVALID_TEXT_KEY`; the connection core then answers
 ``invalid_json`` and closes 1007 (``ConnectionCore.receive_invalid_text``). Each one is logged as
 one line, rate-limited. A handshake refused with an HTTP answer (a wrong key: 401) counts as
-complete, so uvicorn does not log an ERROR for each one. Everything else is uvicorn's
-``websockets-sansio`` implementation as is.
+complete, so uvicorn does not log an ERROR for each one. The connection's transport is
+published to the app in ``scope["extensions"][TRANSPORT_KEY]``: ASGI gives an app no handle on
+its socket, and the gateway measures a client that does not read by the transport's write
+buffer (and may set its ``SO_SNDBUF``). Everything else is uvicorn's ``websockets-sansio``
+implementation as is.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 
 from store.ratelog import RateLimitedLog
 
-__all__ = ["INVALID_TEXT_KEY", "GatewayWebSocketProtocol"]
+__all__ = ["INVALID_TEXT_KEY", "TRANSPORT_KEY", "GatewayWebSocketProtocol"]
 
 #: Set (to True) on a ``websocket.receive`` event whose ``bytes`` are a text frame's payload
 #: that is not UTF-8. No ASGI server sets it, so an app can tell such a frame from a binary one.
 INVALID_TEXT_KEY = "duplex_gateway.invalid_text"
+#: The ``scope["extensions"]`` key under which the connection's asyncio transport is given.
+TRANSPORT_KEY = "duplex_gateway.transport"
 
 
 
@@ -39,6 +44,11 @@ class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
     #: connections: many clients must not flood the log either).
     invalid_text_log: ClassVar[RateLimitedLog] = RateLimitedLog(
         logging.getLogger(__name__), interval_s=10.0)
+
+    async def run_asgi(self) -> None:
+        extensions = cast(dict[str, object], self.scope.setdefault("extensions", {}))
+        extensions[TRANSPORT_KEY] = self.transport
+        await super().run_asgi()
 
     async def send(self, message: ASGISendEvent) -> None:
         await super().send(message)

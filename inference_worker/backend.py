@@ -89,6 +89,19 @@ class Backend(Protocol):
     def close_slot(self, slot: int) -> None:
         """Free ``slot``; its state may be garbage until the next ``open_slot``."""
 
+    def stop_response(self, slot: int) -> None:
+        """The open ``slot``'s session cancelled its response: drop what the slot would still
+        say of it.
+
+        Output the model already decided on but has not returned yet (delayed tokens, queued
+        or half-played audio, text held back for detokenizing, an answer still being
+        produced) is discarded, so the next ``step`` returns none of it. What the model heard
+        stays: the session goes on in the same slot, and other slots are untouched. Emits no
+        event: the cancel came from the client, which knows. A backend that cannot stop its
+        model mid-turn drops what it can; the conversation core mutes the rest of the turn.
+        Runs on the model thread, between steps.
+        """
+
     def step(self, inputs: list[SlotStep]) -> list[SlotResult]:
         """Advance every listed slot by one tick, in one batched call.
 

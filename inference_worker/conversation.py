@@ -1,39 +1,45 @@
-"""What every runner keeps the same way: the conversation's items and its responses' events.
+"""The conversation's items and its responses' events, for the conversation core.
 
-Both runners (the loopback's :class:`~inference_worker.session_runner.SessionRunner` and the
-frame backends' :class:`~inference_worker.duplex_runner.DuplexRunner`) decide *when* a turn is
+The core (:class:`~inference_worker.core.ConversationCore`) decides *when* a turn is
 committed or a response opens and ends; this module decides *what* that emits, once: item ids
 and their order, the user item's events, a response's opening and closing sequences (Realtime
 GA order, openai_realtime.md §2a; seed §3.4), refusals as ``error`` events. It is I/O-free
-like the runners: it only queues typed events for the driver to drain.
+like the core: it only queues typed events for the driver to drain.
 
-Turn detection is shared the same way: :class:`InputTimeline` counts a session's input audio
-and, while ``turn_detection`` is on, feeds it to an :class:`~inference_worker.vad.EnergyVad`;
-:meth:`Conversation.speech_started` reserves the id the turn's user item will get, so
-``speech_started``, ``speech_stopped`` and the commit that follows all name it.
+Turn detection's events are built here too: :meth:`Conversation.speech_started` reserves the
+id the turn's user item will get, so ``speech_started``, ``speech_stopped`` and the commit that
+follows all name it (the detector itself: :mod:`inference_worker.turn_detection`).
 
-The conversation keeps its items in order (:class:`Item`: id, role, status, content with the
+The conversation keeps its items in order (:class:`~inference_worker.items.Item`: id, role,
+status, content with the
 audio bytes left out, and for assistant audio the audio generated so far), at most
 :data:`MAX_ITEMS` of them: adding one more drops the oldest first, silently, as GA's own context
 truncation does. The client manages them with ``conversation.item.create`` / ``.retrieve`` /
-``.delete`` / ``.truncate`` (:meth:`Conversation.item_command`), the same for every runner:
+``.delete`` / ``.truncate`` (:meth:`Conversation.item_command`), the same for every backend:
 a truncation cuts an assistant audio item to the milliseconds the client says it heard and
 drops its transcript, so the history never claims audio the user did not hear.
-
-The :class:`Runner` protocols are what the worker's driver sees of a runner.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import copy
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final, Protocol, TypeAlias, TypeGuard
+from typing import Any, Final, TypeAlias
 
-from inference_worker.frames import FrameOutput
+from inference_worker.audio_formats import AudioFormat, OutputEncoder
+from inference_worker.items import (
+    FUNCTION_ITEMS,
+    CreatedUserTurn,
+    Item,
+    cut_transcript,
+    format_of,
+    parse_message,
+    truncate_refusal,
+    user_audio_content,
+    user_item_object,
+)
 from inference_worker.realtime_items import (
     assistant_item,
     content_part,
@@ -41,37 +47,21 @@ from inference_worker.realtime_items import (
     response_object,
     zero_usage,
 )
-from inference_worker.session_config import BYTES_PER_SECOND, Refusal
+from inference_worker.refusal import Refusal
+from inference_worker.session_config import BYTES_PER_SECOND
 from inference_worker.untrusted import describe
-from inference_worker.vad import (
-    EnergyVad,
-    SpeechStarted,
-    SpeechStopped,
-    VadConfig,
-    VadEvent,
-    vad_config_from_turn_detection,
-)
 from store import messages as msg
 from store.messages import JsonObject
 
 __all__ = [
     "MAX_ITEMS",
     "Conversation",
-    "CreatedUserTurn",
-    "FrameRunner",
-    "InputTimeline",
-    "Item",
     "ItemCommand",
     "OpenResponse",
-    "PendingInput",
-    "Runner",
-    "TurnDetection",
     "UserItem",
     "already_active",
     "cancel_refusal",
     "commit_too_small",
-    "is_frame_runner",
-    "turn_detection_of",
 ]
 
 #: Bytes of pcm16 24 kHz mono per millisecond of audio.
@@ -83,103 +73,9 @@ MAX_ITEMS: Final = 256
 _ROOT: Final = "root"
 #: Longest client-chosen item id.
 _MAX_ITEM_ID_CHARS: Final = 64
-#: The content part types each role's message may carry (openai_realtime.md §1c).
-_PART_TYPES: Final = {
-    "user": ("input_text", "input_audio"),
-    "system": ("input_text",),
-    "assistant": ("output_text", "output_audio"),
-}
+
 
 ItemCommand: TypeAlias = msg.CreateItem | msg.RetrieveItem | msg.DeleteItem | msg.TruncateItem
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PendingInput:
-    """What the engine must do for a session's slot: clear queued input, then queue audio."""
-
-    clear: bool = False
-    audio: bytes = b""
-
-
-class Runner(Protocol):
-    """A session's conversational state, as the worker drives it (commands in, events out)."""
-
-    @property
-    def close_requested(self) -> str | None: ...
-
-    @property
-    def session(self) -> JsonObject: ...
-
-    def receive(self, command: msg.Command, now: float) -> None: ...
-
-    def tick(self, now: float) -> None: ...
-
-    def next_deadline(self) -> float | None: ...
-
-    def events_to_send(self) -> list[msg.Event]: ...
-
-
-class FrameRunner(Runner, Protocol):
-    """A runner whose model is stepped by the engine: it takes each tick's output and gives
-    the input the engine should apply."""
-
-    def on_frame(self, frame: FrameOutput, now: float) -> None: ...
-
-    def take_input(self) -> PendingInput: ...
-
-    def take_first_audio_latencies(self) -> list[float]: ...
-
-
-def is_frame_runner(runner: Runner) -> TypeGuard[FrameRunner]:
-    """Whether ``runner`` takes frames. A look at its class, not a runtime-checkable
-    isinstance: that would evaluate every property (a deep copy of the session) per tick."""
-    return callable(getattr(type(runner), "on_frame", None))
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Item:
-    """One conversation item, as the conversation keeps it (no audio bytes).
-
-    Attributes:
-        id: the item's id.
-        role: ``user``, ``system`` or ``assistant`` (every item is a ``message``).
-        status: ``in_progress``, ``completed`` or ``incomplete``.
-        content: its GA content parts, without their ``audio``.
-        audio_bytes: assistant audio: the bytes generated so far (or sent with a created
-            item), cut to the heard length by a truncation.
-    """
-
-    id: str
-    role: str
-    status: str
-    content: tuple[JsonObject, ...]
-    audio_bytes: int = 0
-
-    @property
-    def audio_ms(self) -> int:
-        """Milliseconds of audio, rounded up: a client that played every byte it got may
-        say so in whole milliseconds without exceeding it."""
-        return -(-self.audio_bytes // _BYTES_PER_MS)
-
-    @property
-    def truncatable(self) -> bool:
-        """Whether it is an assistant audio item (the only kind GA truncates)."""
-        return self.role == "assistant" and any(part["type"] == "output_audio"
-                                                for part in self.content)
-
-    def realtime(self) -> JsonObject:
-        """The GA item object (``realtime.item``)."""
-        return {"id": self.id, "object": "realtime.item", "type": "message", "role": self.role,
-                "status": self.status, "content": [dict(part) for part in self.content]}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CreatedUserTurn:
-    """A user message a ``conversation.item.create`` added, for a runner that answers user
-    turns: its id and the pcm16 audio of its ``input_audio`` parts (empty for text)."""
-
-    item_id: str
-    audio: bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -192,115 +88,28 @@ class UserItem:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OpenResponse:
-    """An open response: its ids, its output modality and the object ``response.created``
-    carried (the base of ``response.done``)."""
+    """An open response: its ids, its output modality, the object ``response.created``
+    carried (the base of ``response.done``), and whether it stays out of the conversation
+    (``conversation: "none"``: its item is never added)."""
 
     id: str
     item_id: str
     previous_item_id: str | None
     audio: bool
     created: JsonObject
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TurnDetection:
-    """The session's ``turn_detection``, as the runners act on it.
-
-    Attributes:
-        vad: how the detector hears speech.
-        create_response: answer each detected turn as ``response.create`` would.
-        interrupt_response: cancel the active response when speech starts (``turn_detected``).
-    """
-
-    vad: VadConfig
-    create_response: bool
-    interrupt_response: bool
-
-
-def turn_detection_of(config: JsonObject) -> TurnDetection | None:
-    """The turn detection of an effective session object (None: off, push-to-talk)."""
-    value = config["audio"]["input"]["turn_detection"]
-    if value is None:
-        return None
-    return TurnDetection(vad=vad_config_from_turn_detection(value),
-                         create_response=bool(value["create_response"]),
-                         interrupt_response=bool(value["interrupt_response"]))
-
-
-class InputTimeline:
-    """A session's input audio timeline (bytes appended since it opened) and, while turn
-    detection is on, the detector that hears it.
-
-    Event times are milliseconds on this timeline, whenever the detector was switched on, as
-    the Realtime API counts from the start of the session's audio.
-    """
-
-    def __init__(self) -> None:
-        self._fed = 0
-        self._vad: EnergyVad | None = None
-        self._vad_origin_ms = 0  # the timeline's position when the detector was created
-        self._settings: TurnDetection | None = None
-
-    @property
-    def settings(self) -> TurnDetection | None:
-        """The turn detection in force (None: off)."""
-        return self._settings
-
-    @property
-    def fed_bytes(self) -> int:
-        """Bytes of input audio appended so far."""
-        return self._fed
-
-    @property
-    def fed_ms(self) -> int:
-        """Whole milliseconds of input audio appended so far."""
-        return self._fed // _BYTES_PER_MS
-
-    @staticmethod
-    def byte_at(ms: int) -> int:
-        """The timeline position in bytes of ``ms``."""
-        return ms * _BYTES_PER_MS
-
-    def configure(self, settings: TurnDetection | None) -> None:
-        """Apply the session's turn detection. The same settings again change nothing (a turn
-        in progress goes on); other settings restart detection; None stops it."""
-        if settings == self._settings:
-            return
-        self._settings = settings
-        if settings is None:
-            self._vad = None
-        elif self._vad is None:
-            self._vad = EnergyVad(settings.vad)
-            self._vad_origin_ms = self.fed_ms
-        else:
-            self._vad.reset(settings.vad)
-
-    def feed(self, audio: bytes) -> list[VadEvent]:
-        """Count appended audio; with detection on, the speech events it completes."""
-        self._fed += len(audio)
-        if self._vad is None:
-            return []
-        origin = self._vad_origin_ms
-        return [SpeechStarted(audio_start_ms=origin + event.audio_start_ms)
-                if isinstance(event, SpeechStarted)
-                else SpeechStopped(audio_end_ms=origin + event.audio_end_ms)
-                for event in self._vad.feed(audio)]
-
-    def reset(self) -> None:
-        """Forget a turn in progress (after a manual commit or a clear took its audio)."""
-        if self._vad is not None:
-            self._vad.reset()
+    out_of_band: bool = False
 
 
 class Conversation:
     """The default conversation of one session, and the events it emits, in order.
 
     Args:
-        config: the effective session object (the runner replaces it on ``session.update``).
+        config: the effective session object (the core replaces it on ``session.update``).
     """
 
     def __init__(self, config: JsonObject) -> None:
         self.config = config
+        self._encoder = OutputEncoder(AudioFormat.PCM24K)
         self._events: list[msg.Event] = []
         self._order: list[str] = []  # item ids, oldest first
         self._by_id: dict[str, Item] = {}
@@ -345,12 +154,29 @@ class Conversation:
         """``session.updated`` with the whole effective session object."""
         self.emit(msg.SessionUpdated(session=copy.deepcopy(self.config)))
 
+    @property
+    def input_format(self) -> AudioFormat:
+        """The format the client's audio comes in (``audio.input.format``)."""
+        return format_of(self.config["audio"]["input"]["format"])
+
+    @property
+    def output_format(self) -> AudioFormat:
+        """The format the client's audio goes out in (``audio.output.format``)."""
+        return format_of(self.config["audio"]["output"]["format"])
+
     # ------------------------------------------------------------------ turn detection
 
     def speech_started(self, audio_start_ms: int) -> None:
         """``input_audio_buffer.speech_started``, naming the user item the turn will be."""
         self.emit(msg.InputSpeechStarted(audio_start_ms=audio_start_ms,
                                          item_id=self._next_user_item_id()))
+
+    def timeout_triggered(self, audio_start_ms: int, audio_end_ms: int) -> None:
+        """``input_audio_buffer.timeout_triggered``, naming the user item the silent segment
+        becomes (its commit follows)."""
+        self.emit(msg.InputTimeoutTriggered(audio_start_ms=audio_start_ms,
+                                            audio_end_ms=audio_end_ms,
+                                            item_id=self._next_user_item_id()))
 
     def speech_stopped(self, audio_end_ms: int) -> None:
         """``input_audio_buffer.speech_stopped``, naming the same item (the commit follows)."""
@@ -372,52 +198,77 @@ class Conversation:
         item = UserItem(id=self._next_user_item_id(), previous_item_id=self._last_item_id)
         self._reserved_item_id = None
         self._insert(Item(id=item.id, role="user", status="completed",
-                          content=_user_audio_content(None)), None)
+                          content=user_audio_content(None)), None)
         self.emit(msg.InputCommitted(item_id=item.id, previous_item_id=item.previous_item_id),
-                  msg.ItemAdded(item=_user_item(item.id, None),
+                  msg.ItemAdded(item=user_item_object(item.id, None),
                                 previous_item_id=item.previous_item_id))
         if done:
             self.complete_user_item(item, None)
         return item
 
-    def complete_user_item(self, item: UserItem, transcript: str | None) -> None:
-        """``conversation.item.done`` for a user item, with its transcript if known."""
-        self._update(item.id, content=_user_audio_content(transcript))
-        self.emit(msg.ItemDone(item=_user_item(item.id, transcript),
+    def complete_user_item(self, item: UserItem, transcript: str | None,
+                           failure: str | None = None) -> None:
+        """``conversation.item.done`` for a user item, with its transcript if known: after
+        ``conversation.item.input_audio_transcription.completed`` when the model transcribed
+        it, or ``.failed`` (with ``failure``, why) when transcribing failed (GA order)."""
+        self._update(item.id, content=user_audio_content(transcript))
+        if transcript is not None:
+            self.emit(msg.InputTranscriptionCompleted(item_id=item.id, content_index=0,
+                                                      transcript=transcript))
+        elif failure is not None:
+            self.emit(msg.InputTranscriptionFailed(item_id=item.id, content_index=0,
+                                                   code="transcription_failed",
+                                                   message=failure))
+        self.emit(msg.ItemDone(item=user_item_object(item.id, transcript),
                                previous_item_id=item.previous_item_id))
 
     # ------------------------------------------------------------------ responses
 
-    def open_response(self, *, audio: bool, metadata: dict[str, str] | None) -> OpenResponse:
+    def open_response(self, *, audio: bool, metadata: dict[str, str] | None,
+                      output: JsonObject | None = None,
+                      out_of_band: bool = False) -> OpenResponse:
         """``response.created`` -> ``response.output_item.added`` -> ``conversation.item.added``
-        -> ``response.content_part.added``; the response's item joins the conversation."""
+        -> ``response.content_part.added``; the response's item joins the conversation.
+
+        ``output`` (``format``, ``voice``) is what ``response.create`` set for this response
+        (None: the session's); its audio goes out in that format. An ``out_of_band`` response
+        (``conversation: "none"``) has no ``conversation_id`` and its item never joins the
+        conversation: no ``conversation.item.*`` event names it."""
         self._responses += 1
         response_id = f"resp_{self._responses}"
+        created = response_object(response_id, self.config, audio, metadata, output)
+        if out_of_band:
+            created["conversation_id"] = None
+        # A response starts with a clean encoder, in its own format.
+        self._encoder = OutputEncoder(format_of(created["audio"]["output"]["format"]))
         item_id = self._new_item_id()
         response = OpenResponse(
-            id=response_id, item_id=item_id, previous_item_id=self._last_item_id, audio=audio,
-            created=response_object(response_id, self.config, audio, metadata))
-        self._insert(Item(id=item_id, role="assistant", status="in_progress",
-                          content=(item_content(audio),)), None)
+            id=response_id, item_id=item_id,
+            previous_item_id=None if out_of_band else self._last_item_id, audio=audio,
+            created=created, out_of_band=out_of_band)
         item = assistant_item(item_id, "in_progress", [])
-        self.emit(
-            msg.ResponseCreated(response=copy.deepcopy(response.created)),
-            msg.OutputItemAdded(response_id=response_id, output_index=0, item=item),
-            msg.ItemAdded(item=copy.deepcopy(item), previous_item_id=response.previous_item_id),
-            msg.ContentPartAdded(response_id=response_id, item_id=item_id, output_index=0,
-                                 content_index=0, part=content_part(audio)),
-        )
+        self.emit(msg.ResponseCreated(response=copy.deepcopy(response.created)),
+                  msg.OutputItemAdded(response_id=response_id, output_index=0, item=item))
+        if not out_of_band:
+            self._insert(Item(id=item_id, role="assistant", status="in_progress",
+                              content=(item_content(audio),)), None)
+            self.emit(msg.ItemAdded(item=copy.deepcopy(item),
+                                    previous_item_id=response.previous_item_id))
+        self.emit(msg.ContentPartAdded(response_id=response_id, item_id=item_id,
+                                       output_index=0, content_index=0,
+                                       part=content_part(audio)))
         return response
 
     def finish_response(self, response: OpenResponse, *, status: str,
                         reason: str | None = None, transcript: str = "") -> None:
-        """The closing half, the same for a completed and a cancelled response: the audio and
-        transcript ends (audio responses), the part, the item, ``response.done``.
+        """The closing half, the same for a completed, cancelled or failed response: the audio
+        and transcript ends (audio responses), the part, the item, ``response.done``.
 
         Args:
             response: the response :meth:`open_response` opened.
-            status: ``completed`` or ``cancelled``.
-            reason: why it was cancelled (``status_details.reason``); None when completed.
+            status: ``completed``, ``cancelled`` or ``failed``.
+            reason: why it was cancelled (``status_details.reason``) or failed (the code of
+                ``status_details.error``); None when completed.
             transcript: what the model said in it.
         """
         rid, iid, audio = response.id, response.item_id, response.audio
@@ -430,27 +281,58 @@ class Conversation:
                 msg.TranscriptDone(response_id=rid, item_id=iid, output_index=0,
                                    content_index=0, transcript=transcript),
             )
+        else:
+            # A text response's text: what the model said in it (the loopback says nothing).
+            part, content = {**part, "text": transcript}, {**content, "text": transcript}
+            self.emit(msg.TextDone(response_id=rid, item_id=iid, output_index=0,
+                                   content_index=0, text=transcript))
         item = assistant_item(iid, "completed" if status == "completed" else "incomplete",
                               [content])
         self._update(iid, status=item["status"], content=(dict(content),))
-        details = None if reason is None else {"type": "cancelled", "reason": reason}
+        details: JsonObject | None = None
+        if status == "failed":
+            details = {"type": "failed", "error": {"type": "server_error", "code": reason}}
+        elif reason is not None:
+            details = {"type": "cancelled", "reason": reason}
         done = {**copy.deepcopy(response.created), "status": status, "status_details": details,
                 "output": [item], "usage": zero_usage()}
+        self.emit(msg.ContentPartDone(response_id=rid, item_id=iid, output_index=0,
+                                      content_index=0, part=part))
+        if not response.out_of_band:
+            self.emit(msg.ItemDone(item=copy.deepcopy(item),
+                                   previous_item_id=response.previous_item_id))
         self.emit(
-            msg.ContentPartDone(response_id=rid, item_id=iid, output_index=0, content_index=0,
-                                part=part),
-            msg.ItemDone(item=copy.deepcopy(item), previous_item_id=response.previous_item_id),
             msg.OutputItemDone(response_id=rid, output_index=0, item=copy.deepcopy(item)),
             msg.ResponseDone(response=done),
+            # GA follows every response.done with the limits in force: none are enforced here.
+            msg.RateLimitsUpdated(rate_limits=[]),
         )
 
     def audio_delta(self, response: OpenResponse, audio: bytes) -> None:
-        """``response.output_audio.delta``; the response's item counts the audio generated."""
-        self.emit(msg.AudioDelta(response_id=response.id, item_id=response.item_id,
-                                 output_index=0, content_index=0, audio=audio))
+        """``response.output_audio.delta`` of ``audio`` (pcm16 24 kHz) in the session's output
+        format; the response's item counts the audio generated."""
+        encoded = self._encoder.encode(audio)
+        if encoded:  # G.711 carries a sample or two over to the next delta
+            self.emit(msg.AudioDelta(response_id=response.id, item_id=response.item_id,
+                                     output_index=0, content_index=0, audio=encoded))
         item = self._by_id.get(response.item_id)
         if item is not None:
             self._update(item.id, audio_bytes=item.audio_bytes + len(audio))
+
+    def keep_heard(self, item_id: str, heard_ms: int) -> None:
+        """Cut an assistant audio item to the ``heard_ms`` the client acknowledged (never
+        longer than it is), and its transcript in proportion: an interrupted answer's history
+        holds only what the user heard. No event: the client said it, in a playback ack."""
+        item = self._by_id.get(item_id)
+        if item is None or not item.truncatable:
+            return
+        heard = min(item.audio_bytes, heard_ms * _BYTES_PER_MS)
+        if heard == item.audio_bytes:
+            return
+        share = heard / item.audio_bytes if item.audio_bytes else 0.0
+        content = tuple({**part, "transcript": cut_transcript(part.get("transcript") or "", share)}
+                        if part["type"] == "output_audio" else part for part in item.content)
+        self._update(item_id, content=content, audio_bytes=heard)
 
     def output_cleared(self, response_id: str | None) -> None:
         """``output_audio_buffer.cleared``, naming the response whose audio was dropped, or
@@ -467,10 +349,10 @@ class Conversation:
             command: the client's command.
             active: the response that may still be cancelled (None: none is active).
             cancel_active: ends ``active`` as ``cancelled`` (``client_cancelled``), the way the
-                runner cancels; called when a truncation names its item, before truncating.
+                core cancels; called when a truncation names its item, before truncating.
 
         Returns:
-            The user message a create added, for a runner that answers user turns.
+            The user message a create added, for a core that answers user turns.
         """
         match command:
             case msg.CreateItem():
@@ -484,6 +366,21 @@ class Conversation:
             case msg.TruncateItem():
                 self._truncate_item(command, active, cancel_active)
         return None
+
+    def audio_of_input(self, items: tuple[JsonObject, ...]) -> bytes | Refusal:
+        """The user audio of a ``response.create``'s ``input`` items (message items, read
+        as ``conversation.item.create`` reads them), pcm16 24 kHz; or why they are refused."""
+        audio = bytearray()
+        for index, item in enumerate(items):
+            parsed = parse_message(item, self.input_format)
+            if isinstance(parsed, Refusal):
+                param = parsed.param.replace("item", f"response.input[{index}]", 1) \
+                    if parsed.param else f"response.input[{index}]"
+                return Refusal(code=parsed.code, param=param, message=parsed.message)
+            role, _content, part_audio = parsed
+            if role == "user":
+                audio += part_audio
+        return bytes(audio)
 
     def _known(self, event_id: str | None, item_id: str,
                param: str = "item_id") -> Item | None:
@@ -513,7 +410,7 @@ class Conversation:
         item = self._known(command.event_id, command.item_id)
         if item is None:
             return
-        refusal = _truncate_refusal(item, command)
+        refusal = truncate_refusal(item, command)
         if refusal is not None:
             self.refuse(command.event_id, refusal)
             return
@@ -529,11 +426,58 @@ class Conversation:
                                     audio_end_ms=command.audio_end_ms))
 
     def _create_item(self, command: msg.CreateItem) -> CreatedUserTurn | None:
-        parsed = _parse_item(command.item)
+        if command.item.get("type") in FUNCTION_ITEMS:
+            parsed_function = self._parse_function_item(command.item)
+            if isinstance(parsed_function, Refusal):
+                self.refuse(command.event_id, parsed_function)
+                return None
+            return self._add_created(command, parsed_function, b"")
+        parsed = parse_message(command.item, self.input_format)
         if isinstance(parsed, Refusal):
             self.refuse(command.event_id, parsed)
             return None
         role, content, audio = parsed
+        message = Item(id="", role=role, status="completed", content=content,
+                       audio_bytes=len(audio) if role == "assistant" else 0)
+        return self._add_created(command, message, audio)
+
+    def _parse_function_item(self, item: JsonObject) -> Item | Refusal:
+        """A created ``function_call`` (a call the client replays into the history) or
+        ``function_call_output`` (its result: it answers one ``function_call`` of the
+        conversation, once), without its id yet; or why it is refused."""
+        kind: str = item["type"]
+        names = FUNCTION_ITEMS[kind]
+        fields: list[tuple[str, str]] = []
+        for name in names:
+            value = item.get(name, "" if name == "arguments" else None)
+            if value is None:
+                return Refusal(code="missing_required_parameter", param=f"item.{name}",
+                               message=f"Missing required parameter: 'item.{name}'.")
+            if not isinstance(value, str):
+                return Refusal(code="invalid_type", param=f"item.{name}",
+                               message="expected a string")
+            fields.append((name, value))
+        call_id = dict(fields)["call_id"]
+        calls = [known for known in self._by_id.values() if dict(known.fields).get("call_id")
+                 == call_id]
+        if kind == "function_call" and calls:
+            return Refusal(code="invalid_value", param="item.call_id",
+                           message=f"a function call with call_id {describe(call_id)} exists")
+        if kind == "function_call_output":
+            if not any(known.kind == "function_call" for known in calls):
+                return Refusal(code="invalid_value", param="item.call_id",
+                               message=f"no function_call with call_id {describe(call_id)} in"
+                               " the conversation to answer")
+            if any(known.kind == "function_call_output" for known in calls):
+                return Refusal(code="invalid_value", param="item.call_id",
+                               message=f"the function call {describe(call_id)} is answered"
+                               " already")
+        return Item(id="", role="", status="completed", content=(), kind=kind,
+                    fields=tuple(fields))
+
+    def _add_created(self, command: msg.CreateItem, created: Item,
+                     audio: bytes) -> CreatedUserTurn | None:
+        """Give a parsed created item its id and place, add it, announce it."""
         item_id = command.item.get("id")
         if item_id is not None:
             refusal = self._id_refusal(item_id)
@@ -544,12 +488,11 @@ class Conversation:
         if after not in (None, _ROOT) and self._known(
                 command.event_id, after, "previous_item_id") is None:
             return None
-        item = Item(id=item_id or self._new_item_id(), role=role, status="completed",
-                    content=content, audio_bytes=len(audio) if role == "assistant" else 0)
+        item = dataclasses.replace(created, id=item_id or self._new_item_id())
         previous = self._insert(item, after)
         self.emit(msg.ItemAdded(item=item.realtime(), previous_item_id=previous),
                   msg.ItemDone(item=item.realtime(), previous_item_id=previous))
-        return CreatedUserTurn(item_id=item.id, audio=audio) if role == "user" else None
+        return CreatedUserTurn(item_id=item.id, audio=audio) if item.role == "user" else None
 
     def _id_refusal(self, item_id: Any) -> Refusal | None:
         if not isinstance(item_id, str):
@@ -594,123 +537,6 @@ class Conversation:
             item_id = f"item_{self._items}"
             if item_id not in self._by_id:
                 return item_id
-
-
-def _user_audio_content(transcript: str | None) -> tuple[JsonObject, ...]:
-    return ({"type": "input_audio", "transcript": transcript},)
-
-
-def _truncate_refusal(item: Item, command: msg.TruncateItem) -> Refusal | None:
-    """Why ``item`` cannot be cut to ``command.audio_end_ms`` (None: it can)."""
-    if not item.truncatable:
-        return Refusal(code="invalid_value", param="item_id",
-                       message=f"Only assistant audio items can be truncated; {item.id} is not"
-                       " one.")
-    if command.content_index != 0:
-        return Refusal(code="invalid_value", param="content_index",
-                       message="Invalid value for 'content_index': audio is content part 0.")
-    if command.audio_end_ms > item.audio_ms:
-        return Refusal(code="invalid_value", param="audio_end_ms",
-                       message=f"audio_end_ms {command.audio_end_ms} is longer than the"
-                       f" {item.audio_ms} ms of audio of item {item.id}.")
-    return None
-
-
-def _parse_item(item: JsonObject) -> tuple[str, tuple[JsonObject, ...], bytes] | Refusal:
-    """A created item's role, its content parts without audio, and the pcm16 audio its parts
-    carried; or why it is refused. Only ``message`` items: sessions have no tools, so no
-    ``function_call`` exists for a ``function_call_output`` to answer."""
-    kind = _string_field(item, "type", "item.type")
-    if isinstance(kind, Refusal):
-        return kind
-    if kind != "message":
-        return Refusal(code="invalid_value", param="item.type",
-                       message=f"unsupported item type {describe(kind)}: this server takes"
-                       " 'message' items (its sessions have no tools to call)")
-    role = _string_field(item, "role", "item.role")
-    if isinstance(role, Refusal):
-        return role
-    if role not in _PART_TYPES:
-        return Refusal(code="invalid_value", param="item.role",
-                       message=f"unsupported role {describe(role)}: expected one of"
-                       " 'user', 'system', 'assistant'")
-    parts = item.get("content")
-    if parts is None:
-        return Refusal(code="missing_required_parameter", param="item.content",
-                       message="Missing required parameter: 'item.content'.")
-    if not isinstance(parts, list):
-        return Refusal(code="invalid_type", param="item.content", message="expected an array")
-    if not parts:
-        return Refusal(code="invalid_value", param="item.content",
-                       message="a message needs at least one content part")
-    content: list[JsonObject] = []
-    audio = bytearray()
-    for index, part in enumerate(parts):
-        parsed = _parse_part(part, _PART_TYPES[role], f"item.content[{index}]")
-        if isinstance(parsed, Refusal):
-            return parsed
-        content.append(parsed[0])
-        audio += parsed[1]
-    return role, tuple(content), bytes(audio)
-
-
-def _parse_part(part: Any, allowed: tuple[str, ...],
-                param: str) -> tuple[JsonObject, bytes] | Refusal:
-    """One content part without its audio, and the audio; or why it is refused."""
-    if not isinstance(part, dict):
-        return Refusal(code="invalid_type", param=param, message="expected an object")
-    kind = _string_field(part, "type", f"{param}.type")
-    if isinstance(kind, Refusal):
-        return kind
-    if kind not in allowed:
-        return Refusal(code="invalid_value", param=f"{param}.type",
-                       message=f"unsupported part type {describe(kind)} for this role:"
-                       f" expected one of {', '.join(allowed)}")
-    if kind.endswith("_text"):
-        text = _string_field(part, "text", f"{param}.text")
-        return text if isinstance(text, Refusal) else ({"type": kind, "text": text}, b"")
-    transcript = part.get("transcript")
-    if transcript is not None and not isinstance(transcript, str):
-        return Refusal(code="invalid_type", param=f"{param}.transcript",
-                       message="expected a string or null")
-    audio = _pcm16(part.get("audio"), f"{param}.audio")
-    if isinstance(audio, Refusal):
-        return audio
-    if kind == "output_audio":
-        transcript = transcript or ""  # assistant audio always has a transcript, maybe empty
-    return {"type": kind, "transcript": transcript}, audio
-
-
-def _string_field(obj: JsonObject, key: str, param: str) -> str | Refusal:
-    value = obj.get(key)
-    if value is None:
-        return Refusal(code="missing_required_parameter", param=param,
-                       message=f"Missing required parameter: '{param}'.")
-    if not isinstance(value, str):
-        return Refusal(code="invalid_type", param=param, message="expected a string")
-    return value
-
-
-def _pcm16(value: Any, param: str) -> bytes | Refusal:
-    """The optional base64 pcm16 ``audio`` of a part (b"" when absent)."""
-    if value is None:
-        return b""
-    if not isinstance(value, str):
-        return Refusal(code="invalid_type", param=param, message="expected a base64 string")
-    try:
-        audio = base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError):
-        return Refusal(code="invalid_value", param=param, message="not base64")
-    if len(audio) % 2:
-        return Refusal(code="invalid_value", param=param,
-                       message="pcm16 audio must be whole 2-byte samples")
-    return audio
-
-
-def _user_item(item_id: str, transcript: str | None) -> JsonObject:
-    return {"id": item_id, "object": "realtime.item", "type": "message", "role": "user",
-            "status": "completed",
-            "content": [{"type": "input_audio", "transcript": transcript}]}
 
 
 # --------------------------------------------------------------------------- refusals

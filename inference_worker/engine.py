@@ -4,7 +4,8 @@ One dedicated thread owns the backend: it opens and closes slots and runs one ba
 ``step`` for every open slot each tick, on a drift-free absolute schedule (tick ``k`` is due
 at ``t0 + k * period``, so a slow tick never shifts the ones after it). The asyncio side only
 queues work: :meth:`Engine.open`/:meth:`Engine.close` reserve and release slot ids at once
-and the thread applies them to the backend before its next tick; :meth:`Engine.push_audio`
+and the thread applies them to the backend before its next tick, in the order they were asked
+for, with the response stops of :meth:`Engine.stop_response`; :meth:`Engine.push_audio`
 turns a session's pcm16 24 kHz audio into frames of exactly ``in_samples`` at ``in_rate``.
 
 The clock never waits for a client: a slot with no frame queued gets silence (an underrun),
@@ -12,7 +13,9 @@ and a frame that is the wrong length or carries NaN/inf is replaced by silence f
 alone (``bad_input_frames``); the other slots of the batch never see it. Each tick's outputs,
 converted to pcm16 24 kHz, go back to the event loop with ``loop.call_soon_threadsafe``,
 tagged with the handle's serial, so a slot reused by a new session never receives the
-previous session's last frame.
+previous session's last frame, and stamped with the stops applied to the handle before their
+step began (``FrameOutput.epoch``), so a session can tell the output of a step that was
+already under way when it cancelled its response from what came after the stop.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final, Literal
 
 import numpy as np
 
@@ -52,6 +55,11 @@ _MIN_SAMPLES = 10
 # A clock further behind than this many frames re-anchors instead of running every tick late.
 _MAX_LAG_FRAMES = 2
 
+# What the model thread does to a slot between ticks, and the backend call that does it.
+_OpKind = Literal["open", "close", "stop"]
+_BACKEND_CALL: Final[dict[_OpKind, str]] = {
+    "open": "open_slot", "close": "close_slot", "stop": "stop_response"}
+
 
 @dataclass(frozen=True, slots=True)
 class SlotHandle:
@@ -71,7 +79,7 @@ class TickReport:
     seconds: float
     #: serial -> that slot's output.
     outputs: dict[int, FrameOutput] = field(default_factory=dict)
-    #: Serials whose slot failed (the step raised, or opening the slot did).
+    #: Serials whose slot failed (the step raised, or opening or stopping the slot did).
     failed: tuple[int, ...] = ()
     error: str | None = None
 
@@ -114,9 +122,10 @@ class Engine:
         self._free = list(range(self.spec.max_slots))  # a heap: the lowest free slot first
         self._serial = 0
         self._inputs: dict[int, _SlotInput] = {}  # every handle not yet closed, by serial
-        self._ops: list[tuple[bool, SlotHandle]] = []  # (open?, handle), for the thread
+        self._ops: list[tuple[_OpKind, SlotHandle]] = []  # for the thread, in order
         self._active: dict[int, SlotHandle] = {}  # model thread only: opened in the backend
-        self._failed: list[int] = []  # model thread only: serials whose open_slot raised
+        self._epochs: dict[int, int] = {}  # model thread only: stops applied, by active serial
+        self._failed: list[int] = []  # model thread only: serials whose open or stop raised
         self._durations: deque[float] = deque(maxlen=window)
         self._index = 0
         self._wake = threading.Event()
@@ -147,7 +156,7 @@ class Engine:
             self._serial += 1
             handle = SlotHandle(self._serial, heapq.heappop(self._free))
             self._inputs[handle.serial] = _SlotInput(self.spec)
-            self._ops.append((True, handle))
+            self._ops.append(("open", handle))
         self._wake.set()
         return handle
 
@@ -156,8 +165,22 @@ class Engine:
         with self._lock:
             if self._inputs.pop(handle.serial, None) is None:
                 return
-            self._ops.append((False, handle))
+            self._ops.append(("close", handle))
             heapq.heappush(self._free, handle.slot)
+        self._wake.set()
+
+    def stop_response(self, handle: SlotHandle) -> None:
+        """Have the backend drop what ``handle``'s slot would still say of the response its
+        session cancelled (:meth:`Backend.stop_response`); any thread, like :meth:`close`.
+
+        The thread applies it before its next tick, in order with the opens and closes asked
+        for before and after it, and frames of the steps after it carry one more ``epoch``. A
+        stop for a closed handle does nothing. A backend that raises fails that slot alone.
+        """
+        with self._lock:
+            if handle.serial not in self._inputs:
+                return  # closed: its slot may be someone else's already
+            self._ops.append(("stop", handle))
         self._wake.set()
 
     def push_audio(self, handle: SlotHandle, pcm16: bytes) -> None:
@@ -353,21 +376,52 @@ class Engine:
     def _apply_ops(self) -> None:
         with self._lock:
             ops, self._ops = self._ops, []
-        for opening, handle in ops:
+        for kind, handle in ops:
             try:
-                if opening:
-                    self.backend.open_slot(handle.slot)
-                    self._active[handle.serial] = handle
-                elif self._active.pop(handle.serial, None) is not None:
-                    self.backend.close_slot(handle.slot)
+                self._apply(kind, handle)
             except Exception:
-                _log.exception("slot %d: %s failed", handle.slot,
-                               "open_slot" if opening else "close_slot")
-                if opening:
-                    self._failed.append(handle.serial)
+                _log.exception("slot %d: %s failed", handle.slot, _BACKEND_CALL[kind])
+                if kind != "close":
+                    self._fail_slot(handle)
         if ops and not self._active:
             with self._lock:
                 self._durations.clear()  # an idle engine has no recent tick time to judge
+
+    def _apply(self, kind: _OpKind, handle: SlotHandle) -> None:
+        """Apply one queued slot change to the backend (model thread)."""
+        if kind == "open":
+            self.backend.open_slot(handle.slot)
+            self._active[handle.serial] = handle
+            self._epochs[handle.serial] = 0
+        elif kind == "close":
+            self._epochs.pop(handle.serial, None)
+            if self._active.pop(handle.serial, None) is not None:
+                self.backend.close_slot(handle.slot)
+        else:
+            self._stop_slot(handle)
+
+    def _stop_slot(self, handle: SlotHandle) -> None:
+        """Stop the slot's response and count it in the frames of the steps after it."""
+        if handle.serial not in self._active:
+            return  # its open failed, or a stop before this one did: nothing to stop
+        self.backend.stop_response(handle.slot)
+        self._epochs[handle.serial] += 1
+        slot_input = self._inputs.get(handle.serial)
+        if slot_input is not None:
+            # The sample it carries is the cancelled response's: the next frame starts afresh.
+            slot_input.out_resampler.reset()
+
+    def _fail_slot(self, handle: SlotHandle) -> None:
+        """Report ``handle`` failed, and take its slot out of the batch: a backend whose call
+        on it raised may have left it in a state that would make the whole step raise."""
+        self._failed.append(handle.serial)
+        self._epochs.pop(handle.serial, None)
+        if self._active.pop(handle.serial, None) is None:
+            return
+        try:
+            self.backend.close_slot(handle.slot)
+        except Exception:
+            _log.exception("slot %d: close_slot failed", handle.slot)
 
     def _take_frames(self, handles: list[SlotHandle]) -> list[Audio]:
         raw: list[Any] = []
@@ -400,8 +454,10 @@ class Engine:
         slot_input = self._inputs.get(handle.serial)
         if slot_input is not None and pcm.size:
             pcm = slot_input.out_resampler.process(pcm)
+        # Stops are applied only between steps, on this thread, so the count now is the one
+        # the step began with.
         return FrameOutput(audio=float_to_pcm16(pcm), level=level(pcm), text=result.text,
-                           events=dict(result.events))
+                           events=dict(result.events), epoch=self._epochs.get(handle.serial, 0))
 
     def _record(self, seconds: float, batch: int) -> None:
         with self._lock:

@@ -44,6 +44,11 @@ class FrameOutput:
     text: str = ""
     #: The backend's model-specific signals (``end_of_turn``, ``speech_started``, ...).
     events: dict[str, Any] = field(default_factory=dict)
+    #: How many stops (``Engine.stop_response``) the engine had applied to the session's slot
+    #: before the step that produced this frame began. A frame whose epoch is below the stops
+    #: the session asked for comes from a step that was already running, or already queued,
+    #: when it asked: what the model said in it belongs to the cancelled response.
+    epoch: int = 0
 
 
 def pcm16_to_float(data: bytes) -> Audio:

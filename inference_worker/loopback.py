@@ -1,15 +1,20 @@
 """The ``loopback`` backend: a "model" that answers a user turn by playing its audio back.
 
 It is the load and latency test double of DESIGN.md §4. This module holds how it plays audio
-back (:class:`PacedPlayback`): 40 ms chunks at real-time pace. It does no I/O and reads no
-clock: time is passed in.
+back (:class:`PacedPlayback`: 40 ms chunks at real-time pace) and the model port the
+conversation core drives (:class:`LoopbackModel`). It does no I/O and reads no clock: time is
+passed in.
 """
 
 from __future__ import annotations
 
 from typing import Final
 
-__all__ = ["CHUNK_BYTES", "CHUNK_SECONDS", "PacedPlayback"]
+from inference_worker.model_ports import PendingInput
+from inference_worker.model_reports import AUDIBLE, Output, Report, ResponseStarted, TurnEnded
+from store.messages import JsonObject
+
+__all__ = ["CHUNK_BYTES", "CHUNK_SECONDS", "LoopbackModel", "PacedPlayback"]
 
 # 40 ms per audio delta: small enough for barge-in to feel immediate, big enough to keep the
 # number of log entries per second (DESIGN.md §5, Redis commands per session) low.
@@ -57,3 +62,86 @@ class PacedPlayback:
             self._next += 1
             due = self.next_due()
         return chunks
+
+
+class LoopbackModel:
+    """The loopback's "model": it answers a response with the committed turn's audio, paced
+    (turn mode), or echoes each appended chunk at once (``extra_body.loopback_mode`` stream:
+    the relay-latency path, no buffering, no pacing; the commit ends the echo's turn)."""
+
+    __slots__ = ("_auto", "_epoch", "_playback", "_queued", "_stream", "_streaming")
+
+    def __init__(self) -> None:
+        self._stream = False
+        self._auto = False
+        self._streaming = False  # an echo turn is open
+        self._playback: PacedPlayback | None = None
+        self._queued: list[Report] = []
+        self._epoch = 0
+
+    @property
+    def auto_respond(self) -> bool:
+        """``extra_body.auto_response`` in turn mode: every commit is answered at once."""
+        return self._auto and not self._stream
+
+    @property
+    def epoch(self) -> int:
+        """The stops so far: each takes effect at once (nothing of a stopped turn is queued)."""
+        return self._epoch
+
+    def configure(self, config: JsonObject) -> None:
+        """Read the mode and ``auto_response`` of ``extra_body``."""
+        extra = config["extra_body"]
+        self._stream = extra["loopback_mode"] == "stream"
+        self._auto = bool(extra["auto_response"])
+
+    def hear(self, audio: bytes) -> None:
+        """Stream mode: echo ``audio``, opening the echo's turn with its first chunk."""
+        if not self._stream or self._playback is not None:
+            return  # a played-back turn owns the output
+        if not self._streaming:
+            self._streaming = True
+            self._queued.append(ResponseStarted())
+        self._queued.append(Output(audio=audio, level=AUDIBLE))
+
+    def forget_input(self) -> None:
+        """Nothing held: the core keeps the turn's audio."""
+
+    def answer(self, audio: bytes, *, spoken: bool, now: float) -> None:
+        """Play ``audio`` back from ``now`` (a text answer is empty and over at once)."""
+        if spoken:
+            self._playback = PacedPlayback(audio, start=now)
+        else:
+            self._queued.append(TurnEnded())
+
+    def committed(self) -> None:
+        """The commit ends an echo's turn: the echo answered it."""
+        if self._streaming:
+            self._streaming = False
+            self._queued.append(TurnEnded())
+
+    def stop(self) -> None:
+        """Drop the audio not released yet."""
+        self._epoch += 1
+        self._playback = None
+        self._streaming = False
+        self._queued.clear()
+
+    def reports(self, now: float) -> list[Report]:
+        """The chunks due at ``now``, and the end of the turn once the last one is out."""
+        reports, self._queued = self._queued, []
+        playback = self._playback
+        if playback is not None:
+            reports += [Output(audio=chunk, level=AUDIBLE) for chunk in playback.release(now)]
+            if playback.finished:
+                self._playback = None
+                reports.append(TurnEnded())
+        return reports
+
+    def next_deadline(self) -> float | None:
+        """When the next chunk is due (None when nothing plays)."""
+        return self._playback.next_due() if self._playback is not None else None
+
+    def take_input(self) -> PendingInput:
+        """Nothing: no engine serves the loopback."""
+        return PendingInput()

@@ -1,6 +1,6 @@
-"""Realtime GA object shapes the worker's runners emit (response, assistant item, parts).
+"""Realtime GA object shapes the conversation core emits (response, assistant item, parts).
 
-Shared by the loopback ``SessionRunner`` and the frame backends' ``DuplexRunner`` so both
+Built here once (:mod:`inference_worker.conversation` uses them), so every backend's sessions
 produce identical, strictly valid shapes.
 """
 
@@ -25,8 +25,11 @@ CONVERSATION_ID: Final = "conv_1"
 
 
 def response_object(response_id: str, config: JsonObject, audio: bool,
-                     metadata: dict[str, str] | None) -> JsonObject:
-    output = config["audio"]["output"]
+                     metadata: dict[str, str] | None,
+                     output: JsonObject | None = None) -> JsonObject:
+    """The GA response object; ``output`` (``format``, ``voice``) overrides the session's
+    audio output for this response."""
+    output = {**config["audio"]["output"], **(output or {})}
     return {
         "id": response_id, "object": "realtime.response", "status": "in_progress",
         "status_details": None, "output": [], "conversation_id": CONVERSATION_ID,

@@ -29,7 +29,7 @@ import logging
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from inference_worker.conversation import Runner, is_frame_runner
+from inference_worker.core import ConversationCore
 from inference_worker.engine import Engine, SlotHandle
 from inference_worker.frames import FrameOutput
 from inference_worker.metrics import WorkerMetrics
@@ -38,7 +38,9 @@ from store.logs import InputEntry, WriteToken
 from store.messages import (
     CloseSession,
     Event,
+    JsonObject,
     MessageDecodeError,
+    SessionUpdated,
     decode_command,
     encode_message,
 )
@@ -74,13 +76,16 @@ def is_current(token: WriteToken | None, newest: WriteToken | None) -> bool:
 class Session:
     """One session served here: its runner, engine slot, input position and unsent output."""
 
-    runner: Runner
+    runner: ConversationCore
     # The engine slot of a frame backend's session (None on the loopback).
     handle: SlotHandle | None = None
     follower: LogFollower = field(default_factory=LogFollower)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Encoded events not yet accepted by Redis: kept, in order, until an append succeeds.
     unsent: list[bytes] = field(default_factory=list)
+    # The session object of the newest session.updated among ``unsent`` (None: none there):
+    # the write that carries them stores it in the session's record, for session.resumed.
+    unsent_session: JsonObject | None = None
     # The server_event_seq of unsent[0]. This worker is the only writer of the session's events
     # (the store adds only the terminal one), so it numbers them and a resend is exactly-once.
     next_seq: int = 1
@@ -230,11 +235,14 @@ class SessionTable:
         return False
 
     def _pump(self, session: Session) -> None:
-        """Hand the engine the input the session's commands produced."""
+        """Hand the engine what the session's commands asked of it: stop the model's
+        cancelled response, drop queued input, take new input."""
         engine, handle = self._engine(), session.handle
-        if engine is None or handle is None or not is_frame_runner(session.runner):
+        if engine is None or handle is None:
             return
         pending = session.runner.take_input()
+        for _ in range(pending.stops):  # first: the cancelled response goes before new input
+            engine.stop_response(handle)
         if pending.clear:
             engine.clear_input(handle)
         if pending.audio:
@@ -246,9 +254,9 @@ class SessionTable:
         if session_id is None:
             return  # closed (or failed) while the tick ran
         session = self._sessions.get(session_id)
-        runner = session.runner if session is not None else None
-        if runner is None or not is_frame_runner(runner):
+        if session is None:
             return
+        runner = session.runner
         with self.isolated(session_id, "tick"):
             runner.on_frame(frame, now)
             for latency in runner.take_first_audio_latencies():
@@ -300,6 +308,8 @@ class SessionTable:
             with self.isolated(session_id, "encode"):
                 for event in events:  # those encoded before a failure are still written
                     session.unsent.append(encode_message(event))
+                    if isinstance(event, SessionUpdated):
+                        session.unsent_session = event.session
         reason = self.close_reason_of(session_id, session)
         if session.unsent or reason is not None:
             return session_id, session, reason

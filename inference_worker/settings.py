@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from inference_worker.silero_vad import AUTO, VAD_CHOICES
+from store.config import ENV_PREFIX, SettingsError
+
 __all__ = ["WorkerSettings"]
 
 
@@ -50,3 +53,14 @@ class WorkerSettings:
     metrics_port: int = field(
         default=0, metadata={"help": "serve Prometheus /metrics on this port; 0: off"}
     )
+    vad: str = field(
+        default=AUTO, metadata={"help": "turn detector of server_vad / semantic_vad: auto"
+                                          " (Silero where installed, else energy), silero,"
+                                          " energy"}
+    )
+
+    def __post_init__(self) -> None:
+        """Refuse a ``vad`` that names no detector, naming the variable."""
+        if self.vad not in VAD_CHOICES:
+            raise SettingsError(f"{ENV_PREFIX}VAD={self.vad!r} is not one of "
+                                + ", ".join(VAD_CHOICES))

@@ -1,10 +1,12 @@
-"""The two state machines of a worker session, as data (style rule 2, after h11 ``_state.py``).
+"""The three state machines of a worker session, as data (style rule 2, after h11 ``_state.py``).
 
-A session has a user-turn machine (:class:`InputState`, the input audio buffer) and a response
-machine (:class:`ResponseState`), kept separate like h11's client/server pair. Every legal move
-of both is one entry of :data:`TRANSITIONS`; a move that is not there is illegal, and the
-session runner answers it with an ``error`` event (or, where the protocol has no refusal for
-it, by doing nothing). The docs' diagram is generated from the table by :func:`mermaid`.
+A session has a user-turn machine (:class:`InputState`, the input audio buffer), a response
+machine (:class:`ResponseState`: at most one response, opened, then speaking) and an output
+gate (:class:`GateState`: whether the model's output reaches the client), kept separate like
+h11's client/server pair. Every legal move of the three is one entry of :data:`TRANSITIONS`;
+a move that is not there is illegal, and the conversation core answers it with an ``error``
+event (or, where the protocol has no refusal for it, by doing nothing). The docs' diagrams
+are generated from the table by :func:`mermaid`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ from types import MappingProxyType
 from typing import Final, TypeAlias, overload
 
 __all__ = [
+    "MACHINES",
     "TRANSITIONS",
+    "GateState",
     "InputState",
     "ResponseState",
     "State",
@@ -37,27 +41,42 @@ class ResponseState(enum.Enum):
     """The response machine: at most one response is active at a time (openai_realtime.md §1b)."""
 
     IDLE = "idle"
-    PLAYING = "playing"  # turn mode: a committed turn is played back at real-time pace
-    STREAMING = "streaming"  # stream mode: appended audio is echoed as it arrives
+    OPEN = "open"  # response.created sent; the model has not made a sound in it yet
+    SPEAKING = "speaking"  # the model's audible output is flowing into it
+    CLOSED = "closed"
+
+
+class GateState(enum.Enum):
+    """Whether the model's output reaches the client.
+
+    A model that cannot be stopped mid-word (a full-duplex model runs on) is muted when its
+    response is cancelled, until its turn is over: the client never hears the rest.
+    """
+
+    LIVE = "live"
+    MUTED = "muted"
     CLOSED = "closed"
 
 
 class Trigger(enum.Enum):
-    """What moves a machine: a command, or the end of a response's audio."""
+    """What moves a machine: a command, or what the model did."""
 
     APPEND = "append"  # input_audio_buffer.append
-    COMMIT = "commit"  # input_audio_buffer.commit (with at least 100 ms buffered)
-    CLEAR = "clear"  # input_audio_buffer.clear
-    CREATE = "create"  # response.create (or a commit with auto_response)
-    STREAM = "stream"  # input_audio_buffer.append in stream mode
-    FINISH = "finish"  # all audio released (turn) or the turn committed (stream)
-    CANCEL = "cancel"  # response.cancel
+    COMMIT = "commit"  # a committed user turn (at least 100 ms): manual, or turn detection's
+    CLEAR = "clear"  # input_audio_buffer.clear, input.cancel
+    CREATE = "create"  # a response opens: response.create, an automatic one, or the model's own
+    AUDIBLE = "audible"  # the model's output in the response is audible
+    FINISH = "finish"  # the model's turn ended (end of turn, silence, played out, timeout)
+    CANCEL = "cancel"  # response.cancel, barge-in, output_audio_buffer.clear, a truncation
+    TURN_OVER = "turn_over"  # the model's turn is over (it fell silent or said so)
     CLOSE = "close"  # session.close
 
 
-State: TypeAlias = InputState | ResponseState
+State: TypeAlias = InputState | ResponseState | GateState
+#: Every machine, each with its initial state first.
+MACHINES: Final = (InputState, ResponseState, GateState)
 
-_I, _R, _T = InputState, ResponseState, Trigger
+_I, _R, _G, _T = InputState, ResponseState, GateState, Trigger
 
 TRANSITIONS: Final[Mapping[tuple[State, Trigger], State]] = MappingProxyType({
     # ---- user turn
@@ -69,16 +88,25 @@ TRANSITIONS: Final[Mapping[tuple[State, Trigger], State]] = MappingProxyType({
     (_I.BUFFERED, _T.CLEAR): _I.EMPTY,
     (_I.BUFFERED, _T.CLOSE): _I.CLOSED,
     # ---- response
-    (_R.IDLE, _T.CREATE): _R.PLAYING,
-    (_R.IDLE, _T.STREAM): _R.STREAMING,
+    (_R.IDLE, _T.CREATE): _R.OPEN,
     (_R.IDLE, _T.CLOSE): _R.CLOSED,
-    (_R.PLAYING, _T.FINISH): _R.IDLE,
-    (_R.PLAYING, _T.CANCEL): _R.IDLE,
-    (_R.PLAYING, _T.CLOSE): _R.CLOSED,
-    (_R.STREAMING, _T.STREAM): _R.STREAMING,
-    (_R.STREAMING, _T.FINISH): _R.IDLE,
-    (_R.STREAMING, _T.CANCEL): _R.IDLE,
-    (_R.STREAMING, _T.CLOSE): _R.CLOSED,
+    (_R.OPEN, _T.AUDIBLE): _R.SPEAKING,
+    (_R.OPEN, _T.FINISH): _R.IDLE,
+    (_R.OPEN, _T.CANCEL): _R.IDLE,
+    (_R.OPEN, _T.CLOSE): _R.CLOSED,
+    (_R.SPEAKING, _T.AUDIBLE): _R.SPEAKING,
+    (_R.SPEAKING, _T.FINISH): _R.IDLE,
+    (_R.SPEAKING, _T.CANCEL): _R.IDLE,
+    (_R.SPEAKING, _T.CLOSE): _R.CLOSED,
+    # ---- output gate
+    (_G.LIVE, _T.CANCEL): _G.MUTED,
+    (_G.LIVE, _T.CREATE): _G.LIVE,
+    (_G.LIVE, _T.TURN_OVER): _G.LIVE,
+    (_G.LIVE, _T.CLOSE): _G.CLOSED,
+    (_G.MUTED, _T.CANCEL): _G.MUTED,
+    (_G.MUTED, _T.CREATE): _G.LIVE,  # an explicit request wants to hear the model again
+    (_G.MUTED, _T.TURN_OVER): _G.LIVE,
+    (_G.MUTED, _T.CLOSE): _G.CLOSED,
 })
 
 
@@ -86,6 +114,8 @@ TRANSITIONS: Final[Mapping[tuple[State, Trigger], State]] = MappingProxyType({
 def transition(state: InputState, trigger: Trigger) -> InputState | None: ...
 @overload
 def transition(state: ResponseState, trigger: Trigger) -> ResponseState | None: ...
+@overload
+def transition(state: GateState, trigger: Trigger) -> GateState | None: ...
 @overload
 def transition(state: State, trigger: Trigger) -> State | None: ...
 
@@ -106,7 +136,7 @@ def transition(state: State, trigger: Trigger) -> State | None:
     return TRANSITIONS.get((state, trigger))
 
 
-def mermaid(machine: type[InputState] | type[ResponseState]) -> str:
+def mermaid(machine: type[InputState] | type[ResponseState] | type[GateState]) -> str:
     """Render one machine of :data:`TRANSITIONS` as a Mermaid ``stateDiagram-v2``."""
     lines = ["stateDiagram-v2"]
     for (state, trigger), target in TRANSITIONS.items():

@@ -80,6 +80,7 @@ __all__ = [
     "Pcm16",
     "SpeechStarted",
     "SpeechStopped",
+    "TurnRules",
     "Vad",
     "VadConfig",
     "VadConfigError",
@@ -348,6 +349,71 @@ class Vad(Protocol):
         ...
 
 
+class TurnRules:
+    """The turn rules every detector shares, over whole frames of ``frame_samples`` 24 kHz
+    samples (see the module docstring): a run of ``min_speech_ms`` of loud frames starts
+    speech (its start less the prefix padding, never before :attr:`origin`), then
+    ``silence_duration_ms`` of frames that are not even audible stop it. A detector says per
+    frame whether it was loud (at the start level) and audible (above the release level);
+    the rules place the events on the timeline.
+    """
+
+    __slots__ = ("_frame", "_run", "_run_start", "_silence", "origin", "position", "speaking")
+
+    def __init__(self, frame_samples: int) -> None:
+        self._frame = frame_samples
+        #: Timeline position, in samples, of the next frame's first sample.
+        self.position = 0
+        #: Where prefix padding may reach back to: the last reset or stop.
+        self.origin = 0
+        self.speaking = False
+        self._run = 0
+        self._run_start = 0
+        self._silence = 0
+
+    def frame(self, config: VadConfig, *, loud: bool, audible: bool) -> VadEvent | None:
+        """The next frame; the event it completes, if any."""
+        event = (self._while_speaking(config, audible) if self.speaking
+                 else self._while_quiet(config, loud))
+        self.position += self._frame
+        return event
+
+    def reset(self, skipped_samples: int = 0) -> None:
+        """Forget the turn in progress; the timeline goes on (``skipped_samples``: a partial
+        frame dropped with it), and padding never reaches back past here."""
+        self.position += skipped_samples
+        self.origin = self.position
+        self.speaking, self._run, self._silence = False, 0, 0
+
+    def _frames(self, ms: int) -> int:
+        return max(1, -(-ms * _SAMPLES_PER_MS // self._frame))
+
+    def _while_quiet(self, config: VadConfig, loud: bool) -> SpeechStarted | None:
+        if not loud:
+            self._run = 0
+            return None
+        if self._run == 0:
+            self._run_start = self.position
+        self._run += 1
+        if self._run < self._frames(config.min_speech_ms):
+            return None
+        self.speaking, self._silence = True, 0
+        start = max(self.origin, self._run_start - config.prefix_padding_ms * _SAMPLES_PER_MS)
+        return SpeechStarted(audio_start_ms=start // _SAMPLES_PER_MS)
+
+    def _while_speaking(self, config: VadConfig, audible: bool) -> SpeechStopped | None:
+        if audible:
+            self._silence = 0
+            return None
+        self._silence += 1
+        if self._silence < self._frames(config.silence_duration_ms):
+            return None
+        self.speaking, self._run = False, 0
+        end = self.position + self._frame
+        self.origin = end
+        return SpeechStopped(audio_end_ms=end // _SAMPLES_PER_MS)
+
+
 class EnergyVad:
     """Frame-energy voice activity detection (see the module docstring for the rules)."""
 
@@ -357,14 +423,7 @@ class EnergyVad:
         self._thresholds = _energy_thresholds(self._config)
         #: Bytes waiting for the rest of their frame (fewer than FRAME_BYTES).
         self._pending = b""
-        #: Timeline position, in samples, of the next frame's first sample.
-        self._next_frame = 0
-        #: Where prefix padding may reach back to: the last reset or stop.
-        self._origin = 0
-        self._speaking = False
-        self._run = 0
-        self._run_start = 0
-        self._silence = 0
+        self._turns = TurnRules(FRAME_SAMPLES)
 
     @property
     def config(self) -> VadConfig:
@@ -374,12 +433,12 @@ class EnergyVad:
     @property
     def fed_ms(self) -> int:
         """Whole milliseconds of audio fed since creation, partial frames included."""
-        return (self._next_frame + len(self._pending) // 2) // _SAMPLES_PER_MS
+        return (self._turns.position + len(self._pending) // 2) // _SAMPLES_PER_MS
 
     @property
     def speaking(self) -> bool:
         """Whether speech has started and not stopped."""
-        return self._speaking
+        return self._turns.speaking
 
     def feed(self, pcm16: Pcm16) -> list[VadEvent]:
         """Take the next chunk of pcm16 LE mono 24 kHz audio, of any length.
@@ -396,10 +455,9 @@ class EnergyVad:
         events: list[VadEvent] = []
         for loud, audible in zip((energies >= start_energy).tolist(),
                                  (energies >= release_energy).tolist(), strict=True):
-            event = self._on_frame(loud=loud, audible=audible)
+            event = self._turns.frame(self._config, loud=loud, audible=audible)
             if event is not None:
                 events.append(event)
-            self._next_frame += FRAME_SAMPLES
         return events
 
     def reset(self, config: VadConfig | None = None) -> None:
@@ -414,41 +472,8 @@ class EnergyVad:
         if config is not None:
             self._config = config
             self._thresholds = _energy_thresholds(config)
-        self._next_frame += len(self._pending) // 2
+        self._turns.reset(len(self._pending) // 2)
         self._pending = b""
-        self._origin = self._next_frame
-        self._speaking, self._run, self._silence = False, 0, 0
-
-    def _on_frame(self, *, loud: bool, audible: bool) -> VadEvent | None:
-        if self._speaking:
-            return self._while_speaking(audible)
-        return self._while_quiet(loud)
-
-    def _while_quiet(self, loud: bool) -> SpeechStarted | None:
-        if not loud:
-            self._run = 0
-            return None
-        if self._run == 0:
-            self._run_start = self._next_frame
-        self._run += 1
-        if self._run < self._config.min_speech_frames:
-            return None
-        self._speaking, self._silence = True, 0
-        padding = self._config.prefix_padding_ms * _SAMPLES_PER_MS
-        start = max(self._origin, self._run_start - padding)
-        return SpeechStarted(audio_start_ms=start // _SAMPLES_PER_MS)
-
-    def _while_speaking(self, audible: bool) -> SpeechStopped | None:
-        if audible:
-            self._silence = 0
-            return None
-        self._silence += 1
-        if self._silence < self._config.silence_frames:
-            return None
-        self._speaking, self._run = False, 0
-        end = self._next_frame + FRAME_SAMPLES
-        self._origin = end
-        return SpeechStopped(audio_end_ms=end // _SAMPLES_PER_MS)
 
 
 def _energy_thresholds(config: VadConfig) -> tuple[float, float]:

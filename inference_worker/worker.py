@@ -2,19 +2,19 @@
 
 It registers and heartbeats, learns of sessions placed on it from its input channel (with a
 periodic read of its session set and input logs as the safety net for lost pushes), applies
-each session's input log in order to that session's :class:`SessionRunner`, and appends what
-the runner emits to the session's output log. Every write is fenced in Lua: once this worker
-is declared lost, its writes are refused and it stops (DESIGN §2.9). Every input entry is
-checked again here against the fencing token it was written under, so a writer that went
+each session's input log in order to that session's conversation core
+(:class:`~inference_worker.core.ConversationCore`, one per session whatever the backend), and
+appends what the core emits to the session's output log. Every write is fenced in Lua: once
+this worker is declared lost, its writes are refused and it stops (DESIGN §2.9). Every input
+entry is checked again here against the fencing token it was written under, so a writer that went
 around the scripts is refused at the resource too (DESIGN §2.3; see
 :func:`~inference_worker.sessions.is_current`).
 
 With a frame backend (``fake``, ``moshi``, ``cascade``) each session holds a slot of the
-:class:`~inference_worker.engine.Engine`, whose model thread steps all of them together; a
-:class:`~inference_worker.duplex_runner.DuplexRunner` per session turns commands into engine
-input and each tick's output into events. The worker admits new sessions (heartbeat
-``admit``) only while a slot is free and the rolling p99 tick time is inside
-``tick_budget_fraction`` of the frame period.
+:class:`~inference_worker.engine.Engine`, whose model thread steps all of them together; each
+session's core turns commands into engine input and each tick's output into events. The
+worker admits new sessions (heartbeat ``admit``) only while a slot is free and the rolling
+p99 tick time is inside ``tick_budget_fraction`` of the frame period.
 
 One session's failure ends that session alone (see :mod:`inference_worker.sessions`, which
 holds the sessions and isolates them). A failure of the worker itself (one of its loops ends)
@@ -35,17 +35,18 @@ from typing import Any
 from inference_worker.backend import Backend
 from inference_worker.backends.registry import (
     BackendRequest,
-    TurnMode,
     backend_entry,
+    capabilities_of,
     create_backend,
     parse_options as parse_backend_options,
 )
-from inference_worker.duplex_runner import DuplexRunner
+from inference_worker.core import ConversationCore
 from inference_worker.engine import Engine, TickReport
+from inference_worker.loopback import CHUNK_SECONDS
 from inference_worker.metrics import WorkerMetrics
-from inference_worker.session_runner import SessionRunner
 from inference_worker.sessions import FAILED_REASON, OutputPart, Session, SessionTable
 from inference_worker.settings import WorkerSettings
+from inference_worker.silero_vad import detector_factory
 from store import (
     OutputAppend,
     OutputMismatch,
@@ -55,7 +56,7 @@ from store import (
     WorkerFenced,
 )
 from store.client import RedisClient
-from store.directory import announce_worker, sessions_of_worker
+from store.directory import WorkerProfile, announce_worker, sessions_of_worker
 from store.errors import raise_if_cancelled
 from store.keys import WorkerKeys, new_worker_id, worker_of_session
 from store.logs import InputEntry, WriteToken, log_ends, read_input_entries, session_epoch
@@ -115,6 +116,8 @@ class Worker:
         self.settings = settings
         self.metrics = metrics or WorkerMetrics(settings.backend)
         self._backend = backend
+        # The turn detector of every session here; a vad=silero that cannot run stops the start.
+        self._detector = detector_factory(settings.vad)
         self._engine: Engine | None = None
         self._background: set[asyncio.Task[None]] = set()
         self.worker_id = worker_id or new_worker_id()
@@ -138,6 +141,8 @@ class Worker:
         self.fenced = False
         #: Worker ids this process served under; a new one after each fencing.
         self.incarnations: list[str] = [self.worker_id]
+        # What every new session here starts with, published on registration (see run).
+        self._profile: WorkerProfile | None = None
 
     @property
     def session_ids(self) -> list[str]:
@@ -158,9 +163,27 @@ class Worker:
         """
         await self._start_engine()
         try:
+            self._profile = self._new_session_profile()
             await self._serve()
         finally:
             await self._stop_engine()
+
+    def _new_session_profile(self) -> WorkerProfile:
+        """The default session of a new session here (without its ``id``) and what sessions
+        here can do: what ``session.created`` announces before this worker sees the session.
+
+        Raises:
+            ValueError: it is too large to publish (the worker refuses to start).
+        """
+        entry, engine = backend_entry(self.settings.backend), self._engine
+        frame_seconds = CHUNK_SECONDS if engine is None else engine.spec.frame_seconds
+        core = self._new_core("")
+        session = core.session
+        session.pop("id", None)
+        profile = WorkerProfile(session=session, capabilities=capabilities_of(
+            entry.name, frame_seconds=frame_seconds))
+        profile.encode()  # its size is checked here, at start, not at the first registration
+        return profile
 
     async def _serve(self) -> None:
         while True:
@@ -279,7 +302,7 @@ class Worker:
         beat = await self._scripts.worker_heartbeat(
             self.worker_id, slots=self._capacity,
             ttl_ms=int(self.settings.heartbeat_ttl_s * 1000), register=register,
-            drain=self._draining, admit=admit)
+            drain=self._draining, admit=admit, profile=self._profile)
         await announce_worker(self._client, self.worker_id, beat.alive_until_ms)
 
     async def _heartbeat_loop(self) -> None:
@@ -401,18 +424,23 @@ class Worker:
         return session
 
     def _new_session(self, session_id: str) -> Session | None:
-        now = time.monotonic()
         engine = self._engine
         if engine is None:
-            return Session(runner=SessionRunner(session_id, now=now))
+            return Session(runner=self._new_core(session_id))
         handle = engine.open()
         if handle is None:  # more placements than slots: cannot happen while capacity holds
             return None
-        turns = backend_entry(self.settings.backend).turns
-        runner = DuplexRunner(session_id, model=self.settings.backend,
-                              frame_seconds=engine.spec.frame_seconds, now=now,
-                              explicit_turns=turns is TurnMode.EVENTS)
-        return Session(runner=runner, handle=handle)
+        return Session(runner=self._new_core(session_id), handle=handle)
+
+    def _new_core(self, session_id: str) -> ConversationCore:
+        """The conversation core of a new session here (its backend's, one kind for all)."""
+        now, entry, engine = time.monotonic(), backend_entry(self.settings.backend), self._engine
+        if engine is None:
+            return ConversationCore.loopback(session_id, now=now, detector=self._detector)
+        return ConversationCore.frames(session_id, model=entry.name,
+                                       frame_seconds=engine.spec.frame_seconds, now=now,
+                                       turns=entry.turns, profile=entry.profile,
+                                       detector=self._detector)
 
     async def _catch_up(self, session_id: str, session: Session, *,
                         check_rewind: bool = False) -> None:
@@ -532,7 +560,8 @@ class Worker:
             outcomes = await self._scripts.append_output_many(
                 [OutputAppend(session_id=session_id, events=session.unsent,
                               first_seq=session.next_seq, close_reason=reason,
-                              input_applied=session.follower.next_index - 1)
+                              input_applied=session.follower.next_index - 1,
+                              session=session.unsent_session)
                  for session_id, session, reason in batch])
         except WorkerFenced:
             self._fence()
@@ -580,7 +609,7 @@ class Worker:
                               str(outcome))
                 continue
             session.next_seq += len(session.unsent)
-            session.unsent = []
+            session.unsent, session.unsent_session = [], None
             if reason is not None:
                 self._sessions.forget(session_id)
 

@@ -11,6 +11,8 @@ it ends, so a crashed one stays listed until its sessions have ended ``worker_lo
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,10 +21,14 @@ from redis.asyncio.cluster import RedisCluster
 
 from store.client import store_call
 from store.keys import WORKER_DIRECTORY, WorkerKeys
+from store.messages import JsonObject
 
 __all__ = [
+    "MAX_PROFILE_BYTES",
     "WorkerLoad",
+    "WorkerProfile",
     "announce_worker",
+    "decode_profile",
     "forget_worker",
     "list_workers",
     "listed_workers",
@@ -37,14 +43,77 @@ __all__ = [
 _LINGER_MS = 60_000
 
 
+#: The largest profile a worker may publish: it is read with every placement's worker loads
+#: and copied into every session record it opens, so it must stay small (one is about 1 KiB).
+MAX_PROFILE_BYTES = 16 * 1024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerProfile:
+    """What every new session on one worker starts with, published once when it registers.
+
+    The worker owns the session object; the gateway announces it in ``session.created``
+    before the worker has seen the session, so the worker says up front what it will be.
+    Decoded profiles are shared between callers (see :func:`decode_profile`): read them,
+    never mutate them.
+
+    Attributes:
+        session: the effective GA session object of a new session, without its ``id``.
+        capabilities: what sessions on this worker's backend can do (the seed's
+            ``DuplexCapabilities``).
+    """
+
+    session: JsonObject
+    capabilities: JsonObject
+
+    def encode(self) -> str:
+        """The profile as the worker record holds it: one JSON text.
+
+        Raises:
+            ValueError: it is over :data:`MAX_PROFILE_BYTES`, or not JSON.
+        """
+        text = json.dumps({"session": self.session, "capabilities": self.capabilities},
+                          separators=(",", ":"), allow_nan=False)
+        size = len(text.encode())
+        if size > MAX_PROFILE_BYTES:
+            raise ValueError(f"the worker profile (its default session and capabilities) is"
+                             f" {size} bytes, over the limit of {MAX_PROFILE_BYTES}")
+        return text
+
+
+# Workers of one backend publish the same profile, so placement, which reads every worker's
+# on every open, decodes each distinct one once (keyed by its bytes).
+@functools.lru_cache(maxsize=64)
+def decode_profile(raw: bytes | None) -> WorkerProfile | None:
+    """A worker record's profile field, decoded (shared: never mutate the result).
+
+    None when there is none (a worker from before profiles, during a rolling upgrade) or it
+    is not a profile (only our workers write it: callers then fall back as for none).
+    """
+    if not raw:
+        return None
+    try:
+        decoded = json.loads(raw)
+    except ValueError:  # UnicodeDecodeError included
+        return None
+    if not isinstance(decoded, dict):
+        return None
+    session, capabilities = decoded.get("session"), decoded.get("capabilities")
+    if not isinstance(session, dict) or not isinstance(capabilities, dict):
+        return None
+    return WorkerProfile(session=session, capabilities=capabilities)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerLoad:
-    """One worker as placement sees it."""
+    """One worker as placement sees it, with the profile its new sessions start with (None:
+    it published none)."""
 
     worker_id: str
     state: str
     slots: int
     used: int
+    profile: WorkerProfile | None = None
 
     @property
     def free(self) -> int:
@@ -105,19 +174,21 @@ async def live_worker_count(client: Redis | RedisCluster) -> int:
 
 
 async def worker_loads(client: Redis | RedisCluster, worker_ids: list[str]) -> list[WorkerLoad]:
-    """Load of each worker, least loaded (most free slots) first; lost ones left out."""
+    """Load and profile of each worker, least loaded (most free slots) first; lost ones left
+    out."""
     loads: list[WorkerLoad] = []
     with store_call("reading worker loads"):
         # One pipeline: on a Cluster redis-py splits it by node.
         async with client.pipeline(transaction=False) as pipe:
             for worker_id in worker_ids:
-                pipe.hmget(WorkerKeys(worker_id).record, "state", "slots", "used")
+                pipe.hmget(WorkerKeys(worker_id).record, "state", "slots", "used", "profile")
             rows = await pipe.execute()
-    for worker_id, (state, slots, used) in zip(worker_ids, rows, strict=True):
+    for worker_id, (state, slots, used, profile) in zip(worker_ids, rows, strict=True):
         if state is None or state == b"lost":
             continue
         loads.append(WorkerLoad(worker_id=worker_id, state=state.decode(),
-                                slots=int(slots or 0), used=int(used or 0)))
+                                slots=int(slots or 0), used=int(used or 0),
+                                profile=decode_profile(profile)))
     loads.sort(key=lambda load: -load.free)
     return loads
 

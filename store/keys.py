@@ -111,7 +111,8 @@ class WorkerKeys:
             raise ValueError(f"not a worker id: {worker_id!r}")
         base = f"{_PREFIX}:{{{worker_id}}}"
         self.worker_id = worker_id
-        #: hash: slots, used, alive_until, state (live|draining|lost).
+        #: hash: slots, used, alive_until, state (live|busy|draining|lost), profile (the
+        #: JSON default session and capabilities of its new sessions, see store/directory.py).
         self.record = f"{base}:worker"
         #: set of the session ids placed on this worker and not yet closed.
         self.sessions = f"{base}:sessions"
@@ -144,7 +145,8 @@ class SessionKeys:
         self.session_id = session_id
         self.worker = WorkerKeys(worker_of_session(session_id))
         base = f"{_PREFIX}:{{{self.worker.worker_id}}}:s:{session_id.rsplit('.', 1)[1]}"
-        #: hash: the session record (state, generation, epoch, token digest, counters).
+        #: hash: the session record (state, generation, epoch, token digest, counters, and
+        #: the JSON public session and capabilities a resume announces).
         self.record = f"{base}:rec"
         #: stream of client commands, entry id ``<n>-0`` for input index n.
         self.input_log = f"{base}:in"

@@ -148,6 +148,8 @@ OPEN_SESSION = _PRELUDE + r"""
 -- ARGV[1] session id  ARGV[2] store epoch  ARGV[3] token digest  ARGV[4] tenant
 -- ARGV[5] grace ms    ARGV[6] idle ms      ARGV[7] out log max entries  ARGV[8] retention ms
 -- ARGV[9] gateway id  ARGV[10] attachment lease ms
+-- ARGV[11] the public session object (JSON; '' none: its worker published no profile)
+-- ARGV[12] the session's capabilities (JSON; '' none)
 -- returns {status, generation}: status ok | abandoned | exists | unavailable | full
 --   (a resend of an open that landed, same epoch and digest, answers ok again)
 local worker, sessions, deadlines = KEYS[1], KEYS[2], KEYS[3]
@@ -155,6 +157,7 @@ local rec, abandoned, worker_channel, gateways = KEYS[4], KEYS[5], KEYS[6], KEYS
 local sid, epoch, digest, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local grace_ms, idle_ms, out_max, retention_ms = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local gid, lease_ms = ARGV[9], tonumber(ARGV[10])
+local session, caps = ARGV[11], ARGV[12]
 
 if redis.call('EXISTS', abandoned) == 1 then return {'abandoned', 0} end
 local placed = redis.call('HMGET', rec, 'epoch', 'digest', 'gen', 'state')
@@ -177,6 +180,10 @@ redis.call('HSET', rec, 'state', 'attached', 'epoch', epoch, 'gen', 1, 'digest',
   'rcid', '', 'tenant', tenant, 'out_seq', 0, 'in_n', 0, 'cseq', 0, 'created_ms', now,
   'active_ms', now, 'detached_ms', 0, 'grace_ms', grace_ms, 'idle_ms', idle_ms,
   'out_max', out_max, 'retention_ms', retention_ms)
+-- What a resume through any gateway announces: the session as session.created showed it
+-- (the worker's later session.updated replace it, see APPEND_OUTPUT) and its capabilities.
+if session ~= '' then redis.call('HSET', rec, 'session', session) end
+if caps ~= '' then redis.call('HSET', rec, 'caps', caps) end
 redis.call('ZADD', deadlines, now + tonumber(idle_ms), sid)
 attach_to(rec, sid, gateways, gid, lease_ms, now)
 redis.call('SPUBLISH', worker_channel, cmsgpack.pack({'o', sid}))
@@ -204,8 +211,11 @@ RESUME = _PRELUDE + r"""
 -- ARGV[7] call id (unique per call, kept by a resend: a resend changes nothing)
 -- ARGV[8] gateway id  ARGV[9] attachment lease ms  ARGV[10] attempt number (0: none)
 -- returns {status, generation, epoch, highest client seq, last server_event_seq,
---          first retained server_event_seq (0 if the log is empty)}
+--          first retained server_event_seq (0 if the log is empty), public session (JSON),
+--          capabilities (JSON)}
 --   status ok | closed (token valid, session over: replay only) | unknown | bad_token | stale
+--   the session and capabilities ('' when the record has none) only with ok and closed: a
+--   caller without the token learns nothing of the session
 local rec, deadlines, out_channel, out_log = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local presented, fresh, control_id, sid, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local window, call_id = tonumber(ARGV[6]), ARGV[7]
@@ -213,14 +223,16 @@ local gateways, gid, lease_ms = KEYS[5], ARGV[8], tonumber(ARGV[9])
 local attempt = tonumber(ARGV[10])
 
 local f = redis.call('HMGET', rec, 'state', 'gen', 'epoch', 'digest', 'rcid', 'cseq', 'out_seq',
-                     'tenant', 'prev', 'rcid_ms', 'rcall', 'ratt')
-if not f[1] or f[8] ~= tenant then return {'unknown', 0, '', 0, 0, 0} end
+                     'tenant', 'prev', 'rcid_ms', 'rcall', 'ratt', 'session', 'caps')
+if not f[1] or f[8] ~= tenant then return {'unknown', 0, '', 0, 0, 0, '', ''} end
 local state, gen, epoch, digest, rcid = f[1], tonumber(f[2]), f[3], f[4], f[5]
 local first = redis.call('XRANGE', out_log, '-', '+', 'COUNT', 1)
 local first_seq = 0
 if #first > 0 then first_seq = tonumber(string.match(first[1][1], '^(%d+)')) end
 local answer = function(status, g)
-  return {status, g, epoch, tonumber(f[6]), tonumber(f[7]), first_seq}
+  local session, caps = '', ''
+  if status == 'ok' or status == 'closed' then session, caps = f[13] or '', f[14] or '' end
+  return {status, g, epoch, tonumber(f[6]), tonumber(f[7]), first_seq, session, caps}
 end
 
 if f[11] == call_id then return answer('ok', gen) end  -- this very call, sent again
@@ -442,13 +454,15 @@ APPEND_OUTPUT = _PRELUDE + r"""
 -- so a busy worker writes all its sessions' output in one call per flush. Fenced at the
 -- resource: a worker that was declared lost is refused whole, a session that is closed or
 -- unknown is refused alone (§2.3, §2.9). With a terminal payload a session ends after its
--- events, exactly once.
+-- events, exactly once. A session object (the newest session.updated among the events) is
+-- stored in the record with them, so a resume through any gateway announces it.
 -- KEYS[1] worker record  KEYS[2] worker session set  KEYS[3] worker deadlines
 -- KEYS[4] worker channel  KEYS[5] worker ended list  KEYS[6] worker gateways
 -- KEYS[3i+4], KEYS[3i+5], KEYS[3i+6] (i = 1..n): session record, output log, output channel
 -- ARGV per session: session id, terminal payload ('' for none), terminal reason,
 --   input applied up to (0: leave the input log alone), the server_event_seq of the first
---   event (0: whatever comes next), event count c, then c encoded events
+--   event (0: whatever comes next), the session object (JSON; '' none), event count c,
+--   then c encoded events
 -- returns {'fenced'} if the worker was declared lost, else per session in order
 --   {status, first seq (0 if no events) or, for gap, the log's last seq}:
 --   status ok | closed | unknown | gap | conflict
@@ -467,7 +481,7 @@ then
 end
 
 local function append_one(sid, rec, out_log, out_channel, terminal, reason, applied, first,
-                          at, count)
+                          session, at, count)
   local f = redis.call('HMGET', rec, 'state', 'out_seq', 'in_n')
   if not f[1] then return {'unknown', 0} end
   if f[1] == 'closed' then return {'closed', 0} end
@@ -501,6 +515,8 @@ local function append_one(sid, rec, out_log, out_channel, terminal, reason, appl
                                    redis.call('HGET', rec, 'out_max'))
     if first == 0 then first = appended end
   end
+  -- Stored again by a resend: the same object, so nothing changes.
+  if session ~= '' then redis.call('HSET', rec, 'session', session) end
   if terminal ~= '' then
     terminate(sid, rec, out_log, out_channel, wk, terminal, reason)
   end
@@ -511,11 +527,11 @@ end
 local answers = {}
 local at = 1
 for k = 7, #KEYS, 3 do
-  local count = tonumber(ARGV[at + 5])
+  local count = tonumber(ARGV[at + 6])
   answers[#answers + 1] = append_one(ARGV[at], KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[at + 1],
                                      ARGV[at + 2], tonumber(ARGV[at + 3]),
-                                     tonumber(ARGV[at + 4]), at + 6, count)
-  at = at + 6 + count
+                                     tonumber(ARGV[at + 4]), ARGV[at + 5], at + 7, count)
+  at = at + 7 + count
 end
 return answers
 """
@@ -710,9 +726,12 @@ WORKER_HEARTBEAT = _PRELUDE + r"""
 -- ARGV[1] slots  ARGV[2] ttl ms  ARGV[3] register (1 on the first call, else 0)
 -- ARGV[4] drain (1 to stop admitting new sessions for good)
 -- ARGV[5] admit (1 while the worker takes new sessions, 0 while it is busy)
+-- ARGV[6] profile: the JSON default session and capabilities of the worker's new sessions,
+--         stored on registration ('' none; renewals send none: it never changes)
 -- returns {status, alive_until}: status live | busy | draining | lost
 local worker = KEYS[1]
 local slots, ttl, register, drain, admit = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
+local profile = ARGV[6] or ''
 
 local state = redis.call('HGET', worker, 'state')
 if state == 'lost' or (not state and register ~= '1') then return {'lost', 0} end
@@ -732,5 +751,6 @@ end
 local alive_until = now + ttl
 redis.call('HSET', worker, 'state', state, 'slots', slots, 'alive_until', alive_until,
            'ttl_ms', ttl)
+if register == '1' and profile ~= '' then redis.call('HSET', worker, 'profile', profile) end
 return {state, alive_until}
 """

@@ -13,14 +13,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
 
 __all__ = [
     "TERMINAL_KINDS",
+    "AckPlayback",
     "AppendAudio",
+    "AppendText",
     "AudioDelta",
     "AudioDone",
+    "BargeIn",
+    "CancelInput",
     "CancelResponse",
     "ClearInput",
     "ClearOutputAudio",
@@ -34,12 +39,18 @@ __all__ = [
     "DeleteItem",
     "ErrorEvent",
     "Event",
+    "FunctionCallArgumentsDelta",
+    "FunctionCallArgumentsDone",
     "Heartbeat",
     "HeartbeatAck",
     "InputCleared",
     "InputCommitted",
     "InputSpeechStarted",
     "InputSpeechStopped",
+    "InputTimeoutTriggered",
+    "InputTranscriptionCompleted",
+    "InputTranscriptionDelta",
+    "InputTranscriptionFailed",
     "ItemAdded",
     "ItemDeleted",
     "ItemDone",
@@ -48,17 +59,24 @@ __all__ = [
     "JsonObject",
     "MessageDecodeError",
     "OutputAudioCleared",
+    "OutputBackpressure",
     "OutputItemAdded",
     "OutputItemDone",
+    "PlaybackAcknowledged",
+    "RateLimitsUpdated",
     "ResponseCreated",
     "ResponseDone",
     "RetrieveItem",
     "SessionClosed",
     "SessionExpired",
     "SessionUpdated",
+    "SignalTurn",
+    "TextDelta",
+    "TextDone",
     "TranscriptDelta",
     "TranscriptDone",
     "TruncateItem",
+    "TurnEvent",
     "UpdateSession",
     "decode_command",
     "decode_event",
@@ -192,6 +210,73 @@ class ClearOutputAudio:
     event_id: str | None = None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutputBackpressure:
+    """Written by the gateway, never sent by a client: the client has not read this much of
+    the session's output (events and bytes behind the log's end). The worker ends the
+    active response ``failed`` (``output_backpressure``) and stops the model, so a client that
+    does not read is not flooded, and nothing already written is dropped."""
+
+    KIND: ClassVar[str] = "output.backpressure"
+    pending_events: int
+    pending_bytes: int
+    event_id: str | None = None
+
+
+# The seed's duplex extensions (seed_behaviour.md §2). What each one does is the worker's to
+# decide; here they are only the typed values the input log carries.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CancelInput:
+    """``input.cancel``: drop the pending input and stop whatever work is in flight."""
+
+    KIND: ClassVar[str] = "input.cancel"
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppendText:
+    """``input.text.append``: text for the user's turn (bounded at the gateway's edge)."""
+
+    KIND: ClassVar[str] = "input.text"
+    text: str
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BargeIn:
+    """``barge_in``: the client's hard interrupt of the active response."""
+
+    KIND: ClassVar[str] = "barge_in"
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SignalTurn:
+    """``turn.signal``: a turn transition the gateway does not route to a typed command
+    (``event`` is never one of those), with its payload as sent."""
+
+    KIND: ClassVar[str] = "turn.signal"
+    event: str
+    payload: JsonObject = dataclasses.field(default_factory=dict)
+    event_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AckPlayback:
+    """``playback.ack``: the client played ``played_ms`` of a response's audio and commits
+    ``committed_ms`` of it to the conversation (None: all it played). With neither id the
+    worker picks the response still playing."""
+
+    KIND: ClassVar[str] = "playback.ack"
+    played_ms: int
+    committed_ms: int | None = None
+    response_id: str | None = None
+    item_id: str | None = None
+    event_id: str | None = None
+
+
 Command: TypeAlias = (
     UpdateSession
     | AppendAudio
@@ -206,6 +291,12 @@ Command: TypeAlias = (
     | DeleteItem
     | TruncateItem
     | ClearOutputAudio
+    | OutputBackpressure
+    | CancelInput
+    | AppendText
+    | BargeIn
+    | SignalTurn
+    | AckPlayback
 )
 
 # --------------------------------------------------------------------------- events
@@ -436,6 +527,132 @@ class TranscriptDone:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class TextDelta:
+    """A piece of a text content part of an output item."""
+
+    KIND: ClassVar[str] = "text.delta"
+    response_id: str
+    item_id: str
+    output_index: int
+    content_index: int
+    delta: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TextDone:
+    """The whole text of a text content part (completed, or cut short by a cancel)."""
+
+    KIND: ClassVar[str] = "text.done"
+    response_id: str
+    item_id: str
+    output_index: int
+    content_index: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FunctionCallArgumentsDelta:
+    """A piece of the JSON arguments of a function call output item."""
+
+    KIND: ClassVar[str] = "function_call_arguments.delta"
+    response_id: str
+    item_id: str
+    output_index: int
+    call_id: str
+    delta: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FunctionCallArgumentsDone:
+    """The whole JSON arguments of a function call output item, and the function's name."""
+
+    KIND: ClassVar[str] = "function_call_arguments.done"
+    response_id: str
+    item_id: str
+    output_index: int
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputTranscriptionDelta:
+    """A piece of the transcript of a user item's input audio."""
+
+    KIND: ClassVar[str] = "input_transcription.delta"
+    item_id: str
+    content_index: int
+    delta: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputTranscriptionCompleted:
+    """The whole transcript of a user item's input audio."""
+
+    KIND: ClassVar[str] = "input_transcription.completed"
+    item_id: str
+    content_index: int
+    transcript: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputTranscriptionFailed:
+    """Transcribing a user item's input audio failed; the item stays, without transcript."""
+
+    KIND: ClassVar[str] = "input_transcription.failed"
+    item_id: str
+    content_index: int
+    code: str
+    message: str
+    error_type: str = "server_error"
+    param: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputTimeoutTriggered:
+    """Turn detection's ``idle_timeout_ms`` ran out with no speech after the last response:
+    ``audio_start_ms`` to ``audio_end_ms`` of the input timeline was silent."""
+
+    KIND: ClassVar[str] = "input.timeout_triggered"
+    audio_start_ms: int
+    audio_end_ms: int
+    item_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RateLimitsUpdated:
+    """The rate limits that apply to the session, after each ``response.done``."""
+
+    KIND: ClassVar[str] = "rate_limits.updated"
+    #: GA ``RateLimit`` objects (``name``, ``limit``, ``remaining``, ``reset_seconds``).
+    rate_limits: list[JsonObject]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlaybackAcknowledged:
+    """Answer to ``playback.ack``: the response's playback ledger after it, in milliseconds
+    of audio (each only moves forward)."""
+
+    KIND: ClassVar[str] = "playback.acknowledged"
+    response_id: str
+    item_id: str
+    generated_ms: int
+    sent_ms: int
+    played_ms: int
+    committed_ms: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TurnEvent:
+    """A turn transition (``turn.signal``) the worker applied, and the turn state after it."""
+
+    KIND: ClassVar[str] = "turn.event"
+    event: str
+    turn_state: str
+    payload: JsonObject = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SessionClosed:
     """Terminal: a deliberate end (client close, runtime failure, worker loss)."""
 
@@ -475,21 +692,28 @@ Event: TypeAlias = (
     | AudioDone
     | TranscriptDelta
     | TranscriptDone
+    | TextDelta
+    | TextDone
+    | FunctionCallArgumentsDelta
+    | FunctionCallArgumentsDone
+    | InputTranscriptionDelta
+    | InputTranscriptionCompleted
+    | InputTranscriptionFailed
+    | InputTimeoutTriggered
+    | RateLimitsUpdated
+    | PlaybackAcknowledged
+    | TurnEvent
     | SessionClosed
     | SessionExpired
 )
 
-_CLASSES: tuple[type[Any], ...] = (
-    UpdateSession, AppendAudio, CommitInput, ClearInput, CreateResponse, CancelResponse,
-    Heartbeat, CloseSession, CreateItem, RetrieveItem, DeleteItem, TruncateItem,
-    ClearOutputAudio,
-    SessionUpdated, ErrorEvent, HeartbeatAck, InputCommitted, InputCleared, InputSpeechStarted,
-    InputSpeechStopped, ItemAdded, ItemDone, ResponseCreated, ResponseDone, OutputItemAdded,
-    OutputItemDone, ContentPartAdded, ContentPartDone, AudioDelta, AudioDone, TranscriptDelta,
-    TranscriptDone, SessionClosed, SessionExpired, ItemRetrieved, ItemDeleted, ItemTruncated,
-    OutputAudioCleared,
-)
+_COMMAND_CLASSES: tuple[type[Any], ...] = typing.get_args(Command)
+_EVENT_CLASSES: tuple[type[Any], ...] = typing.get_args(Event)
+# Derived from the unions, so that a class added to one cannot be left out of the codec.
+_CLASSES: tuple[type[Any], ...] = (*_COMMAND_CLASSES, *_EVENT_CLASSES)
 _BY_KIND: dict[str, type[Any]] = {cls.KIND: cls for cls in _CLASSES}
+if len(_BY_KIND) != len(_CLASSES):  # two classes of one KIND would decode as each other
+    raise RuntimeError("every command and event class needs a KIND of its own")
 # The (at most one) bytes field of each class; found once, not per message.
 _BYTES_FIELD: dict[type[Any], str | None] = {
     cls: next((f.name for f in dataclasses.fields(cls) if f.type in ("bytes", bytes)), None)
@@ -547,9 +771,6 @@ def is_terminal(event: Event) -> bool:
     return isinstance(event, SessionClosed | SessionExpired)
 
 
-
-_EVENT_CLASSES: tuple[type[Any], ...] = Event.__args__
-_COMMAND_CLASSES: tuple[type[Any], ...] = Command.__args__
 
 
 def decode_event(data: bytes) -> Event:

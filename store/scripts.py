@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import itertools
+import json
 import os
 import secrets
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from redis.exceptions import (
 
 from store import lua
 from store.client import REDIS_ERRORS
+from store.directory import WorkerProfile
 from store.errors import (
     LeaseLost,
     OutputMismatch,
@@ -41,7 +43,7 @@ from store.errors import (
     raise_if_cancelled,
 )
 from store.keys import SessionKeys, WorkerKeys, tenant_opens, tenant_sessions
-from store.messages import SessionClosed, SessionExpired, encode_message
+from store.messages import JsonObject, SessionClosed, SessionExpired, encode_message
 
 __all__ = [
     "DEFAULT_ATTACHMENT_LEASE_MS",
@@ -107,13 +109,17 @@ class SessionPolicy:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ResumeResult:
-    """What a resume found: the new lease and where the output log stands."""
+    """What a resume found: the new lease, where the output log stands, and (with ``OK`` and
+    ``CLOSED`` only) the session's current public session object and its capabilities, as
+    the record holds them (None: its open stored none, an older gateway or worker)."""
 
     status: ResumeStatus
     lease: Lease | None
     last_client_seq: int
     last_server_event_seq: int
     first_retained_seq: int
+    session: JsonObject | None = None
+    capabilities: JsonObject | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -145,6 +151,8 @@ class OutputAppend:
             log holds (not safe to resend).
         close_reason: end the session after the events with ``session.closed`` this reason.
         input_applied: input log index applied so far; entries up to it are trimmed (0: none).
+        session: the session object of the newest ``session.updated`` among ``events``, stored
+            in the record with them (what a resume announces); None: leave it.
     """
 
     session_id: str
@@ -152,6 +160,7 @@ class OutputAppend:
     first_seq: int = 0
     close_reason: str | None = None
     input_applied: int = 0
+    session: JsonObject | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -250,6 +259,23 @@ def _str(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _json_text(value: JsonObject | None) -> str:
+    """A JSON object as a script argument ('' for None)."""
+    return "" if value is None else json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+def _json_object(value: Any) -> JsonObject | None:
+    """A JSON object a script returned (None for '' or anything that is not one: only our
+    scripts write these fields, so a bad one is treated as absent, never trusted)."""
+    if not value:
+        return None
+    try:
+        decoded = json.loads(value)
+    except ValueError:
+        return None
+    return decoded if isinstance(decoded, dict) else None
+
+
 class Scripts:
     """Every script, registered once per client."""
 
@@ -305,9 +331,14 @@ class Scripts:
     async def open_session(
         self, session_id: str, *, epoch: str, token_digest: str, tenant: str,
         policy: SessionPolicy, holder: AttachmentHolder | None = None,
+        session: JsonObject | None = None, capabilities: JsonObject | None = None,
     ) -> OpenStatus:
         """Place ``session_id`` on the worker named in its id (one CAS in the worker's slot),
-        attached under ``holder``'s lease (None: no lease, for callers serving no client)."""
+        attached under ``holder``'s lease (None: no lease, for callers serving no client).
+
+        ``session`` and ``capabilities`` (from the worker's profile) are stored in the record
+        for resumes to announce; None stores none.
+        """
         k = SessionKeys(session_id)
         w = k.worker
         gateway_id, lease_ms = _holder_args(holder)
@@ -317,7 +348,7 @@ class Scripts:
              w.gateways],
             [session_id, epoch, token_digest, tenant, policy.disconnect_grace_ms,
              policy.idle_ttl_ms, policy.output_log_max_entries, policy.closed_retention_ms,
-             gateway_id, lease_ms],
+             gateway_id, lease_ms, _json_text(session), _json_text(capabilities)],
         )
         return OpenStatus(_str(answer[0]))
 
@@ -332,7 +363,8 @@ class Scripts:
         accepted too, and keeps the token it rotated to, unless its ``attempt`` number (the
         client's count of its tries of this resume; 0: not counted) is below the one that
         landed: that copy is ``STALE``. Another tenant's session is ``UNKNOWN``, whatever
-        token is presented (no oracle).
+        token is presented (no oracle). Only an ``OK`` or ``CLOSED`` answer carries the
+        session object and capabilities.
         """
         k = SessionKeys(session_id)
         gateway_id, lease_ms = _holder_args(holder)
@@ -350,6 +382,7 @@ class Scripts:
         return ResumeResult(
             status=status, lease=lease, last_client_seq=int(answer[3]),
             last_server_event_seq=int(answer[4]), first_retained_seq=int(answer[5]),
+            session=_json_object(answer[6]), capabilities=_json_object(answer[7]),
         )
 
     async def detach(self, lease: Lease, *, grace_ms: int = 0) -> str:
@@ -521,7 +554,7 @@ class Scripts:
             if item.close_reason is not None:
                 terminal = encode_message(SessionClosed(reason=item.close_reason))
             args += [item.session_id, terminal, item.close_reason or "", item.input_applied,
-                     item.first_seq, len(item.events), *item.events]
+                     item.first_seq, _json_text(item.session), len(item.events), *item.events]
         answers = await self._run(self._append_output, keys, args)
         if answers and _str(answers[0]) == "fenced":
             raise WorkerFenced(f"worker {worker.worker_id} was declared lost")
@@ -592,17 +625,20 @@ class Scripts:
 
     async def worker_heartbeat(
         self, worker_id: str, *, slots: int, ttl_ms: int, register: bool, drain: bool,
-        admit: bool = True,
+        admit: bool = True, profile: WorkerProfile | None = None,
     ) -> WorkerBeat:
         """Register or renew a worker; ``admit=False`` stops placements until the next beat
-        says otherwise (no spare tick budget), ``drain=True`` stops them for good.
+        says otherwise (no spare tick budget), ``drain=True`` stops them for good. A
+        registration publishes ``profile`` (renewals leave it: it never changes).
 
         Raises:
             WorkerFenced: the worker was declared lost (or its record vanished).
+            ValueError: ``profile`` is over :data:`store.directory.MAX_PROFILE_BYTES`.
         """
+        published = profile.encode() if register and profile is not None else ""
         answer = await self._run(
             self._heartbeat, [WorkerKeys(worker_id).record],
-            [slots, ttl_ms, int(register), int(drain), int(admit)],
+            [slots, ttl_ms, int(register), int(drain), int(admit), published],
         )
         state = _str(answer[0])
         if state == "lost":

@@ -21,16 +21,26 @@ FORBIDDEN = {
 # I/O-free cores: no event loop, no Redis, no web framework, no clock.
 PURE = {
     "gateway/protocol": {"asyncio", "redis", "starlette", "time", "websockets"},
-    "inference_worker/session_runner.py": {"asyncio", "redis", "time", "threading"},
+    "inference_worker/core.py": {"asyncio", "redis", "time", "threading", "torch"},
+    "inference_worker/model_ports.py": {"asyncio", "redis", "time", "threading", "torch"},
+    "inference_worker/model_reports.py": {"asyncio", "redis", "time", "threading", "torch"},
+    "inference_worker/turns.py": {"asyncio", "redis", "time", "threading", "torch"},
+    "inference_worker/items.py": {"asyncio", "redis", "time", "threading", "torch"},
+    "inference_worker/playback.py": {"asyncio", "redis", "time", "threading", "torch"},
+    "inference_worker/refusal.py": {"asyncio", "redis", "time", "threading", "torch"},
+    "inference_worker/turn_detection.py": {"asyncio", "redis", "time", "threading", "torch"},
+    "inference_worker/session_config.py": {"asyncio", "redis", "time", "threading", "torch"},
+    "inference_worker/audio_formats.py": {"asyncio", "redis", "time", "threading", "torch"},
     "inference_worker/states.py": {"asyncio", "redis", "time"},
     "inference_worker/loopback.py": {"asyncio", "redis", "time"},
     "inference_worker/realtime_items.py": {"asyncio", "redis", "time", "threading"},
-    "inference_worker/duplex_runner.py": {"asyncio", "redis", "time", "threading", "torch"},
     "inference_worker/frames.py": {"asyncio", "redis", "time", "threading", "torch"},
     "store/follower.py": {"asyncio", "redis", "time"},
     "inference_worker/untrusted.py": {"asyncio", "redis", "time", "threading"},
     "inference_worker/conversation.py": {"asyncio", "redis", "time", "threading", "torch"},
     "inference_worker/vad.py": {"asyncio", "redis", "time", "threading", "torch", "onnxruntime"},
+    "inference_worker/silero_vad.py": {"asyncio", "redis", "time", "threading", "torch",
+                                       "onnxruntime"},
 }
 
 
@@ -80,10 +90,11 @@ TRANSITIVELY_PURE = (
     "gateway.protocol.connection",
     "gateway.protocol.codec",
     "inference_worker.conversation",
-    "inference_worker.session_runner",
-    "inference_worker.duplex_runner",
+    "inference_worker.core",
+    "inference_worker.audio_formats",
     "inference_worker.states",
     "inference_worker.vad",
+    "inference_worker.silero_vad",
     "store.messages",
     "store.follower",
 )

@@ -170,7 +170,7 @@ def check_kinds(kinds: dict[str, str], ga: dict[str, set[str]], beta: dict[str, 
 # --------------------------------------------------------------------------- the code: client
 
 
-_FIELD_READERS = frozenset({"require", "optional", "require_seq", "optional_seq", "pcm16"})
+_FIELD_READERS = frozenset({"require", "optional", "require_seq", "optional_seq", "audio"})
 
 
 def _fields_read(function: ast.FunctionDef) -> set[str]:
@@ -216,6 +216,8 @@ def _sample(hint: Any) -> Any:
     """A value of the type ``hint``, for building one instance of every message class."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         return _sample(next(arg for arg in typing.get_args(hint) if arg is not type(None)))
+    if hint is list or typing.get_origin(hint) is list:
+        return []
     samples: dict[Any, Any] = {str: "x", int: 1, bytes: b"\x00\x00"}
     if hint in samples:
         return samples[hint]

@@ -26,12 +26,23 @@ def test_environment_overrides_defaults_and_flags_override_environment() -> None
 
 
 @pytest.mark.parametrize(("name", "value"), [("PORT", "eighty"), ("SLOTS", "1.5"),
-                                             ("DISCONNECT_GRACE_S", "-1")])
+                                             ("DISCONNECT_GRACE_S", "-1"), ("VAD", "webrtc"),
+                                             ("OUTPUT_BACKPRESSURE_EVENTS", "-1"),
+                                             ("OUTPUT_BACKPRESSURE_BYTES", "2MiB"),
+                                             ("OUTPUT_STALL_TIMEOUT_S", "-0.5"),
+                                             ("SOCKET_SEND_BUFFER_BYTES", "-4096")])
 def test_bad_values_name_the_variable(name: str, value: str) -> None:
     """A value that cannot be used is refused with the variable's name in the message."""
-    cls = WorkerSettings if name == "SLOTS" else GatewaySettings
+    cls = WorkerSettings if name in {"SLOTS", "VAD"} else GatewaySettings
     with pytest.raises(SettingsError, match=ENV_PREFIX + name):
         from_env(cls, {ENV_PREFIX + name: value})
+
+
+@pytest.mark.parametrize("choice", ["auto", "silero", "energy"])
+def test_worker_vad_takes_each_detector(choice: str) -> None:
+    """The worker's turn detector is auto unless DUPLEX_GATEWAY_VAD names one of the three."""
+    assert WorkerSettings().vad == "auto"
+    assert from_env(WorkerSettings, {"DUPLEX_GATEWAY_VAD": choice}).vad == choice
 
 
 def test_readme_table_matches_the_settings() -> None:

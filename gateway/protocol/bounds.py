@@ -16,7 +16,17 @@ from typing import Any, TypeAlias
 
 from gateway.protocol.errors import ClientProtocolError, ErrorCode
 
-__all__ = ["MAX_DEPTH", "MAX_INT", "MAX_STRING_CHARS", "MAX_VALUES", "TOO_DEEP", "check_bounds"]
+__all__ = [
+    "MAX_APPEND_TEXT_CHARS",
+    "MAX_DEPTH",
+    "MAX_INT",
+    "MAX_PLAYBACK_MS",
+    "MAX_SIGNAL_EVENT_CHARS",
+    "MAX_STRING_CHARS",
+    "MAX_VALUES",
+    "TOO_DEEP",
+    "check_bounds",
+]
 
 JsonDict: TypeAlias = dict[str, Any]
 
@@ -34,8 +44,20 @@ MAX_VALUES = 10_000
 
 #: Longest string anywhere in a frame, object keys included, in characters. The top-level
 #: ``audio`` of ``input_audio_buffer.append``, and of an item's ``input_audio`` part in
-#: ``conversation.item.create``, is exempt: only the frame size bounds it.
+#: ``conversation.item.create`` (sent directly or as a ``turn.signal``'s payload), is exempt:
+#: only the frame size bounds it.
 MAX_STRING_CHARS = 65_536
+
+#: Longest ``text`` of one ``input.text.append``: a turn's worth of typed input, far below what
+#: a model's context takes, so that a client cannot fill a session's history in a few frames.
+MAX_APPEND_TEXT_CHARS = 4_096
+
+#: Longest ``event`` of a ``turn.signal``: a name, not a payload.
+MAX_SIGNAL_EVENT_CHARS = 128
+
+#: Largest ``played_ms`` / ``committed_ms`` of a ``playback.ack``: 24 hours of audio, longer
+#: than any response; more is a client bug, not a position.
+MAX_PLAYBACK_MS = 24 * 60 * 60 * 1000
 
 
 # A position in a frame: the keys and indices leading to a value, from the frame's object.
@@ -115,10 +137,17 @@ def _value_problem(value: Any, *, exempt_length: bool = False) -> str | None:
     return None
 
 
+# Where a ``turn.signal`` carries the fields of the command it is routed to.
+_SIGNAL_PAYLOADS = frozenset({"payload", "signal_payload"})
+
+
 def _holds_audio(path: _Path) -> bool:
     """Whether an ``audio`` member at ``path`` is client audio, bounded by the frame size
     alone: the top-level one (``input_audio_buffer.append``) or an ``input_audio`` part of a
-    ``conversation.item.create`` item (``item.content[i].audio``)."""
+    ``conversation.item.create`` item (``item.content[i].audio``), also when that item comes
+    in the payload of a ``turn.signal`` routed to it, which is validated the same way."""
+    if len(path) == 4 and path[0] in _SIGNAL_PAYLOADS:
+        path = path[1:]
     return not path or (len(path) == 3 and path[0] == "item" and path[1] == "content")
 
 

@@ -26,13 +26,17 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, NoReturn, TypeAlias, TypeVar
 
 from gateway.protocol import envelope as env
 from gateway.protocol.bounds import (
+    MAX_APPEND_TEXT_CHARS,
     MAX_DEPTH,
     MAX_INT,
+    MAX_PLAYBACK_MS,
+    MAX_SIGNAL_EVENT_CHARS,
     MAX_STRING_CHARS,
     MAX_VALUES,
     TOO_DEEP,
@@ -48,6 +52,7 @@ from gateway.protocol.errors import (
 from store import messages as m
 
 __all__ = [
+    "CLIENT_EVENT_ALIASES",
     "CLIENT_EVENT_TYPES",
     "MAX_CLOSE_REASON_CHARS",
     "MAX_CONTROL_ID_CHARS",
@@ -57,9 +62,11 @@ __all__ = [
     "MAX_SEQ",
     "MAX_STRING_CHARS",
     "MAX_VALUES",
+    "ROUTED_SIGNAL_EVENTS",
     "UNSUPPORTED_CLIENT_EVENT_TYPES",
     "encode_frame",
     "parse_client_frame",
+    "public_session",
     "render_error",
     "render_event",
     "render_notice",
@@ -137,30 +144,35 @@ class _Fields:
         value: _T | None = self._get(key, kind, required=False)
         return value
 
-    def require_seq(self, key: str, *, minimum: int) -> int:
-        return self._in_range(key, self.require(key, int), minimum)
+    def require_seq(self, key: str, *, minimum: int, maximum: int = MAX_SEQ) -> int:
+        return self._in_range(key, self.require(key, int), minimum, maximum)
 
-    def optional_seq(self, key: str, *, minimum: int) -> int | None:
+    def optional_seq(self, key: str, *, minimum: int, maximum: int = MAX_SEQ) -> int | None:
         value = self.optional(key, int)
-        return None if value is None else self._in_range(key, value, minimum)
+        return None if value is None else self._in_range(key, value, minimum, maximum)
 
-    def _in_range(self, key: str, value: int, minimum: int) -> int:
+    def _in_range(self, key: str, value: int, minimum: int, maximum: int) -> int:
         # Sequence numbers end up in Lua scripts, whose numbers are doubles: see MAX_SEQ.
-        if not minimum <= value <= MAX_SEQ:
-            msg = f"Invalid value for '{key}': expected an integer in [{minimum}, {MAX_SEQ}]."
+        if not minimum <= value <= maximum:
+            msg = f"Invalid value for '{key}': expected an integer in [{minimum}, {maximum}]."
             self.fail(ErrorCode.INVALID_VALUE, msg, key)
         return value
 
-    def pcm16(self, key: str) -> bytes:
-        """Strict base64 of pcm16 audio: no stray characters, whole samples only."""
+    def bounded(self, key: str, text: str, *, cap: int) -> str:
+        """``text``, the value of ``key``, if it is at most ``cap`` characters long."""
+        if len(text) > cap:
+            msg = f"Invalid value for '{key}': longer than {cap} characters."
+            self.fail(ErrorCode.INVALID_VALUE, msg, key)
+        return text
+
+    def audio(self, key: str) -> bytes:
+        """Strict base64 of audio: no stray characters. Whether the bytes are whole samples
+        depends on the session's input format (pcm16: 2 bytes, G.711: 1), which the worker
+        knows: it refuses a broken pcm16 sample."""
         try:
-            audio = base64.b64decode(self.require(key, str), validate=True)
+            return base64.b64decode(self.require(key, str), validate=True)
         except (binascii.Error, ValueError):  # ValueError: non-ASCII characters
             self.fail(ErrorCode.INVALID_VALUE, f"Invalid value for '{key}': not base64.", key)
-        if len(audio) % 2:
-            msg = f"Invalid value for '{key}': pcm16 audio must be whole 2-byte samples."
-            self.fail(ErrorCode.INVALID_VALUE, msg, key)
-        return audio
 
 
 def _quote(text: str) -> str:
@@ -175,7 +187,7 @@ def _session_update(f: _Fields) -> m.Command:
 
 
 def _audio_append(f: _Fields) -> m.Command:
-    return m.AppendAudio(audio=f.pcm16("audio"), event_id=f.event_id)
+    return m.AppendAudio(audio=f.audio("audio"), event_id=f.event_id)
 
 
 def _audio_commit(f: _Fields) -> m.Command:
@@ -228,9 +240,7 @@ def _session_close(f: _Fields) -> m.Command:
     reason = f.optional("reason", str)
     if reason is None:
         return m.CloseSession(event_id=f.event_id)
-    if len(reason) > MAX_CLOSE_REASON_CHARS:
-        msg = f"Invalid value for 'reason': longer than {MAX_CLOSE_REASON_CHARS} characters."
-        f.fail(ErrorCode.INVALID_VALUE, msg, "reason")
+    reason = f.bounded("reason", reason, cap=MAX_CLOSE_REASON_CHARS)
     return m.CloseSession(reason=reason, event_id=f.event_id)
 
 
@@ -271,6 +281,68 @@ def _event_ack(f: _Fields) -> env.ClientEnvelope:
     return env.EventAck(server_event_seq=seq, event_id=f.event_id)
 
 
+# --------------------------------------------------------------------------- seed extensions
+
+
+def _input_cancel(f: _Fields) -> m.Command:
+    return m.CancelInput(event_id=f.event_id)
+
+
+def _text_append(f: _Fields) -> m.Command:
+    text = f.bounded("text", f.require("text", str), cap=MAX_APPEND_TEXT_CHARS)
+    return m.AppendText(text=text, event_id=f.event_id)
+
+
+def _barge_in(f: _Fields) -> m.Command:
+    return m.BargeIn(event_id=f.event_id)
+
+
+def _playback_ack(f: _Fields) -> m.Command:
+    return m.AckPlayback(
+        played_ms=f.require_seq("played_ms", minimum=0, maximum=MAX_PLAYBACK_MS),
+        committed_ms=f.optional_seq("committed_ms", minimum=0, maximum=MAX_PLAYBACK_MS),
+        response_id=f.optional("response_id", str),
+        item_id=f.optional("item_id", str),
+        event_id=f.event_id,
+    )
+
+
+# ``turn.signal`` events decoded as the client event of that name, as the seed does: the
+# signal's payload holds that event's fields and goes through that event's own parser, so both
+# spellings are validated alike. Every other signal stays a ``SignalTurn``.
+_ROUTED_SIGNALS: dict[str, Callable[[_Fields], m.Command]] = {
+    "input.cancel": _input_cancel,
+    "barge_in": _barge_in,
+    "response.cancel": _response_cancel,
+    "session.update": _session_update,
+    "conversation.item.create": _item_create,
+    "conversation.item.delete": _item_delete,
+    "conversation.item.truncate": _item_truncate,
+    "conversation.item.retrieve": _item_retrieve,
+}
+
+#: The ``turn.signal`` events that the codec decodes as the typed command of that name.
+ROUTED_SIGNAL_EVENTS: frozenset[str] = frozenset(_ROUTED_SIGNALS)
+
+
+def _turn_signal(f: _Fields) -> m.Command:
+    event = f.require("event", str)
+    if not event:
+        f.fail(ErrorCode.INVALID_VALUE, "Invalid value for 'event': must not be empty.", "event")
+    event = f.bounded("event", event, cap=MAX_SIGNAL_EVENT_CHARS)
+    # ``payload`` is the Python API's name and wins; ``signal_payload`` the seed's wire name.
+    payload, seed_payload = f.optional("payload", dict), f.optional("signal_payload", dict)
+    key = "signal_payload" if payload is None and seed_payload is not None else "payload"
+    fields: JsonDict = (payload if payload is not None else seed_payload) or {}
+    routed = _ROUTED_SIGNALS.get(event)
+    if routed is None:
+        return m.SignalTurn(event=event, payload=fields, event_id=f.event_id)
+    try:
+        return routed(_Fields(fields, f.event_id))
+    except ClientProtocolError as exc:  # name the field where the client put it
+        f.fail(exc.code, exc.message, f"{key}.{exc.param}" if exc.param else key)
+
+
 _PARSERS: dict[str, Callable[[_Fields], m.Command | env.ClientEnvelope]] = {
     "session.update": _session_update,
     "input_audio_buffer.append": _audio_append,
@@ -288,10 +360,28 @@ _PARSERS: dict[str, Callable[[_Fields], m.Command | env.ClientEnvelope]] = {
     "session.close": _session_close,
     "session.resume": _session_resume,
     "session.event_ack": _event_ack,
+    # The seed's duplex commands (seed_behaviour.md §2), with its aliases.
+    "input.cancel": _input_cancel,
+    "input.text.append": _text_append,
+    "input_text.append": _text_append,
+    "push_text": _text_append,
+    "barge_in": _barge_in,
+    "turn.signal": _turn_signal,
+    "signal_turn": _turn_signal,
+    "playback.ack": _playback_ack,
+    "audio.playback_ack": _playback_ack,
 }
 
-#: Every client event type the codec accepts.
+#: Every client event type the codec accepts, aliases included.
 CLIENT_EVENT_TYPES: frozenset[str] = frozenset(_PARSERS)
+
+#: The seed's other spellings of a client event: alias -> the event type it stands for.
+CLIENT_EVENT_ALIASES: Mapping[str, str] = MappingProxyType({
+    "input_text.append": "input.text.append",
+    "push_text": "input.text.append",
+    "signal_turn": "turn.signal",
+    "audio.playback_ack": "playback.ack",
+})
 
 #: Realtime client events (GA, plus beta's ``transcription_session.update``) that exist upstream
 #: but are not implemented yet: refused with ``unsupported_event`` so the session survives.
@@ -432,8 +522,33 @@ def _audio_delta(e: m.AudioDelta) -> JsonDict:
     }
 
 
+def _transcription_completed(e: m.InputTranscriptionCompleted) -> JsonDict:
+    # GA requires ``usage``; the transcription is billed to nobody, so it counts no tokens.
+    usage = {"type": "tokens", "input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
+    return {"item_id": e.item_id, "content_index": e.content_index, "transcript": e.transcript,
+            "usage": usage}
+
+
+def _transcription_failed(e: m.InputTranscriptionFailed) -> JsonDict:
+    error = {"type": e.error_type, "code": e.code, "message": e.message, "param": e.param}
+    return {"item_id": e.item_id, "content_index": e.content_index, "error": error}
+
+
+def _playback_acknowledged(e: m.PlaybackAcknowledged) -> JsonDict:
+    # The seed's shape: what the ack moved at the top, the response's whole ledger below.
+    ledger = {"generated_ms": e.generated_ms, "sent_ms": e.sent_ms, "played_ms": e.played_ms,
+              "committed_ms": e.committed_ms}
+    return {"response_id": e.response_id, "item_id": e.item_id, "played_ms": e.played_ms,
+            "committed_ms": e.committed_ms, "playback": ledger}
+
+
 # Every event addressed to one content part of one output item starts with these.
 _PART = ("response_id", "item_id", "output_index", "content_index")
+# And every event addressed to one function call output item.
+_CALL = ("response_id", "item_id", "output_index", "call_id")
+# The input transcription events name the user item and its audio part.
+_INPUT_PART = ("item_id", "content_index")
+_TRANSCRIPTION = "conversation.item.input_audio_transcription"
 
 _EVENT_RENDERERS: dict[type[Any], tuple[str, Callable[[Any], JsonDict]]] = {
     m.SessionUpdated: ("session.updated", _copy("session")),
@@ -461,12 +576,28 @@ _EVENT_RENDERERS: dict[type[Any], tuple[str, Callable[[Any], JsonDict]]] = {
     m.AudioDone: ("response.output_audio.done", _copy(*_PART)),
     m.TranscriptDelta: ("response.output_audio_transcript.delta", _copy(*_PART, "delta")),
     m.TranscriptDone: ("response.output_audio_transcript.done", _copy(*_PART, "transcript")),
+    m.TextDelta: ("response.output_text.delta", _copy(*_PART, "delta")),
+    m.TextDone: ("response.output_text.done", _copy(*_PART, "text")),
+    m.FunctionCallArgumentsDelta: ("response.function_call_arguments.delta",
+                                   _copy(*_CALL, "delta")),
+    m.FunctionCallArgumentsDone: ("response.function_call_arguments.done",
+                                  _copy(*_CALL, "name", "arguments")),
+    m.InputTranscriptionDelta: (f"{_TRANSCRIPTION}.delta", _copy(*_INPUT_PART, "delta")),
+    m.InputTranscriptionCompleted: (f"{_TRANSCRIPTION}.completed", _transcription_completed),
+    m.InputTranscriptionFailed: (f"{_TRANSCRIPTION}.failed", _transcription_failed),
+    m.InputTimeoutTriggered: ("input_audio_buffer.timeout_triggered",
+                              _copy("audio_start_ms", "audio_end_ms", "item_id")),
+    m.RateLimitsUpdated: ("rate_limits.updated", _copy("rate_limits")),
+    m.PlaybackAcknowledged: ("playback.acknowledged", _playback_acknowledged),
+    m.TurnEvent: ("turn.event", _copy("event", "turn_state", "payload")),
     m.SessionClosed: ("session.closed", _copy("reason")),
     m.SessionExpired: ("session.expired", _copy("reason")),
 }
 
 # Our session-level extensions name their session, as the seed's do (seed_behaviour.md §3.1).
-_CARRIES_SESSION_ID = frozenset({"session.heartbeat_ack", "session.closed", "session.expired"})
+_CARRIES_SESSION_ID = frozenset(
+    {"session.heartbeat_ack", "session.closed", "session.expired", "turn.event"}
+)
 
 
 def render_event(
@@ -481,7 +612,8 @@ def render_event(
         event: the typed event.
         server_event_seq: its position in the session's output log (1, 2, 3, ...).
         event_id: the server ``event_id`` to stamp (unique per rendered event).
-        session_id: added to ``session.heartbeat_ack``/``.closed``/``.expired`` when given.
+        session_id: added to ``session.heartbeat_ack``/``.closed``/``.expired`` and
+            ``turn.event`` when given.
 
     Returns:
         The event's JSON object, with ``type``, ``event_id`` and ``server_event_seq``.
@@ -511,24 +643,44 @@ _SESSION_OBJECTS = {
 
 # The resume fields ride on session.created as extra top-level keys (strict clients allow extras).
 _RESUME_FIELDS = _copy("session_id", "resume_token", "lease_generation")
+_RESUMED_FIELDS = _copy("session_id", "resume_token", "lease_generation", "last_client_seq",
+                        "replay_from")
 
 
-def _session_created(n: env.SessionCreatedNotice) -> JsonDict:
-    kind = n.session.get("type")
+def public_session(session: Mapping[str, Any], *, session_id: str) -> JsonDict:
+    """``session`` as the GA session resource: ``type`` (``realtime`` unless it names
+    another), its ``object`` and the session's ``id`` first, winning over the object's own.
+
+    Nested values are shared with ``session``, not copied: encode the result, do not mutate it.
+    """
+    kind = session.get("type")
     if not isinstance(kind, str):
         kind = "realtime"  # the GA session object requires ``type``
     obj = _SESSION_OBJECTS.get(kind, "realtime.session")
-    head = {"type": kind, "object": obj, "id": n.session_id}  # these win over the config's
-    session = {**head, **{k: v for k, v in n.session.items() if k not in head}}
-    return {"session": session, **_RESUME_FIELDS(n)}
+    head = {"type": kind, "object": obj, "id": session_id}
+    return {**head, **{k: v for k, v in session.items() if k not in head}}
+
+
+def _session_created(n: env.SessionCreatedNotice) -> JsonDict:
+    rendered = {"session": public_session(n.session, session_id=n.session_id),
+                **_RESUME_FIELDS(n)}
+    if n.capabilities is not None:  # our extension: a worker that published its profile
+        rendered["capabilities"] = n.capabilities
+    return rendered
+
+
+def _session_resumed(n: env.SessionResumedNotice) -> JsonDict:
+    rendered = _RESUMED_FIELDS(n)
+    if n.session is not None:
+        rendered["session"] = public_session(n.session, session_id=n.session_id)
+    if n.capabilities is not None:
+        rendered["capabilities"] = n.capabilities
+    return rendered
 
 
 _NOTICE_RENDERERS: dict[type[Any], tuple[str, Callable[[Any], JsonDict]]] = {
     env.SessionCreatedNotice: ("session.created", _session_created),
-    env.SessionResumedNotice: (
-        "session.resumed",
-        _copy("session_id", "resume_token", "lease_generation", "last_client_seq", "replay_from"),
-    ),
+    env.SessionResumedNotice: ("session.resumed", _session_resumed),
     env.SessionReplacedNotice: ("session.replaced", _copy("session_id", "lease_generation")),
     env.ResyncRequiredNotice: ("session.resync_required",
                                _copy("session_id", "reason", "replay_from")),

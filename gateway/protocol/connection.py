@@ -17,11 +17,16 @@ Connection states, as data (style rule 2)::
 
 Frames that arrive while an open or resume is in flight are parsed at once (errors are
 answered in order) and their commands queued until the lease exists.
+
+:class:`OutputBacklog` is the other I/O-free part of a connection: it counts the output the
+client has not taken and says when that is too much (output backpressure). The driver keeps it
+apart from the core because it must be fed while a send to the client is blocked.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -60,7 +65,9 @@ from store.messages import (
 )
 
 __all__ = [
+    "OUTPUT_STALLED",
     "AppendCommands",
+    "Backlog",
     "CloseConnection",
     "ConnectionCore",
     "ConnectionState",
@@ -68,10 +75,15 @@ __all__ = [
     "FetchLog",
     "GiveUpSession",
     "OpenSession",
+    "OutputBacklog",
+    "OutputLimits",
     "ResumeSession",
     "SendFrame",
     "TrimLog",
 ]
+
+#: The close reason of a connection whose client took nothing for ``OUTPUT_STALL_TIMEOUT_S``.
+OUTPUT_STALLED = "output_stalled"
 
 
 class ConnectionState(enum.Enum):
@@ -105,9 +117,11 @@ _TRANSITIONS: dict[tuple[ConnectionState, str], ConnectionState] = {
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SendFrame:
-    """Send one text frame to the client."""
+    """Send one text frame to the client; ``seq`` is the ``server_event_seq`` of the log
+    event it carries (0: one of the gateway's own frames)."""
 
     text: str
+    seq: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -326,9 +340,15 @@ class ConnectionCore:
     # ------------------------------------------------------------------ inputs: store
 
     def open_succeeded(
-        self, session_id: str, *, resume_token: str, generation: int, model: str
+        self, session_id: str, *, resume_token: str, generation: int, model: str,
+        session: JsonObject | None = None, capabilities: JsonObject | None = None,
     ) -> None:
-        """The open script placed the session; announce it and release queued commands."""
+        """The open script placed the session; announce it and release queued commands.
+
+        ``session``: the session object to announce, from the serving worker's profile (its
+        ``model`` is the one the connection decided); None (a worker that published no
+        profile): only ``{type, model}``. ``capabilities`` ride along when known.
+        """
         if self._give_up_opening:  # the client resumed another session meanwhile
             self._give_up_opening = False
             self._actions.append(GiveUpSession(session_id=session_id))
@@ -338,9 +358,10 @@ class ConnectionCore:
         self.session_id = session_id
         self.generation = generation
         self._move("attached")
+        announced = {"type": "realtime", "model": model} if session is None else session
         self._notice(SessionCreatedNotice(
             session_id=session_id, resume_token=resume_token, lease_generation=generation,
-            session={"type": "realtime", "model": model},
+            session=announced, capabilities=capabilities,
         ))
         self._actions.append(FetchLog(after_seq=self.delivered_seq))
         self._flush_pending()
@@ -353,9 +374,11 @@ class ConnectionCore:
     def resume_succeeded(
         self, session_id: str, *, resume_token: str, generation: int, last_client_seq: int,
         first_retained_seq: int, last_server_event_seq: int, session_over: bool = False,
+        session: JsonObject | None = None, capabilities: JsonObject | None = None,
     ) -> None:
         """The resume CAS landed: announce, then replay from the log (or ask for a resync).
-        ``session_over``: the session has ended (its terminal event is the log's last)."""
+        ``session_over``: the session has ended (its terminal event is the log's last).
+        ``session`` and ``capabilities``: what the record holds (None: left out)."""
         if self._landed_after_close(session_id, generation):
             return
         self.session_id = session_id
@@ -374,6 +397,7 @@ class ConnectionCore:
         self._notice(SessionResumedNotice(
             session_id=session_id, resume_token=resume_token, lease_generation=generation,
             last_client_seq=last_client_seq, replay_from=self._follower.next_index,
+            session=session, capabilities=capabilities,
         ))
         if rewound:
             self._notice(ResyncRequiredNotice(session_id=session_id, reason="log_rewound",
@@ -467,6 +491,24 @@ class ConnectionCore:
         if self.state is ConnectionState.ATTACHED:
             self._actions.append(FetchLog(after_seq=self.delivered_seq))
 
+    def output_stalled(self) -> None:
+        """A send to the client stayed blocked for ``OUTPUT_STALL_TIMEOUT_S``: it reads nothing.
+
+        What it has not taken stays in the log, so the session is detached (the full
+        disconnect grace, resumable through any gateway), never ended, and the connection is
+        closed 1013 ``output_stalled``: the client resumes from the last event it got. No
+        ``error`` event: it would wait behind everything the client does not read. The close
+        is decided even after the session's terminal event was: the client never got that
+        event, and gets it on resume. The driver drops the frames decided before this.
+        """
+        if self.state is ConnectionState.ATTACHED:
+            # First: the close may wait for a client that never takes it.
+            self._actions.append(DetachLease(generation=self.generation))
+        self._actions.append(CloseConnection(code=CloseCode.TRY_AGAIN_LATER,
+                                             reason=OUTPUT_STALLED))
+        self.state = ConnectionState.CLOSED
+        self._pending = []
+
     def session_lost(self) -> None:
         """The store has no record of the session (a Redis restart or failover lost it): there
         is no terminal event to replay, so say so plainly and close; never hang silently."""
@@ -498,7 +540,7 @@ class ConnectionCore:
             # client's; skipping it keeps the stream going (the seq still advances, so replay
             # stays exact).
             return True
-        self._actions.append(SendFrame(text=text))
+        self._actions.append(SendFrame(text=text, seq=seq))
         if is_terminal(event):
             self._actions.append(CloseConnection(code=CloseCode.NORMAL,
                                                  reason=getattr(event, "reason", "")))
@@ -563,3 +605,106 @@ class ConnectionCore:
             self.state = _TRANSITIONS[(self.state, trigger)]
         except KeyError:
             raise AssertionError(f"can't handle {trigger} in state {self.state.value}") from None
+
+
+# ----------------------------------------------------------------------------- output backlog
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OutputLimits:
+    """How much output a client may leave untaken (``OUTPUT_BACKPRESSURE_EVENTS`` and
+    ``_BYTES``); 0 turns that bound off."""
+
+    max_events: int = 512
+    max_bytes: int = 2 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Backlog:
+    """The output a client has not taken, at one moment."""
+
+    events: int
+    bytes: int
+
+
+def _client_bytes(payload: bytes) -> int:
+    """About what one log entry costs on the wire: the client gets JSON with its audio in
+    base64, a third larger than the raw bytes the log keeps (the rest is small)."""
+    return (len(payload) * 4 + 2) // 3
+
+
+class OutputBacklog:
+    """The output one client has not taken, and when it is too much.
+
+    Counted: ``events``, every event of the session's log numbered after the last one whose
+    frame the websocket accepted, up to the highest number the connection knows the log
+    holds (pushes announce each write as it lands, also while a send waits; reads too);
+    ``bytes``, those events' size as the client gets them (estimated from their log entries,
+    for the ones this connection saw) plus ``buffered_bytes``, the transport's write buffer
+    (frames accepted, not yet taken by the kernel). Not counted: the kernels' socket buffers
+    and whatever the client's own library holds, which the gateway cannot see.
+
+    :meth:`crossed` reports the backlog once when it goes over a limit (more than
+    ``max_events`` events or ``max_bytes`` bytes), and again only after :meth:`taken` found it
+    back at or under half of both.
+
+    Args:
+        limits: the bounds.
+        taken_seq: where the connection starts: the last event the client already has.
+    """
+
+    def __init__(self, limits: OutputLimits, *, taken_seq: int = 0) -> None:
+        self._limits = limits
+        #: The highest ``server_event_seq`` whose frame the websocket accepted.
+        self.taken_seq = taken_seq
+        self._known_seq = taken_seq  # the highest seq known to be in the log
+        self._sizes: dict[int, int] = {}  # seq -> client bytes, for seen events not taken
+        self._bytes = 0
+        self._armed = True
+
+    def seen(self, first_seq: int, payloads: Sequence[bytes]) -> None:
+        """Log entries ``first_seq``, ``first_seq + 1``, ... exist (a push or a read)."""
+        for offset, payload in enumerate(payloads):
+            seq = first_seq + offset
+            if seq > self.taken_seq and seq not in self._sizes:
+                size = _client_bytes(payload)
+                self._sizes[seq] = size
+                self._bytes += size
+        self._known_seq = max(self._known_seq, first_seq + len(payloads) - 1)
+
+    def taken(self, seq: int, *, buffered_bytes: int = 0) -> None:
+        """The websocket accepted the frame of event ``seq`` (and so everything before it:
+        frames go out in order). An older ``seq`` (the log was rewound and numbers are
+        reused) moves nothing: the count may then be low for a while, never high."""
+        if seq <= self.taken_seq:
+            return
+        if seq - self.taken_seq <= len(self._sizes):
+            gone: Sequence[int] = range(self.taken_seq + 1, seq + 1)
+        else:  # a jump (a resync skipped events): fewer sizes than numbers to walk
+            gone = [known for known in self._sizes if known <= seq]
+        for known in gone:
+            self._bytes -= self._sizes.pop(known, 0)
+        self.taken_seq = seq
+        self._known_seq = max(self._known_seq, seq)
+        if not self._armed and not self._over(self.backlog(buffered_bytes), share=2):
+            self._armed = True
+
+    def backlog(self, buffered_bytes: int = 0) -> Backlog:
+        """What the client has not taken, now."""
+        return Backlog(events=self._known_seq - self.taken_seq,
+                       bytes=self._bytes + buffered_bytes)
+
+    def crossed(self, buffered_bytes: int = 0) -> Backlog | None:
+        """The backlog, when it has just gone over a limit; None otherwise (also while it
+        stays over after the crossing was reported)."""
+        backlog = self.backlog(buffered_bytes)
+        if not self._armed or not self._over(backlog, share=1):
+            return None
+        self._armed = False
+        return backlog
+
+    def _over(self, backlog: Backlog, *, share: int) -> bool:
+        """Whether ``backlog`` is over 1/``share`` of a limit that is on."""
+        limits = self._limits
+        return ((limits.max_events > 0 and backlog.events * share > limits.max_events)
+                or (limits.max_bytes > 0 and backlog.bytes * share > limits.max_bytes))

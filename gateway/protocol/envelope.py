@@ -103,14 +103,17 @@ class SessionCreatedNotice:
         session_id: the server-allocated id, never reused.
         resume_token: the secret for ``session.resume`` (only its digest is stored).
         lease_generation: the attach generation this connection serves.
-        session: the effective Realtime session configuration (``model``, ``audio``, ...);
-            ``id`` and ``object`` are filled in by the codec.
+        session: the effective Realtime session object (``model``, ``audio``, ...): the
+            serving worker's default session; ``id`` and ``object`` are filled in by the codec.
+        capabilities: what the session can do (the worker's profile; None: a worker that
+            published none, and the field is left out).
     """
 
     session_id: str
     resume_token: str
     lease_generation: int
     session: dict[str, Any]
+    capabilities: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,6 +128,10 @@ class SessionResumedNotice:
             every command after it.
         replay_from: the ``server_event_seq`` of the first replayed event (the client's last
             received + 1); the replay ends where live delivery begins.
+        session: the session's current public session object (the last ``session.updated``
+            the worker wrote, else what ``session.created`` showed); None: the store holds
+            none (opened through an older gateway or on an older worker), left out.
+        capabilities: what the session can do, as ``session.created`` said; None: left out.
     """
 
     session_id: str
@@ -132,6 +139,8 @@ class SessionResumedNotice:
     lease_generation: int
     last_client_seq: int
     replay_from: int
+    session: dict[str, Any] | None = None
+    capabilities: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

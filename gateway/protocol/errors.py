@@ -83,7 +83,9 @@ class CloseCode(IntEnum):
     INTERNAL_ERROR = 1011
     #: Gateway draining (SIGTERM): the session lives on, resume through another gateway.
     SERVICE_RESTART = 1012
-    #: Overloaded (no worker slot): retry later.
+    #: Retry later: overloaded (no worker slot, a tenant limit), or backpressure (the worker
+    #: is behind on the input; the client took no output for ``OUTPUT_STALL_TIMEOUT_S``,
+    #: reason ``output_stalled``), where the session is detached: resume it.
     TRY_AGAIN_LATER = 1013
 
 

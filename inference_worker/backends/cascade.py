@@ -7,6 +7,7 @@ half-duplex voice agent::
     TRANSCRIBING --(transcript, non-empty)--> RESPONDING --(last audio played)--> LISTENING
     TRANSCRIBING --(transcript empty)--> LISTENING
     TRANSCRIBING / RESPONDING --(user speech: barge-in)--> LISTENING (the new speech is kept)
+    TRANSCRIBING / RESPONDING --(stop_response: the client cancelled)--> LISTENING
 
 What a frame engine sees, per slot and tick (:class:`~inference_worker.backend.SlotResult`):
 
@@ -37,6 +38,11 @@ What a frame engine sees, per slot and tick (:class:`~inference_worker.backend.S
     the producer is cancelled. It always comes with ``speech_started`` and ``response_done``.
     Speech during TRANSCRIBING cancels the coming answer silently: its ``transcript`` event
     still arrives, but no ``response_started`` follows it.
+
+:meth:`CascadeBackend.stop_response` (the session cancelled the response) does what a
+barge-in does to the answers, without any event: the answer playing stops with no
+``response_done``, its producer is cancelled, and a transcript still being transcribed gets no
+answer (its ``transcript`` still arrives). The speech being heard is not touched.
 
 Threading: ``step`` runs the VAD for all listed slots in one batched ONNX call per 32 ms
 window and does bookkeeping only, so it stays fast whatever the other slots are doing. Whisper
@@ -288,6 +294,18 @@ class _Tick:
     events: dict[str, Any] = field(default_factory=dict)
 
 
+def _drop_answers(slot: _Slot) -> bool:
+    """Cancel the slot's answer and those of its transcripts still to come; whether an answer
+    was under way (its end is then the caller's to report)."""
+    for turn in slot.turns:
+        turn.respond = False
+    response, slot.response = slot.response, None
+    if response is None:
+        return False
+    response.cancel.set()  # the producer stops at its next piece or audio chunk
+    return True
+
+
 # ------------------------------------------------------------------------------- backend
 
 
@@ -348,6 +366,11 @@ class CascadeBackend:
         state = self._slots.pop(slot, None)
         if state is not None and state.response is not None:
             state.response.cancel.set()
+
+    def stop_response(self, slot: int) -> None:
+        """The client cancelled: the responder and TTS stop for ``slot``, its unplayed audio
+        is dropped, and a transcript not answered yet will not be; no event says so."""
+        _drop_answers(self._open(slot))
 
     def step(self, inputs: list[SlotStep]) -> list[SlotResult]:
         """Advance the listed slots by one tick (batched VAD, then per-slot bookkeeping)."""
@@ -436,11 +459,7 @@ class CascadeBackend:
 
     def _interrupt(self, slot: _Slot, tick: _Tick) -> None:
         """Barge-in: the user speaks, so no answer pending or playing goes on."""
-        for turn in slot.turns:
-            turn.respond = False
-        if slot.response is not None:
-            slot.response.cancel.set()
-            slot.response = None
+        if _drop_answers(slot):
             tick.events["barge_in"] = True
             tick.events["response_done"] = True
 

@@ -11,6 +11,9 @@ one-frame delay before the first output (a model's warm-up). Two behaviours:
   ``gap_frames``, again and again, with ``text`` on the burst's first frame and
   ``end_of_turn`` on its last one: a model that takes turns on its own.
 
+``stop_response`` drops what a slot would say next: in echo mode the frame it would echo on
+the next tick, in tone mode the rest of the burst (the slot jumps to the start of a gap).
+
 ``step_ms`` and ``per_slot_ms`` make every step sleep (a slow model, for admission tests and
 for the batch-cost table of ``bench worker``).
 """
@@ -64,6 +67,8 @@ class FakeOptions:
             raise ValueError(f"fake backend mode must be one of {_MODES}, got {parsed.mode!r}")
         if parsed.in_rate <= 0 or parsed.frame_ms <= 0 or parsed.tone_frames <= 0:
             raise ValueError("fake backend rates and frame sizes must be positive")
+        if parsed.gap_frames < 0:
+            raise ValueError("fake backend gap_frames must not be negative")
         return parsed
 
 
@@ -95,6 +100,15 @@ class FakeBackend:
         """Free ``slot``."""
         self._open[slot] = False
 
+    def stop_response(self, slot: int) -> None:
+        """Drop what ``slot`` would say next: echo is silent for one tick; a tone burst ends at
+        once, its slot keeping quiet for a whole gap from the next tick."""
+        if not self._open[slot]:
+            raise RuntimeError(f"slot {slot} stopped while closed")
+        self._previous[slot] = 0.0
+        if self.options.mode == "tone":
+            self._ticks[slot] = self._gap_start(int(self._ticks[slot]))
+
     def step(self, inputs: list[SlotStep]) -> list[SlotResult]:
         """One tick for every listed slot, in one call (and one sleep, when slowed down)."""
         cost_ms = self.options.step_ms + self.options.per_slot_ms * len(inputs)
@@ -118,6 +132,12 @@ class FakeBackend:
             voiced = bool(np.any(out))
             return SlotResult(slot=slot, pcm=out, text=self.options.text if voiced else "")
         return self._tone_frame(slot, tick)
+
+    def _gap_start(self, tick: int) -> int:
+        """The first tick from ``tick`` on that begins a gap (tick 0 is the warm-up)."""
+        first = max(tick, 1)
+        period = self.options.tone_frames + self.options.gap_frames
+        return first + (self.options.tone_frames - (first - 1)) % period
 
     def _tone_frame(self, slot: int, tick: int) -> SlotResult:
         if tick == 0:

@@ -11,6 +11,9 @@ One :meth:`MoshiBackend.step` runs, batched over the listed slots (models.md §3
    frame (empty pcm), then one frame per tick;
 5. streaming Mimi decode of that frame -> 1920 samples, and its text token -> a transcript delta.
 
+A stopped response (:meth:`MoshiBackend.stop_response`) loses the frames the delay still held
+for it and its half-decoded text; the model's own context goes on (it cannot be rewound).
+
 Slots are rows of preallocated state. A tick computes the contiguous row range spanning the listed
 slots; unlisted rows inside it run on dummy input and commit nothing (Kyutai's exec mask), so a
 paused slot resumes bit-for-bit where it stopped, and no row reads another's state. Sampling
@@ -208,6 +211,8 @@ class MoshiBackend:
             out_samples=self.mimi.frame_size,
             max_slots=max_slots,
         )
+        self._silence: Audio = np.zeros(self.spec.out_samples, dtype=np.float32)
+        self._silence.flags.writeable = False  # shared by every muted result
         self._kv = SlotRingCache(
             num_layers=config.num_hidden_layers,
             max_slots=max_slots,
@@ -233,6 +238,8 @@ class MoshiBackend:
         self._generators: dict[int, torch.Generator] = {}
         self._seeds = torch.Generator().manual_seed(seed)
         self._text: dict[int, _TextStream] = {}
+        # Per open slot: frames still to come out silent, their tokens sampled before a stop.
+        self._muted: dict[int, int] = {}
         #: Each open slot's tokens of the frame it emitted in the last tick that listed it.
         self.last_tokens: dict[int, SlotTokens | None] = {}
         #: Set to keep :attr:`last_trace` (tests; it holds references to the tick's tensors).
@@ -295,13 +302,36 @@ class MoshiBackend:
             generator = self._generators[slot] = torch.Generator(device=self.device)
         generator.manual_seed(seed)
         self._text[slot] = _TextStream(self.tokenizer, self.text_pad_ids)
+        self._muted[slot] = 0
         self.last_tokens[slot] = None
 
     def close_slot(self, slot: int) -> None:
         """Free ``slot``; its state is left as it is until the next :meth:`open_slot`."""
         self._check_slot(slot)
         self._text.pop(slot, None)
+        self._muted.pop(slot, None)
         self.last_tokens.pop(slot, None)
+
+    def stop_response(self, slot: int) -> None:
+        """Drop what the open ``slot`` would still say of its cancelled response.
+
+        Dropped: the frames whose tokens were sampled before the stop but are not out yet (the
+        acoustic delay holds the text token and first codebook of the next ``max_delay``
+        frames) come out as full-length silence with no text and no :attr:`last_tokens`.
+        They are still decoded, so Mimi's decoder passes the overlap of the cancelled audio
+        it holds. The text stream's detokenizing context is cleared too, so no word of the
+        cancelled response is completed or glued to what comes next.
+
+        Not dropped: a full-duplex model's context cannot be rewound. The temporal KV cache,
+        the token ring and the sampling generator keep all the model said and heard, so it
+        goes on from there and may well keep talking; the conversation core mutes the rest
+        of its turn. Other slots are untouched.
+        """
+        if slot not in self._text:
+            raise ValueError(f"slot {slot} is not open")
+        pending = min(self.max_delay, int(self._offsets[slot]))  # fewer during the warm-up
+        self._muted[slot] = pending
+        self._text[slot] = _TextStream(self.tokenizer, self.text_pad_ids)
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.spec.max_slots:
@@ -346,6 +376,10 @@ class MoshiBackend:
         if not ready or audio is None:
             self.last_tokens[slot] = None
             return SlotResult(slot=slot, pcm=_EMPTY)
+        if self._muted[slot]:
+            self._muted[slot] -= 1
+            self.last_tokens[slot] = None
+            return SlotResult(slot=slot, pcm=self._silence)
         row = tokens[slot - lo]
         self.last_tokens[slot] = SlotTokens(row[0], tuple(row[1:]))
         # The contract is [-1, 1]; trained Mimi stays inside, random test weights do not.

@@ -1,19 +1,23 @@
 """The backends, as one table: each entry says how its sessions take turns and how to build it.
 
 Callers ask the table (:func:`backend_entry`) instead of comparing names. A backend module is
-imported only when its entry's ``load`` runs. ``loopback`` has no frames: the worker serves it
-with the ``SessionRunner`` path, and the engine steps every other backend frame by frame.
+imported only when its entry's ``load`` runs. ``loopback`` has no frames: its sessions' model is
+the core's own paced playback, and the engine steps every other backend frame by frame. How each
+backend's sessions take turns is its :class:`~inference_worker.turns.TurnMode`, whose policy the
+conversation core follows.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
 from inference_worker.backend import Backend
+from inference_worker.session_config import LOOPBACK, SessionProfile, frame_profile
+from inference_worker.turns import POLICIES, TurnMode
+from store.messages import JsonObject
 
 __all__ = [
     "BACKENDS",
@@ -23,21 +27,11 @@ __all__ = [
     "BackendRequest",
     "TurnMode",
     "backend_entry",
+    "capabilities_of",
     "create_backend",
     "explicit_turns",
     "parse_options",
 ]
-
-
-class TurnMode(enum.Enum):
-    """How a backend's sessions take turns."""
-
-    #: No model: committed audio is played back (or echoed as it streams) by the runner.
-    LOOPBACK = "loopback"
-    #: A full-duplex model: responses are cut out of its output audio (Moshi, the fake).
-    AUDIO = "audio"
-    #: The backend signals turns itself in its events (the cascade: VAD, ASR, responder, TTS).
-    EVENTS = "events"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -133,12 +127,14 @@ class BackendEntry:
     Attributes:
         name: what ``--backend`` / ``DUPLEX_GATEWAY_BACKEND`` calls it.
         turns: how its sessions take turns.
+        profile: what its sessions can be (voices, modalities, what transcribes, ...).
         load: builds it from a request (None: no frames, the runner serves it alone).
         needs_model_path: it cannot load without weights (``DUPLEX_GATEWAY_MODEL_PATH``).
     """
 
     name: str
     turns: TurnMode
+    profile: SessionProfile
     load: Callable[[BackendRequest], Backend] | None
     needs_model_path: bool = False
 
@@ -150,15 +146,48 @@ class BackendEntry:
 
 #: Every backend the worker serves, by name.
 REGISTRY: Final[Mapping[str, BackendEntry]] = MappingProxyType({entry.name: entry for entry in (
-    BackendEntry(name="loopback", turns=TurnMode.LOOPBACK, load=None),
-    BackendEntry(name="fake", turns=TurnMode.AUDIO, load=_fake),
-    BackendEntry(name="moshi", turns=TurnMode.AUDIO, load=_moshi, needs_model_path=True),
-    BackendEntry(name="cascade", turns=TurnMode.EVENTS, load=_cascade),
+    BackendEntry(name="loopback", turns=TurnMode.LOOPBACK, profile=LOOPBACK, load=None),
+    BackendEntry(name="fake", turns=TurnMode.AUDIO, profile=frame_profile("fake"), load=_fake),
+    BackendEntry(name="moshi", turns=TurnMode.AUDIO, profile=frame_profile("moshi"),
+                 load=_moshi, needs_model_path=True),
+    BackendEntry(name="cascade", turns=TurnMode.EVENTS,
+                 profile=frame_profile("cascade", voices=("en_US-joe-medium",),
+                                       transcription_model="whisper-tiny.en"),
+                 load=_cascade),
 )})
 #: Every backend name the worker accepts.
 BACKENDS: Final = tuple(REGISTRY)
 #: Backends stepped frame by frame by the engine.
 FRAME_BACKENDS: Final = tuple(name for name, entry in REGISTRY.items() if entry.frames)
+
+
+def capabilities_of(name: str, *, frame_seconds: float) -> JsonObject:
+    """What sessions on backend ``name`` can do, as ``session.created`` and
+    ``session.resumed`` announce it (the seed's ``DuplexCapabilities``, the flags this server
+    can answer truthfully): clients branch on these, never on a model's name.
+
+    Args:
+        name: the backend.
+        frame_seconds: how long one model output lasts (``chunk_period_ms``).
+    """
+    entry = backend_entry(name)
+    turns, policy = entry.turns, POLICIES[entry.turns]
+    return {
+        "implementation_level": ("turn_based_duplex" if turns is TurnMode.LOOPBACK
+                                 else "model_native_duplex"),
+        "supports_model_native_turn_policy": turns is not TurnMode.LOOPBACK,
+        "supports_client_commit": True,
+        "supports_server_vad": not policy.model_detects_speech,
+        "supports_barge_in": True,
+        "supports_playback_ack": True,
+        "supports_audio_truncate": True,
+        "supports_session_resume": True,
+        "supports_text_only_turn": "text" in entry.profile.output_modalities,
+        "supports_text_input_append": False,
+        "supports_input_transcription": policy.model_detects_speech,
+        "chunk_period_ms": round(frame_seconds * 1000),
+        "input_modes": ["append_audio_chunk"],
+    }
 
 
 def backend_entry(name: str) -> BackendEntry:

@@ -14,6 +14,7 @@ from redis import Redis
 
 from store.embedded import EmbeddedServer, free_port, start_server
 from store.keys import WORKER_DIRECTORY
+from tests.e2e.served import BACKENDS, Served
 from tests.e2e.stack import Stack, http_ok, wait_for
 
 # Small timings so expiry and loss show up within a test; every wait polls a condition.
@@ -66,3 +67,27 @@ def dev_stack() -> Iterator[str]:
         if process.stdout is not None:
             process.stdout.close()
     assert code == 0, f"dev exited with {code} on SIGTERM"
+
+
+@pytest.fixture(scope="module")
+def cascade_stack() -> Iterator[str]:
+    """One gateway and one cascade worker on a fresh Redis, with the product's default timings,
+    shared by a module's tests (the models load once); yields its websocket base URL."""
+    server = start_server("auto")
+    running = Stack(redis=server)
+    try:
+        gateway = running.gateway()
+        running.worker(slots=4, backend="cascade")
+        yield f"ws://127.0.0.1:{gateway.port}/v1"
+    finally:
+        running.stop()
+        server.stop()
+
+
+@pytest.fixture(params=BACKENDS)
+def served(request: pytest.FixtureRequest) -> Served:
+    """Each test in turn against the loopback (``dev_stack``, one per test) and the cascade
+    (``cascade_stack``, one per module)."""
+    backend: str = request.param
+    fixture = "dev_stack" if backend == "loopback" else "cascade_stack"
+    return Served(backend=backend, base_url=request.getfixturevalue(fixture))

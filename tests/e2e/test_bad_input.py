@@ -79,7 +79,7 @@ async def test_worker_refusals_are_error_events(gateway_url: str) -> None:
         error = await next_event(client)
         assert error.data["error"]["code"] == "input_audio_buffer_commit_empty"
         await client.update({"type": "realtime",
-                             "audio": {"input": {"format": {"type": "audio/pcmu"}}}})
+                             "audio": {"input": {"format": {"type": "audio/opus"}}}})
         error = await next_event(client)
         assert error.data["error"]["code"] == "unsupported_audio_format"
         await client.heartbeat()

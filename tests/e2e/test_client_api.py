@@ -53,7 +53,9 @@ async def test_a_turn_through_submit_ends_with_the_block_and_the_reader_gets_the
     played = b"".join(e.audio for e in events if e.type == "response.output_audio.delta")
     assert played == sent
     assert events[-1].type == "session.closed" and client.close_reason == "client_close"
-    assert client.capabilities["instructions"] == "Hi."
+    assert client.session["instructions"] == "Hi."
+    assert client.capabilities["supports_barge_in"] is True
+    assert client.capabilities["chunk_period_ms"] == 40  # the loopback's 40 ms chunks
 
 
 async def test_wait_closed_reads_by_itself_and_returns_the_reason(stack: Stack) -> None:

@@ -192,6 +192,16 @@ VALID_EVENTS: dict[str, JsonDict] = {
     "conversation.item.truncate": {"item_id": "item_fuzz", "content_index": 0,
                                    "audio_end_ms": 0},
     "output_audio_buffer.clear": {},
+    "input.cancel": {},
+    "input.text.append": {"text": "fuzz"},
+    "input_text.append": {"text": "fuzz"},
+    "push_text": {"text": "fuzz"},
+    "barge_in": {},
+    "turn.signal": {"event": "user.typing", "payload": {}},
+    "signal_turn": {"event": "barge_in", "signal_payload": {}},
+    "playback.ack": {"played_ms": 0, "committed_ms": 0, "response_id": "resp_fuzz",
+                     "item_id": "item_fuzz"},
+    "audio.playback_ack": {"played_ms": 0},
 }
 # The JSON type of every field the parsers in gateway/protocol/codec.py read.
 FIELD_KINDS: dict[str, type] = {
@@ -199,7 +209,8 @@ FIELD_KINDS: dict[str, type] = {
     "response": dict, "response_id": str, "reason": str, "session_id": str,
     "resume_token": str, "last_received_server_event_seq": int, "control_id": str,
     "server_event_seq": int, "attempt": int, "item": dict, "previous_item_id": str,
-    "item_id": str, "content_index": int, "audio_end_ms": int,
+    "item_id": str, "content_index": int, "audio_end_ms": int, "text": str, "event": str,
+    "payload": dict, "signal_payload": dict, "played_ms": int, "committed_ms": int,
 }
 COMMON_FIELDS = ("type", "event_id", "client_seq")
 # An absent optional field may be sent as null: null is a wrong type only where required.

@@ -10,6 +10,7 @@ import pytest
 from openai import AsyncOpenAI
 
 from tests.gateway.strict import validate_server_event
+from tests.worker.speech import synthesize
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -42,11 +43,13 @@ async def test_sdk_full_turn(dev_stack: str) -> None:
     await client.close()
 
 
-def _tone_burst() -> bytes:
-    """1 s of silence, 1 s of a loud 440 Hz tone, 1 s of silence: pcm16 24 kHz mono."""
-    t = np.arange(24_000) / 24_000
-    burst = (0.33 * 32767 * np.sin(2 * np.pi * 440 * t)).astype("<i2").tobytes()
-    return bytes(48_000) + burst + bytes(48_000)
+def _spoken_turn() -> tuple[bytes, int]:
+    """1 s of silence, a spoken sentence (Piper), 1 s of silence: pcm16 24 kHz mono; and the
+    sentence's length in ms. Speech, not a tone: the worker's detector may be Silero, which
+    hears voices only."""
+    speech, _ = synthesize("What is the weather like today?", 24_000)
+    pcm = (np.clip(speech, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+    return bytes(48_000) + pcm + bytes(48_000), len(pcm) // 48
 
 
 async def test_sdk_server_vad_turn_is_detected_and_answered(dev_stack: str) -> None:
@@ -55,9 +58,10 @@ async def test_sdk_server_vad_turn_is_detected_and_answered(dev_stack: str) -> N
     valid."""
     client = AsyncOpenAI(api_key="sk-test", base_url="http://unused.invalid/v1",
                          websocket_base_url=dev_stack)
-    pcm = _tone_burst()
+    pcm, speech_ms = _spoken_turn()
     seen: list[str] = []
     audio = bytearray()
+    span: dict[str, int] = {}
     async with client.realtime.connect(model="loopback") as conn:
         await conn.session.update(session={
             "type": "realtime", "audio": {"input": {"turn_detection": {"type": "server_vad"}}}})
@@ -73,9 +77,13 @@ async def test_sdk_server_vad_turn_is_detected_and_answered(dev_stack: str) -> N
                 assert detection["type"] == "server_vad"
                 assert detection["silence_duration_ms"] == 500
             if event.type == "input_audio_buffer.speech_started":
-                assert event.audio_start_ms == 700  # the burst at 1000 ms, less 300 ms padding
+                # The sentence starts at 1000 ms; 300 ms of padding come before its onset.
+                assert 600 <= event.audio_start_ms <= 1000
+                span["start"] = event.audio_start_ms
             if event.type == "input_audio_buffer.speech_stopped":
-                assert event.audio_end_ms == 2500  # 500 ms of silence after the burst
+                # After the sentence, plus 500 ms of silence (and a detector's window or two).
+                assert 1000 + speech_ms <= event.audio_end_ms <= 1000 + speech_ms + 700
+                span["end"] = event.audio_end_ms
             if event.type == "response.output_audio.delta":
                 audio += base64.b64decode(event.delta)
             if event.type == "response.done":
@@ -85,5 +93,5 @@ async def test_sdk_server_vad_turn_is_detected_and_answered(dev_stack: str) -> N
     assert seen[2:8] == ["input_audio_buffer.speech_started",
                          "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
                          "conversation.item.added", "conversation.item.done", "response.created"]
-    assert bytes(audio) == pcm[700 * 48:2500 * 48], "the turn's audio is played back"
+    assert bytes(audio) == pcm[span["start"] * 48:span["end"] * 48], "the turn is played back"
     await client.close()

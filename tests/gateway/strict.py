@@ -8,8 +8,11 @@ so that what is checked is what a client would parse.
 
 Our extension events have no SDK model; they are listed in :data:`EXTENSION_TYPES` and get a
 strict check of their own: every required key present with the right JSON type, no unknown
-key. Our extension keys on standard events (``server_event_seq`` on logged events; the resume
-fields on ``session.created``) are type-checked wherever they appear.
+key, and the members of the objects they carry checked the same way where those are fixed.
+Our extension keys on standard events (``server_event_seq`` on logged events; the resume
+fields and ``capabilities`` on ``session.created``) are type-checked wherever they appear. The
+``session`` that ``session.resumed`` carries is held to the SDK's type of the ``session`` of
+``session.created``, as strictly as that event.
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ import json
 from typing import Annotated, Any
 
 from openai.types.realtime.realtime_server_event import RealtimeServerEvent
+from openai.types.realtime.session_created_event import Session
 from pydantic import Field, TypeAdapter
 
 __all__ = ["EXTENSION_TYPES", "STRICT", "validate_server_event"]
 
 #: The strict validator of openai_realtime.md §9 (discriminated on ``type``).
 STRICT: TypeAdapter[Any] = TypeAdapter(Annotated[RealtimeServerEvent, Field(discriminator="type")])
+# The session resource of session.created, for the extension events that carry one too.
+_SESSION: TypeAdapter[Any] = TypeAdapter(Session)
 
 _SEQ = {"server_event_seq": int}
 
@@ -38,7 +44,7 @@ _EXTENSIONS: dict[str, tuple[dict[str, type], dict[str, type]]] = {
             "last_client_seq": int,
             "replay_from": int,
         },
-        {},
+        {"session": dict, "capabilities": dict},
     ),
     "session.replaced": ({"event_id": str, "session_id": str, "lease_generation": int}, {}),
     "session.resync_required": (
@@ -46,6 +52,21 @@ _EXTENSIONS: dict[str, tuple[dict[str, type], dict[str, type]]] = {
     "session.closed": ({"event_id": str, "reason": str}, {**_SEQ, "session_id": str}),
     "session.expired": ({"event_id": str, "reason": str}, {**_SEQ, "session_id": str}),
     "session.heartbeat_ack": ({"event_id": str}, {**_SEQ, "session_id": str}),
+    "playback.acknowledged": (
+        {"event_id": str, "response_id": str, "item_id": str, "played_ms": int,
+         "committed_ms": int, "playback": dict},
+        {**_SEQ},
+    ),
+    "turn.event": (
+        {"event_id": str, "event": str, "turn_state": str, "payload": dict},
+        {**_SEQ, "session_id": str},
+    ),
+}
+
+# (type, key) -> the exact members of an object an extension event carries, with their types.
+_NESTED: dict[tuple[str, str], dict[str, type]] = {
+    ("playback.acknowledged", "playback"): {
+        "generated_ms": int, "sent_ms": int, "played_ms": int, "committed_ms": int},
 }
 
 #: Server event types that are our extensions (seed_behaviour.md §4.7), not in the SDK union.
@@ -57,6 +78,7 @@ _EXTRA_KEYS: dict[str, type] = {
     "session_id": str,
     "resume_token": str,
     "lease_generation": int,
+    "capabilities": dict,
 }
 
 
@@ -82,6 +104,12 @@ def _validate_extension(event: dict[str, Any]) -> None:
     for key, value in event.items():
         if key != "type":
             _check_type(event_type, key, value, {**required, **optional}[key])
+        members = _NESTED.get((event_type, key))
+        if members is not None:
+            if value.keys() != members.keys():
+                raise AssertionError(f"{event_type}.{key}: keys {sorted(value)}")
+            for member, expected in members.items():
+                _check_type(f"{event_type}.{key}", member, value[member], expected)
 
 
 def validate_server_event(event: dict[str, Any]) -> None:
@@ -102,6 +130,8 @@ def validate_server_event(event: dict[str, Any]) -> None:
     event_type = wire.get("type")
     if event_type in EXTENSION_TYPES:
         _validate_extension(wire)
+        if event_type == "session.resumed" and "session" in wire:
+            _SESSION.validate_python(wire["session"], strict=True)
         return
     STRICT.validate_python(wire, strict=True)
     for key, expected in _EXTRA_KEYS.items():

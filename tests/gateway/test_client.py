@@ -24,7 +24,11 @@ from websockets.exceptions import ConnectionClosed
 
 from gateway.client import (
     AckEvents,
+    AckPlayback,
     AppendAudio,
+    AppendText,
+    BargeIn,
+    CancelInput,
     CancelResponse,
     ClearInput,
     ClearOutputAudio,
@@ -44,10 +48,12 @@ from gateway.client import (
     RetriesExhausted,
     RetrieveItem,
     SessionReplaced,
+    SignalTurn,
     TruncateItem,
     UpdateSession,
 )
-from gateway.protocol.codec import CLIENT_EVENT_TYPES, parse_client_frame
+from gateway.protocol.codec import CLIENT_EVENT_ALIASES, CLIENT_EVENT_TYPES, parse_client_frame
+from store import messages as m
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -643,16 +649,24 @@ EVERY_COMMAND: tuple[ClientCommand, ...] = (
     DeleteItem("item_1", event_id="c9"),
     TruncateItem("item_2", audio_end_ms=120, content_index=0, event_id="c10"),
     ClearOutputAudio(event_id="c11"),
-    Heartbeat(event_id="c12"),
-    AckEvents(0, event_id="c13"),
-    CloseSession("done", event_id="c14"),
+    AppendText("hello", event_id="c12"),
+    CancelInput(event_id="c13"),
+    BargeIn(event_id="c14"),
+    SignalTurn("user.typing", {"n": 1}, event_id="c15"),
+    AckPlayback(640, committed_ms=320, response_id="resp_1", item_id="item_2", event_id="c16"),
+    Heartbeat(event_id="c17"),
+    AckEvents(0, event_id="c18"),
+    CloseSession("done", event_id="c19"),
 )
 
 
 def test_there_is_a_command_for_every_client_event_the_gateway_parses() -> None:
     """Every client event type the codec accepts has a command class, session.resume aside
-    (the client sends it itself); a new parser without one fails here."""
-    assert {type(c).type for c in EVERY_COMMAND} == CLIENT_EVENT_TYPES - {"session.resume"}
+    (the client sends it itself) and the seed's aliases (a command sends the canonical name);
+    a new parser without one fails here."""
+    assert set(CLIENT_EVENT_ALIASES.values()) <= CLIENT_EVENT_TYPES
+    expected = CLIENT_EVENT_TYPES - {"session.resume"} - set(CLIENT_EVENT_ALIASES)
+    assert {type(c).type for c in EVERY_COMMAND} == expected
 
 
 async def test_submit_sends_every_command_as_the_gateway_reads_it(
@@ -923,25 +937,68 @@ async def test_detach_inside_async_with_leaves_the_session_open(
     assert gateway.peers[0].ws.close_code == 1000 and not client.closed
 
 
-async def test_capabilities_show_the_last_session_object(
+async def test_session_and_capabilities_show_what_the_gateway_announced(
     gateway_factory: Callable[..., Awaitable[ScriptedGateway]],
 ) -> None:
-    """capabilities is the session object of session.created, then of each session.updated
-    as it is read."""
+    """capabilities is what session.created announced; session is the session object of
+    session.created, then of each session.updated as it is read; both are read-only."""
     first = {"type": "realtime", "instructions": ""}
     second = {"type": "realtime", "instructions": "Be brief."}
+    flags = {"supports_barge_in": True, "chunk_period_ms": 40}
 
     async def update(peer: Peer) -> None:
         await peer.expect("session.update")
-        await peer.send({**created(), "session": first},
+        await peer.send({**created(), "session": first, "capabilities": flags},
                         {"type": "session.updated", "server_event_seq": 1, "session": second},
                         closed(2))
 
     gateway = await gateway_factory(update)
     client = await connect(gateway.url)
-    assert dict(client.capabilities) == first
+    assert dict(client.session) == first and dict(client.capabilities) == flags
     async with asyncio.timeout(DEADLINE_S):
         assert (await client.recv()).type == "session.updated"
-    assert dict(client.capabilities) == second
+    assert dict(client.session) == second and dict(client.capabilities) == flags
     with pytest.raises(TypeError):
-        client.capabilities["instructions"] = "x"  # type: ignore[index]
+        client.session["instructions"] = "x"  # type: ignore[index]
+    with pytest.raises(TypeError):
+        client.capabilities["supports_barge_in"] = False  # type: ignore[index]
+
+
+async def test_the_duplex_wrappers_send_the_commands_the_gateway_decodes(
+    gateway_factory: Callable[..., Awaitable[ScriptedGateway]],
+) -> None:
+    """append_text, cancel_input, barge_in, signal_turn and ack_playback each submit one
+    numbered command that the gateway's codec decodes to the typed command the worker gets;
+    a signal naming a client event (barge_in) is that event."""
+    sent = 7
+
+    async def read_them(peer: Peer) -> None:
+        await peer.expect("session.update")
+        await peer.send(created())
+        for _ in range(sent):
+            await peer.read()
+        await peer.send(closed(1))
+
+    gateway = await gateway_factory(read_them)
+    client = await connect(gateway.url)
+    await client.append_text("hello")
+    await client.cancel_input()
+    await client.barge_in()
+    await client.signal_turn("user.typing")
+    await client.signal_turn("barge_in", {"why": "test"})
+    await client.ack_playback(960)
+    await client.ack_playback(960, response_id="resp_1", item_id="item_2", committed_ms=640)
+    async with asyncio.timeout(DEADLINE_S):
+        assert await client.wait_closed() == "client_close"
+    parsed = [parse_client_frame(json.dumps(frame), max_frame_bytes=1 << 20)
+              for frame in gateway.frames(0)[1:]]
+    assert [p.command for p in parsed] == [
+        m.AppendText(text="hello"),
+        m.CancelInput(),
+        m.BargeIn(),
+        m.SignalTurn(event="user.typing"),
+        m.BargeIn(),
+        m.AckPlayback(played_ms=960),
+        m.AckPlayback(played_ms=960, committed_ms=640, response_id="resp_1", item_id="item_2"),
+    ]
+    assert [p.client_seq for p in parsed] == list(range(1, sent + 1))

@@ -137,6 +137,14 @@ def client_fields(
         "control_id": st.text(max_size=10) | values,
         "attempt": seqs | values,
         "server_event_seq": seqs | values,
+        "text": st.text(max_size=10) | values,
+        "event": st.sampled_from(["user.typing", "barge_in", "response.cancel", ""])
+        | st.text(max_size=10) | values,
+        "payload": st.dictionaries(st.text(max_size=5), values, max_size=3) | values,
+        "signal_payload": st.dictionaries(st.text(max_size=5), values, max_size=3) | values,
+        "played_ms": seqs | values,
+        "committed_ms": seqs | values,
+        "item_id": st.text(max_size=10) | values,
     }
 
 
@@ -260,6 +268,17 @@ EVENT_FIELDS: dict[str, dict[str, type]] = {
                        "last_received_server_event_seq": int, "control_id": str,
                        "attempt": int},
     "session.event_ack": {"server_event_seq": int},
+    "input.cancel": {},
+    "input.text.append": {"text": str},
+    "input_text.append": {"text": str},
+    "push_text": {"text": str},
+    "barge_in": {},
+    "turn.signal": {"event": str, "payload": dict, "signal_payload": dict},
+    "signal_turn": {"event": str, "payload": dict, "signal_payload": dict},
+    "playback.ack": {"played_ms": int, "committed_ms": int, "response_id": str,
+                     "item_id": str},
+    "audio.playback_ack": {"played_ms": int, "committed_ms": int, "response_id": str,
+                           "item_id": str},
 }
 # A valid frame of each type, which the wrong-type test spoils one field of.
 VALID_BODIES: dict[str, dict[str, Any]] = {
@@ -271,9 +290,15 @@ VALID_BODIES: dict[str, dict[str, Any]] = {
     "conversation.item.retrieve": {"item_id": "item_1"},
     "conversation.item.delete": {"item_id": "item_1"},
     "conversation.item.truncate": {"item_id": "item_1", "content_index": 0, "audio_end_ms": 0},
+    **{type_: {"text": "hi"} for type_ in ("input.text.append", "input_text.append", "push_text")},
+    **{type_: {"event": "user.typing"} for type_ in ("turn.signal", "signal_turn")},
+    **{type_: {"played_ms": 0} for type_ in ("playback.ack", "audio.playback_ack")},
 }
 REQUIRED = {"session", "audio", "session_id", "resume_token", "server_event_seq", "item",
-            "item_id", "content_index", "audio_end_ms"}
+            "content_index", "audio_end_ms", "text", "event", "played_ms"}
+# Required by some events only: a null there is refused, elsewhere it means absent.
+REQUIRED_BY_TYPE = {"item_id": {"conversation.item.retrieve", "conversation.item.delete",
+                                "conversation.item.truncate"}}
 FIELD_OF_EVENT = st.sampled_from(sorted(EVENT_FIELDS)).flatmap(
     lambda type_: st.tuples(
         st.just(type_), st.sampled_from(sorted({**COMMON_FIELDS, **EVENT_FIELDS[type_]}.items(),
@@ -294,7 +319,8 @@ def test_wrong_types_for_every_field_of_every_event(
     """A value of the wrong JSON type in any field of any client event is refused, naming the
     field (null means absent, which only a required field refuses)."""
     type_, (field, kind) = target
-    if type(value) is kind or (value is None and field not in REQUIRED):
+    required = field in REQUIRED or type_ in REQUIRED_BY_TYPE.get(field, set())
+    if type(value) is kind or (value is None and not required):
         return
     frame = {"type": type_, **VALID_BODIES.get(type_, {}), field: value}
     outcome = check_parse(json.dumps(frame))

@@ -230,6 +230,38 @@ def test_session_created_carries_the_resume_fields_and_no_seq() -> None:
     assert core.session_id == SID and core.generation == 7
 
 
+PROFILE_SESSION: dict[str, Any] = {
+    "type": "realtime", "object": "realtime.session", "id": SID, "model": "gpt-realtime",
+    "instructions": "", "output_modalities": ["audio"],
+    "audio": {"output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "alloy"}},
+}
+CAPABILITIES = {"supports_barge_in": True, "chunk_period_ms": 40}
+
+
+def test_session_created_announces_the_placed_session_and_its_capabilities() -> None:
+    """With the session object and capabilities placement found, session.created carries
+    them (strictly valid), in place of the minimal {type, model}."""
+    core = new_core(autostart=True)
+    core.actions_to_run()
+    core.open_succeeded(SID, resume_token=TOKEN, generation=1, model="gpt-realtime",
+                        session=PROFILE_SESSION, capabilities=CAPABILITIES)
+    (created,) = sent(core.actions_to_run())
+    assert created["session"] == PROFILE_SESSION
+    assert created["capabilities"] == CAPABILITIES
+
+
+def test_session_created_without_a_profile_is_minimal() -> None:
+    """A worker that published no profile: session.created says {type, object, id, model}
+    and has no capabilities."""
+    core = new_core(autostart=True)
+    core.actions_to_run()
+    core.open_succeeded(SID, resume_token=TOKEN, generation=1, model="moshi")
+    (created,) = sent(core.actions_to_run())
+    assert created["session"] == {"type": "realtime", "object": "realtime.session", "id": SID,
+                                  "model": "moshi"}
+    assert "capabilities" not in created
+
+
 def test_commands_after_attach_are_appended_at_once() -> None:
     """Once attached, each command becomes its own AppendCommands right away."""
     core = opened()
@@ -408,6 +440,23 @@ def test_resume_first_asks_the_store_and_follows_from_the_clients_seq() -> None:
         session_id=SID, resume_token=TOKEN, last_received_server_event_seq=5,
         control_id="ctl_1", event_id="c_res"))]
     assert core.delivered_seq == 5
+
+
+def test_session_resumed_carries_the_records_session_and_capabilities() -> None:
+    """session.resumed carries the session object and capabilities the store handed back,
+    strictly valid; a resume without them leaves both out."""
+    core = new_core()
+    core.receive_frame(resume_frame(0))
+    core.actions_to_run()
+    updated = {**PROFILE_SESSION, "instructions": "Be brief."}
+    core.resume_succeeded(SID, resume_token="tok_new", generation=2, last_client_seq=0,
+                          first_retained_seq=1, last_server_event_seq=3, session=updated,
+                          capabilities=CAPABILITIES)
+    (notice,) = sent(core.actions_to_run())
+    assert (notice["session"], notice["capabilities"]) == (updated, CAPABILITIES)
+    _, actions = resumed(0, first_retained=1, last_server=3)
+    (bare,) = sent(actions)
+    assert "session" not in bare and "capabilities" not in bare
 
 
 def test_resume_succeeded_announces_then_replays_after_the_clients_seq() -> None:

@@ -9,8 +9,16 @@ from typing import Any
 import pytest
 from redis.asyncio.cluster import RedisCluster
 
-from store import LeaseLost, OpenStatus, ResumeStatus, Scripts, SessionPolicy, create_client
-from store.directory import announce_worker, list_workers, worker_loads
+from store import (
+    LeaseLost,
+    OpenStatus,
+    OutputAppend,
+    ResumeStatus,
+    Scripts,
+    SessionPolicy,
+    create_client,
+)
+from store.directory import WorkerProfile, announce_worker, list_workers, worker_loads
 from store.keys import SessionKeys, WorkerKeys, new_session_id, new_worker_id, tenant_sessions
 from store.logs import read_input, read_output
 from store.messages import SessionClosed, encode_message
@@ -155,6 +163,35 @@ async def test_directory_spans_nodes(cluster_client: RedisCluster) -> None:
     assert {load.worker_id: load.used for load in loads} == {w: int(w == busy) for w in workers}
     assert loads[-1].worker_id == busy
     assert all(load.slots == 4 and load.state == "live" for load in loads)
+
+
+async def test_profiles_and_session_objects_on_every_node(cluster_client: RedisCluster) -> None:
+    """On each node a registration publishes the worker's profile, placement's pipelined read
+    decodes every one, the open stores the session object, an output write replaces it, and
+    a resume hands back the newest (all single-slot: no CROSSSLOT)."""
+    scripts = Scripts(cluster_client)
+    workers = await workers_on_every_node(cluster_client, scripts)
+    profiles = {wid: WorkerProfile(session={"type": "realtime", "model": wid},
+                                   capabilities={"chunk_period_ms": 80}) for wid in workers}
+    for wid, profile in profiles.items():
+        await scripts.worker_heartbeat(wid, slots=4, ttl_ms=60_000, register=True, drain=False,
+                                       profile=profile)
+    loads = await worker_loads(cluster_client, list(workers))
+    assert {load.worker_id: load.profile for load in loads} == profiles
+    for wid, profile in profiles.items():
+        sid = new_session_id(wid)
+        created = {**profile.session, "id": sid}
+        assert await scripts.open_session(
+            sid, epoch=EPOCH, token_digest=digest("t"), tenant="tenant-a",
+            policy=SessionPolicy(), session=created,
+            capabilities=profile.capabilities) is OpenStatus.OK
+        updated = {**created, "instructions": "Be brief."}
+        assert await scripts.append_output_many([OutputAppend(
+            session_id=sid, events=[ev(1)], first_seq=1, session=updated)]) == [1]
+        resumed = await scripts.resume(sid, tenant="tenant-a", presented_digest=digest("t"),
+                                       new_digest=digest("t2"), control_id="c1")
+        assert resumed.status is ResumeStatus.OK
+        assert (resumed.session, resumed.capabilities) == (updated, profile.capabilities)
 
 
 async def test_output_notice_through_sharded_pubsub(cluster_client: RedisCluster) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import threading
 import time
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
@@ -440,6 +441,120 @@ def test_close_slot_mid_answer_frees_it(backend: CascadeBackend) -> None:
     result = backend.step([SlotStep(slot=0, pcm=np.zeros(768, dtype=np.float32))])[0]
     assert backend.state(0) == SlotState.LISTENING
     assert result.pcm.size == 0 and result.events == {} and result.text == ""
+
+
+# -------------------------------------------------------------------------- stopping a response
+
+ANSWER = "Hello there. How are you today?"
+
+
+class _GatedAsr:
+    """A transcriber that hears ``text`` once the test lets it (to catch TRANSCRIBING)."""
+
+    rate = 16000
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.release = threading.Event()
+
+    def transcribe(self, pcm: np.ndarray) -> str:
+        if not self.release.wait(SETTLE_S):
+            raise TimeoutError("the test never released the transcription")
+        return self.text
+
+
+def _two_slot_cascade(vad: SileroVad, asr: Any) -> CascadeBackend:
+    return CascadeBackend(vad=vad, asr=asr, tts=voice(), responder=EchoResponder(),
+                          config=CascadeConfig(max_slots=2, workers=2))
+
+
+def _answer_both(cascade: CascadeBackend, stop_slot_0: bool) -> tuple[_Trace, _Trace, int]:
+    """Both slots say the same sentence and are answered ``ANSWER``; slot 0's response is
+    stopped on its first audio if ``stop_slot_0``. Runs until slot 1's answer is done, and
+    a few ticks more; returns both traces and the tick of the stop (-1: none)."""
+    cascade.open_slot(0)
+    cascade.open_slot(1)
+    feed = _utterance("Hello there.")
+    traces, stop_tick = (_Trace(), _Trace()), -1
+    quiet = np.zeros(768, dtype=np.float32)
+    for tick in range(len(feed) + 1000):
+        pcm = feed[tick] if tick < len(feed) else quiet
+        results = cascade.step([SlotStep(slot=0, pcm=pcm), SlotStep(slot=1, pcm=pcm)])
+        for trace, result in zip(traces, results, strict=True):
+            trace.record(tick, result)
+        if stop_slot_0 and stop_tick < 0 and results[0].pcm.size:
+            cascade.stop_response(0)
+            stop_tick = tick
+            assert cascade.state(0) == SlotState.LISTENING
+        if traces[1].done() and tick >= stop_tick + 20:
+            return traces[0], traces[1], stop_tick
+        busy = any(cascade.state(slot) != SlotState.LISTENING for slot in (0, 1))
+        if busy and not any(result.pcm.size for result in results):
+            assert cascade.settle(SETTLE_S), "synthesis took too long"
+    raise AssertionError(f"slot 1 was not answered: {traces[1]}")
+
+
+def test_stop_while_responding_plays_nothing_more_and_leaves_the_other_slot(
+        vad: SileroVad) -> None:
+    """A stop during RESPONDING returns the slot to LISTENING at once: no more audio, text or
+    event of that answer (no response_done: the client asked). The other slot's answer is
+    the same as in a run without the stop."""
+    reference = _two_slot_cascade(vad, _FixedAsr(ANSWER))
+    try:
+        _, unstopped, _ = _answer_both(reference, stop_slot_0=False)
+    finally:
+        reference.close()
+    cascade = _two_slot_cascade(vad, _FixedAsr(ANSWER))
+    try:
+        stopped, other, stop_tick = _answer_both(cascade, stop_slot_0=True)
+        assert cascade.settle(SETTLE_S)  # the cancelled producer could have made more by now
+        for tick in range(3):
+            stopped.record(stop_tick + 100 + tick,
+                           cascade.step([SlotStep(slot=0, pcm=np.zeros(768, np.float32))])[0])
+    finally:
+        cascade.close()
+    assert stop_tick >= 0
+    assert stopped.keys() == ["speech_started", "speech_stopped", "transcript",
+                              "response_started"]
+    # One frame of the answer played: the one the stop came on; 20+ silent ticks followed.
+    played = [i for i, pcm in enumerate(stopped.answers[0]) if pcm.size]
+    assert len(played) == 1 and played[0] + 20 < len(stopped.answers[0])
+    assert stopped.texts == ["Hello there."]  # the first chunk's text rode on that frame
+    assert other.keys() == unstopped.keys()
+    assert other.texts == unstopped.texts == [ANSWER]
+    mine, theirs = other.answer(0), unstopped.answer(0)
+    assert mine.shape == theirs.shape and np.allclose(mine, theirs, atol=1e-4)
+
+
+def test_stop_while_transcribing_cancels_the_coming_answer(vad: SileroVad) -> None:
+    """A stop while the user's words are still being transcribed: the transcript arrives,
+    but no response starts for it, and nothing plays."""
+    asr = _GatedAsr("Hello there.")
+    cascade = _two_slot_cascade(vad, asr)
+    try:
+        cascade.open_slot(0)
+        trace = _Trace()
+        feed = _utterance("Hello there.")
+        quiet = np.zeros(768, dtype=np.float32)
+        for tick in range(len(feed)):
+            trace.record(tick, cascade.step([SlotStep(slot=0, pcm=feed[tick])])[0])
+            if cascade.state(0) == SlotState.TRANSCRIBING:
+                break
+        assert cascade.state(0) == SlotState.TRANSCRIBING
+        cascade.stop_response(0)
+        assert cascade.state(0) == SlotState.LISTENING
+        asr.release.set()
+        assert cascade.settle(SETTLE_S)
+        for tick in range(len(feed), len(feed) + 20):
+            result = cascade.step([SlotStep(slot=0, pcm=quiet)])[0]
+            trace.record(tick, result)
+            assert result.pcm.size == 0 and result.text == ""
+        assert trace.keys() == ["speech_started", "speech_stopped", "transcript"]
+        assert trace.first("transcript")["transcript"] == "Hello there."
+        assert cascade.state(0) == SlotState.LISTENING
+    finally:
+        asr.release.set()
+        cascade.close()
 
 
 # ------------------------------------------------------------------------------ responders

@@ -7,6 +7,7 @@ import itertools
 import math
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 
 from inference_worker.backend import FrameSpec, SlotResult, SlotStep
 from inference_worker.backends.fake import FakeBackend, FakeOptions
-from inference_worker.engine import Engine, TickReport
+from inference_worker.engine import Engine, SlotHandle, TickReport
 from inference_worker.frames import (
     StreamResampler,
     float_to_pcm16,
@@ -66,18 +67,32 @@ class Recorder:
         self.inputs: list[list[SlotStep]] = []
         self.opened: list[int] = []
         self.closed: list[int] = []
+        #: Every slot call, in order: ("open" | "close" | "stop", slot).
+        self.calls: list[tuple[str, int]] = []
         self.fail = False
+        self.refuse_stop: set[int] = set()  # slots whose stop_response raises
         self.output: Any = None
+        self.during_step: Callable[[], None] | None = None  # run inside the next step
 
     def open_slot(self, slot: int) -> None:
         self.opened.append(slot)
+        self.calls.append(("open", slot))
 
     def close_slot(self, slot: int) -> None:
         self.closed.append(slot)
+        self.calls.append(("close", slot))
+
+    def stop_response(self, slot: int) -> None:
+        self.calls.append(("stop", slot))
+        if slot in self.refuse_stop:
+            raise RuntimeError("cannot stop")
 
     def step(self, inputs: list[SlotStep]) -> list[SlotResult]:
         self.clock.now += self.cost
         self.inputs.append(inputs)
+        during, self.during_step = self.during_step, None
+        if during is not None:
+            during()
         if self.fail:
             raise RuntimeError("boom")
         pcm = self.output if self.output is not None else np.zeros(FRAME, dtype=np.float32)
@@ -366,6 +381,203 @@ def test_bad_outputs_are_repaired_and_counted() -> None:
     assert report is not None
     assert report.outputs[handle.serial].audio == bytes(2 * FRAME)
     assert counter(metrics, "bad_output_frames") == 1
+
+
+# ------------------------------------------------------------------------- stopping a response
+
+
+def opened(engine: Engine) -> SlotHandle:
+    """A new handle (the test's engine has a free slot)."""
+    handle = engine.open()
+    assert handle is not None
+    return handle
+
+
+def test_stops_are_applied_in_order_with_opens_and_closes() -> None:
+    """A stop reaches the backend between the open and close asked for around it, before the
+    next tick; a stop for a closed handle, or for one whose slot was reused, does nothing."""
+    clock = FakeClock()
+    backend = Recorder(clock)
+    engine = Engine(backend, clock=clock)
+    first = opened(engine)
+    engine.stop_response(first)
+    engine.tick_once()
+    assert backend.calls == [("open", 0), ("stop", 0)]
+    engine.stop_response(first)
+    engine.close(first)
+    engine.stop_response(first)  # closed: a no-op
+    second = opened(engine)  # the same slot, a new session
+    engine.stop_response(second)
+    engine.tick_once()
+    assert second.slot == first.slot == 0
+    assert backend.calls[2:] == [("stop", 0), ("close", 0), ("open", 0), ("stop", 0)]
+    engine.close(second)
+    engine.stop_response(second)
+    assert engine.tick_once() is None
+    assert backend.calls[6:] == [("close", 0)]
+
+
+def test_frames_carry_the_stops_applied_before_their_step() -> None:
+    """A frame's epoch counts the stops applied to its handle before its step began: a stop
+    asked for while a step runs counts from the next step on; other handles keep theirs."""
+    clock = FakeClock()
+    backend = Recorder(clock)
+    engine = Engine(backend, clock=clock)
+    stopped, other = opened(engine), opened(engine)
+
+    def epochs() -> tuple[int, int]:
+        report = engine.tick_once()
+        assert report is not None
+        return report.outputs[stopped.serial].epoch, report.outputs[other.serial].epoch
+
+    assert epochs() == (0, 0)
+    backend.during_step = lambda: engine.stop_response(stopped)  # asked for mid-step
+    assert epochs() == (0, 0)
+    assert epochs() == (1, 0)
+    engine.stop_response(stopped)
+    engine.stop_response(stopped)
+    assert epochs() == (3, 0)
+    assert backend.calls.count(("stop", stopped.slot)) == 3
+    engine.close(stopped)
+    reused = opened(engine)
+    assert reused.slot == stopped.slot
+    report = engine.tick_once()
+    assert report is not None and report.outputs[reused.serial].epoch == 0
+
+
+def test_a_failing_stop_fails_that_slot_alone() -> None:
+    """A raising stop_response reports its serial failed and takes its slot out of the batch
+    (closed in the backend once); the other slot of the batch is stepped as before."""
+    clock = FakeClock()
+    backend = Recorder(clock)
+    engine = Engine(backend, clock=clock)
+    good, bad = opened(engine), opened(engine)
+    backend.refuse_stop.add(bad.slot)
+    engine.stop_response(bad)
+    engine.stop_response(good)
+    report = engine.tick_once()
+    assert report is not None
+    assert report.failed == (bad.serial,)
+    assert list(report.outputs) == [good.serial] and report.outputs[good.serial].epoch == 1
+    assert [s.slot for s in backend.inputs[-1]] == [good.slot]
+    assert backend.closed == [bad.slot]
+    engine.stop_response(bad)  # moot now: the slot is out of the backend
+    report = engine.tick_once()
+    assert report is not None and not report.failed and list(report.outputs) == [good.serial]
+    engine.close(bad)
+    engine.tick_once()
+    assert backend.closed == [bad.slot]  # not closed twice
+    assert backend.calls.count(("stop", bad.slot)) == 1
+
+
+def tone_engine(**options: Any) -> tuple[Engine, SlotHandle, SlotHandle]:
+    """An engine over a tone-mode fake with two sessions open and past the warm-up tick."""
+    fake = FakeBackend(max_slots=2, options=FakeOptions(mode="tone", text="hi", **options))
+    engine = Engine(fake)
+    a, b = opened(engine), opened(engine)
+    report = engine.tick_once()
+    assert report is not None and report.outputs[a.serial].audio == b""
+    return engine, a, b
+
+
+def levels(engine: Engine, handle: SlotHandle, ticks: int) -> list[bool]:
+    """Whether each of the next ``ticks`` frames of ``handle`` is audible."""
+    audible = []
+    for _ in range(ticks):
+        report = engine.tick_once()
+        assert report is not None
+        audible.append(report.outputs[handle.serial].level > 0)
+    return audible
+
+
+def test_fake_tone_stop_ends_the_burst_at_once() -> None:
+    """A stop mid-burst makes the next frames silent for a whole gap, then a new burst starts
+    from its first frame (with its text); the other slot's burst goes on untouched."""
+    engine, stopped, other = tone_engine(tone_frames=4, gap_frames=3)
+    assert levels(engine, stopped, 2) == [True, True]  # two frames into a four-frame burst
+    engine.stop_response(stopped)
+    outputs = []
+    for _ in range(5):
+        report = engine.tick_once()
+        assert report is not None
+        outputs.append((report.outputs[stopped.serial], report.outputs[other.serial]))
+    assert [mine.level > 0 for mine, _ in outputs] == [False, False, False, True, True]
+    assert all(mine.text == "" and not mine.events for mine, _ in outputs[:3])
+    assert outputs[3][0].text == "hi"
+    # Unstopped: the last two frames of its burst (end_of_turn on the last), then its gap.
+    assert [theirs.level > 0 for _, theirs in outputs] == [True, True, False, False, False]
+    assert outputs[1][1].events == {"end_of_turn": True}
+
+
+def test_fake_tone_stop_in_a_gap_or_before_speaking_keeps_it_quiet() -> None:
+    """A stop during a gap, or before the first tick, gives a whole gap of silence next."""
+    engine, stopped, _ = tone_engine(tone_frames=2, gap_frames=3)
+    assert levels(engine, stopped, 3) == [True, True, False]
+    engine.stop_response(stopped)
+    assert levels(engine, stopped, 4) == [False, False, False, True]
+    fake = FakeBackend(max_slots=1, options=FakeOptions(mode="tone", tone_frames=2,
+                                                        gap_frames=2))
+    fresh_engine = Engine(fake)
+    fresh = opened(fresh_engine)
+    fresh_engine.stop_response(fresh)
+    assert levels(fresh_engine, fresh, 4) == [False, False, True, True]
+
+
+def test_fake_echo_stop_drops_the_frame_it_would_echo() -> None:
+    """In echo mode the frame due to be echoed next comes back as silence after a stop; the
+    frames after it, and the other slot, echo as before."""
+    engine, _, _ = make(slots=2)
+    stopped, other = opened(engine), opened(engine)
+    frames = [pcm(FRAME, seed=n) for n in range(3)]
+    for handle in (stopped, other):
+        engine.push_audio(handle, b"".join(frames))
+    engine.tick_once()  # the warm-up tick: frames[0] is held for the next one
+    engine.stop_response(stopped)
+    echoed: dict[int, list[bytes]] = {stopped.serial: [], other.serial: []}
+    for _ in range(2):
+        report = engine.tick_once()
+        assert report is not None
+        for serial, got in echoed.items():
+            got.append(report.outputs[serial].audio)
+    assert echoed[stopped.serial] == [bytes(2 * FRAME), frames[1]]
+    assert echoed[other.serial] == frames[:2]
+
+
+async def test_stop_from_the_loop_fences_the_running_thread() -> None:
+    """With the model thread running, a stop asked for on the loop shows in the reports:
+    epochs never go back, and the first frame stamped with the stop is already silent."""
+    fake = FakeBackend(max_slots=1, options=FakeOptions(mode="tone", frame_ms=10,
+                                                        tone_frames=1000, gap_frames=5))
+    engine = Engine(fake)
+    frames: list[tuple[int, float]] = []
+    speaking, stopped = asyncio.Event(), asyncio.Event()
+    handle = opened(engine)
+
+    def on_tick(report: TickReport) -> None:
+        frame = report.outputs.get(handle.serial)
+        if frame is not None:
+            frames.append((frame.epoch, frame.level))
+            if frame.level > 0:
+                speaking.set()
+            if frame.epoch == 1:
+                stopped.set()
+
+    engine.start(asyncio.get_running_loop(), on_tick)
+    try:
+        await asyncio.wait_for(speaking.wait(), 10)  # in its burst, 10 s long
+        engine.stop_response(handle)
+        await asyncio.wait_for(stopped.wait(), 10)
+    finally:
+        engine.stop()
+    epochs = [epoch for epoch, _ in frames]
+    assert epochs == sorted(epochs) and set(epochs) == {0, 1}
+    assert frames[epochs.index(1)][1] == 0.0
+
+
+def test_fake_options_refuse_a_negative_gap() -> None:
+    """gap_frames below zero is refused when the options are read."""
+    with pytest.raises(ValueError, match="gap_frames"):
+        FakeOptions.parse({"mode": "tone", "gap_frames": "-1"})
 
 
 # ------------------------------------------------------------------------- admission

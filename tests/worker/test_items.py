@@ -14,39 +14,40 @@ from typing import Any
 import pytest
 
 from gateway.protocol.codec import render_event
-from inference_worker.conversation import MAX_ITEMS, Runner
-from inference_worker.duplex_runner import DuplexRunner
+from inference_worker.conversation import MAX_ITEMS
+from inference_worker.core import ConversationCore
 from inference_worker.frames import FrameOutput
 from inference_worker.loopback import CHUNK_BYTES
-from inference_worker.session_runner import SessionRunner
+from inference_worker.turns import TurnMode
 from store import messages as msg
 from tests.gateway.strict import validate_server_event
+from tests.worker.feeding import feed
 from tests.worker.realtime_render import validate_strict
 
 T0 = 100.0
 FRAME_S = 0.08
 LOUD = FrameOutput(audio=b"\x10\x20" * 1920, level=0.1, text="hi")  # 80 ms
 CLOSING = ["audio.done", "transcript.done", "content_part.done", "item.done",
-           "output_item.done", "response.done"]
+           "output_item.done", "response.done", "rate_limits.updated"]
 USER_TEXT = {"type": "message", "role": "user",
              "content": [{"type": "input_text", "text": "hello"}]}
 
 
-def loopback() -> SessionRunner:
+def loopback() -> ConversationCore:
     """A fresh loopback runner."""
-    return SessionRunner("sess_items", now=T0)
+    return ConversationCore.loopback("sess_items", now=T0)
 
 
-def frame_runner(explicit: bool = False) -> DuplexRunner:
+def frame_runner(explicit: bool = False) -> ConversationCore:
     """A fresh runner of a Moshi-like frame backend (or the cascade's event mode)."""
-    return DuplexRunner("sess_items", model="moshi", frame_seconds=FRAME_S, now=T0,
-                        explicit_turns=explicit)
+    return ConversationCore.frames("sess_items", model="moshi", frame_seconds=FRAME_S, now=T0,
+                                   turns=TurnMode.EVENTS if explicit else TurnMode.AUDIO)
 
 
-RUNNERS: dict[str, Callable[[], Runner]] = {"loopback": loopback, "frames": frame_runner}
+RUNNERS: dict[str, Callable[[], ConversationCore]] = {"loopback": loopback, "frames": frame_runner}
 
 
-def drain(runner: Runner) -> list[msg.Event]:
+def drain(runner: ConversationCore) -> list[msg.Event]:
     """The runner's events, each strictly valid both as the worker tests and as the gateway
     renders it."""
     events = runner.events_to_send()
@@ -61,7 +62,7 @@ def kinds(events: list[msg.Event]) -> list[str]:
     return [event.KIND for event in events]
 
 
-def send(runner: Runner, command: msg.Command, now: float = T0) -> list[msg.Event]:
+def send(runner: ConversationCore, command: msg.Command, now: float = T0) -> list[msg.Event]:
     """Apply one command and return its events."""
     runner.receive(command, now)
     return drain(runner)
@@ -73,7 +74,7 @@ def refusal(events: list[msg.Event]) -> tuple[str, str | None, str | None]:
     return error.code, error.param, error.client_event_id
 
 
-def create(runner: Runner, item: dict[str, Any], previous: str | None = None) -> str:
+def create(runner: ConversationCore, item: dict[str, Any], previous: str | None = None) -> str:
     """Create ``item`` and return its id."""
     events = send(runner, msg.CreateItem(item=item, previous_item_id=previous))
     assert kinds(events) == ["item.added", "item.done"]
@@ -83,14 +84,14 @@ def create(runner: Runner, item: dict[str, Any], previous: str | None = None) ->
     return item_id
 
 
-def retrieved(runner: Runner, item_id: str) -> dict[str, Any]:
+def retrieved(runner: ConversationCore, item_id: str) -> dict[str, Any]:
     """The item ``conversation.item.retrieve`` answers with."""
     [event] = send(runner, msg.RetrieveItem(item_id=item_id))
     assert isinstance(event, msg.ItemRetrieved)
     return event.item
 
 
-def played_response(runner: SessionRunner, ms: int) -> str:
+def played_response(runner: ConversationCore, ms: int) -> str:
     """Commit ``ms`` of audio, create a response and let its first chunk out; its item id."""
     runner.receive(msg.AppendAudio(audio=b"\x01\x02" * (ms * 24)), T0)
     runner.receive(msg.CommitInput(), T0)
@@ -112,7 +113,8 @@ def audio_ms(events: list[msg.Event]) -> int:
 
 
 @pytest.mark.parametrize("make", RUNNERS.values(), ids=RUNNERS.keys())
-def test_created_items_go_where_previous_item_id_says(make: Callable[[], Runner]) -> None:
+def test_created_items_go_where_previous_item_id_says(
+        make: Callable[[], ConversationCore]) -> None:
     """Without previous_item_id an item is appended, "root" puts it first, an id after that
     item; each create answers item.added then item.done, naming the item before it."""
     runner = make()
@@ -137,7 +139,7 @@ def test_created_items_go_where_previous_item_id_says(make: Callable[[], Runner]
 
 @pytest.mark.parametrize("make", RUNNERS.values(), ids=RUNNERS.keys())
 def test_system_and_assistant_items_keep_their_content_without_audio_bytes(
-        make: Callable[[], Runner]) -> None:
+        make: Callable[[], ConversationCore]) -> None:
     """A system text item and an assistant audio item are stored as GA shapes them, the
     audio's bytes left out and its transcript kept."""
     runner = make()
@@ -161,7 +163,8 @@ BAD_ITEMS: list[tuple[str, dict[str, Any], str, str]] = [
     ("no-type", {"role": "user", "content": []}, "missing_required_parameter", "item.type"),
     ("type-not-string", {**USER_TEXT, "type": 3}, "invalid_type", "item.type"),
     ("function_call_output", {"type": "function_call_output", "call_id": "c", "output": "x"},
-     "invalid_value", "item.type"),
+     "invalid_value", "item.call_id"),  # no function_call "c" to answer
+    ("other-type", {"type": "mcp_call", "id": "x"}, "invalid_value", "item.type"),
     ("no-role", {"type": "message", "content": []}, "missing_required_parameter", "item.role"),
     ("bad-role", {**USER_TEXT, "role": "tool"}, "invalid_value", "item.role"),
     ("no-content", {"type": "message", "role": "user"}, "missing_required_parameter",
@@ -191,7 +194,7 @@ BAD_ITEMS: list[tuple[str, dict[str, Any], str, str]] = [
 @pytest.mark.parametrize(("item", "code", "param"), [row[1:] for row in BAD_ITEMS],
                          ids=[row[0] for row in BAD_ITEMS])
 def test_a_bad_item_is_refused_with_its_code_and_param(
-        make: Callable[[], Runner], item: dict[str, Any], code: str, param: str) -> None:
+        make: Callable[[], ConversationCore], item: dict[str, Any], code: str, param: str) -> None:
     """A malformed item gets one error naming the field at fault and adds nothing."""
     runner = make()
     events = send(runner, msg.CreateItem(item=item, event_id="evt_c"))
@@ -201,7 +204,8 @@ def test_a_bad_item_is_refused_with_its_code_and_param(
 
 
 @pytest.mark.parametrize("make", RUNNERS.values(), ids=RUNNERS.keys())
-def test_unknown_previous_item_and_taken_id_are_refused(make: Callable[[], Runner]) -> None:
+def test_unknown_previous_item_and_taken_id_are_refused(
+        make: Callable[[], ConversationCore]) -> None:
     """An unknown previous_item_id is item_not_found; an id already in use invalid_value."""
     runner = make()
     events = send(runner, msg.CreateItem(item=USER_TEXT, previous_item_id="nope"))
@@ -226,7 +230,8 @@ def test_a_client_id_never_collides_with_the_servers_next_one() -> None:
 
 
 @pytest.mark.parametrize("make", RUNNERS.values(), ids=RUNNERS.keys())
-def test_retrieve_and_delete_an_item_then_it_is_gone(make: Callable[[], Runner]) -> None:
+def test_retrieve_and_delete_an_item_then_it_is_gone(
+        make: Callable[[], ConversationCore]) -> None:
     """retrieve answers the item; delete answers item.deleted; then both are item_not_found
     naming item_id, and the next item follows the one before the deleted item."""
     runner = make()
@@ -312,10 +317,10 @@ def test_truncate_after_a_barge_in_never_errors() -> None:
     """Frame backend, events mode: a barge-in cancels the response (turn_detected); the
     client's truncation at everything it got is taken and the transcript is gone."""
     runner = frame_runner(explicit=True)
-    runner.on_frame(FrameOutput(audio=LOUD.audio, level=0.1, text="hello",
+    feed(runner, FrameOutput(audio=LOUD.audio, level=0.1, text="hello",
                                 events={"response_started": True}), T0)
-    runner.on_frame(LOUD, T0 + FRAME_S)
-    runner.on_frame(FrameOutput(audio=b"", level=0.0, events={"barge_in": True}),
+    feed(runner, LOUD, T0 + FRAME_S)
+    feed(runner, FrameOutput(audio=b"", level=0.0, events={"barge_in": True}),
                     T0 + 2 * FRAME_S)
     events = drain(runner)
     [done] = [e for e in events if isinstance(e, msg.ResponseDone)]
@@ -339,18 +344,19 @@ def test_frame_backend_truncation_of_the_active_item_cancels_and_mutes() -> None
     and mutes the model: its next audible output is not sent."""
     runner = frame_runner()
     runner.receive(msg.CreateResponse(), T0)
-    runner.on_frame(LOUD, T0)
+    feed(runner, LOUD, T0)
     events = drain(runner)
     [added] = [e for e in events if isinstance(e, msg.OutputItemAdded)]
     truncated = send(runner, msg.TruncateItem(item_id=added.item["id"], content_index=0,
                                               audio_end_ms=40))
     assert kinds(truncated) == [*CLOSING, "item.truncated"]
-    runner.on_frame(LOUD, T0 + FRAME_S)
+    feed(runner, LOUD, T0 + FRAME_S)
     assert drain(runner) == []
 
 
 @pytest.mark.parametrize("make", RUNNERS.values(), ids=RUNNERS.keys())
-def test_only_assistant_audio_part_zero_can_be_truncated(make: Callable[[], Runner]) -> None:
+def test_only_assistant_audio_part_zero_can_be_truncated(
+        make: Callable[[], ConversationCore]) -> None:
     """A user item is not truncatable (invalid_value item_id), nor another content part
     (invalid_value content_index), nor an unknown item (item_not_found)."""
     runner = make()
@@ -381,7 +387,8 @@ def test_loopback_clear_drops_the_unreleased_audio() -> None:
 
 
 @pytest.mark.parametrize("make", RUNNERS.values(), ids=RUNNERS.keys())
-def test_clear_with_nothing_playing_still_answers_cleared(make: Callable[[], Runner]) -> None:
+def test_clear_with_nothing_playing_still_answers_cleared(
+        make: Callable[[], ConversationCore]) -> None:
     """With no response active, output_audio_buffer.clear answers cleared alone (an empty
     response_id before any response)."""
     runner = make()
@@ -393,11 +400,11 @@ def test_frame_backend_clear_mutes_the_model() -> None:
     audible output is not sent; with nothing active it names the last response."""
     runner = frame_runner()
     runner.receive(msg.CreateResponse(), T0)
-    runner.on_frame(LOUD, T0)
+    feed(runner, LOUD, T0)
     drain(runner)
     events = send(runner, msg.ClearOutputAudio())
     assert kinds(events) == ["output_audio.cleared", *CLOSING]
-    runner.on_frame(LOUD, T0 + FRAME_S)
+    feed(runner, LOUD, T0 + FRAME_S)
     assert drain(runner) == []
     assert send(runner, msg.ClearOutputAudio()) == [msg.OutputAudioCleared(response_id="resp_1")]
 
@@ -413,3 +420,43 @@ def test_the_conversation_keeps_at_most_max_items_dropping_the_oldest() -> None:
     assert refusal(send(runner, msg.RetrieveItem(item_id=ids[0])))[0] == "item_not_found"
     assert retrieved(runner, ids[1])["id"] == ids[1]
     assert retrieved(runner, ids[-1])["id"] == ids[-1]
+
+
+# ------------------------------------------------------------------------- function items
+
+CALL = {"type": "function_call", "call_id": "call_1", "name": "get_weather",
+        "arguments": '{"city": "Paris"}'}
+OUTPUT = {"type": "function_call_output", "call_id": "call_1", "output": '{"temp_c": 21}'}
+
+
+@pytest.mark.parametrize("make", RUNNERS.values(), ids=RUNNERS.keys())
+def test_a_function_call_round_trip_goes_into_the_history(
+        make: Callable[[], ConversationCore]) -> None:
+    """A function_call a client replays into the history and its function_call_output are
+    added in order, strictly valid, and retrieved as sent."""
+    runner = make()
+    call_id = create(runner, CALL)
+    output_id = create(runner, OUTPUT)
+    call, output = retrieved(runner, call_id), retrieved(runner, output_id)
+    assert {k: call[k] for k in ("type", "call_id", "name", "arguments")} == CALL
+    assert {k: output[k] for k in ("type", "call_id", "output")} == OUTPUT
+    assert [item.kind for item in runner.history] == ["function_call", "function_call_output"]
+
+
+@pytest.mark.parametrize(("items", "code", "param"), [
+    ([OUTPUT], "invalid_value", "item.call_id"),  # nothing to answer
+    ([CALL, CALL], "invalid_value", "item.call_id"),  # the call exists
+    ([CALL, OUTPUT, OUTPUT], "invalid_value", "item.call_id"),  # answered once only
+    ([{"type": "function_call", "call_id": "c"}], "missing_required_parameter", "item.name"),
+    ([{"type": "function_call_output", "call_id": 5, "output": ""}], "invalid_type",
+     "item.call_id"),
+])
+def test_bad_function_items_are_refused(items: list[dict[str, Any]], code: str,
+                                        param: str) -> None:
+    """A function_call_output answers one function_call of the conversation, once; a call_id
+    is unique; the fields are strings."""
+    runner = loopback()
+    *before, last = items
+    for item in before:
+        create(runner, item)
+    assert refusal(send(runner, msg.CreateItem(item=last, event_id="f"))) == (code, param, "f")

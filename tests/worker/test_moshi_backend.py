@@ -379,6 +379,65 @@ def test_nan_input_poisons_only_its_own_slot(tiny_dir: Path) -> None:
     assert fresh.tokens == alone.tokens
 
 
+# ------------------------------------------------------------------------------- stopping
+
+
+def _run_pair(backend: MoshiBackend, ticks: int,
+              stop_after: int | None = None) -> tuple[Session, Session]:
+    """Two sessions in slots 0 and 1, stepped together; slot 0's response is stopped after
+    step ``stop_after`` (0-based; -1: before the first step; None: never)."""
+    sessions = (Session(5, ticks, sample_seed=1), Session(6, ticks, sample_seed=2))
+    for slot, session in enumerate(sessions):
+        backend.open_slot(slot, seed=session.sample_seed)
+    if stop_after == -1:
+        backend.stop_response(0)
+    for tick in range(ticks):
+        results = backend.step([s.next_step(slot) for slot, s in enumerate(sessions)])
+        for session, result in zip(sessions, results, strict=True):
+            session.record(backend, result)
+        if tick == stop_after:
+            backend.stop_response(0)
+    return sessions
+
+
+@pytest.mark.parametrize("delay", [1, 2])
+def test_stop_drops_the_delayed_frames_and_nothing_else(tiny_dir: Path, delay: int) -> None:
+    """After a stop, the ``delay`` frames already sampled come out silent with no text; then
+    the model goes on as if unstopped (its context cannot be rewound); the other slot never
+    notices."""
+    ticks = 12
+    reference = _run_pair(load(tiny_dir, max_slots=2, acoustic_delay=delay), ticks)
+    spoken = [t for t in range(delay, ticks - delay - 1) if reference[0].results[t + 1].text]
+    assert spoken, "the tiny model should say something mid-session"
+    stop_after = spoken[0]
+    mine, theirs = _run_pair(load(tiny_dir, max_slots=2, acoustic_delay=delay), ticks,
+                             stop_after=stop_after)
+    muted = range(stop_after + 1, stop_after + 1 + delay)
+    for t in muted:
+        assert mine.results[t].text == "" and mine.tokens[t] is None
+        assert mine.results[t].pcm.shape == (FRAME,) and not mine.results[t].pcm.any()
+    assert reference[0].results[muted[0]].text != ""  # what the stop dropped
+    assert mine.tokens[: muted[0]] == reference[0].tokens[: muted[0]]
+    assert mine.tokens[muted[-1] + 1 :] == reference[0].tokens[muted[-1] + 1 :]
+    assert theirs.tokens == reference[1].tokens
+    assert [r.text for r in theirs.results] == [r.text for r in reference[1].results]
+    assert all(same_audio(a.pcm, b.pcm)
+               for a, b in zip(theirs.results, reference[1].results, strict=True))
+
+
+def test_stop_before_speaking_drops_nothing(tiny_dir: Path) -> None:
+    """A stop before the slot's first step has no sampled frame to drop: its session runs as
+    an unstopped one; a stop for a closed slot is refused."""
+    reference = _run_pair(load(tiny_dir, max_slots=2), 4)
+    backend = load(tiny_dir, max_slots=2)
+    mine, _ = _run_pair(backend, 4, stop_after=-1)
+    assert mine.tokens == reference[0].tokens
+    assert [r.pcm.size for r in mine.results] == [0, FRAME, FRAME, FRAME]
+    backend.close_slot(0)
+    with pytest.raises(ValueError, match="not open"):
+        backend.stop_response(0)
+
+
 # ------------------------------------------------------------------------------- text and API
 
 

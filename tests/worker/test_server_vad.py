@@ -16,11 +16,11 @@ from hypothesis import given, settings, strategies as st
 
 from gateway.protocol.codec import render_event
 from inference_worker.backends.fake import FakeBackend
-from inference_worker.duplex_runner import DuplexRunner
+from inference_worker.core import ConversationCore
 from inference_worker.frames import FrameOutput
-from inference_worker.session_runner import SessionRunner
 from store import messages as msg
 from tests.gateway.strict import validate_server_event
+from tests.worker.feeding import feed
 from tests.worker.realtime_render import validate_strict
 
 T0 = 100.0
@@ -33,7 +33,7 @@ TURN_DETECTION = ("audio", "input", "turn_detection")
 USER_TURN = ["input.committed", "item.added", "item.done"]
 OPENING = ["response.created", "output_item.added", "item.added", "content_part.added"]
 CLOSING = ["audio.done", "transcript.done", "content_part.done", "item.done",
-           "output_item.done", "response.done"]
+           "output_item.done", "response.done", "rate_limits.updated"]
 
 
 def silence(ms: int) -> bytes:
@@ -58,7 +58,7 @@ def chunks(audio: bytes) -> list[bytes]:
     return [audio[i:i + size] for i in range(0, len(audio), size)]
 
 
-def drain(runner: SessionRunner | DuplexRunner) -> list[msg.Event]:
+def drain(runner: ConversationCore) -> list[msg.Event]:
     """The runner's events, each strictly valid as the worker's and as the gateway's render."""
     events = runner.events_to_send()
     for n, event in enumerate(events):
@@ -77,14 +77,14 @@ def turn_detection(patch: Any) -> dict[str, Any]:
     return {"audio": {"input": {"turn_detection": patch}}}
 
 
-def update(runner: SessionRunner | DuplexRunner, value: Any, now: float = T0) -> msg.Event:
+def update(runner: ConversationCore, value: Any, now: float = T0) -> msg.Event:
     """Apply a turn_detection update; its one answer."""
     runner.receive(msg.UpdateSession(session=turn_detection(value), event_id="evt_u"), now)
     [answer] = drain(runner)
     return answer
 
 
-def append(runner: SessionRunner | DuplexRunner, audio: bytes, now: float = T0) -> list[msg.Event]:
+def append(runner: ConversationCore, audio: bytes, now: float = T0) -> list[msg.Event]:
     """Append ``audio`` in 30 ms chunks at ``now``; the events it caused."""
     for chunk in chunks(audio):
         runner.receive(msg.AppendAudio(audio=chunk), now)
@@ -101,7 +101,7 @@ def played(events: list[msg.Event]) -> bytes:
     return b"".join(e.audio for e in of_type(events, msg.AudioDelta))
 
 
-def play_out(runner: SessionRunner, start: float) -> list[msg.Event]:
+def play_out(runner: ConversationCore, start: float) -> list[msg.Event]:
     """Tick the loopback until its response has played out."""
     events: list[msg.Event] = []
     deadline = runner.next_deadline()
@@ -113,15 +113,15 @@ def play_out(runner: SessionRunner, start: float) -> list[msg.Event]:
     return events
 
 
-def loopback() -> SessionRunner:
+def loopback() -> ConversationCore:
     """A fresh loopback session."""
-    return SessionRunner("sess_vad", now=T0)
+    return ConversationCore.loopback("sess_vad", now=T0)
 
 
-def frame_runner() -> DuplexRunner:
+def frame_runner() -> ConversationCore:
     """A fresh session of the fake frame backend, ticking at its own frame period."""
-    return DuplexRunner("sess_vad", model="fake", now=T0,
-                        frame_seconds=FakeBackend(max_slots=1).spec.frame_seconds)
+    return ConversationCore.frames("sess_vad", model="fake", now=T0,
+                                   frame_seconds=FakeBackend(max_slots=1).spec.frame_seconds)
 
 
 LOUD = FrameOutput(audio=tone(80), level=0.3)
@@ -185,8 +185,8 @@ _REFUSALS = [
     ({"type": "near_field"}, "invalid_value", ".type"),
     ({"threshold": 0.5}, "missing_required_parameter", ".type"),
     ("server_vad", "invalid_type", ""),
-    ({"type": "server_vad", "idle_timeout_ms": 5000}, "unsupported_turn_detection",
-     ".idle_timeout_ms"),
+    ({"type": "server_vad", "idle_timeout_ms": 40000}, "invalid_value", ".idle_timeout_ms"),
+    ({"type": "semantic_vad", "idle_timeout_ms": 5000}, "unknown_parameter", ".idle_timeout_ms"),
 ]
 
 
@@ -238,7 +238,7 @@ def test_loopback_server_vad_turn_is_committed_and_answered() -> None:
     assert (started.audio_start_ms, stopped.audio_end_ms) == (700, 2500)
     assert started.item_id == stopped.item_id == committed.item_id
     events += play_out(runner, T0)
-    assert kinds(events)[-6:] == CLOSING
+    assert kinds(events)[-len(CLOSING):] == CLOSING
     assert played(events) == audio[700 * BYTES_PER_MS:2500 * BYTES_PER_MS]
     [done] = of_type(events, msg.ResponseDone)
     assert done.response["status"] == "completed"
@@ -376,11 +376,11 @@ def test_frame_runner_server_vad_turn_opens_a_response_the_model_fills() -> None
     assert isinstance(stopped, msg.InputSpeechStopped)
     assert (started.audio_start_ms, stopped.audio_end_ms) == (700, 2500)
     assert runner.take_input().audio == audio  # the model heard all of it, as it arrived
-    runner.on_frame(LOUD, T0 + 1)
+    feed(runner, LOUD, T0 + 1)
     assert kinds(drain(runner)) == ["audio.delta"]
     for n in range(10):  # 800 ms of quiet ends the model's turn
-        runner.on_frame(QUIET, T0 + 1.1 + n * 0.1)
-    assert kinds(drain(runner))[-6:] == CLOSING
+        feed(runner, QUIET, T0 + 1.1 + n * 0.1)
+    assert kinds(drain(runner))[-len(CLOSING):] == CLOSING
     assert runner.take_first_audio_latencies() == [pytest.approx(1.0)]
 
 
@@ -390,17 +390,17 @@ def test_frame_runner_barge_in_cancels_and_mutes_the_model() -> None:
     runner = frame_runner()
     update(runner, SERVER_VAD)
     append(runner, utterance())
-    runner.on_frame(LOUD, T0 + 1)
+    feed(runner, LOUD, T0 + 1)
     drain(runner)
     events = append(runner, tone(200), T0 + 1.1)
     assert kinds(events) == ["input.speech_started", *CLOSING]
     [done] = of_type(events, msg.ResponseDone)
     assert done.response["status_details"] == {"type": "cancelled", "reason": "turn_detected"}
-    runner.on_frame(LOUD, T0 + 1.2)
+    feed(runner, LOUD, T0 + 1.2)
     assert drain(runner) == []  # muted: the client never hears the interrupted rest
     events = append(runner, silence(600), T0 + 1.3)
     assert kinds(events) == ["input.speech_stopped", *USER_TURN, *OPENING]
-    runner.on_frame(LOUD, T0 + 1.4)
+    feed(runner, LOUD, T0 + 1.4)
     assert kinds(drain(runner)) == ["audio.delta"]
 
 
@@ -442,12 +442,12 @@ def test_any_sequence_keeps_speech_events_paired_and_responses_nested(
     """Whatever the interleaving, every event is strictly valid, a speech_stopped names the
     turn its speech_started announced and is followed by that item's commit, and responses
     open and close in turn."""
-    runner: SessionRunner | DuplexRunner = frame_runner() if on_frames else loopback()
+    runner: ConversationCore = frame_runner() if on_frames else loopback()
     events: list[msg.Event] = []
     for n, step in enumerate(steps):
         if isinstance(step, FrameOutput):
-            if isinstance(runner, DuplexRunner):
-                runner.on_frame(step, T0 + n)
+            if isinstance(runner, ConversationCore):
+                feed(runner, step, T0 + n)
         else:
             runner.receive(step, T0 + n)
         runner.tick(T0 + n)
@@ -468,3 +468,64 @@ def test_any_sequence_keeps_speech_events_paired_and_responses_nested(
         elif isinstance(event, msg.ResponseDone):
             assert event.response["id"] == active
             active = None
+
+
+# ------------------------------------------------------------------------- idle timeout
+
+IDLE_VAD = {"type": "server_vad", "idle_timeout_ms": 5000}
+
+
+@pytest.mark.parametrize("make", [loopback, frame_runner])
+def test_idle_timeout_answers_a_silent_user_after_a_response(make: Any) -> None:
+    """server_vad with idle_timeout_ms: once a response ended, 5 s of input without speech
+    gives input_audio_buffer.timeout_triggered over the silent range, the silent segment is
+    committed as the user item it names, and a response opens."""
+    runner = make()
+    assert isinstance(update(runner, IDLE_VAD), msg.SessionUpdated)
+    runner.receive(msg.AppendAudio(audio=tone(300)), T0)
+    runner.receive(msg.CommitInput(), T0)
+    runner.receive(msg.CreateResponse(), T0)
+    runner.receive(msg.CancelResponse(), T0)  # a response ended: the idle clock starts
+    ended_at = 300  # ms of input on the timeline when it ended
+    events = drain(runner)
+    assert "input.timeout_triggered" not in kinds(events)
+    events = append(runner, silence(4980))
+    assert "input.timeout_triggered" not in kinds(events)
+    events = append(runner, silence(60))
+    assert kinds(events)[:4] == ["input.timeout_triggered", *USER_TURN]
+    timeout, committed = events[0], events[1]
+    assert isinstance(timeout, msg.InputTimeoutTriggered)
+    assert isinstance(committed, msg.InputCommitted)
+    assert timeout.audio_start_ms == ended_at
+    assert timeout.audio_end_ms - timeout.audio_start_ms >= 5000
+    assert timeout.item_id == committed.item_id
+    assert "response.created" in kinds(events)
+    again = append(runner, silence(6000))
+    assert "input.timeout_triggered" not in kinds(again), "one timeout per response"
+
+
+@pytest.mark.parametrize("make", [loopback, frame_runner])
+def test_speech_holds_off_the_idle_timeout(make: Any) -> None:
+    """Speech after the response resets the idle clock: the user is not idle."""
+    runner = make()
+    update(runner, {**IDLE_VAD, "create_response": False})
+    runner.receive(msg.AppendAudio(audio=tone(300)), T0)
+    runner.receive(msg.CommitInput(), T0)
+    runner.receive(msg.CreateResponse(), T0)
+    runner.receive(msg.CancelResponse(), T0)
+    drain(runner)
+    events = append(runner, silence(3000) + tone(500) + silence(4000))
+    assert "input.speech_started" in kinds(events)
+    assert "input.timeout_triggered" not in kinds(events)
+
+
+def test_without_idle_timeout_silence_never_answers() -> None:
+    """With idle_timeout_ms null, silence after a response is only silence."""
+    runner = loopback()
+    update(runner, {"type": "server_vad"})
+    runner.receive(msg.AppendAudio(audio=tone(300)), T0)
+    runner.receive(msg.CommitInput(), T0)
+    runner.receive(msg.CreateResponse(), T0)
+    runner.receive(msg.CancelResponse(), T0)
+    drain(runner)
+    assert kinds(append(runner, silence(31000))) == []

@@ -22,10 +22,9 @@ import pytest
 from redis.asyncio import Redis
 
 from inference_worker.backends.fake import FakeBackend, FakeOptions
-from inference_worker.duplex_runner import DuplexRunner
+from inference_worker.core import ConversationCore
 from inference_worker.frames import FrameOutput
 from inference_worker.metrics import FAILURE_STAGES
-from inference_worker.session_runner import SessionRunner
 from inference_worker.sessions import Session, SessionTable
 from inference_worker.settings import WorkerSettings
 from inference_worker.worker import Worker
@@ -45,13 +44,11 @@ def marked(index: int) -> bytes:
 
 
 
-class PlantedLoopback(SessionRunner):
+class PlantedLoopback(ConversationCore):
     """The loopback runner with a bug at ``stage``, armed by a heartbeat with id POISON."""
 
-    def __init__(self, session_id: str, *, now: float, stage: str) -> None:
-        super().__init__(session_id, now=now)
-        self.stage = stage
-        self.armed = False
+    stage = ""
+    armed = False
 
     def receive(self, command: msg.Command, now: float) -> None:
         if isinstance(command, msg.Heartbeat) and command.event_id == POISON:
@@ -98,7 +95,9 @@ class PlantedWorker(Worker):
     def _new_session(self, session_id: str) -> Session | None:
         session = super()._new_session(session_id)
         if session is not None:
-            session.runner = PlantedLoopback(session_id, now=time.monotonic(), stage=self.stage)
+            planted = PlantedLoopback.loopback(session_id, now=time.monotonic())
+            planted.stage = self.stage
+            session.runner = planted
         return session
 
 
@@ -251,7 +250,7 @@ async def test_a_session_that_fails_ends_internal_error_alone(redis_client: Redi
         assert failures(worker) == {s: float(s == counted) for s in FAILURE_STAGES}
 
 
-class PlantedDuplex(DuplexRunner):
+class PlantedDuplex(ConversationCore):
     """The frame backends' runner, whose model output handling fails once armed."""
 
     armed = False
@@ -275,8 +274,8 @@ class PlantedFrameWorker(Worker):
         session = super()._new_session(session_id)
         engine = self.engine
         if session is not None and engine is not None:
-            session.runner = PlantedDuplex(session_id, model="fake", now=time.monotonic(),
-                                           frame_seconds=engine.spec.frame_seconds)
+            session.runner = PlantedDuplex.frames(session_id, model="fake", now=time.monotonic(),
+                                                  frame_seconds=engine.spec.frame_seconds)
         return session
 
 

@@ -1,11 +1,13 @@
-"""The transitions table of the worker's two session machines."""
+"""The transitions table of the worker's three session machines."""
 
 from __future__ import annotations
 
 import pytest
 
 from inference_worker.states import (
+    MACHINES,
     TRANSITIONS,
+    GateState,
     InputState,
     ResponseState,
     State,
@@ -14,7 +16,7 @@ from inference_worker.states import (
     transition,
 )
 
-MACHINES = (InputState, ResponseState)
+Machine = type[InputState] | type[ResponseState] | type[GateState]
 
 
 def test_every_entry_stays_inside_its_machine() -> None:
@@ -24,14 +26,14 @@ def test_every_entry_stays_inside_its_machine() -> None:
 
 
 @pytest.mark.parametrize("machine", MACHINES)
-def test_closed_is_terminal(machine: type[InputState] | type[ResponseState]) -> None:
+def test_closed_is_terminal(machine: Machine) -> None:
     """CLOSED has no way out, so nothing happens after session.close."""
     closed: State = machine("closed")
     assert all(transition(closed, trigger) is None for trigger in Trigger)
 
 
 @pytest.mark.parametrize("machine", MACHINES)
-def test_every_open_state_can_close(machine: type[InputState] | type[ResponseState]) -> None:
+def test_every_open_state_can_close(machine: Machine) -> None:
     """session.close is legal in every state that is not already closed."""
     state: State
     for state in machine:
@@ -39,7 +41,7 @@ def test_every_open_state_can_close(machine: type[InputState] | type[ResponseSta
             assert transition(state, Trigger.CLOSE) == machine("closed")
 
 
-@pytest.mark.parametrize("initial", [InputState.EMPTY, ResponseState.IDLE])
+@pytest.mark.parametrize("initial", [InputState.EMPTY, ResponseState.IDLE, GateState.LIVE])
 def test_every_state_is_reachable(initial: State) -> None:
     """Every state of a machine is reachable from its initial state through the table."""
     seen: set[State] = {initial}
@@ -59,14 +61,15 @@ def test_every_state_is_reachable(initial: State) -> None:
     [
         (ResponseState.IDLE, Trigger.CANCEL),
         (ResponseState.IDLE, Trigger.FINISH),
-        (ResponseState.PLAYING, Trigger.CREATE),
-        (ResponseState.STREAMING, Trigger.CREATE),
-        (ResponseState.PLAYING, Trigger.STREAM),
+        (ResponseState.OPEN, Trigger.CREATE),
+        (ResponseState.SPEAKING, Trigger.CREATE),
+        (ResponseState.SPEAKING, Trigger.APPEND),
         (InputState.EMPTY, Trigger.COMMIT),
+        (GateState.LIVE, Trigger.AUDIBLE),
     ],
 )
 def test_illegal_moves_are_lookup_misses(
-    state: InputState | ResponseState, trigger: Trigger
+    state: InputState | ResponseState | GateState, trigger: Trigger
 ) -> None:
     """Refused moves (second response, cancel while idle, empty commit) are not in the table."""
     assert transition(state, trigger) is None
@@ -76,9 +79,12 @@ def test_legal_moves() -> None:
     """The main paths of a turn are in the table."""
     assert transition(InputState.EMPTY, Trigger.APPEND) is InputState.BUFFERED
     assert transition(InputState.BUFFERED, Trigger.COMMIT) is InputState.EMPTY
-    assert transition(ResponseState.IDLE, Trigger.CREATE) is ResponseState.PLAYING
-    assert transition(ResponseState.PLAYING, Trigger.FINISH) is ResponseState.IDLE
-    assert transition(ResponseState.STREAMING, Trigger.CANCEL) is ResponseState.IDLE
+    assert transition(ResponseState.IDLE, Trigger.CREATE) is ResponseState.OPEN
+    assert transition(ResponseState.OPEN, Trigger.AUDIBLE) is ResponseState.SPEAKING
+    assert transition(ResponseState.SPEAKING, Trigger.FINISH) is ResponseState.IDLE
+    assert transition(ResponseState.SPEAKING, Trigger.CANCEL) is ResponseState.IDLE
+    assert transition(GateState.LIVE, Trigger.CANCEL) is GateState.MUTED
+    assert transition(GateState.MUTED, Trigger.TURN_OVER) is GateState.LIVE
 
 
 def test_table_is_read_only() -> None:
@@ -94,5 +100,11 @@ def test_mermaid_lists_each_edge_of_one_machine() -> None:
     assert lines[0] == "stateDiagram-v2"
     edges = [key for key in TRANSITIONS if isinstance(key[0], ResponseState)]
     assert len(lines) == 1 + len(edges)
-    assert "    idle --> playing: create" in lines
+    assert "    idle --> open: create" in lines
     assert "buffered" not in diagram
+
+
+def test_machines_start_in_their_first_state() -> None:
+    """MACHINES lists each machine with its initial state first, as the core starts them."""
+    assert [next(iter(machine)) for machine in MACHINES] == [
+        InputState.EMPTY, ResponseState.IDLE, GateState.LIVE]

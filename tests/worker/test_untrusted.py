@@ -1,5 +1,5 @@
 """Client values the worker does not trust: nesting, close reasons, quoted values, in both
-runners (the loopback's SessionRunner and the frame backends' DuplexRunner)."""
+runners (the loopback's ConversationCore and the frame backends' ConversationCore)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ from typing import Any
 
 import pytest
 
-from inference_worker.duplex_runner import DuplexRunner
-from inference_worker.session_runner import SessionRunner
+from inference_worker.core import ConversationCore
 from inference_worker.untrusted import (
     MAX_CLOSE_REASON_BYTES,
     MAX_SESSION_DEPTH,
@@ -21,7 +20,7 @@ from store import messages as msg
 from store.messages import decode_command, encode_message
 
 T0 = 100.0
-Runner = SessionRunner | DuplexRunner
+Runner = ConversationCore
 
 
 def nested_objects(depth: int) -> Any:
@@ -53,8 +52,8 @@ def through_the_log(command: msg.Command) -> msg.Command:
 
 def runners() -> list[Runner]:
     """One runner of each kind."""
-    return [SessionRunner("sess_a", now=T0),
-            DuplexRunner("sess_a", model="fake", frame_seconds=0.08, now=T0)]
+    return [ConversationCore.loopback("sess_a", now=T0),
+            ConversationCore.frames("sess_a", model="fake", frame_seconds=0.08, now=T0)]
 
 
 @pytest.fixture(params=["loopback", "duplex"])

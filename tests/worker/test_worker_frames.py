@@ -24,9 +24,18 @@ AUDIBLE = b"\x00\x10" * 1920  # 80 ms, loud
 
 
 class Failing(FakeBackend):
-    """The fake backend whose steps raise once ``broken`` is set."""
+    """The fake backend whose steps raise once ``broken`` is set; it records the slots it was
+    told to stop the response of."""
 
     broken = False
+
+    def __init__(self, *, max_slots: int, options: FakeOptions) -> None:
+        super().__init__(max_slots=max_slots, options=options)
+        self.stopped: list[int] = []
+
+    def stop_response(self, slot: int) -> None:
+        self.stopped.append(slot)
+        super().stop_response(slot)
 
     def step(self, inputs: list[SlotStep]) -> list[SlotResult]:
         if self.broken:
@@ -98,6 +107,42 @@ async def test_audio_in_becomes_a_response_out(running: Running) -> None:
     assert ttfa == 1
     engine = running.worker.engine
     assert engine is not None and engine.free_slots == 1
+
+
+async def test_a_cancel_stops_the_model_and_nothing_of_the_answer_follows(
+        running: Running) -> None:
+    """response.cancel during the model's answer: the backend is told to stop that slot's
+    response, and no audio of the cancelled response follows its response.done (the engine's
+    frames of steps begun before the stop are fenced; the rest of the turn is muted)."""
+    opened = await open_session(running.scripts, running.worker.worker_id)
+    await append(running, opened.lease, msg.AppendAudio(audio=AUDIBLE * 25))  # 2 s of speech
+
+    async def speaking() -> bool:
+        return "audio.delta" in await kinds_of(running, opened.session_id)
+
+    await until(speaking, "the model answering")
+    await append(running, opened.lease, msg.CancelResponse())
+
+    async def cancelled() -> bool:
+        return "response.done" in await kinds_of(running, opened.session_id)
+
+    await until(cancelled, "the cancelled response.done")
+
+    async def stopped() -> bool:
+        return bool(running.backend.stopped)
+
+    await until(stopped, "the backend told to stop")
+    await append(running, opened.lease, msg.Heartbeat())  # a marker, long after the cancel
+
+    async def marked() -> bool:
+        return "heartbeat_ack" in await kinds_of(running, opened.session_id)
+
+    await until(marked, "the heartbeat answered")
+    kinds = await kinds_of(running, opened.session_id)
+    after = kinds[kinds.index("response.done") + 1:]
+    until_next = after[:after.index("response.created")] if "response.created" in after else after
+    assert "audio.delta" not in until_next
+    assert running.backend.stopped == [0]
 
 
 async def test_model_failure_closes_its_sessions_and_frees_the_slots(running: Running) -> None:
@@ -210,7 +255,8 @@ async def test_drain_ends_an_active_response_before_the_session(redis_client: Re
     await asyncio.wait_for(task, 10)
     logged = await events_of(redis_client, opened.session_id)
     assert [seq for seq, _ in logged] == list(range(1, len(logged) + 1))
-    last_two = [event for _, event in logged[-2:]]
-    assert isinstance(last_two[0], msg.ResponseDone)
-    assert last_two[0].response["status"] == "cancelled"
-    assert isinstance(last_two[1], msg.SessionClosed) and last_two[1].reason == "worker_shutdown"
+    done, limits, closed = [event for _, event in logged[-3:]]
+    assert isinstance(done, msg.ResponseDone)
+    assert done.response["status"] == "cancelled"
+    assert isinstance(limits, msg.RateLimitsUpdated)
+    assert isinstance(closed, msg.SessionClosed) and closed.reason == "worker_shutdown"

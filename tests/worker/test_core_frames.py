@@ -1,4 +1,5 @@
-"""DuplexRunner: a frame backend's output cut into Realtime responses, strictly valid."""
+"""The conversation core on a frame backend: its output cut into Realtime responses, strictly
+valid."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ from typing import Any
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from inference_worker.duplex_runner import DuplexRunner
+from inference_worker.core import ConversationCore
 from inference_worker.frames import FrameOutput
+from inference_worker.turns import TurnMode
 from store import messages as msg
+from tests.worker.feeding import feed
 from tests.worker.realtime_render import validate_strict
 
 T0 = 50.0
@@ -20,18 +23,18 @@ EMPTY = FrameOutput(audio=b"", level=0.0)
 
 OPENING = ["response.created", "output_item.added", "item.added", "content_part.added"]
 CLOSING = ["audio.done", "transcript.done", "content_part.done", "item.done",
-           "output_item.done", "response.done"]
+           "output_item.done", "response.done", "rate_limits.updated"]
 SILENCE_TICKS = 10  # 800 ms of 80 ms frames
 
 
-def runner(explicit: bool = False) -> DuplexRunner:
+def runner(explicit: bool = False) -> ConversationCore:
     """A fresh runner for a Moshi-like model (or the cascade's event mode)."""
-    return DuplexRunner("sess_x", model="cascade" if explicit else "moshi",
-                        frame_seconds=0.032 if explicit else FRAME_S, now=T0,
-                        explicit_turns=explicit)
+    return ConversationCore.frames("sess_x", model="cascade" if explicit else "moshi",
+                                   frame_seconds=0.032 if explicit else FRAME_S, now=T0,
+                                   turns=TurnMode.EVENTS if explicit else TurnMode.AUDIO)
 
 
-def drain(r: DuplexRunner) -> list[msg.Event]:
+def drain(r: ConversationCore) -> list[msg.Event]:
     """The runner's events, each proven strictly valid as a Realtime GA event."""
     events = r.events_to_send()
     for event in events:
@@ -45,10 +48,10 @@ def kinds(events: list[msg.Event]) -> list[str]:
     return [e.KIND for e in events]
 
 
-def frames(r: DuplexRunner, *outputs: FrameOutput, now: float = T0) -> list[msg.Event]:
+def frames(r: ConversationCore, *outputs: FrameOutput, now: float = T0) -> list[msg.Event]:
     """Feed outputs one tick each and return the events."""
     for n, output in enumerate(outputs):
-        r.on_frame(output, now + n * FRAME_S)
+        feed(r, output, now + n * FRAME_S)
     return drain(r)
 
 
@@ -82,7 +85,7 @@ def test_default_session_names_the_model_and_validates() -> None:
     ({"extra_body": "x"}, "invalid_type", "session.extra_body"),
     ({"output_modalities": ["text"]}, "invalid_value", "session.output_modalities"),
     ({"audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 1}}}},
-     "unsupported_turn_detection", "session.audio.input.turn_detection.idle_timeout_ms"),
+     "invalid_value", "session.audio.input.turn_detection.idle_timeout_ms"),
     ({"bogus": 1}, "unknown_parameter", "session.bogus"),
 ])
 def test_bad_updates_are_refused_and_change_nothing(patch: dict[str, Any], code: str,
@@ -100,7 +103,7 @@ def test_bad_updates_are_refused_and_change_nothing(patch: dict[str, Any], code:
 def test_update_sets_silence_and_merges() -> None:
     """A valid patch merges (extra_body included) and answers the full session."""
     r = runner()
-    r.receive(msg.UpdateSession(session={"instructions": "hi", "model": "x",
+    r.receive(msg.UpdateSession(session={"instructions": "hi", "model": "moshi",
                                          "extra_body": {"end_of_turn_silence_ms": 160}}), T0)
     [event] = drain(r)
     assert isinstance(event, msg.SessionUpdated)
@@ -108,7 +111,7 @@ def test_update_sets_silence_and_merges() -> None:
     assert event.session["extra_body"] == {"end_of_turn_silence_ms": 160}
     frames(r, LOUD)
     events = frames(r, QUIET, QUIET)
-    assert kinds(events)[-6:] == CLOSING  # 160 ms = two quiet frames end the turn
+    assert kinds(events)[-len(CLOSING):] == CLOSING  # 160 ms = two quiet frames end the turn
 
 
 # ------------------------------------------------------------------------- input
@@ -268,7 +271,7 @@ def test_created_response_the_model_never_fills_completes_empty() -> None:
     events = frames(r, *[QUIET] * 62)
     assert "response.done" not in kinds(events)
     events = frames(r, QUIET)
-    assert kinds(events)[-6:] == CLOSING and done_of(events)["status"] == "completed"
+    assert kinds(events)[-len(CLOSING):] == CLOSING and done_of(events)["status"] == "completed"
 
 
 @pytest.mark.parametrize(("response", "param"), [
@@ -304,15 +307,15 @@ def test_time_to_first_audio_from_first_input_and_from_commit() -> None:
     """The first reply is timed from the session's first audio, later ones from commit."""
     r = runner()
     r.receive(msg.AppendAudio(audio=bytes(4800)), 10.0)
-    r.on_frame(QUIET, 10.3)
-    r.on_frame(LOUD, 10.5)
+    feed(r, QUIET, 10.3)
+    feed(r, LOUD, 10.5)
     assert r.take_first_audio_latencies() == [pytest.approx(0.5)]
-    r.on_frame(LOUD, 10.6)
+    feed(r, LOUD, 10.6)
     assert r.take_first_audio_latencies() == []
-    r.on_frame(FrameOutput(audio=LOUD.audio, level=0.1, events={"end_of_turn": True}), 10.7)
+    feed(r, FrameOutput(audio=LOUD.audio, level=0.1, events={"end_of_turn": True}), 10.7)
     r.receive(msg.AppendAudio(audio=bytes(4800)), 11.0)
     r.receive(msg.CommitInput(), 11.0)
-    r.on_frame(LOUD, 11.25)
+    feed(r, LOUD, 11.25)
     assert r.take_first_audio_latencies() == [pytest.approx(0.25)]
     drain(r)
 
@@ -321,8 +324,9 @@ def test_time_to_first_audio_from_first_input_and_from_commit() -> None:
 
 
 def test_cascade_events_drive_turns() -> None:
-    """speech_started/stopped are surfaced, naming the item speech_stopped commits; transcript
-    completes the item, response_* bound the answer."""
+    """speech_started/stopped are surfaced, naming the item speech_stopped commits; the
+    transcript completes the item (input_audio_transcription.completed, then item.done),
+    response_* bound the answer."""
     r = runner(explicit=True)
     r.receive(msg.AppendAudio(audio=bytes(4800)), T0)  # 100 ms of input on the timeline
     [started] = frames(r, FrameOutput(audio=b"", level=0.0, events={"speech_started": True}))
@@ -335,8 +339,10 @@ def test_cascade_events_drive_turns() -> None:
     assert stopped.item_id == committed.item_id == started.item_id
     events = frames(r, FrameOutput(audio=b"", level=0.0, events={
         "transcript": "hi there", "response_started": True}))
-    assert kinds(events) == ["item.done", *OPENING]
-    item = events[0]
+    assert kinds(events) == ["input_transcription.completed", "item.done", *OPENING]
+    transcribed, item = events[0], events[1]
+    assert transcribed == msg.InputTranscriptionCompleted(
+        item_id=started.item_id, content_index=0, transcript="hi there")
     assert isinstance(item, msg.ItemDone)
     assert item.item["content"][0]["transcript"] == "hi there"
     events = frames(r, QUIET, FrameOutput(audio=LOUD.audio, level=0.1, text="Hi."))
@@ -347,6 +353,24 @@ def test_cascade_events_drive_turns() -> None:
                                    events={"response_done": True}))
     assert kinds(events) == ["audio.delta", *CLOSING]
     assert done_of(events)["output"][0]["content"][0]["transcript"] == "Hi."
+
+
+def test_a_failed_transcription_is_reported_on_its_item() -> None:
+    """A transcript that comes with an error is the transcription's failure:
+    input_audio_transcription.failed names the item, which completes without a transcript;
+    no model_error is raised for it."""
+    r = runner(explicit=True)
+    [started] = frames(r, FrameOutput(audio=b"", level=0.0, events={"speech_started": True}))
+    frames(r, FrameOutput(audio=b"", level=0.0, events={"speech_stopped": True}))
+    events = frames(r, FrameOutput(audio=b"", level=0.0, events={
+        "transcript": "", "error": "whisper ran out of memory"}))
+    assert kinds(events) == ["input_transcription.failed", "item.done"]
+    failed, item = events
+    assert isinstance(failed, msg.InputTranscriptionFailed) and isinstance(item, msg.ItemDone)
+    assert isinstance(started, msg.InputSpeechStarted)
+    assert failed.item_id == item.item["id"] == started.item_id
+    assert failed.message == "whisper ran out of memory"
+    assert item.item["content"][0]["transcript"] is None
 
 
 def test_cascade_barge_in_cancels_with_turn_detected() -> None:
@@ -361,14 +385,18 @@ def test_cascade_barge_in_cancels_with_turn_detected() -> None:
 
 
 def test_cascade_errors_and_close_complete_the_pending_item() -> None:
-    """A backend error becomes a server_error event; close completes a pending user item."""
+    """A backend error without a transcript becomes a server_error event (model_error); a
+    transcript with an error is the transcription's failure, on its item; close completes
+    a pending user item."""
     r = runner(explicit=True)
+    events = frames(r, FrameOutput(audio=b"", level=0.0, events={"error": "tts failed"}))
+    [error] = events
+    assert isinstance(error, msg.ErrorEvent)
+    assert (error.code, error.error_type) == ("model_error", "server_error")
     events = frames(r, FrameOutput(audio=b"", level=0.0, events={
         "speech_stopped": True, "transcript": "", "error": "asr failed"}))
-    assert kinds(events) == ["error", "input.speech_stopped", "input.committed", "item.added",
-                             "item.done"]
-    error = events[0]
-    assert isinstance(error, msg.ErrorEvent) and error.error_type == "server_error"
+    assert kinds(events) == ["input.speech_stopped", "input.committed", "item.added",
+                             "input_transcription.failed", "item.done"]
     frames(r, FrameOutput(audio=b"", level=0.0, events={"speech_stopped": True}))
     r.receive(msg.CloseSession(), T0)
     assert kinds(drain(r)) == ["item.done"]
@@ -407,7 +435,7 @@ def test_any_sequence_gives_valid_well_nested_responses(explicit: bool,
     events: list[msg.Event] = []
     for n, step in enumerate(steps):
         if isinstance(step, FrameOutput):
-            r.on_frame(step, T0 + n)
+            feed(r, step, T0 + n)
         else:
             r.receive(step, T0 + n)
         events += drain(r)
@@ -424,3 +452,27 @@ def test_any_sequence_gives_valid_well_nested_responses(explicit: bool,
         elif isinstance(event, msg.AudioDelta | msg.TranscriptDelta):
             assert event.response_id == active
     assert active is None
+
+
+def test_a_response_the_cascade_never_takes_up_completes_empty() -> None:
+    """On the cascade (it answers speech only) a response.create with nothing to answer does
+    not wait forever: after 5 s in which the model neither spoke nor started its turn, it
+    completes empty."""
+    r = runner(explicit=True)
+    r.receive(msg.CreateResponse(), T0)
+    assert kinds(drain(r))[:4] == OPENING
+    assert "response.done" not in kinds(frames(r, *[QUIET] * 156))  # 4.99 s of 32 ms ticks
+    events = frames(r, QUIET)
+    assert kinds(events)[-len(CLOSING):] == CLOSING and done_of(events)["status"] == "completed"
+
+
+def test_a_response_the_cascade_took_up_waits_for_its_end() -> None:
+    """A response the cascade started its turn in (response_started while it was open) is the
+    model's to end: a slow synthesis longer than 5 s does not end it, response_done does."""
+    r = runner(explicit=True)
+    r.receive(msg.CreateResponse(), T0)
+    drain(r)
+    frames(r, FrameOutput(audio=b"", level=0.0, events={"response_started": True}))
+    assert "response.done" not in kinds(frames(r, *[QUIET] * 250))  # 8 s
+    events = frames(r, LOUD, FrameOutput(audio=b"", level=0.0, events={"response_done": True}))
+    assert kinds(events)[-len(CLOSING):] == CLOSING

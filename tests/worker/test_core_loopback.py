@@ -1,4 +1,4 @@
-"""SessionRunner: the worker's I/O-free per-session state machine with the loopback backend."""
+"""ConversationCore: the worker's I/O-free per-session state machine with the loopback backend."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from inference_worker.core import ConversationCore
 from inference_worker.loopback import CHUNK_BYTES
 from inference_worker.session_config import MAX_BUFFER_BYTES, MIN_COMMIT_BYTES
-from inference_worker.session_runner import SessionRunner
 from store import messages as msg
 from tests.worker.realtime_render import validate_strict
 
@@ -22,7 +22,7 @@ def pcm(ms: int, seed: int = 1) -> bytes:
     return bytes((i * seed + 7) % 251 for i in range(ms * 48))
 
 
-def drain(runner: SessionRunner) -> list[msg.Event]:
+def drain(runner: ConversationCore) -> list[msg.Event]:
     """Drain the runner's events, proving each one renders as a strictly valid Realtime event."""
     events = runner.events_to_send()
     for event in events:
@@ -40,14 +40,14 @@ def audio_of(events: list[msg.Event]) -> bytes:
     return b"".join(e.audio for e in events if isinstance(e, msg.AudioDelta))
 
 
-def committed(runner: SessionRunner, audio: bytes, now: float = T0) -> None:
+def committed(runner: ConversationCore, audio: bytes, now: float = T0) -> None:
     """Append ``audio`` and commit it, discarding the events."""
     runner.receive(msg.AppendAudio(audio=audio), now)
     runner.receive(msg.CommitInput(), now)
     drain(runner)
 
 
-def update(runner: SessionRunner, patch: dict[str, Any]) -> list[msg.Event]:
+def update(runner: ConversationCore, patch: dict[str, Any]) -> list[msg.Event]:
     """Apply one session.update and return its events."""
     runner.receive(msg.UpdateSession(session=patch, event_id="evt_u"), T0)
     return drain(runner)
@@ -55,8 +55,9 @@ def update(runner: SessionRunner, patch: dict[str, Any]) -> list[msg.Event]:
 
 OPENING = ["response.created", "output_item.added", "item.added", "content_part.added"]
 AUDIO_CLOSING = ["audio.done", "transcript.done", "content_part.done", "item.done",
-                 "output_item.done", "response.done"]
-TEXT_CLOSING = ["content_part.done", "item.done", "output_item.done", "response.done"]
+                 "output_item.done", "response.done", "rate_limits.updated"]
+TEXT_CLOSING = ["text.done", "content_part.done", "item.done", "output_item.done",
+                "response.done", "rate_limits.updated"]
 COMMIT = ["input.committed", "item.added", "item.done"]
 
 
@@ -65,7 +66,7 @@ COMMIT = ["input.committed", "item.added", "item.done"]
 
 def test_default_session_is_a_valid_ga_session() -> None:
     """The effective session object validates as session.updated and carries the defaults."""
-    runner = SessionRunner("sess_a", now=T0)
+    runner = ConversationCore.loopback("sess_a", now=T0)
     [event] = update(runner, {})
     assert isinstance(event, msg.SessionUpdated)
     assert event.session == runner.session
@@ -76,37 +77,45 @@ def test_default_session_is_a_valid_ga_session() -> None:
 
 
 def test_update_deep_merges_known_keys() -> None:
-    """A nested patch changes only the keys it names."""
-    runner = SessionRunner("s", now=T0)
-    [event] = update(runner, {"instructions": "hi", "audio": {"output": {"voice": "marin"}},
+    """A nested patch changes only the keys it names (a voice the loopback does not have
+    shows as the one it speaks with)."""
+    runner = ConversationCore.loopback("s", now=T0)
+    [event] = update(runner, {"instructions": "hi", "audio": {"output": {"voice": "marin",
+                                                                         "speed": 1.25}},
                               "extra_body": {"auto_response": True}})
     assert isinstance(event, msg.SessionUpdated)
     session = event.session
     assert session["instructions"] == "hi"
     assert session["audio"]["output"] == {"format": {"type": "audio/pcm", "rate": 24000},
-                                          "voice": "marin", "speed": 1.0}
+                                          "voice": "alloy", "speed": 1.25}
     assert session["extra_body"] == {"loopback_mode": "turn", "auto_response": True}
 
 
-def test_update_ignores_read_only_model() -> None:
-    """Clients that send ``model`` (LiveKit does) are accepted; the session reports the truth."""
-    runner = SessionRunner("s", now=T0)
+def test_update_names_the_model_once_and_ignores_read_only_keys() -> None:
+    """The first model name a client sends becomes the session's (LiveKit sends it in every
+    update: the same name again is fine); ``id`` is read-only; another name later is
+    model_update_unsupported."""
+    runner = ConversationCore.loopback("s", now=T0)
     [event] = update(runner, {"type": "realtime", "model": "gpt-realtime", "id": "other"})
     assert isinstance(event, msg.SessionUpdated)
-    assert (event.session["model"], event.session["id"]) == ("loopback", "s")
+    assert (event.session["model"], event.session["id"]) == ("gpt-realtime", "s")
+    [event] = update(runner, {"model": "gpt-realtime"})
+    assert isinstance(event, msg.SessionUpdated)
+    [event] = update(runner, {"model": "other-model"})
+    assert isinstance(event, msg.ErrorEvent) and event.code == "model_update_unsupported"
 
 
 @pytest.mark.parametrize(
     ("patch", "code", "param"),
     [
         ({"type": "transcription"}, "invalid_value", "session.type"),
-        ({"audio": {"input": {"format": {"type": "audio/pcmu"}}}}, "unsupported_audio_format",
-         "session.audio.input.format"),
+        ({"audio": {"input": {"format": {"type": "audio/opus"}}}}, "unsupported_audio_format",
+         "session.audio.input.format.type"),
         ({"audio": {"output": {"format": {"type": "audio/pcm", "rate": 16000}}}},
-         "unsupported_audio_format", "session.audio.output.format"),
+         "unsupported_audio_format", "session.audio.output.format.rate"),
         ({"output_modalities": ["audio", "text"]}, "invalid_value", "session.output_modalities"),
-        ({"audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 5000}}}},
-         "unsupported_turn_detection", "session.audio.input.turn_detection.idle_timeout_ms"),
+        ({"audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 4999}}}},
+         "invalid_value", "session.audio.input.turn_detection.idle_timeout_ms"),
         ({"extra_body": {"loopback_mode": "duplex"}}, "invalid_value",
          "session.extra_body.loopback_mode"),
         ({"extra_body": {"auto_response": 1}}, "invalid_value", "session.extra_body.auto_response"),
@@ -122,7 +131,7 @@ def test_update_ignores_read_only_model() -> None:
 )
 def test_refused_update(patch: dict[str, Any], code: str, param: str) -> None:
     """An invalid patch gets an error naming code and param, attributed to the client event."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     [event] = update(runner, patch)
     assert isinstance(event, msg.ErrorEvent)
     assert (event.code, event.param, event.client_event_id) == (code, param, "evt_u")
@@ -131,7 +140,7 @@ def test_refused_update(patch: dict[str, Any], code: str, param: str) -> None:
 
 def test_refused_update_changes_nothing() -> None:
     """A patch with one bad key is refused whole: its valid keys do not apply either."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     before = runner.session
     update(runner, {"instructions": "changed", "audio": {"input": {"format": {"type": "x"}}}})
     assert runner.session == before
@@ -139,7 +148,7 @@ def test_refused_update_changes_nothing() -> None:
 
 def test_update_accepts_every_known_key() -> None:
     """Each knob the loopback accepts round-trips into a strictly valid session object."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     patch = {
         "type": "realtime", "output_modalities": ["text"], "instructions": "x",
         "tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function",
@@ -151,7 +160,8 @@ def test_update_accepts_every_known_key() -> None:
     }
     [event] = update(runner, patch)
     assert isinstance(event, msg.SessionUpdated)
-    assert event.session["audio"]["output"]["voice"] == {"id": "voice_1"}
+    assert event.session["audio"]["output"]["voice"] == "alloy"  # the voice it really has
+    assert event.session["tools"] == [{"type": "function", "name": "f"}]
 
 
 # ------------------------------------------------------------------------- input buffer
@@ -159,7 +169,7 @@ def test_update_accepts_every_known_key() -> None:
 
 def test_short_commit_is_refused() -> None:
     """Less than 100 ms buffered: input_audio_buffer_commit_empty, and the audio is kept."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     runner.receive(msg.AppendAudio(audio=pcm(100)[: MIN_COMMIT_BYTES - 48]), T0)
     runner.receive(msg.CommitInput(event_id="evt_c"), T0)
     [error] = drain(runner)
@@ -173,7 +183,7 @@ def test_short_commit_is_refused() -> None:
 
 def test_commit_makes_user_items_in_a_chain() -> None:
     """Each commit becomes a completed user item whose previous_item_id is the conversation tail."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     runner.receive(msg.AppendAudio(audio=pcm(100)), T0)
     runner.receive(msg.CommitInput(), T0)
     first = drain(runner)
@@ -189,7 +199,7 @@ def test_commit_makes_user_items_in_a_chain() -> None:
 
 def test_clear_empties_the_buffer() -> None:
     """input_audio_buffer.clear answers cleared; a commit afterwards has nothing to commit."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     runner.receive(msg.AppendAudio(audio=pcm(200)), T0)
     runner.receive(msg.ClearInput(), T0)
     runner.receive(msg.CommitInput(), T0)
@@ -198,7 +208,7 @@ def test_clear_empties_the_buffer() -> None:
 
 def test_input_buffer_keeps_only_the_newest_audio() -> None:
     """A turn longer than the buffer cap keeps its newest part, so memory stays bounded."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     old, new = pcm(1000, seed=3), pcm(60_000, seed=5)
     assert len(new) == MAX_BUFFER_BYTES
     runner.receive(msg.AppendAudio(audio=old), T0)
@@ -211,7 +221,7 @@ def test_input_buffer_keeps_only_the_newest_audio() -> None:
 
 def test_empty_append_is_ignored() -> None:
     """An append without audio changes nothing and emits nothing, even in stream mode."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     update(runner, {"extra_body": {"loopback_mode": "stream"}})
     runner.receive(msg.AppendAudio(audio=b""), T0)
     assert drain(runner) == []
@@ -219,7 +229,7 @@ def test_empty_append_is_ignored() -> None:
 
 def test_heartbeat_is_acknowledged() -> None:
     """session.heartbeat gets a heartbeat ack."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     runner.receive(msg.Heartbeat(event_id="hb"), T0)
     assert drain(runner) == [msg.HeartbeatAck()]
 
@@ -229,7 +239,7 @@ def test_heartbeat_is_acknowledged() -> None:
 
 def test_full_turn_in_ga_order_at_real_time_pace() -> None:
     """A 200 ms turn plays back in five 40 ms chunks, each released at start + its offset."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     audio = pcm(200)
     committed(runner, audio)
     runner.receive(msg.CreateResponse(response={"metadata": {"client_event_id": "lk"}}), T0)
@@ -263,7 +273,7 @@ def test_full_turn_in_ga_order_at_real_time_pace() -> None:
     rest = drain(runner)
     assert kinds(rest) == ["audio.delta", *AUDIO_CLOSING]
     assert audio_of(rest) == audio[4 * CHUNK_BYTES :]
-    done = rest[-1]
+    done = rest[-2]
     assert isinstance(done, msg.ResponseDone)
     assert done.response["status"] == "completed"
     assert done.response["metadata"] == {"client_event_id": "lk"}
@@ -273,19 +283,19 @@ def test_full_turn_in_ga_order_at_real_time_pace() -> None:
 
 def test_late_tick_releases_every_due_chunk_in_order() -> None:
     """A tick long after the start releases all due audio at once, never dropping any."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     audio = pcm(130)  # three full chunks and a partial one
     committed(runner, audio)
     runner.receive(msg.CreateResponse(), T0)
     runner.tick(T0 + 10)
     events = drain(runner)
     assert audio_of(events) == audio
-    assert kinds(events)[-1] == "response.done"
+    assert kinds(events)[-2:] == ["response.done", "rate_limits.updated"]
 
 
 def test_create_refusals() -> None:
     """No unanswered turn, or a response already active, refuses response.create."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     runner.receive(msg.CreateResponse(event_id="c1"), T0)
     [error] = drain(runner)
     assert isinstance(error, msg.ErrorEvent)
@@ -303,7 +313,7 @@ def test_create_refusals() -> None:
 
 def test_each_turn_is_answered_once() -> None:
     """The last committed turn is answered once; a second create has no input left."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     committed(runner, pcm(100, seed=1))
     committed(runner, pcm(100, seed=2))
     runner.receive(msg.CreateResponse(), T0)
@@ -320,7 +330,7 @@ def test_each_turn_is_answered_once() -> None:
 )
 def test_invalid_response_options(response: dict[str, Any], param: str) -> None:
     """Overrides that could not be echoed validly are refused with invalid_value and a param."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     committed(runner, pcm(100))
     runner.receive(msg.CreateResponse(response=response, event_id="c"), T0)
     [error] = drain(runner)
@@ -330,12 +340,12 @@ def test_invalid_response_options(response: dict[str, Any], param: str) -> None:
 
 def test_text_response_completes_at_once() -> None:
     """A text-modality response has a text part and no audio events."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     committed(runner, pcm(100))
     runner.receive(msg.CreateResponse(response={"output_modalities": ["text"]}), T0)
     events = drain(runner)
     assert kinds(events) == [*OPENING, *TEXT_CLOSING]
-    done = events[-1]
+    done = events[-2]
     assert isinstance(done, msg.ResponseDone)
     assert done.response["output"][0]["content"] == [{"type": "output_text", "text": ""}]
     assert runner.next_deadline() is None
@@ -343,7 +353,7 @@ def test_text_response_completes_at_once() -> None:
 
 def test_auto_response_answers_each_commit() -> None:
     """With extra_body.auto_response in turn mode, a commit also creates the response."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     update(runner, {"extra_body": {"auto_response": True}})
     runner.receive(msg.AppendAudio(audio=pcm(100)), T0)
     runner.receive(msg.CommitInput(), T0)
@@ -355,14 +365,14 @@ def test_auto_response_answers_each_commit() -> None:
 
 def test_cancel_mid_response_drops_unreleased_audio() -> None:
     """response.cancel ends the response cancelled, items incomplete, and drops unsent audio."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     committed(runner, pcm(200))
     runner.receive(msg.CreateResponse(), T0)
     drain(runner)
     runner.receive(msg.CancelResponse(), T0 + 0.01)
     events = drain(runner)
     assert kinds(events) == AUDIO_CLOSING
-    done = events[-1]
+    done = events[-2]
     assert isinstance(done, msg.ResponseDone)
     assert done.response["status"] == "cancelled"
     assert done.response["status_details"] == {"type": "cancelled", "reason": "client_cancelled"}
@@ -374,7 +384,7 @@ def test_cancel_mid_response_drops_unreleased_audio() -> None:
 
 def test_cancel_refusals() -> None:
     """Cancel with nothing active, or naming another response, is response_cancel_not_active."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     runner.receive(msg.CancelResponse(event_id="x1"), T0)
     errors = drain(runner)
     committed(runner, pcm(200))
@@ -387,7 +397,7 @@ def test_cancel_refusals() -> None:
         ("response_cancel_not_active", "response_id", "x2"),
     ]
     runner.receive(msg.CancelResponse(response_id="resp_1"), T0)
-    assert kinds(drain(runner))[-1] == "response.done"
+    assert kinds(drain(runner))[-2:] == ["response.done", "rate_limits.updated"]
 
 
 # ------------------------------------------------------------------------- stream mode
@@ -395,7 +405,7 @@ def test_cancel_refusals() -> None:
 
 def test_stream_mode_echoes_each_append_at_once() -> None:
     """Stream mode opens a response on the first append and echoes exactly the appended bytes."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     update(runner, {"extra_body": {"loopback_mode": "stream"}})
     runner.receive(msg.AppendAudio(audio=pcm(20, seed=1)), T0)
     first = drain(runner)
@@ -410,7 +420,7 @@ def test_stream_mode_echoes_each_append_at_once() -> None:
 
 def test_stream_commit_completes_the_streamed_response() -> None:
     """A commit in stream mode makes the user item and completes the open response."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     update(runner, {"extra_body": {"loopback_mode": "stream"}})
     runner.receive(msg.AppendAudio(audio=pcm(120)), T0)
     drain(runner)
@@ -418,7 +428,7 @@ def test_stream_commit_completes_the_streamed_response() -> None:
     events = drain(runner)
     assert kinds(events) == [*COMMIT, *AUDIO_CLOSING]
     assert events[0] == msg.InputCommitted(item_id="item_2", previous_item_id="item_1")
-    done = events[-1]
+    done = events[-2]
     assert isinstance(done, msg.ResponseDone)
     assert done.response["status"] == "completed"
     runner.receive(msg.CreateResponse(event_id="c"), T0)  # the turn was answered by the echo
@@ -431,7 +441,7 @@ def test_stream_commit_completes_the_streamed_response() -> None:
 
 def test_stream_append_during_playback_is_buffered_not_echoed() -> None:
     """While a played-back turn owns the output, stream appends are only buffered."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     committed(runner, pcm(200))
     runner.receive(msg.CreateResponse(), T0)
     update(runner, {"extra_body": {"loopback_mode": "stream"}})
@@ -446,7 +456,7 @@ def test_stream_append_during_playback_is_buffered_not_echoed() -> None:
 
 def test_close_cancels_the_active_response_then_ignores_everything() -> None:
     """session.close ends the response cancelled, sets close_requested, then nothing more."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     committed(runner, pcm(200))
     runner.receive(msg.CreateResponse(), T0)
     drain(runner)
@@ -454,8 +464,9 @@ def test_close_cancels_the_active_response_then_ignores_everything() -> None:
     runner.receive(msg.CloseSession(reason="bye"), T0)
     events = drain(runner)
     assert kinds(events) == AUDIO_CLOSING
-    assert isinstance(events[-1], msg.ResponseDone)
-    assert events[-1].response["status"] == "cancelled"
+    done = events[-2]
+    assert isinstance(done, msg.ResponseDone)
+    assert done.response["status"] == "cancelled"
     assert runner.close_requested == "bye"
     for command in (msg.Heartbeat(), msg.AppendAudio(audio=pcm(200)), msg.CommitInput(),
                     msg.CreateResponse(), msg.CancelResponse(), msg.UpdateSession(session={})):
@@ -467,7 +478,7 @@ def test_close_cancels_the_active_response_then_ignores_everything() -> None:
 
 def test_close_when_idle_emits_nothing() -> None:
     """Closing an idle session emits no event: the store writes the terminal one."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     runner.receive(msg.CloseSession(), T0)
     assert drain(runner) == []
     assert runner.close_requested == "client_close"
@@ -503,12 +514,12 @@ _TURN = st.tuples(st.just(msg.AppendAudio(audio=pcm(100))), _APPEND, _COMMIT, _C
 _STEPS = st.lists(st.one_of(_TURN, st.tuples(_SINGLE)), min_size=1, max_size=30).map(
     lambda groups: [step for group in groups for step in group])
 
-_AUDIO_RE = re.compile(r"^(?:created added item content)(?: delta)* (?:adone tdone )?"
+_AUDIO_RE = re.compile(r"^(?:created added item content)(?: delta)* (?:adone tdone |xdone )"
                        r"pdone idone odone done$")
 _SHORT = {"response.created": "created", "output_item.added": "added", "item.added": "item",
           "content_part.added": "content", "audio.delta": "delta", "audio.done": "adone",
           "transcript.done": "tdone", "content_part.done": "pdone", "item.done": "idone",
-          "output_item.done": "odone", "response.done": "done"}
+          "output_item.done": "odone", "response.done": "done", "text.done": "xdone"}
 
 
 class _Checker:
@@ -546,7 +557,7 @@ class _Checker:
 @given(steps=_STEPS)
 def test_random_sessions_keep_the_invariants(steps: list[_Step]) -> None:
     """Any command/tick sequence: no exception, valid events, one response at a time, all ended."""
-    runner = SessionRunner("s", now=T0)
+    runner = ConversationCore.loopback("s", now=T0)
     checker = _Checker()
     now = T0
     for step in [*steps, msg.CloseSession()]:

@@ -1,0 +1,814 @@
+"""The conversation core: one session's conversational state, the same for every backend
+(the seed's ``DuplexSessionRunner``).
+
+It is I/O-free (style rule 1): the worker's driver feeds it commands in log order
+(:meth:`ConversationCore.receive`), what the model did (:meth:`ConversationCore.on_frame` for
+a frame backend's tick; the loopback's playback reports on the core's own clock through
+:meth:`ConversationCore.tick`), and the time, as ``now`` in monotonic seconds; it drains the
+typed events to send (:meth:`ConversationCore.events_to_send`) and what the engine must do
+(:meth:`ConversationCore.take_input`). It imports no asyncio, Redis, Starlette or torch. It
+never emits ``session.closed`` / ``session.expired``: a store script writes the one terminal.
+
+A backend only reports what its model did (:mod:`~inference_worker.model_reports`) and obeys
+what the core tells it (:class:`~inference_worker.model_ports.ModelPort`); the core decides
+every event, following the session's :class:`~inference_worker.turns.TurnPolicy`:
+
+* **Input.** Appended audio goes to the model as it arrives (a duplex model hears the user
+  while it talks; the loopback's model echoes it in stream mode). ``commit`` turns the audio
+  appended since the last commit into a user item (at least 100 ms, as OpenAI requires);
+  ``clear`` drops it, and the audio the model has not consumed yet.
+* **Turn detection.** With ``turn_detection`` on (``server_vad`` / ``semantic_vad``) an energy
+  VAD hears the input: ``speech_started`` (then, with ``interrupt_response`` and a response
+  active, that response ends ``cancelled`` ``turn_detected``); on ``speech_stopped`` the turn
+  is committed as a manual commit would be and, with ``create_response`` and no response
+  active, answered as ``response.create`` would. A backend that detects speech itself (the
+  cascade) reports it instead: its ``speech_started`` / ``speech_stopped`` become the same
+  events whatever ``turn_detection`` says, the stop commits a user item that its transcript
+  completes, and the backend decides when it answers and when it is interrupted.
+* **Responses.** ``response.create`` opens one at once (``response.created`` ..
+  ``response.content_part.added``, Realtime GA order); the model fills it. Where the model
+  speaks when it decides to, its first audible output outside a response opens one, and text
+  it produced before that leads the transcript. Every output inside a response is an audio
+  delta, pauses included; text is a transcript delta. The model's end of turn completes the
+  response, as does (where the policy says) sustained silence of
+  ``extra_body.end_of_turn_silence_ms`` or 5 s without a sound (an empty response).
+* **Cancel.** ``response.cancel``, an interrupting speech start, ``output_audio_buffer.clear``
+  and a truncation of the active response's item end it ``cancelled`` and tell the model to
+  stop; a model that cannot stop mid-word is muted until its turn is over, so the client never
+  hears the rest. Each cancel advances the session's epoch.
+* **Items.** ``conversation.item.*`` keep the history (the shared
+  :class:`~inference_worker.conversation.Conversation`); where a response answers a committed
+  turn (the loopback), a created user message is the turn the next ``response.create``
+  answers.
+
+Every move of the input, response and gate machines is looked up in
+:data:`~inference_worker.states.TRANSITIONS`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Final, Self, TypeAlias, assert_never
+
+from inference_worker.audio_formats import AudioFormat, InputDecoder
+from inference_worker.conversation import (
+    Conversation,
+    ItemCommand,
+    OpenResponse,
+    UserItem,
+    already_active,
+    cancel_refusal,
+    commit_too_small,
+)
+from inference_worker.frames import FrameOutput
+from inference_worker.items import Item
+from inference_worker.loopback import CHUNK_SECONDS, LoopbackModel
+from inference_worker.model_ports import EngineModel, ModelPort, PendingInput
+from inference_worker.model_reports import (
+    BargedIn,
+    Failed,
+    Output,
+    Report,
+    ResponseStarted,
+    TurnEnded,
+    UserSpeechStarted,
+    UserSpeechStopped,
+    UserTranscript,
+    UserTranscriptFailed,
+    reports_of,
+)
+from inference_worker.playback import PlaybackLedgers
+from inference_worker.refusal import Refusal
+from inference_worker.session_config import (
+    LOOPBACK,
+    MAX_BUFFER_BYTES,
+    MIN_COMMIT_BYTES,
+    SessionProfile,
+    apply_session_patch,
+    check_session_patch,
+    default_session,
+    frame_profile,
+    parse_response_options,
+)
+from inference_worker.states import GateState, InputState, ResponseState, Trigger, transition
+from inference_worker.turn_detection import InputTimeline, turn_detection_of
+from inference_worker.turns import POLICIES, TurnMode, TurnPolicy
+from inference_worker.untrusted import close_reason
+from inference_worker.vad import EnergyVad, SpeechStarted, Vad, VadConfig, VadEvent
+from store import messages as msg
+from store.messages import JsonObject
+
+__all__ = ["COMMANDS", "REPLY_TIMEOUT_S", "ConversationCore"]
+
+#: A response the model leaves silent this long completes empty (``ends_on_silence``).
+REPLY_TIMEOUT_S: Final = 5.0
+# Where a profile says nothing of it: the sustained silence that ends the model's turn.
+_DEFAULT_SILENCE_MS: Final = 800
+# Text the model produced while no response was open; bounded so silence cannot grow it.
+_MAX_HELD_TEXT: Final = 2000
+# What the model says (fenced after a stop), as opposed to what it heard of the user.
+_MODEL_SPEECH: Final = (Output, ResponseStarted, TurnEnded, BargedIn)
+
+
+@dataclass(slots=True, kw_only=True)
+class _Response:
+    """The one active response and how far the model's turn has got."""
+
+    opened: OpenResponse
+    spontaneous: bool  # the model opened it (not response.create, not an automatic answer)
+    adopted: bool = False  # the model said it started its turn in it (it will end it)
+    transcript: list[str] = field(default_factory=list)
+    silent_run: int = 0  # consecutive silent outputs since the last audible one
+    age: int = 0  # outputs since it opened
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _UserTurn:
+    """A committed user item that no response has answered yet, and its audio."""
+
+    item_id: str
+    audio: bytes
+
+
+class _InputBuffer:
+    """The input appended since the last commit or clear: its bytes where the policy keeps
+    them (the newest 60 s), else only their count."""
+
+    __slots__ = ("_audio", "_keep", "_size")
+
+    def __init__(self, *, keep: bool) -> None:
+        self._keep = keep
+        self._audio = bytearray()
+        self._size = 0
+
+    @property
+    def size(self) -> int:
+        """Bytes buffered."""
+        return self._size
+
+    def append(self, audio: bytes) -> None:
+        if self._keep:
+            self._audio += audio
+            if len(self._audio) > MAX_BUFFER_BYTES:
+                del self._audio[:len(self._audio) - MAX_BUFFER_BYTES]  # keep the newest
+            self._size = len(self._audio)
+        else:
+            self._size += len(audio)
+
+    def take_all(self) -> bytes:
+        audio = bytes(self._audio)
+        self.clear()
+        return audio
+
+    def take_until(self, begin: int, end: int, fed: int) -> bytes:
+        """Cut out the turn between timeline bytes ``begin`` and ``end`` (``fed``: the
+        timeline's end): what came before it is dropped, what came after stays."""
+        start = fed - self._size  # the timeline position of the buffer's first byte
+        first = min(self._size, max(0, begin - start))
+        last = min(self._size, max(first, end - start))
+        audio = bytes(self._audio[first:last])
+        if self._keep:
+            del self._audio[:last]
+        self._size -= last
+        return audio
+
+    def clear(self) -> None:
+        self._audio.clear()
+        self._size = 0
+
+
+class ConversationCore:
+    """One session's conversation, on any backend (see the module docstring).
+
+    Args:
+        session_id: the session's id, reported in its session object.
+        model: the session's model.
+        profile: what the backend's sessions can be (their session object's rules).
+        policy: how the backend's sessions take turns.
+        frame_seconds: how long one model output lasts (silence is counted in outputs).
+        detector: makes the turn detector of ``turn_detection`` (the energy VAD by default).
+    """
+
+    def __init__(self, session_id: str, *, model: ModelPort, profile: SessionProfile,
+                 policy: TurnPolicy, frame_seconds: float,
+                 detector: Callable[[VadConfig], Vad] = EnergyVad) -> None:
+        config = default_session(session_id, profile)
+        self._conversation = Conversation(config)
+        self._profile = profile
+        self._model = model
+        self._policy = policy
+        self._frame_seconds = frame_seconds
+        self._input_state = InputState.EMPTY
+        self._response_state = ResponseState.IDLE
+        self._gate = GateState.LIVE
+        self._input = _InputBuffer(keep=policy.keeps_turn_audio)
+        self._decoder = InputDecoder(AudioFormat.PCM24K)  # the client's audio -> pcm16 24 kHz
+        self._timeline = InputTimeline(detector)
+        self._turn_start_ms = 0  # where the turn being spoken started (its speech_started)
+        self._idle_from_ms: int | None = None  # the idle timeout's start, once a response ended
+        self._response: _Response | None = None
+        self._unanswered: _UserTurn | None = None  # answers_turns: the turn to answer next
+        self._user_item: UserItem | None = None  # added on end of speech, awaiting its transcript
+        self._mute_silence = 0
+        self._held_text = ""
+        self._held_quiet = 0  # silent outputs since the held text last grew
+        self._anchor: float | None = None  # the trigger time-to-first-audio is measured from
+        self._heard_input = False
+        self._latencies: list[float] = []
+        self._ledgers = PlaybackLedgers()
+        self._close_reason: str | None = None
+        model.configure(config)
+
+    @classmethod
+    def loopback(cls, session_id: str, *, now: float,
+                 detector: Callable[[VadConfig], Vad] = EnergyVad) -> Self:
+        """The core of a loopback session (``now`` keeps the drivers' calls uniform: the
+        loopback has no timed state at open)."""
+        del now
+        return cls(session_id, model=LoopbackModel(), profile=LOOPBACK,
+                   policy=POLICIES[TurnMode.LOOPBACK], frame_seconds=CHUNK_SECONDS,
+                   detector=detector)
+
+    @classmethod
+    def frames(cls, session_id: str, *, model: str, frame_seconds: float, now: float,
+               turns: TurnMode = TurnMode.AUDIO, profile: SessionProfile | None = None,
+               detector: Callable[[VadConfig], Vad] = EnergyVad) -> Self:
+        """The core of a session on the frame backend named ``model``, whose ticks last
+        ``frame_seconds``, whose sessions take turns as ``turns`` says and can be what
+        ``profile`` says (None: :func:`frame_profile` of ``model``)."""
+        del now
+        return cls(session_id, model=EngineModel(),
+                   profile=profile if profile is not None else frame_profile(model),
+                   policy=POLICIES[turns], frame_seconds=frame_seconds, detector=detector)
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def _config(self) -> JsonObject:
+        return self._conversation.config
+
+    @property
+    def close_requested(self) -> str | None:
+        """The reason of the ``CloseSession`` received, or None while the session is open
+        (``client_close`` for a reason that is not a short valid UTF-8 string)."""
+        return self._close_reason
+
+    @property
+    def session(self) -> JsonObject:
+        """A copy of the effective Realtime GA session object."""
+        return copy.deepcopy(self._config)
+
+    @property
+    def responding(self) -> bool:
+        """Whether a response is active."""
+        return self._response is not None
+
+    @property
+    def history(self) -> list[Item]:
+        """The conversation's items, in order, as the history holds them."""
+        return self._conversation.items
+
+    def history_item(self, item_id: str) -> Item | None:
+        """The item ``item_id`` as the history holds it (None: not in the conversation)."""
+        return self._conversation.item(item_id)
+
+    @property
+    def epoch(self) -> int:
+        """How many times the model was told to stop: each stop fences its output (a frame
+        of an older epoch is a cancelled response's)."""
+        return self._model.epoch
+
+    def receive(self, command: msg.Command, now: float) -> None:
+        """Apply one command, in log order (``now``: monotonic seconds)."""
+        if self._close_reason is not None:
+            return  # after session.close every command is ignored: the session is ending
+        COMMANDS[type(command)](self, command, now)
+        self._drain_model(now)
+
+    def on_frame(self, frame: FrameOutput, now: float) -> None:
+        """One engine tick's output of this session's slot (``now``: its arrival).
+
+        A frame of an older epoch than the model's (the step ran before the engine applied
+        the last stop) is fenced: what the model said in it belonged to a cancelled response,
+        so only what it heard of the user (speech, transcript) and its failures count.
+        """
+        if self._close_reason is not None:
+            return
+        reports = reports_of(frame)
+        if frame.epoch < self._model.epoch:
+            reports = [r for r in reports if not isinstance(r, _MODEL_SPEECH)]
+        self._on_reports(reports, now)
+
+    def tick(self, now: float) -> None:
+        """Collect what the model did by ``now`` (the loopback's paced playback)."""
+        if self._close_reason is None:
+            self._drain_model(now)
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`tick` next has work to do, or None when nothing is scheduled."""
+        return None if self._close_reason is not None else self._model.next_deadline()
+
+    def events_to_send(self) -> list[msg.Event]:
+        """Return the events produced since the last call, in order, and forget them."""
+        return self._conversation.take_events()
+
+    def take_input(self) -> PendingInput:
+        """What the engine must do for this session's slot now; forgets it."""
+        return self._model.take_input()
+
+    def take_first_audio_latencies(self) -> list[float]:
+        """Seconds from each turn's trigger to its first audible output, since the last call."""
+        latencies, self._latencies = self._latencies, []
+        return latencies
+
+    # ------------------------------------------------------------------ commands
+
+    def _update(self, command: msg.UpdateSession) -> None:
+        # session.update: all or nothing, answered by session.updated with the full object.
+        refusal = self._patch_refusal(command.session)
+        if refusal is not None:
+            self._refuse(command.event_id, refusal)
+            return
+        before = self._conversation.input_format
+        self._conversation.config = self._patched(command.session)
+        if self._conversation.input_format is not before:
+            self._decoder = InputDecoder(self._conversation.input_format)
+        if not self._policy.model_detects_speech:
+            self._timeline.configure(turn_detection_of(self._config))
+        self._model.configure(self._config)
+        self._conversation.session_updated()
+
+    def _append(self, command: msg.AppendAudio, now: float) -> None:
+        if len(command.audio) % 2 and self._conversation.input_format is AudioFormat.PCM24K:
+            self._refuse(command.event_id, _BROKEN_SAMPLE)  # and the buffer stays aligned
+            return
+        audio = self._decoder.decode(command.audio)  # G.711 becomes pcm16 24 kHz here
+        if not audio:
+            return  # nothing to buffer or hear
+        if not self._heard_input:
+            self._heard_input = True
+            if self._anchor is None:
+                self._anchor = now  # the session's first words: the model's first reply
+        self._move_input(Trigger.APPEND)
+        self._input.append(audio)
+        self._model.hear(audio)
+        self._drain_model(now)  # an echo answers at once, before the turn detector's events
+        for event in self._timeline.feed(audio):
+            self._on_speech(event, now)
+        self._check_idle(now)
+
+    def _commit(self, command: msg.CommitInput, now: float) -> None:
+        if self._input.size < MIN_COMMIT_BYTES or not self._move_input(Trigger.COMMIT):
+            self._refuse(command.event_id, commit_too_small(self._input.size))
+            return
+        audio = self._input.take_all()
+        self._timeline.reset()  # a turn in progress was committed with the rest
+        self._commit_turn(audio, now, respond=self._model.auto_respond)
+
+    def _commit_turn(self, audio: bytes, now: float, *, respond: bool) -> None:
+        """The user item of a committed turn, then its answer when ``respond`` and idle."""
+        item_id = self._conversation.add_user_item(done=True).id
+        self._anchor = now
+        if self._policy.answers_turns:
+            answered = self._response is not None and self._response.spontaneous
+            self._unanswered = None if answered else _UserTurn(item_id=item_id, audio=audio)
+        self._model.committed()
+        self._drain_model(now)
+        if respond and self._response is None:
+            self._start_response(self._config["output_modalities"] == ["audio"], None, now)
+
+    def _clear(self) -> None:
+        self._move_input(Trigger.CLEAR)
+        self._input.clear()
+        self._timeline.reset()  # the detector forgets a turn in progress with its audio
+        self._model.forget_input()
+        self._conversation.emit(msg.InputCleared())
+
+    def _create(self, command: msg.CreateResponse, now: float) -> None:
+        active = self._response
+        if active is not None or transition(self._response_state, Trigger.CREATE) is None:
+            self._refuse(command.event_id,
+                         already_active(active.opened.id if active is not None else "?"))
+            return
+        options = parse_response_options(command.response, self._config, self._profile)
+        if isinstance(options, Refusal):
+            self._refuse(command.event_id, options)
+            return
+        metadata = dict(options.metadata) if options.metadata is not None else None
+        output = {"format": options.output_format, "voice": options.voice}
+        if options.input is not None:
+            # The response answers these items instead of the conversation (GA's ``input``).
+            heard = self._conversation.audio_of_input(options.input)
+            if isinstance(heard, Refusal):
+                self._refuse(command.event_id, heard)
+                return
+            self._start_response(options.audio, metadata, now, output,
+                                 out_of_band=options.out_of_band, answer=heard)
+        elif self._policy.answers_turns and (
+                self._unanswered is None
+                or self._conversation.item(self._unanswered.item_id) is None):
+            self._refuse(command.event_id, Refusal(
+                code="response_create_without_input",
+                message="The loopback answers a committed user turn; commit input audio first.",
+            ))
+        elif options.out_of_band and self._unanswered is not None:
+            # Out of band: it answers the turn without taking it from the conversation.
+            self._start_response(options.audio, metadata, now, output, out_of_band=True,
+                                 answer=self._unanswered.audio)
+        else:
+            self._start_response(options.audio, metadata, now, output)
+
+    def _cancel(self, command: msg.CancelResponse) -> None:
+        active = self._cancellable()
+        refusal = cancel_refusal(active.id if active is not None else None, command.response_id)
+        if refusal is not None:
+            self._refuse(command.event_id, refusal)
+            return
+        self._cancel_active("client_cancelled")
+
+    def _item_command(self, command: ItemCommand) -> None:
+        turn = self._conversation.item_command(
+            command, active=self._cancellable(),
+            cancel_active=lambda: self._cancel_active("client_cancelled"))
+        if turn is not None and self._policy.answers_turns:
+            self._unanswered = _UserTurn(item_id=turn.item_id, audio=turn.audio)
+
+    def _clear_output(self) -> None:
+        active = self._cancellable()
+        self._conversation.output_cleared(active.id if active is not None else None)
+        if active is not None:
+            self._cancel_active("client_cancelled")  # unreleased audio is dropped
+
+    def _cancel_input(self) -> None:
+        """``input.cancel``: the active response ends ``client_cancelled``, the pending input
+        and an unanswered turn are dropped, and the epoch advances even when nothing ran."""
+        if self._cancellable() is not None:
+            self._cancel_active("client_cancelled")
+        else:
+            self._model.stop()  # work in flight for the input (a turn being answered) stops
+        self._unanswered = None
+        self._clear()
+
+    def _barge_in(self) -> None:
+        """``barge_in``: the client heard the user talk over the model; the active response
+        ends ``turn_detected`` (as a detected speech start ends it) and the input buffered
+        before the interruption is dropped."""
+        if self._cancellable() is not None:
+            self._cancel_active("turn_detected")
+        self._clear()
+
+    def _signal_turn(self, command: msg.SignalTurn) -> None:
+        """``turn.signal`` with an event no command stands for: echoed as ``turn.event`` with
+        the turn's state, for the client's own turn logic."""
+        self._conversation.emit(msg.TurnEvent(event=command.event, turn_state=self._turn_state(),
+                                              payload=command.payload))
+
+    def _output_backpressure(self) -> None:
+        """The client is not reading its output: the active response ends ``failed``
+        (``output_backpressure``, the seed's reason) and the model stops, so the output stops
+        growing; what was written stays in the log for the client to read."""
+        if self._cancellable() is None:
+            return
+        self._end_response(Trigger.CANCEL, "failed", "output_backpressure")
+        self._stop_model()
+
+    def _turn_state(self) -> str:
+        """``responding`` while a response is active, else ``listening``."""
+        return "responding" if self._response is not None else "listening"
+
+    # ------------------------------------------------------------------ playback ledger
+
+    def _ack_playback(self, command: msg.AckPlayback) -> None:
+        active = self._response.opened.id if self._response is not None else None
+        ledger = self._ledgers.acknowledge(command, active)
+        if isinstance(ledger, Refusal):
+            self._refuse(command.event_id, ledger)
+            return
+        if ledger.heard_ms is not None:  # a late ack of an interrupted answer cuts it too
+            self._conversation.keep_heard(ledger.item_id, ledger.heard_ms)
+        self._conversation.emit(ledger.acknowledgement())
+
+    def _close(self, command: msg.CloseSession) -> None:
+        if self._response is not None:
+            self._end_response(Trigger.CLOSE, "cancelled", "client_cancelled")
+            self._model.stop()
+        else:
+            self._move_response(Trigger.CLOSE)
+        self._move_input(Trigger.CLOSE)
+        self._gate = transition(self._gate, Trigger.CLOSE) or self._gate
+        self._complete_user_item(None)
+        self._input.clear()
+        self._model.forget_input()
+        self._unanswered = None
+        # The store writes the reason back as session.closed: one it cannot encode is replaced.
+        self._close_reason = close_reason(command.reason)
+
+    # ------------------------------------------------------------------ turn detection
+
+    def _on_speech(self, event: VadEvent, now: float) -> None:
+        settings = self._timeline.settings
+        assert settings is not None  # only a detector makes events
+        if isinstance(event, SpeechStarted):
+            self._turn_start_ms = event.audio_start_ms
+            self._idle_from_ms = None  # the user spoke: not idle
+            # GA order: speech_started first, then the interrupted response's response.done.
+            self._conversation.speech_started(event.audio_start_ms)
+            if settings.interrupt_response and self._cancellable() is not None:
+                self._cancel_active("turn_detected")
+            return
+        self._conversation.speech_stopped(event.audio_end_ms)
+        timeline = self._timeline
+        audio = self._input.take_until(timeline.byte_at(self._turn_start_ms),
+                                       timeline.byte_at(event.audio_end_ms), timeline.fed_bytes)
+        self._move_input(Trigger.COMMIT)
+        if self._input.size:
+            self._move_input(Trigger.APPEND)  # what followed the turn stays buffered
+        self._commit_turn(audio, now, respond=settings.create_response)
+
+    def _check_idle(self, now: float) -> None:
+        """``idle_timeout_ms``: once a response ended, that much input without speech commits
+        the silent segment and answers it, after ``input_audio_buffer.timeout_triggered``.
+        Measured on the input timeline: a client streams its microphone, silence included."""
+        settings, start = self._timeline.settings, self._idle_from_ms
+        if (settings is None or settings.idle_timeout_ms is None or start is None
+                or self._response is not None or self._timeline.speaking):
+            return
+        timeline = self._timeline
+        end = timeline.fed_ms
+        if end - start < settings.idle_timeout_ms:
+            return
+        self._idle_from_ms = None
+        self._conversation.timeout_triggered(start, end)
+        audio = self._input.take_until(timeline.byte_at(start), timeline.byte_at(end),
+                                       timeline.fed_bytes)
+        self._move_input(Trigger.COMMIT)
+        self._timeline.reset()
+        self._commit_turn(audio, now, respond=True)
+
+    # ------------------------------------------------------------------ model reports
+
+    def _drain_model(self, now: float) -> None:
+        reports = self._model.reports(now)
+        if reports:
+            self._on_reports(reports, now)
+
+    def _on_reports(self, reports: list[Report], now: float) -> None:
+        for report in reports:
+            match report:
+                case Output():
+                    self._on_output(report, now)
+                case TurnEnded():
+                    self._on_turn_end()
+                case Failed():
+                    self._conversation.emit(msg.ErrorEvent(
+                        code="model_error", message=report.message, error_type="server_error"))
+                case ResponseStarted():
+                    self._move_gate(Trigger.CREATE)
+                    if self._response is None:
+                        self._open(audio=True, metadata=None, spontaneous=True)
+                    else:
+                        self._response.adopted = True  # the model fills the open response
+                case (UserSpeechStarted() | UserSpeechStopped() | UserTranscript()
+                      | UserTranscriptFailed() | BargedIn()):
+                    if self._policy.model_detects_speech:
+                        self._on_model_turn_taking(report, now)
+                case _:
+                    assert_never(report)
+
+    def _on_model_turn_taking(self, report: Report, now: float) -> None:
+        """A backend that detects speech itself said the user spoke, stopped, said something
+        or interrupted it."""
+        if isinstance(report, UserSpeechStarted):
+            self._conversation.speech_started(self._timeline.fed_ms)
+        elif isinstance(report, BargedIn):
+            if self._response is not None:
+                self._end_response(Trigger.CANCEL, "cancelled", "turn_detected")
+        elif isinstance(report, UserSpeechStopped):
+            self._conversation.speech_stopped(self._timeline.fed_ms)
+            self._complete_user_item(None)
+            self._user_item = self._conversation.add_user_item(done=False)
+            self._input.clear()
+            self._move_input(Trigger.COMMIT)
+            self._anchor = now
+        elif isinstance(report, UserTranscript):
+            self._complete_user_item(report.text)
+        elif isinstance(report, UserTranscriptFailed):
+            self._complete_user_item(None, failure=report.message)
+
+    def _on_output(self, output: Output, now: float) -> None:
+        if self._gate is GateState.MUTED:
+            self._mute_silence = 0 if output.audible else self._mute_silence + 1
+            if self._mute_silence >= self._silence_outputs():
+                self._move_gate(Trigger.TURN_OVER)
+            return
+        response = self._response
+        if response is None:
+            if not (self._policy.opens_on_output and output.audible):
+                self._hold_text(output.text)
+                return
+            response = self._open(audio=True, metadata=None, spontaneous=True)
+        self._stream(response, output, now)
+        response.age += 1
+        response.silent_run = 0 if output.audible else response.silent_run + 1
+        if self._over(response):
+            self._end_response(Trigger.FINISH, "completed", None)
+
+    def _over(self, response: _Response) -> bool:
+        """Whether the response ends by itself: after sustained silence where the policy ends
+        turns so, or left unfilled: a response a client (or turn detection) opened that the
+        model neither spoke in nor took up within :data:`REPLY_TIMEOUT_S` completes empty,
+        so no response waits forever on a model with nothing to say (the cascade answers
+        speech only)."""
+        if self._response_state is ResponseState.SPEAKING:
+            return (self._policy.ends_on_silence
+                    and response.silent_run >= self._silence_outputs())
+        unfilled = not (response.spontaneous or response.adopted)
+        return (self._policy.frames and unfilled
+                and response.age * self._frame_seconds >= REPLY_TIMEOUT_S)
+
+    def _on_turn_end(self) -> None:
+        if self._gate is GateState.MUTED:
+            self._move_gate(Trigger.TURN_OVER)
+        elif self._response is not None:
+            self._end_response(Trigger.FINISH, "completed", None)
+
+    def _hold_text(self, text: str) -> None:
+        if text:
+            self._held_text = (self._held_text + text)[-_MAX_HELD_TEXT:]
+            self._held_quiet = 0
+            return
+        self._held_quiet += 1
+        if self._policy.ends_on_silence and self._held_quiet >= self._silence_outputs():
+            self._held_text = ""  # text that no speech followed was not said
+
+    def _stream(self, response: _Response, output: Output, now: float) -> None:
+        rid, iid = response.opened.id, response.opened.item_id
+        text, self._held_text = self._held_text + output.text, ""
+        if output.audio:
+            self._conversation.audio_delta(response.opened, output.audio)
+            self._ledgers.generated(rid, len(output.audio))
+        if text:
+            response.transcript.append(text)
+            self._conversation.emit(msg.TranscriptDelta(response_id=rid, item_id=iid,
+                                                        output_index=0, content_index=0,
+                                                        delta=text))
+        if output.audible:
+            first = self._response_state is ResponseState.OPEN
+            self._move_response(Trigger.AUDIBLE)
+            if first and self._anchor is not None and self._policy.frames:
+                self._latencies.append(max(0.0, now - self._anchor))
+                self._anchor = None
+
+    def _silence_outputs(self) -> int:
+        silence_ms: int = self._config["extra_body"].get("end_of_turn_silence_ms",
+                                                          _DEFAULT_SILENCE_MS)
+        return max(1, math.ceil(silence_ms / 1000 / self._frame_seconds))
+
+    # ------------------------------------------------------------------ responses
+
+    def _start_response(self, audio: bool, metadata: dict[str, str] | None, now: float,
+                        output: JsonObject | None = None, *, out_of_band: bool = False,
+                        answer: bytes | None = None) -> None:
+        """Open a response for the model to fill (``response.create``, or an automatic one).
+
+        Args:
+            audio: an audio response (else text).
+            metadata: echoed in its response object.
+            now: when it opens.
+            output: the format and voice ``response.create`` set (None: the session's).
+            out_of_band: it stays out of the conversation (``conversation: "none"``).
+            answer: the audio it answers (``input`` items, or an out-of-band look at the
+                unanswered turn); None: the unanswered turn, which it takes.
+        """
+        if answer is None:
+            turn, self._unanswered = self._unanswered, None
+            answer = turn.audio if turn is not None else b""
+        self._move_gate(Trigger.CREATE)  # an explicit request wants to hear the model again
+        self._open(audio=audio, metadata=metadata, spontaneous=False, output=output,
+                   out_of_band=out_of_band)
+        self._anchor = now
+        self._model.answer(answer, spoken=audio, now=now)
+        self._drain_model(now)  # the first chunk is due at once
+
+    def _open(self, *, audio: bool, metadata: dict[str, str] | None, spontaneous: bool,
+              output: JsonObject | None = None, out_of_band: bool = False) -> _Response:
+        self._complete_user_item(None)
+        self._move_response(Trigger.CREATE)
+        response = _Response(
+            opened=self._conversation.open_response(audio=audio, metadata=metadata,
+                                                    output=output, out_of_band=out_of_band),
+            spontaneous=spontaneous)
+        self._response = response
+        opened = response.opened
+        self._ledgers.open(opened.id, opened.item_id)
+        return response
+
+    def _cancellable(self) -> OpenResponse | None:
+        """The active response, when it may be cancelled now."""
+        active = self._response
+        if active is None or transition(self._response_state, Trigger.CANCEL) is None:
+            return None
+        return active.opened
+
+    def _cancel_active(self, reason: str) -> None:
+        """End the active response ``cancelled`` for ``reason``, advance the epoch, and stop
+        the model (or, where it cannot stop mid-word, mute the rest of its turn)."""
+        self._end_response(Trigger.CANCEL, "cancelled", reason)
+        self._stop_model()
+
+    def _stop_model(self) -> None:
+        """Tell the model to stop its response; one that cannot stop mid-word is muted for
+        the rest of its turn."""
+        self._model.stop()
+        if self._policy.mutes_after_cancel:
+            self._move_gate(Trigger.CANCEL)
+            self._mute_silence = 0
+
+    def _end_response(self, trigger: Trigger, status: str, reason: str | None) -> None:
+        response = self._response
+        assert response is not None  # callers checked
+        self._move_response(trigger)
+        self._response = None
+        self._conversation.finish_response(response.opened, status=status, reason=reason,
+                                           transcript="".join(response.transcript))
+        self._idle_from_ms = self._timeline.fed_ms  # the idle timeout counts from here
+        ledger = self._ledgers.ended(response.opened.id, interrupted=status != "completed")
+        if ledger is not None and ledger.heard_ms is not None:
+            # Only what the client acknowledged hearing stays in the history.
+            self._conversation.keep_heard(ledger.item_id, ledger.heard_ms)
+
+    def _complete_user_item(self, transcript: str | None, failure: str | None = None) -> None:
+        pending, self._user_item = self._user_item, None
+        if pending is not None:
+            self._conversation.complete_user_item(pending, transcript, failure)
+
+    # ------------------------------------------------------------------ session.update
+
+    def _patch_refusal(self, patch: JsonObject) -> Refusal | None:
+        return check_session_patch(patch, self._config, self._profile)
+
+    def _patched(self, patch: JsonObject) -> JsonObject:
+        return apply_session_patch(patch, self._config, self._profile)
+
+    # ------------------------------------------------------------------ helpers
+
+    def _move_input(self, trigger: Trigger) -> bool:
+        target = transition(self._input_state, trigger)
+        if target is not None:
+            self._input_state = target
+        return target is not None
+
+    def _move_response(self, trigger: Trigger) -> bool:
+        target = transition(self._response_state, trigger)
+        if target is not None:
+            self._response_state = target
+        return target is not None
+
+    def _move_gate(self, trigger: Trigger) -> None:
+        self._gate = transition(self._gate, trigger) or self._gate
+
+    def _refuse(self, client_event_id: str | None, refusal: Refusal) -> None:
+        self._conversation.refuse(client_event_id, refusal)
+
+
+#: An ``input_audio_buffer.append`` of pcm16 that ends inside a sample.
+_BROKEN_SAMPLE: Final = Refusal(
+    code="invalid_value", param="audio",
+    message="Invalid value for 'audio': pcm16 audio must be whole 2-byte samples.")
+
+#: ``input.text.append``: no backend takes text into the user's turn.
+_TEXT_INPUT_REFUSAL: Final = Refusal(
+    code="native_text_append_unsupported", param="text",
+    message="this model takes no text in the user's turn; send a user message with"
+    " conversation.item.create (an input_text part) instead")
+
+
+_Handler: TypeAlias = Callable[[ConversationCore, Any, float], None]
+
+#: What each command does: every command type has its entry (the tests check it).
+COMMANDS: Final[Mapping[type[msg.Command], _Handler]] = MappingProxyType({
+    msg.UpdateSession: lambda core, command, now: core._update(command),
+    msg.AppendAudio: lambda core, command, now: core._append(command, now),
+    msg.CommitInput: lambda core, command, now: core._commit(command, now),
+    msg.ClearInput: lambda core, command, now: core._clear(),
+    msg.CreateResponse: lambda core, command, now: core._create(command, now),
+    msg.CancelResponse: lambda core, command, now: core._cancel(command),
+    msg.Heartbeat: lambda core, command, now: core._conversation.emit(msg.HeartbeatAck()),
+    msg.CloseSession: lambda core, command, now: core._close(command),
+    msg.CreateItem: lambda core, command, now: core._item_command(command),
+    msg.RetrieveItem: lambda core, command, now: core._item_command(command),
+    msg.DeleteItem: lambda core, command, now: core._item_command(command),
+    msg.TruncateItem: lambda core, command, now: core._item_command(command),
+    msg.ClearOutputAudio: lambda core, command, now: core._clear_output(),
+    msg.CancelInput: lambda core, command, now: core._cancel_input(),
+    msg.BargeIn: lambda core, command, now: core._barge_in(),
+    msg.AppendText: lambda core, command, now: core._refuse(command.event_id,
+                                                           _TEXT_INPUT_REFUSAL),
+    msg.SignalTurn: lambda core, command, now: core._signal_turn(command),
+    msg.AckPlayback: lambda core, command, now: core._ack_playback(command),
+    msg.OutputBackpressure: lambda core, command, now: core._output_backpressure(),
+})

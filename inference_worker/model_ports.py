@@ -1,0 +1,141 @@
+"""The model as the conversation core drives it: :class:`ModelPort`.
+
+The core tells its model what happened (input heard, input forgotten, a response opened for
+it to fill, a turn committed, a response stopped) and collects what the model did as
+:mod:`~inference_worker.model_reports`. Two ports exist: the loopback's paced playback
+(:class:`~inference_worker.loopback.LoopbackModel`, which reports on its own clock) and
+:class:`EngineModel`, a frame backend's slot, whose reports come with each engine tick and
+whose instructions wait for the worker's driver (:meth:`EngineModel.take_input`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from inference_worker.model_reports import Report
+from store.messages import JsonObject
+
+__all__ = ["EngineModel", "ModelPort", "PendingInput"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PendingInput:
+    """What the engine must do for a session's slot: stop the model's response (once per stop
+    asked for: the engine counts them into each frame's epoch), clear queued input, then queue
+    audio."""
+
+    clear: bool = False
+    audio: bytes = b""
+    stops: int = 0
+
+
+class ModelPort(Protocol):
+    """One session's model, as the core sees it."""
+
+    @property
+    def auto_respond(self) -> bool:
+        """Whether every manually committed turn is answered at once (as if followed by
+        ``response.create``)."""
+        ...
+
+    @property
+    def epoch(self) -> int:
+        """How many stops the core asked for: output the model produced before the last of
+        them took effect (an engine frame of an older epoch) belongs to a cancelled response."""
+        ...
+
+    def configure(self, config: JsonObject) -> None:
+        """The session's effective configuration changed to ``config``."""
+
+    def hear(self, audio: bytes) -> None:
+        """The user's input audio (pcm16 24 kHz), in order."""
+
+    def forget_input(self) -> None:
+        """Drop the input the model has not consumed yet."""
+
+    def answer(self, audio: bytes, *, spoken: bool, now: float) -> None:
+        """A response was opened for the model to fill: ``audio`` is the committed turn it
+        answers (empty when the model heard the input already), ``spoken`` its modality."""
+
+    def committed(self) -> None:
+        """The user's turn was committed."""
+
+    def stop(self) -> None:
+        """The response was cancelled: stop it."""
+
+    def reports(self, now: float) -> list[Report]:
+        """What the model did by ``now`` that the core has not been told yet."""
+        ...
+
+    def next_deadline(self) -> float | None:
+        """When :meth:`reports` next has something (None: only when told something)."""
+        ...
+
+    def take_input(self) -> PendingInput:
+        """What the engine must do for this session's slot now; forgets it."""
+        ...
+
+
+class EngineModel:
+    """A frame backend's slot: its input waits for the driver, its reports come with ticks.
+
+    A full-duplex model decides itself when it answers, so :meth:`answer` and
+    :meth:`committed` tell it nothing; it hears the user's audio as it arrives.
+    """
+
+    __slots__ = ("_audio", "_clear", "_epoch", "_stops")
+
+    def __init__(self) -> None:
+        self._audio = bytearray()
+        self._clear = False
+        self._stops = 0  # asked for since the last take_input
+        self._epoch = 0
+
+    @property
+    def auto_respond(self) -> bool:
+        """Never: the model answers when it decides to."""
+        return False
+
+    @property
+    def epoch(self) -> int:
+        """The stops asked for so far (the engine stamps each frame with those it applied)."""
+        return self._epoch
+
+    def configure(self, config: JsonObject) -> None:
+        """Nothing to do: the model takes no session settings."""
+
+    def hear(self, audio: bytes) -> None:
+        """Queue ``audio`` for the engine."""
+        self._audio += audio
+
+    def forget_input(self) -> None:
+        """Drop the queued audio, and have the engine drop what it holds too."""
+        self._audio.clear()
+        self._clear = True
+
+    def answer(self, audio: bytes, *, spoken: bool, now: float) -> None:
+        """Nothing to say to the model: its next audible output fills the response."""
+
+    def committed(self) -> None:
+        """Nothing to say to the model: it heard the turn."""
+
+    def stop(self) -> None:
+        """Have the engine stop the slot's response (a backend that can drops the rest)."""
+        self._stops += 1
+        self._epoch += 1
+
+    def reports(self, now: float) -> list[Report]:
+        """None: the engine's ticks carry the reports."""
+        return []
+
+    def next_deadline(self) -> float | None:
+        """None: the engine's ticks drive the model."""
+        return None
+
+    def take_input(self) -> PendingInput:
+        """The stop, clear and audio queued since the last call; forgets them."""
+        pending = PendingInput(clear=self._clear, audio=bytes(self._audio), stops=self._stops)
+        self._audio.clear()
+        self._clear, self._stops = False, 0
+        return pending

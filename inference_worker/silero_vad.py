@@ -1,0 +1,250 @@
+"""Silero voice activity detection for ``server_vad`` and ``semantic_vad`` turn detection.
+
+:class:`SileroTurnDetector` is the :class:`~inference_worker.vad.Vad` the worker uses where
+onnxruntime and the ``silero-vad`` weights are installed (the ``cascade`` extra); it hears the
+same pcm16 24 kHz input as :class:`~inference_worker.vad.EnergyVad` and keeps its timeline
+rules exactly (see :mod:`inference_worker.vad`): event times are milliseconds of audio fed,
+``min_speech_ms`` of speech starts a turn, ``silence_duration_ms`` of silence (the hangover)
+stops it, ``audio_start_ms`` reaches back ``prefix_padding_ms`` but never past 0, the last
+reset or the previous stop, ``audio_end_ms`` includes the hangover, a reset keeps the timeline
+counting, and any chunking of the same audio gives the same events. What differs is what a
+frame is and how it is judged:
+
+**Windows.** Silero judges 32 ms windows of 512 samples at 16 kHz: 768 samples (1536 bytes) of
+the session's 24 kHz audio, counted from the first byte fed, resampled by
+:class:`~inference_worker.frames.StreamResampler`. A partial window waits for the next chunk.
+Durations round up to whole windows, at least one (``min_speech_ms`` 100 -> 4 windows,
+``silence_duration_ms`` 500 -> 16).
+
+**Probabilities.** Each window gets Silero's speech probability, and ``threshold`` keeps
+OpenAI's own meaning: a probability in 0..1, "higher needs more certain speech". A window at
+or above it is speech; once speaking, a window counts as speech down to ``threshold - 0.15``
+(:data:`HYSTERESIS`, as Silero's ``VADIterator`` does), so the weak windows inside a word do not
+count as silence. Unlike the energy VAD, loud non-speech (a fan, a tone, music) is not speech.
+
+**One model, many sessions.** The ONNX session is loaded on first use (the first detector
+made) and shared by every detector of the process; each detector keeps its own recurrent
+state (:class:`~inference_worker.backends.cascade_models.VadState`), so sessions never hear
+each other. Importing this module loads neither onnxruntime nor the model.
+
+:func:`detector_factory` turns the worker's ``vad`` setting (:data:`VAD_CHOICES`) into the
+detector factory the conversation core takes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Sequence
+from functools import cache
+from typing import TYPE_CHECKING, Final, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from inference_worker.frames import PCM_RATE, StreamResampler, pcm16_to_float
+from inference_worker.vad import (
+    EnergyVad,
+    Pcm16,
+    TurnRules,
+    Vad,
+    VadConfig,
+    VadEvent,
+)
+from store.config import ENV_PREFIX, SettingsError
+
+if TYPE_CHECKING:
+    from inference_worker.backends.cascade_models import VadState
+
+__all__ = [
+    "AUTO",
+    "ENERGY",
+    "HYSTERESIS",
+    "SILERO",
+    "SILERO_MODULES",
+    "VAD_CHOICES",
+    "WINDOW_BYTES",
+    "WINDOW_MS",
+    "WINDOW_SAMPLES",
+    "SileroTurnDetector",
+    "SileroUnavailable",
+    "SpeechProbabilities",
+    "detector_factory",
+    "missing_silero_module",
+    "shared_model",
+]
+
+#: The worker's ``vad`` setting: Silero where installed, else energy.
+AUTO: Final = "auto"
+#: Silero, or the worker refuses to start.
+SILERO: Final = "silero"
+#: The model-free energy detector.
+ENERGY: Final = "energy"
+#: Every accepted ``vad`` setting.
+VAD_CHOICES: Final = (AUTO, SILERO, ENERGY)
+#: What Silero needs importable: the runtime, and the package that ships the weights (found
+#: without importing it: the ``silero_vad`` package itself imports torch).
+SILERO_MODULES: Final = ("onnxruntime", "silero_vad")
+
+#: Length of one Silero window.
+WINDOW_MS: Final = 32
+#: Samples of one window at the session rate (768 at 24 kHz; 512 at Silero's 16 kHz).
+WINDOW_SAMPLES: Final = PCM_RATE * WINDOW_MS // 1000
+#: Bytes of pcm16 in one window.
+WINDOW_BYTES: Final = 2 * WINDOW_SAMPLES
+#: How far below ``threshold`` a window's probability still counts as speech once speaking.
+HYSTERESIS: Final = 0.15
+
+_SILERO_RATE: Final = 16000
+_SILERO_WINDOW: Final = _SILERO_RATE * WINDOW_MS // 1000
+_SAMPLES_PER_MS: Final = PCM_RATE // 1000
+_VARIABLE: Final = f"{ENV_PREFIX}VAD"
+
+
+class SpeechProbabilities(Protocol):
+    """What judges windows: :class:`~inference_worker.backends.cascade_models.SileroVad`."""
+
+    def probabilities(self, windows: npt.NDArray[np.float32], states: Sequence[VadState]
+                      ) -> npt.NDArray[np.float32]:
+        """Speech probability of each row of ``windows`` ``[B, 512]`` (16 kHz); updates
+        ``states``, one per row."""
+        ...
+
+
+@cache
+def shared_model() -> SpeechProbabilities:
+    """The process's one Silero ONNX session, loaded on the first call.
+
+    Raises:
+        WeightsNotFound: the ``silero-vad`` package is not installed (a ``FileNotFoundError``).
+        ImportError: onnxruntime is not installed.
+    """
+    # Imported here: the loader pulls in threading and, once called, onnxruntime, which a
+    # worker whose sessions never turn detection on should not pay for.
+    from inference_worker.backends.cascade_models import load_vad
+
+    return load_vad()
+
+
+def _fresh_state() -> VadState:
+    from inference_worker.backends.cascade_models import VadState
+
+    return VadState()
+
+
+class SileroTurnDetector:
+    """Silero voice activity detection on the turn timeline (see the module docstring).
+
+    Args:
+        config: the settings (OpenAI ``server_vad``'s defaults when None).
+        model: what judges the windows; the process's shared Silero session when None.
+    """
+
+    def __init__(self, config: VadConfig | None = None, *,
+                 model: SpeechProbabilities | None = None) -> None:
+        """Start at 0 ms on the timeline, not speaking (loads the shared model if needed)."""
+        self._model = model if model is not None else shared_model()
+        self._config = config if config is not None else VadConfig()
+        self._state = _fresh_state()
+        self._resampler = StreamResampler(PCM_RATE, _SILERO_RATE)
+        #: Bytes waiting for the rest of their window (fewer than WINDOW_BYTES).
+        self._pending = b""
+        self._turns = TurnRules(WINDOW_SAMPLES)
+
+    @property
+    def config(self) -> VadConfig:
+        """The settings in force."""
+        return self._config
+
+    @property
+    def fed_ms(self) -> int:
+        """Whole milliseconds of audio fed since creation, partial windows included."""
+        return (self._turns.position + len(self._pending) // 2) // _SAMPLES_PER_MS
+
+    @property
+    def speaking(self) -> bool:
+        """Whether speech has started and not stopped."""
+        return self._turns.speaking
+
+    def feed(self, pcm16: Pcm16) -> list[VadEvent]:
+        """Take the next chunk of pcm16 LE mono 24 kHz audio, of any length.
+
+        Returns the events of the windows this chunk completes, in timeline order.
+        """
+        data = self._pending + bytes(pcm16)
+        count = len(data) // WINDOW_BYTES
+        self._pending = data[count * WINDOW_BYTES:]
+        events: list[VadEvent] = []
+        for index in range(count):
+            probability = self._probability(data[index * WINDOW_BYTES:(index + 1) * WINDOW_BYTES])
+            threshold = self._config.threshold
+            event = self._turns.frame(self._config, loud=probability >= threshold,
+                                      audible=probability >= threshold - HYSTERESIS)
+            if event is not None:
+                events.append(event)
+        return events
+
+    def reset(self, config: VadConfig | None = None) -> None:
+        """Forget detection state, Silero's recurrent state and the pending partial window,
+        as after ``input_audio_buffer.clear`` (optionally switching to ``config``, for a
+        ``session.update``).
+
+        The timeline keeps counting from the audio fed so far; prefix padding never reaches
+        back past this point, since the audio before it is gone.
+        """
+        if config is not None:
+            self._config = config
+        self._turns.reset(len(self._pending) // 2)
+        self._pending = b""
+        self._state = _fresh_state()
+        self._resampler.reset()
+
+    def _probability(self, window: bytes) -> float:
+        samples = self._resampler.process(pcm16_to_float(window))
+        # 768 samples at 24 kHz resample to exactly 512 at 16 kHz (the step is 1.5, exact in
+        # binary), so every window reaches Silero whole and the next starts afresh.
+        assert samples.size == _SILERO_WINDOW, samples.size
+        return float(self._model.probabilities(samples.reshape(1, -1), [self._state])[0])
+
+
+# -------------------------------------------------------------------------------- selection
+
+
+class SileroUnavailable(SettingsError):
+    """``vad=silero`` on a machine without onnxruntime or the Silero weights: the worker
+    refuses to start (a :class:`~store.config.SettingsError`, reported as one)."""
+
+
+def missing_silero_module(modules: Sequence[str] = SILERO_MODULES) -> str | None:
+    """The first of ``modules`` that cannot be found (None: Silero can run); nothing is
+    imported."""
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            return module
+    return None
+
+
+def detector_factory(choice: str, *, requires: Sequence[str] = SILERO_MODULES
+                     ) -> Callable[[VadConfig], Vad]:
+    """The turn detector factory of the worker's ``vad`` setting.
+
+    ``auto`` is Silero when every module of ``requires`` is installed (by default onnxruntime
+    and the ``silero_vad`` weights package), else the energy VAD; ``silero`` is Silero or an
+    error; ``energy`` is the energy VAD. Nothing is loaded until a detector is made.
+
+    Raises:
+        SileroUnavailable: ``silero`` where a module of ``requires`` is missing.
+        ValueError: ``choice`` is not one of :data:`VAD_CHOICES`.
+    """
+    if choice not in VAD_CHOICES:
+        raise ValueError(f"unknown vad {choice!r}: expected one of {', '.join(VAD_CHOICES)}")
+    if choice == ENERGY:
+        return EnergyVad
+    missing = missing_silero_module(requires)
+    if missing is None:
+        return SileroTurnDetector
+    if choice == AUTO:
+        return EnergyVad
+    raise SileroUnavailable(
+        f"{_VARIABLE}={SILERO} needs onnxruntime and the silero-vad weights, and {missing!r} is"
+        f" not installed: pip install 'duplex-gateway[cascade]' (or set {_VARIABLE} to {AUTO}"
+        f" or {ENERGY})")
