@@ -40,9 +40,11 @@ class _Group:
 class InputBatcher:
     """Batches :meth:`Scripts.append_input_many` calls per worker."""
 
-    def __init__(self, scripts: Scripts, *, max_entries: int, max_batch: int = 256) -> None:
+    def __init__(self, scripts: Scripts, *, max_entries: int, max_bytes: int = 0,
+                 max_batch: int = 256) -> None:
         self._scripts = scripts
         self._max_entries = max_entries
+        self._max_bytes = max_bytes
         self._max_batch = max_batch
         self._groups: dict[str, _Group] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -85,7 +87,7 @@ class InputBatcher:
         try:
             outcomes = await self._scripts.append_input_many(
                 [(lease, entries) for lease, entries, _ in batch],
-                max_entries=self._max_entries)
+                max_entries=self._max_entries, max_bytes=self._max_bytes)
         except Exception as exc:  # whatever failed, every waiter must hear it
             if not isinstance(exc, StoreError):
                 _log.exception("append batch failed")

@@ -31,7 +31,8 @@ class GatewayServices:
         self.scripts = scripts
         self.subscriber = subscriber
         self.metrics = metrics
-        self.batcher = InputBatcher(scripts, max_entries=settings.input_log_max_entries)
+        self.batcher = InputBatcher(scripts, max_entries=settings.input_log_max_entries,
+                                    max_bytes=settings.input_log_max_bytes)
         #: This process as the holder of the sessions it attaches (a fresh id per process).
         self.holder = AttachmentHolder(gateway_id=new_gateway_id(),
                                        lease_ms=int(settings.attach_lease_s * 1000))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from store.config import ENV_PREFIX, SettingsError
+
 __all__ = ["GatewaySettings"]
 
 
@@ -83,6 +85,13 @@ class GatewaySettings:
         default=4096,
         metadata={"help": "commands a session's worker may have unread; more: input_backpressure"},
     )
+    # The seed's max_pending_input_bytes_per_session: what one session's unread input may
+    # hold in Redis, however few commands carry it.
+    input_log_max_bytes: int = field(
+        default=16 << 20,
+        metadata={"help": "bytes of Redis memory a session's unread input may take (at least"
+                          " MAX_FRAME_BYTES); more: input_backpressure; 0: no limit"},
+    )
     # The seed's pending-output bounds (max_pending_output_events/_bytes_per_session).
     output_backpressure_events: int = field(
         default=512,
@@ -123,3 +132,11 @@ class GatewaySettings:
     log_poll_interval_s: float = field(
         default=1.0, metadata={"help": "safety read of the output log when pushes are quiet"}
     )
+
+    def __post_init__(self) -> None:
+        # A command as large as a frame must fit an empty input log, or a client sending one
+        # would be refused input_backpressure, resume, resend it and be refused again forever.
+        if 0 < self.input_log_max_bytes < self.max_frame_bytes:
+            raise SettingsError(
+                f"{ENV_PREFIX}INPUT_LOG_MAX_BYTES ({self.input_log_max_bytes}) must be at least"
+                f" {ENV_PREFIX}MAX_FRAME_BYTES ({self.max_frame_bytes}), or 0 (no limit)")

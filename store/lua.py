@@ -369,6 +369,7 @@ APPEND_INPUT = _PRELUDE + r"""
 -- KEYS[2i+1], KEYS[2i+2] (i = 1..n) session record, input log of the i-th session
 -- ARGV[1] input log max entries (the most unread commands a session may have)
 -- ARGV[2] call id (unique per call, kept by a resend)
+-- ARGV[3] input log max bytes (its MEMORY USAGE with the new commands; 0: no bound)
 -- then per session: session id, store epoch, generation, tenant, entry count c,
 --   and c pairs: client seq ('' when the client sent none), encoded command
 -- Each entry keeps the fencing token it was written under, so the worker checks it again
@@ -380,17 +381,21 @@ APPEND_INPUT = _PRELUDE + r"""
 --   last index of the input log (ok and full only)}: status ok | full | stale | closed |
 --   unknown (also: another tenant's session, answered as if it did not exist)
 -- Backpressure, never trimming: the worker trims the entries it applied (APPEND_OUTPUT's
--- XTRIM MINID), so a log's length is its session's unread backlog. A session whose new
--- entries would take it past the cap is answered full: none of them is appended and nothing
--- of the record changes (the highest client seq stays, so the client may send them again
--- once the worker caught up). The other sessions of the call are not affected. Dropping old
--- entries instead would lose commands the client was told were taken, unread.
+-- XTRIM MINID), so a log's length (and its memory) is its session's unread backlog. A
+-- session whose new entries would take it past either cap is answered full: none of them is
+-- appended and nothing of the record changes (the highest client seq stays, so the client may
+-- send them again once the worker caught up). The other sessions of the call are not
+-- affected. Dropping old entries instead would lose commands the client was told were taken,
+-- unread.
 -- A resent call (its reply was lost, the client library sent it again) finds its call id in
 -- the record and gets the first answer back, so commands without a client seq are not
 -- appended twice. A full answer records no call id: a resend is decided afresh, which is
 -- safe because the first run appended nothing.
 local deadlines, worker_channel, call_id = KEYS[1], KEYS[2], ARGV[2]
 local in_max = tonumber(ARGV[1])
+-- The bytes the unread input may hold (0: no bound), as Redis counts the log's memory: a
+-- session's input log is its unread backlog, whatever the size of each command.
+local in_max_bytes = tonumber(ARGV[3])
 
 -- The argument positions of the commands that are new: no client seq, or one above the
 -- highest appended (which rises as they are taken), and that highest seq after them.
@@ -421,6 +426,11 @@ local function append_one(rec, in_log, sid, epoch, gen, tenant, at, count)
   if #fresh > 0 and redis.call('XLEN', in_log) + #fresh > in_max then
     return {'full', 0, cseq, tonumber(gen), n}
   end
+  if #fresh > 0 and in_max_bytes > 0 then
+    local held = redis.call('MEMORY', 'USAGE', in_log) or 0
+    for _, i in ipairs(fresh) do held = held + #ARGV[i + 1] end
+    if held > in_max_bytes then return {'full', 0, cseq, tonumber(gen), n} end
+  end
   local first = n + 1
   local payloads = {}
   for _, i in ipairs(fresh) do
@@ -439,7 +449,7 @@ local function append_one(rec, in_log, sid, epoch, gen, tenant, at, count)
 end
 
 local answers = {}
-local at = 3
+local at = 4
 for k = 3, #KEYS, 2 do
   local count = tonumber(ARGV[at + 4])
   answers[#answers + 1] = append_one(KEYS[k], KEYS[k + 1], ARGV[at], ARGV[at + 1],

@@ -396,35 +396,38 @@ class Scripts:
         return _str(answer)
 
     async def append_input(
-        self, lease: Lease, entries: Sequence[tuple[int | None, bytes]], *, max_entries: int
+        self, lease: Lease, entries: Sequence[tuple[int | None, bytes]], *, max_entries: int,
+        max_bytes: int = 0,
     ) -> AppendResult:
         """Fenced append of encoded commands, each with its optional client seq, refused as a
         whole (``backlog_full``) when they would take the session's unread input past
-        ``max_entries``.
+        ``max_entries`` commands or ``max_bytes`` bytes of Redis memory (0: no byte bound).
 
         Raises:
             LeaseLost: a newer attach holds the session.
             SessionGone: the session is closed or unknown.
         """
-        (outcome,) = await self.append_input_many([(lease, entries)], max_entries=max_entries)
+        (outcome,) = await self.append_input_many([(lease, entries)], max_entries=max_entries,
+                                                  max_bytes=max_bytes)
         if isinstance(outcome, StoreError):
             raise outcome
         return outcome
 
     async def append_input_many(
         self, batch: Sequence[tuple[Lease, Sequence[tuple[int | None, bytes]]]], *,
-        max_entries: int,
+        max_entries: int, max_bytes: int = 0,
     ) -> list[AppendResult | LeaseLost | SessionGone]:
         """One script call for several sessions of ONE worker (one hash slot).
 
         Returns, per session in order, its result or the error it would raise alone. A
-        session whose unread input would pass ``max_entries`` appends none of its entries
-        (``backlog_full``); the others append theirs.
+        session whose unread input would pass ``max_entries`` commands or ``max_bytes``
+        bytes (its input log's Redis memory with the new commands; 0: no byte bound) appends
+        none of its entries (``backlog_full``); the others append theirs.
         """
         worker = SessionKeys(batch[0][0].session_id).worker
         keys = [worker.deadlines, worker.input_channel]
         # The call id makes a resend of this very call (a lost reply) return its first answer.
-        args: list[Any] = [max_entries, _new_call_id()]
+        args: list[Any] = [max_entries, _new_call_id(), max_bytes]
         for lease, entries in batch:
             k = SessionKeys(lease.session_id)
             if k.worker.worker_id != worker.worker_id:

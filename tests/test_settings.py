@@ -30,7 +30,8 @@ def test_environment_overrides_defaults_and_flags_override_environment() -> None
                                              ("OUTPUT_BACKPRESSURE_EVENTS", "-1"),
                                              ("OUTPUT_BACKPRESSURE_BYTES", "2MiB"),
                                              ("OUTPUT_STALL_TIMEOUT_S", "-0.5"),
-                                             ("SOCKET_SEND_BUFFER_BYTES", "-4096")])
+                                             ("SOCKET_SEND_BUFFER_BYTES", "-4096"),
+                                             ("INPUT_LOG_MAX_BYTES", "1024")])
 def test_bad_values_name_the_variable(name: str, value: str) -> None:
     """A value that cannot be used is refused with the variable's name in the message."""
     cls = WorkerSettings if name in {"SLOTS", "VAD"} else GatewaySettings

@@ -159,3 +159,28 @@ async def test_a_resend_of_a_refused_call_is_refused_again(
     assert outcome(result) == (True, 0, CAP, CAP)
     assert await record_of(redis_client, opened.session_id) == before
     assert len(await read_input(redis_client, opened.session_id, 0)) == CAP
+
+
+async def test_the_byte_cap_refuses_a_batch_whatever_its_count(
+    scripts: Scripts, redis_client: Redis
+) -> None:
+    """A few large commands reach the byte cap long before the entry cap: with the log at
+    its cap's worth of unread bytes, the next batch is refused whole (nothing appended, the
+    record unchanged); once the worker applied and trimmed them, the same batch is taken."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    sid = opened.session_id
+    chunk = bytes(64 * 1024)  # 64 KiB: an audio append of 0.7 s
+
+    async def send(seq: int) -> AppendResult:
+        return await scripts.append_input(opened.lease, [(seq, chunk)], max_entries=1000,
+                                          max_bytes=256 * 1024)
+
+    taken = [outcome(await send(seq)) for seq in range(1, 4)]
+    assert taken == [(False, 1, seq, seq) for seq in range(1, 4)]
+    before = await record_of(redis_client, sid)
+    assert outcome(await send(4)) == (True, 0, 3, 3)  # 4 x 64 KiB + the log's own bytes
+    assert await record_of(redis_client, sid) == before
+    assert await redis_client.xlen(SessionKeys(sid).input_log) == 3
+    await scripts.append_output_many([OutputAppend(session_id=sid, events=[], input_applied=3)])
+    assert outcome(await send(4)) == (False, 1, 4, 4)
