@@ -84,7 +84,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
         await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
         model = websocket.query_params.get("model", "")
         autostart = bool(model) and websocket.query_params.get("resume") not in ("1", "true")
-        driver = ConnectionDriver(websocket, services, model=model or "loopback",
+        driver = ConnectionDriver(websocket, services, model=model or None,
                                   autostart=autostart, tenant=caller.tenant,
                                   initial_session=caller.initial_session)
         metrics.connections.inc()

@@ -111,7 +111,7 @@ def _rotated_token(old_token: str, control_id: str) -> str:
 class ConnectionDriver:
     """Runs one accepted websocket until it closes."""
 
-    def __init__(self, websocket: WebSocket, services: GatewayServices, *, model: str,
+    def __init__(self, websocket: WebSocket, services: GatewayServices, *, model: str | None,
                  autostart: bool, tenant: str = "anonymous",
                  initial_session: dict[str, Any] | None = None) -> None:
         self._ws = websocket
@@ -561,7 +561,8 @@ class ConnectionDriver:
         self._lease = lease
         self._svc.metrics.sessions_opened.inc()
         self._core.open_succeeded(lease.session_id, resume_token=token,
-                                  generation=lease.generation, model=self._model,
+                                  generation=lease.generation,
+                                  model=self._model or "loopback",
                                   session=placed.session, capabilities=placed.capabilities)
         self._backlog = OutputBacklog(self._output_limits)
 

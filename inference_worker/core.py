@@ -17,25 +17,36 @@ every event, following the session's :class:`~inference_worker.turns.TurnPolicy`
   while it talks; the loopback's model echoes it in stream mode). ``commit`` turns the audio
   appended since the last commit into a user item (at least 100 ms, as OpenAI requires);
   ``clear`` drops it, and the audio the model has not consumed yet.
-* **Turn detection.** With ``turn_detection`` on (``server_vad`` / ``semantic_vad``) an energy
-  VAD hears the input: ``speech_started`` (then, with ``interrupt_response`` and a response
-  active, that response ends ``cancelled`` ``turn_detected``); on ``speech_stopped`` the turn
-  is committed as a manual commit would be and, with ``create_response`` and no response
-  active, answered as ``response.create`` would. A backend that detects speech itself (the
-  cascade) reports it instead: its ``speech_started`` / ``speech_stopped`` become the same
-  events whatever ``turn_detection`` says, the stop commits a user item that its transcript
-  completes, and the backend decides when it answers and when it is interrupted.
+* **Turn detection.** With ``turn_detection`` on (``server_vad`` / ``semantic_vad``) a
+  detector (Silero where installed, else the energy VAD) hears the input: ``speech_started``
+  (then, with ``interrupt_response`` and a response active, that response ends ``cancelled``
+  ``turn_detected``); on ``speech_stopped`` the turn is committed as a manual commit would be
+  and, with ``create_response`` and no response active, answered as ``response.create``
+  would. A backend that detects speech itself (the cascade) reports it instead: its
+  ``speech_started`` / ``speech_stopped`` become the same events whatever ``turn_detection``
+  says (placed where the model was on the input timeline), the stop commits a user item that
+  its transcript completes, and the backend decides when it answers and when it is
+  interrupted. With ``idle_timeout_ms``, once a response ended, that much input without
+  speech commits the silent segment and answers it.
 * **Responses.** ``response.create`` opens one at once (``response.created`` ..
   ``response.content_part.added``, Realtime GA order); the model fills it. Where the model
   speaks when it decides to, its first audible output outside a response opens one, and text
   it produced before that leads the transcript. Every output inside a response is an audio
   delta, pauses included; text is a transcript delta. The model's end of turn completes the
   response, as does (where the policy says) sustained silence of
-  ``extra_body.end_of_turn_silence_ms`` or 5 s without a sound (an empty response).
+  ``extra_body.end_of_turn_silence_ms``; a response the model neither speaks in nor takes up
+  within 5 s completes empty. ``response.create`` options are honoured or refused:
+  out-of-band responses (``conversation: "none"``), ``input`` items, a format per response.
 * **Cancel.** ``response.cancel``, an interrupting speech start, ``output_audio_buffer.clear``
   and a truncation of the active response's item end it ``cancelled`` and tell the model to
   stop; a model that cannot stop mid-word is muted until its turn is over, so the client never
-  hears the rest. Each cancel advances the session's epoch.
+  hears the rest. Each stop advances the session's epoch, and a frame of an older epoch (its
+  step ran before the engine applied the stop) is fenced. ``output.backpressure`` (the
+  gateway's word that the client does not read) ends the response ``failed`` the same way.
+* **Playback.** ``playback.ack`` moves the response's ledger (:mod:`inference_worker.playback`);
+  an interrupted answer keeps only its acknowledged part in the history.
+* **Formats.** G.711 input is decoded at the edge (the model and the ledger see pcm16 24 kHz),
+  output encoded per response.
 * **Items.** ``conversation.item.*`` keep the history (the shared
   :class:`~inference_worker.conversation.Conversation`); where a response answers a committed
   turn (the loopback), a created user message is the turn the next ``response.create``
@@ -210,6 +221,7 @@ class ConversationCore:
         self._timeline = InputTimeline(detector)
         self._turn_start_ms = 0  # where the turn being spoken started (its speech_started)
         self._idle_from_ms: int | None = None  # the idle timeout's start, once a response ended
+        self._model_input_ms: int | None = None  # the model's place on the input timeline
         self._response: _Response | None = None
         self._unanswered: _UserTurn | None = None  # answers_turns: the turn to answer next
         self._user_item: UserItem | None = None  # added on end of speech, awaiting its transcript
@@ -244,6 +256,11 @@ class ConversationCore:
         return cls(session_id, model=EngineModel(),
                    profile=profile if profile is not None else frame_profile(model),
                    policy=POLICIES[turns], frame_seconds=frame_seconds, detector=detector)
+
+    def name(self, model: str) -> None:
+        """Name the session's ``model`` (the name its client opened it with) before any
+        command: later updates may repeat it, never change it."""
+        self._conversation.config["model"] = model
 
     # ------------------------------------------------------------------ public API
 
@@ -301,6 +318,7 @@ class ConversationCore:
         reports = reports_of(frame)
         if frame.epoch < self._model.epoch:
             reports = [r for r in reports if not isinstance(r, _MODEL_SPEECH)]
+        self._model_input_ms = frame.input_ms
         self._on_reports(reports, now)
 
     def tick(self, now: float) -> None:
@@ -583,12 +601,12 @@ class ConversationCore:
         """A backend that detects speech itself said the user spoke, stopped, said something
         or interrupted it."""
         if isinstance(report, UserSpeechStarted):
-            self._conversation.speech_started(self._timeline.fed_ms)
+            self._conversation.speech_started(self._heard_at_ms())
         elif isinstance(report, BargedIn):
             if self._response is not None:
                 self._end_response(Trigger.CANCEL, "cancelled", "turn_detected")
         elif isinstance(report, UserSpeechStopped):
-            self._conversation.speech_stopped(self._timeline.fed_ms)
+            self._conversation.speech_stopped(self._heard_at_ms())
             self._complete_user_item(None)
             self._user_item = self._conversation.add_user_item(done=False)
             self._input.clear()
@@ -598,6 +616,14 @@ class ConversationCore:
             self._complete_user_item(report.text)
         elif isinstance(report, UserTranscriptFailed):
             self._complete_user_item(None, failure=report.message)
+
+    def _heard_at_ms(self) -> int:
+        """Where on the input timeline the model heard what it reports now: its own place
+        (the engine's count of the input it consumed), never past what was appended; the
+        input appended so far when that is not known."""
+        fed = self._timeline.fed_ms
+        heard = self._model_input_ms
+        return fed if heard is None else min(heard, fed)
 
     def _on_output(self, output: Output, now: float) -> None:
         if self._gate is GateState.MUTED:

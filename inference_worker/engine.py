@@ -87,10 +87,14 @@ class TickReport:
 class _SlotInput:
     """One open slot's input: whole frames waiting, and the partial frame being filled."""
 
-    __slots__ = ("carry", "frames", "out_resampler", "partial", "partial_len", "resampler")
+    __slots__ = ("carry", "frames", "out_resampler", "partial", "partial_len", "passed",
+                 "resampler")
 
     def __init__(self, spec: FrameSpec) -> None:
         self.frames: deque[Audio] = deque()
+        # Frames of the session's input behind the model: stepped, dropped or cleared (under
+        # the lock): the slot's place on the session's input timeline.
+        self.passed = 0
         self.partial: list[Audio] = []
         self.partial_len = 0
         self.carry = b""  # an odd trailing byte of pcm16, completed by the next push
@@ -125,6 +129,8 @@ class Engine:
         self._ops: list[tuple[_OpKind, SlotHandle]] = []  # for the thread, in order
         self._active: dict[int, SlotHandle] = {}  # model thread only: opened in the backend
         self._epochs: dict[int, int] = {}  # model thread only: stops applied, by active serial
+        # model thread only: each stepped handle's place on its input timeline, in frames
+        self._positions: dict[int, int] = {}
         self._failed: list[int] = []  # model thread only: serials whose open or stop raised
         self._durations: deque[float] = deque(maxlen=window)
         self._index = 0
@@ -220,6 +226,7 @@ class Engine:
         if slot_input is None:
             return
         with self._lock:
+            slot_input.passed += len(slot_input.frames)
             slot_input.frames.clear()
         slot_input.partial, slot_input.partial_len, slot_input.carry = [], 0, b""
 
@@ -233,6 +240,7 @@ class Engine:
             while len(slot_input.frames) > self._backlog:
                 slot_input.frames.popleft()  # the oldest audio goes: latency stays bounded
                 dropped += 1
+            slot_input.passed += dropped
         if dropped and self.metrics is not None:
             self.metrics.dropped_input_frames.inc(dropped)
 
@@ -395,6 +403,7 @@ class Engine:
             self._epochs[handle.serial] = 0
         elif kind == "close":
             self._epochs.pop(handle.serial, None)
+            self._positions.pop(handle.serial, None)
             if self._active.pop(handle.serial, None) is not None:
                 self.backend.close_slot(handle.slot)
         else:
@@ -416,6 +425,7 @@ class Engine:
         on it raised may have left it in a state that would make the whole step raise."""
         self._failed.append(handle.serial)
         self._epochs.pop(handle.serial, None)
+        self._positions.pop(handle.serial, None)
         if self._active.pop(handle.serial, None) is None:
             return
         try:
@@ -430,6 +440,9 @@ class Engine:
                 slot_input = self._inputs.get(handle.serial)
                 queued = slot_input.frames if slot_input is not None else None
                 raw.append(queued.popleft() if queued else None)
+                if slot_input is not None:
+                    slot_input.passed += raw[-1] is not None
+                    self._positions[handle.serial] = slot_input.passed
         frames: list[Audio] = []
         underruns = bad = 0
         for frame in raw:
@@ -456,8 +469,11 @@ class Engine:
             pcm = slot_input.out_resampler.process(pcm)
         # Stops are applied only between steps, on this thread, so the count now is the one
         # the step began with.
+        position = self._positions.get(handle.serial)
         return FrameOutput(audio=float_to_pcm16(pcm), level=level(pcm), text=result.text,
-                           events=dict(result.events), epoch=self._epochs.get(handle.serial, 0))
+                           events=dict(result.events), epoch=self._epochs.get(handle.serial, 0),
+                           input_ms=None if position is None
+                           else round(position * self.spec.frame_seconds * 1000))
 
     def _record(self, seconds: float, batch: int) -> None:
         with self._lock:

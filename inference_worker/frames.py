@@ -49,6 +49,11 @@ class FrameOutput:
     #: the session asked for comes from a step that was already running, or already queued,
     #: when it asked: what the model said in it belongs to the cancelled response.
     epoch: int = 0
+    #: Where the model is on the session's input timeline after this tick: ms of the
+    #: session's audio it consumed (or that was dropped or cleared before it could), counted
+    #: in whole frames. What the model reports of the user's speech happened there, however
+    #: far ahead the client's appends are. None: not known (a frame not from an engine).
+    input_ms: int | None = None
 
 
 def pcm16_to_float(data: bytes) -> Audio:

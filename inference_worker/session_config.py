@@ -109,6 +109,9 @@ class SessionProfile:
             (a model-native backend answers from what it heard); asking one for a value other
             than the session's is refused.
         coherence: its rules across the fields of a merged session (None: no such rule).
+        turn_detection: a backend that detects turns itself (the cascade's own VAD): the
+            ``audio.input.turn_detection`` its sessions always show, whatever a client asks
+            (the request is still checked); None: the session's own, as asked.
     """
 
     model: str
@@ -118,6 +121,7 @@ class SessionProfile:
     extra_body: Mapping[str, ExtraSetting] = field(
         default_factory=lambda: MappingProxyType({}))
     audio_formats: frozenset[AudioFormat] = frozenset(AudioFormat)
+    turn_detection: Mapping[str, Any] | None = None
     fixed_response_options: frozenset[str] = frozenset()
     coherence: Callable[[JsonObject], Refusal | None] | None = None
 
@@ -202,6 +206,7 @@ _FRAME_EXTRA: Final[Mapping[str, ExtraSetting]] = MappingProxyType({
 def frame_profile(model: str, *, voices: tuple[str, ...] | None = None,
                   transcription_model: str | None = None,
                   fixed_response_options: frozenset[str] = NATIVE_RESPONSE_OPTIONS,
+                  turn_detection: Mapping[str, Any] | None = None,
                   ) -> SessionProfile:
     """The profile of a frame backend named ``model`` (moshi, fake, cascade).
 
@@ -215,10 +220,13 @@ def frame_profile(model: str, *, voices: tuple[str, ...] | None = None,
         transcription_model: what transcribes the user (None: nothing does).
         fixed_response_options: what a response cannot set on it (see
             :attr:`SessionProfile.fixed_response_options`).
+        turn_detection: the turn detection it applies itself, whatever is asked (see
+            :attr:`SessionProfile.turn_detection`).
     """
     return SessionProfile(model=model, voices=voices or (model,), output_modalities=("audio",),
                           transcription_model=transcription_model, extra_body=_FRAME_EXTRA,
-                          fixed_response_options=fixed_response_options)
+                          fixed_response_options=fixed_response_options,
+                          turn_detection=turn_detection)
 
 
 def default_session(session_id: str, profile: SessionProfile = LOOPBACK) -> JsonObject:
@@ -248,7 +256,8 @@ def default_session(session_id: str, profile: SessionProfile = LOOPBACK) -> Json
                 "format": dict(PCM_FORMAT),
                 "transcription": None,
                 "noise_reduction": None,
-                "turn_detection": None,
+                "turn_detection": (None if profile.turn_detection is None
+                                   else copy.deepcopy(dict(profile.turn_detection))),
             },
             "output": {"format": dict(PCM_FORMAT), "voice": profile.voices[0], "speed": 1.0},
         },
@@ -721,6 +730,8 @@ def _merge_into(target: JsonObject, patch: JsonObject, path: tuple[str, ...],
 def _effective(sub: tuple[str, ...], value: Any, profile: SessionProfile) -> Any:
     """The effective value of an accepted leaf ``value`` at ``sub``."""
     if sub == _TURN_DETECTION:
+        if profile.turn_detection is not None:  # the backend's own, whatever was asked
+            return copy.deepcopy(dict(profile.turn_detection))
         return effective_turn_detection(value)
     if sub == _VOICE:
         return profile.voice_for(value)

@@ -59,7 +59,7 @@ from store.client import RedisClient
 from store.directory import WorkerProfile, announce_worker, sessions_of_worker
 from store.errors import raise_if_cancelled
 from store.keys import WorkerKeys, new_worker_id, worker_of_session
-from store.logs import InputEntry, WriteToken, log_ends, read_input_entries, session_epoch
+from store.logs import InputEntry, WriteToken, log_ends, read_input_entries, session_start
 from store.pubsub import Subscriber
 from store.ratelog import RateLimitedLog
 
@@ -409,31 +409,39 @@ class Worker:
         if session_id in self._sessions or self.fenced:
             return self._sessions.get(session_id)
         # The epoch this worker serves the session under: input written under another (a
-        # record re-created after a lossy failover) is refused.
-        epoch = await session_epoch(self._client, session_id)
+        # record re-created after a lossy failover) is refused. The model its session.created
+        # announced is the session's name (the one its client opened it with).
+        start = await session_start(self._client, session_id)
         if session_id in self._sessions or self.fenced:  # a push and a poll adopted it at once
             return self._sessions.get(session_id)
-        session = self._new_session(session_id)
+        session = self._new_session(session_id, start.model if start is not None else None)
         if session is None:
             self._spawn(self._close(session_id, "no_free_slot"))
             return None
-        if epoch is not None:
-            session.applied_under = WriteToken(epoch, 0)
+        if start is not None:
+            session.applied_under = WriteToken(start.epoch, 0)
         self._sessions.add(session_id, session)
         await self._catch_up(session_id, session)
         return session
 
-    def _new_session(self, session_id: str) -> Session | None:
+    def _new_session(self, session_id: str, name: str | None = None) -> Session | None:
         engine = self._engine
         if engine is None:
-            return Session(runner=self._new_core(session_id))
+            return Session(runner=self._new_core(session_id, name))
         handle = engine.open()
         if handle is None:  # more placements than slots: cannot happen while capacity holds
             return None
-        return Session(runner=self._new_core(session_id), handle=handle)
+        return Session(runner=self._new_core(session_id, name), handle=handle)
 
-    def _new_core(self, session_id: str) -> ConversationCore:
-        """The conversation core of a new session here (its backend's, one kind for all)."""
+    def _new_core(self, session_id: str, name: str | None = None) -> ConversationCore:
+        """The conversation core of a new session here (its backend's, one kind for all),
+        named ``name`` (the model its client opened it with; None: the backend's name)."""
+        core = self._unnamed_core(session_id)
+        if name is not None:
+            core.name(name)
+        return core
+
+    def _unnamed_core(self, session_id: str) -> ConversationCore:
         now, entry, engine = time.monotonic(), backend_entry(self.settings.backend), self._engine
         if engine is None:
             return ConversationCore.loopback(session_id, now=now, detector=self._detector)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,12 +16,13 @@ from store.keys import SessionKeys
 __all__ = [
     "InputEntry",
     "LogEnds",
+    "SessionStart",
     "WriteToken",
     "log_ends",
     "read_input",
     "read_input_entries",
     "read_output",
-    "session_epoch",
+    "session_start",
 ]
 
 # An input entry's fencing token is the field named this prefix plus the epoch, whose value is
@@ -119,14 +121,44 @@ async def log_ends(client: Redis | RedisCluster, session_id: str) -> LogEnds:
     return LogEnds(int(fields[0] or 0), int(fields[1] or 0))
 
 
-async def session_epoch(client: Redis | RedisCluster, session_id: str) -> str | None:
-    """The store epoch of the session's record (None: no record). A record re-created (a
-    failover lost it, and the open was sent again) has another epoch than the one it had."""
+@dataclass(frozen=True, slots=True)
+class SessionStart:
+    """What a worker adopting a session reads of its record.
+
+    Attributes:
+        epoch: the record's store epoch (a record re-created after a failover lost it has
+            another epoch than the one it had).
+        model: the ``model`` its ``session.created`` announced (the name the client opened
+            it with); None when the record holds no announced session.
+    """
+
+    epoch: str
+    model: str | None
+
+
+async def session_start(client: Redis | RedisCluster, session_id: str) -> SessionStart | None:
+    """The epoch and announced model of the session's record (None: no record)."""
     key = SessionKeys(session_id).record
     try:
-        value: Any = await client.hget(key, "epoch")
+        fields: Any = await client.hmget(key, ["epoch", "session"])
+        epoch, session = fields
     except REDIS_ERRORS as exc:
         raise_if_cancelled()
-        raise StoreUnavailable(f"HGET {key} failed: {exc}") from exc
+        raise StoreUnavailable(f"HMGET {key} failed: {exc}") from exc
     raise_if_cancelled()
-    return None if value is None else str(value.decode())
+    if epoch is None:
+        return None
+    return SessionStart(epoch=epoch.decode(), model=_announced_model(session))
+
+
+def _announced_model(raw: Any) -> str | None:
+    """The ``model`` of a record's stored session object (None: none, or not readable: the
+    worker then names the session its own way)."""
+    if raw is None:
+        return None
+    try:
+        session = json.loads(raw)
+    except ValueError:
+        return None
+    model = session.get("model") if isinstance(session, dict) else None
+    return model if isinstance(model, str) and model else None

@@ -21,6 +21,7 @@ from store.messages import JsonObject
 
 __all__ = [
     "BACKENDS",
+    "CASCADE_TURN_DETECTION",
     "FRAME_BACKENDS",
     "REGISTRY",
     "BackendEntry",
@@ -120,6 +121,16 @@ def _cascade(request: BackendRequest) -> Backend:
                                config=CascadeConfig(max_slots=request.slots))
 
 
+#: What the cascade's own Silero VAD does (``CascadeConfig``'s defaults, which a test holds
+#: this to): its sessions show this turn detection whatever a client asks, since the backend
+#: decides its turns itself.
+CASCADE_TURN_DETECTION: Final[Mapping[str, object]] = MappingProxyType({
+    "type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
+    "silence_duration_ms": 500, "idle_timeout_ms": None, "create_response": True,
+    "interrupt_response": True,
+})
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BackendEntry:
     """One backend: how its sessions take turns, and how to build it.
@@ -152,7 +163,8 @@ REGISTRY: Final[Mapping[str, BackendEntry]] = MappingProxyType({entry.name: entr
                  load=_moshi, needs_model_path=True),
     BackendEntry(name="cascade", turns=TurnMode.EVENTS,
                  profile=frame_profile("cascade", voices=("en_US-joe-medium",),
-                                       transcription_model="whisper-tiny.en"),
+                                       transcription_model="whisper-tiny.en",
+                                       turn_detection=CASCADE_TURN_DETECTION),
                  load=_cascade),
 )})
 #: Every backend name the worker accepts.

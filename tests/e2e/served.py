@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 from typing import Any, Final
 
+from inference_worker.backends.registry import CASCADE_TURN_DETECTION
 from tests.worker.speech import normalize
 
 __all__ = ["BACKENDS", "SHOWN", "Served", "Shown", "says_nearly"]
@@ -31,23 +32,27 @@ class Served:
 
 @dataclass(frozen=True, slots=True)
 class Shown:
-    """What ``session.updated`` shows of a framework's voice and transcription settings on a
-    backend: what it really serves, whatever the framework asked for.
+    """What ``session.updated`` shows of a framework's voice, transcription and turn
+    detection settings on a backend: what it really serves, whatever the framework asked for.
 
     Attributes:
         voice: ``audio.output.voice``.
         transcription: ``audio.input.transcription`` once a client turned it on.
+        turn_detection: ``audio.input.turn_detection`` whatever was asked (None: as asked).
     """
 
     voice: str
     transcription: dict[str, Any] | None
+    turn_detection: dict[str, Any] | None = None
 
 
-#: Per backend: the loopback has no voice of its own and nothing transcribes; the cascade
-#: speaks with Piper's one voice and transcribes with Whisper.
+#: Per backend: the loopback has no voice of its own and nothing transcribes, and it detects
+#: turns as asked; the cascade speaks with Piper's one voice, transcribes with Whisper and
+#: takes turns with its own Silero VAD.
 SHOWN: Final = {
     "loopback": Shown(voice="alloy", transcription=None),
-    "cascade": Shown(voice="en_US-joe-medium", transcription={"model": "whisper-tiny.en"}),
+    "cascade": Shown(voice="en_US-joe-medium", transcription={"model": "whisper-tiny.en"},
+                     turn_detection=dict(CASCADE_TURN_DETECTION)),
 }
 
 

@@ -49,23 +49,25 @@ async def next_of(conn: Any, event_type: str) -> dict[str, Any]:
             return event
 
 
-@pytest.mark.parametrize(("backend", "chunk_ms", "level"), [
-    ("loopback", 40, "turn_based_duplex"),
-    ("fake", 80, "model_native_duplex"),
+@pytest.mark.parametrize(("backend", "model", "chunk_ms", "level"), [
+    ("loopback", "loopback", 40, "turn_based_duplex"),
+    ("fake", "fake", 80, "model_native_duplex"),
+    ("loopback", "gpt-realtime", 40, "turn_based_duplex"),  # the deployment's own name
 ])
 async def test_session_created_carries_the_session_the_worker_runs(
-    stack: Stack, backend: str, chunk_ms: int, level: str,
+    stack: Stack, backend: str, model: str, chunk_ms: int, level: str,
 ) -> None:
     """session.created holds the whole session object (formats, turn detection, voice,
     instructions, extra_body...) and the capabilities of the worker's backend: exactly what
-    the worker's own session.updated then shows for an update that changes nothing."""
+    the worker's own session.updated then shows for an update that changes nothing, the
+    model the client opened it with included."""
     gateway = stack.gateway()
     stack.worker(backend=backend)
-    async with sdk(gateway) as client, client.realtime.connect(model=backend) as conn:
+    async with sdk(gateway) as client, client.realtime.connect(model=model) as conn:
         created = await recv_json(conn)
         assert created["type"] == "session.created"
         session = created["session"]
-        assert (session["id"], session["model"]) == (created["session_id"], backend)
+        assert (session["id"], session["model"]) == (created["session_id"], model)
         assert session["audio"]["input"]["format"] == PCM_24K
         assert session["audio"]["output"]["format"] == PCM_24K
         assert session["audio"]["input"]["turn_detection"] is None

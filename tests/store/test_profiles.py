@@ -29,6 +29,7 @@ from store import (
 )
 from store.directory import MAX_PROFILE_BYTES, WorkerProfile, decode_profile, worker_loads
 from store.keys import WorkerKeys, new_session_id, new_worker_id
+from store.logs import SessionStart, session_start
 from tests.store._support import (
     EPOCH,
     LONG_POLICY,
@@ -205,3 +206,20 @@ async def test_a_refused_output_write_stores_no_session(
         await scripts.append_output_many([OutputAppend(
             session_id=gap.session_id, events=[ev(1)], first_seq=1, session=UPDATED)])
     assert await stored_session(redis_client, gap.session_id) == CREATED
+
+
+async def test_an_adopting_worker_reads_the_epoch_and_the_announced_model(
+    scripts: Scripts, redis_client: Redis,
+) -> None:
+    """session_start gives the worker the record's epoch and the model session.created
+    announced (the name the client opened the session with), so its own session object
+    names the same model; a record without an announced session gives no model; no record,
+    nothing."""
+    opened = await open_with_session(scripts, await register_with_profile(scripts))
+    start = await session_start(redis_client, opened.session_id)
+    assert start == SessionStart(epoch=EPOCH, model="m")
+    bare = await open_session(scripts, await register_worker(scripts))
+    bare_start = await session_start(redis_client, bare.session_id)
+    assert bare_start is not None and bare_start.model is None
+    nowhere = new_session_id(new_worker_id())
+    assert await session_start(redis_client, nowhere) is None

@@ -476,3 +476,19 @@ def test_a_response_the_cascade_took_up_waits_for_its_end() -> None:
     assert "response.done" not in kinds(frames(r, *[QUIET] * 250))  # 8 s
     events = frames(r, LOUD, FrameOutput(audio=b"", level=0.0, events={"response_done": True}))
     assert kinds(events)[-len(CLOSING):] == CLOSING
+
+
+def test_the_cascades_speech_times_are_where_the_model_heard_them() -> None:
+    """A client that sends a whole turn at once is ahead of the model: the cascade's
+    speech_started / speech_stopped are placed where the engine says the model was on the
+    input timeline when it heard them, not at the end of what was appended."""
+    r = runner(explicit=True)
+    r.receive(msg.AppendAudio(audio=bytes(2400 * 48)), T0)  # 2.4 s appended in one go
+    drain(r)
+    [started] = frames(r, FrameOutput(audio=b"", level=0.0, input_ms=480,
+                                      events={"speech_started": True}))
+    events = frames(r, FrameOutput(audio=b"", level=0.0, input_ms=1536,
+                                   events={"speech_stopped": True}))
+    stopped = events[0]
+    assert isinstance(started, msg.InputSpeechStarted) and started.audio_start_ms == 480
+    assert isinstance(stopped, msg.InputSpeechStopped) and stopped.audio_end_ms == 1536

@@ -1,11 +1,14 @@
 """Hypothesis stateful tests of the conversation core: random commands, model outputs and
 time, on the loopback and on both frame turn modes, against the invariants of the protocol.
 
-After every step: each response ends exactly once (``response.created`` .. one
-``response.done``), no event of a response follows its ``response.done`` (a cancelled
-answer never resurfaces), the history never holds more of an interrupted answer than the
-client acknowledged, every event is strictly valid, and once the session is closing the core
-says nothing more. At the end the session closes and every response has ended.
+After every step: the core never writes a terminal event (the store writes the one terminal,
+after everything the core wrote: ``tests/worker/test_session_isolation.py`` and the e2e
+counts hold the numbering and the terminal), each response ends exactly once
+(``response.created`` .. one ``response.done``), no event of a response follows its
+``response.done`` (a cancelled answer never resurfaces), the history never holds more of an
+interrupted answer than the client acknowledged, every event is strictly valid, and once the
+session is closing the core says nothing more. At the end the session closes and every
+response has ended.
 """
 
 from __future__ import annotations
@@ -199,6 +202,8 @@ class CoreMachine(RuleBasedStateMachine):
                                        for e in events[-2:]), events
         for event in events:
             validate_strict(event)
+            # The one terminal event is the store's to write, after all of these.
+            assert not msg.is_terminal(event), "the core wrote a terminal event"
             names = _response_ids(event)
             assert not names & self.ended, f"{event} names a response that ended"
             if isinstance(event, msg.ResponseCreated):

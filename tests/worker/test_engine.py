@@ -686,3 +686,29 @@ async def test_idle_engine_waits_and_stop_is_prompt() -> None:
     assert time.monotonic() - started < 1
     assert backend.batches == []
     assert math.isfinite(engine.spec.frame_seconds)
+
+
+# ------------------------------------------------------------------------- input position
+
+
+def test_each_frame_says_where_the_model_is_on_the_input_timeline() -> None:
+    """input_ms counts the session's input behind the model, in whole frames: each frame it
+    stepped, none for a tick it had to pad with silence, and the frames cleared or dropped
+    for the backlog (they passed it by). A client that sends a burst is ahead of it; the
+    model's place is not."""
+    engine, _, _ = make(backlog_s=0.24)  # three 80 ms frames
+    handle = engine.open()
+    assert handle is not None
+    engine.push_audio(handle, pcm(FRAME * 2))  # 160 ms at once
+
+    def position() -> int | None:
+        report = engine.tick_once()
+        assert report is not None
+        return report.outputs[handle.serial].input_ms
+
+    assert [position(), position(), position()] == [80, 160, 160]  # the third tick: padding
+    engine.push_audio(handle, pcm(FRAME * 2))
+    engine.clear_input(handle)  # two frames the model never heard, gone past it
+    assert position() == 320
+    engine.push_audio(handle, pcm(FRAME * 5))  # two over the backlog: dropped, passed
+    assert position() == 320 + 2 * 80 + 80

@@ -7,6 +7,7 @@ import pytest
 from inference_worker.backends.fake import FakeBackend
 from inference_worker.backends.registry import (
     BACKENDS,
+    CASCADE_TURN_DETECTION,
     FRAME_BACKENDS,
     REGISTRY,
     BackendRequest,
@@ -15,6 +16,8 @@ from inference_worker.backends.registry import (
     create_backend,
     explicit_turns,
 )
+from inference_worker.core import ConversationCore
+from store import messages as msg
 
 
 def test_the_table_names_every_backend_with_its_turn_mode() -> None:
@@ -48,3 +51,29 @@ def test_moshi_without_weights_says_where_to_put_them() -> None:
     """The moshi entry refuses to load without a model path, naming the setting."""
     with pytest.raises(ValueError, match="DUPLEX_GATEWAY_MODEL_PATH"):
         create_backend(BackendRequest(name="moshi", slots=1))
+
+
+def test_the_cascade_shows_the_turn_detection_its_vad_applies() -> None:
+    """The cascade decides its turns with its own Silero VAD: the turn detection its sessions
+    show is that VAD's (CascadeConfig's defaults), from the start and whatever a client asks
+    (semantic_vad, null), so session.updated never claims settings nothing applies."""
+    from inference_worker.backends.cascade import CascadeConfig  # its heavy imports: here
+
+    config = CascadeConfig()
+    shown = dict(CASCADE_TURN_DETECTION)
+    assert (shown["threshold"], shown["prefix_padding_ms"], shown["silence_duration_ms"]) == (
+        config.threshold, config.pre_roll_ms, config.silence_ms)
+    entry = backend_entry("cascade")
+    core = ConversationCore.frames("s", model="cascade", frame_seconds=0.032, now=0.0,
+                                   turns=TurnMode.EVENTS, profile=entry.profile)
+    assert core.session["audio"]["input"]["turn_detection"] == shown
+    for asked in ({"type": "semantic_vad", "eagerness": "low"}, None):
+        core.receive(msg.UpdateSession(session={"audio": {"input": {"turn_detection": asked}}}),
+                     0.0)
+        [updated] = core.events_to_send()
+        assert isinstance(updated, msg.SessionUpdated)
+        assert updated.session["audio"]["input"]["turn_detection"] == shown
+    core.receive(msg.UpdateSession(session={"audio": {"input": {"turn_detection": {
+        "type": "server_vad", "threshold": 7}}}}), 0.0)
+    [refused] = core.events_to_send()
+    assert isinstance(refused, msg.ErrorEvent)  # a bad request is still refused

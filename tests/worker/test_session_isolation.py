@@ -92,8 +92,8 @@ class PlantedWorker(Worker):
         super().__init__(*args, **kwargs)
         self.stage = stage
 
-    def _new_session(self, session_id: str) -> Session | None:
-        session = super()._new_session(session_id)
+    def _new_session(self, session_id: str, name: str | None = None) -> Session | None:
+        session = super()._new_session(session_id, name)
         if session is not None:
             planted = PlantedLoopback.loopback(session_id, now=time.monotonic())
             planted.stage = self.stage
@@ -270,8 +270,8 @@ class PlantedDuplex(ConversationCore):
 class PlantedFrameWorker(Worker):
     """A fake-backend worker whose sessions run :class:`PlantedDuplex`."""
 
-    def _new_session(self, session_id: str) -> Session | None:
-        session = super()._new_session(session_id)
+    def _new_session(self, session_id: str, name: str | None = None) -> Session | None:
+        session = super()._new_session(session_id, name)
         engine = self.engine
         if session is not None and engine is not None:
             session.runner = PlantedDuplex.frames(session_id, model="fake", now=time.monotonic(),
