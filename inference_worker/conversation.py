@@ -150,6 +150,12 @@ class Conversation:
         self.emit(msg.ErrorEvent(code=refusal.code, message=refusal.message,
                                  param=refusal.param, client_event_id=client_event_id))
 
+    def _added(self, item: JsonObject, previous_item_id: str | None) -> None:
+        """``conversation.item.added`` (GA), then the same item as ``conversation.item.created``
+        (its beta and seed name, still a GA server event): clients of either name see it."""
+        self.emit(msg.ItemAdded(item=copy.deepcopy(item), previous_item_id=previous_item_id),
+                  msg.ItemCreated(item=copy.deepcopy(item), previous_item_id=previous_item_id))
+
     def session_updated(self) -> None:
         """``session.updated`` with the whole effective session object."""
         self.emit(msg.SessionUpdated(session=copy.deepcopy(self.config)))
@@ -199,9 +205,8 @@ class Conversation:
         self._reserved_item_id = None
         self._insert(Item(id=item.id, role="user", status="completed",
                           content=user_audio_content(None)), None)
-        self.emit(msg.InputCommitted(item_id=item.id, previous_item_id=item.previous_item_id),
-                  msg.ItemAdded(item=user_item_object(item.id, None),
-                                previous_item_id=item.previous_item_id))
+        self.emit(msg.InputCommitted(item_id=item.id, previous_item_id=item.previous_item_id))
+        self._added(user_item_object(item.id, None), item.previous_item_id)
         if done:
             self.complete_user_item(item, None)
         return item
@@ -252,8 +257,7 @@ class Conversation:
         if not out_of_band:
             self._insert(Item(id=item_id, role="assistant", status="in_progress",
                               content=(item_content(audio),)), None)
-            self.emit(msg.ItemAdded(item=copy.deepcopy(item),
-                                    previous_item_id=response.previous_item_id))
+            self._added(item, response.previous_item_id)
         self.emit(msg.ContentPartAdded(response_id=response_id, item_id=item_id,
                                        output_index=0, content_index=0,
                                        part=content_part(audio)))
@@ -490,8 +494,8 @@ class Conversation:
             return None
         item = dataclasses.replace(created, id=item_id or self._new_item_id())
         previous = self._insert(item, after)
-        self.emit(msg.ItemAdded(item=item.realtime(), previous_item_id=previous),
-                  msg.ItemDone(item=item.realtime(), previous_item_id=previous))
+        self._added(item.realtime(), previous)
+        self.emit(msg.ItemDone(item=item.realtime(), previous_item_id=previous))
         return CreatedUserTurn(item_id=item.id, audio=audio) if item.role == "user" else None
 
     def _id_refusal(self, item_id: Any) -> Refusal | None:

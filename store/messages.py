@@ -52,6 +52,7 @@ __all__ = [
     "InputTranscriptionDelta",
     "InputTranscriptionFailed",
     "ItemAdded",
+    "ItemCreated",
     "ItemDeleted",
     "ItemDone",
     "ItemRetrieved",
@@ -376,6 +377,17 @@ class ItemAdded:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ItemCreated:
+    """The same item as the :class:`ItemAdded` just before it, under the name the beta API
+    and the seed use (``conversation.item.created``, still in GA's server events): clients
+    written for either name see every item."""
+
+    KIND: ClassVar[str] = "item.created"
+    item: JsonObject
+    previous_item_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ItemDone:
     """A conversation item is final."""
 
@@ -677,6 +689,7 @@ Event: TypeAlias = (
     | InputSpeechStarted
     | InputSpeechStopped
     | ItemAdded
+    | ItemCreated
     | ItemDone
     | ItemRetrieved
     | ItemDeleted

@@ -560,6 +560,7 @@ _EVENT_RENDERERS: dict[type[Any], tuple[str, Callable[[Any], JsonDict]]] = {
                            _copy("audio_start_ms", "item_id")),
     m.InputSpeechStopped: ("input_audio_buffer.speech_stopped", _copy("audio_end_ms", "item_id")),
     m.ItemAdded: ("conversation.item.added", _copy("previous_item_id", "item")),
+    m.ItemCreated: ("conversation.item.created", _copy("previous_item_id", "item")),
     m.ItemDone: ("conversation.item.done", _copy("previous_item_id", "item")),
     m.ItemRetrieved: ("conversation.item.retrieved", _copy("item")),
     m.ItemDeleted: ("conversation.item.deleted", _copy("item_id")),

@@ -55,8 +55,8 @@ async def test_sdk_creates_truncates_retrieves_and_deletes_items(dev_stack: str)
             if event.type == "conversation.item.deleted":
                 assert event.item_id == assistant_id
                 break
-    assert seen[:4] == ["session.created", "session.updated", "conversation.item.added",
-                        "conversation.item.done"]
+    assert seen[:5] == ["session.created", "session.updated", "conversation.item.added",
+                        "conversation.item.created", "conversation.item.done"]
     assert "response.done" in seen
     assert bytes(played) == pcm[:len(played)], "the created item's audio is played back"
     await client.close()

@@ -663,6 +663,10 @@ EVENTS: list[tuple[m.Event, dict[str, Any]]] = [
         {"type": "conversation.item.added", "previous_item_id": None, "item": ITEM_USER},
     ),
     (
+        m.ItemCreated(item=ITEM_USER, previous_item_id="item_0"),
+        {"type": "conversation.item.created", "previous_item_id": "item_0", "item": ITEM_USER},
+    ),
+    (
         m.ItemDone(item=ITEM_ASSISTANT, previous_item_id="item_user1"),
         {
             "type": "conversation.item.done",
@@ -833,14 +837,15 @@ def test_every_message_class_has_a_kind_of_its_own() -> None:
 
 
 def test_no_beta_names_are_emitted() -> None:
-    """Only GA names go out: beta spellings would be silently dropped by GA clients."""
+    """Only GA names go out: beta spellings would be silently dropped by GA clients.
+    (``conversation.item.created`` is sent beside ``.added``: it is one of GA's server
+    events too.)"""
     beta = {
         "response.audio.delta",
         "response.audio.done",
         "response.audio_transcript.delta",
         "response.audio_transcript.done",
         "response.text.delta",
-        "conversation.item.created",
     }
     assert not beta & {expected["type"] for _, expected in EVENTS}
 

@@ -159,7 +159,8 @@ def test_an_odd_pcm16_append_is_refused_and_a_g711_one_is_not(make: Any) -> None
     assert (error.code, error.param, error.client_event_id) == ("invalid_value", "audio", "odd")
     core.receive(msg.AppendAudio(audio=bytes(4800)), T0)
     core.receive(msg.CommitInput(), T0)
-    assert [e.KIND for e in drain(core)] == ["input.committed", "item.added", "item.done"]
+    assert [e.KIND for e in drain(core)] == ["input.committed", "item.added", "item.created",
+                                             "item.done"]
     core.receive(formats("audio/pcmu", "audio/pcmu"), T0)
     drain(core)
     core.receive(msg.AppendAudio(audio=ulaw_encode(tone_8k(100))[:-1]), T0)

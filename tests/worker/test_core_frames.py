@@ -21,7 +21,8 @@ LOUD = FrameOutput(audio=b"\x10\x20" * 1920, level=0.1)
 QUIET = FrameOutput(audio=bytes(3840), level=0.0)
 EMPTY = FrameOutput(audio=b"", level=0.0)
 
-OPENING = ["response.created", "output_item.added", "item.added", "content_part.added"]
+OPENING = ["response.created", "output_item.added", "item.added", "item.created",
+           "content_part.added"]
 CLOSING = ["audio.done", "transcript.done", "content_part.done", "item.done",
            "output_item.done", "response.done", "rate_limits.updated"]
 SILENCE_TICKS = 10  # 800 ms of 80 ms frames
@@ -144,7 +145,7 @@ def test_commit_needs_100ms_and_adds_a_user_item() -> None:
     r.receive(msg.AppendAudio(audio=bytes(800)), T0)
     r.receive(msg.CommitInput(), T0)
     events = drain(r)
-    assert kinds(events) == ["input.committed", "item.added", "item.done"]
+    assert kinds(events) == ["input.committed", "item.added", "item.created", "item.done"]
     committed = events[0]
     assert isinstance(committed, msg.InputCommitted) and committed.previous_item_id is None
 
@@ -205,7 +206,7 @@ def test_end_of_turn_signal_completes_at_once() -> None:
     events = frames(r, FrameOutput(audio=LOUD.audio, level=0.1, events={"end_of_turn": True}))
     assert kinds(events) == ["audio.delta", *CLOSING]
     events = frames(r, LOUD)
-    assert kinds(events)[:4] == OPENING
+    assert kinds(events)[:len(OPENING)] == OPENING
     created = events[0]
     assert isinstance(created, msg.ResponseCreated) and created.response["id"] == "resp_2"
 
@@ -223,7 +224,7 @@ def test_cancel_ends_the_response_and_mutes_the_rest_of_the_turn() -> None:
     assert done["output"][0]["status"] == "incomplete"
     assert frames(r, LOUD, LOUD, *[QUIET] * (SILENCE_TICKS - 1)) == []
     assert frames(r, QUIET) == []  # the turn is over now
-    assert kinds(frames(r, LOUD))[:4] == OPENING
+    assert kinds(frames(r, LOUD))[:len(OPENING)] == OPENING
 
 
 def test_cancel_mute_also_ends_on_end_of_turn() -> None:
@@ -233,7 +234,7 @@ def test_cancel_mute_also_ends_on_end_of_turn() -> None:
     r.receive(msg.CancelResponse(), T0)
     drain(r)
     assert frames(r, FrameOutput(audio=LOUD.audio, level=0.1, events={"end_of_turn": True})) == []
-    assert kinds(frames(r, LOUD))[:4] == OPENING
+    assert kinds(frames(r, LOUD))[:len(OPENING)] == OPENING
 
 
 @pytest.mark.parametrize("response_id", [None, "resp_9"])
@@ -332,7 +333,8 @@ def test_cascade_events_drive_turns() -> None:
     [started] = frames(r, FrameOutput(audio=b"", level=0.0, events={"speech_started": True}))
     assert isinstance(started, msg.InputSpeechStarted) and started.audio_start_ms == 100
     events = frames(r, FrameOutput(audio=b"", level=0.0, events={"speech_stopped": True}))
-    assert kinds(events) == ["input.speech_stopped", "input.committed", "item.added"]
+    assert kinds(events) == ["input.speech_stopped", "input.committed", "item.added",
+                             "item.created"]
     stopped, committed = events[0], events[1]
     assert isinstance(stopped, msg.InputSpeechStopped)
     assert isinstance(committed, msg.InputCommitted)
@@ -396,7 +398,7 @@ def test_cascade_errors_and_close_complete_the_pending_item() -> None:
     events = frames(r, FrameOutput(audio=b"", level=0.0, events={
         "speech_stopped": True, "transcript": "", "error": "asr failed"}))
     assert kinds(events) == ["input.speech_stopped", "input.committed", "item.added",
-                             "input_transcription.failed", "item.done"]
+                             "item.created", "input_transcription.failed", "item.done"]
     frames(r, FrameOutput(audio=b"", level=0.0, events={"speech_stopped": True}))
     r.receive(msg.CloseSession(), T0)
     assert kinds(drain(r)) == ["item.done"]
@@ -460,7 +462,7 @@ def test_a_response_the_cascade_never_takes_up_completes_empty() -> None:
     completes empty."""
     r = runner(explicit=True)
     r.receive(msg.CreateResponse(), T0)
-    assert kinds(drain(r))[:4] == OPENING
+    assert kinds(drain(r))[:len(OPENING)] == OPENING
     assert "response.done" not in kinds(frames(r, *[QUIET] * 156))  # 4.99 s of 32 ms ticks
     events = frames(r, QUIET)
     assert kinds(events)[-len(CLOSING):] == CLOSING and done_of(events)["status"] == "completed"

@@ -53,12 +53,13 @@ def update(runner: ConversationCore, patch: dict[str, Any]) -> list[msg.Event]:
     return drain(runner)
 
 
-OPENING = ["response.created", "output_item.added", "item.added", "content_part.added"]
+OPENING = ["response.created", "output_item.added", "item.added", "item.created",
+           "content_part.added"]
 AUDIO_CLOSING = ["audio.done", "transcript.done", "content_part.done", "item.done",
                  "output_item.done", "response.done", "rate_limits.updated"]
 TEXT_CLOSING = ["text.done", "content_part.done", "item.done", "output_item.done",
                 "response.done", "rate_limits.updated"]
-COMMIT = ["input.committed", "item.added", "item.done"]
+COMMIT = ["input.committed", "item.added", "item.created", "item.done"]
 
 
 # ------------------------------------------------------------------------- session config
@@ -245,7 +246,7 @@ def test_full_turn_in_ga_order_at_real_time_pace() -> None:
     runner.receive(msg.CreateResponse(response={"metadata": {"client_event_id": "lk"}}), T0)
     opening = drain(runner)
     assert kinds(opening) == [*OPENING, "audio.delta"]
-    created, added, item_added, part_added, delta = opening
+    created, added, item_added, _item_created, part_added, delta = opening
     assert isinstance(created, msg.ResponseCreated)
     assert created.response["status"] == "in_progress"
     assert created.response["output"] == []
@@ -514,10 +515,12 @@ _TURN = st.tuples(st.just(msg.AppendAudio(audio=pcm(100))), _APPEND, _COMMIT, _C
 _STEPS = st.lists(st.one_of(_TURN, st.tuples(_SINGLE)), min_size=1, max_size=30).map(
     lambda groups: [step for group in groups for step in group])
 
-_AUDIO_RE = re.compile(r"^(?:created added item content)(?: delta)* (?:adone tdone |xdone )"
+_AUDIO_RE = re.compile(r"^(?:created added item icreated content)(?: delta)*"
+                       r" (?:adone tdone |xdone )"
                        r"pdone idone odone done$")
 _SHORT = {"response.created": "created", "output_item.added": "added", "item.added": "item",
-          "content_part.added": "content", "audio.delta": "delta", "audio.done": "adone",
+          "item.created": "icreated", "content_part.added": "content", "audio.delta": "delta",
+          "audio.done": "adone",
           "transcript.done": "tdone", "content_part.done": "pdone", "item.done": "idone",
           "output_item.done": "odone", "response.done": "done", "text.done": "xdone"}
 
@@ -533,7 +536,7 @@ class _Checker:
     def owner(self, event: msg.Event) -> str | None:
         if isinstance(event, msg.ResponseCreated | msg.ResponseDone):
             return str(event.response["id"])
-        if isinstance(event, msg.ItemAdded | msg.ItemDone):
+        if isinstance(event, msg.ItemAdded | msg.ItemCreated | msg.ItemDone):
             return self.item_owner.get(event.item["id"])
         return getattr(event, "response_id", None)
 

@@ -32,12 +32,14 @@ LOUD = FrameOutput(audio=b"\x10\x20" * 1920, level=0.1, text="hi ")  # 80 ms
 QUIET = FrameOutput(audio=bytes(3840), level=0.0)
 SILENCE_FRAMES = 10  # 800 ms of quiet end the model's turn
 
+#: A created item: GA's name, then its beta and seed name, then its completion.
+ITEM = ["conversation.item.added", "conversation.item.created", "conversation.item.done"]
 OPENING = ["response.created", "response.output_item.added", "conversation.item.added",
-           "response.content_part.added"]
+           "conversation.item.created", "response.content_part.added"]
 AUDIO_CLOSING = ["response.output_audio.done", "response.output_audio_transcript.done",
                  "response.content_part.done", "conversation.item.done",
                  "response.output_item.done", "response.done", "rate_limits.updated"]
-USER_TURN = ["input_audio_buffer.committed", "conversation.item.added", "conversation.item.done"]
+USER_TURN = ["input_audio_buffer.committed", *ITEM]
 DELTA = "response.output_audio.delta"
 TRANSCRIPT = "response.output_audio_transcript.delta"
 
@@ -208,8 +210,7 @@ def test_text_turn_in_and_out() -> None:
     """A text message in, a text response out (the loopback's answer to text is empty)."""
     s = loopback()
     assert s.send(msg.CreateItem(item={"type": "message", "role": "user", "content": [
-        {"type": "input_text", "text": "hello"}]})) == ["conversation.item.added",
-                                                        "conversation.item.done"]
+        {"type": "input_text", "text": "hello"}]})) == ITEM
     assert s.send(msg.CreateResponse(response={"output_modalities": ["text"]})) == [
         *OPENING, "response.output_text.done", "response.content_part.done",
         "conversation.item.done", "response.output_item.done", "response.done",
@@ -236,7 +237,7 @@ def test_item_create_retrieve_delete(name: str) -> None:
     audio = base64.b64encode(tone(100)).decode()
     assert s.send(msg.CreateItem(item={"type": "message", "role": "user", "id": "mine",
                                        "content": [{"type": "input_audio", "audio": audio}]})
-                  ) == ["conversation.item.added", "conversation.item.done"]
+                  ) == ITEM
     assert s.send(msg.RetrieveItem(item_id="mine")) == ["conversation.item.retrieved"]
     assert s.send(msg.DeleteItem(item_id="mine")) == ["conversation.item.deleted"]
     assert s.send(msg.RetrieveItem(item_id="mine")) == ["error"]
@@ -248,10 +249,8 @@ def test_function_call_round_trip(name: str) -> None:
     s = BACKENDS[name]()
     call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
     result = {"type": "function_call_output", "call_id": "c1", "output": "42"}
-    assert s.send(msg.CreateItem(item=call)) == ["conversation.item.added",
-                                                 "conversation.item.done"]
-    assert s.send(msg.CreateItem(item=result)) == ["conversation.item.added",
-                                                   "conversation.item.done"]
+    assert s.send(msg.CreateItem(item=call)) == ITEM
+    assert s.send(msg.CreateItem(item=result)) == ITEM
     assert s.send(msg.CreateItem(item=result)) == ["error"]
 
 

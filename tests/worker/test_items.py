@@ -77,7 +77,7 @@ def refusal(events: list[msg.Event]) -> tuple[str, str | None, str | None]:
 def create(runner: ConversationCore, item: dict[str, Any], previous: str | None = None) -> str:
     """Create ``item`` and return its id."""
     events = send(runner, msg.CreateItem(item=item, previous_item_id=previous))
-    assert kinds(events) == ["item.added", "item.done"]
+    assert kinds(events) == ["item.added", "item.created", "item.done"]
     added = events[0]
     assert isinstance(added, msg.ItemAdded)
     item_id: str = added.item["id"]
@@ -120,18 +120,18 @@ def test_created_items_go_where_previous_item_id_says(
     runner = make()
     runner.receive(msg.CreateItem(item=USER_TEXT), T0)
     first_events = drain(runner)
-    assert kinds(first_events) == ["item.added", "item.done"]
-    assert all(isinstance(e, msg.ItemAdded | msg.ItemDone) and e.previous_item_id is None
-               for e in first_events)
+    assert kinds(first_events) == ["item.added", "item.created", "item.done"]
+    assert all(isinstance(e, msg.ItemAdded | msg.ItemCreated | msg.ItemDone)
+               and e.previous_item_id is None for e in first_events)
     added = first_events[0]
     assert isinstance(added, msg.ItemAdded)
     first = added.item["id"]
     second = send(runner, msg.CreateItem(item={**USER_TEXT, "id": "mine"}))
-    assert [e.previous_item_id for e in second] == [first, first]  # type: ignore[union-attr]
+    assert [e.previous_item_id for e in second] == [first] * 3  # type: ignore[union-attr]
     root = send(runner, msg.CreateItem(item=USER_TEXT, previous_item_id="root"))
-    assert [e.previous_item_id for e in root] == [None, None]  # type: ignore[union-attr]
+    assert [e.previous_item_id for e in root] == [None] * 3  # type: ignore[union-attr]
     middle = send(runner, msg.CreateItem(item=USER_TEXT, previous_item_id=first))
-    assert [e.previous_item_id for e in middle] == [first, first]  # type: ignore[union-attr]
+    assert [e.previous_item_id for e in middle] == [first] * 3  # type: ignore[union-attr]
     assert retrieved(runner, "mine") == {
         "id": "mine", "object": "realtime.item", "type": "message", "role": "user",
         "status": "completed", "content": [{"type": "input_text", "text": "hello"}]}
@@ -243,7 +243,7 @@ def test_retrieve_and_delete_an_item_then_it_is_gone(
                     msg.DeleteItem(item_id=second, event_id="evt_r")):
         assert refusal(send(runner, command)) == ("item_not_found", "item_id", "evt_r")
     third = send(runner, msg.CreateItem(item=USER_TEXT))
-    assert [e.previous_item_id for e in third] == [first, first]  # type: ignore[union-attr]
+    assert [e.previous_item_id for e in third] == [first] * 3  # type: ignore[union-attr]
 
 
 def test_the_active_responses_item_cannot_be_deleted() -> None:

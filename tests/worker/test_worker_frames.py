@@ -99,8 +99,8 @@ async def test_audio_in_becomes_a_response_out(running: Running) -> None:
 
     await until(all_echoed, "the whole input echoed")
     kinds = await kinds_of(running, opened.session_id)
-    assert kinds[:5] == ["session.updated", "response.created", "output_item.added",
-                         "item.added", "content_part.added"]
+    assert kinds[:6] == ["session.updated", "response.created", "output_item.added",
+                         "item.added", "item.created", "content_part.added"]
     assert (await echoed()).startswith(AUDIBLE)
     ttfa = running.worker.metrics.registry.get_sample_value(
         "duplex_worker_time_to_first_audio_seconds_count", {"backend": "fake"})
