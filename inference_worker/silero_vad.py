@@ -34,7 +34,7 @@ detector factory the conversation core takes.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import cache
 from typing import TYPE_CHECKING, Final, Protocol
 
@@ -44,11 +44,9 @@ import numpy.typing as npt
 from inference_worker.frames import PCM_RATE, StreamResampler, pcm16_to_float
 from inference_worker.vad import (
     EnergyVad,
-    Pcm16,
-    TurnRules,
+    FramedDetector,
     Vad,
     VadConfig,
-    VadEvent,
 )
 from store.config import ENV_PREFIX, SettingsError
 
@@ -131,7 +129,7 @@ def _fresh_state() -> VadState:
     return VadState()
 
 
-class SileroTurnDetector:
+class SileroTurnDetector(FramedDetector):
     """Silero voice activity detection on the turn timeline (see the module docstring).
 
     Args:
@@ -142,59 +140,19 @@ class SileroTurnDetector:
     def __init__(self, config: VadConfig | None = None, *,
                  model: SpeechProbabilities | None = None) -> None:
         """Start at 0 ms on the timeline, not speaking (loads the shared model if needed)."""
+        super().__init__(config, WINDOW_SAMPLES)
         self._model = model if model is not None else shared_model()
-        self._config = config if config is not None else VadConfig()
         self._state = _fresh_state()
         self._resampler = StreamResampler(PCM_RATE, _SILERO_RATE)
-        #: Bytes waiting for the rest of their window (fewer than WINDOW_BYTES).
-        self._pending = b""
-        self._turns = TurnRules(WINDOW_SAMPLES)
 
-    @property
-    def config(self) -> VadConfig:
-        """The settings in force."""
-        return self._config
-
-    @property
-    def fed_ms(self) -> int:
-        """Whole milliseconds of audio fed since creation, partial windows included."""
-        return (self._turns.position + len(self._pending) // 2) // _SAMPLES_PER_MS
-
-    @property
-    def speaking(self) -> bool:
-        """Whether speech has started and not stopped."""
-        return self._turns.speaking
-
-    def feed(self, pcm16: Pcm16) -> list[VadEvent]:
-        """Take the next chunk of pcm16 LE mono 24 kHz audio, of any length.
-
-        Returns the events of the windows this chunk completes, in timeline order.
-        """
-        data = self._pending + bytes(pcm16)
-        count = len(data) // WINDOW_BYTES
-        self._pending = data[count * WINDOW_BYTES:]
-        events: list[VadEvent] = []
+    def _judge(self, data: bytes, count: int) -> Iterable[tuple[bool, bool]]:
+        threshold = self._config.threshold
         for index in range(count):
             probability = self._probability(data[index * WINDOW_BYTES:(index + 1) * WINDOW_BYTES])
-            threshold = self._config.threshold
-            event = self._turns.frame(self._config, loud=probability >= threshold,
-                                      audible=probability >= threshold - HYSTERESIS)
-            if event is not None:
-                events.append(event)
-        return events
+            yield probability >= threshold, probability >= threshold - HYSTERESIS
 
-    def reset(self, config: VadConfig | None = None) -> None:
-        """Forget detection state, Silero's recurrent state and the pending partial window,
-        as after ``input_audio_buffer.clear`` (optionally switching to ``config``, for a
-        ``session.update``).
-
-        The timeline keeps counting from the audio fed so far; prefix padding never reaches
-        back past this point, since the audio before it is gone.
-        """
-        if config is not None:
-            self._config = config
-        self._turns.reset(len(self._pending) // 2)
-        self._pending = b""
+    def _restart(self) -> None:
+        """Silero's recurrent state and the resampler's phase go with the turn."""
         self._state = _fresh_state()
         self._resampler.reset()
 

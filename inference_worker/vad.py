@@ -58,7 +58,7 @@ Threshold and prefix padding keep the ``server_vad`` defaults (0.5, 300 ms).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final, Protocol, TypeAlias
@@ -414,16 +414,19 @@ class TurnRules:
         return SpeechStopped(audio_end_ms=end // _SAMPLES_PER_MS)
 
 
-class EnergyVad:
-    """Frame-energy voice activity detection (see the module docstring for the rules)."""
+class FramedDetector:
+    """What every detector shares: its settings, the turn rules over its frames of
+    ``frame_samples`` (24 kHz samples), and the bytes of a frame still to come. A subclass
+    judges whole frames (:meth:`_judge`: loud, audible) and forgets its own state on
+    :meth:`_restart`; the rules place the events on the timeline.
+    """
 
-    def __init__(self, config: VadConfig | None = None) -> None:
-        """Start at 0 ms on the timeline, not speaking."""
+    def __init__(self, config: VadConfig | None, frame_samples: int) -> None:
         self._config = config if config is not None else VadConfig()
-        self._thresholds = _energy_thresholds(self._config)
-        #: Bytes waiting for the rest of their frame (fewer than FRAME_BYTES).
+        self._frame_bytes = 2 * frame_samples
+        #: Bytes waiting for the rest of their frame (fewer than a frame's).
         self._pending = b""
-        self._turns = TurnRules(FRAME_SAMPLES)
+        self._turns = TurnRules(frame_samples)
 
     @property
     def config(self) -> VadConfig:
@@ -446,15 +449,12 @@ class EnergyVad:
         Returns the events of the frames this chunk completes, in timeline order.
         """
         data = self._pending + bytes(pcm16)
-        count = len(data) // FRAME_BYTES
-        self._pending = data[count * FRAME_BYTES:]
+        count = len(data) // self._frame_bytes
+        self._pending = data[count * self._frame_bytes:]
         if not count:
             return []
-        start_energy, release_energy = self._thresholds
-        energies = _frame_energies(data, count)
         events: list[VadEvent] = []
-        for loud, audible in zip((energies >= start_energy).tolist(),
-                                 (energies >= release_energy).tolist(), strict=True):
+        for loud, audible in self._judge(data, count):
             event = self._turns.frame(self._config, loud=loud, audible=audible)
             if event is not None:
                 events.append(event)
@@ -471,9 +471,35 @@ class EnergyVad:
         """
         if config is not None:
             self._config = config
-            self._thresholds = _energy_thresholds(config)
         self._turns.reset(len(self._pending) // 2)
         self._pending = b""
+        self._restart()
+
+    def _judge(self, data: bytes, count: int) -> Iterable[tuple[bool, bool]]:
+        """Whether each of the first ``count`` frames of ``data`` is loud (starts speech)
+        and audible (keeps it going)."""
+        raise NotImplementedError
+
+    def _restart(self) -> None:
+        """Forget the detector's own state (after a reset; ``config`` may have changed)."""
+
+
+class EnergyVad(FramedDetector):
+    """Frame-energy voice activity detection (see the module docstring for the rules)."""
+
+    def __init__(self, config: VadConfig | None = None) -> None:
+        """Start at 0 ms on the timeline, not speaking."""
+        super().__init__(config, FRAME_SAMPLES)
+        self._thresholds = _energy_thresholds(self._config)
+
+    def _judge(self, data: bytes, count: int) -> Iterable[tuple[bool, bool]]:
+        start_energy, release_energy = self._thresholds
+        energies = _frame_energies(data, count)
+        return zip((energies >= start_energy).tolist(), (energies >= release_energy).tolist(),
+                   strict=True)
+
+    def _restart(self) -> None:
+        self._thresholds = _energy_thresholds(self._config)
 
 
 def _energy_thresholds(config: VadConfig) -> tuple[float, float]:
