@@ -230,8 +230,9 @@ def vad_config_from_turn_detection(turn_detection: object) -> VadConfig:
                              f"turn_detection type must be a string, got {type(kind).__name__}")
     keys = _KEYS_BY_TYPE.get(kind)
     if keys is None:
-        raise VadConfigError("invalid_value", "type",
-                             f"unknown turn_detection type {describe(kind)}: expected "
+        # The seed's update-time refusal: a detector this server does not have.
+        raise VadConfigError("unsupported_turn_detection", "type",
+                             f"unsupported turn_detection type {describe(kind)}: expected "
                              f"'server_vad' or 'semantic_vad'")
     for key in turn_detection:
         if key not in keys:

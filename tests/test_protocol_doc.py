@@ -307,6 +307,12 @@ def worker_error_types() -> dict[str, set[str]]:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         strings = _module_strings(tree)
         for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and _callee(node) == "VadConfigError":
+                # The detector's refusals: a Refusal passes their code on (``error.code``).
+                code = node.args[0] if node.args else None
+                assert isinstance(code, ast.Constant), f"{path.name}:{node.lineno}: a code"
+                found.setdefault(str(code.value), set()).add(default_type)
+                continue
             if not isinstance(node, ast.Call) or _callee(node) not in {"Refusal", "ErrorEvent"}:
                 continue
             keywords = {k.arg: k.value for k in node.keywords}

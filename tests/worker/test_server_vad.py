@@ -183,7 +183,7 @@ _REFUSALS = [
     ({"type": "server_vad", "eagerness": "high"}, "unknown_parameter", ".eagerness"),
     ({"type": "semantic_vad", "threshold": 0.5}, "unknown_parameter", ".threshold"),
     ({"type": "semantic_vad", "eagerness": "eager"}, "invalid_value", ".eagerness"),
-    ({"type": "near_field"}, "invalid_value", ".type"),
+    ({"type": "near_field"}, "unsupported_turn_detection", ".type"),  # the seed's code
     ({"threshold": 0.5}, "missing_required_parameter", ".type"),
     ("server_vad", "invalid_type", ""),
     ({"type": "server_vad", "idle_timeout_ms": 40000}, "invalid_value", ".idle_timeout_ms"),

@@ -414,7 +414,7 @@ def test_semantic_vad_defaults_to_auto() -> None:
     (None, "invalid_type", ""),
     ([], "invalid_type", ""),
     ({}, "missing_required_parameter", "type"),
-    ({"type": "push_to_talk"}, "invalid_value", "type"),
+    ({"type": "push_to_talk"}, "unsupported_turn_detection", "type"),
     ({"type": 3}, "invalid_type", "type"),
     ({"type": "server_vad", "eagerness": "low"}, "unknown_parameter", "eagerness"),
     ({"type": "semantic_vad", "threshold": 0.5}, "unknown_parameter", "threshold"),
