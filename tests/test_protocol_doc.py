@@ -309,9 +309,9 @@ def worker_error_types() -> dict[str, set[str]]:
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and _callee(node) == "VadConfigError":
                 # The detector's refusals: a Refusal passes their code on (``error.code``).
-                code = node.args[0] if node.args else None
-                assert isinstance(code, ast.Constant), f"{path.name}:{node.lineno}: a code"
-                found.setdefault(str(code.value), set()).add(default_type)
+                first = node.args[0] if node.args else None
+                assert isinstance(first, ast.Constant), f"{path.name}:{node.lineno}: a code"
+                found.setdefault(str(first.value), set()).add(default_type)
                 continue
             if not isinstance(node, ast.Call) or _callee(node) not in {"Refusal", "ErrorEvent"}:
                 continue
