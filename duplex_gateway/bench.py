@@ -1,6 +1,7 @@
 """``duplex-gateway bench relay``: relay latency and CPU of the gateway against a bare echo.
 
-One run, two phases with the same load (DESIGN.md §5, "side by side in one run"):
+One run, two phases with the same load, side by side in one run (an overhead measured against
+a baseline from another run or another machine would mean little):
 
 * **echo**: a bare websocket echo (:mod:`duplex_gateway._echo`, the gateway's own server stack
   with nothing in between) sends every frame back as is;
@@ -18,8 +19,14 @@ client process on the system-wide monotonic clock. The load runs in client proce
 Per phase: round-trip percentiles, chunks sent/received/lost, CPU seconds of every server
 process per relayed chunk (``/proc/<pid>/stat``, or psutil when installed), read at the end of
 warm-up and once every chunk is back; for the gateway phase also Redis commands per
-session-second (``INFO``). Numbers go to a plain-text table and a JSON file, and the
-round-trip CDFs to an SVG plot next to the JSON.
+session-second (``INFO``). Numbers go to a plain-text table and a JSON file (by default
+``bench-results/relay-<UTC time>.json``), and the round-trip CDFs to an SVG plot next to it.
+
+The table compares four figures with the project's design targets (:data:`TARGETS_NOTE`):
+at most 2 ms of latency added per direction (4 ms per round trip, p99) over the bare echo,
+gateway CPU per chunk at most twice the echo's, at most 30 Redis commands sent per
+session-second, and at most 256 KiB of Redis memory per streaming session. Each is ``met`` or
+``MISSED`` for this run, on this machine, at this load: a finding, not a failure.
 
 The benchmark asserts nothing about speed: it exits 0 when it ran and every chunk came back,
 1 when chunks were lost (or came back corrupt, duplicated or to the wrong session), 2 when it
@@ -28,6 +35,7 @@ could not run and 130 when interrupted. Every process it started is stopped on t
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
 import contextlib
@@ -70,11 +78,19 @@ DRAIN_S: Final = 5.0
 #: per chunk (send plus receive, mostly the loopback send syscall), so 100 sessions (5,000
 #: chunks/s) keep it at 0.5-0.75 of a core, with room to stay on its clock.
 SESSIONS_PER_CLIENT: Final = 100
+# The project's design targets for the relay, at up to 200 real-time sessions on one machine.
 TARGET_ADDED_RTT_P99_MS: Final = 4.0  # 2 ms per direction, and a round trip is two
-TARGET_CPU_RATIO: Final = 2.0
-TARGET_REDIS_PER_SESSION_S: Final = 30.0
-#: DESIGN §5: Redis memory per attached, streaming session, steady state.
+TARGET_CPU_RATIO: Final = 2.0  # gateway CPU per chunk, as a multiple of the bare echo's
+TARGET_REDIS_PER_SESSION_S: Final = 30.0  # commands sent per second of one streaming session
+#: Redis memory per attached, streaming session, steady state.
 TARGET_SESSION_MEMORY_KIB: Final = 256.0
+#: Printed under the table: what the target column is and what its verdicts mean.
+TARGETS_NOTE: Final = (
+    "target: the project's design targets for the relay, at up to 200 real-time sessions on one "
+    "machine.\n"
+    "  met: this run's figure is within its target. MISSED: above it, on this machine at this\n"
+    "  load (a finding, not a failure: the exit status reports lost chunks only). n/a: not\n"
+    "  measured, or the run lost chunks, so its figures are not comparable.")
 
 _OPEN_TIMEOUT_S: Final = 10.0
 _START_TIMEOUT_S: Final = 30.0
@@ -96,6 +112,112 @@ _ALSO_DIRECT: Final = frozenset({"xrange", "smembers", "zrangebyscore"})
 
 class BenchError(Exception):
     """The benchmark could not run (a process did not start, a client failed)."""
+
+
+# ============================================================================ arguments and paths
+# Shared by every bench command: argparse types that refuse nonsense with argparse's own
+# one-line error (exit status 2), and the default place results go.
+
+#: Where results go unless ``--output`` says otherwise, relative to the working directory.
+RESULTS_DIR: Final = Path("bench-results")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text!r}")
+    return value
+
+
+def positive_int_list(text: str) -> list[int]:
+    """An argparse type: ``"8,1,2"`` -> ``[1, 2, 8]`` (sorted, unique, each >= 1)."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    if not parts:
+        raise argparse.ArgumentTypeError(f"expected whole numbers >= 1 separated by commas, "
+                                         f"got {text!r}")
+    values = set()
+    for part in parts:
+        try:
+            values.add(positive_int(part))
+        except argparse.ArgumentTypeError as exc:
+            raise argparse.ArgumentTypeError(f"{exc} (in {text!r}; expected whole numbers "
+                                             ">= 1 separated by commas)") from None
+    return sorted(values)
+
+
+def _utc_stamp(now: datetime.datetime) -> str:
+    return now.astimezone(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+def default_output(name: str, *, now: datetime.datetime | None = None,
+                   folder: Path = RESULTS_DIR) -> Path:
+    """``bench-results/<name>-<UTC stamp>.json``, a file no earlier run wrote.
+
+    Each run keeps its own results: a second run within the same second gets ``-2`` (and so
+    on) instead of overwriting the first.
+    """
+    stem = f"{name}-{_utc_stamp(now or datetime.datetime.now(datetime.UTC))}"
+    path = folder / f"{stem}.json"
+    suffix = 2
+    while path.exists():
+        path = folder / f"{stem}-{suffix}.json"
+        suffix += 1
+    return path
+
+
+def output_path(output: str | os.PathLike[str] | None, name: str) -> Path:
+    """``--output`` when given, else :func:`default_output` of ``name``."""
+    return Path(output) if output else default_output(name)
+
+
+def output_help(name: str, *, plot: str = "its plot next to it; ") -> str:
+    """The help text of a bench's ``--output``, naming its default path."""
+    return (f"JSON file to write ({plot}its folder is created); default: "
+            f"{RESULTS_DIR}/{name}-<UTC time>.json, e.g. {name}-20260101T120000Z.json")
+
+
+def _relay_seconds(text: str) -> float:
+    value = positive_float(text)
+    if value <= WARMUP_S + CHUNK_S:
+        raise argparse.ArgumentTypeError(f"must be more than {WARMUP_S:g} (the warm-up, left "
+                                         f"out of every figure), got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``bench relay``."""
+    parser.add_argument("--sessions", type=positive_int, default=50,
+                        help="concurrent real-time sessions in each phase (default: %(default)s)")
+    parser.add_argument("--seconds", type=_relay_seconds, default=10.0,
+                        help="length of each phase in seconds, the first one warm-up "
+                             "(default: %(default)s)")
+    parser.add_argument("--output", help=output_help("relay"))
 
 
 # ============================================================================ frames
@@ -785,7 +907,7 @@ def _stack_us(phase: dict[str, Any], names: Sequence[str]) -> float | None:
 
 
 def _verdict(value: float | None, target: float, valid: bool) -> str:
-    """``met``/``missed`` against a DESIGN target; ``n/a`` when the run is not comparable."""
+    """``met``/``missed`` against a design target; ``n/a`` when the run is not comparable."""
     if value is None:
         return "n/a"
     if not valid:
@@ -964,7 +1086,7 @@ def _format_table(report: dict[str, Any]) -> str:
               f"{config['chunk_ms']:g} ms chunks ({config['chunk_bytes']} B pcm16), "
               f"warm-up {config['warmup_s']:g} s excluded; {config['cpus']} CPUs, "
               f"{config['client_processes']} client process(es), {config['redis_server']}")
-    rows = [("", "echo", "gateway", "gateway - echo", "target (DESIGN §5)")]
+    rows = [("", "echo", "gateway", "gateway - echo", "target")]
     rows += _latency_rows(echo, gateway, cmp) + _count_rows(echo, gateway)
     rows += _cpu_rows(echo, gateway, cmp) + _redis_rows(gateway, cmp)
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
@@ -972,6 +1094,7 @@ def _format_table(report: dict[str, Any]) -> str:
     for row in rows:
         lines.append("  ".join([row[0].ljust(widths[0])]
                                + [cell.rjust(widths[i]) for i, cell in enumerate(row) if i]))
+    lines.append(TARGETS_NOTE)
     lines += [f"warning: {note}" for note in report["warnings"]]
     return "\n".join(lines)
 
@@ -1034,14 +1157,16 @@ def _measure(sessions: int, seconds: float, clients: int, compression: bool,
     return report
 
 
-def run_relay_bench(*, sessions: int, seconds: float, output: str | os.PathLike[str],
+def run_relay_bench(*, sessions: int, seconds: float,
+                    output: str | os.PathLike[str] | None = None,
                     clients: int | None = None, compression: bool = True) -> int:
     """Run the echo phase and the gateway phase, print the table, write the JSON.
 
     Args:
         sessions: concurrent real-time sessions (N).
         seconds: length of each phase (S); the first second is warm-up.
-        output: the JSON file; its folder is created, the plot goes next to it.
+        output: the JSON file; its folder is created, the plot goes next to it (default:
+            :func:`default_output` of ``"relay"``).
         clients: load-generator processes (default: one per 100 sessions, at most one per CPU).
         compression: negotiate permessage-deflate, as the OpenAI SDK and browsers do.
 
@@ -1053,7 +1178,7 @@ def run_relay_bench(*, sessions: int, seconds: float, output: str | os.PathLike[
         print(f"bench relay: need --sessions >= 1 and --seconds > {WARMUP_S:g}",
               file=sys.stderr)
         return 2
-    path = Path(output)
+    path = output_path(output, "relay")
     path.parent.mkdir(parents=True, exist_ok=True)
     count = clients or _default_clients(sessions)
     try:

@@ -1,8 +1,8 @@
 """``duplex-gateway bench leases``: the Redis cost of attachment leases, per session count.
 
-DESIGN §2.6: a gateway holds every session it attaches under its lease on the session's worker
-and "renews it (in bulk: the cost of renewal grows with gateways x workers, never with
-sessions)". This bench measures that claim instead of stating it. It starts its own stack
+The design says a gateway holds every session it attaches under its lease on the session's
+worker and renews it in bulk: the cost of renewal grows with gateways x workers, never with
+sessions. This bench measures that claim instead of stating it. It starts its own stack
 (embedded Redis, ONE gateway, ``--workers`` loopback workers whose slots together hold the
 largest session count), then for each session count N, in ascending order, opens idle sessions
 up to N (turn mode, nothing sent afterwards; at most :data:`OPEN_CONCURRENCY` opens at a time)
@@ -22,13 +22,15 @@ and measures over a window of about ``--seconds``:
 The window starts and ends on a renewal round seen in ``/metrics`` (polled every
 :data:`_POLL_S`), so it holds whole rounds: a rate over a short window is not off by one round.
 If opening sessions fails at some N (the machine cannot hold it), the bench stops there and
-says so. It prints a table, writes JSON, asserts nothing about speed, and exits 0 when it
+says so. It prints a table, writes JSON (by default ``bench-results/leases-<UTC time>.json``),
+asserts nothing about speed, and exits 0 when it
 measured at least one N (1 when it measured none, 2 when it could not run, 130 when
 interrupted). Every process it started is stopped on the way out.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import dataclasses
@@ -54,6 +56,11 @@ from duplex_gateway.bench import (
     _cpu_seconds,
     _machine_ticks,
     _sigterm_as_interrupt,
+    output_help,
+    output_path,
+    positive_float,
+    positive_int,
+    positive_int_list,
     start_http_server,
     start_worker,
 )
@@ -63,7 +70,7 @@ if TYPE_CHECKING:
 
     from gateway.client import DuplexClient
 
-__all__ = ["OPEN_CONCURRENCY", "LeaseRow", "parse_session_counts", "run_leases_bench"]
+__all__ = ["OPEN_CONCURRENCY", "LeaseRow", "add_arguments", "run_leases_bench"]
 
 #: Opens in flight at once: enough to fill thousands of sessions quickly, few enough that a
 #: 2-core machine answers each within the client's attempt timeout.
@@ -150,18 +157,6 @@ class _RedisSample:
     workers_cpu_s: float | None
     redis_cpu_s: float | None
     machine_ticks: tuple[int, int] | None  # (busy, total) since boot
-
-
-def parse_session_counts(text: str) -> list[int]:
-    """``"1000,100"`` -> ``[100, 1000]`` (sorted, unique, positive).
-
-    Raises:
-        ValueError: an entry that is not a positive integer.
-    """
-    counts = sorted({int(part) for part in text.split(",") if part.strip()})
-    if not counts or counts[0] < 1:
-        raise ValueError(f"session counts must be positive integers, got {text!r}")
-    return counts
 
 
 def _renewal_period_s() -> float:
@@ -477,15 +472,30 @@ def _format_table(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``bench leases``."""
+    parser.add_argument("--sessions", type=positive_int_list, default="100,1000,2000",
+                        help="idle session counts, comma-separated, measured in ascending "
+                             "order (default: %(default)s)")
+    parser.add_argument("--workers", type=positive_int, default=4,
+                        help="loopback workers the sessions are spread over "
+                             "(default: %(default)s)")
+    parser.add_argument("--seconds", type=positive_float, default=10.0,
+                        help="measured window per count, rounded to whole renewal rounds "
+                             "(default: %(default)s)")
+    parser.add_argument("--output", help=output_help("leases", plot=""))
+
+
 def run_leases_bench(*, sessions: Sequence[int], workers: int, seconds: float,
-                     output: str | os.PathLike[str]) -> int:
+                     output: str | os.PathLike[str] | None = None) -> int:
     """Measure lease renewals and Redis commands per session count; print, write JSON.
 
     Args:
         sessions: the session counts, measured in ascending order.
         workers: loopback workers; their slots together hold the largest count.
         seconds: the length of each measured window (rounded to whole renewal rounds).
-        output: the JSON file; its folder is created.
+        output: the JSON file; its folder is created (default: ``default_output("leases")``
+            of the relay bench's harness).
 
     Returns:
         0 when at least one count was measured, 1 when none was, 2 when the bench could not
@@ -510,7 +520,7 @@ def run_leases_bench(*, sessions: Sequence[int], workers: int, seconds: float,
         return 2
     shutil.rmtree(log_dir, ignore_errors=True)
     report = _report({**_config(counts, workers, seconds), **stack_config}, rows, stopped)
-    path = Path(output)
+    path = output_path(output, "leases")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
     print(_format_table(report))

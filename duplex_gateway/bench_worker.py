@@ -4,11 +4,13 @@ For each batch size B it opens B slots of the backend, runs a few warm-up steps,
 ``--steps`` steps of all B slots together (one ``Backend.step`` each, as the worker's model
 thread runs them) and reports the step time (p50, p99), the cost per session, the ratio to a
 B=1 step and whether the p99 fits inside one frame. The table goes to stdout, the figures to
-a JSON file. This is a benchmark, not a test: the figures depend on the machine.
+a JSON file (by default ``bench-results/worker-<UTC time>.json``, a new one each run) and an
+SVG plot next to it. This is a benchmark, not a test: the figures depend on the machine.
 
 ``--backend moshi`` loads ``--model-path`` (a ``save_pretrained`` directory), or without it
-builds a tiny random Moshi on the fly (the CPU figure of DESIGN.md §5: B=16 should cost at most
-4x B=1). ``--backend fake`` needs nothing and shows the harness's own overhead.
+builds a tiny random Moshi on the fly (the project's design target for it on a CPU: a B=16
+step costs at most 4x a B=1 step). ``--backend fake`` needs nothing and shows the harness's
+own overhead.
 
 Heavy imports happen inside the functions: building the CLI parser imports nothing of torch.
 """
@@ -26,6 +28,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from duplex_gateway.bench import (
+    non_negative_int,
+    output_help,
+    output_path,
+    positive_int,
+    positive_int_list,
+)
 from duplex_gateway.svgplot import Chart, write_chart
 
 if TYPE_CHECKING:
@@ -37,7 +46,6 @@ __all__ = [
     "format_table",
     "largest_batch_within",
     "measure_batch",
-    "parse_batches",
     "run_worker_bench",
     "write_step_chart",
 ]
@@ -55,18 +63,6 @@ class BenchRow:
     per_session_ms: float
     ratio_vs_b1: float | None
     fits_frame: bool
-
-
-def parse_batches(text: str) -> list[int]:
-    """``"1,2,4"`` -> ``[1, 2, 4]`` (sorted, unique, positive).
-
-    Raises:
-        ValueError: an entry that is not a positive integer.
-    """
-    batches = sorted({int(part) for part in text.split(",") if part.strip()})
-    if not batches or batches[0] < 1:
-        raise ValueError(f"batch sizes must be positive integers, got {text!r}")
-    return batches
 
 
 def _percentile(sorted_values: Sequence[float], q: float) -> float:
@@ -185,18 +181,27 @@ def largest_batch_within(fits: Callable[[int], bool], *, limit: int, start: int 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``bench worker``."""
-    parser.add_argument("--backend", default="fake", choices=["fake", "moshi", "cascade"])
-    parser.add_argument("--batch", default="1,2,4,8,16,32", help="batch sizes, comma-separated")
-    parser.add_argument("--steps", type=int, default=50, help="timed steps per batch size")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed steps first")
+    parser.add_argument("--backend", default="fake", choices=["fake", "moshi", "cascade"],
+                        help="backend to step (default: %(default)s)")
+    parser.add_argument("--batch", type=positive_int_list, default="1,2,4,8,16,32",
+                        help="batch sizes, comma-separated; sizes above the backend's slots "
+                             "are skipped (default: %(default)s)")
+    parser.add_argument("--steps", type=positive_int, default=50,
+                        help="timed steps per batch size (default: %(default)s)")
+    parser.add_argument("--warmup", type=non_negative_int, default=5,
+                        help="untimed steps before them (default: %(default)s)")
     parser.add_argument("--model-path", default="",
-                        help="moshi: save_pretrained directory (default: a tiny random Moshi)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--backend-options", default="", help="key=value,... for the backend")
-    parser.add_argument("--threads", type=int, default=0,
-                        help="torch intra-op threads (0: torch's default)")
-    parser.add_argument("--output", default="bench-results/worker.json")
+                        help="moshi: save_pretrained directory (default: a tiny random Moshi "
+                             "built on the fly)")
+    parser.add_argument("--device", default="cpu",
+                        help="torch device of the model (default: %(default)s)")
+    parser.add_argument("--dtype", default="float32",
+                        help="torch dtype of the model (default: %(default)s)")
+    parser.add_argument("--backend-options", default="",
+                        help="key=value,... for the backend (default: none)")
+    parser.add_argument("--threads", type=non_negative_int, default=0,
+                        help="torch intra-op threads; 0: torch's default (default: %(default)s)")
+    parser.add_argument("--output", help=output_help("worker"))
 
 
 def build_backend(args: argparse.Namespace, slots: int,
@@ -250,15 +255,40 @@ def run_batches(backend: Backend, batches: Sequence[int], *, steps: int, warmup:
     return rows
 
 
-def run_worker_bench(args: argparse.Namespace) -> int:
-    """Run ``bench worker``: print the table, write the JSON; returns the exit status."""
-    batches = parse_batches(args.batch)
-    if args.threads:
+def _cuda_missing(device: str) -> str | None:
+    """Why ``device`` cannot be timed here, or None (torch asserts instead of saying so)."""
+    if not device.startswith("cuda"):
+        return None
+    try:
         import torch
+    except ImportError:
+        return f"--device {device} needs torch"
+    if not torch.cuda.is_available():
+        return f"--device {device}: this torch {torch.__version__} sees no CUDA device"
+    return None
 
-        torch.set_num_threads(args.threads)
+
+def _load_backend(args: argparse.Namespace, slots: int, scratch: Path) -> Backend | None:
+    """The backend, or None after saying on stderr why it cannot be loaded (a bad path,
+    device, dtype or option: an operator's mistake, not a traceback)."""
+    missing = _cuda_missing(args.device)
+    if missing is not None:
+        print(f"bench worker: {missing}", file=sys.stderr)
+        return None
+    try:
+        return build_backend(args, slots, scratch)
+    except (ValueError, ImportError, OSError, RuntimeError, AssertionError) as exc:
+        print(f"bench worker: cannot load the {args.backend} backend: {exc}", file=sys.stderr)
+        return None
+
+
+def _measure_all(args: argparse.Namespace, batches: Sequence[int]) -> tuple[list[BenchRow],
+                                                                           float] | None:
+    """Every batch size's row and the frame in ms; None when the backend did not load."""
     with tempfile.TemporaryDirectory(prefix="bench-worker-") as scratch:
-        backend = build_backend(args, max(batches), Path(scratch))
+        backend = _load_backend(args, max(batches), Path(scratch))
+        if backend is None:
+            return None
         try:
             rows = run_batches(backend, batches, steps=args.steps, warmup=args.warmup,
                                sync=_device_sync(args.device))
@@ -266,24 +296,39 @@ def run_worker_bench(args: argparse.Namespace) -> int:
             close = getattr(backend, "close", None)
             if callable(close):
                 close()
-    frame_ms = backend.spec.frame_seconds * 1000
+    return rows, backend.spec.frame_seconds * 1000
+
+
+def run_worker_bench(args: argparse.Namespace) -> int:
+    """Run ``bench worker``: print the table, write the JSON and the plot; returns the exit
+    status (0 measured, 2 the backend could not be loaded)."""
+    batches: list[int] = args.batch
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    measured = _measure_all(args, batches)
+    if measured is None:
+        return 2
+    rows, frame_ms = measured
     print(format_table(rows, frame_ms))
     by_batch = {row.batch: row for row in rows}
     ratio_16 = by_batch[16].ratio_vs_b1 if 16 in by_batch else None
     if ratio_16 is not None:
-        print(f"B=16 step costs {ratio_16:.2f}x a B=1 step (target <= 4)")
+        print(f"B=16 step costs {ratio_16:.2f}x a B=1 step (the project's design target for "
+              "the tiny Moshi on a CPU: at most 4x)")
     result: dict[str, Any] = {
         "backend": args.backend, "model_path": args.model_path or None,
         "device": args.device, "dtype": args.dtype, "frame_ms": frame_ms,
         "steps": args.steps, "warmup": args.warmup, "ratio_b16_vs_b1": ratio_16,
         "rows": [asdict(row) for row in rows],
     }
-    output = Path(args.output)
+    output = output_path(args.output, "worker")
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(result, indent=2) + "\n")
     plot = write_step_chart(output.with_suffix(".svg"), {args.backend: rows}, frame_ms,
                             title=f"bench worker: {args.backend} step time by batch size")
-    print(f"wrote {output} and {plot}")
+    print(f"results: {output}\nstep time plot: {plot}")
     return 0
 
 

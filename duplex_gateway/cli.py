@@ -18,13 +18,29 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-from store.config import SettingsError, from_env
+from store.config import SettingsError, env_name, from_env
 from store.embedded import free_port, start_server
+
+if TYPE_CHECKING:  # the processes import their own settings, and only their own
+    from gateway.settings import GatewaySettings
+    from inference_worker.settings import WorkerSettings
 
 __all__ = ["main"]
 
 _log = logging.getLogger("duplex_gateway")
+
+# uvicorn's ws_max_size caps a message's payload (not counting frame headers) before the app
+# sees it, and answers a larger one with a bare close 1009. The margin lets a frame slightly
+# over MAX_FRAME_BYTES reach the connection core, which answers event_too_large and then
+# closes 1009; the websocket layer never buffers more than the limit plus this.
+WS_FRAME_MARGIN_BYTES = 1024
+
+
+def websocket_max_size(max_frame_bytes: int) -> int:
+    """The payload size uvicorn's websocket layer refuses above, for ``MAX_FRAME_BYTES``."""
+    return max_frame_bytes + WS_FRAME_MARGIN_BYTES
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -44,7 +60,8 @@ def _serve(args: argparse.Namespace) -> int:
     # uvicorn's websockets-sansio, except that text that is not UTF-8 reaches the app (which
     # answers invalid_json, then closes 1007) instead of a traceback in the log.
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level=args.log_level, ws_max_size=settings.max_frame_bytes + 1024,
+                log_level=args.log_level,
+                ws_max_size=websocket_max_size(settings.max_frame_bytes),
                 timeout_graceful_shutdown=5, lifespan="on", ws=GatewayWebSocketProtocol,
                 log_config=log_config())
     return 0
@@ -53,23 +70,22 @@ def _serve(args: argparse.Namespace) -> int:
 async def _run_worker(args: argparse.Namespace) -> int:
     from inference_worker.backend import Backend
     from inference_worker.backends.registry import (
-        BACKENDS,
         BackendRequest,
         create_backend,
         parse_options,
     )
     from inference_worker.metrics import WorkerMetrics, serve_metrics
-    from inference_worker.settings import WorkerSettings
+    from inference_worker.settings import TORCH_BACKENDS, WorkerSettings, check_torch_device
     from inference_worker.worker import Worker
     from store import create_client
 
     settings = from_env(WorkerSettings, redis_url=args.redis_url, backend=args.backend,
                         slots=args.slots, drain_timeout_s=args.drain_timeout,
                         model_path=args.model_path, device=args.device, dtype=args.dtype,
-                        backend_options=args.backend_options, metrics_port=args.metrics_port)
-    if settings.backend not in BACKENDS:
-        raise SettingsError(f"unknown backend {settings.backend!r}; available: "
-                            + ", ".join(BACKENDS))
+                        backend_options=args.backend_options, metrics_port=args.metrics_port,
+                        metrics_host=args.metrics_host)
+    if settings.backend in TORCH_BACKENDS:  # before loading weights onto a device it lacks
+        check_torch_device(settings.device, _source("device", args.device))
     backend: Backend | None = None
     if settings.backend != "loopback":
         try:  # weights load off the event loop; a bad path or option stops here, named
@@ -82,13 +98,18 @@ async def _run_worker(args: argparse.Namespace) -> int:
             raise SettingsError(f"cannot load the {settings.backend} backend: {exc}") from exc
     metrics = WorkerMetrics(settings.backend)
     if settings.metrics_port:
-        serve_metrics(metrics, settings.metrics_port)
+        try:
+            serve_metrics(metrics, settings.metrics_port, settings.metrics_host)
+        except OSError as exc:  # taken, or an address that is not this machine's
+            where = f"{settings.metrics_host}:{settings.metrics_port}"
+            raise SettingsError(f"{_source('metrics_port', args.metrics_port)}: cannot listen"
+                                f" on {where}: {exc.strerror or exc}") from None
     client = create_client(settings.redis_url)
     worker = Worker(settings, client, backend=backend, metrics=metrics)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
-    _log.info("worker %s serving %d slots", worker.worker_id, settings.slots)
+    # The worker says it serves once it is registered (Redis may not answer yet).
     try:
         await worker.run()
     finally:
@@ -98,6 +119,11 @@ async def _run_worker(args: argparse.Namespace) -> int:
 
 def _worker(args: argparse.Namespace) -> int:
     return asyncio.run(_run_worker(args))
+
+
+def _source(field_name: str, flag_value: object) -> str:
+    """Where a setting came from, for a refusal: its flag if one was given, else its variable."""
+    return "--" + field_name.replace("_", "-") if flag_value is not None else env_name(field_name)
 
 
 # How long `dev` waits for its gateway and worker to serve, and how often it looks.
@@ -161,17 +187,21 @@ def _dev(args: argparse.Namespace) -> int:
     worker has not registered.
     """
     server = start_server("auto")
-    port = args.port or free_port()
+    try:  # the children's settings, checked here: a mistake is one line, not "did not start"
+        gateway, worker = _dev_settings(args, server.url)
+    except SettingsError:
+        server.stop()
+        raise
+    host, port = gateway.host, gateway.port or free_port()
     python = [sys.executable, "-m", "duplex_gateway"]
     # The children log to our stderr (uvicorn writes its access log to stdout), so our stdout
     # carries the URL line alone, for a script to wait on.
     children = [
-        subprocess.Popen([*python, "serve", "--host", args.host, "--port", str(port),
+        subprocess.Popen([*python, "serve", "--host", host, "--port", str(port),
                           "--redis-url", server.url], stdout=_STDERR_FD),
-        # Ctrl-C stops the whole product: no other worker will take over, so drain briefly.
         subprocess.Popen([*python, "worker", "--redis-url", server.url, "--backend",
-                          "loopback", "--slots", str(args.slots), "--drain-timeout", "1"],
-                         stdout=_STDERR_FD),
+                          "loopback", "--slots", str(worker.slots), "--drain-timeout",
+                          str(worker.drain_timeout_s)], stdout=_STDERR_FD),
     ]
     stop = False
 
@@ -186,9 +216,9 @@ def _dev(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, request_stop)
     serving = False
     try:
-        serving = _await_serving(f"http://{args.host}:{port}", server.url, running)
+        serving = _await_serving(f"http://{host}:{port}", server.url, running)
         if serving:
-            print(f"duplex-gateway dev: ws://{args.host}:{port}/v1/realtime "
+            print(f"duplex-gateway dev: ws://{host}:{port}/v1/realtime "
                   f"(redis {server.url}, {server.binary.name})", flush=True)
         elif not stop:
             print("duplex-gateway dev: the gateway or the worker did not start",
@@ -207,6 +237,22 @@ def _dev(args: argparse.Namespace) -> int:
         server.stop()
     failed = [c.returncode for c in children if c.returncode not in (0, -signal.SIGTERM)]
     return 1 if (failed or not serving) and not stop else 0
+
+
+# Ctrl-C stops the whole product: no other worker will take over, so `dev` drains briefly.
+_DEV_DRAIN_TIMEOUT_S = 1.0
+
+
+def _dev_settings(args: argparse.Namespace, redis_url: str) -> tuple[GatewaySettings,
+                                                                      WorkerSettings]:
+    """What `dev`'s gateway and worker will run with: its flags over ``DUPLEX_GATEWAY_*``."""
+    from gateway.settings import GatewaySettings
+    from inference_worker.settings import WorkerSettings
+
+    gateway = from_env(GatewaySettings, host=args.host, port=args.port, redis_url=redis_url)
+    worker = from_env(WorkerSettings, redis_url=redis_url, backend="loopback", slots=args.slots,
+                      drain_timeout_s=_DEV_DRAIN_TIMEOUT_S)
+    return gateway, worker
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -229,25 +275,43 @@ def _bench_leases(args: argparse.Namespace) -> int:
                             output=args.output)
 
 
-def _session_counts(text: str) -> list[int]:
-    from duplex_gateway.bench_leases import parse_session_counts
-
-    try:
-        return parse_session_counts(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _bench_worker(args: argparse.Namespace) -> int:
     from duplex_gateway.bench_worker import run_worker_bench
 
     return run_worker_bench(args)
 
 
-def _add_bench_worker_args(parser: argparse.ArgumentParser) -> None:
-    from duplex_gateway.bench_worker import add_arguments
+def _bench_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``bench relay|resume|leases|worker``: each bench module declares its own flags."""
+    from duplex_gateway import bench, bench_leases, bench_resume, bench_worker
 
-    add_arguments(parser)
+    parser = sub.add_parser("bench", help="benchmarks (each starts the processes it measures)",
+                            description="Benchmarks. Each prints a table and writes its "
+                            "results (JSON, and a plot where it draws one) to "
+                            "bench-results/<name>-<UTC time>.json unless --output is given.")
+    bench_sub = parser.add_subparsers(dest="bench", required=True)
+    commands = (
+        ("relay", "relay latency and CPU vs a bare echo", bench.add_arguments, _bench),
+        ("resume", "forced disconnects resumed elsewhere", bench_resume.add_arguments,
+         _bench_resume),
+        ("leases", "Redis cost of attachment leases, per count", bench_leases.add_arguments,
+         _bench_leases),
+        ("worker", "batched step time per batch size", bench_worker.add_arguments,
+         _bench_worker),
+    )
+    for name, summary, add_arguments, run in commands:
+        command = bench_sub.add_parser(name, help=summary, description=summary)
+        add_arguments(command)
+        command.set_defaults(func=run)
+
+
+_SETTINGS_EPILOG = ("Every setting also has a DUPLEX_GATEWAY_* variable (see the README's"
+                    " settings table); a flag wins over its variable.")
+
+
+def _setting(text: str, variable: str, default: str) -> str:
+    """A flag's help: what it sets, its variable and its default."""
+    return f"{text} (env {env_name(variable.lower())}; default: {default})"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -256,53 +320,46 @@ def _parser() -> argparse.ArgumentParser:
                         choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run one gateway process")
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
-    serve.add_argument("--redis-url")
+    serve = sub.add_parser("serve", help="run one gateway process", epilog=_SETTINGS_EPILOG)
+    serve.add_argument("--host", help=_setting("address to listen on", "HOST", "127.0.0.1"))
+    serve.add_argument("--port", type=int, help=_setting("TCP port", "PORT", "8000"))
+    serve.add_argument("--redis-url", help=_setting("redis://, rediss://, redis+sentinel://,"
+                                                    " redis+cluster:// or unix:// URL",
+                                                    "REDIS_URL", "redis://127.0.0.1:6379/0"))
     serve.set_defaults(func=_serve)
 
-    worker = sub.add_parser("worker", help="run one inference worker")
-    worker.add_argument("--redis-url")
-    worker.add_argument("--backend")
-    worker.add_argument("--slots", type=int)
+    worker = sub.add_parser("worker", help="run one inference worker", epilog=_SETTINGS_EPILOG)
+    worker.add_argument("--redis-url", help=_setting("as for serve", "REDIS_URL",
+                                                     "redis://127.0.0.1:6379/0"))
+    worker.add_argument("--backend", help=_setting("loopback, fake, moshi or cascade", "BACKEND",
+                                                   "loopback"))
+    worker.add_argument("--slots", type=int, help=_setting("concurrent sessions", "SLOTS", "16"))
     worker.add_argument("--drain-timeout", type=float,
-                        help="seconds running sessions get to finish on SIGTERM")
-    worker.add_argument("--model-path")
-    worker.add_argument("--device")
-    worker.add_argument("--dtype")
-    worker.add_argument("--backend-options", help="key=value,... for the backend")
-    worker.add_argument("--metrics-port", type=int, help="Prometheus /metrics port; 0: off")
+                        help=_setting("seconds running sessions get to finish on SIGTERM",
+                                      "DRAIN_TIMEOUT_S", "30"))
+    worker.add_argument("--model-path", help=_setting("weights of the backend", "MODEL_PATH",
+                                                      "none"))
+    worker.add_argument("--device", help=_setting("torch device (moshi)", "DEVICE", "cpu"))
+    worker.add_argument("--dtype", help=_setting("torch dtype (moshi): float32, bfloat16,"
+                                                 " float16", "DTYPE", "float32"))
+    worker.add_argument("--backend-options", help=_setting("key=value,... for the backend",
+                                                           "BACKEND_OPTIONS", "none"))
+    worker.add_argument("--metrics-port", type=int,
+                        help=_setting("Prometheus /metrics port; 0: off", "METRICS_PORT", "0"))
+    worker.add_argument("--metrics-host", help=_setting("address /metrics binds", "METRICS_HOST",
+                                                        "127.0.0.1"))
     worker.set_defaults(func=_worker)
 
-    dev = sub.add_parser("dev", help="embedded Redis + gateway + worker on this machine")
-    dev.add_argument("--host", default="127.0.0.1")
-    dev.add_argument("--port", type=int, default=8000)
-    dev.add_argument("--slots", type=int, default=16)
+    dev = sub.add_parser("dev", help="embedded Redis + gateway + worker on this machine",
+                         epilog=_SETTINGS_EPILOG)
+    dev.add_argument("--host", help=_setting("address the gateway listens on", "HOST",
+                                             "127.0.0.1"))
+    dev.add_argument("--port", type=int,
+                     help=_setting("the gateway's port; 0: a free one", "PORT", "8000"))
+    dev.add_argument("--slots", type=int, help=_setting("the worker's slots", "SLOTS", "16"))
     dev.set_defaults(func=_dev)
 
-    bench = sub.add_parser("bench", help="benchmarks")
-    bench_sub = bench.add_subparsers(dest="bench", required=True)
-    relay = bench_sub.add_parser("relay", help="relay latency and CPU vs a bare echo")
-    relay.add_argument("--sessions", type=int, default=50)
-    relay.add_argument("--seconds", type=float, default=10.0)
-    relay.add_argument("--output", default="bench-results/relay.json")
-    relay.set_defaults(func=_bench)
-    resume = bench_sub.add_parser("resume", help="forced disconnects resumed elsewhere")
-    resume.add_argument("--sessions", type=int, default=20)
-    resume.add_argument("--disconnects", type=int, default=1000)
-    resume.add_argument("--output", default="bench-results/resume.json")
-    resume.set_defaults(func=_bench_resume)
-    leases = bench_sub.add_parser("leases", help="Redis cost of attachment leases, per count")
-    leases.add_argument("--sessions", type=_session_counts, default=[100, 1000, 2000],
-                        help="idle session counts, comma-separated, measured in ascending order")
-    leases.add_argument("--workers", type=int, default=4)
-    leases.add_argument("--seconds", type=float, default=10.0, help="measured window per count")
-    leases.add_argument("--output", default="bench-results/leases.json")
-    leases.set_defaults(func=_bench_leases)
-    bench_worker = bench_sub.add_parser("worker", help="batched step time per batch size")
-    bench_worker.set_defaults(func=_bench_worker)
-    _add_bench_worker_args(bench_worker)
+    _bench_parsers(sub)
     return parser
 
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
+import sys
 import time
 from collections.abc import AsyncIterator
 
@@ -23,10 +26,32 @@ from gateway.reaper import run_reaper
 from gateway.services import GatewayServices
 from gateway.settings import GatewaySettings
 from store import Scripts, create_client
+from store.client import RedisClient
 from store.directory import live_worker_count
+from store.outages import OutageLog, RedisRefused, redis_address, wait_for_redis
 from store.pubsub import Subscriber
 
 __all__ = ["create_app"]
+
+_log = logging.getLogger(__name__)
+# The exit status of a gateway that cannot use its Redis: that of any unusable setting.
+_UNUSABLE_SETTING = 2
+
+
+async def _connect(settings: GatewaySettings, client: RedisClient) -> None:
+    """Wait for Redis (bounded); an operator's mistake ends the process with a sentence.
+
+    Anything raised out of a lifespan is printed with its traceback by Starlette and again by
+    uvicorn, so a refusal is told here in one line and the process leaves at once; nothing
+    needs closing yet.
+    """
+    try:
+        await wait_for_redis(client, _log, redis_address(settings.redis_url),
+                             timeout_s=settings.redis_start_timeout_s)
+    except RedisRefused as refused:
+        print(f"duplex-gateway: {refused}", file=sys.stderr, flush=True)
+        logging.shutdown()
+        os._exit(_UNUSABLE_SETTING)
 
 
 async def _readiness(services: GatewayServices | None) -> Response:
@@ -52,13 +77,17 @@ def create_app(settings: GatewaySettings) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         client = create_client(settings.redis_url)
-        subscriber = Subscriber(client)
+        await _connect(settings, client)
+        # One outage log for the reaper, the lease renewer and the subscriber: an outage is
+        # told once per process, not once per loop and retry.
+        outages = OutageLog(_log, redis_address(settings.redis_url))
+        subscriber = Subscriber(client, outages=outages)
         await subscriber.start()
         services = GatewayServices(settings, client, Scripts(client), subscriber, metrics)
         state["services"] = services
         reaper = asyncio.create_task(run_reaper(
             client, services.scripts, metrics, settings.reaper_interval_s,
-            lease_ms=services.holder.lease_ms))
+            lease_ms=services.holder.lease_ms, outages=outages))
         leases = asyncio.create_task(services.leases.run())
         try:
             yield

@@ -18,6 +18,7 @@ from prometheus_client import Counter
 from store import AttachmentHolder, Scripts, StoreError
 from store.errors import raise_if_cancelled
 from store.keys import worker_of_session
+from store.outages import OutageLog
 
 __all__ = ["AttachmentLeases"]
 
@@ -31,8 +32,11 @@ class AttachmentLeases:
     """Which workers this gateway holds sessions on, and the loop that renews its leases."""
 
     def __init__(self, scripts: Scripts, holder: AttachmentHolder,
-                 renewals: Counter | None = None) -> None:
+                 renewals: Counter | None = None, *, outages: OutageLog | None = None) -> None:
+        """``outages``: the process's outage log, shared with its other loops (by default
+        one of its own): a renewal round that fails is told once per outage."""
         self.holder = holder
+        self._outages = outages or OutageLog(_log)
         self._scripts = scripts
         self._renewals_metric = renewals
         self._sessions_on: collections.Counter[str] = collections.Counter()  # worker -> held
@@ -64,11 +68,14 @@ class AttachmentLeases:
         self.renewals += len(workers)
         if self._renewals_metric is not None:
             self._renewals_metric.inc(len(workers))
-        for worker, answer in zip(workers, answers, strict=True):
-            if isinstance(answer, StoreError):
-                _log.warning("lease renewal on %s failed: %s", worker, answer)
-            elif isinstance(answer, BaseException):
-                raise answer
+        failures = [answer for answer in answers if isinstance(answer, StoreError)]
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(answer, StoreError):
+                raise answer  # a bug, not Redis: it ends the gateway loudly
+        if failures:
+            self._outages.failed("lease renewal", failures[0])
+        elif workers:
+            self._outages.succeeded()
         return len(workers)
 
     async def run(self) -> None:

@@ -23,6 +23,7 @@ from store import Scripts, StoreError
 from store.client import RedisClient
 from store.directory import forget_worker, listed_workers
 from store.errors import raise_if_cancelled
+from store.outages import OutageLog
 from store.ratelog import RateLimitedLog
 from store.scripts import DEFAULT_ATTACHMENT_LEASE_MS, DEFAULT_REAP_OUTAGE_MS
 
@@ -72,8 +73,11 @@ async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetri
 
 async def run_reaper(client: RedisClient, scripts: Scripts, metrics: GatewayMetrics,
                      interval_s: float, *,
-                     lease_ms: int = DEFAULT_ATTACHMENT_LEASE_MS) -> None:
-    """Reap forever, every ``interval_s``; Redis errors are logged and retried."""
+                     lease_ms: int = DEFAULT_ATTACHMENT_LEASE_MS,
+                     outages: OutageLog | None = None) -> None:
+    """Reap forever, every ``interval_s``; Redis errors are retried, and told once per
+    outage to ``outages`` (the process's, shared with its other loops; by default its own)."""
+    outages = outages or OutageLog(_log)
     # The median of the last passes: one pass that waited out a failover inside the client
     # must not raise the outage threshold for the next ones.
     passes_s: collections.deque[float] = collections.deque([0.0], maxlen=5)
@@ -85,6 +89,8 @@ async def run_reaper(client: RedisClient, scripts: Scripts, metrics: GatewayMetr
                             lease_ms=lease_ms)
             passes_s.append(time.monotonic() - started)
         except (StoreError, OSError) as exc:
-            _log.warning("reaper pass failed: %s", exc)
+            outages.failed("reaper pass", exc)
+        else:
+            outages.succeeded()
         raise_if_cancelled()  # a cancellation swallowed inside the Redis client ends us too
         await asyncio.sleep(interval_s)

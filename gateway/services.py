@@ -36,7 +36,10 @@ class GatewayServices:
         #: This process as the holder of the sessions it attaches (a fresh id per process).
         self.holder = AttachmentHolder(gateway_id=new_gateway_id(),
                                        lease_ms=int(settings.attach_lease_s * 1000))
-        self.leases = AttachmentLeases(scripts, self.holder, metrics.lease_renewals)
+        #: Redis outages, told once per change by every loop of this process.
+        self.outages = subscriber.outages
+        self.leases = AttachmentLeases(scripts, self.holder, metrics.lease_renewals,
+                                       outages=self.outages)
         self.draining = False
 
     @property

@@ -1,14 +1,23 @@
 """Settings: one frozen object per process, read once from flags and ``DUPLEX_GATEWAY_*``.
 
-Every field is documented in the README's settings table; ``tests/gateway/test_settings.py``
-checks that the table and this module agree.
+Every field is documented in the README's settings table; ``tests/test_settings.py`` checks
+that the table and this module agree. A field's ``accepts`` is its range (``store.config``);
+numbers without one accept any finite value from 0 up.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from store.config import ENV_PREFIX, SettingsError
+from store.config import (
+    PORT,
+    POSITIVE,
+    POSITIVE_COUNT,
+    RedisUrl,
+    SettingsError,
+    check_fields,
+    env_name,
+)
 
 __all__ = ["GatewaySettings"]
 
@@ -18,11 +27,12 @@ class GatewaySettings:
     """One gateway process."""
 
     host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
-    port: int = field(default=8000, metadata={"help": "TCP port to listen on"})
+    port: int = field(default=8000, metadata={"help": "TCP port to listen on", "accepts": PORT})
     redis_url: str = field(
         default="redis://127.0.0.1:6379/0",
         metadata={"help": "redis:// for one node, redis+sentinel://host:port[,host:port]/service"
-                          " for Sentinel, redis+cluster://host:port for a Cluster"},
+                          " for Sentinel, redis+cluster://host:port for a Cluster",
+                  "accepts": RedisUrl()},
     )
     api_keys: tuple[str, ...] = field(
         default=(), metadata={"help": "comma-separated accepted API keys; empty: no auth"}
@@ -52,19 +62,23 @@ class GatewaySettings:
                           " 0: no limit"},
     )
     max_frame_bytes: int = field(
-        default=16 * 1024 * 1024, metadata={"help": "largest client frame; larger: close 1009"}
+        default=16 * 1024 * 1024,
+        metadata={"help": "largest client frame; larger: close 1009", "accepts": POSITIVE_COUNT},
     )
     first_message_timeout_s: float = field(
-        default=10.0, metadata={"help": "wait this long for the first client message"}
+        default=10.0,
+        metadata={"help": "wait this long for the first client message", "accepts": POSITIVE},
     )
     open_timeout_s: float = field(
-        default=5.0, metadata={"help": "give up placing a session after this long"}
+        default=5.0,
+        metadata={"help": "give up placing a session after this long", "accepts": POSITIVE},
     )
     attach_lease_s: float = field(
         default=5.0,
         metadata={"help": "sessions attached through this gateway are detached by any reaper"
                           " once it has not renewed its lease for this long (killed, paused,"
-                          " cut off); renewed every fifth of it, once per worker"},
+                          " cut off); renewed every fifth of it, once per worker",
+                  "accepts": POSITIVE},
     )
     disconnect_grace_s: float = field(
         default=30.0, metadata={"help": "a detached session expires after this long"}
@@ -76,14 +90,18 @@ class GatewaySettings:
                           " long instead of DISCONNECT_GRACE_S; 0: the full grace"},
     )
     idle_ttl_s: float = field(
-        default=300.0, metadata={"help": "a session with no activity expires after this long"}
+        default=300.0,
+        metadata={"help": "a session with no activity expires after this long",
+                  "accepts": POSITIVE},
     )
     output_log_max_entries: int = field(
-        default=4096, metadata={"help": "events kept per session for replay"}
+        default=4096,
+        metadata={"help": "events kept per session for replay", "accepts": POSITIVE_COUNT},
     )
     input_log_max_entries: int = field(
         default=4096,
-        metadata={"help": "commands a session's worker may have unread; more: input_backpressure"},
+        metadata={"help": "commands a session's worker may have unread; more: input_backpressure",
+                  "accepts": POSITIVE_COUNT},
     )
     # The seed's max_pending_input_bytes_per_session: what one session's unread input may
     # hold in Redis, however few commands carry it.
@@ -127,16 +145,26 @@ class GatewaySettings:
     # A lost worker's sessions end within HEARTBEAT_TTL_S + one reaper pass: with the workers'
     # defaults (1 s beats, 1.5 s TTL) 0.25 s keeps that inside 2 beats with room to spare.
     reaper_interval_s: float = field(
-        default=0.25, metadata={"help": "how often this gateway runs the expiry reaper"}
+        default=0.25,
+        metadata={"help": "how often this gateway runs the expiry reaper", "accepts": POSITIVE},
     )
     log_poll_interval_s: float = field(
-        default=1.0, metadata={"help": "safety read of the output log when pushes are quiet"}
+        default=1.0,
+        metadata={"help": "safety read of the output log when pushes are quiet",
+                  "accepts": POSITIVE},
+    )
+    redis_start_timeout_s: float = field(
+        default=60.0,
+        metadata={"help": "at start, wait this long for Redis to answer, then exit 2",
+                  "accepts": POSITIVE},
     )
 
     def __post_init__(self) -> None:
+        """Refuse a value out of its field's range, or two settings that contradict."""
+        check_fields(self)
         # A command as large as a frame must fit an empty input log, or a client sending one
         # would be refused input_backpressure, resume, resend it and be refused again forever.
         if 0 < self.input_log_max_bytes < self.max_frame_bytes:
             raise SettingsError(
-                f"{ENV_PREFIX}INPUT_LOG_MAX_BYTES ({self.input_log_max_bytes}) must be at least"
-                f" {ENV_PREFIX}MAX_FRAME_BYTES ({self.max_frame_bytes}), or 0 (no limit)")
+                f"{env_name('input_log_max_bytes')}={self.input_log_max_bytes}: expected at least"
+                f" {env_name('max_frame_bytes')} ({self.max_frame_bytes}), or 0 (no limit)")

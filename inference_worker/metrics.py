@@ -2,7 +2,8 @@
 
 The engine's model thread and the asyncio driver both record here; ``prometheus_client``
 metrics are thread-safe. ``serve_metrics`` exposes them on ``/metrics`` of a port of their own
-(``DUPLEX_GATEWAY_METRICS_PORT``; 0 keeps them unserved).
+(``DUPLEX_GATEWAY_METRICS_PORT`` on ``DUPLEX_GATEWAY_METRICS_HOST``; port 0 keeps them
+unserved).
 """
 
 from __future__ import annotations
@@ -93,6 +94,13 @@ class WorkerMetrics:
         self._session_failures.labels(self._backend, stage).inc()
 
 
-def serve_metrics(metrics: WorkerMetrics, port: int, addr: str = "0.0.0.0") -> None:
-    """Serve ``metrics`` on ``http://addr:port/metrics`` from a daemon thread."""
-    start_http_server(port, addr=addr, registry=metrics.registry)
+def serve_metrics(metrics: WorkerMetrics, port: int, host: str) -> None:
+    """Serve ``metrics`` on ``http://host:port/metrics`` from a daemon thread.
+
+    The address is the caller's (``METRICS_HOST``, loopback by default): no listener of the
+    worker is exposed unless an operator says so.
+
+    Raises:
+        OSError: the address cannot be bound (taken, or not this machine's).
+    """
+    start_http_server(port, addr=host, registry=metrics.registry)

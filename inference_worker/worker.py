@@ -60,6 +60,14 @@ from store.directory import WorkerProfile, announce_worker, sessions_of_worker
 from store.errors import raise_if_cancelled
 from store.keys import WorkerKeys, new_worker_id, worker_of_session
 from store.logs import InputEntry, WriteToken, log_ends, read_input_entries, session_start
+from store.outages import (
+    OutageLog,
+    RedisRefused,
+    operator_mistake,
+    plain_reason,
+    redis_address,
+    wait_for_redis,
+)
 from store.pubsub import Subscriber
 from store.ratelog import RateLimitedLog
 
@@ -75,10 +83,13 @@ _CLOSE_FLUSH_S = 5.0
 # ends (a failover completes) the reapers give the worker one TTL to beat, and this keeps the
 # beat well inside it.
 _BEAT_RETRY_S = 0.1
-_beat_failures = RateLimitedLog(_log, interval_s=5.0)
 #: Pauses between tries of a session's close while the store is away; the last one repeats.
 _CLOSE_RETRY_S = (0.1, 0.2, 0.5, 1.0, 2.0)
+# A close that keeps failing leaves a client waiting on a session this worker no longer
+# serves: worth a line of its own (which session), at most one per 5 s for all of them.
 _close_failures = RateLimitedLog(_log, interval_s=5.0)
+#: Pauses between tries of the registration while the store is away; the last one repeats.
+_REGISTER_RETRY_S = (0.1, 0.2, 0.5, 1.0)
 # A session's input log is trimmed to what this worker applied whenever it writes for the
 # session, and the gateway refuses input once the log holds INPUT_LOG_MAX_ENTRIES. A session
 # that answers nothing for a while (audio buffered in a turn) would fill it with commands
@@ -124,7 +135,10 @@ class Worker:
         self._client = client
         self._scripts = Scripts(client)
         self._keys = WorkerKeys(self.worker_id)
-        self._subscriber = Subscriber(client)
+        # Every loop here reports to one outage log: an outage is told once, not per retry.
+        self._redis_address = redis_address(settings.redis_url)
+        self._outages = OutageLog(_log, self._redis_address)
+        self._subscriber = Subscriber(client, outages=self._outages)
         self._sessions = self.session_table(self.metrics, _log, mark_dirty=self._mark_dirty,
                                             engine=lambda: self._engine)
         self._notices: asyncio.Queue[list[Any] | None] = asyncio.Queue()
@@ -164,7 +178,8 @@ class Worker:
         await self._start_engine()
         try:
             self._profile = self._new_session_profile()
-            await self._serve()
+            if await self._redis_reached():
+                await self._serve()
         finally:
             await self._stop_engine()
 
@@ -185,6 +200,26 @@ class Worker:
         profile.encode()  # its size is checked here, at start, not at the first registration
         return profile
 
+    async def _redis_reached(self) -> bool:
+        """Wait for Redis, bounded (a worker started before it, as a deploy that starts
+        everything at once does); False if stopped (SIGTERM) meanwhile.
+
+        Raises:
+            RedisRefused: Redis refused this worker, or did not answer in time.
+        """
+        waiting = asyncio.create_task(
+            wait_for_redis(self._client, _log, self._redis_address,
+                           timeout_s=self.settings.redis_start_timeout_s))
+        stopping = asyncio.create_task(self._stopping.wait())
+        await asyncio.wait([waiting, stopping], return_when=asyncio.FIRST_COMPLETED)
+        for task in (waiting, stopping):
+            task.cancel()
+        await asyncio.gather(waiting, stopping, return_exceptions=True)
+        if waiting.done() and not waiting.cancelled():
+            waiting.result()  # RedisRefused, if that is how it ended
+            return True
+        return False
+
     async def _serve(self) -> None:
         while True:
             await self._serve_incarnation()
@@ -198,9 +233,14 @@ class Worker:
             _log.warning("rejoining as worker %s", self.worker_id)
 
     async def _serve_incarnation(self) -> None:
-        await self._heartbeat(register=True)
+        if not await self._register():
+            return  # stopped before it could register: nothing to drain
+        _log.info("worker %s registered; serving %d slots", self.worker_id, self._capacity)
         await self._subscriber.subscribe(self._keys.input_channel, self._notices.put_nowait)
-        await self._discover()
+        try:
+            await self._discover()
+        except StoreError as exc:  # the poll loop reads them again
+            self._outages.failed("session discovery", exc)
         tasks = [asyncio.create_task(coro) for coro in (
             self._heartbeat_loop(), self._notice_loop(), self._tick_loop(), self._poll_loop(),
             self._flush_loop())]
@@ -305,6 +345,31 @@ class Worker:
             drain=self._draining, admit=admit, profile=self._profile)
         await announce_worker(self._client, self.worker_id, beat.alive_until_ms)
 
+    async def _register(self) -> bool:
+        """Register this incarnation, trying again while Redis is away (a rejoin after
+        fencing often comes during an outage); False if stopped (SIGTERM) first.
+
+        Raises:
+            RedisRefused: Redis refuses this worker (its user may not run scripts, say).
+        """
+        for attempt in itertools.count():
+            raise_if_cancelled()  # see _heartbeat_loop
+            if self._draining:
+                return False
+            try:
+                await self._heartbeat(register=True)
+            except StoreError as exc:
+                mistake = operator_mistake(exc)
+                if mistake is not None:
+                    raise RedisRefused(f"worker {self.worker_id} cannot register: {mistake}"
+                                       ) from None
+                self._outages.failed("registration", exc)
+                await asyncio.sleep(_REGISTER_RETRY_S[min(attempt, len(_REGISTER_RETRY_S) - 1)])
+                continue
+            self._outages.succeeded()
+            return True
+        raise AssertionError("unreachable")  # itertools.count() never ends
+
     async def _heartbeat_loop(self) -> None:
         interval = self.settings.heartbeat_interval_s
         pause = interval
@@ -321,11 +386,19 @@ class Worker:
                 self._fence()
                 return
             except StoreError as exc:
-                _beat_failures.warning("heartbeat", "heartbeat failed: %s", exc)
+                self._outages.failed("heartbeat", exc)
                 pause = min(interval, _BEAT_RETRY_S)
+            else:
+                self._outages.succeeded()
 
     async def _drain(self) -> None:
-        await self._heartbeat()  # publishes the draining state: no new placements
+        try:
+            await self._heartbeat()  # publishes the draining state: no new placements
+        except WorkerFenced:
+            self._fence()  # declared lost meanwhile: its sessions are not ours to end
+            return
+        except StoreError as exc:  # Redis away: the sessions still get their time below
+            self._outages.failed("drain announcement", exc)
         if self._sessions:
             self._sessions.no_sessions.clear()
             # Sessions end on their own schedule (client close, expiry); wait for the last.
@@ -362,7 +435,7 @@ class Worker:
                 await self._on_notice(notice)
             except StoreError as exc:
                 # Redis is failing over or restarting; the poll loop reads what was missed.
-                _log.warning("a notice could not be handled: %s", exc)
+                self._outages.failed("push handling", exc)
             except (IndexError, KeyError, TypeError, ValueError, AttributeError):
                 # Only our scripts publish here; a malformed notice is dropped, not obeyed,
                 # and the poll loop still reads the logs.
@@ -392,7 +465,9 @@ class Worker:
             try:
                 await self._discover()
             except StoreError as exc:
-                _log.warning("input poll failed: %s", exc)
+                self._outages.failed("input poll", exc)
+            else:
+                self._outages.succeeded()
 
     async def _discover(self) -> None:
         """Adopt sessions placed here whose push was lost, and read every input log."""
@@ -576,12 +651,13 @@ class Worker:
             return False
         except StoreError as exc:
             # Kept in unsent: the next flush (tick or poll) retries them first.
-            _log.warning("output append failed for %d sessions: %s", len(batch), exc)
+            self._outages.failed(f"output write ({len(batch)} sessions)", exc)
             for session_id, _, _ in batch:
                 self._dirty.add(session_id)
             return True
         except Exception as exc:  # not Redis: a session's part could not even be sent
             return await self._write_apart(batch, exc)
+        self._outages.succeeded()
         self._settle(batch, outcomes)
         return True
 
@@ -637,14 +713,15 @@ class Worker:
         for attempt in itertools.count():
             try:
                 await self._scripts.append_output(session_id, [], close_reason=reason)
+                self._outages.succeeded()
                 break
             except (SessionGone, WorkerFenced):
                 break
             except StoreError as exc:
+                self._outages.failed(f"close of session {session_id}", exc)
                 if not retry:
-                    _log.warning("closing %s failed: %s", session_id, exc)
                     break
                 _close_failures.warning("close", "closing %s failed (%s); trying again",
-                                        session_id, exc)
+                                        session_id, plain_reason(exc))
                 await asyncio.sleep(_CLOSE_RETRY_S[min(attempt, len(_CLOSE_RETRY_S) - 1)])
         self._sessions.forget(session_id)

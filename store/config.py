@@ -1,27 +1,187 @@
-"""Reading a frozen settings dataclass from ``DUPLEX_GATEWAY_*`` variables (style rule 8).
+"""Reading a frozen settings dataclass from flags and ``DUPLEX_GATEWAY_*`` variables (style rule 8).
 
 Shared by the gateway and the worker, so both read settings the same way; each process builds
 its one settings object at start and passes it down, and nothing else reads ``os.environ``.
+
+A field's metadata may carry what it accepts (``"accepts"``: a :class:`Rule`) and its flag
+(``"flag"``, when it is not ``--`` plus the field's name with dashes). Every value is checked
+against its rule where it was read, so a refusal names the flag or the variable it came from
+and says what is accepted, in one line; relations between fields are the dataclass's own
+``__post_init__``.
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
-__all__ = ["ENV_PREFIX", "SettingsError", "from_env"]
+__all__ = [
+    "ENV_PREFIX",
+    "NON_NEGATIVE",
+    "PORT",
+    "POSITIVE",
+    "POSITIVE_COUNT",
+    "REDIS_SCHEMES",
+    "Choices",
+    "Range",
+    "RedisUrl",
+    "Rule",
+    "SettingsError",
+    "assignment",
+    "check_fields",
+    "env_name",
+    "flag_name",
+    "from_env",
+]
 
 ENV_PREFIX = "DUPLEX_GATEWAY_"
 _T = TypeVar("_T")
 
 
 class SettingsError(ValueError):
-    """A setting has a value that cannot be used; the message names the variable."""
+    """A setting has a value that cannot be used; the message names the flag or variable."""
 
 
-def _cast(name: str, raw: str, default: Any) -> Any:
+class Rule(abc.ABC):
+    """What one setting accepts."""
+
+    @abc.abstractmethod
+    def accepts(self, value: Any) -> bool:
+        """Whether ``value`` (already of the field's type) can be used."""
+
+    @abc.abstractmethod
+    def describe(self) -> str:
+        """The accepted values, in words, for the one-line refusal."""
+
+    def shown(self, value: Any) -> str:
+        """How a refused value is quoted (a rule may hide what could be a secret)."""
+        return _quoted(str(value))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Range(Rule):
+    """A finite number (or an integer) from ``low`` to ``high``; ``low_open``: above ``low``."""
+
+    low: float
+    high: float | None = None
+    low_open: bool = False
+
+    def accepts(self, value: Any) -> bool:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return False
+        if not math.isfinite(value):
+            return False
+        above_low = value > self.low if self.low_open else value >= self.low
+        return above_low and (self.high is None or value <= self.high)
+
+    def describe(self) -> str:
+        low, high = _number(self.low), None if self.high is None else _number(self.high)
+        if self.low_open:
+            return f"a number greater than {low}" + ("" if high is None else f" and at most {high}")
+        return f"a number of at least {low}" if high is None else f"a number from {low} to {high}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Choices(Rule):
+    """One of a fixed set of words."""
+
+    values: tuple[str, ...]
+
+    def accepts(self, value: Any) -> bool:
+        return value in self.values
+
+    def describe(self) -> str:
+        return "one of " + ", ".join(self.values)
+
+
+#: The URL kinds ``store.create_client`` connects to.
+REDIS_SCHEMES = ("redis", "rediss", "redis+sentinel", "redis+cluster", "unix")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RedisUrl(Rule):
+    """A URL of one of :data:`REDIS_SCHEMES` naming a host (a path for ``unix://``).
+
+    A refused URL is shown by its scheme only: it may carry a password.
+    """
+
+    def accepts(self, value: Any) -> bool:
+        if not isinstance(value, str):
+            return False
+        parts = urlsplit(value)
+        if parts.scheme not in REDIS_SCHEMES:
+            return False
+        return bool(parts.path if parts.scheme == "unix" else parts.netloc)
+
+    def describe(self) -> str:
+        schemes = [f"{scheme}://" for scheme in REDIS_SCHEMES]
+        return f"a {', '.join(schemes[:-1])} or {schemes[-1]} URL naming its server"
+
+    def shown(self, value: Any) -> str:
+        scheme = urlsplit(str(value)).scheme
+        return f"{_quoted(scheme)}://..." if scheme else "(not a URL)"
+
+
+#: A TCP port; 0 means "any free port" or "off", as the setting's help says.
+PORT = Range(0, 65535)
+#: A count of at least one.
+POSITIVE_COUNT = Range(1)
+#: A duration or rate that must be above zero.
+POSITIVE = Range(0, low_open=True)
+#: The rule of every number without one of its own (0 usually means "off" or "no limit").
+NON_NEGATIVE = Range(0)
+
+
+def env_name(field_name: str) -> str:
+    """The variable that sets ``field_name``."""
+    return ENV_PREFIX + field_name.upper()
+
+
+def flag_name(f: dataclasses.Field[Any]) -> str:
+    """The command-line flag that sets field ``f``."""
+    return str(f.metadata.get("flag", "--" + f.name.replace("_", "-")))
+
+
+def assignment(label: str, shown: str) -> str:
+    """``--flag value`` or ``VARIABLE=value``, as the operator wrote it."""
+    return f"{label} {shown}" if label.startswith("--") else f"{label}={shown}"
+
+
+def _quoted(raw: str) -> str:
+    return raw if raw and raw.isprintable() and " " not in raw else repr(raw)
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _rule(f: dataclasses.Field[Any]) -> Rule | None:
+    rule = f.metadata.get("accepts")
+    if rule is not None:
+        return rule  # type: ignore[no-any-return]
+    default = f.default
+    if isinstance(default, int | float) and not isinstance(default, bool):
+        return NON_NEGATIVE
+    return None
+
+
+def _expected(f: dataclasses.Field[Any], rule: Rule | None) -> str:
+    kind = "an integer" if isinstance(f.default, int) and not isinstance(f.default, bool) else ""
+    if rule is None:
+        return kind or f"a {type(f.default).__name__}"
+    described = rule.describe()
+    if kind and described.startswith("a number"):
+        return "an integer" + described.removeprefix("a number")
+    return described
+
+
+def _cast(f: dataclasses.Field[Any], raw: str, label: str) -> Any:
+    default: Any = f.default
     try:
         if isinstance(default, bool):
             if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
@@ -31,27 +191,51 @@ def _cast(name: str, raw: str, default: Any) -> Any:
             return tuple(part.strip() for part in raw.split(",") if part.strip())
         return type(default)(raw)
     except ValueError:
-        raise SettingsError(f"{name}={raw!r} is not a valid {type(default).__name__}") from None
+        rule = _rule(f)
+        shown = rule.shown(raw) if rule is not None else _quoted(raw)
+        raise SettingsError(f"{assignment(label, shown)}: expected {_expected(f, rule)}") from None
+
+
+def _check(f: dataclasses.Field[Any], value: Any, label: str) -> None:
+    rule = _rule(f)
+    if rule is not None and not rule.accepts(value):
+        where = assignment(label, rule.shown(value))
+        raise SettingsError(f"{where}: expected {_expected(f, rule)}")
+
+
+def check_fields(settings: Any) -> None:
+    """Check every field of a settings object against its rule, naming its variable.
+
+    For objects built directly (tests, embedders); :func:`from_env` checks each value where it
+    was read instead, so its refusals name the flag when a flag set it.
+
+    Raises:
+        SettingsError: the first field whose value its rule refuses.
+    """
+    for f in dataclasses.fields(settings):
+        _check(f, getattr(settings, f.name), env_name(f.name))
 
 
 def from_env(cls: type[_T], environ: Mapping[str, str] | None = None, **overrides: Any) -> _T:
     """Build ``cls`` from defaults, then ``DUPLEX_GATEWAY_<FIELD>``, then explicit overrides.
 
-    Overrides whose value is None are ignored (an unset command-line flag).
+    Overrides whose value is None are ignored (an unset command-line flag); the others are the
+    flags' values, and a variable they override is not read at all (flags win, even over a
+    variable that would be refused).
 
     Raises:
-        SettingsError: a variable does not parse, naming it.
+        SettingsError: a value does not parse or is out of its range, or two settings
+            contradict each other; one line naming the flag or variable.
     """
     env = os.environ if environ is None else environ
+    flags = {name: value for name, value in overrides.items() if value is not None}
     values: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        name = ENV_PREFIX + f.name.upper()
-        if name in env:
-            values[f.name] = _cast(name, env[name], f.default)
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    settings = cls(**values)
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        value = getattr(settings, f.name)
-        if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
-            raise SettingsError(f"{ENV_PREFIX}{f.name.upper()} must not be negative")
-    return settings
+        name = env_name(f.name)
+        if f.name in flags:
+            _check(f, flags[f.name], flag_name(f))
+            values[f.name] = flags[f.name]
+        elif name in env:
+            values[f.name] = _cast(f, env[name], name)
+            _check(f, values[f.name], name)
+    return cls(**values)

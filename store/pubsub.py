@@ -35,13 +35,11 @@ from redis.exceptions import RedisError
 
 from store.client import REDIS_ERRORS
 from store.errors import raise_if_cancelled
-from store.ratelog import RateLimitedLog
+from store.outages import OutageLog
 
 __all__ = ["Notice", "NoticeHandler", "Subscriber"]
 
 _log = logging.getLogger(__name__)
-# A shard reconnects every _RECONNECT_DELAY_S while its node is away: a line per cause per 5 s.
-_reconnects = RateLimitedLog(_log, interval_s=5.0)
 
 #: A decoded push notice (a MessagePack array, see ``store/lua.py``), or None after a reconnect.
 Notice: TypeAlias = "list[Any] | None"
@@ -111,7 +109,9 @@ class _Shard:
                     _log.exception("dropped a pub/sub message: %r", message)
 
     async def _recover(self, exc: BaseException) -> None:
-        _reconnects.warning("lost", "pub/sub connection lost (%s); re-subscribing", exc)
+        # A shard reconnects every _RECONNECT_DELAY_S while its node is away: the outage log
+        # tells the loss once, and the return once.
+        self.owner.outages.failed("pub/sub read", exc)
         old, self.pubsub = self.pubsub, None
         if old is not None:
             with contextlib.suppress(*REDIS_ERRORS, OSError):
@@ -123,9 +123,18 @@ class _Shard:
             for channel in list(self.channels):
                 await pubsub.ssubscribe(channel.decode())
         except (*REDIS_ERRORS, OSError) as exc2:
-            _reconnects.warning("failed", "re-subscribe failed: %s", exc2)
+            self.owner.outages.failed("re-subscription", exc2)
         # Each handler gets None when its re-subscription is confirmed (see dispatch), so a
         # log read it then starts cannot miss a push that the old subscription lost.
+
+
+def _address_of(client: Redis | RedisCluster) -> str:
+    """Where ``client`` connects, for a log line (no credentials)."""
+    if isinstance(client, RedisCluster):
+        return "the Cluster"
+    kwargs = client.connection_pool.connection_kwargs
+    host, port = kwargs.get("host"), kwargs.get("port")
+    return f"{host}:{port}" if host else "the Sentinels' master"
 
 
 class Subscriber:
@@ -135,8 +144,11 @@ class Subscriber:
     handlers of one channel share each decoded notice: they must not change it.
     """
 
-    def __init__(self, client: Redis | RedisCluster) -> None:
+    def __init__(self, client: Redis | RedisCluster, *, outages: OutageLog | None = None) -> None:
+        """``outages``: the process's outage log, shared with its other loops (by default
+        one of this subscriber's own)."""
         self._client = client
+        self.outages = outages or OutageLog(_log, _address_of(client))
         # Per channel, its handlers in the order they subscribed; a channel is listed while
         # it has at least one.
         self._handlers: dict[bytes, list[NoticeHandler]] = {}
@@ -227,7 +239,7 @@ class Subscriber:
             # The shard's reader reconnects and re-subscribes every channel it holds.
             shard.channels.add(key)
             shard.wake.set()
-            _log.warning("ssubscribe %s not confirmed: %s", channel, exc)
+            self.outages.failed("subscription", exc)
         finally:
             if self._confirmations.get(key) is confirmed:
                 del self._confirmations[key]
@@ -269,7 +281,10 @@ class Subscriber:
             self._unsubscribing[key] += 1
             try:
                 await shard.pubsub.sunsubscribe(key.decode())
-            except (*REDIS_ERRORS, OSError) as exc:
+            except (*REDIS_ERRORS, OSError, AttributeError) as exc:
+                # AttributeError: redis-py's PubSub writes to a connection that its reader
+                # closed under it in an outage (its writer is None); the channel is dropped
+                # with that connection anyway, and the reader's reconnect skips it.
                 self._unsubscribing[key] -= 1
                 _log.debug("sunsubscribe %r failed: %s", key, exc)
 
@@ -326,7 +341,7 @@ class Subscriber:
                     await self._ssubscribe(channel, shard)
                 except (*REDIS_ERRORS, OSError) as exc:
                     # Consumers read the log on their poll meanwhile.
-                    _log.warning("following %r to its new node failed: %s", channel, exc)
+                    self.outages.failed("subscription on a moved slot's new node", exc)
                     await asyncio.sleep(_RECONNECT_DELAY_S)  # back off; the Cluster may settle
                     continue
                 if channel in self._handlers:
@@ -351,6 +366,7 @@ class Subscriber:
         kind = kind.decode() if isinstance(kind, bytes) else kind
         channel = message["channel"]
         if kind == "ssubscribe":
+            self.outages.succeeded()  # a confirmation: Redis answers again
             future = self._confirmations.get(channel)
             if future is not None and not future.done():
                 future.set_result(True)

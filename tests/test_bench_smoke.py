@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from duplex_gateway.bench import run_relay_bench
+from duplex_gateway.bench import TARGETS_NOTE, run_relay_bench
 
 pytestmark = pytest.mark.e2e
 
@@ -44,6 +44,8 @@ SVG = "{http://www.w3.org/2000/svg}"
 @pytest.mark.timeout(120)
 def test_relay_bench_runs_both_phases_without_loss(tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Two sessions x 2 s: both phases relay every chunk, the JSON, the table (with what its
+    target column means) and the CDF plot are written, and the run exits 0."""
     output = tmp_path / "results" / "relay.json"
 
     assert run_relay_bench(sessions=2, seconds=2, output=output) == 0
@@ -62,11 +64,15 @@ def test_relay_bench_runs_both_phases_without_loss(tmp_path: Path,
     assert comparison["gateway_cpu_ratio"] is not None
     printed = capsys.readouterr().out
     assert "round trip p99 (ms)" in printed and "Redis cmds / session-s" in printed
+    # The target column says where its numbers come from and what MISSED means, in words.
+    assert TARGETS_NOTE in printed and "MISSED: above it" in TARGETS_NOTE
+    assert "DESIGN" not in printed
     plot = output.with_suffix(".cdf.svg")
     assert f"latency CDF plot: {plot}" in printed
     assert [t.text for t in ET.parse(plot).getroot().iter(f"{SVG}title")] == ["echo", "gateway"]
 
 
 def test_relay_bench_refuses_a_run_shorter_than_warm_up(tmp_path: Path) -> None:
+    """A phase no longer than the warm-up measures nothing: exit 2, nothing written."""
     assert run_relay_bench(sessions=1, seconds=1, output=tmp_path / "r.json") == 2
     assert not (tmp_path / "r.json").exists()

@@ -25,7 +25,16 @@ def test_environment_overrides_defaults_and_flags_override_environment() -> None
     assert from_env(WorkerSettings, {"DUPLEX_GATEWAY_SLOTS": "3"}).slots == 3
 
 
-@pytest.mark.parametrize(("name", "value"), [("PORT", "eighty"), ("SLOTS", "1.5"),
+@pytest.mark.parametrize(("name", "value"), [("PORT", "eighty"), ("PORT", "99999"),
+                                             ("SLOTS", "1.5"), ("SLOTS", "0"),
+                                             ("FIRST_MESSAGE_TIMEOUT_S", "nan"),
+                                             ("IDLE_TTL_S", "inf"),
+                                             ("TICK_BUDGET_FRACTION", "0"),
+                                             ("TICK_BUDGET_FRACTION", "1.5"),
+                                             ("METRICS_PORT", "70000"),
+                                             ("REDIS_URL", "http://x"),
+                                             ("REDIS_URL", "redis://"),
+                                             ("BACKEND", "tensorrt"), ("DTYPE", "int8"),
                                              ("DISCONNECT_GRACE_S", "-1"), ("VAD", "webrtc"),
                                              ("OUTPUT_BACKPRESSURE_EVENTS", "-1"),
                                              ("OUTPUT_BACKPRESSURE_BYTES", "2MiB"),
@@ -34,9 +43,72 @@ def test_environment_overrides_defaults_and_flags_override_environment() -> None
                                              ("INPUT_LOG_MAX_BYTES", "1024")])
 def test_bad_values_name_the_variable(name: str, value: str) -> None:
     """A value that cannot be used is refused with the variable's name in the message."""
-    cls = WorkerSettings if name in {"SLOTS", "VAD"} else GatewaySettings
+    worker_only = {"SLOTS", "VAD", "TICK_BUDGET_FRACTION", "METRICS_PORT", "BACKEND", "DTYPE"}
+    cls = WorkerSettings if name in worker_only else GatewaySettings
     with pytest.raises(SettingsError, match=ENV_PREFIX + name):
         from_env(cls, {ENV_PREFIX + name: value})
+
+
+def test_a_refusal_says_what_is_accepted_in_one_line() -> None:
+    """The message names the variable with its value and the accepted range, on one line."""
+    with pytest.raises(SettingsError) as refused:
+        from_env(GatewaySettings, {"DUPLEX_GATEWAY_PORT": "99999"})
+    assert str(refused.value) == "DUPLEX_GATEWAY_PORT=99999: expected an integer from 0 to 65535"
+
+
+def test_a_flag_is_named_when_it_set_the_refused_value() -> None:
+    """A refused flag value names the flag, not the variable."""
+    with pytest.raises(SettingsError, match=r"^--metrics-port 70000: .*0 to 65535"):
+        from_env(WorkerSettings, {}, metrics_port=70000)
+    with pytest.raises(SettingsError, match=r"^--drain-timeout nan: "):
+        from_env(WorkerSettings, {}, drain_timeout_s=float("nan"))
+
+
+def test_a_flag_overrides_a_variable_that_would_be_refused() -> None:
+    """Flags win: a bad variable the flag replaces is not read, so it is not fatal."""
+    env = {"DUPLEX_GATEWAY_PORT": "99999", "DUPLEX_GATEWAY_REDIS_URL": "http://x"}
+    settings = from_env(GatewaySettings, env, port=8001, redis_url="redis://127.0.0.1:1/0")
+    assert (settings.port, settings.redis_url) == (8001, "redis://127.0.0.1:1/0")
+    assert from_env(WorkerSettings, {"DUPLEX_GATEWAY_SLOTS": "0"}, slots=2).slots == 2
+
+
+@pytest.mark.parametrize("url", ["redis://h:6379/0", "rediss://:secret@h:6380",
+                                 "redis+sentinel://h:26379/mymaster",
+                                 "redis+cluster://h:7000", "unix:///run/redis.sock"])
+def test_every_redis_url_kind_is_accepted(url: str) -> None:
+    """Each URL kind the store connects to passes the scheme check."""
+    assert from_env(WorkerSettings, {"DUPLEX_GATEWAY_REDIS_URL": url}).redis_url == url
+
+
+def test_a_refused_redis_url_is_shown_without_its_credentials() -> None:
+    """A URL of the wrong kind is quoted by its scheme only: it may carry a password."""
+    with pytest.raises(SettingsError) as refused:
+        from_env(GatewaySettings, {"DUPLEX_GATEWAY_REDIS_URL": "http://user:hunter2@x"})
+    assert "hunter2" not in str(refused.value) and "http://" in str(refused.value)
+
+
+@pytest.mark.parametrize(("ttl", "accepted"), [(1.0, False), (0.5, False), (1.01, True)])
+def test_heartbeat_ttl_must_exceed_the_interval(ttl: float, accepted: bool) -> None:
+    """A TTL no longer than the heartbeat interval is refused, naming both variables."""
+    env = {"DUPLEX_GATEWAY_HEARTBEAT_INTERVAL_S": "1.0", "DUPLEX_GATEWAY_HEARTBEAT_TTL_S": str(ttl)}
+    if accepted:
+        assert from_env(WorkerSettings, env).heartbeat_ttl_s == ttl
+        return
+    with pytest.raises(SettingsError, match=r"HEARTBEAT_TTL_S.*HEARTBEAT_INTERVAL_S"):
+        from_env(WorkerSettings, env)
+
+
+@pytest.mark.parametrize("fraction", ["1", "0.01"])
+def test_tick_budget_fraction_takes_its_bounds(fraction: str) -> None:
+    """TICK_BUDGET_FRACTION takes 1 (the whole frame) and small fractions above 0."""
+    env = {"DUPLEX_GATEWAY_TICK_BUDGET_FRACTION": fraction}
+    assert from_env(WorkerSettings, env).tick_budget_fraction == float(fraction)
+
+
+def test_directly_built_settings_are_checked_too() -> None:
+    """A settings object built in code is held to the same ranges, naming the variable."""
+    with pytest.raises(SettingsError, match="DUPLEX_GATEWAY_SLOTS=0"):
+        WorkerSettings(slots=0)
 
 
 @pytest.mark.parametrize("choice", ["auto", "silero", "energy"])

@@ -525,6 +525,10 @@ def load_responder(kind: str = ECHO, path: str | Path | None = None, *,
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:
         raise _missing_library("transformers", exc) from exc
+    from transformers.utils import logging as transformers_logging
+
+    # A progress bar per load is noise in a service's log (and a tty's escapes in a file).
+    transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     # from_pretrained returns the model in eval mode.
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True)

@@ -271,6 +271,8 @@ class MoshiBackend:
         path = Path(path)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"no Moshi model directory at {path} (config.json missing)")
+        # A progress bar per load is noise in a service's log (and a tty's escapes in a file).
+        transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
         model = MoshiForConditionalGeneration.from_pretrained(
             path, dtype=parse_dtype(dtype), attn_implementation="sdpa"
         )
