@@ -31,16 +31,6 @@ __all__ = ["main"]
 
 _log = logging.getLogger("duplex_gateway")
 
-# uvicorn's ws_max_size caps a message's payload (not counting frame headers) before the app
-# sees it, and answers a larger one with a bare close 1009. The margin lets a frame slightly
-# over MAX_FRAME_BYTES reach the connection core, which answers event_too_large and then
-# closes 1009; the websocket layer never buffers more than the limit plus this.
-WS_FRAME_MARGIN_BYTES = 1024
-
-
-def websocket_max_size(max_frame_bytes: int) -> int:
-    """The payload size uvicorn's websocket layer refuses above, for ``MAX_FRAME_BYTES``."""
-    return max_frame_bytes + WS_FRAME_MARGIN_BYTES
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -61,7 +51,9 @@ def _serve(args: argparse.Namespace) -> int:
     # answers invalid_json, then closes 1007) instead of a traceback in the log.
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
                 log_level=args.log_level,
-                ws_max_size=websocket_max_size(settings.max_frame_bytes),
+                # The limit itself: the gateway's websocket protocol answers a larger message
+                # with event_too_large, then close 1009 (gateway/wsprotocol.py).
+                ws_max_size=settings.max_frame_bytes,
                 timeout_graceful_shutdown=5, lifespan="on", ws=GatewayWebSocketProtocol,
                 log_config=log_config())
     return 0

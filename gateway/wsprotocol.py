@@ -8,21 +8,26 @@ frame (a client could flood the log with them) and never tells the app, so the c
 :class:`GatewayWebSocketProtocol` hands such a payload to the app instead, as a receive event
 the driver recognises by :data:`INVALID_TEXT_KEY`; the connection core then answers
 ``invalid_json`` and closes 1007 (``ConnectionCore.receive_invalid_text``). Each one is logged as
-one line, rate-limited. A handshake refused with an HTTP answer (a wrong key: 401) counts as
-complete, so uvicorn does not log an ERROR for each one. The connection's transport is
-published to the app in ``scope["extensions"][TRANSPORT_KEY]``: ASGI gives an app no handle on
-its socket, and the gateway measures a client that does not read by the transport's write
-buffer (and may set its ``SO_SNDBUF``). Everything else is uvicorn's ``websockets-sansio``
-implementation as is.
+one line, rate-limited. A message over the size limit gets the ``event_too_large`` error
+event before the close 1009 the websocket layer sends. A handshake refused with an HTTP
+answer (a wrong key: 401) counts as complete, so uvicorn does not log an ERROR for each one.
+The connection's transport is published to the app in ``scope["extensions"][TRANSPORT_KEY]``:
+ASGI gives an app no handle on its socket, and the gateway measures a client that does not
+read by the transport's write buffer (and may set its ``SO_SNDBUF``). Everything else is
+uvicorn's ``websockets-sansio`` implementation as is.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import secrets
 from typing import ClassVar, cast
 
 from uvicorn._types import ASGIReceiveEvent, ASGISendEvent
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.exceptions import PayloadTooBig
+from websockets.frames import Frame, Opcode
 
 from store.ratelog import RateLimitedLog
 
@@ -44,6 +49,14 @@ class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
     #: connections: many clients must not flood the log either).
     invalid_text_log: ClassVar[RateLimitedLog] = RateLimitedLog(
         logging.getLogger(__name__), interval_s=10.0)
+
+    def handle_parser_exception(self) -> None:
+        # A message over the limit (uvicorn's ws_max_size is MAX_FRAME_BYTES): the websocket
+        # layer has queued its close 1009; the client gets the documented error event first,
+        # and the app the disconnect (the session is detached, resumable).
+        if isinstance(self.conn.parser_exc, PayloadTooBig):
+            self.transport.write(_too_large_frame())
+        super().handle_parser_exception()
 
     async def run_asgi(self) -> None:
         extensions = cast(dict[str, object], self.scope.setdefault("extensions", {}))
@@ -87,3 +100,13 @@ def _is_utf8(payload: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+def _too_large_frame() -> bytes:
+    """The ``event_too_large`` error event as one unmasked text frame (uncompressed, which a
+    permessage-deflate connection allows per message)."""
+    event = {"type": "error", "event_id": f"event_{secrets.token_hex(6)}",
+             "error": {"type": "invalid_request_error", "code": "event_too_large",
+                       "message": "The frame is larger than the server's maximum frame size.",
+                       "param": None, "event_id": None}}
+    return Frame(Opcode.TEXT, json.dumps(event).encode()).serialize(mask=False)
