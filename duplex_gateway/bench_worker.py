@@ -341,5 +341,5 @@ def write_step_chart(path: Path, runs: Mapping[str, Sequence[BenchRow]], budget_
         series[f"{name} p50"] = [(row.batch, row.p50_ms) for row in ordered]
         series[f"{name} p99"] = [(row.batch, row.p99_ms) for row in ordered]
     return write_chart(path, Chart(title=title, x_label="batch (sessions per step)",
-                                   y_label="step time (ms)", series=series,
+                                   y_label="step time (ms)", series=series, integer_x=True,
                                    reference=(budget_ms, f"budget {budget_ms:g} ms")))

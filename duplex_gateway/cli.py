@@ -10,8 +10,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import logging
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +23,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from duplex_gateway.logs import JsonFormatter, LogSettings, configure_logging
 from store.config import SettingsError, env_name, from_env
 from store.embedded import free_port, start_server
 
@@ -43,6 +47,11 @@ def _serve(args: argparse.Namespace) -> int:
 
     settings = from_env(GatewaySettings, host=args.host, port=args.port,
                         redis_url=args.redis_url)
+    logs = _log_settings(args)
+    # Before the lifespan waits for Redis: a taken port or a foreign address is a sentence
+    # now, not uvicorn's bind error once Redis answers (a race after this check still gets
+    # uvicorn's one line).
+    _check_can_listen(settings.host, settings.port, args)
     for handler in logging.getLogger().handlers:  # our own loggers' lines, too
         handler.addFilter(DropQueryStrings())
     # uvicorn drains on SIGTERM: it stops accepting, closes websockets with 1012 (the session
@@ -50,12 +59,13 @@ def _serve(args: argparse.Namespace) -> int:
     # uvicorn's websockets-sansio, except that text that is not UTF-8 reaches the app (which
     # answers invalid_json, then closes 1007) instead of a traceback in the log.
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                log_level=args.log_level,
+                log_level=logs.log_level,
                 # The limit itself: the gateway's websocket protocol answers a larger message
                 # with event_too_large, then close 1009 (gateway/wsprotocol.py).
                 ws_max_size=settings.max_frame_bytes,
                 timeout_graceful_shutdown=5, lifespan="on", ws=GatewayWebSocketProtocol,
-                log_config=log_config())
+                # JSON: uvicorn's lines too; text: uvicorn's own, as they always were.
+                log_config=log_config(JsonFormatter if logs.log_format == "json" else None))
     return 0
 
 
@@ -94,8 +104,11 @@ async def _run_worker(args: argparse.Namespace) -> int:
             serve_metrics(metrics, settings.metrics_port, settings.metrics_host)
         except OSError as exc:  # taken, or an address that is not this machine's
             where = f"{settings.metrics_host}:{settings.metrics_port}"
-            raise SettingsError(f"{_source('metrics_port', args.metrics_port)}: cannot listen"
-                                f" on {where}: {exc.strerror or exc}") from None
+            not_here = isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL
+            source = (_source("metrics_host", args.metrics_host) if not_here
+                      else _source("metrics_port", args.metrics_port))
+            raise SettingsError(f"{source}: cannot listen on {where}: {exc.strerror or exc}"
+                                ) from None
     client = create_client(settings.redis_url)
     worker = Worker(settings, client, backend=backend, metrics=metrics)
     loop = asyncio.get_running_loop()
@@ -185,15 +198,22 @@ def _dev(args: argparse.Namespace) -> int:
         server.stop()
         raise
     host, port = gateway.host, gateway.port or free_port()
+    try:  # a taken port is one sentence here, not a child that dies among the others' lines
+        _check_can_listen(host, port, args)
+    except SettingsError:
+        server.stop()
+        raise
     python = [sys.executable, "-m", "duplex_gateway"]
     # The children log to our stderr (uvicorn writes its access log to stdout), so our stdout
-    # carries the URL line alone, for a script to wait on.
+    # carries the URL line alone, for a script to wait on. They log as we do: a --log-level or
+    # --log-format given to dev reaches them as the variable they read.
+    env = {**os.environ, **_log_environment(_log_settings(args))}
     children = [
         subprocess.Popen([*python, "serve", "--host", host, "--port", str(port),
-                          "--redis-url", server.url], stdout=_STDERR_FD),
+                          "--redis-url", server.url], stdout=_STDERR_FD, env=env),
         subprocess.Popen([*python, "worker", "--redis-url", server.url, "--backend",
                           "loopback", "--slots", str(worker.slots), "--drain-timeout",
-                          str(worker.drain_timeout_s)], stdout=_STDERR_FD),
+                          str(worker.drain_timeout_s)], stdout=_STDERR_FD, env=env),
     ]
     stop = False
 
@@ -231,6 +251,23 @@ def _dev(args: argparse.Namespace) -> int:
     return 1 if (failed or not serving) and not stop else 0
 
 
+def _check_can_listen(host: str, port: int, args: argparse.Namespace) -> None:
+    """Refuse an address the gateway could not listen on, naming the setting to change: the
+    host when it is not this machine's (or does not resolve), else the port (taken, or
+    privileged). The probe binds as uvicorn does (SO_REUSEADDR), so a port a closed socket
+    left in TIME_WAIT still counts as free."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.create_server((host, port), family=family):
+            pass
+    except OSError as exc:
+        not_here = isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL
+        source = _source("host", args.host) if not_here else _source("port", args.port)
+        advice = "an address of this machine" if not_here else "another port (0: a free one)"
+        raise SettingsError(f"{source}: cannot listen on {host}:{port}:"
+                            f" {exc.strerror or exc}; choose {advice}") from None
+
+
 # Ctrl-C stops the whole product: no other worker will take over, so `dev` drains briefly.
 _DEV_DRAIN_TIMEOUT_S = 1.0
 
@@ -245,6 +282,17 @@ def _dev_settings(args: argparse.Namespace, redis_url: str) -> tuple[GatewaySett
     worker = from_env(WorkerSettings, redis_url=redis_url, backend="loopback", slots=args.slots,
                       drain_timeout_s=_DEV_DRAIN_TIMEOUT_S)
     return gateway, worker
+
+
+def _log_settings(args: argparse.Namespace) -> LogSettings:
+    """How this process logs: the global flags over ``DUPLEX_GATEWAY_LOG_*``."""
+    return from_env(LogSettings, log_level=args.log_level, log_format=args.log_format)
+
+
+def _log_environment(settings: LogSettings) -> dict[str, str]:
+    """The variables that make a child process log as ``settings`` say."""
+    return {env_name("log_level"): settings.log_level,
+            env_name("log_format"): settings.log_format}
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -308,8 +356,11 @@ def _setting(text: str, variable: str, default: str) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="duplex-gateway", description=__doc__)
-    parser.add_argument("--log-level", default="info",
-                        choices=["debug", "info", "warning", "error"])
+    # No argparse choices: a bad value is refused by LogSettings, one line like any setting.
+    parser.add_argument("--log-level", help=_setting("debug, info, warning or error",
+                                                     "LOG_LEVEL", "info"))
+    parser.add_argument("--log-format", help=_setting("text, or json (one object per line)",
+                                                      "LOG_FORMAT", "text"))
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run one gateway process", epilog=_SETTINGS_EPILOG)
@@ -358,10 +409,20 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     """Entry point of the ``duplex-gateway`` command."""
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs: LogSettings | None = None
     try:
+        logs = _log_settings(args)
+        configure_logging(logs)  # before anything runs: every line in the chosen format
         sys.exit(args.func(args))
     except SettingsError as exc:
-        print(f"duplex-gateway: {exc}", file=sys.stderr)
-        sys.exit(2)
+        _refuse(f"duplex-gateway: {exc}", json_log=logs is not None and logs.log_format == "json")
+
+
+def _refuse(line: str, *, json_log: bool) -> None:
+    """Stop over an operator's mistake: one line on stderr, exit status 2. In a JSON log it is
+    a JSON line like the others, so a log pipeline reads why the process stopped."""
+    if json_log:
+        _log.error("%s", line)
+    else:
+        print(line, file=sys.stderr)
+    sys.exit(2)

@@ -6,9 +6,13 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from types import FrameType
+from typing import NoReturn
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
@@ -36,22 +40,64 @@ __all__ = ["create_app"]
 _log = logging.getLogger(__name__)
 # The exit status of a gateway that cannot use its Redis: that of any unusable setting.
 _UNUSABLE_SETTING = 2
+# The exit status of a gateway told to stop before it served: it did as asked.
+_STOPPED = 0
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextlib.contextmanager
+def _stop_signals_set(stop: asyncio.Event) -> Iterator[None]:
+    """While inside, SIGTERM and SIGINT set ``stop``, then the handlers before are put back.
+
+    uvicorn takes both signals from its start but looks at them only once the lifespan's
+    startup is over, so a wait for Redis inside it would outlast them (up to
+    ``REDIS_START_TIMEOUT_S``). Signals reach only the main thread: elsewhere (a lifespan
+    run by an in-process test client) this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    loop = asyncio.get_running_loop()
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        loop.call_soon_threadsafe(stop.set)  # a signal handler must not touch the loop itself
+
+    before = {sig: signal.signal(sig, request_stop) for sig in _STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+def _leave(status: int) -> NoReturn:
+    """End the process now, its log flushed. Anything raised out of a lifespan is printed with
+    its traceback by Starlette and again by uvicorn; before Redis answered nothing needs
+    closing, so leaving at once is both quiet and safe."""
+    logging.shutdown()
+    os._exit(status)
 
 
 async def _connect(settings: GatewaySettings, client: RedisClient) -> None:
-    """Wait for Redis (bounded); an operator's mistake ends the process with a sentence.
-
-    Anything raised out of a lifespan is printed with its traceback by Starlette and again by
-    uvicorn, so a refusal is told here in one line and the process leaves at once; nothing
-    needs closing yet.
-    """
+    """Wait for Redis (bounded) unless told to stop meanwhile; an operator's mistake, or a
+    stop, ends the process with one line and no traceback."""
+    address = redis_address(settings.redis_url)
+    stop = asyncio.Event()
+    with _stop_signals_set(stop):
+        waiting = asyncio.create_task(wait_for_redis(
+            client, _log, address, timeout_s=settings.redis_start_timeout_s))
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait([waiting, stopping], return_when=asyncio.FIRST_COMPLETED)
+    if stop.is_set():
+        # The wait is not awaited: a ping cut short inside redis-py may swallow its cancel.
+        _log.warning("stopped while waiting for Redis at %s", address)
+        _leave(_STOPPED)
+    stopping.cancel()
     try:
-        await wait_for_redis(client, _log, redis_address(settings.redis_url),
-                             timeout_s=settings.redis_start_timeout_s)
+        waiting.result()
     except RedisRefused as refused:
         print(f"duplex-gateway: {refused}", file=sys.stderr, flush=True)
-        logging.shutdown()
-        os._exit(_UNUSABLE_SETTING)
+        _leave(_UNUSABLE_SETTING)
 
 
 async def _readiness(services: GatewayServices | None) -> Response:

@@ -20,10 +20,14 @@ from dataclasses import dataclass, field
 
 from store import AppendResult, Lease, LeaseLost, Scripts, SessionGone, StoreError
 from store.keys import worker_of_session
+from store.outages import OutageLog
+from store.ratelog import RateLimitedLog, cause_of
 
 __all__ = ["InputBatcher"]
 
 _log = logging.getLogger(__name__)
+# A bug here would fail every batch of every session: its traceback once per minute per cause.
+_bugs = RateLimitedLog(_log, interval_s=60.0)
 
 Entries = Sequence[tuple[int | None, bytes]]
 
@@ -41,8 +45,10 @@ class InputBatcher:
     """Batches :meth:`Scripts.append_input_many` calls per worker."""
 
     def __init__(self, scripts: Scripts, *, max_entries: int, max_bytes: int = 0,
-                 max_batch: int = 256) -> None:
+                 max_batch: int = 256, outages: OutageLog | None = None) -> None:
+        """``outages``: the process's outage log (by default one of its own)."""
         self._scripts = scripts
+        self._outages = outages or OutageLog(_log)
         self._max_entries = max_entries
         self._max_bytes = max_bytes
         self._max_batch = max_batch
@@ -89,8 +95,7 @@ class InputBatcher:
                 [(lease, entries) for lease, entries, _ in batch],
                 max_entries=self._max_entries, max_bytes=self._max_bytes)
         except Exception as exc:  # whatever failed, every waiter must hear it
-            if not isinstance(exc, StoreError):
-                _log.exception("append batch failed")
+            self._failed(exc)
             for _, _, future in batch:
                 if not future.done():
                     future.set_exception(exc)
@@ -102,6 +107,14 @@ class InputBatcher:
                 future.set_exception(outcome)
             else:
                 future.set_result(outcome)
+
+    def _failed(self, exc: Exception) -> None:
+        """A store error is each waiter's to report (its connection knows the session); a
+        Redis error that escaped the store's wrapping is still an outage, told once per change;
+        anything else is a bug in this gateway, logged with its traceback."""
+        if isinstance(exc, StoreError) or self._outages.call_failed("input append", exc):
+            return
+        _bugs.exception(cause_of(exc), "append batch failed", exc)
 
     async def aclose(self) -> None:
         """Cancel in-flight calls (shutdown)."""

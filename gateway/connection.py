@@ -150,6 +150,7 @@ class ConnectionDriver:
         self._stall_s = s.output_stall_timeout_s or None
         self._stalled = False  # a send stalled: no frame goes out any more
         self._cut_batch = False  # ... and the rest of the actions in hand are dropped
+        self._refusals_told: set[str] = set()  # duties whose refusal this connection logged
 
     async def run(self) -> None:
         """Serve the connection; returns once it is closed and the session detached or over."""
@@ -182,7 +183,7 @@ class ConnectionDriver:
                 return
             if task.done() and not task.cancelled() and task.exception() is not None:
                 _log.error("connection task %s failed; closing 1011", task.get_name(),
-                           exc_info=task.exception())
+                           exc_info=task.exception(), extra={"session_id": self._session_id})
                 self._core.fail(InternalError(f"{task.get_name()} failed"))
                 await self._step()
                 return
@@ -256,7 +257,8 @@ class ConnectionDriver:
             except (IndexError, TypeError, ValueError, AttributeError):
                 # Only our scripts publish here; a malformed notice is dropped, and the log
                 # (the truth) is read instead.
-                _log.error("dropped a malformed notice: %r", notice)
+                _log.error("dropped a malformed notice: %r", notice,
+                           extra={"session_id": self._session_id})
                 await self._fetch(self._core.delivered_seq)
             await self._step()
             if notice is not None:
@@ -332,7 +334,7 @@ class ConnectionDriver:
             await self._svc.scripts.renew_tenant_slot(
                 self._tenant, session_id, lease_ms=self._svc.tenant_lease_ms)
         except StoreError as exc:
-            _log.warning("tenant renewal failed for %s: %s", session_id, exc)
+            self._store_failed("tenant renewal", session_id, exc)
 
     async def _write_commands(self) -> None:
         while True:
@@ -381,7 +383,7 @@ class ConnectionDriver:
                 # Redis is failing: close 1011 so the client resumes (and resends by
                 # client_seq) once the store is back, through any gateway.
                 self._append_failed = True
-                _log.warning("append failed for %s: %s", self._lease.session_id, exc)
+                self._store_failed("input append", self._lease.session_id, exc)
                 self._core.fail(InternalError(str(exc)))
 
     def _refuse_backlogged(self, batch: list[tuple[int | None, Command]]) -> None:
@@ -414,12 +416,34 @@ class ConnectionDriver:
             return
         session_id = self._lease.session_id
         _log.error("the input log of %s went back to %d (lost writes); ending it", session_id,
-                   appended.last_index)
+                   appended.last_index, extra={"session_id": session_id})
         try:
             await self._svc.scripts.close_session(session_id, "log_rewound")
         except StoreError as exc:
-            _log.warning("closing %s failed: %s", session_id, exc)
+            self._store_failed("close (log rewound)", session_id, exc)
         self._core.session_gone()  # read the terminal event
+
+    # ------------------------------------------------------------------ logging
+
+    @property
+    def _session_id(self) -> str | None:
+        """The session this connection serves now, for its log lines; None before one."""
+        return self._lease.session_id if self._lease is not None else self._held
+
+    def _store_failed(self, duty: str, session_id: str, exc: StoreError) -> None:
+        """A store call made for this session failed; ``duty`` names it in plain words.
+
+        Redis not answering fails every session's calls at once: that is the process's
+        outage, told once per change (``services.outages``), and here only at DEBUG. A
+        refusal (a script's error, a bug) is this session's fault: a WARNING the first time
+        per duty on this connection (housekeeping repeats every second), DEBUG after.
+        """
+        extra = {"session_id": session_id}
+        if self._svc.outages.call_failed(duty, exc) or duty in self._refusals_told:
+            _log.debug("%s failed for %s: %s", duty, session_id, exc, extra=extra)
+            return
+        self._refusals_told.add(duty)
+        _log.warning("%s failed for %s: %s", duty, session_id, exc, extra=extra)
 
     # ------------------------------------------------------------------ actions
 
@@ -496,7 +520,8 @@ class ConnectionDriver:
         detaches the session and closes 1013."""
         # Any client can stall at will: one line per 10 s for the whole process.
         _stall_log.log(logging.INFO, "stall", "a client took no output for %.1f s: closing it"
-                       " 1013 %s, its session detached", self._stall_s, OUTPUT_STALLED)
+                       " 1013 %s, its session detached", self._stall_s, OUTPUT_STALLED,
+                       extra={"session_id": self._session_id})
         self._svc.metrics.output_stalls.inc()
         self._stalled = self._cut_batch = True
         self._core.output_stalled()
@@ -522,7 +547,7 @@ class ConnectionDriver:
                     self._core.log_rewound(last)
                     return
         except StoreError as exc:
-            _log.warning("log read failed: %s", exc)
+            self._store_failed("output log read", session_id, exc)
             return
         if rows and rows[0][0] > after + 1:
             self._core.log_trimmed(rows[0][0])
@@ -629,7 +654,7 @@ class ConnectionDriver:
             await self._svc.scripts.trim_output(self._lease, upto)
         except StoreError as exc:
             # Only memory is at stake: the length cap still bounds the log.
-            _log.warning("trim failed for %s: %s", self._lease.session_id, exc)
+            self._store_failed("output log trim", self._lease.session_id, exc)
 
     def _hold(self, session_id: str) -> None:
         """This connection now holds ``session_id`` under the gateway's attachment lease."""
@@ -643,7 +668,7 @@ class ConnectionDriver:
             await self._svc.scripts.close_session(session_id, "open_abandoned")
         except StoreError as exc:
             # Nothing was ever sent to it: its idle TTL ends it.
-            _log.warning("giving up %s failed: %s", session_id, exc)
+            self._store_failed("abandoning an unopened session", session_id, exc)
 
     async def _detach(self, *, departed: bool = False) -> None:
         if self._lease is None:
@@ -657,7 +682,7 @@ class ConnectionDriver:
             await self._svc.scripts.detach(self._lease, grace_ms=int(grace_s * 1000))
         except StoreError as exc:
             # The idle deadline still ends the session; the client can resume meanwhile.
-            _log.warning("detach failed for %s: %s", self._lease.session_id, exc)
+            self._store_failed("detach", self._lease.session_id, exc)
 
     async def _close(self, code: int, reason: str) -> None:
         if self._ws.application_state is WebSocketState.CONNECTED:

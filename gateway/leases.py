@@ -19,6 +19,7 @@ from store import AttachmentHolder, Scripts, StoreError
 from store.errors import raise_if_cancelled
 from store.keys import worker_of_session
 from store.outages import OutageLog
+from store.ratelog import RateLimitedLog
 
 __all__ = ["AttachmentLeases"]
 
@@ -26,6 +27,8 @@ _log = logging.getLogger(__name__)
 
 # Renewals per lease period: four may fail in a row before the lease lapses.
 _RENEWALS_PER_LEASE = 5
+# A refused renewal repeats every round: one line per cause per 10 s, with a count of the rest.
+_refusals = RateLimitedLog(_log, interval_s=10.0)
 
 
 class AttachmentLeases:
@@ -73,10 +76,17 @@ class AttachmentLeases:
             if isinstance(answer, BaseException) and not isinstance(answer, StoreError):
                 raise answer  # a bug, not Redis: it ends the gateway loudly
         if failures:
-            self._outages.failed("lease renewal", failures[0])
+            self._renewal_failed(failures[0])
         elif workers:
             self._outages.succeeded()
         return len(workers)
+
+    def _renewal_failed(self, exc: StoreError) -> None:
+        """Redis not answering is the process's outage, told once per change; a refusal (a
+        script's error) says this gateway's leases are at risk whatever Redis does: a
+        WARNING."""
+        if not self._outages.call_failed("lease renewal", exc):
+            _refusals.warning(type(exc).__qualname__, "lease renewal failed: %s", exc)
 
     async def run(self) -> None:
         """Renew forever, ``_RENEWALS_PER_LEASE`` times per lease period, on a fixed clock: a

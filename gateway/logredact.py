@@ -41,10 +41,18 @@ class DropQueryStrings(logging.Filter):
         return True
 
 
-def log_config() -> dict[str, Any]:
-    """uvicorn's logging configuration with :class:`DropQueryStrings` on every handler."""
+def log_config(formatter: type[logging.Formatter] | None = None) -> dict[str, Any]:
+    """uvicorn's logging configuration with :class:`DropQueryStrings` on every handler.
+
+    Args:
+        formatter: what writes uvicorn's own lines (access, errors) too, so they match the
+            process's other lines (a JSON log is JSON throughout); None: uvicorn's own
+            formatters. The caller chooses it: this layer knows no log formats.
+    """
     config = copy.deepcopy(LOGGING_CONFIG)
     config["filters"] = {"drop_query": {"()": DropQueryStrings}}
+    if formatter is not None:
+        config["formatters"] = {name: {"()": formatter} for name in config["formatters"]}
     for handler in config["handlers"].values():
         handler["filters"] = [*handler.get("filters", []), "drop_query"]
     return config

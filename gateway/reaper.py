@@ -30,7 +30,9 @@ from store.scripts import DEFAULT_ATTACHMENT_LEASE_MS, DEFAULT_REAP_OUTAGE_MS
 __all__ = ["outage_threshold_ms", "reap_once", "run_reaper"]
 
 _log = logging.getLogger(__name__)
-_outages = RateLimitedLog(_log, interval_s=10.0)
+# Lines a pass can repeat every interval (a slot outage per worker, a refused script): one per
+# cause per 10 s, with a count of the rest.
+_rare = RateLimitedLog(_log, interval_s=10.0)
 
 
 def outage_threshold_ms(interval_s: float, last_pass_s: float) -> int:
@@ -59,7 +61,7 @@ async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetri
         ended += reaped.ended
         metrics.lapsed_detached.inc(reaped.detached)
         if reaped.outage_ms:
-            _outages.warning("slot_outage", "no reaper reached worker %s for %d ms (a failover "
+            _rare.warning("slot_outage", "no reaper reached worker %s for %d ms (a failover "
                              "or an outage): it gets a full heartbeat TTL to beat again",
                              worker_id, reaped.outage_ms)
         # Released before anything else can fail: these entries are ours alone now. Should
@@ -75,8 +77,9 @@ async def run_reaper(client: RedisClient, scripts: Scripts, metrics: GatewayMetr
                      interval_s: float, *,
                      lease_ms: int = DEFAULT_ATTACHMENT_LEASE_MS,
                      outages: OutageLog | None = None) -> None:
-    """Reap forever, every ``interval_s``; Redis errors are retried, and told once per
-    outage to ``outages`` (the process's, shared with its other loops; by default its own)."""
+    """Reap forever, every ``interval_s``; failures are retried. Redis not answering is told
+    once per outage by ``outages`` (the process's, shared with its other loops; by default
+    its own); a refusal (a script's error) is a WARNING, at most one per cause per 10 s."""
     outages = outages or OutageLog(_log)
     # The median of the last passes: one pass that waited out a failover inside the client
     # must not raise the outage threshold for the next ones.
@@ -89,7 +92,9 @@ async def run_reaper(client: RedisClient, scripts: Scripts, metrics: GatewayMetr
                             lease_ms=lease_ms)
             passes_s.append(time.monotonic() - started)
         except (StoreError, OSError) as exc:
-            outages.failed("reaper pass", exc)
+            if not outages.call_failed("reaper pass", exc):
+                _rare.warning(("reaper pass", type(exc).__qualname__), "reaper pass failed: %s",
+                              exc)
         else:
             outages.succeeded()
         raise_if_cancelled()  # a cancellation swallowed inside the Redis client ends us too

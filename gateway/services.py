@@ -31,13 +31,15 @@ class GatewayServices:
         self.scripts = scripts
         self.subscriber = subscriber
         self.metrics = metrics
+        #: Redis outages, told once per change for the whole process: by its loops, and by
+        #: the per-call failures of every connection (all of which fail at once in one).
+        self.outages = subscriber.outages
         self.batcher = InputBatcher(scripts, max_entries=settings.input_log_max_entries,
-                                    max_bytes=settings.input_log_max_bytes)
+                                    max_bytes=settings.input_log_max_bytes,
+                                    outages=self.outages)
         #: This process as the holder of the sessions it attaches (a fresh id per process).
         self.holder = AttachmentHolder(gateway_id=new_gateway_id(),
                                        lease_ms=int(settings.attach_lease_s * 1000))
-        #: Redis outages, told once per change by every loop of this process.
-        self.outages = subscriber.outages
         self.leases = AttachmentLeases(scripts, self.holder, metrics.lease_renewals,
                                        outages=self.outages)
         self.draining = False

@@ -1,8 +1,9 @@
 """Settings: one frozen object per process, read once from flags and ``DUPLEX_GATEWAY_*``.
 
 Every field is documented in the README's settings table; ``tests/test_settings.py`` checks
-that the table and this module agree. A field's ``accepts`` is its range (``store.config``);
-numbers without one accept any finite value from 0 up.
+that the table and this module agree, each row's range included. A field's ``accepts`` is its
+range and its ``relation`` how it compares with another field (``store.config``); numbers
+without a range accept any finite value from 0 up.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from store.config import (
     PORT,
     POSITIVE,
     POSITIVE_COUNT,
+    AtLeastOrZero,
+    BindAddress,
     RedisUrl,
-    SettingsError,
     check_fields,
-    env_name,
 )
 
 __all__ = ["GatewaySettings"]
@@ -26,7 +27,9 @@ __all__ = ["GatewaySettings"]
 class GatewaySettings:
     """One gateway process."""
 
-    host: str = field(default="127.0.0.1", metadata={"help": "address to listen on"})
+    host: str = field(
+        default="127.0.0.1", metadata={"help": "address to listen on", "accepts": BindAddress()}
+    )
     port: int = field(default=8000, metadata={"help": "TCP port to listen on", "accepts": PORT})
     redis_url: str = field(
         default="redis://127.0.0.1:6379/0",
@@ -104,11 +107,14 @@ class GatewaySettings:
                   "accepts": POSITIVE_COUNT},
     )
     # The seed's max_pending_input_bytes_per_session: what one session's unread input may
-    # hold in Redis, however few commands carry it.
+    # hold in Redis, however few commands carry it. A command as large as a frame must fit an
+    # empty input log, or a client sending one would be refused input_backpressure, resume,
+    # resend it and be refused again forever.
     input_log_max_bytes: int = field(
         default=16 << 20,
         metadata={"help": "bytes of Redis memory a session's unread input may take (at least"
-                          " MAX_FRAME_BYTES); more: input_backpressure; 0: no limit"},
+                          " MAX_FRAME_BYTES); more: input_backpressure; 0: no limit",
+                  "relation": AtLeastOrZero("max_frame_bytes")},
     )
     # The seed's pending-output bounds (max_pending_output_events/_bytes_per_session).
     output_backpressure_events: int = field(
@@ -162,9 +168,3 @@ class GatewaySettings:
     def __post_init__(self) -> None:
         """Refuse a value out of its field's range, or two settings that contradict."""
         check_fields(self)
-        # A command as large as a frame must fit an empty input log, or a client sending one
-        # would be refused input_backpressure, resume, resend it and be refused again forever.
-        if 0 < self.input_log_max_bytes < self.max_frame_bytes:
-            raise SettingsError(
-                f"{env_name('input_log_max_bytes')}={self.input_log_max_bytes}: expected at least"
-                f" {env_name('max_frame_bytes')} ({self.max_frame_bytes}), or 0 (no limit)")

@@ -63,10 +63,16 @@ _BACKEND_CALL: Final[dict[_OpKind, str]] = {
 
 @dataclass(frozen=True, slots=True)
 class SlotHandle:
-    """One session's hold on a slot: ``serial`` is unique per open, ``slot`` is reused."""
+    """One session's hold on a slot: ``serial`` is unique per open, ``slot`` is reused;
+    ``session_id`` names the session in the engine's log lines ("": not told)."""
 
     serial: int
     slot: int
+    session_id: str = ""
+
+    def log_ids(self) -> dict[str, str]:
+        """What a log line about this slot carries (``extra=``): its session's id, if known."""
+        return {"session_id": self.session_id} if self.session_id else {}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,13 +160,14 @@ class Engine:
         with self._lock:
             return len(self._inputs)
 
-    def open(self) -> SlotHandle | None:
-        """Reserve the lowest free slot for a new session; None when every slot is held."""
+    def open(self, session_id: str = "") -> SlotHandle | None:
+        """Reserve the lowest free slot for session ``session_id`` (named in the log lines
+        about its slot); None when every slot is held."""
         with self._lock:
             if not self._free:
                 return None
             self._serial += 1
-            handle = SlotHandle(self._serial, heapq.heappop(self._free))
+            handle = SlotHandle(self._serial, heapq.heappop(self._free), session_id)
             self._inputs[handle.serial] = _SlotInput(self.spec)
             self._ops.append(("open", handle))
         self._wake.set()
@@ -373,7 +380,8 @@ class Engine:
             try:
                 outputs[handle.serial] = self._convert(handle, result)
             except Exception:  # the slot is closed after this, so this logs once per session
-                _log.exception("slot %d: its output cannot be used", handle.slot)
+                _log.exception("slot %d: its output cannot be used", handle.slot,
+                               extra=handle.log_ids())
                 unusable.append(handle.serial)
         return outputs, tuple(unusable)
 
@@ -388,7 +396,8 @@ class Engine:
             try:
                 self._apply(kind, handle)
             except Exception:
-                _log.exception("slot %d: %s failed", handle.slot, _BACKEND_CALL[kind])
+                _log.exception("slot %d: %s failed", handle.slot, _BACKEND_CALL[kind],
+                               extra=handle.log_ids())
                 if kind != "close":
                     self._fail_slot(handle)
         if ops and not self._active:
@@ -431,7 +440,7 @@ class Engine:
         try:
             self.backend.close_slot(handle.slot)
         except Exception:
-            _log.exception("slot %d: close_slot failed", handle.slot)
+            _log.exception("slot %d: close_slot failed", handle.slot, extra=handle.log_ids())
 
     def _take_frames(self, handles: list[SlotHandle]) -> list[Audio]:
         raw: list[Any] = []

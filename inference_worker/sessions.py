@@ -34,6 +34,7 @@ from inference_worker.engine import Engine, SlotHandle
 from inference_worker.frames import FrameOutput
 from inference_worker.metrics import WorkerMetrics
 from store import LogFollower
+from store.keys import worker_of_session
 from store.logs import InputEntry, WriteToken
 from store.messages import (
     CloseSession,
@@ -46,7 +47,7 @@ from store.messages import (
 )
 from store.ratelog import RateLimitedLog, cause_of
 
-__all__ = ["FAILED_REASON", "OutputPart", "Session", "SessionTable", "is_current"]
+__all__ = ["FAILED_REASON", "OutputPart", "Session", "SessionTable", "is_current", "log_ids"]
 
 # A session that fails inside this worker (its bug, or data it cannot handle) ends with this.
 FAILED_REASON = "internal_error"
@@ -55,6 +56,15 @@ _FAILURE_LOG_PERIOD_S = 60.0
 # Refused input is logged at most once per this long (with a count of the rest): a writer that
 # went around the scripts could send it at the rate of audio chunks.
 _STALE_LOG_PERIOD_S = 10.0
+
+
+def log_ids(session_id: str) -> dict[str, str]:
+    """What a log line about ``session_id`` carries (``extra=``): its id and its worker's (the
+    session id names the worker it was placed on, the one serving it)."""
+    ids = {"session_id": session_id}
+    with contextlib.suppress(ValueError):  # not an id the store allocated (a test's own)
+        ids["worker_id"] = worker_of_session(session_id)
+    return ids
 
 
 def is_current(token: WriteToken | None, newest: WriteToken | None) -> bool:
@@ -157,6 +167,9 @@ class SessionTable:
             self._by_serial[session.handle.serial] = session_id
         self._sessions[session_id] = session
         self._metrics.sessions.set(len(self._sessions))
+        # One line when a session starts here and one when it leaves: an operator following
+        # a session through the logs finds which worker served it, and when.
+        self._log.info("serving session %s", session_id, extra=log_ids(session_id))
 
     def release_slot(self, session: Session) -> None:
         """Give the session's engine slot back (idempotent): no tick feeds its runner again."""
@@ -172,6 +185,8 @@ class SessionTable:
         session = self._sessions.pop(session_id, None)
         if session is not None:
             self.release_slot(session)
+            self._log.info("no longer serving session %s", session_id,
+                           extra=log_ids(session_id))
         self._metrics.sessions.set(len(self._sessions))
         if not self._sessions:
             self.no_sessions.set()
@@ -198,7 +213,7 @@ class SessionTable:
         self._failure_log.exception(
             (stage, *cause_of(exc)),
             f"session {session_id}: the worker failed on it ({stage}); ending it"
-            f" {FAILED_REASON}", exc)
+            f" {FAILED_REASON}", exc, extra=log_ids(session_id))
         self.release_slot(session)
         self._mark_dirty(session_id)
 
@@ -216,7 +231,8 @@ class SessionTable:
                 try:
                     command = decode_command(entry.payload)
                 except MessageDecodeError:
-                    self._log.error("undecodable input entry for %s; skipped", session_id)
+                    self._log.error("undecodable input entry for %s; skipped", session_id,
+                                    extra=log_ids(session_id))
                     continue
                 session.runner.receive(command, now)
             self._pump(session)
@@ -231,7 +247,8 @@ class SessionTable:
         self._metrics.stale_commands.inc()
         self._stale_log.warning(
             "stale_input", "session %s: refused input entry %d written under %s (newest"
-            " applied: %s)", session_id, entry.index, entry.token, session.applied_under)
+            " applied: %s)", session_id, entry.index, entry.token, session.applied_under,
+            extra=log_ids(session_id))
         return False
 
     def _pump(self, session: Session) -> None:

@@ -15,13 +15,14 @@ from store.config import (
     PORT,
     POSITIVE,
     POSITIVE_COUNT,
+    BindAddress,
     Choices,
+    MoreThan,
     Range,
     RedisUrl,
     SettingsError,
     assignment,
     check_fields,
-    env_name,
 )
 
 __all__ = ["TORCH_BACKENDS", "WorkerSettings", "check_torch_device"]
@@ -58,10 +59,13 @@ class WorkerSettings:
         metadata={"help": "at start, wait this long for Redis to answer, then exit 2",
                   "accepts": POSITIVE},
     )
+    # A TTL no longer than the interval lapses between two beats: the worker is declared lost
+    # while healthy, and never rejoins.
     heartbeat_ttl_s: float = field(
         default=1.5,
         metadata={"help": "declared lost when not renewed for this long (more than"
-                          " HEARTBEAT_INTERVAL_S)", "accepts": POSITIVE},
+                          " HEARTBEAT_INTERVAL_S)", "accepts": POSITIVE,
+                  "relation": MoreThan("heartbeat_interval_s")},
     )
     input_poll_interval_s: float = field(
         default=1.0,
@@ -102,7 +106,8 @@ class WorkerSettings:
     # Metrics say how busy the worker is and which backend it runs: loopback unless an
     # operator chooses to expose them.
     metrics_host: str = field(
-        default="127.0.0.1", metadata={"help": "address the /metrics listener binds"}
+        default="127.0.0.1",
+        metadata={"help": "address the /metrics listener binds", "accepts": BindAddress()},
     )
     vad: str = field(
         default=AUTO, metadata={"help": "turn detector of server_vad / semantic_vad: auto"
@@ -113,12 +118,6 @@ class WorkerSettings:
     def __post_init__(self) -> None:
         """Refuse a value out of its field's range, or a TTL a beat cannot renew in time."""
         check_fields(self)
-        # A TTL no longer than the interval lapses between two beats: the worker is declared
-        # lost while healthy, and never rejoins.
-        if self.heartbeat_ttl_s <= self.heartbeat_interval_s:
-            raise SettingsError(
-                f"{env_name('heartbeat_ttl_s')}={self.heartbeat_ttl_s}: expected more than"
-                f" {env_name('heartbeat_interval_s')} ({self.heartbeat_interval_s})")
 
 
 def check_torch_device(device: str, label: str) -> None:

@@ -44,7 +44,13 @@ from inference_worker.core import ConversationCore
 from inference_worker.engine import Engine, TickReport
 from inference_worker.loopback import CHUNK_SECONDS
 from inference_worker.metrics import WorkerMetrics
-from inference_worker.sessions import FAILED_REASON, OutputPart, Session, SessionTable
+from inference_worker.sessions import (
+    FAILED_REASON,
+    OutputPart,
+    Session,
+    SessionTable,
+    log_ids,
+)
 from inference_worker.settings import WorkerSettings
 from inference_worker.silero_vad import detector_factory
 from store import (
@@ -230,12 +236,13 @@ class Worker:
             self.incarnations.append(self.worker_id)
             self.fenced = False
             self._stopping.clear()
-            _log.warning("rejoining as worker %s", self.worker_id)
+            _log.warning("rejoining as worker %s", self.worker_id, extra=self._log_ids())
 
     async def _serve_incarnation(self) -> None:
         if not await self._register():
             return  # stopped before it could register: nothing to drain
-        _log.info("worker %s registered; serving %d slots", self.worker_id, self._capacity)
+        _log.info("worker %s registered; serving %d slots", self.worker_id, self._capacity,
+                  extra=self._log_ids())
         await self._subscriber.subscribe(self._keys.input_channel, self._notices.put_nowait)
         try:
             await self._discover()
@@ -272,6 +279,10 @@ class Worker:
                 self._notices = asyncio.Queue()
             else:
                 await self._subscriber.aclose()
+
+    def _log_ids(self) -> dict[str, str]:
+        """What this worker's own log lines carry (``extra=``): its id now."""
+        return {"worker_id": self.worker_id}
 
     def stop(self) -> None:
         """Begin a graceful stop (SIGTERM): admit nothing new, let sessions finish."""
@@ -326,7 +337,7 @@ class Worker:
             session_id = self._sessions.holder_of(serial)
             if session_id is not None:
                 _log.error("session %s: model failure (%s); closing it", session_id,
-                           report.error or "its slot failed")
+                           report.error or "its slot failed", extra=log_ids(session_id))
                 self._sessions.end(session_id, "model_error", time.monotonic())
 
     def _spawn(self, coro: Any) -> None:
@@ -419,7 +430,10 @@ class Worker:
             await self._close(session_id, "worker_shutdown", retry=False)
 
     def _fence(self) -> None:
-        _log.error("worker %s was declared lost; it stops writing now", self.worker_id)
+        # Fenced: a reaper declared it lost, or its record is gone (Redis lost its data).
+        _log.error("worker %s was declared lost or its record is gone; it stops writing now",
+                   self.worker_id,
+                   extra=self._log_ids())
         self.fenced = True
         for session_id in self._sessions.ids():
             self._sessions.forget(session_id)
@@ -439,7 +453,8 @@ class Worker:
             except (IndexError, KeyError, TypeError, ValueError, AttributeError):
                 # Only our scripts publish here; a malformed notice is dropped, not obeyed,
                 # and the poll loop still reads the logs.
-                _log.exception("dropped a malformed notice: %r", notice)
+                _log.exception("dropped a malformed notice: %r", notice,
+                               extra=self._log_ids())
 
     async def _on_notice(self, notice: list[Any] | None) -> None:
         if notice is None:  # the subscription was re-established: catch up from Redis
@@ -503,7 +518,7 @@ class Worker:
         engine = self._engine
         if engine is None:
             return Session(runner=self._new_core(session_id, name))
-        handle = engine.open()
+        handle = engine.open(session_id)
         if handle is None:  # more placements than slots: cannot happen while capacity holds
             return None
         return Session(runner=self._new_core(session_id, name), handle=handle)
@@ -690,7 +705,8 @@ class Worker:
                 # acknowledged writes). A conflict: a bug. Either way, end the session loudly.
                 self._abandon(session_id,
                               "log_rewound" if outcome.status == "gap" else "internal_error",
-                              str(outcome))
+                              f"{outcome.status}: events from seq {outcome.first_seq},"
+                              f" the log ends at {outcome.last_seq}")
                 continue
             session.next_seq += len(session.unsent)
             session.unsent, session.unsent_session = [], None
@@ -700,7 +716,7 @@ class Worker:
     def _abandon(self, session_id: str, reason: str, why: str) -> None:
         """Stop serving a session whose state here no longer matches the store's, and end it
         with ``reason`` (the terminal event alone: what this worker holds is not trusted)."""
-        _log.error("session %s: %s; ending it", session_id, why)
+        _log.error("session %s: %s; ending it", session_id, why, extra=log_ids(session_id))
         self._sessions.forget(session_id)
         self._spawn(self._close(session_id, reason))
 
@@ -722,6 +738,7 @@ class Worker:
                 if not retry:
                     break
                 _close_failures.warning("close", "closing %s failed (%s); trying again",
-                                        session_id, plain_reason(exc))
+                                        session_id, plain_reason(exc),
+                                        extra=log_ids(session_id))
                 await asyncio.sleep(_CLOSE_RETRY_S[min(attempt, len(_CLOSE_RETRY_S) - 1)])
         self._sessions.forget(session_id)

@@ -3,19 +3,24 @@
 Shared by the gateway and the worker, so both read settings the same way; each process builds
 its one settings object at start and passes it down, and nothing else reads ``os.environ``.
 
-A field's metadata may carry what it accepts (``"accepts"``: a :class:`Rule`) and its flag
-(``"flag"``, when it is not ``--`` plus the field's name with dashes). Every value is checked
-against its rule where it was read, so a refusal names the flag or the variable it came from
-and says what is accepted, in one line; relations between fields are the dataclass's own
-``__post_init__``.
+A field's metadata may carry what it accepts (``"accepts"``: a :class:`Rule`), how it must
+compare with another field (``"relation"``: a :class:`Relation`) and its flag (``"flag"``, when
+it is not ``--`` plus the field's name with dashes). Every value is checked against its rule
+where it was read, so a refusal names the flag or the variable it came from and says what is
+accepted, in one line; relations are checked once every field is in range
+(:func:`check_fields`, from the dataclass's ``__post_init__``). :func:`documented_range` is
+the short text the README's settings table gives each field's range, derived from the same
+rule and relation, so the table cannot drift from the code unnoticed.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import ipaddress
 import math
 import os
+import re
 from collections.abc import Mapping
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -27,13 +32,18 @@ __all__ = [
     "POSITIVE",
     "POSITIVE_COUNT",
     "REDIS_SCHEMES",
+    "AtLeastOrZero",
+    "BindAddress",
     "Choices",
+    "MoreThan",
     "Range",
     "RedisUrl",
+    "Relation",
     "Rule",
     "SettingsError",
     "assignment",
     "check_fields",
+    "documented_range",
     "env_name",
     "flag_name",
     "from_env",
@@ -57,6 +67,10 @@ class Rule(abc.ABC):
     @abc.abstractmethod
     def describe(self) -> str:
         """The accepted values, in words, for the one-line refusal."""
+
+    @abc.abstractmethod
+    def summary(self) -> str:
+        """The accepted values in a few words, as the README's settings table gives them."""
 
     def shown(self, value: Any) -> str:
         """How a refused value is quoted (a rule may hide what could be a secret)."""
@@ -85,6 +99,14 @@ class Range(Rule):
             return f"a number greater than {low}" + ("" if high is None else f" and at most {high}")
         return f"a number of at least {low}" if high is None else f"a number from {low} to {high}"
 
+    def summary(self) -> str:
+        low, high = _number(self.low), None if self.high is None else _number(self.high)
+        if self.low_open:
+            return f"above {low}" + ("" if high is None else f", at most {high}")
+        if high is not None:
+            return f"{low}-{high}"
+        return "0 or more" if self.low == 0 else f"at least {low}"
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Choices(Rule):
@@ -97,6 +119,9 @@ class Choices(Rule):
 
     def describe(self) -> str:
         return "one of " + ", ".join(self.values)
+
+    def summary(self) -> str:
+        return "one of " + ", ".join(f"`{value}`" for value in self.values)
 
 
 #: The URL kinds ``store.create_client`` connects to.
@@ -122,9 +147,93 @@ class RedisUrl(Rule):
         schemes = [f"{scheme}://" for scheme in REDIS_SCHEMES]
         return f"a {', '.join(schemes[:-1])} or {schemes[-1]} URL naming its server"
 
+    def summary(self) -> str:
+        schemes = [f"`{scheme}://`" for scheme in REDIS_SCHEMES]
+        return f"a {', '.join(schemes[:-1])} or {schemes[-1]} URL"
+
     def shown(self, value: Any) -> str:
         scheme = urlsplit(str(value)).scheme
         return f"{_quoted(scheme)}://..." if scheme else "(not a URL)"
+
+
+# One label of a host name: letters, digits and inner hyphens, at most 63 (RFC 1123).
+_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+_HOST_NAME_MAX = 253
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BindAddress(Rule):
+    """An address a listener can be given: an IPv4 or IPv6 literal, or a host name.
+
+    Only the form is checked here; whether the address is this machine's is found out when the
+    listener binds. A port suffix, a URL, brackets or spaces are refused: the port is its own
+    setting, and the listener would otherwise fail later with a less direct message.
+    """
+
+    def accepts(self, value: Any) -> bool:
+        if not isinstance(value, str):
+            return False
+        return _is_ip_literal(value) or _is_host_name(value)
+
+    def describe(self) -> str:
+        return ("an IPv4 or IPv6 address, or a host name (letters, digits, hyphens, dots),"
+                " without a port")
+
+    def summary(self) -> str:
+        return "an IPv4 or IPv6 address, or a host name"
+
+
+def _is_ip_literal(value: str) -> bool:
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_host_name(value: str) -> bool:
+    labels = value.removesuffix(".").split(".")
+    if len(value) > _HOST_NAME_MAX or not all(_HOST_LABEL.fullmatch(label) for label in labels):
+        return False
+    # An all-digit last label makes the name a mistyped IPv4 address (999.1.1.1), not a name.
+    return not labels[-1].isdigit()
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Relation(abc.ABC):
+    """How one setting must compare with the field ``other`` of the same object."""
+
+    other: str
+
+    @abc.abstractmethod
+    def holds(self, value: Any, other_value: Any) -> bool:
+        """Whether ``value`` may go with the other field's ``other_value``."""
+
+    @abc.abstractmethod
+    def describe(self, other: str) -> str:
+        """The accepted values in words, ``other`` naming the other field."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class MoreThan(Relation):
+    """Greater than the other field."""
+
+    def holds(self, value: Any, other_value: Any) -> bool:
+        return bool(value > other_value)
+
+    def describe(self, other: str) -> str:
+        return f"more than {other}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AtLeastOrZero(Relation):
+    """0 (the setting is off), or at least the other field."""
+
+    def holds(self, value: Any, other_value: Any) -> bool:
+        return bool(value == 0 or value >= other_value)
+
+    def describe(self, other: str) -> str:
+        return f"at least {other}, or 0"
 
 
 #: A TCP port; 0 means "any free port" or "off", as the setting's help says.
@@ -170,6 +279,26 @@ def _rule(f: dataclasses.Field[Any]) -> Rule | None:
     return None
 
 
+def _relation(f: dataclasses.Field[Any]) -> Relation | None:
+    relation: Relation | None = f.metadata.get("relation")
+    return relation
+
+
+def documented_range(f: dataclasses.Field[Any]) -> str | None:
+    """What ``f`` accepts in a few words, as its README row ends (in parentheses); None: free.
+
+    The rule's words, then the relation's, naming the other field by its variable without the
+    prefix. A number without a rule of its own says "0 or more" unless a relation says more.
+    """
+    own_rule, relation = f.metadata.get("accepts"), _relation(f)
+    # A relation is more precise than the "0 or more" of a number without a rule of its own.
+    rule = own_rule if own_rule is not None or relation is not None else _rule(f)
+    parts = [] if rule is None else [rule.summary()]
+    if relation is not None:
+        parts.append(relation.describe(f"`{relation.other.upper()}`"))
+    return ", ".join(parts) or None
+
+
 def _expected(f: dataclasses.Field[Any], rule: Rule | None) -> str:
     kind = "an integer" if isinstance(f.default, int) and not isinstance(f.default, bool) else ""
     if rule is None:
@@ -210,10 +339,24 @@ def check_fields(settings: Any) -> None:
     was read instead, so its refusals name the flag when a flag set it.
 
     Raises:
-        SettingsError: the first field whose value its rule refuses.
+        SettingsError: the first field whose value its rule refuses, else the first whose
+            relation to another field does not hold.
     """
-    for f in dataclasses.fields(settings):
+    fields = dataclasses.fields(settings)
+    for f in fields:
         _check(f, getattr(settings, f.name), env_name(f.name))
+    for f in fields:  # every value is in range now, so a comparison means what it says
+        _check_relation(settings, f)
+
+
+def _check_relation(settings: Any, f: dataclasses.Field[Any]) -> None:
+    relation = _relation(f)
+    if relation is None:
+        return
+    value, other_value = getattr(settings, f.name), getattr(settings, relation.other)
+    if not relation.holds(value, other_value):
+        other = f"{env_name(relation.other)} ({other_value})"
+        raise SettingsError(f"{env_name(f.name)}={value}: expected {relation.describe(other)}")
 
 
 def from_env(cls: type[_T], environ: Mapping[str, str] | None = None, **overrides: Any) -> _T:

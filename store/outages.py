@@ -11,9 +11,11 @@ loops retry it anyway, and a line for each would make every outage end in a flut
 
 Reasons are said in plain words (:func:`plain_reason`): redis-py's own messages name its
 internals ("Connection closed by server", "Error 111 connecting to ..."), which mislead more
-than they help. A failure that retrying cannot mend (Redis refused the password, the user may
-not run scripts) is an operator's mistake: :func:`operator_mistake` says it in a sentence, and
-:func:`wait_for_redis` stops the start with :class:`RedisRefused` carrying it.
+than they help. Only Redis not answering is an outage (:func:`is_outage`): a call that Redis
+answered with a refusal (a script's error) is its caller's to log. A failure that retrying
+cannot mend (Redis refused the password, the user may not run scripts) is an operator's
+mistake: :func:`operator_mistake` says it in a sentence, and :func:`wait_for_redis` stops the
+start with :class:`RedisRefused` carrying it.
 
 Meant for one event loop (no locking); the I/O is in :func:`wait_for_redis` alone.
 """
@@ -38,6 +40,7 @@ __all__ = [
     "TOLD_AFTER_S",
     "OutageLog",
     "RedisRefused",
+    "is_outage",
     "operator_mistake",
     "plain_reason",
     "redis_address",
@@ -110,11 +113,8 @@ _REASONS: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], str
 )
 
 
-def plain_reason(exc: BaseException) -> str:
-    """Why a store call failed, in plain words rather than redis-py's internals."""
-    mistake = operator_mistake(exc)
-    if mistake is not None:
-        return mistake
+def _outage_reason(exc: BaseException) -> str | None:
+    """Why Redis is not answering, in plain words; None when it answered (with an error)."""
     causes = list(_causes(exc))
     for kinds, reason in _REASONS:
         if any(isinstance(cause, kinds) for cause in causes):
@@ -125,7 +125,26 @@ def plain_reason(exc: BaseException) -> str:
     for cause in causes:
         if "MASTERDOWN" in str(cause):
             return "its master is down"
-    return "it answered with an error"
+    return None
+
+
+def plain_reason(exc: BaseException) -> str:
+    """Why a store call failed, in plain words rather than redis-py's internals."""
+    mistake = operator_mistake(exc)
+    if mistake is not None:
+        return mistake
+    return _outage_reason(exc) or "it answered with an error"
+
+
+def is_outage(exc: BaseException) -> bool:
+    """Whether ``exc`` says Redis is not answering (unreachable, too slow, loading its data,
+    failing over): what :class:`OutageLog` tells, once per change for the whole process.
+
+    Not an outage: Redis answered and refused (a script's error, a missing permission), or a
+    bug. That says something is wrong with this process or its setup, whatever the other
+    calls do, so its callers log it as the fault it is.
+    """
+    return operator_mistake(exc) is None and _outage_reason(exc) is not None
 
 
 class OutageLog:
@@ -168,6 +187,18 @@ class OutageLog:
         self._told = True
         self._logger.warning("lost %s: %s failed (%s)", self._redis, duty,
                              plain_reason(exc))
+        return True
+
+    def call_failed(self, duty: str, exc: BaseException) -> bool:
+        """A call made for ``duty`` failed: if that is an outage (:func:`is_outage`), count it
+        towards the process's one line (:meth:`failed`) and return True.
+
+        Otherwise return False and change nothing: a refusal neither starts an outage nor
+        ends one, and the caller logs it itself (a WARNING, rate-limited where it repeats).
+        """
+        if not is_outage(exc):
+            return False
+        self.failed(duty, exc)
         return True
 
     def succeeded(self) -> bool:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, replace
 
 __all__ = ["RateLimitedLog", "cause_of"]
@@ -62,10 +62,12 @@ class RateLimitedLog:
         self._causes: dict[Hashable, _CauseState] = {}
 
     def log(self, level: int, cause: Hashable, message: str, *args: object,
-            exc_info: BaseException | None = None) -> bool:
+            exc_info: BaseException | None = None,
+            extra: Mapping[str, object] | None = None) -> bool:
         """Write ``message % args`` at ``level`` (with ``exc_info``'s traceback, if given)
         unless ``cause`` was written less than ``interval_s`` ago; then count it as
-        suppressed instead.
+        suppressed instead. ``extra`` goes onto the record (``session_id``, ``worker_id``:
+        the structured log's keys).
 
         Returns:
             Whether the line was written.
@@ -81,18 +83,21 @@ class RateLimitedLog:
             del self._causes[next(iter(self._causes))]
         self._causes[cause] = _CauseState(next_allowed=now + self._interval_s)
         if suppressed:
-            self._logger.log(level, message + _SUPPRESSED, *args, suppressed, exc_info=exc_info)
+            self._logger.log(level, message + _SUPPRESSED, *args, suppressed, exc_info=exc_info,
+                             extra=extra)
         else:
-            self._logger.log(level, message, *args, exc_info=exc_info)
+            self._logger.log(level, message, *args, exc_info=exc_info, extra=extra)
         return True
 
-    def warning(self, cause: Hashable, message: str, *args: object) -> bool:
+    def warning(self, cause: Hashable, message: str, *args: object,
+                extra: Mapping[str, object] | None = None) -> bool:
         """:meth:`log` at ``WARNING``."""
-        return self.log(logging.WARNING, cause, message, *args)
+        return self.log(logging.WARNING, cause, message, *args, extra=extra)
 
-    def exception(self, cause: Hashable, message: str, exc: BaseException) -> bool:
+    def exception(self, cause: Hashable, message: str, exc: BaseException,
+                  extra: Mapping[str, object] | None = None) -> bool:
         """:meth:`log` ``message`` at ``ERROR`` with ``exc``'s traceback."""
-        return self.log(logging.ERROR, cause, "%s", message, exc_info=exc)
+        return self.log(logging.ERROR, cause, "%s", message, exc_info=exc, extra=extra)
 
     def suppressed(self, cause: Hashable) -> int:
         """How many lines of ``cause`` were held back since the last one written."""

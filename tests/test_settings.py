@@ -4,15 +4,27 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from duplex_gateway.logs import LogSettings
 from gateway.settings import GatewaySettings
 from inference_worker.settings import WorkerSettings
-from store.config import ENV_PREFIX, SettingsError, from_env
+from store.config import (
+    ENV_PREFIX,
+    POSITIVE,
+    POSITIVE_COUNT,
+    SettingsError,
+    documented_range,
+    from_env,
+)
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+# Every settings object a process reads; the README's table documents each field once.
+SETTINGS_CLASSES = (GatewaySettings, WorkerSettings, LogSettings)
 
 
 def test_environment_overrides_defaults_and_flags_override_environment() -> None:
@@ -118,14 +130,107 @@ def test_worker_vad_takes_each_detector(choice: str) -> None:
     assert from_env(WorkerSettings, {"DUPLEX_GATEWAY_VAD": choice}).vad == choice
 
 
+# A row: variable, who uses it, default, meaning (the meaning has no "|" of its own).
+_ROW = re.compile(r"^\| `(DUPLEX_GATEWAY_\w+)` \| [^|]+ \| `([^`]*)` \| (.*) \|$", re.MULTILINE)
+# The parenthesized text a meaning ends with, where it ends with one.
+_TRAILING = re.compile(r"\(([^()]*)\)$")
+
+
+def readme_rows() -> dict[str, tuple[str, str]]:
+    """The README's settings table: variable -> (default, meaning)."""
+    return {name: (default, meaning) for name, default, meaning in _ROW.findall(README.read_text())}
+
+
+def range_mismatches(classes: Iterable[type[Any]], meanings: dict[str, str]) -> list[str]:
+    """The variables whose README meaning does not end with the range their field accepts.
+
+    A field without a range must not end with a range some other field has: that is the text
+    a range removed in code but not in the README leaves behind.
+    """
+    fields = [f for cls in classes for f in dataclasses.fields(cls)]
+    texts = {f.name: documented_range(f) for f in fields}
+    known = {text for text in texts.values() if text is not None}
+    wrong = []
+    for f in fields:
+        name, text = ENV_PREFIX + f.name.upper(), texts[f.name]
+        trailing = _TRAILING.search(meanings.get(name, ""))
+        ends_with = trailing.group(1) if trailing else None
+        if (ends_with != text) if text is not None else (ends_with in known):
+            wrong.append(name)
+    return wrong
+
+
 def test_readme_table_matches_the_settings() -> None:
     """Every field is in the README's table with its default, and nothing else is."""
-    rows = dict(re.findall(r"^\| `(DUPLEX_GATEWAY_\w+)` \| [^|]+ \| `([^`]*)` \|",
-                           README.read_text(), re.MULTILINE))
+    rows = {name: default for name, (default, _) in readme_rows().items()}
     expected: dict[str, str] = {}
-    for cls in (GatewaySettings, WorkerSettings):
+    for cls in SETTINGS_CLASSES:
         for f in dataclasses.fields(cls):
             default = f.default
             shown = ",".join(default) or "(empty)" if isinstance(default, tuple) else str(default)
             expected[ENV_PREFIX + f.name.upper()] = shown
     assert rows == expected
+
+
+def test_each_readme_row_ends_with_the_range_its_field_accepts() -> None:
+    """A row's meaning ends with its field's range, as store.config words it, in parentheses."""
+    meanings = {name: meaning for name, (_, meaning) in readme_rows().items()}
+    assert range_mismatches(SETTINGS_CLASSES, meanings) == []
+
+
+@dataclasses.dataclass(frozen=True)
+class _Drifted:
+    """One setting whose range the code changed: at least 1 where the README says above 0."""
+
+    slots: int = dataclasses.field(default=1, metadata={"accepts": POSITIVE_COUNT})
+    idle_ttl_s: float = dataclasses.field(default=1.0, metadata={"accepts": POSITIVE})
+    model_path: str = ""
+
+
+@pytest.mark.parametrize(("meanings", "wrong"), [
+    ({"DUPLEX_GATEWAY_SLOTS": "sessions (above 0)", "DUPLEX_GATEWAY_IDLE_TTL_S": "s (above 0)"},
+     ["DUPLEX_GATEWAY_SLOTS"]),
+    ({"DUPLEX_GATEWAY_SLOTS": "sessions", "DUPLEX_GATEWAY_IDLE_TTL_S": "s (above 0)"},
+     ["DUPLEX_GATEWAY_SLOTS"]),
+    ({"DUPLEX_GATEWAY_SLOTS": "(at least 1)", "DUPLEX_GATEWAY_IDLE_TTL_S": "(above 0)",
+      "DUPLEX_GATEWAY_MODEL_PATH": "weights (above 0)"}, ["DUPLEX_GATEWAY_MODEL_PATH"]),
+    ({"DUPLEX_GATEWAY_SLOTS": "(at least 1)", "DUPLEX_GATEWAY_IDLE_TTL_S": "(above 0)",
+      "DUPLEX_GATEWAY_MODEL_PATH": "weights (a directory)"}, []),
+])
+def test_a_range_changed_in_code_but_not_in_the_readme_is_found(meanings: dict[str, str],
+                                                                 wrong: list[str]) -> None:
+    """A stale, missing or leftover range text is reported; a free field's own note is not."""
+    assert range_mismatches([_Drifted], meanings) == wrong
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "0.0.0.0", "::", "::1", "localhost",
+                                     "gateway-1.example.internal", "example.com."])
+def test_a_bind_address_may_be_an_ip_literal_or_a_host_name(address: str) -> None:
+    """HOST and METRICS_HOST take IPv4 and IPv6 literals and host names."""
+    assert from_env(GatewaySettings, {"DUPLEX_GATEWAY_HOST": address}).host == address
+    assert from_env(WorkerSettings, {}, metrics_host=address).metrics_host == address
+
+
+@pytest.mark.parametrize("address", ["", " ", "local host", "http://127.0.0.1",
+                                     "1.2.3.4:80", "[::1]", "999.1.1.1", "-gw.example",
+                                     "gw_1", "a" * 64])
+def test_a_bind_address_that_is_not_one_is_refused_in_one_line(address: str) -> None:
+    """An empty value, spaces, a URL, a port suffix or a malformed name is refused, named."""
+    with pytest.raises(SettingsError) as refused:
+        from_env(GatewaySettings, {"DUPLEX_GATEWAY_HOST": address})
+    message = str(refused.value)
+    assert message.startswith("DUPLEX_GATEWAY_HOST=") and "\n" not in message
+    assert message.endswith("expected an IPv4 or IPv6 address, or a host name (letters,"
+                            " digits, hyphens, dots), without a port")
+    with pytest.raises(SettingsError, match=r"^--metrics-host "):
+        from_env(WorkerSettings, {}, metrics_host=address)
+
+
+def test_input_log_max_bytes_may_be_zero_below_the_frame_limit() -> None:
+    """0 turns the input byte limit off, so it is not held to at least MAX_FRAME_BYTES."""
+    env = {"DUPLEX_GATEWAY_INPUT_LOG_MAX_BYTES": "0", "DUPLEX_GATEWAY_MAX_FRAME_BYTES": "4096"}
+    assert from_env(GatewaySettings, env).input_log_max_bytes == 0
+    with pytest.raises(SettingsError) as refused:
+        from_env(GatewaySettings, {**env, "DUPLEX_GATEWAY_INPUT_LOG_MAX_BYTES": "4095"})
+    assert str(refused.value) == ("DUPLEX_GATEWAY_INPUT_LOG_MAX_BYTES=4095: expected at least"
+                                  " DUPLEX_GATEWAY_MAX_FRAME_BYTES (4096), or 0")

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import pytest
 from redis import Redis
 
-from store.embedded import EmbeddedServer, free_port, start_server
+from store.embedded import EmbeddedServer, start_server
 from store.keys import WORKER_DIRECTORY
 from tests.e2e.served import BACKENDS, Served
-from tests.e2e.stack import Stack, http_ok, wait_for
+from tests.e2e.stack import Stack, http_ok, new_log_path, print_tail, wait_for
 
 # Small timings so expiry and loss show up within a test; every wait polls a condition.
 FAST_ENV = {
@@ -46,11 +46,14 @@ def stack(e2e_redis: EmbeddedServer) -> Iterator[Stack]:
 @pytest.fixture
 def dev_stack() -> Iterator[str]:
     """`duplex-gateway dev` as a user runs it; yields its websocket base URL."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "duplex_gateway", "--log-level", "warning", "dev",
-         "--port", str(port)],
-        stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    # Its stderr (its children's too) goes to the log folder, scanned for ERROR lines and
+    # secrets like a stack's; stdout carries only the URL line.
+    log = new_log_path("dev")
+    with log.open("wb") as sink:  # the child keeps its own descriptor
+        process = subprocess.Popen(
+            [sys.executable, "-m", "duplex_gateway", "--log-level", "warning", "dev",
+             "--port", "0"],  # dev picks a free port itself: no race with a port chosen here
+            stdout=subprocess.PIPE, stderr=sink, text=True, env=dict(os.environ))
     try:
         assert process.stdout is not None
         banner = process.stdout.readline()
@@ -66,6 +69,7 @@ def dev_stack() -> Iterator[str]:
         code = process.wait(timeout=30)
         if process.stdout is not None:
             process.stdout.close()
+        print_tail("dev", log)
     assert code == 0, f"dev exited with {code} on SIGTERM"
 
 

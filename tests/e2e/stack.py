@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,8 +28,8 @@ from store.keys import WORKER_DIRECTORY
 DEADLINE_S = 20.0
 
 #: Where every spawned process writes its output, for the whole test run: the suite scans it
-#: for secrets at the end (tests/conftest.py). Set by the session fixture; a temporary folder
-#: when the stack is used alone.
+#: for ERROR lines after each test and for secrets at the end (tests/conftest.py). Set by the
+#: session fixture; a temporary folder when the stack is used alone.
 LOG_DIR_VARIABLE = "DUPLEX_TEST_LOG_DIR"
 #: A file in the log folder listing, one a line, the API keys the stack handed to processes.
 KNOWN_SECRETS = "known-secrets.txt"
@@ -48,6 +50,73 @@ def log_dir() -> Path:
     path = Path(folder)
     path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def new_log_path(name: str) -> Path:
+    """A fresh file in the log folder for one process called ``name``."""
+    return log_dir() / f"{next(_log_names):04d}-{name}.log"
+
+
+def print_tail(name: str, log: Path) -> None:
+    """The last lines of a process's log on stderr, which pytest shows only when the test
+    failed."""
+    tail = log.read_text(errors="replace").splitlines()[-40:]
+    if tail:
+        print(f"--- {name} ({log}) ---", *tail, sep="\n", file=sys.stderr)
+
+
+# What an ERROR looks like in a process log: the product's text format
+# ("<asctime> ERROR <logger>: ..."), uvicorn's own ("ERROR:    ..."), a Python traceback
+# (printed with or without a log line before it), and a JSON line whose level is ERROR.
+_TEXT_ERROR = re.compile(r"^\d{4}-\d\d-\d\d [\d:,.]+ (?:ERROR|CRITICAL) \S+:(?: |$)")
+_UVICORN_ERROR = re.compile(r"^(?:ERROR|CRITICAL):\s")
+_TRACEBACK = "Traceback (most recent call last):"
+_ERROR_LEVELS = frozenset({"ERROR", "CRITICAL"})
+
+
+def _json_level(line: str) -> str:
+    """The ``level`` of a JSON log line, upper-cased; "" for any other line."""
+    if not line.lstrip().startswith("{"):
+        return ""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return ""
+    return str(record.get("level", "")).upper() if isinstance(record, dict) else ""
+
+
+def is_error_line(line: str) -> bool:
+    """Whether one line of a process log reports an error (ERROR, CRITICAL, a traceback)."""
+    return (bool(_TEXT_ERROR.match(line)) or bool(_UVICORN_ERROR.match(line))
+            or _TRACEBACK in line or _json_level(line) in _ERROR_LEVELS)
+
+
+@dataclass(frozen=True)
+class LogWatch:
+    """Reads the process logs of a folder a piece at a time: each call sees only the lines
+    written since the last one, so every line is judged once, in the test that was running
+    when it was written (or the first check after)."""
+
+    folder: Path
+    #: How far each log has been read: always the end of a complete line.
+    offsets: dict[Path, int] = field(default_factory=dict)
+
+    def new_error_lines(self) -> list[str]:
+        """``file: line`` for every ERROR line written since the last call."""
+        return [f"{log.name}: {line}" for log in sorted(self.folder.glob("*.log"))
+                for line in self._new_lines(log) if is_error_line(line)]
+
+    def _new_lines(self, log: Path) -> list[str]:
+        start = self.offsets.get(log, 0)
+        if log.stat().st_size <= start:
+            return []
+        with log.open("rb") as stream:
+            stream.seek(start)
+            chunk = stream.read()
+        # A running process may be halfway through a line: that line waits for the next call.
+        complete = chunk.rfind(b"\n") + 1
+        self.offsets[log] = start + complete
+        return chunk[:complete].decode(errors="replace").splitlines()
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout: float = DEADLINE_S) -> None:
@@ -141,7 +210,7 @@ class Stack:
         if keys:
             with (folder / KNOWN_SECRETS).open("a") as known:
                 known.writelines(f"{key}\n" for key in keys)
-        path = folder / f"{next(_log_names):04d}-{name}.log"
+        path = new_log_path(name)
         with path.open("wb") as sink:  # the child keeps its own descriptor
             process = subprocess.Popen(
                 [sys.executable, "-m", "duplex_gateway", "--log-level", log_level, *args],
@@ -180,8 +249,6 @@ class Stack:
     def stop(self) -> None:
         for proc in reversed(self.procs):
             proc.kill()
-        # Shown by pytest only when the test failed: each process's last lines.
         for proc in self.procs:
-            tail = proc.output().splitlines()[-40:]
-            if tail:
-                print(f"--- {proc.name} ({proc.log}) ---", *tail, sep="\n", file=sys.stderr)
+            if proc.log is not None:
+                print_tail(proc.name, proc.log)

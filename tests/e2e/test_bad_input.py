@@ -125,6 +125,7 @@ async def test_resume_with_wrong_token_is_refused(gateway_url: str) -> None:
         await unknown.aclose()
 
 
+@pytest.mark.logs_errors
 async def test_garbage_on_the_session_channel_is_dropped(stack: Stack) -> None:
     """Malformed pushes on a session's output channel (only our scripts publish there) are
     dropped by the gateway; the connection keeps delivering from the log."""

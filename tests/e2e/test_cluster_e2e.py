@@ -641,6 +641,7 @@ async def until_told(n: int, stream: Stream, live_port: int) -> None:
         await asyncio.gather(sender, return_exceptions=True)
 
 
+@pytest.mark.logs_errors
 async def test_a_dead_master_ends_or_rewinds_its_sessions_never_silently(
     replicated: tuple[Cluster, Stack], capsys: pytest.CaptureFixture[str],
 ) -> None:

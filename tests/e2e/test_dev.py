@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from gateway.client import DuplexClient
-from store.embedded import free_port
 from tests.e2e.helpers import collect_until
+from tests.e2e.stack import new_log_path
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -20,11 +20,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 async def test_the_first_session_right_after_the_url_line_opens() -> None:
     """A client that starts the moment `dev` prints its URL gets a session (the gateway
     listens and a worker is registered): no refused connection, no resource_exhausted."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "duplex_gateway", "--log-level", "warning", "dev",
-         "--port", str(port), "--slots", "2"],
-        stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    # dev picks a free port itself (no race with one chosen here); its stderr, its children's
+    # too, goes to the log folder, scanned for ERROR lines and secrets like a stack's.
+    with new_log_path("dev").open("wb") as sink:  # the child keeps its own descriptor
+        process = subprocess.Popen(
+            [sys.executable, "-m", "duplex_gateway", "--log-level", "warning", "dev",
+             "--port", "0", "--slots", "2"],
+            stdout=subprocess.PIPE, stderr=sink, text=True, env=dict(os.environ))
     try:
         assert process.stdout is not None
         banner = process.stdout.readline()  # bounded by the test's timeout

@@ -177,6 +177,7 @@ async def test_two_racing_resumes_exactly_one_wins(stack: Stack) -> None:
         await racer.aclose()
 
 
+@pytest.mark.logs_errors
 async def test_an_input_log_that_went_back_ends_the_session(stack: Stack) -> None:
     """Redis assigns an input index the gateway saw assigned before (a failover lost commands
     the worker never read): the gateway ends the session log_rewound, loudly."""

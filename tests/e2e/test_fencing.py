@@ -101,6 +101,7 @@ async def turn_playing(url: str) -> DuplexClient:
     return client
 
 
+@pytest.mark.logs_errors
 async def test_a_worker_stopped_past_its_ttl_writes_nothing_and_rejoins(stack: Stack) -> None:
     """SIGSTOP a worker mid-response until the reaper declares it lost (its sessions end
     worker_lost), then SIGCONT it: the output logs still end with their one session.closed

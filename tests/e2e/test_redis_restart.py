@@ -27,6 +27,7 @@ async def open_when_ready(url: str, deadline_s: float = 20.0) -> DuplexClient:
             await asyncio.sleep(0.1)  # retry pacing; the condition is the open succeeding
 
 
+@pytest.mark.logs_errors
 async def test_redis_restart_ends_sessions_loudly_and_service_recovers(stack: Stack) -> None:
     """After a data-losing restart: error and close (no hang), no resume, new opens work."""
     gateway = stack.gateway()

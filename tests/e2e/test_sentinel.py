@@ -62,6 +62,7 @@ async def test_session_streams_across_a_failover(sentinel_stack: tuple[Stack, Tr
     await client.aclose()
 
 
+@pytest.mark.logs_errors
 async def test_a_lossy_failover_is_never_silent(sentinel_stack: tuple[Stack, Trio]) -> None:
     """The master dies while its replica lags: acknowledged writes are lost. The client is
     told (resync_required log_rewound, then the session ends log_rewound), and never waits on

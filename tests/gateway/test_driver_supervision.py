@@ -25,6 +25,7 @@ from store.embedded import EmbeddedServer
 from store.keys import SessionKeys, new_worker_id
 
 
+@pytest.mark.logs_errors
 @pytest.mark.timeout(30)
 def test_a_failed_task_closes_the_connection_1011(redis_server: EmbeddedServer,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:

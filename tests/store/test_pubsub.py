@@ -344,6 +344,7 @@ async def test_a_handler_joining_a_pending_subscription_returns_once_it_is_confi
     second.assert_empty()
 
 
+@pytest.mark.logs_errors
 async def test_a_failing_handler_does_not_starve_the_others_on_its_channel(
     subscriber: Subscriber, redis_client: Redis
 ) -> None:
@@ -439,6 +440,7 @@ async def test_restart_tells_every_handler_of_a_channel(own_server: EmbeddedServ
         await client.aclose()
 
 
+@pytest.mark.logs_errors
 async def test_bad_push_or_failing_handler_does_not_stop_delivery(
     subscriber: Subscriber, redis_client: Redis
 ) -> None:

@@ -127,6 +127,7 @@ def raised(kind: type[Exception], line: int) -> Exception:
         return exc
 
 
+@pytest.mark.logs_errors
 def test_one_cause_is_logged_once_per_period_then_with_a_count(
         caplog: pytest.LogCaptureFixture) -> None:
     """The first failure is logged with its traceback, repeats in the period are only
@@ -146,6 +147,7 @@ def test_one_cause_is_logged_once_per_period_then_with_a_count(
     assert all(r.exc_info is not None and r.exc_info[1] is exc for r in caplog.records)
 
 
+@pytest.mark.logs_errors
 def test_different_causes_are_logged_independently(caplog: pytest.LogCaptureFixture) -> None:
     """Another cause in the same period is logged at once."""
     log = RateLimitedLog(logging.getLogger(LOGGER), interval_s=60.0, clock=Clock())
@@ -162,3 +164,18 @@ def test_a_cause_is_the_type_and_the_place_it_was_raised() -> None:
     assert cause_of(raised(KeyError, 1)) != cause_of(raised(KeyError, 2))
     assert cause_of(raised(KeyError, 1)) != cause_of(raised(ValueError, 1))
     assert cause_of(ValueError("never raised"))[0] == "ValueError"
+
+
+def test_a_lines_extra_fields_reach_its_record_suppressed_count_or_not(
+    log: RateLimitedLog, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``extra`` (the structured log's session_id) is on the record of the first line and of
+    the line that reports the suppressed ones, so no per-session line loses its id."""
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    log.warning("stale", "refused entry of %s", "sess_a", extra={"session_id": "sess_a"})
+    log.warning("stale", "refused entry of %s", "sess_a", extra={"session_id": "sess_a"})
+    clock.now += 10.0
+    log.warning("stale", "refused entry of %s", "sess_b", extra={"session_id": "sess_b"})
+    records = [r for r in caplog.records if r.name == LOGGER]
+    assert [r.__dict__.get("session_id") for r in records] == ["sess_a", "sess_b"]
+    assert "1 similar lines suppressed" in records[1].getMessage()

@@ -293,6 +293,7 @@ def test_closed_slot_stops_being_stepped() -> None:
     assert backend.opened == [0] and backend.closed == [0]
 
 
+@pytest.mark.logs_errors
 def test_step_failure_fails_the_batch_not_the_engine() -> None:
     """A raising step reports every stepped serial as failed; later ticks run again."""
     clock = FakeClock()
@@ -311,6 +312,7 @@ def test_step_failure_fails_the_batch_not_the_engine() -> None:
     assert report is not None and not report.failed
 
 
+@pytest.mark.logs_errors
 def test_wrong_result_slots_are_a_step_failure() -> None:
     """A backend answering for other slots than asked fails the tick."""
     clock = FakeClock()
@@ -327,6 +329,7 @@ def test_wrong_result_slots_are_a_step_failure() -> None:
     assert report is not None and report.failed == (handle.serial,)
 
 
+@pytest.mark.logs_errors
 def test_one_slots_unusable_output_fails_that_slot_alone() -> None:
     """A result the engine cannot convert (not audio at all) fails its slot only; the other
     slot of the batch gets its frame, and the step is not counted as a batch failure."""
@@ -351,6 +354,7 @@ def test_one_slots_unusable_output_fails_that_slot_alone() -> None:
     assert counter(metrics, "step_errors") == 0
 
 
+@pytest.mark.logs_errors
 def test_open_slot_failure_is_reported() -> None:
     """A raising open_slot reports that serial as failed; it is never stepped."""
     clock = FakeClock()
@@ -445,6 +449,7 @@ def test_frames_carry_the_stops_applied_before_their_step() -> None:
     assert report is not None and report.outputs[reused.serial].epoch == 0
 
 
+@pytest.mark.logs_errors
 def test_a_failing_stop_fails_that_slot_alone() -> None:
     """A raising stop_response reports its serial failed and takes its slot out of the batch
     (closed in the backend once); the other slot of the batch is stepped as before."""

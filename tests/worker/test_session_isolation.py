@@ -223,6 +223,7 @@ async def test_real_poison_is_refused_and_the_other_session_streams_on(
 
 @pytest.mark.parametrize("stage", ["receive", "tick", "events", "encode", "write",
                                    "write-batch"])
+@pytest.mark.logs_errors
 async def test_a_session_that_fails_ends_internal_error_alone(redis_client: Redis,
                                                               stage: str) -> None:
     """A bug planted at one stage of one session's work ends that session with exactly one
@@ -279,6 +280,7 @@ class PlantedFrameWorker(Worker):
         return session
 
 
+@pytest.mark.logs_errors
 async def test_a_frame_session_that_fails_on_a_tick_frees_its_slot_alone(
         redis_client: Redis) -> None:
     """On a frame backend, a runner failing on its tick's output ends internal_error and

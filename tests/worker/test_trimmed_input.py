@@ -58,6 +58,7 @@ async def write_after_a_hole(running: Running, session_id: str, *, gone: int, ke
         await spublish(running.client, channel, notice)
 
 
+@pytest.mark.logs_errors
 @pytest.mark.parametrize("pushed", [False, True], ids=["read", "pushed"])
 async def test_a_trimmed_input_range_ends_the_session_once(running: Running,
                                                            pushed: bool) -> None:

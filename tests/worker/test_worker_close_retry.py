@@ -39,6 +39,7 @@ async def proxy(redis_server: EmbeddedServer, redis_client: Redis) -> AsyncItera
     await fault.aclose()
 
 
+@pytest.mark.logs_errors
 async def test_a_close_that_fails_is_tried_again_until_it_lands(
     redis_client: Redis, proxy: FaultProxy, caplog: pytest.LogCaptureFixture,
 ) -> None:

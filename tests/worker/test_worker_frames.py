@@ -145,6 +145,7 @@ async def test_a_cancel_stops_the_model_and_nothing_of_the_answer_follows(
     assert running.backend.stopped == [0]
 
 
+@pytest.mark.logs_errors
 async def test_model_failure_closes_its_sessions_and_frees_the_slots(running: Running) -> None:
     """A step that raises ends the batch's sessions with model_error; slots come back."""
     sessions = [await open_session(running.scripts, running.worker.worker_id)
@@ -194,6 +195,7 @@ async def test_client_close_releases_the_engine_slot(running: Running) -> None:
     assert np.isfinite(engine.spec.frame_seconds)
 
 
+@pytest.mark.logs_errors
 async def test_a_malformed_notice_is_dropped_and_the_worker_serves_on(running: Running) -> None:
     """Garbage on the worker's input channel is logged and dropped, not fatal."""
     keys = WorkerKeys(running.worker.worker_id)
