@@ -1,9 +1,9 @@
 """The relay benchmark's baseline: a bare websocket echo served by the gateway's own stack.
 
 Same server software as ``duplex-gateway serve`` (a Starlette websocket route under uvicorn
-with the gateway's uvicorn options, ``ws="websockets-sansio"``), same path, but nothing in
-between: every text frame goes back as is, every binary frame too. What the gateway costs
-on top of this is what ``duplex-gateway bench relay`` reports.
+with the gateway's uvicorn options: its loop, websocket protocol and deflate setting), same
+path, but nothing in between: every text frame goes back as is, every binary frame too.
+What the gateway costs on top of this is what ``duplex-gateway bench relay`` reports.
 
 Run it as ``python -m duplex_gateway._echo --port P``.
 """
@@ -54,16 +54,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Serve the echo app with the uvicorn options of ``duplex-gateway serve``."""
     import uvicorn
 
+    from duplex_gateway.cli import gateway_server_options
+
     parser = argparse.ArgumentParser(prog="python -m duplex_gateway._echo", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--log-level", default="warning",
                         choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
-    # Keep in step with duplex_gateway.cli._serve: the baseline differs only in the app.
+    # The gateway's own uvicorn options (loop, websocket protocol, frame limit, deflate): the
+    # baseline differs from `serve` only in the app.
     uvicorn.run(create_echo_app(), host=args.host, port=args.port, log_level=args.log_level,
-                ws_max_size=GatewaySettings().max_frame_bytes + 1024,
-                timeout_graceful_shutdown=5, lifespan="on", ws="websockets-sansio")
+                **gateway_server_options(GatewaySettings()))
 
 
 if __name__ == "__main__":

@@ -1,32 +1,68 @@
-"""``duplex-gateway bench relay``: relay latency and CPU of the gateway against a bare echo.
+"""``duplex-gateway bench relay``: a sweep of the relay's cost against a bare echo and a peer.
 
-One run, two phases with the same load, side by side in one run (an overhead measured against
-a baseline from another run or another machine would mean little):
+Three setups, measured in one run, on the same client processes, with the same load:
 
 * **echo**: a bare websocket echo (:mod:`duplex_gateway._echo`, the gateway's own server stack
   with nothing in between) sends every frame back as is;
-* **gateway**: an embedded Redis, one gateway and one loopback worker in stream mode, which
-  sends every appended chunk back as a ``response.output_audio.delta`` with the same bytes.
+* **peer**: what a Python team would deploy for one Redis hop and nothing durable: python-socketio
+  servers (``AsyncServer`` + ``AsyncRedisManager`` under uvicorn, :mod:`duplex_gateway.bench_peer`)
+  that emit each chunk back to its sender's room through the manager. It needs the ``[bench]``
+  extra; without it the peer is skipped and the report says so (``"peer": null``);
+* **project**: an embedded Redis, G gateways and one loopback worker in stream mode, which sends
+  every appended chunk back as a ``response.output_audio.delta`` with the same bytes.
+
+The sweep runs every session count N of ``--sessions`` (10 to 400 by default) for the echo, and
+for the peer and the project once per gateway count G of ``--gateways`` (G python-socketio
+servers for the peer, G gateways for the project; sessions spread over them in turn), each
+point on freshly started servers. Points run by session count, every setup at a count before
+the next count, so setups compared at one load ran minutes apart at most.
 
 Each of N sessions streams 20 ms pcm16 chunks (960 bytes at 24 kHz, base64 in
-``input_audio_buffer.append``) in real time on an absolute clock for S seconds. Sessions start
-over the first second (the ramp); the first second of each phase is warm-up and left out of
-every statistic. The first 8 bytes of each chunk carry (session, chunk) so each returned
-chunk is matched to its send time: round trip = receive time - send time, both taken in the
-client process on the system-wide monotonic clock. The load runs in client processes
-(:func:`_default_clients`), started with ``spawn``.
+``input_audio_buffer.append``, the same text for the peer's ``audio`` event) in real time on an
+absolute clock for S seconds. Sessions start over the first second (the ramp); the first
+second of each point is warm-up and left out of every figure. The first 8 bytes of each chunk
+carry (session, chunk) so each returned chunk is matched to its send time: round trip =
+receive time - send time, both taken in the client process on the system-wide monotonic
+clock. The load runs in its own client processes (:func:`_default_clients`, started once with
+``spawn`` and reused for every point), whose CPU is reported with every point so the load
+generator is never a hidden bottleneck.
 
-Per phase: round-trip percentiles, chunks sent/received/lost, CPU seconds of every server
-process per relayed chunk (``/proc/<pid>/stat``, or psutil when installed), read at the end of
-warm-up and once every chunk is back; for the gateway phase also Redis commands per
-session-second (``INFO``). Numbers go to a plain-text table and a JSON file (by default
-``bench-results/relay-<UTC time>.json``), and the round-trip CDFs to an SVG plot next to it.
+Figures per point, from the end of warm-up until every chunk is back:
 
-The table compares four figures with the project's design targets (:data:`TARGETS_NOTE`):
-at most 2 ms of latency added per direction (4 ms per round trip, p99) over the bare echo,
-gateway CPU per chunk at most twice the echo's, at most 30 Redis commands sent per
-session-second, and at most 256 KiB of Redis memory per streaming session. Each is ``met`` or
-``MISSED`` for this run, on this machine, at this load: a finding, not a failure.
+* round trip p50/p90/p99/max; **added latency** = the setup's round-trip percentile minus the
+  echo's at the same session count, and **per direction** half of that. The servers add no
+  timestamps of their own (and client and servers could not share a clock anyway), so the
+  split is an even one by construction, labelled as such in the table and the JSON;
+* CPU seconds of every server process per relayed chunk (``/proc/<pid>/stat``, or psutil when
+  installed), summed by tier (websocket servers, worker, Redis, whole stack), and the core
+  share of every process, the clients included;
+* Redis (peer and project): commands sent and run inside scripts per session-second, bytes in
+  and out per session-second, and memory per session. Method: ``INFO commandstats`` counts a
+  command a script calls under its own name and the script call (``EVALSHA``) once, and
+  ``total_commands_processed`` counts both. Commands that only the store's Lua scripts call
+  (read from :mod:`store.lua`) are counted as run inside scripts; everything else as sent,
+  including the reads that the gateway and worker also issue themselves (``XRANGE``,
+  ``SMEMBERS``, ``ZRANGEBYSCORE``) when a script called them, so "sent" is an upper bound and
+  "inside" a lower bound. python-socketio runs no scripts: all of its commands are sent.
+  Memory: ``MEMORY USAGE`` of every session's keys while attached (the peer keeps no
+  per-session keys: its figure is every key's memory over N);
+* **real time**: a point keeps up when no chunk was lost (nor duplicated, corrupt, misrouted,
+  a session failed to open or was dropped), the p99 round trip is below one chunk interval
+  (20 ms) and every server process used less than one core. The most sessions a setup holds
+  in real time is the largest swept count at which it, and every smaller swept count, kept up
+  (``None`` when the smallest did not).
+
+Numbers go to a plain-text table and a JSON file (by default
+``bench-results/relay-<UTC time>.json``), with two SVG plots next to it: whole-stack CPU per
+chunk and p99 round trip against sessions, for the project, the echo and the peer. While it
+runs, a progress bar goes to stderr when stderr is a terminal (nothing otherwise).
+
+The table compares the project's points with the design targets (:data:`TARGETS_NOTE`), up to
+200 sessions: at most 2 ms added per direction at p99, gateway CPU per chunk at most twice the
+echo's, worker CPU per chunk at most the echo's, the whole stack at most the peer's, at most 30
+Redis commands sent and 150 run inside scripts per session-second, at most 30 us of Redis CPU per
+chunk and 256 KiB of Redis memory per session. Each is ``met`` or ``MISSED`` for this run, on
+this machine, at this load: a finding, not a failure.
 
 The benchmark asserts nothing about speed: it exits 0 when it ran and every chunk came back,
 1 when chunks were lost (or came back corrupt, duplicated or to the wrong session), 2 when it
@@ -53,6 +89,7 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -61,11 +98,10 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from types import FrameType
-from typing import Any, Final
+from typing import Any, Final, TextIO
 
-from duplex_gateway.svgplot import Chart, cdf, write_chart
-
-__all__ = ["distribution", "run_relay_bench", "start_http_server", "start_worker"]
+__all__ = ["distribution", "peer_unavailable", "run_relay_bench", "start_http_server",
+           "start_worker"]
 
 CHUNK_S: Final = 0.020
 #: 20 ms of pcm16 mono at 24 kHz.
@@ -78,10 +114,16 @@ DRAIN_S: Final = 5.0
 #: per chunk (send plus receive, mostly the loopback send syscall), so 100 sessions (5,000
 #: chunks/s) keep it at 0.5-0.75 of a core, with room to stay on its clock.
 SESSIONS_PER_CLIENT: Final = 100
+#: The default sweep: the full one.
+DEFAULT_SESSIONS: Final = (10, 25, 50, 100, 200, 400)
+DEFAULT_GATEWAYS: Final = (1, 2)
 # The project's design targets for the relay, at up to 200 real-time sessions on one machine.
+TARGET_MAX_SESSIONS: Final = 200
 TARGET_ADDED_RTT_P99_MS: Final = 4.0  # 2 ms per direction, and a round trip is two
 TARGET_CPU_RATIO: Final = 2.0  # gateway CPU per chunk, as a multiple of the bare echo's
 TARGET_REDIS_PER_SESSION_S: Final = 30.0  # commands sent per second of one streaming session
+TARGET_REDIS_IN_SCRIPTS_PER_SESSION_S: Final = 150.0
+TARGET_REDIS_US_PER_CHUNK: Final = 30.0
 #: Redis memory per attached, streaming session, steady state.
 TARGET_SESSION_MEMORY_KIB: Final = 256.0
 #: Printed under the table: what the target column is and what its verdicts mean.
@@ -91,6 +133,8 @@ TARGETS_NOTE: Final = (
     "  met: this run's figure is within its target. MISSED: above it, on this machine at this\n"
     "  load (a finding, not a failure: the exit status reports lost chunks only). n/a: not\n"
     "  measured, or the run lost chunks, so its figures are not comparable.")
+#: Why the peer is missing from a run, in the table and the JSON.
+PEER_SKIPPED: Final = "python-socketio not installed"
 
 _OPEN_TIMEOUT_S: Final = 10.0
 _START_TIMEOUT_S: Final = 30.0
@@ -103,13 +147,8 @@ _SESSION_UPDATE: Final = json.dumps(
      "session": {"type": "realtime", "extra_body": {"loopback_mode": "stream"}}})
 _CLOSE: Final = json.dumps({"type": "session.close"})
 _MAX_ERRORS: Final = 5
-_LAG_WARNING_MS: Final = 10.0
-_BUSY_WARNING: Final = 0.85
-_OTHER_WARNING_CPUS: Final = 0.5
 # Read commands that the gateway and worker send themselves as well as from scripts.
 _ALSO_DIRECT: Final = frozenset({"xrange", "smembers", "zrangebyscore"})
-
-
 class BenchError(Exception):
     """The benchmark could not run (a process did not start, a client failed)."""
 
@@ -211,12 +250,16 @@ def _relay_seconds(text: str) -> float:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``bench relay``."""
-    parser.add_argument("--sessions", type=positive_int, default=50,
-                        help="concurrent real-time sessions in each phase (default: %(default)s)")
-    parser.add_argument("--seconds", type=_relay_seconds, default=10.0,
-                        help="length of each phase in seconds, the first one warm-up "
+    parser.add_argument("--sessions", type=positive_int_list, default=list(DEFAULT_SESSIONS),
+                        help="concurrent real-time session counts to sweep, a comma list "
                              "(default: %(default)s)")
-    parser.add_argument("--output", help=output_help("relay"))
+    parser.add_argument("--gateways", type=positive_int_list, default=list(DEFAULT_GATEWAYS),
+                        help="gateway counts to sweep for the project (the peer runs as many "
+                             "python-socketio servers), a comma list (default: %(default)s)")
+    parser.add_argument("--seconds", type=_relay_seconds, default=10.0,
+                        help="length of each point in seconds, the first one warm-up "
+                             "(default: %(default)s)")
+    parser.add_argument("--output", help=output_help("relay", plot="its two plots next to it; "))
 
 
 # ============================================================================ frames
@@ -234,6 +277,13 @@ def _append_frame(session: int, chunk: int) -> str:
             + '","client_seq":' + str(chunk + 1) + "}")
 
 
+def append_message(session: int, chunk: int) -> dict[str, Any]:
+    """The same append as a mapping: the payload of the peer's ``audio`` event."""
+    return {"type": "input_audio_buffer.append",
+            "audio": base64.b64encode(_audio(session, chunk)).decode("ascii"),
+            "client_seq": chunk + 1}
+
+
 def _returned_audio(data: dict[str, Any]) -> str | None:
     """The base64 audio a returned frame carries: a gateway delta or an echoed append."""
     kind = data.get("type")
@@ -248,11 +298,11 @@ def _returned_audio(data: dict[str, Any]) -> str | None:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class _ClientSpec:
-    """What one client process drives."""
+class ClientSpec:
+    """What one client process drives in one point."""
 
-    url: str
-    mode: str  # "echo" or "gateway"
+    urls: tuple[str, ...]  # session i connects to urls[i % len(urls)]
+    mode: str  # "echo", "peer" or "gateway"
     indices: tuple[int, ...]
     sessions: int
     seconds: float
@@ -260,7 +310,7 @@ class _ClientSpec:
 
 
 @dataclass(slots=True)
-class _SessionLog:
+class SessionLog:
     """What one session saw; times are ``time.monotonic()`` seconds."""
 
     index: int
@@ -280,12 +330,15 @@ class _SessionLog:
             self.errors.append(text[:300])
 
 
-class _LoadSession:
-    """One streaming session: connect, stream on an absolute clock, await the returns."""
+class LoadSession:
+    """One streaming session over a plain websocket (echo and gateway): connect, stream on an
+    absolute clock, await the returns. :class:`duplex_gateway.bench_peer.PeerSession` changes
+    only the transport."""
 
-    def __init__(self, index: int, spec: _ClientSpec, t0: float) -> None:
-        self.log = _SessionLog(index)
+    def __init__(self, index: int, spec: ClientSpec, t0: float) -> None:
+        self.log = SessionLog(index)
         self._spec = spec
+        self._url = spec.urls[index % len(spec.urls)]
         self._start = t0 + RAMP_S * index / spec.sessions
         # Send phases spread evenly over the 20 ms period, as independent clients' would be;
         # the ramp alone would line every session up on the same phase (bursts).
@@ -301,11 +354,12 @@ class _LoadSession:
         """Open, stream until the common end time, then wait for the last returns."""
         await _sleep_until(self._start)
         try:
+            began = time.monotonic()
             await self._open()
+            self.log.open_s = time.monotonic() - began
         except Exception as exc:  # any failure to open is a result, not a crash
             self.log.error(f"open: {exc!r}")
             return
-        self._reader = asyncio.create_task(self._read())
         await self._stream()
         self._sending = False
         if self._outstanding > 0:
@@ -316,8 +370,7 @@ class _LoadSession:
     async def _open(self) -> None:
         from websockets.asyncio.client import connect
 
-        began = time.monotonic()
-        self._ws = await connect(self._spec.url, max_size=None, open_timeout=_OPEN_TIMEOUT_S,
+        self._ws = await connect(self._url, max_size=None, open_timeout=_OPEN_TIMEOUT_S,
                                  compression="deflate" if self._spec.compression else None)
         await self._ws.send(_SESSION_UPDATE)
         # The gateway answers session.created, then the worker's session.updated (stream
@@ -330,11 +383,20 @@ class _LoadSession:
                 break
             if data.get("type") == "error":
                 raise BenchError(f"open refused: {raw}")
-        self.log.open_s = time.monotonic() - began
+        self._reader = asyncio.create_task(self._read())
 
-    async def _stream(self) -> None:
+    async def _send(self, chunk: int) -> bool:
+        """Send one chunk; False once the connection is gone."""
         from websockets.exceptions import ConnectionClosed
 
+        try:
+            await self._ws.send(_append_frame(self.log.index, chunk))
+        except ConnectionClosed as exc:
+            self.log.error(f"send: {exc!r}")
+            return False
+        return True
+
+    async def _stream(self) -> None:
         late = max(0.0, time.monotonic() - self._phase)
         begin = self._phase + math.ceil(late / CHUNK_S) * CHUNK_S  # next slot of this phase
         chunk = 0
@@ -342,15 +404,11 @@ class _LoadSession:
             delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
-            frame = _append_frame(self.log.index, chunk)
             sent = time.monotonic()
             self.log.sent.append(sent)
             self.log.lag.append(sent - due)
             self._outstanding += 1
-            try:
-                await self._ws.send(frame)
-            except ConnectionClosed as exc:
-                self.log.error(f"send: {exc!r}")
+            if not await self._send(chunk):
                 return
             chunk += 1
 
@@ -363,17 +421,29 @@ class _LoadSession:
         except ConnectionClosed as exc:
             if self._sending or self._outstanding:
                 self.log.error(f"recv: {exc!r}")
+        self._on_disconnect()
+
+    def _on_disconnect(self) -> None:
         self.log.disconnected = self._sending or self._outstanding > 0
         self._settled.set()
 
     def _on_frame(self, message: str | bytes, now: float) -> None:
         try:
             data = json.loads(message)
+        except ValueError as exc:
+            self.log.corrupt += 1  # not JSON
+            self.log.error(f"bad frame: {exc!r}")
+            return
+        self._on_data(data, now)
+
+    def _on_data(self, data: Any, now: float) -> None:
+        """Match one returned message to its chunk."""
+        try:
             b64 = _returned_audio(data)
             audio = base64.b64decode(b64) if b64 is not None else None
             session, chunk = _MARK.unpack_from(audio) if audio is not None else (0, 0)
         except (ValueError, TypeError, AttributeError, struct.error) as exc:
-            self.log.corrupt += 1  # not JSON, or audio that is not ours
+            self.log.corrupt += 1  # audio that is not ours
             self.log.error(f"bad frame: {exc!r}")
             return
         if audio is None:
@@ -391,12 +461,16 @@ class _LoadSession:
             if self._outstanding == 0 and not self._sending:
                 self._settled.set()
 
+    def _stop_counting(self) -> None:
+        """Closing: what comes back (or fails) from now on is no longer a result."""
+        self._sending = False
+        self._outstanding = 0
+
     async def close(self) -> None:
         """End the session (``session.close`` on the gateway) and close the socket."""
         if self._ws is None:
             return
-        self._sending = False
-        self._outstanding = 0
+        self._stop_counting()
         with contextlib.suppress(Exception):
             if self._spec.mode == "gateway":
                 await self._ws.send(_CLOSE)
@@ -416,22 +490,36 @@ async def _sleep_until(when: float) -> None:
         await asyncio.sleep(delay)
 
 
-async def _drive(conn: Connection, spec: _ClientSpec, t0: float) -> None:
+def _session_class(mode: str) -> type[LoadSession]:
+    if mode == "peer":
+        from duplex_gateway.bench_peer import PeerSession
+
+        return PeerSession
+    return LoadSession
+
+
+async def _drive(conn: Connection, spec: ClientSpec, t0: float) -> None:
     """Run every session of this process, report their logs, close when told to."""
-    sessions = [_LoadSession(index, spec, t0) for index in spec.indices]
+    kind = _session_class(spec.mode)
+    sessions = [kind(index, spec, t0) for index in spec.indices]
     await asyncio.gather(*(session.run() for session in sessions))
     conn.send([session.log for session in sessions])
     # Sessions stay open until the parent has read the CPU counters: closing costs CPU too.
     await asyncio.to_thread(conn.recv)
     await asyncio.gather(*(session.close() for session in sessions))
+    conn.send("closed")
 
 
-def _client_main(conn: Connection, spec: _ClientSpec) -> None:
-    """Entry point of one client process: handshake the start time, then drive."""
+def _client_main(conn: Connection) -> None:
+    """Entry point of one client process: for each point, take its spec, say ready (imports
+    done), take the start time, drive; ``None`` ends the process."""
     with contextlib.suppress(KeyboardInterrupt, EOFError, BrokenPipeError):
         conn.send("ready")
-        t0: float = conn.recv()
-        asyncio.run(_drive(conn, spec, t0))
+        while (spec := conn.recv()) is not None:
+            _session_class(spec.mode)  # imported before the clock starts
+            conn.send("ready")
+            t0: float = conn.recv()
+            asyncio.run(_drive(conn, spec, t0))
 
 
 # ============================================================================ processes
@@ -586,8 +674,18 @@ def _machine_report(before: tuple[int, int] | None,
     return {"busy_share": share, "busy_cpus": share * (os.cpu_count() or 1)}
 
 
+@dataclass(frozen=True, slots=True)
+class RedisCounters:
+    """One ``INFO all`` read: commands (all, and calls per command) and bytes on the wire."""
+
+    total: int
+    net_in: int
+    net_out: int
+    calls: dict[str, int]
+
+
 class _RedisProbe:
-    """Reads Redis command counters over one connection, opened before the window."""
+    """Reads Redis counters over one connection, opened before the window."""
 
     def __init__(self, url: str | None) -> None:
         from redis import Redis
@@ -596,29 +694,35 @@ class _RedisProbe:
         if self._client is not None:
             self._client.ping()  # connect now: the handshake's commands stay out of the window
 
-    def counters(self) -> dict[str, int] | None:
-        """``total_commands_processed`` and calls per command (one ``INFO all`` command)."""
+    def counters(self) -> RedisCounters | None:
+        """Command and byte counters (one ``INFO all`` command)."""
         if self._client is None:
             return None
         info: dict[str, Any] = self._client.info("all")
-        counters = {"total": int(info["total_commands_processed"])}
-        for key, value in info.items():
-            if key.startswith("cmdstat_") and isinstance(value, dict):
-                counters[key[len("cmdstat_"):]] = int(value["calls"])
-        return counters
+        calls = {key[len("cmdstat_"):]: int(value["calls"]) for key, value in info.items()
+                 if key.startswith("cmdstat_") and isinstance(value, dict)}
+        return RedisCounters(total=int(info["total_commands_processed"]),
+                             net_in=int(info["total_net_input_bytes"]),
+                             net_out=int(info["total_net_output_bytes"]), calls=calls)
 
-    def session_memory(self) -> dict[str, float] | None:
-        """Redis memory of every session's keys (record and logs), per session.
+    def session_memory(self, sessions: int, *, per_session_keys: bool) -> dict[str, float] | None:
+        """Redis memory per session, read while the sessions are still attached.
 
-        Read while the sessions are still attached, after they streamed the whole run.
+        With ``per_session_keys`` (the project): every session's keys (record and logs),
+        grouped by session; otherwise (the peer, which keeps no per-session keys) the memory
+        of every key over ``sessions``.
         """
         if self._client is None:
             return None
+        pattern = "dg:*:s:*" if per_session_keys else "*"
         per_session: dict[bytes, int] = {}
-        for key in self._client.scan_iter(match="dg:*:s:*", count=1000):
-            session = key.rsplit(b":", 1)[0]
+        for key in self._client.scan_iter(match=pattern, count=1000):
+            group = key.rsplit(b":", 1)[0] if per_session_keys else b""
             usage = self._client.memory_usage(key, samples=0)
-            per_session[session] = per_session.get(session, 0) + int(usage or 0)
+            per_session[group] = per_session.get(group, 0) + int(usage or 0)
+        if not per_session_keys:
+            mean = per_session.get(b"", 0) / max(1, sessions) / 1024
+            return {"sessions": sessions, "mean_kib": mean, "max_kib": mean}
         if not per_session:
             return None
         sizes = sorted(per_session.values())
@@ -636,9 +740,9 @@ class _Window:
     """Counters read at the end of warm-up and once every chunk is back."""
 
     cpu_before: dict[str, float | None]
-    redis_before: dict[str, int] | None
+    redis_before: RedisCounters | None
     cpu_after: dict[str, float | None] = field(default_factory=dict)
-    redis_after: dict[str, int] | None = None
+    redis_after: RedisCounters | None = None
     machine_before: tuple[int, int] | None = None
     machine_after: tuple[int, int] | None = None
     session_memory: dict[str, float] | None = None
@@ -661,7 +765,7 @@ def distribution(values_s: Sequence[float]) -> dict[str, float | None]:
             "mean": mean}
 
 
-def _round_trips(logs: Sequence[_SessionLog], since: float) -> tuple[list[float], int]:
+def _round_trips(logs: Sequence[SessionLog], since: float) -> tuple[list[float], int]:
     """Round trips (s) of the chunks sent at or after ``since``, and how many were sent."""
     trips: list[float] = []
     measured = 0
@@ -676,7 +780,7 @@ def _round_trips(logs: Sequence[_SessionLog], since: float) -> tuple[list[float]
     return trips, measured
 
 
-def _chunk_counts(logs: Sequence[_SessionLog], measured: int, returned: int) -> dict[str, int]:
+def _chunk_counts(logs: Sequence[SessionLog], measured: int, returned: int) -> dict[str, int]:
     sent = sum(len(log.sent) for log in logs)
     received = sum(len(log.received) for log in logs)
     return {
@@ -710,28 +814,62 @@ def _script_only_commands() -> frozenset[str]:
     """
     from store import lua
 
-    text = "".join(getattr(lua, name) for name in lua.__all__)
+    text = "".join(getattr(lua, name) for name in lua.__all__
+                   if isinstance(getattr(lua, name), str))
     called = {name.lower() for name in re.findall(r"redis\.call\('(\w+)'", text)}
     return frozenset(called - _ALSO_DIRECT)
 
 
-def _redis_report(window: _Window, session_seconds: float) -> dict[str, Any] | None:
+def _redis_report(window: _Window, session_seconds: float,
+                  script_commands: frozenset[str]) -> dict[str, Any] | None:
     before, after = window.redis_before, window.redis_after
     if before is None or after is None:
         return None
-    total = after["total"] - before["total"] - 1  # less our own INFO
-    calls = {name: after[name] - before.get(name, 0) for name in after if name != "total"}
+    total = after.total - before.total - 1  # less our own INFO
+    calls = {name: n - before.calls.get(name, 0) for name, n in after.calls.items()}
     calls["info"] = calls.get("info", 0) - 1
     calls = {name: n for name, n in sorted(calls.items(), key=lambda kv: -kv[1]) if n > 0}
-    in_scripts = sum(n for name, n in calls.items() if name in _script_only_commands())
+    in_scripts = sum(n for name, n in calls.items() if name in script_commands)
     client = total - in_scripts
     return {"client_commands": client, "per_session_second": client / session_seconds,
+            "commands_in_scripts": in_scripts,
+            "in_scripts_per_session_second": in_scripts / session_seconds,
             "commands_incl_in_scripts": total,
-            "incl_in_scripts_per_session_second": total / session_seconds,
+            "bytes_in_per_session_second": (after.net_in - before.net_in) / session_seconds,
+            "bytes_out_per_session_second": (after.net_out - before.net_out) / session_seconds,
             "session_seconds": session_seconds, "calls_by_command": calls}
 
 
-def _summarize(name: str, logs: Sequence[_SessionLog], t0: float, seconds: float,
+def _is_server(name: str) -> bool:
+    return not name.startswith("client")
+
+
+def _tier_us(cpu: dict[str, dict[str, float | None]], names: Sequence[str]) -> float | None:
+    """CPU per chunk of these processes together; None when one is unknown or none ran."""
+    values = [cpu[name]["us_per_chunk"] for name in names]
+    if not values or any(v is None for v in values):
+        return None
+    return sum(v for v in values if v is not None)
+
+
+def _tiers(cpu: dict[str, dict[str, float | None]]) -> dict[str, float | None]:
+    """CPU per chunk by tier: the websocket servers (echo, peer or gateway processes), the
+    worker, Redis, and all server processes together (the whole stack)."""
+    servers = [name for name in cpu if _is_server(name)]
+    front = [name for name in servers if name.startswith(("echo", "peer", "gateway"))]
+    return {"whole_stack": _tier_us(cpu, servers), "websocket_servers": _tier_us(cpu, front),
+            "worker": _tier_us(cpu, [n for n in servers if n == "worker"]),
+            "redis": _tier_us(cpu, [n for n in servers if n == "redis"])}
+
+
+def _clients_report(cpu: dict[str, dict[str, float | None]]) -> dict[str, Any]:
+    shares = {name: entry["core_share"] for name, entry in cpu.items() if not _is_server(name)}
+    known = [share for share in shares.values() if share is not None]
+    return {"processes": len(shares), "core_share": shares,
+            "max_core_share": max(known) if known else None}
+
+
+def _summarize(target: _Target, logs: Sequence[SessionLog], t0: float, seconds: float,
                window: _Window) -> dict[str, Any]:
     since = t0 + WARMUP_S
     trips, measured = _round_trips(logs, since)
@@ -739,67 +877,219 @@ def _summarize(name: str, logs: Sequence[_SessionLog], t0: float, seconds: float
     opens = [log.open_s for log in logs if log.open_s is not None]
     lags = [lag for log in logs for sent, lag in zip(log.sent, log.lag, strict=True)
             if sent >= since]
+    cpu = _cpu_report(window, len(trips))
     summary: dict[str, Any] = {
-        "phase": name,
+        "setup": target.setup.name, "gateways": target.setup.gateways, "sessions": len(logs),
         "round_trip_ms": distribution(trips),
-        "round_trips_s": trips,
         "chunks": _chunk_counts(logs, measured, len(trips)),
         "send_lag_ms": distribution(lags),
         "open_ms": distribution(opens),
         "window_s": window.wall_s,
         "machine_cpu": _machine_report(window.machine_before, window.machine_after),
-        "cpu": _cpu_report(window, len(trips)),
-        "redis": _redis_report(window, len(logs) * (seconds - WARMUP_S)),
+        "cpu": cpu,
+        "cpu_us_per_chunk": _tiers(cpu),
+        "clients": _clients_report(cpu),
+        "redis": _redis_report(window, len(logs) * (seconds - WARMUP_S),
+                               target.script_commands),
         "redis_memory_per_session": window.session_memory,
         "errors": errors,
     }
-    if summary["machine_cpu"] is not None:
-        summary["machine_cpu"]["other_cpus"] = _other_cpus(summary)
+    summary["lossless"] = lossless(summary)
     return summary
 
 
-# ============================================================================ phases
+def lossless(point: dict[str, Any]) -> bool:
+    """Every chunk came back once, intact, to its own session; every session stayed open."""
+    chunks = point["chunks"]
+    return bool(chunks["sent"] > 0 and chunks["lost"] == 0 and chunks["duplicates"] == 0
+                and chunks["corrupt"] == 0 and chunks["misrouted"] == 0
+                and chunks["sessions_failed"] == 0 and chunks["sessions_disconnected"] == 0)
+
+
+# ============================================================================ setups
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """One series of the sweep: ``echo``, ``peer`` or ``project``, with its server count."""
+
+    name: str
+    gateways: int
+
+    @property
+    def label(self) -> str:
+        """How the table and the plots name it."""
+        if self.name == "echo":
+            return "echo"
+        noun = "gateway" if self.name == "project" else "server"
+        return f"{self.name} ({self.gateways} {noun}{'s' if self.gateways > 1 else ''})"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class _Phase:
-    """One phase's target and what to measure while it runs."""
+class _Target:
+    """What one point runs against, once its servers are up."""
 
-    name: str
-    url: str
+    setup: Setup
+    mode: str  # what the clients speak: "echo", "peer" or "gateway"
+    urls: tuple[str, ...]
     servers: dict[str, int]  # name -> pid
     redis_url: str | None
-    sessions: int
-    seconds: float
-    clients: int
-    compression: bool
+    script_commands: frozenset[str] = frozenset()
+    redis_name: str | None = None
+
+
+def _ws_url(port: int, path: str = "/v1/realtime") -> str:
+    return f"ws://127.0.0.1:{port}{path}"
+
+
+def _start_redis(stack: contextlib.ExitStack) -> Any:
+    from store.embedded import start_server
+
+    redis = start_server("auto")
+    stack.callback(shutil.rmtree, redis.workdir, True)
+    stack.callback(redis.stop)
+    return redis
+
+
+def _serve_echo(stack: contextlib.ExitStack, setup: Setup, log_dir: Path) -> _Target:
+    from store.embedded import free_port
+
+    port = free_port()
+    echo = start_http_server(stack, "echo", ["duplex_gateway._echo", "--port", str(port)],
+                             port, log_dir)
+    return _Target(setup=setup, mode="echo", urls=(_ws_url(port),),
+                   servers={"echo": echo.pid}, redis_url=None)
+
+
+def _serve_peer(stack: contextlib.ExitStack, setup: Setup, log_dir: Path) -> _Target:
+    from store.embedded import free_port
+
+    redis = _start_redis(stack)
+    urls, servers = [], {}
+    for number in range(setup.gateways):
+        port = free_port()
+        peer = start_http_server(stack, f"peer{number}", [
+            "duplex_gateway.bench_peer", "--port", str(port), "--redis-url", redis.url],
+            port, log_dir)
+        urls.append(f"http://127.0.0.1:{port}")
+        servers[peer.name] = peer.pid
+    return _Target(setup=setup, mode="peer", urls=tuple(urls),
+                   servers={**servers, "redis": redis.process.pid}, redis_url=redis.url,
+                   redis_name=redis.binary.name)
+
+
+def _serve_project(stack: contextlib.ExitStack, setup: Setup, sessions: int,
+                   log_dir: Path) -> _Target:
+    from store.embedded import free_port
+
+    redis = _start_redis(stack)
+    # First: a gateway is ready (/readyz 200) only once a worker is live.
+    worker = start_worker(stack, redis.url, max(sessions, 1), log_dir)
+    urls, servers = [], {}
+    for number in range(setup.gateways):
+        port = free_port()
+        gateway = start_http_server(
+            stack, f"gateway{number}", ["duplex_gateway", "--log-level", "warning", "serve",
+                                        "--host", "127.0.0.1", "--port", str(port),
+                                        "--redis-url", redis.url], port, log_dir)
+        urls.append(_ws_url(port))
+        servers[gateway.name] = gateway.pid
+    return _Target(setup=setup, mode="gateway", urls=tuple(urls),
+                   servers={**servers, "worker": worker.pid, "redis": redis.process.pid},
+                   redis_url=redis.url, script_commands=_script_only_commands(),
+                   redis_name=redis.binary.name)
+
+
+def _serve(stack: contextlib.ExitStack, setup: Setup, sessions: int, log_dir: Path) -> _Target:
+    """Start the servers of one point (fresh for each point, so no point inherits another's
+    sessions, keys or warmed caches) and say where the clients connect."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    if setup.name == "echo":
+        return _serve_echo(stack, setup, log_dir)
+    if setup.name == "peer":
+        return _serve_peer(stack, setup, log_dir)
+    return _serve_project(stack, setup, sessions, log_dir)
+
+
+def peer_unavailable() -> str | None:
+    """Why the peer cannot run here (the ``[bench]`` extra is missing), or None."""
+    try:
+        importlib.import_module("socketio")
+        importlib.import_module("aiohttp")
+    except ImportError:
+        return PEER_SKIPPED
+    return None
+
+
+def sweep_setups(gateways: Sequence[int], *, peer: bool) -> list[Setup]:
+    """The series of one run, in the order each session count runs them."""
+    setups = [Setup("echo", 1)]
+    if peer:
+        setups += [Setup("peer", count) for count in gateways]
+    return setups + [Setup("project", count) for count in gateways]
+
+
+# ============================================================================ clients
+
+
+class _ClientPool:
+    """The load generator: client processes started once and reused for every point."""
+
+    def __init__(self, count: int, stack: contextlib.ExitStack) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.conns: list[Connection] = []
+        self.pids: dict[str, int] = {}
+        for number in range(count):
+            parent, child = ctx.Pipe()
+            process = ctx.Process(target=_client_main, args=(child,), daemon=True,
+                                  name=f"bench-client-{number}")
+            process.start()
+            stack.callback(_stop_client, process)
+            # Closed first on the way out: a client waiting for its next spec then sees EOF.
+            stack.callback(parent.close)
+            child.close()
+            self.conns.append(parent)
+            self.pids[f"client{number}"] = process.pid or 0
+        for conn in self.conns:
+            _receive(conn, _START_TIMEOUT_S, "start handshake")
+
+    def start(self, target: _Target, sessions: int, seconds: float, compression: bool) -> float:
+        """Give every client its share of the point's sessions; returns the common start."""
+        shares = _split(sessions, len(self.conns))
+        for conn, indices in zip(self.conns, shares, strict=True):
+            conn.send(ClientSpec(urls=target.urls, mode=target.mode, indices=indices,
+                                 sessions=sessions, seconds=seconds, compression=compression))
+        for conn in self.conns:
+            _receive(conn, _START_TIMEOUT_S, "ready")
+        t0 = time.monotonic() + 0.2
+        for conn in self.conns:
+            conn.send(t0)
+        return t0
+
+    def results(self, deadline: float) -> list[SessionLog]:
+        """Every session's log, once every client has finished streaming."""
+        logs: list[SessionLog] = []
+        for conn in self.conns:
+            logs += _receive(conn, deadline - time.monotonic(), "results")
+        return logs
+
+    def close_sessions(self) -> None:
+        """Tell the clients to close their sessions, and wait until they have."""
+        for conn in self.conns:
+            conn.send("close")
+        for conn in self.conns:
+            _receive(conn, _STOP_TIMEOUT_S + 2 * _OPEN_TIMEOUT_S, "close")
+
+    def stop(self) -> None:
+        """End every client process (each then exits on its own)."""
+        for conn in self.conns:
+            with contextlib.suppress(OSError):
+                conn.send(None)
 
 
 def _split(sessions: int, clients: int) -> list[tuple[int, ...]]:
     """Session indices per client, interleaved so each process gets a spread of start times."""
-    return [tuple(range(first, sessions, clients)) for first in range(min(clients, sessions))]
-
-
-def _start_clients(phase: _Phase, stack: contextlib.ExitStack
-                   ) -> tuple[list[Connection], dict[str, int]]:
-    ctx = multiprocessing.get_context("spawn")
-    conns: list[Connection] = []
-    pids: dict[str, int] = {}
-    for number, indices in enumerate(_split(phase.sessions, phase.clients)):
-        parent, child = ctx.Pipe()
-        spec = _ClientSpec(url=phase.url, mode=phase.name, indices=indices,
-                           sessions=phase.sessions, seconds=phase.seconds,
-                           compression=phase.compression)
-        process = ctx.Process(target=_client_main, args=(child, spec), daemon=True,
-                              name=f"bench-client-{number}")
-        process.start()
-        stack.callback(_stop_client, process)
-        # Closed first on the way out: a client still waiting for "close" then sees EOF.
-        stack.callback(parent.close)
-        child.close()
-        conns.append(parent)
-        pids[f"client{number}"] = process.pid or 0
-    return conns, pids
+    return [tuple(range(first, sessions, clients)) for first in range(clients)]
 
 
 def _stop_client(process: Any) -> None:
@@ -821,299 +1111,85 @@ def _receive(conn: Connection, timeout: float, what: str) -> Any:
         raise BenchError(f"a client process died before its {what}") from None
 
 
-def _run_phase(phase: _Phase) -> dict[str, Any]:
-    """Drive one phase with client processes; read counters around the measured window."""
+def _run_point(pool: _ClientPool, target: _Target, sessions: int, seconds: float,
+               compression: bool) -> dict[str, Any]:
+    """Drive one point; read counters around the measured window."""
+    t0 = pool.start(target, sessions, seconds, compression)
+    pids = {**target.servers, **pool.pids}
     with contextlib.ExitStack() as stack:
-        conns, client_pids = _start_clients(phase, stack)
-        for conn in conns:
-            _receive(conn, _START_TIMEOUT_S, "start handshake")
-        t0 = time.monotonic() + 0.2
-        for conn in conns:
-            conn.send(t0)
-        pids = {**phase.servers, **client_pids}
-        probe = _RedisProbe(phase.redis_url)
+        probe = _RedisProbe(target.redis_url)
         stack.callback(probe.close)
-        time.sleep(max(0.0, t0 + WARMUP_S - time.monotonic()))
+        time.sleep(max(0.0, t0 + WARMUP_S - time.monotonic()))  # the warm-up: nothing to poll
         began = time.monotonic()
         window = _Window(_cpu_snapshot(pids), probe.counters(), machine_before=_machine_ticks())
-        deadline = t0 + phase.seconds + DRAIN_S + 2 * _OPEN_TIMEOUT_S + 10
-        logs: list[_SessionLog] = []
-        for conn in conns:
-            logs += _receive(conn, deadline - time.monotonic(), "results")
+        logs = pool.results(t0 + seconds + DRAIN_S + 2 * _OPEN_TIMEOUT_S + 10)
         window.cpu_after = _cpu_snapshot(pids)
         window.machine_after = _machine_ticks()
         window.redis_after = probe.counters()
-        window.session_memory = probe.session_memory()
+        window.session_memory = probe.session_memory(
+            sessions, per_session_keys=target.setup.name == "project")
         window.wall_s = time.monotonic() - began
-        for conn in conns:
-            conn.send("close")
+    pool.close_sessions()
     logs.sort(key=lambda log: log.index)
-    return _summarize(phase.name, logs, t0, phase.seconds, window)
+    return _summarize(target, logs, t0, seconds, window)
 
 
-def _echo_phase(sessions: int, seconds: float, clients: int, compression: bool,
-                log_dir: Path) -> dict[str, Any]:
-    from store.embedded import free_port
-
-    port = free_port()
-    with contextlib.ExitStack() as stack:
-        echo = start_http_server(stack, "echo", ["duplex_gateway._echo", "--port", str(port)],
-                                  port, log_dir)
-        return _run_phase(_Phase(
-            name="echo", url=f"ws://127.0.0.1:{port}/v1/realtime", servers={"echo": echo.pid},
-            redis_url=None, sessions=sessions, seconds=seconds, clients=clients,
-            compression=compression))
+# ============================================================================ the sweep
 
 
-def _gateway_phase(sessions: int, seconds: float, clients: int, compression: bool,
-                   log_dir: Path) -> tuple[dict[str, Any], str]:
-    from store.embedded import free_port, start_server
+class Progress:
+    """A one-line progress bar on stderr, drawn only when stderr is a terminal (a log or a
+    pipe gets nothing: the table at the end says it all)."""
 
-    port = free_port()
-    with contextlib.ExitStack() as stack:
-        redis = start_server("auto")
-        stack.callback(shutil.rmtree, redis.workdir, True)
-        stack.callback(redis.stop)
-        # First: a gateway is ready (/readyz 200) only once a worker is live.
-        worker = start_worker(stack, redis.url, max(sessions, 1), log_dir)
-        gateway = start_http_server(
-            stack, "gateway", ["duplex_gateway", "--log-level", "warning", "serve", "--host",
-                               "127.0.0.1", "--port", str(port), "--redis-url", redis.url],
-            port, log_dir)
-        result = _run_phase(_Phase(
-            name="gateway", url=f"ws://127.0.0.1:{port}/v1/realtime",
-            servers={"gateway": gateway.pid, "worker": worker.pid,
-                     "redis": redis.process.pid},
-            redis_url=redis.url, sessions=sessions, seconds=seconds, clients=clients,
-            compression=compression))
-        return result, redis.binary.name
+    _WIDTH: Final = 24
 
+    def __init__(self, total: int, stream: TextIO | None = None) -> None:
+        self._stream = stream if stream is not None else sys.stderr
+        self._on = self._stream.isatty()
+        self._total = max(1, total)
+        self._began = time.monotonic()
 
-# ============================================================================ report
+    def show(self, done: int, label: str) -> None:
+        """Redraw the bar: ``done`` of the total points finished, ``label`` running now."""
+        if not self._on:
+            return
+        filled = round(self._WIDTH * done / self._total)
+        elapsed = time.monotonic() - self._began
+        left = f", ~{elapsed / done * (self._total - done):.0f} s left" if done else ""
+        self._stream.write(f"\r[{'#' * filled}{'.' * (self._WIDTH - filled)}] "
+                           f"{done}/{self._total} {label}{left}\x1b[K")
+        self._stream.flush()
 
-
-def _minus(a: float | None, b: float | None) -> float | None:
-    return a - b if a is not None and b is not None else None
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return a / b if a is not None and b else None
+    def close(self) -> None:
+        """Erase the bar, so the table starts on a clean line."""
+        if self._on:
+            self._stream.write("\r\x1b[K")
+            self._stream.flush()
 
 
-def _stack_us(phase: dict[str, Any], names: Sequence[str]) -> float | None:
-    values = [phase["cpu"][n]["us_per_chunk"] for n in names if n in phase["cpu"]]
-    return sum(values) if values and all(v is not None for v in values) else None
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Plan:
+    """What one run sweeps."""
+
+    sessions: tuple[int, ...]
+    gateways: tuple[int, ...]
+    seconds: float
+    clients: int
+    compression: bool
+    peer_skipped: str | None
 
 
-def _verdict(value: float | None, target: float, valid: bool) -> str:
-    """``met``/``missed`` against a design target; ``n/a`` when the run is not comparable."""
-    if value is None:
-        return "n/a"
-    if not valid:
-        return "n/a (lossy run)"
-    return "met" if value <= target else "missed"
-
-
-def _comparison(echo: dict[str, Any], gateway: dict[str, Any]) -> dict[str, Any]:
-    e, g = echo["round_trip_ms"], gateway["round_trip_ms"]
-    echo_us = echo["cpu"]["echo"]["us_per_chunk"]
-    redis = gateway["redis"]
-    added = {q: _minus(g[q], e[q]) for q in ("p50", "p90", "p99", "max")}
-    cpu_ratio = _ratio(gateway["cpu"]["gateway"]["us_per_chunk"], echo_us)
-    per_session_s = redis["per_session_second"] if redis else None
-    memory = gateway.get("redis_memory_per_session")
-    memory_kib = memory["mean_kib"] if memory else None
-    valid = _lossless(echo) and _lossless(gateway)
+def _config(plan: _Plan) -> dict[str, Any]:
     return {
-        "added_round_trip_ms": added,
-        "target_added_round_trip_p99_ms": TARGET_ADDED_RTT_P99_MS,
-        "gateway_cpu_ratio": cpu_ratio,
-        "stack_cpu_ratio": _ratio(_stack_us(gateway, ("gateway", "worker", "redis")), echo_us),
-        "target_cpu_ratio": TARGET_CPU_RATIO,
-        "redis_commands_per_session_second": per_session_s,
-        "target_redis_commands_per_session_second": TARGET_REDIS_PER_SESSION_S,
-        "redis_memory_per_session_kib": memory_kib,
-        "target_redis_memory_per_session_kib": TARGET_SESSION_MEMORY_KIB,
-        "verdicts": {
-            "added_round_trip_p99": _verdict(added["p99"], TARGET_ADDED_RTT_P99_MS, valid),
-            "gateway_cpu_ratio": _verdict(cpu_ratio, TARGET_CPU_RATIO, valid),
-            "redis_commands_per_session_second": _verdict(per_session_s,
-                                                          TARGET_REDIS_PER_SESSION_S, valid),
-            "redis_memory_per_session": _verdict(memory_kib, TARGET_SESSION_MEMORY_KIB, valid),
-        },
-    }
-
-
-def _lossless(phase: dict[str, Any]) -> bool:
-    chunks = phase["chunks"]
-    return bool(chunks["sent"] > 0 and chunks["lost"] == 0 and chunks["duplicates"] == 0
-                and chunks["corrupt"] == 0 and chunks["misrouted"] == 0
-                and chunks["sessions_failed"] == 0)
-
-
-def _phase_warnings(phase: dict[str, Any], sessions: int, cpus: int) -> list[str]:
-    name, chunks = phase["phase"], phase["chunks"]
-    notes = []
-    if chunks["sessions_failed"] or chunks["sessions_disconnected"]:
-        notes.append(f"{name}: {chunks['sessions_failed']} of {sessions} sessions failed to "
-                     f"open and {chunks['sessions_disconnected']} were disconnected: its "
-                     "numbers cover fewer sessions (see errors in the JSON, and the logs)")
-    if chunks["lost"]:
-        notes.append(f"{name}: {chunks['lost']} chunks were sent and never came back")
-    lag = phase["send_lag_ms"]["p99"]
-    if lag is not None and lag > _LAG_WARNING_MS:
-        notes.append(f"{name}: the load generator fell behind its clock (send lag p99 "
-                     f"{lag:.1f} ms): the machine is overloaded, compare with care")
-    busy = _busy_cpus(phase)
-    if busy is not None and busy > _BUSY_WARNING * cpus:
-        notes.append(f"{name}: the machine's CPUs were {busy / cpus:.0%} busy: saturated, "
-                     "so latency includes waiting for a CPU")
-    other = _other_cpus(phase)
-    if other is not None and other > _OTHER_WARNING_CPUS:
-        notes.append(f"{name}: {other:.2f} CPUs were busy outside the measured processes "
-                     "(kernel networking, or another job on this machine): numbers disturbed")
-    return notes
-
-
-def _warnings(report: dict[str, Any]) -> list[str]:
-    """What makes this run's numbers less than they seem: failures, overload."""
-    config = report["config"]
-    return [note for phase in report["phases"].values()
-            for note in _phase_warnings(phase, config["sessions"], config["cpus"])]
-
-
-def _shout(verdict: str) -> str:
-    """Upper-case a miss so it stands out in the table."""
-    return verdict.upper() if verdict == "missed" else verdict
-
-
-def _fmt(value: float | None, digits: int = 2, suffix: str = "") -> str:
-    return "-" if value is None else f"{value:.{digits}f}{suffix}"
-
-
-def _latency_rows(echo: dict[str, Any], gateway: dict[str, Any],
-                  cmp: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
-    rows = []
-    for q in ("p50", "p90", "p99", "max"):
-        added = cmp["added_round_trip_ms"][q]
-        target, verdict = "", ""
-        if q == "p99":
-            target = f"<= {TARGET_ADDED_RTT_P99_MS:g} (2/dir)"
-            verdict = _shout(cmp["verdicts"]["added_round_trip_p99"])
-        rows.append((f"round trip {q} (ms)", _fmt(echo["round_trip_ms"][q]),
-                     _fmt(gateway["round_trip_ms"][q]), _fmt(added, suffix=" added"),
-                     f"{target} {verdict}".strip()))
-    return rows
-
-
-def _count_rows(echo: dict[str, Any],
-                gateway: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
-    rows = []
-    for key in ("sent", "received", "lost", "measured_received"):
-        rows.append((f"chunks {key.replace('_', ' ')}", str(echo["chunks"][key]),
-                     str(gateway["chunks"][key]), "", "0" if key == "lost" else ""))
-    for key in ("sessions_failed", "sessions_disconnected"):
-        rows.append((key.replace("_", " "), str(echo["chunks"][key]),
-                     str(gateway["chunks"][key]), "", "0"))
-    rows.append(("send lag p99 (ms)", _fmt(echo["send_lag_ms"]["p99"]),
-                 _fmt(gateway["send_lag_ms"]["p99"]), "", ""))
-    return rows
-
-
-def _cpu_rows(echo: dict[str, Any], gateway: dict[str, Any],
-              cmp: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
-    def us(phase: dict[str, Any], name: str) -> str:
-        entry = phase["cpu"].get(name)
-        return "" if entry is None else _fmt(entry["us_per_chunk"], 1)
-
-    rows = [("CPU/chunk (us): server", us(echo, "echo"), us(gateway, "gateway"),
-             _fmt(cmp["gateway_cpu_ratio"], 2, "x echo"),
-             f"<= {TARGET_CPU_RATIO:g}x {_shout(cmp['verdicts']['gateway_cpu_ratio'])}")]
-    rows += [(f"CPU/chunk (us): {name}", "", us(gateway, name), "", "")
-             for name in ("worker", "redis")]
-    rows.append(("CPU/chunk (us): whole stack", us(echo, "echo"),
-                 _fmt(_stack_us(gateway, ("gateway", "worker", "redis")), 1),
-                 _fmt(cmp["stack_cpu_ratio"], 2, "x echo"), ""))
-    clients = sorted(n for n in echo["cpu"] if n.startswith("client"))
-    rows += [(f"core share: {name}", _fmt(echo["cpu"].get(name, {}).get("core_share"), 2),
-              _fmt(gateway["cpu"].get(name, {}).get("core_share"), 2), "", "")
-             for name in ("echo", "gateway", "worker", "redis", *clients)
-             if name in echo["cpu"] or name in gateway["cpu"]]
-    rows.append(("machine CPUs busy (all)", _fmt(_busy_cpus(echo), 2),
-                 _fmt(_busy_cpus(gateway), 2), "", ""))
-    rows.append(("  outside measured processes", _fmt(_other_cpus(echo), 2),
-                 _fmt(_other_cpus(gateway), 2), "", ""))
-    return rows
-
-
-def _busy_cpus(phase: dict[str, Any]) -> float | None:
-    machine = phase["machine_cpu"]
-    return None if machine is None else float(machine["busy_cpus"])
-
-
-def _other_cpus(phase: dict[str, Any]) -> float | None:
-    """Busy CPUs not accounted to the phase's own processes (servers and clients)."""
-    busy = _busy_cpus(phase)
-    if busy is None:
-        return None
-    # /proc/stat is sampled per tick and per-process times are not: clamp the noise at 0.
-    return max(0.0, busy - sum(v["core_share"] or 0.0 for v in phase["cpu"].values()))
-
-
-def _redis_rows(gateway: dict[str, Any],
-                cmp: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
-    redis = gateway["redis"]
-    if redis is None:
-        return []
-    verdict = _shout(cmp["verdicts"]["redis_commands_per_session_second"])
-    return [
-        ("Redis cmds / session-s (sent)", "", _fmt(redis["per_session_second"], 1), "",
-         f"<= {TARGET_REDIS_PER_SESSION_S:g} {verdict}"),
-        ("  incl. run inside scripts", "", _fmt(redis["incl_in_scripts_per_session_second"], 1),
-         "", ""),
-        ("Redis KiB / session (mean)", "", _fmt(cmp["redis_memory_per_session_kib"], 1), "",
-         f"<= {TARGET_SESSION_MEMORY_KIB:g} "
-         f"{_shout(cmp['verdicts']['redis_memory_per_session'])}"),
-    ]
-
-
-def _format_table(report: dict[str, Any]) -> str:
-    config = report["config"]
-    echo, gateway = report["phases"]["echo"], report["phases"]["gateway"]
-    cmp = report["comparison"]
-    header = (f"relay bench: {config['sessions']} sessions x {config['seconds']:g} s, "
-              f"{config['chunk_ms']:g} ms chunks ({config['chunk_bytes']} B pcm16), "
-              f"warm-up {config['warmup_s']:g} s excluded; {config['cpus']} CPUs, "
-              f"{config['client_processes']} client process(es), {config['redis_server']}")
-    rows = [("", "echo", "gateway", "gateway - echo", "target")]
-    rows += _latency_rows(echo, gateway, cmp) + _count_rows(echo, gateway)
-    rows += _cpu_rows(echo, gateway, cmp) + _redis_rows(gateway, cmp)
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    lines = [header]
-    for row in rows:
-        lines.append("  ".join([row[0].ljust(widths[0])]
-                               + [cell.rjust(widths[i]) for i, cell in enumerate(row) if i]))
-    lines.append(TARGETS_NOTE)
-    lines += [f"warning: {note}" for note in report["warnings"]]
-    return "\n".join(lines)
-
-
-def _plot(path: Path, echo: Sequence[float], gateway: Sequence[float]) -> Path:
-    """Draw the round-trip CDFs (milliseconds, log axis) to ``path`` as SVG."""
-    return write_chart(path, Chart(
-        title="relay round trip: bare websocket echo vs the gateway stack",
-        x_label="round trip (ms, log scale)", y_label="fraction of chunks",
-        series={"echo": cdf([t * 1000 for t in echo]),
-                "gateway": cdf([t * 1000 for t in gateway])},
-        log_x=True))
-
-
-def _config(sessions: int, seconds: float, clients: int, compression: bool) -> dict[str, Any]:
-    return {
-        "sessions": sessions, "seconds": seconds, "chunk_ms": CHUNK_S * 1000,
+        "sessions": list(plan.sessions), "gateways": list(plan.gateways),
+        "seconds": plan.seconds, "chunk_ms": CHUNK_S * 1000,
         "chunk_bytes": CHUNK_BYTES, "warmup_s": WARMUP_S, "ramp_s": RAMP_S,
-        "drain_s": DRAIN_S, "client_processes": clients,
-        "websocket_compression": "permessage-deflate" if compression else None,
+        "drain_s": DRAIN_S, "client_processes": plan.clients,
+        "websocket_compression": {
+            "echo": "permessage-deflate" if plan.compression else None,
+            "project": "permessage-deflate" if plan.compression else None,
+            # python-socketio's client (aiohttp) does not offer it.
+            "peer": None},
         "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
         else os.cpu_count(),
         "python": platform.python_version(), "platform": platform.platform(),
@@ -1121,18 +1197,27 @@ def _config(sessions: int, seconds: float, clients: int, compression: bool) -> d
     }
 
 
-def _write(report: dict[str, Any], output: Path) -> list[str]:
-    """Write the JSON (and the plot); return the lines that say where they went."""
-    output.parent.mkdir(parents=True, exist_ok=True)
-    trips = {name: phase.pop("round_trips_s") for name, phase in report["phases"].items()}
-    output.write_text(json.dumps(report, indent=2) + "\n")
-    notes = [f"results: {output}"]
-    if trips["echo"] or trips["gateway"]:
-        plot = _plot(output.with_suffix(".cdf.svg"), trips["echo"], trips["gateway"])
-        notes.append(f"latency CDF plot: {plot}")
-    logs = sorted(output.parent.glob("relay-*.log"))
-    notes += [f"server log (not empty): {log}" for log in logs if log.stat().st_size]
-    return notes
+def _sweep(plan: _Plan, log_root: Path) -> tuple[list[dict[str, Any]], str | None]:
+    """Run every point; returns them in run order and the Redis server's name."""
+    setups = sweep_setups(plan.gateways, peer=plan.peer_skipped is None)
+    points: list[dict[str, Any]] = []
+    redis_name = None
+    with contextlib.ExitStack() as stack:
+        pool = _ClientPool(plan.clients, stack)
+        stack.callback(pool.stop)
+        progress = Progress(len(plan.sessions) * len(setups))
+        stack.callback(progress.close)
+        for sessions in plan.sessions:
+            for setup in setups:
+                progress.show(len(points), f"{setup.label}, {sessions} sessions")
+                folder = log_root / f"{setup.name}{setup.gateways}-{sessions}"
+                with contextlib.ExitStack() as servers:
+                    target = _serve(servers, setup, sessions, folder)
+                    points.append(_run_point(pool, target, sessions, plan.seconds,
+                                             plan.compression))
+                redis_name = target.redis_name or redis_name
+        progress.show(len(points), "done")
+    return points, redis_name
 
 
 def _default_clients(sessions: int) -> int:
@@ -1141,56 +1226,68 @@ def _default_clients(sessions: int) -> int:
     return max(1, min(cpus, math.ceil(sessions / SESSIONS_PER_CLIENT)))
 
 
-def _measure(sessions: int, seconds: float, clients: int, compression: bool,
-             log_dir: Path) -> dict[str, Any]:
-    config = _config(sessions, seconds, clients, compression)
-    print(f"echo phase: {sessions} sessions x {seconds:g} s ...", flush=True)
-    echo = _echo_phase(sessions, seconds, clients, compression, log_dir)
-    print(f"gateway phase: {sessions} sessions x {seconds:g} s ...", flush=True)
-    gateway, redis_name = _gateway_phase(sessions, seconds, clients, compression, log_dir)
-    config["redis_server"] = redis_name
-    report: dict[str, Any] = {"config": config, "phases": {"echo": echo, "gateway": gateway},
-                              "comparison": _comparison(echo, gateway)}
-    report["lossless"] = _lossless(echo) and _lossless(gateway)
-    report["warnings"] = _warnings(report)
-    return report
+def _keep_logs(log_root: Path, output: Path) -> list[str]:
+    """Move the servers' logs next to the results when one is not empty; else drop them."""
+    written = [log for log in sorted(log_root.rglob("*.log")) if log.stat().st_size]
+    if not written:
+        shutil.rmtree(log_root, ignore_errors=True)
+        return []
+    kept = output.with_name(f"{output.stem}-logs")
+    shutil.rmtree(kept, ignore_errors=True)
+    shutil.move(str(log_root), kept)
+    return [f"server log (not empty): {kept / log.relative_to(log_root)}" for log in written]
 
 
-def run_relay_bench(*, sessions: int, seconds: float,
+def run_relay_bench(*, sessions: Sequence[int] | int, seconds: float,
+                    gateways: Sequence[int] = DEFAULT_GATEWAYS,
                     output: str | os.PathLike[str] | None = None,
                     clients: int | None = None, compression: bool = True) -> int:
-    """Run the echo phase and the gateway phase, print the table, write the JSON.
+    """Run the sweep, print the table, write the JSON and the plots.
 
     Args:
-        sessions: concurrent real-time sessions (N).
-        seconds: length of each phase (S); the first second is warm-up.
-        output: the JSON file; its folder is created, the plot goes next to it (default:
+        sessions: the concurrent real-time session counts to sweep (N; one count is a sweep of
+            one point per setup).
+        seconds: length of each point (S); the first second is warm-up.
+        gateways: the gateway counts (G) the project and the peer run at.
+        output: the JSON file; its folder is created, the plots go next to it (default:
             :func:`default_output` of ``"relay"``).
-        clients: load-generator processes (default: one per 100 sessions, at most one per CPU).
-        compression: negotiate permessage-deflate, as the OpenAI SDK and browsers do.
+        clients: load-generator processes (default: one per 100 sessions of the largest count,
+            at most one per CPU).
+        compression: negotiate permessage-deflate (echo and project), as the OpenAI SDK and
+            browsers do.
 
     Returns:
         0 when it ran and every chunk came back intact, 1 when chunks were lost (or came
         back duplicated, corrupt or misrouted), 2 when it could not run, 130 when interrupted.
     """
-    if sessions < 1 or seconds <= WARMUP_S + CHUNK_S:
-        print(f"bench relay: need --sessions >= 1 and --seconds > {WARMUP_S:g}",
-              file=sys.stderr)
+    from duplex_gateway import bench_relay_report as report_mod
+
+    counts = tuple(sorted({sessions} if isinstance(sessions, int) else set(sessions)))
+    servers = tuple(sorted(set(gateways)))
+    if (not counts or counts[0] < 1 or not servers or servers[0] < 1
+            or seconds <= WARMUP_S + CHUNK_S):
+        print(f"bench relay: need --sessions >= 1, --gateways >= 1 and --seconds > "
+              f"{WARMUP_S:g}", file=sys.stderr)
         return 2
     path = output_path(output, "relay")
     path.parent.mkdir(parents=True, exist_ok=True)
-    count = clients or _default_clients(sessions)
+    plan = _Plan(sessions=counts, gateways=servers, seconds=seconds,
+                 clients=clients or _default_clients(counts[-1]), compression=compression,
+                 peer_skipped=peer_unavailable())
+    config = _config(plan)
+    log_root = Path(tempfile.mkdtemp(prefix="dg-bench-relay-"))
     try:
         with _sigterm_as_interrupt():
-            report = _measure(sessions, seconds, count, compression, path.parent)
+            points, config["redis_server"] = _sweep(plan, log_root)
     except KeyboardInterrupt:
         print("bench relay: interrupted; every started process was stopped", file=sys.stderr)
         return 130
     except (BenchError, OSError, RuntimeError) as exc:
-        print(f"bench relay: could not run: {exc}", file=sys.stderr)
+        print(f"bench relay: could not run: {exc} (logs: {log_root})", file=sys.stderr)
         return 2
-    notes = _write(report, path)
-    print(_format_table(report))
+    report = report_mod.build(config, points, plan.peer_skipped)
+    notes = report_mod.write(report, path) + _keep_logs(log_root, path)
+    print(report_mod.format_table(report))
     print("\n".join(notes))
     if not report["lossless"]:
         print("bench relay: chunks were lost, duplicated, corrupted or misrouted",

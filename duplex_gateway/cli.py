@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import importlib.util
 import logging
 import os
 import signal
@@ -20,8 +21,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any
 
 from duplex_gateway.logs import JsonFormatter, LogSettings, configure_logging
 from store.config import SettingsError, env_name, from_env
@@ -36,6 +37,48 @@ __all__ = ["main"]
 _log = logging.getLogger("duplex_gateway")
 
 
+def run_event_loop(main: Coroutine[Any, Any, int]) -> int:
+    """Run ``main`` to completion on uvloop where it is installed (a base dependency, but it
+    has no Windows build), else on asyncio's loop.
+
+    uvloop runs the same coroutines as asyncio's loop at less CPU per callback and per socket
+    read or write, which is what relaying thousands of small chunks a second costs
+    (docs/performance.md).
+    """
+    if importlib.util.find_spec("uvloop") is None:
+        return asyncio.run(main)
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
+
+
+def gateway_server_options(settings: GatewaySettings) -> dict[str, Any]:
+    """The options the gateway runs uvicorn with, apart from the app, address and logging.
+
+    The protocol is uvicorn's websockets-sansio, except that text that is not UTF-8 reaches
+    the app (which answers invalid_json, then closes 1007) instead of a traceback in the
+    log. uvicorn drains on SIGTERM: it stops accepting, closes websockets with 1012 (the
+    session survives, in its disconnect grace) and then runs the lifespan shutdown.
+    """
+    from gateway.wsprotocol import GatewayWebSocketProtocol
+
+    return {
+        # asyncio's loop, though uvloop is installed (uvicorn's "auto" would take it): under
+        # uvloop a client whose oversize frame the gateway refuses sometimes sees the socket
+        # reset (close 1006) instead of event_too_large and 1009, the refused frame's unread
+        # bytes turning the close into a RST (tests/e2e/test_fuzz_live.py). The worker runs on
+        # uvloop; the gateway takes it once its protocol drains a refused frame before closing.
+        "loop": "asyncio",
+        "ws": GatewayWebSocketProtocol,
+        # The limit itself: the gateway's websocket protocol answers a larger message with
+        # event_too_large, then close 1009 (gateway/wsprotocol.py).
+        "ws_max_size": settings.max_frame_bytes,
+        "ws_per_message_deflate": settings.ws_per_message_deflate,
+        "timeout_graceful_shutdown": 5,
+        "lifespan": "on",
+    }
+
 
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
@@ -43,7 +86,6 @@ def _serve(args: argparse.Namespace) -> int:
     from gateway.app import create_app
     from gateway.logredact import DropQueryStrings, log_config
     from gateway.settings import GatewaySettings
-    from gateway.wsprotocol import GatewayWebSocketProtocol
 
     settings = from_env(GatewaySettings, host=args.host, port=args.port,
                         redis_url=args.redis_url)
@@ -54,18 +96,11 @@ def _serve(args: argparse.Namespace) -> int:
     _check_can_listen(settings.host, settings.port, args)
     for handler in logging.getLogger().handlers:  # our own loggers' lines, too
         handler.addFilter(DropQueryStrings())
-    # uvicorn drains on SIGTERM: it stops accepting, closes websockets with 1012 (the session
-    # survives, in its disconnect grace) and then runs the lifespan shutdown. The protocol is
-    # uvicorn's websockets-sansio, except that text that is not UTF-8 reaches the app (which
-    # answers invalid_json, then closes 1007) instead of a traceback in the log.
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
                 log_level=logs.log_level,
-                # The limit itself: the gateway's websocket protocol answers a larger message
-                # with event_too_large, then close 1009 (gateway/wsprotocol.py).
-                ws_max_size=settings.max_frame_bytes,
-                timeout_graceful_shutdown=5, lifespan="on", ws=GatewayWebSocketProtocol,
                 # JSON: uvicorn's lines too; text: uvicorn's own, as they always were.
-                log_config=log_config(JsonFormatter if logs.log_format == "json" else None))
+                log_config=log_config(JsonFormatter if logs.log_format == "json" else None),
+                **gateway_server_options(settings))
     return 0
 
 
@@ -123,7 +158,7 @@ async def _run_worker(args: argparse.Namespace) -> int:
 
 
 def _worker(args: argparse.Namespace) -> int:
-    return asyncio.run(_run_worker(args))
+    return run_event_loop(_run_worker(args))
 
 
 def _source(field_name: str, flag_value: object) -> str:
@@ -298,7 +333,8 @@ def _log_environment(settings: LogSettings) -> dict[str, str]:
 def _bench(args: argparse.Namespace) -> int:
     from duplex_gateway.bench import run_relay_bench
 
-    return run_relay_bench(sessions=args.sessions, seconds=args.seconds, output=args.output)
+    return run_relay_bench(sessions=args.sessions, gateways=args.gateways, seconds=args.seconds,
+                           output=args.output)
 
 
 def _bench_resume(args: argparse.Namespace) -> int:
@@ -331,7 +367,8 @@ def _bench_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                             "bench-results/<name>-<UTC time>.json unless --output is given.")
     bench_sub = parser.add_subparsers(dest="bench", required=True)
     commands = (
-        ("relay", "relay latency and CPU vs a bare echo", bench.add_arguments, _bench),
+        ("relay", "relay cost swept over sessions and gateways, vs an echo and a peer",
+         bench.add_arguments, _bench),
         ("resume", "forced disconnects resumed elsewhere", bench_resume.add_arguments,
          _bench_resume),
         ("leases", "Redis cost of attachment leases, per count", bench_leases.add_arguments,

@@ -25,7 +25,7 @@ import logging
 import secrets
 import socket
 import time
-from typing import Any
+from typing import Any, cast
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
@@ -81,14 +81,21 @@ _RESUME_ATTEMPTS = 3
 _HOUSEKEEPING_S = 1.0
 
 
+# What the driver uses of the socket's transport. Checked by its methods, not by class:
+# uvloop's transports have them all but are no asyncio.WriteTransport subclass.
+_TRANSPORT_METHODS = ("get_write_buffer_size", "get_write_buffer_limits", "get_extra_info", "abort")
+
+
 def _transport_of(websocket: WebSocket) -> asyncio.WriteTransport | None:
     """The socket transport under ``websocket``, as the gateway's websocket protocol
-    publishes it (:data:`~gateway.wsprotocol.TRANSPORT_KEY`). Under another server (a test
-    client) this is None: the gateway then counts no write buffer, sets no socket option and
-    cannot drop a socket whose client never takes the close frame.
+    publishes it (:data:`~gateway.wsprotocol.TRANSPORT_KEY`), asyncio's or uvloop's. Under
+    another server (a test client) this is None: the gateway then counts no write buffer,
+    sets no socket option and cannot drop a socket whose client never takes the close frame.
     """
     transport = websocket.scope.get("extensions", {}).get(TRANSPORT_KEY)
-    return transport if isinstance(transport, asyncio.WriteTransport) else None
+    if all(callable(getattr(transport, name, None)) for name in _TRANSPORT_METHODS):
+        return cast("asyncio.WriteTransport", transport)
+    return None
 
 
 def _digest(token: str) -> str:

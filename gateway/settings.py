@@ -139,6 +139,15 @@ class GatewaySettings:
         metadata={"help": "SO_SNDBUF of each websocket's socket: a small one shows a client"
                           " that does not read sooner (tests use it); 0: the OS's"},
     )
+    # Audio is nearly all a session sends, and deflate shrinks base64 audio only to ~75% (it
+    # mostly undoes base64's 4/3) at ~70 us of CPU per 20 ms chunk (docs/performance.md),
+    # paid for every frame in and out, plus a compression context per connection.
+    ws_per_message_deflate: bool = field(
+        default=False,
+        metadata={"help": "negotiate permessage-deflate (RFC 7692) with clients that offer it"
+                          " (browsers and the openai SDK do); off: frames go uncompressed, at"
+                          " less CPU per frame; true or false"},
+    )
     # An attached client that never acks keeps ~retention + 1 s of output in Redis: 3 s keeps a
     # 24 kHz stream under DESIGN §5's 256 KiB per session (bench relay: ~237 KiB; 5 s: ~373).
     delivered_retention_s: float = field(

@@ -9,7 +9,9 @@ frame (a client could flood the log with them) and never tells the app, so the c
 the driver recognises by :data:`INVALID_TEXT_KEY`; the connection core then answers
 ``invalid_json`` and closes 1007 (``ConnectionCore.receive_invalid_text``). Each one is logged as
 one line, rate-limited. A message over the size limit gets the ``event_too_large`` error
-event before the close 1009 the websocket layer sends. A handshake refused with an HTTP
+event before the close 1009 the websocket layer sends; the rest of that message (and whatever
+follows) is then read and dropped until the client closes, so the close is not a TCP reset
+that would lose the answer. A handshake refused with an HTTP
 answer (a wrong key: 401) counts as complete, so uvicorn does not log an ERROR for each one.
 The connection's transport is published to the app in ``scope["extensions"][TRANSPORT_KEY]``:
 ASGI gives an app no handle on its socket, and the gateway measures a client that does not
@@ -38,6 +40,9 @@ __all__ = ["INVALID_TEXT_KEY", "TRANSPORT_KEY", "GatewayWebSocketProtocol"]
 INVALID_TEXT_KEY = "duplex_gateway.invalid_text"
 #: The ``scope["extensions"]`` key under which the connection's asyncio transport is given.
 TRANSPORT_KEY = "duplex_gateway.transport"
+# How long a connection whose message was too large keeps reading (and dropping) what the
+# client still sends, so its close is not a reset; then the socket is closed regardless.
+_REFUSED_DRAIN_S = 2.0
 
 
 
@@ -50,13 +55,38 @@ class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
     invalid_text_log: ClassVar[RateLimitedLog] = RateLimitedLog(
         logging.getLogger(__name__), interval_s=10.0)
 
+    #: Set once a too-large message was refused: the rest of what the client sends is read
+    #: and dropped until it closes (or :data:`_REFUSED_DRAIN_S` passes).
+    draining_refused: bool = False
+
     def handle_parser_exception(self) -> None:
         # A message over the limit (uvicorn's ws_max_size is MAX_FRAME_BYTES): the websocket
         # layer has queued its close 1009; the client gets the documented error event first,
         # and the app the disconnect (the session is detached, resumable).
-        if isinstance(self.conn.parser_exc, PayloadTooBig):
-            self.transport.write(_too_large_frame())
-        super().handle_parser_exception()
+        if not isinstance(self.conn.parser_exc, PayloadTooBig):
+            super().handle_parser_exception()
+            return
+        self.transport.write(_too_large_frame())
+        assert self.conn.close_sent is not None
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": self.conn.close_sent.code,
+                               "reason": self.conn.close_sent.reason})
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.close_sent = self.draining_refused = True
+        # Closing now, with the refused message's rest unread in the socket, would make the
+        # kernel reset the connection, and a client that has not read our frames yet loses
+        # them (it sees 1006, not event_too_large and 1009). So: finish our side (FIN after
+        # the frames), drop what still comes until the client closes, bounded in time.
+        if self.read_paused:
+            self.read_paused = False
+            self.transport.resume_reading()
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(_REFUSED_DRAIN_S, self.transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        if self.draining_refused:
+            return  # the rest of a refused message, or whatever follows it: dropped
+        super().data_received(data)
 
     async def run_asgi(self) -> None:
         extensions = cast(dict[str, object], self.scope.setdefault("extensions", {}))

@@ -103,6 +103,10 @@ class Session:
     # record's when the session was adopted, its generation 0 until input is applied; None
     # when the record was gone by then (the first entry applied sets it).
     applied_under: WriteToken | None = None
+    # The input position the store last trimmed this session's input log to (a write without
+    # events trims to the position it reports; one with events only every 16 commands): a
+    # session gone quiet past it gets one such write from the poll, so nothing applied stays.
+    trimmed_to: int = 0
     # An input push arrived since the last poll: pushes show a rewound log themselves, so the
     # poll checks the log's end only for sessions that were quiet.
     pushed: bool = False

@@ -460,18 +460,34 @@ class Worker:
         if notice is None:  # the subscription was re-established: catch up from Redis
             await self._discover()
             return
-        kind, session_id = notice[0], notice[1].decode()
-        if worker_of_session(session_id) != self.worker_id:  # ValueError: not a session id
-            raise ValueError(f"{session_id} is not placed on this worker")
+        kind, session_id = notice[0], self._placed_here(notice[1])
         if kind == b"c":
             self._sessions.forget(session_id)
         elif kind == b"o":
             await self._adopt(session_id)
         elif kind == b"i":
-            session = self._sessions.get(session_id) or await self._adopt(session_id)
-            if session is not None:
-                session.pushed = True
-                await self._offer(session_id, session, _notice_entries(notice))
+            await self._on_input(session_id, notice)
+        elif kind == b"I":  # one input append for several sessions: {'I', sid, [part, ...]}
+            for part in notice[2]:
+                await self._on_input(self._placed_here(part[0]), [b"i", *part])
+
+    def _placed_here(self, raw: bytes) -> str:
+        """The session id a notice names, checked to be one placed on this worker.
+
+        Raises:
+            ValueError, AttributeError: not a session id of this worker.
+        """
+        session_id = raw.decode()
+        if worker_of_session(session_id) != self.worker_id:  # ValueError: not a session id
+            raise ValueError(f"{session_id} is not placed on this worker")
+        return session_id
+
+    async def _on_input(self, session_id: str, notice: list[Any]) -> None:
+        """Apply the entries of one session's input notice (``{'i', sid, first, ...}``)."""
+        session = self._sessions.get(session_id) or await self._adopt(session_id)
+        if session is not None:
+            session.pushed = True
+            await self._offer(session_id, session, _notice_entries(notice))
 
     async def _poll_loop(self) -> None:
         while True:
@@ -492,6 +508,9 @@ class Worker:
         for session_id, session in self._sessions.items():
             quiet, session.pushed = not session.pushed, False
             await self._catch_up(session_id, session, check_rewind=quiet)
+            if quiet and session.follower.next_index - 1 > session.trimmed_to:
+                self._report_applied.add(session_id)  # see Session.trimmed_to
+                self._mark_dirty(session_id)
             if session.unsent:
                 self._mark_dirty(session_id)
 
@@ -654,6 +673,9 @@ class Worker:
 
         Returns False when writing must stop (fenced).
         """
+        # What a write without events trims the input log to (see Session.trimmed_to).
+        reports = {session_id: session.follower.next_index - 1
+                   for session_id, session, _ in batch if not session.unsent}
         try:
             outcomes = await self._scripts.append_output_many(
                 [OutputAppend(session_id=session_id, events=session.unsent,
@@ -673,6 +695,9 @@ class Worker:
         except Exception as exc:  # not Redis: a session's part could not even be sent
             return await self._write_apart(batch, exc)
         self._outages.succeeded()
+        for session_id, session, _ in batch:
+            if session_id in reports:
+                session.trimmed_to = max(session.trimmed_to, reports[session_id])
         self._settle(batch, outcomes)
         return True
 

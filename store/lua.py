@@ -15,8 +15,9 @@ Conventions shared by all scripts:
   ``SPUBLISH`` (sharded pub/sub, also valid on a single node). Output notice: ``{"e", first_seq,
   {payload, ...}}`` or ``{"r", generation}`` (the lease moved to a newer connection). Worker
   notice: ``{"i", session_id, first_index, {payload, ...}, epoch, generation}`` (the fencing
-  token the entries were written under), ``{"o", session_id}`` (placed) or ``{"c",
-  session_id}`` (closed).
+  token the entries were written under), or for several sessions at once ``{"I", session_id,
+  {{session_id, first_index, {payload, ...}, epoch, generation}, ...}}``, ``{"o",
+  session_id}`` (placed) or ``{"c", session_id}`` (closed).
 * Statuses come back as short strings that ``store/scripts.py`` turns into enums.
 * Every script is safe to send twice. A connection can break after Redis ran a script and
   before its answer arrived; ``Scripts`` then sends it again, so a second run must change
@@ -62,6 +63,18 @@ local function append_events(rec, out_log, out_channel, payloads, max_entries)
   redis.call('HSET', rec, 'out_seq', seq)
   redis.call('SPUBLISH', out_channel, cmsgpack.pack({'e', first, payloads}))
   return first
+end
+
+-- append_events for a caller that read the record already and writes 'out_seq' itself (in one
+-- HSET with whatever else it changes): returns the first and last seq used.
+local function add_events(out_log, out_channel, payloads, max_entries, stored)
+  local seq = stored
+  for _, payload in ipairs(payloads) do
+    seq = seq + 1
+    redis.call('XADD', out_log, 'MAXLEN', '~', max_entries, seq .. '-0', 'd', payload)
+  end
+  redis.call('SPUBLISH', out_channel, cmsgpack.pack({'e', stored + 1, payloads}))
+  return stored + 1, seq
 end
 
 -- A worker's keys, as the scripts that end sessions receive them (all in the worker's slot).
@@ -177,7 +190,8 @@ if tonumber(w[4]) >= tonumber(w[3]) then return {'full', 0} end
 redis.call('HINCRBY', worker, 'used', 1)
 redis.call('SADD', sessions, sid)
 redis.call('HSET', rec, 'state', 'attached', 'epoch', epoch, 'gen', 1, 'digest', digest,
-  'rcid', '', 'tenant', tenant, 'out_seq', 0, 'in_n', 0, 'cseq', 0, 'created_ms', now,
+  'rcid', '', 'tenant', tenant, 'out_seq', 0, 'in_n', 0, 'in_done', 0, 'cseq', 0,
+  'created_ms', now,
   'active_ms', now, 'detached_ms', 0, 'grace_ms', grace_ms, 'idle_ms', idle_ms,
   'out_max', out_max, 'retention_ms', retention_ms)
 -- What a resume through any gateway announces: the session as session.created showed it
@@ -361,12 +375,12 @@ return 'ok'
 
 APPEND_INPUT = _PRELUDE + r"""
 -- Fenced append of client commands to the input logs of one or more sessions of ONE worker
--- (they share its hash slot), deduplicated by client sequence number, each session's new
--- entries pushed to the worker in one notice (DESIGN §2.3, §2.4). A gateway batches every
--- session it serves on a worker into one call, so Redis sees one command per batch, not one
--- per audio chunk per session.
--- KEYS[1] worker deadlines  KEYS[2] worker channel
--- KEYS[2i+1], KEYS[2i+2] (i = 1..n) session record, input log of the i-th session
+-- (they share its hash slot), deduplicated by client sequence number, the new entries pushed to
+-- the worker in one notice per call (DESIGN §2.3, §2.4). A gateway batches every session it
+-- serves on a worker into one call, so Redis sees one command per batch, not one per audio
+-- chunk per session.
+-- KEYS[1] worker channel
+-- KEYS[2i], KEYS[2i+1] (i = 1..n) session record, input log of the i-th session
 -- ARGV[1] input log max entries (the most unread commands a session may have)
 -- ARGV[2] call id (unique per call, kept by a resend)
 -- ARGV[3] input log max bytes (its MEMORY USAGE with the new commands; 0: no bound)
@@ -376,26 +390,36 @@ APPEND_INPUT = _PRELUDE + r"""
 -- before applying (DESIGN §2.3): fields 'd' the command (raw) and 'e:<epoch>' the generation.
 -- The epoch is a field *name* because a stream stores the names of entries that repeat its
 -- node's first entry's names once per node: it costs nothing per entry, the generation a
--- byte or two. The notice carries the token once: {'i', sid, first, payloads, epoch, gen}.
+-- byte or two. The notice carries the token once per session: {'i', sid, first, payloads,
+-- epoch, gen} when one session of the call has new entries, else {'I', sid, {{sid, first,
+-- payloads, epoch, gen}, ...}} (the second element names a session so that a worker of a
+-- version before batched notices ignores the kind and reads the logs on its poll).
 -- returns, per session in order: {status, appended, highest client seq, current generation,
 --   last index of the input log (ok and full only)}: status ok | full | stale | closed |
 --   unknown (also: another tenant's session, answered as if it did not exist)
--- Backpressure, never trimming: the worker trims the entries it applied (APPEND_OUTPUT's
--- XTRIM MINID), so a log's length (and its memory) is its session's unread backlog. A
--- session whose new entries would take it past either cap is answered full: none of them is
--- appended and nothing of the record changes (the highest client seq stays, so the client may
--- send them again once the worker caught up). The other sessions of the call are not
--- affected. Dropping old entries instead would lose commands the client was told were taken,
--- unread.
+-- Backpressure, never trimming: the worker reports what it applied (APPEND_OUTPUT, the
+-- record's 'in_done'), so a log's unread backlog is in_n - in_done. A session whose new
+-- entries would take it past either cap is answered full: none of them is appended and
+-- nothing of the record changes (the highest client seq stays, so the client may send them
+-- again once the worker caught up). The other sessions of the call are not affected.
+-- Dropping old entries instead would lose commands the client was told were taken, unread.
 -- A resent call (its reply was lost, the client library sent it again) finds its call id in
 -- the record and gets the first answer back, so commands without a client seq are not
 -- appended twice. A full answer records no call id: a resend is decided afresh, which is
 -- safe because the first run appended nothing.
-local deadlines, worker_channel, call_id = KEYS[1], KEYS[2], ARGV[2]
+-- Cost: per session, one HMGET, one XADD per command and one HSET; per call, TIME and one
+-- SPUBLISH. The idle deadline is not moved here: an append only ever moves it later, and the
+-- reaper schedules a session that it finds not due yet at its real deadline (see REAP).
+local worker_channel, call_id = KEYS[1], ARGV[2]
 local in_max = tonumber(ARGV[1])
 -- The bytes the unread input may hold (0: no bound), as Redis counts the log's memory: a
 -- session's input log is its unread backlog, whatever the size of each command.
 local in_max_bytes = tonumber(ARGV[3])
+-- APPEND_OUTPUT trims applied input once its position crosses a multiple of this, so a log
+-- also holds fewer than this many applied entries (keep the two equal).
+local TRIM_EVERY = 16
+local now = now_ms()
+local notices = {}
 
 -- The argument positions of the commands that are new: no client seq, or one above the
 -- highest appended (which rises as they are taken), and that highest seq after them.
@@ -411,9 +435,23 @@ local function fresh_commands(at, count, cseq)
   return fresh, cseq
 end
 
+-- Whether the log with the fresh commands would hold more than in_max_bytes. MEMORY USAGE
+-- only when a bound from the record does not already say no: at most `held` entries, none
+-- larger than the largest ever appended ('in_big'), each with at most 64 bytes of framing,
+-- in listpacks allocated at most twice their size, plus the stream's own 8 KiB.
+local function over_bytes(in_log, fresh, held, biggest)
+  local adding = 0
+  for _, i in ipairs(fresh) do adding = adding + #ARGV[i + 1] end
+  if biggest and held and 2 * held * (biggest + 64) + 8192 + adding <= in_max_bytes then
+    return false
+  end
+  local usage = redis.call('MEMORY', 'USAGE', in_log) or 0
+  return usage + adding > in_max_bytes
+end
+
 local function append_one(rec, in_log, sid, epoch, gen, tenant, at, count)
   local f = redis.call('HMGET', rec, 'state', 'epoch', 'gen', 'in_n', 'cseq', 'in_call',
-                       'in_call_n', 'tenant')
+                       'in_call_n', 'tenant', 'in_done', 'in_big')
   if not f[1] or f[8] ~= tenant then return {'unknown', 0, 0, 0} end
   local cseq = tonumber(f[5])
   if f[6] == call_id then return {'ok', tonumber(f[7]), cseq, tonumber(gen), tonumber(f[4])} end
@@ -423,38 +461,46 @@ local function append_one(rec, in_log, sid, epoch, gen, tenant, at, count)
   end
   local n = tonumber(f[4])
   local fresh, top = fresh_commands(at, count, cseq)
-  if #fresh > 0 and redis.call('XLEN', in_log) + #fresh > in_max then
-    return {'full', 0, cseq, tonumber(gen), n}
-  end
-  if #fresh > 0 and in_max_bytes > 0 then
-    local held = redis.call('MEMORY', 'USAGE', in_log) or 0
-    for _, i in ipairs(fresh) do held = held + #ARGV[i + 1] end
-    if held > in_max_bytes then return {'full', 0, cseq, tonumber(gen), n} end
+  if #fresh > 0 then
+    -- A record from before 'in_done' was kept counts its log instead.
+    local unread = f[9] and n - tonumber(f[9]) or redis.call('XLEN', in_log)
+    if unread + #fresh > in_max then return {'full', 0, cseq, tonumber(gen), n} end
+    if in_max_bytes > 0 and over_bytes(in_log, fresh, f[9] and unread + TRIM_EVERY,
+                                       tonumber(f[10] or '')) then
+      return {'full', 0, cseq, tonumber(gen), n}
+    end
   end
   local first = n + 1
   local payloads = {}
+  local biggest = tonumber(f[10] or '0')
   for _, i in ipairs(fresh) do
     n = n + 1
     redis.call('XADD', in_log, n .. '-0', 'd', ARGV[i + 1], 'e:' .. epoch, gen)
     payloads[#payloads + 1] = ARGV[i + 1]
+    biggest = math.max(biggest, #ARGV[i + 1])
   end
-  redis.call('HSET', rec, 'in_n', n, 'cseq', top, 'active_ms', now_ms(), 'in_call', call_id,
-             'in_call_n', #payloads)
-  redis.call('ZADD', deadlines, next_deadline(rec), sid)
+  redis.call('HSET', rec, 'in_n', n, 'cseq', top, 'active_ms', now, 'in_call', call_id,
+             'in_call_n', #payloads, 'in_big', biggest)
   if #payloads > 0 then
-    redis.call('SPUBLISH', worker_channel,
-               cmsgpack.pack({'i', sid, first, payloads, epoch, tonumber(gen)}))
+    notices[#notices + 1] = {sid, first, payloads, epoch, tonumber(gen)}
   end
   return {'ok', #payloads, top, tonumber(gen), n}
 end
 
 local answers = {}
 local at = 4
-for k = 3, #KEYS, 2 do
+for k = 2, #KEYS, 2 do
   local count = tonumber(ARGV[at + 4])
   answers[#answers + 1] = append_one(KEYS[k], KEYS[k + 1], ARGV[at], ARGV[at + 1],
                                      ARGV[at + 2], ARGV[at + 3], at + 5, count)
   at = at + 5 + 2 * count
+end
+if #notices == 1 then
+  local only = notices[1]
+  redis.call('SPUBLISH', worker_channel,
+             cmsgpack.pack({'i', only[1], only[2], only[3], only[4], only[5]}))
+elseif #notices > 1 then
+  redis.call('SPUBLISH', worker_channel, cmsgpack.pack({'I', notices[1][1], notices}))
 end
 return answers
 """
@@ -470,7 +516,8 @@ APPEND_OUTPUT = _PRELUDE + r"""
 -- KEYS[4] worker channel  KEYS[5] worker ended list  KEYS[6] worker gateways
 -- KEYS[3i+4], KEYS[3i+5], KEYS[3i+6] (i = 1..n): session record, output log, output channel
 -- ARGV per session: session id, terminal payload ('' for none), terminal reason,
---   input applied up to (0: leave the input log alone), the server_event_seq of the first
+--   input applied up to (0: leave the input log alone; recorded as 'in_done', the entries
+--   trimmed per TRIM_EVERY below), the server_event_seq of the first
 --   event (0: whatever comes next), the session object (JSON; '' none), event count c,
 --   then c encoded events
 -- returns {'fenced'} if the worker was declared lost, else per session in order
@@ -485,14 +532,16 @@ APPEND_OUTPUT = _PRELUDE + r"""
 local worker = KEYS[1]
 local wk = worker_keys(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6])
 
-if redis.call('HGET', worker, 'state') == 'lost' or redis.call('HEXISTS', worker, 'state') == 0
-then
-  return {'fenced'}
-end
+local worker_state = redis.call('HGET', worker, 'state')
+if not worker_state or worker_state == 'lost' then return {'fenced'} end
+-- Applied input is trimmed once the position crosses a multiple of this (APPEND_INPUT bounds
+-- a log's bytes with it: keep the two equal), and always on a report without events (the
+-- worker sends those to trim): XTRIM per event would be one command per audio chunk.
+local TRIM_EVERY = 16
 
 local function append_one(sid, rec, out_log, out_channel, terminal, reason, applied, first,
                           session, at, count)
-  local f = redis.call('HMGET', rec, 'state', 'out_seq', 'in_n')
+  local f = redis.call('HMGET', rec, 'state', 'out_seq', 'in_n', 'in_done', 'out_max')
   if not f[1] then return {'unknown', 0} end
   if f[1] == 'closed' then return {'closed', 0} end
   local stored = tonumber(f[2])
@@ -512,21 +561,26 @@ local function append_one(sid, rec, out_log, out_channel, terminal, reason, appl
       end
     end
   end
-  if applied > 0 then
-    -- The worker applied these commands; only a gap fill could still read them. Dropping them
-    -- keeps an attached session's Redis memory to what is in flight (DESIGN §5).
+  local changes = {}
+  local done = tonumber(f[4] or '0')
+  -- The worker applied these commands; only a gap fill could still read them. Dropping them
+  -- keeps an attached session's Redis memory to what is in flight (DESIGN §5).
+  if applied > 0 and (count == 0
+      or math.floor(applied / TRIM_EVERY) > math.floor(done / TRIM_EVERY)) then
     redis.call('XTRIM', string.sub(rec, 1, -4) .. 'in', 'MINID', (applied + 1) .. '-0')
   end
+  if applied > done then changes[#changes + 1], changes[#changes + 2] = 'in_done', applied end
   if count > skip then
     local payloads = {}
     for i = at + skip, at + count - 1 do payloads[#payloads + 1] = ARGV[i] end
     -- The model's output is no activity: the idle TTL counts the client's alone.
-    local appended = append_events(rec, out_log, out_channel, payloads,
-                                   redis.call('HGET', rec, 'out_max'))
+    local appended, last = add_events(out_log, out_channel, payloads, f[5], stored)
+    changes[#changes + 1], changes[#changes + 2] = 'out_seq', last
     if first == 0 then first = appended end
   end
   -- Stored again by a resend: the same object, so nothing changes.
-  if session ~= '' then redis.call('HSET', rec, 'session', session) end
+  if session ~= '' then changes[#changes + 1], changes[#changes + 2] = 'session', session end
+  if #changes > 0 then redis.call('HSET', rec, unpack(changes)) end
   if terminal ~= '' then
     terminate(sid, rec, out_log, out_channel, wk, terminal, reason)
   end

@@ -425,7 +425,7 @@ class Scripts:
         none of its entries (``backlog_full``); the others append theirs.
         """
         worker = SessionKeys(batch[0][0].session_id).worker
-        keys = [worker.deadlines, worker.input_channel]
+        keys = [worker.input_channel]
         # The call id makes a resend of this very call (a lost reply) return its first answer.
         args: list[Any] = [max_entries, _new_call_id(), max_bytes]
         for lease, entries in batch:

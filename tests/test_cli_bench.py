@@ -36,6 +36,10 @@ BAD_ARGUMENTS = [
     (["resume", "--disconnects", "0"], "--disconnects", "must be at least 1, got 0"),
     (["resume", "--disconnects", "1e3"], "--disconnects", "'1e3' is not a whole number"),
     (["relay", "--sessions", "-5"], "--sessions", "must be at least 1, got -5"),
+    (["relay", "--sessions", "10,x"], "--sessions", "'x' is not a whole number"),
+    (["relay", "--sessions", "10,0"], "--sessions", "must be at least 1, got 0"),
+    (["relay", "--gateways", "0"], "--gateways", "must be at least 1, got 0"),
+    (["relay", "--gateways", ","], "--gateways", "expected whole numbers >= 1"),
     (["relay", "--seconds", "1"], "--seconds", "must be more than 1 (the warm-up"),
     (["relay", "--seconds", "nan"], "--seconds", "must be a finite number above 0"),
     (["relay", "--seconds", "soon"], "--seconds", "'soon' is not a number"),
@@ -104,6 +108,15 @@ def test_comma_lists_are_sorted_and_unique() -> None:
     assert positive_int_list("8, 1,8,2") == [1, 2, 8]
     assert _parser().parse_args(["bench", "worker"]).batch == [1, 2, 4, 8, 16, 32]
     assert _parser().parse_args(["bench", "leases"]).sessions == [100, 1000, 2000]
+
+
+def test_bench_relay_defaults_to_the_full_sweep() -> None:
+    """Without flags ``bench relay`` sweeps 10 to 400 sessions at 1 and 2 gateways; the lists
+    are parsed like every other comma list."""
+    args = _parser().parse_args(["bench", "relay"])
+    assert args.sessions == [10, 25, 50, 100, 200, 400] and args.gateways == [1, 2]
+    args = _parser().parse_args(["bench", "relay", "--sessions", "4, 2,4", "--gateways", "2"])
+    assert args.sessions == [2, 4] and args.gateways == [2]
 
 
 @pytest.mark.parametrize(("sessions", "disconnects"), [(3, 20), (2, 20), (20, 1000), (7, 3),

@@ -6,14 +6,13 @@ named ports must exist on the containers, and every container runs locked down.
 
 from __future__ import annotations
 
-import ast
 from typing import Any
 
 import pytest
 
-from tests.helm.render import PROFILES, ROOT, Rendered, RenderError, render
-
-CLI = ROOT / "duplex_gateway" / "cli.py"
+from duplex_gateway.cli import gateway_server_options
+from gateway.settings import GatewaySettings
+from tests.helm.render import PROFILES, Rendered, RenderError, render
 
 
 def pod_spec(rendered: Rendered, kind: str, component: str) -> dict[str, Any]:
@@ -43,11 +42,9 @@ def test_gateway_liveness_is_healthz_and_readiness_readyz() -> None:
 
 def uvicorn_graceful_shutdown_seconds() -> int:
     """The ``timeout_graceful_shutdown`` the gateway's CLI passes to uvicorn."""
-    for node in ast.walk(ast.parse(CLI.read_text())):
-        if isinstance(node, ast.keyword) and node.arg == "timeout_graceful_shutdown":
-            assert isinstance(node.value, ast.Constant) and isinstance(node.value.value, int)
-            return node.value.value
-    raise AssertionError("cli.py passes no timeout_graceful_shutdown")
+    seconds = gateway_server_options(GatewaySettings())["timeout_graceful_shutdown"]
+    assert isinstance(seconds, int)
+    return seconds
 
 
 @pytest.mark.parametrize(("pre_stop", "grace"), [(10, 30), (3, 9), (25, 60)])

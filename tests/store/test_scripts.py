@@ -1156,15 +1156,22 @@ async def test_append_output_many_is_fenced_whole(scripts: Scripts, redis_client
 async def test_append_output_trims_the_input_the_worker_applied(
     scripts: Scripts, redis_client: Redis
 ) -> None:
-    """The applied index drops input entries up to it; later ones stay for a gap fill."""
+    """The applied index drops input entries up to it once it crosses a multiple of 16 (or
+    with no events: a position report); later ones stay for a gap fill."""
     wid = await register_worker(scripts, slots=1)
     opened = await open_session(scripts, wid)
-    await scripts.append_input(opened.lease, [(None, cmd(str(i))) for i in range(5)],
+    await scripts.append_input(opened.lease, [(None, cmd(str(i))) for i in range(20)],
                                max_entries=100)
     sid = opened.lease.session_id
     await scripts.append_output_many([OutputAppend(session_id=sid, events=[ev(1)],
                                                    input_applied=3)])
-    assert [n for n, _ in await read_input(redis_client, sid, 0)] == [4, 5]
+    assert len(await read_input(redis_client, sid, 0)) == 20, "not one XTRIM per event"
+    await scripts.append_output_many([OutputAppend(session_id=sid, events=[ev(2)],
+                                                   first_seq=2, input_applied=17)])
+    assert [n for n, _ in await read_input(redis_client, sid, 0)] == [18, 19, 20]
+    await scripts.append_output_many([OutputAppend(session_id=sid, events=[],
+                                                   input_applied=19)])
+    assert [n for n, _ in await read_input(redis_client, sid, 0)] == [20]
 
 
 async def test_tenant_cap_reserve_renew_release(scripts: Scripts, redis_client: Redis) -> None:

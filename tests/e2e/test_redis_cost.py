@@ -1,0 +1,175 @@
+"""What streaming sessions cost Redis, in commands per session-second (DESIGN §5).
+
+A real server, one gateway and one loopback worker at the product's default timings; each
+session streams 20 ms chunks in real time (the load, not a threshold) and reads every echo.
+Redis's MONITOR names every command it runs, and marks those a script ran (``[0 lua]``), so
+the count splits into what clients sent (a script call is one) and what ran inside scripts.
+The assertions are on counts only: stable on a noisy machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import re
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+from redis import Redis
+
+from gateway.client import DuplexClient, RealtimeEvent
+from tests.e2e.helpers import STREAM_SESSION, chunk_index, collect_until, marked_chunk, next_event
+from tests.e2e.stack import Stack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+CHUNK_S = 0.02  # 20 ms of pcm16 at 24 kHz: 50 chunks a second each way
+CHUNKS = 200  # per session: 4 s of audio
+#: DESIGN §5: per second of one streaming session, both directions, at most this many
+#: commands sent; asserted where arrivals are dense enough for the batching to work (sessions
+#: whose chunks reach the gateway together, as many sessions on one gateway do).
+SENT_GOAL = 30
+#: Sent with no coalescing at all (each chunk its own script call each way, 100 a second)
+#: plus one gateway's and one worker's fixed costs: what a lone session costs, whatever the
+#: timing. A command more per chunk (a log read after each push, say) fails it.
+SENT_UNCOALESCED = 130
+#: Run inside scripts per session-second, the level reached: per chunk and direction one
+#: HMGET, one XADD and one HSET of the session's own keys, one SPUBLISH per output batch and
+#: session, TIME and a fencing read per call. DESIGN §5's 150 needs those per call rather than
+#: per session (a per-worker hash of the sessions' hot fields, one output channel per gateway
+#: and worker); until then this catches a regression (it was ~930).
+IN_SCRIPTS_REACHED = 560
+
+_START, _END = "cost-window-start", "cost-window-end"
+# A MONITOR line: '<time> [<db> <client or lua>] "<COMMAND>" ...'; only the head is parsed.
+_MONITOR_LINE = re.compile(r'^\S+ \[\d+ ([^\]]*)\] "([^"]+)"(?: "([^"]*)")?')
+
+
+@dataclass(frozen=True)
+class CommandCount:
+    """The commands Redis ran in a window, by name: those clients sent, those scripts ran."""
+
+    sent: collections.Counter[str]
+    in_scripts: collections.Counter[str]
+
+    def per_session_second(self, session_seconds: float) -> tuple[float, float]:
+        return (sum(self.sent.values()) / session_seconds,
+                sum(self.in_scripts.values()) / session_seconds)
+
+    def breakdown(self, session_seconds: float) -> str:
+        """Per command, per session-second: what a failure shows."""
+        def rows(counts: collections.Counter[str]) -> str:
+            return ", ".join(f"{name} {n / session_seconds:.1f}"
+                             for name, n in counts.most_common())
+        return f"sent: {rows(self.sent)}; inside scripts: {rows(self.in_scripts)}"
+
+
+class CommandMonitor:
+    """Counts what Redis runs between two markers, over one MONITOR connection (a thread:
+    MONITOR holds its connection)."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._ready = threading.Event()
+        self._sent: collections.Counter[str] = collections.Counter()
+        self._in_scripts: collections.Counter[str] = collections.Counter()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+
+    def __enter__(self) -> CommandMonitor:
+        self._thread.start()
+        assert self._ready.wait(10), "MONITOR did not start"
+        with Redis.from_url(self._url) as client:
+            client.echo(_START)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        with Redis.from_url(self._url) as client:
+            client.echo(_END)
+        self._thread.join(10)
+        assert not self._thread.is_alive(), "MONITOR did not see the window end"
+
+    def count(self) -> CommandCount:
+        return CommandCount(sent=self._sent, in_scripts=self._in_scripts)
+
+    def _read(self) -> None:
+        with Redis.from_url(self._url) as client, client.monitor() as monitor:
+            self._ready.set()
+            counting = False
+            while True:
+                line = monitor.connection.read_response()
+                if isinstance(line, bytes):
+                    line = line.decode(errors="replace")
+                match = _MONITOR_LINE.match(str(line))
+                if match is None:
+                    continue
+                source, command, first_arg = match.groups()
+                command = command.lower()
+                if command == "echo" and first_arg in (_START, _END):
+                    if first_arg == _END:
+                        return
+                    counting = True
+                    continue
+                if counting:
+                    (self._in_scripts if source == "lua" else self._sent)[command] += 1
+
+
+async def stream_sessions(stack: Stack, sessions: int, *, aligned: bool) -> CommandCount:
+    """Open ``sessions`` stream-mode sessions on one gateway and one loopback worker, then
+    count what Redis runs while each streams :data:`CHUNKS` chunks in real time and reads
+    every echo. ``aligned``: every session sends on the same 20 ms clock (dense arrivals);
+    else their phases are spread over a chunk's period, as independent clients."""
+    gateway = stack.gateway()
+    stack.worker(slots=sessions)
+    clients = [await DuplexClient.connect(gateway.ws_url, session=STREAM_SESSION)
+               for _ in range(sessions)]
+    for client in clients:
+        await collect_until(client, "session.updated", [])
+
+    async def stream(n: int, client: DuplexClient, start: float) -> None:
+        for i in range(CHUNKS):
+            # Real-time pacing is the load itself, not a wait for a condition.
+            await asyncio.sleep(max(0.0, start + i * CHUNK_S - time.monotonic()))
+            await client.append_audio(marked_chunk(n, i))
+
+    async def read_echoes(client: DuplexClient) -> list[int]:
+        echoed: list[int] = []
+        while len(echoed) < CHUNKS:
+            event: RealtimeEvent = await next_event(client)
+            if event.type == "response.output_audio.delta":
+                echoed.append(chunk_index(event.audio))
+        return echoed
+
+    with CommandMonitor(stack.redis.url) as monitor:
+        start = time.monotonic() + 0.1
+        readers = [asyncio.create_task(read_echoes(client)) for client in clients]
+        spread = 0.0 if aligned else CHUNK_S / sessions
+        await asyncio.gather(*(stream(n, client, start + n * spread)
+                               for n, client in enumerate(clients)))
+        echoes = await asyncio.gather(*readers)
+    for echoed in echoes:
+        assert echoed == list(range(CHUNKS)), "every chunk echoed once, in order"
+    for client in clients:
+        await client.aclose()
+    return monitor.count()
+
+
+@pytest.mark.parametrize(("sessions", "aligned"), [(1, False), (10, False), (10, True)],
+                         ids=["one", "ten-independent", "ten-aligned"])
+async def test_redis_commands_per_session_second(stack: Stack, sessions: int,
+                                                 aligned: bool) -> None:
+    """What a streaming session costs Redis per session-second, fixed costs (heartbeats,
+    reaper, leases, polls) shared by the sessions of one gateway and worker included: never
+    more than SENT_UNCOALESCED sent, SENT_GOAL where chunks arrive together (one script call
+    carries many sessions), and at most IN_SCRIPTS_REACHED run inside scripts."""
+    stack.env.clear()  # the product's default timings: their fixed costs are part of the bill
+    count = await stream_sessions(stack, sessions, aligned=aligned)
+    session_seconds = sessions * CHUNKS * CHUNK_S
+    sent, in_scripts = count.per_session_second(session_seconds)
+    bill = (f"{sent:.1f} sent and {in_scripts:.1f} inside scripts per session-second;"
+            f" {count.breakdown(session_seconds)}")
+    print(f"{sessions} sessions ({'aligned' if aligned else 'independent'}): {bill}")
+    sent_bound = SENT_GOAL if aligned else SENT_UNCOALESCED
+    assert sent <= sent_bound, f"sent over {sent_bound}: {bill}"
+    assert in_scripts <= IN_SCRIPTS_REACHED, f"inside scripts over {IN_SCRIPTS_REACHED}: {bill}"
