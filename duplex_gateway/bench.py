@@ -73,20 +73,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
 import datetime
 import importlib
-import json
 import math
 import multiprocessing
 import os
 import platform
-import random
 import re
 import shutil
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
@@ -100,16 +96,22 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Final, TextIO
 
+from duplex_gateway.bench_load import ClientSpec, LoadSession, SessionLog
+from duplex_gateway.bench_spec import (
+    CHUNK_BYTES,
+    CHUNK_S,
+    DRAIN_S,
+    MAX_ERRORS,
+    OPEN_TIMEOUT_S,
+    RAMP_S,
+    BenchError,
+    Setup,
+)
+
 __all__ = ["distribution", "peer_unavailable", "run_relay_bench", "start_http_server",
            "start_worker"]
 
-CHUNK_S: Final = 0.020
-#: 20 ms of pcm16 mono at 24 kHz.
-CHUNK_BYTES: Final = 960
 WARMUP_S: Final = 1.0
-RAMP_S: Final = 1.0
-#: After the last send, returned chunks are awaited this long; later ones count as lost.
-DRAIN_S: Final = 5.0
 #: Sessions one client process drives. Measured: a client process spends 100-150 us of CPU
 #: per chunk (send plus receive, mostly the loopback send syscall), so 100 sessions (5,000
 #: chunks/s) keep it at 0.5-0.75 of a core, with room to stay on its clock.
@@ -117,40 +119,13 @@ SESSIONS_PER_CLIENT: Final = 100
 #: The default sweep: the full one.
 DEFAULT_SESSIONS: Final = (10, 25, 50, 100, 200, 400)
 DEFAULT_GATEWAYS: Final = (1, 2)
-# The project's design targets for the relay, at up to 200 real-time sessions on one machine.
-TARGET_MAX_SESSIONS: Final = 200
-TARGET_ADDED_RTT_P99_MS: Final = 4.0  # 2 ms per direction, and a round trip is two
-TARGET_CPU_RATIO: Final = 2.0  # gateway CPU per chunk, as a multiple of the bare echo's
-TARGET_REDIS_PER_SESSION_S: Final = 30.0  # commands sent per second of one streaming session
-TARGET_REDIS_IN_SCRIPTS_PER_SESSION_S: Final = 150.0
-TARGET_REDIS_US_PER_CHUNK: Final = 30.0
-#: Redis memory per attached, streaming session, steady state.
-TARGET_SESSION_MEMORY_KIB: Final = 256.0
-#: Printed under the table: what the target column is and what its verdicts mean.
-TARGETS_NOTE: Final = (
-    "target: the project's design targets for the relay, at up to 200 real-time sessions on one "
-    "machine.\n"
-    "  met: this run's figure is within its target. MISSED: above it, on this machine at this\n"
-    "  load (a finding, not a failure: the exit status reports lost chunks only). n/a: not\n"
-    "  measured, or the run lost chunks, so its figures are not comparable.")
 #: Why the peer is missing from a run, in the table and the JSON.
 PEER_SKIPPED: Final = "python-socketio not installed"
 
-_OPEN_TIMEOUT_S: Final = 10.0
 _START_TIMEOUT_S: Final = 30.0
 _STOP_TIMEOUT_S: Final = 10.0
-_MARK: Final = struct.Struct("<II")
-# Random, not silent: permessage-deflate is negotiated, and real audio compresses poorly.
-_FILL: Final = random.Random(20).randbytes(CHUNK_BYTES - _MARK.size)
-_SESSION_UPDATE: Final = json.dumps(
-    {"type": "session.update",
-     "session": {"type": "realtime", "extra_body": {"loopback_mode": "stream"}}})
-_CLOSE: Final = json.dumps({"type": "session.close"})
-_MAX_ERRORS: Final = 5
 # Read commands that the gateway and worker send themselves as well as from scripts.
 _ALSO_DIRECT: Final = frozenset({"xrange", "smembers", "zrangebyscore"})
-class BenchError(Exception):
-    """The benchmark could not run (a process did not start, a client failed)."""
 
 
 # ============================================================================ arguments and paths
@@ -260,234 +235,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="length of each point in seconds, the first one warm-up "
                              "(default: %(default)s)")
     parser.add_argument("--output", help=output_help("relay", plot="its two plots next to it; "))
-
-
-# ============================================================================ frames
-
-
-def _audio(session: int, chunk: int) -> bytes:
-    """The chunk's pcm16 bytes: its marker, then the shared fill."""
-    return _MARK.pack(session, chunk) + _FILL
-
-
-def _append_frame(session: int, chunk: int) -> str:
-    """The ``input_audio_buffer.append`` text frame of one chunk (client_seq from 1)."""
-    b64 = base64.b64encode(_audio(session, chunk)).decode("ascii")
-    return ('{"type":"input_audio_buffer.append","audio":"' + b64
-            + '","client_seq":' + str(chunk + 1) + "}")
-
-
-def append_message(session: int, chunk: int) -> dict[str, Any]:
-    """The same append as a mapping: the payload of the peer's ``audio`` event."""
-    return {"type": "input_audio_buffer.append",
-            "audio": base64.b64encode(_audio(session, chunk)).decode("ascii"),
-            "client_seq": chunk + 1}
-
-
-def _returned_audio(data: dict[str, Any]) -> str | None:
-    """The base64 audio a returned frame carries: a gateway delta or an echoed append."""
-    kind = data.get("type")
-    if kind == "response.output_audio.delta":
-        return data.get("delta")
-    if kind == "input_audio_buffer.append":
-        return data.get("audio")
-    return None
-
-
-# ============================================================================ client side
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClientSpec:
-    """What one client process drives in one point."""
-
-    urls: tuple[str, ...]  # session i connects to urls[i % len(urls)]
-    mode: str  # "echo", "peer" or "gateway"
-    indices: tuple[int, ...]
-    sessions: int
-    seconds: float
-    compression: bool
-
-
-@dataclass(slots=True)
-class SessionLog:
-    """What one session saw; times are ``time.monotonic()`` seconds."""
-
-    index: int
-    open_s: float | None = None
-    sent: list[float] = field(default_factory=list)
-    lag: list[float] = field(default_factory=list)  # send time minus due time
-    received: dict[int, float] = field(default_factory=dict)
-    duplicates: int = 0
-    corrupt: int = 0
-    misrouted: int = 0
-    disconnected: bool = False
-    errors: list[str] = field(default_factory=list)
-
-    def error(self, text: str) -> None:
-        """Keep the first few errors."""
-        if len(self.errors) < _MAX_ERRORS:
-            self.errors.append(text[:300])
-
-
-class LoadSession:
-    """One streaming session over a plain websocket (echo and gateway): connect, stream on an
-    absolute clock, await the returns. :class:`duplex_gateway.bench_peer.PeerSession` changes
-    only the transport."""
-
-    def __init__(self, index: int, spec: ClientSpec, t0: float) -> None:
-        self.log = SessionLog(index)
-        self._spec = spec
-        self._url = spec.urls[index % len(spec.urls)]
-        self._start = t0 + RAMP_S * index / spec.sessions
-        # Send phases spread evenly over the 20 ms period, as independent clients' would be;
-        # the ramp alone would line every session up on the same phase (bursts).
-        self._phase = t0 + CHUNK_S * index / spec.sessions
-        self._end = t0 + spec.seconds
-        self._ws: Any = None
-        self._reader: asyncio.Task[None] | None = None
-        self._outstanding = 0
-        self._sending = True
-        self._settled = asyncio.Event()  # every sent chunk is back, or the reader ended
-
-    async def run(self) -> None:
-        """Open, stream until the common end time, then wait for the last returns."""
-        await _sleep_until(self._start)
-        try:
-            began = time.monotonic()
-            await self._open()
-            self.log.open_s = time.monotonic() - began
-        except Exception as exc:  # any failure to open is a result, not a crash
-            self.log.error(f"open: {exc!r}")
-            return
-        await self._stream()
-        self._sending = False
-        if self._outstanding > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._settled.wait(), self._end + DRAIN_S
-                                       - time.monotonic())
-
-    async def _open(self) -> None:
-        from websockets.asyncio.client import connect
-
-        self._ws = await connect(self._url, max_size=None, open_timeout=_OPEN_TIMEOUT_S,
-                                 compression="deflate" if self._spec.compression else None)
-        await self._ws.send(_SESSION_UPDATE)
-        # The gateway answers session.created, then the worker's session.updated (stream
-        # mode is on); the echo returns the update itself.
-        wanted = "session.updated" if self._spec.mode == "gateway" else "session.update"
-        while True:
-            raw = await asyncio.wait_for(self._ws.recv(), _OPEN_TIMEOUT_S)
-            data = json.loads(raw)
-            if data.get("type") == wanted:
-                break
-            if data.get("type") == "error":
-                raise BenchError(f"open refused: {raw}")
-        self._reader = asyncio.create_task(self._read())
-
-    async def _send(self, chunk: int) -> bool:
-        """Send one chunk; False once the connection is gone."""
-        from websockets.exceptions import ConnectionClosed
-
-        try:
-            await self._ws.send(_append_frame(self.log.index, chunk))
-        except ConnectionClosed as exc:
-            self.log.error(f"send: {exc!r}")
-            return False
-        return True
-
-    async def _stream(self) -> None:
-        late = max(0.0, time.monotonic() - self._phase)
-        begin = self._phase + math.ceil(late / CHUNK_S) * CHUNK_S  # next slot of this phase
-        chunk = 0
-        while (due := begin + chunk * CHUNK_S) < self._end:
-            delay = due - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            sent = time.monotonic()
-            self.log.sent.append(sent)
-            self.log.lag.append(sent - due)
-            self._outstanding += 1
-            if not await self._send(chunk):
-                return
-            chunk += 1
-
-    async def _read(self) -> None:
-        from websockets.exceptions import ConnectionClosed
-
-        try:
-            async for message in self._ws:
-                self._on_frame(message, time.monotonic())
-        except ConnectionClosed as exc:
-            if self._sending or self._outstanding:
-                self.log.error(f"recv: {exc!r}")
-        self._on_disconnect()
-
-    def _on_disconnect(self) -> None:
-        self.log.disconnected = self._sending or self._outstanding > 0
-        self._settled.set()
-
-    def _on_frame(self, message: str | bytes, now: float) -> None:
-        try:
-            data = json.loads(message)
-        except ValueError as exc:
-            self.log.corrupt += 1  # not JSON
-            self.log.error(f"bad frame: {exc!r}")
-            return
-        self._on_data(data, now)
-
-    def _on_data(self, data: Any, now: float) -> None:
-        """Match one returned message to its chunk."""
-        try:
-            b64 = _returned_audio(data)
-            audio = base64.b64decode(b64) if b64 is not None else None
-            session, chunk = _MARK.unpack_from(audio) if audio is not None else (0, 0)
-        except (ValueError, TypeError, AttributeError, struct.error) as exc:
-            self.log.corrupt += 1  # audio that is not ours
-            self.log.error(f"bad frame: {exc!r}")
-            return
-        if audio is None:
-            if data.get("type") == "error":
-                self.log.error(json.dumps(data.get("error")))
-            return
-        if session != self.log.index or chunk >= len(self.log.sent):
-            self.log.misrouted += 1
-        elif chunk in self.log.received:
-            self.log.duplicates += 1
-        else:
-            self.log.received[chunk] = now
-            self.log.corrupt += audio[_MARK.size:] != _FILL
-            self._outstanding -= 1
-            if self._outstanding == 0 and not self._sending:
-                self._settled.set()
-
-    def _stop_counting(self) -> None:
-        """Closing: what comes back (or fails) from now on is no longer a result."""
-        self._sending = False
-        self._outstanding = 0
-
-    async def close(self) -> None:
-        """End the session (``session.close`` on the gateway) and close the socket."""
-        if self._ws is None:
-            return
-        self._stop_counting()
-        with contextlib.suppress(Exception):
-            if self._spec.mode == "gateway":
-                await self._ws.send(_CLOSE)
-                if self._reader is not None:
-                    # The gateway closes the socket after session.closed.
-                    await asyncio.wait_for(asyncio.shield(self._reader), 3.0)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._ws.close(), 3.0)
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
-
-
-async def _sleep_until(when: float) -> None:
-    delay = when - time.monotonic()
-    if delay > 0:
-        await asyncio.sleep(delay)
 
 
 def _session_class(mode: str) -> type[LoadSession]:
@@ -873,7 +620,7 @@ def _summarize(target: _Target, logs: Sequence[SessionLog], t0: float, seconds: 
                window: _Window) -> dict[str, Any]:
     since = t0 + WARMUP_S
     trips, measured = _round_trips(logs, since)
-    errors = [e for log in logs for e in log.errors][:_MAX_ERRORS]
+    errors = [e for log in logs for e in log.errors][:MAX_ERRORS]
     opens = [log.open_s for log in logs if log.open_s is not None]
     lags = [lag for log in logs for sent, lag in zip(log.sent, log.lag, strict=True)
             if sent >= since]
@@ -907,22 +654,6 @@ def lossless(point: dict[str, Any]) -> bool:
 
 
 # ============================================================================ setups
-
-
-@dataclass(frozen=True, slots=True)
-class Setup:
-    """One series of the sweep: ``echo``, ``peer`` or ``project``, with its server count."""
-
-    name: str
-    gateways: int
-
-    @property
-    def label(self) -> str:
-        """How the table and the plots name it."""
-        if self.name == "echo":
-            return "echo"
-        noun = "gateway" if self.name == "project" else "server"
-        return f"{self.name} ({self.gateways} {noun}{'s' if self.gateways > 1 else ''})"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -1078,7 +809,7 @@ class _ClientPool:
         for conn in self.conns:
             conn.send("close")
         for conn in self.conns:
-            _receive(conn, _STOP_TIMEOUT_S + 2 * _OPEN_TIMEOUT_S, "close")
+            _receive(conn, _STOP_TIMEOUT_S + 2 * OPEN_TIMEOUT_S, "close")
 
     def stop(self) -> None:
         """End every client process (each then exits on its own)."""
@@ -1122,7 +853,7 @@ def _run_point(pool: _ClientPool, target: _Target, sessions: int, seconds: float
         time.sleep(max(0.0, t0 + WARMUP_S - time.monotonic()))  # the warm-up: nothing to poll
         began = time.monotonic()
         window = _Window(_cpu_snapshot(pids), probe.counters(), machine_before=_machine_ticks())
-        logs = pool.results(t0 + seconds + DRAIN_S + 2 * _OPEN_TIMEOUT_S + 10)
+        logs = pool.results(t0 + seconds + DRAIN_S + 2 * OPEN_TIMEOUT_S + 10)
         window.cpu_after = _cpu_snapshot(pids)
         window.machine_after = _machine_ticks()
         window.redis_after = probe.counters()

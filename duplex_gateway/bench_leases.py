@@ -52,7 +52,6 @@ from typing import TYPE_CHECKING, Any, Final
 # From the relay bench's harness also: its readers of a process's CPU time and of the
 # machine's busy ticks, and SIGTERM turned into KeyboardInterrupt (so every process stops).
 from duplex_gateway.bench import (
-    BenchError,
     _cpu_seconds,
     _machine_ticks,
     _sigterm_as_interrupt,
@@ -64,6 +63,7 @@ from duplex_gateway.bench import (
     start_http_server,
     start_worker,
 )
+from duplex_gateway.bench_spec import BenchError
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis

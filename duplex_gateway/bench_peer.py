@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from duplex_gateway.bench import LoadSession, append_message
+from duplex_gateway.bench_load import LoadSession, append_message
 from gateway.settings import GatewaySettings
 
 __all__ = ["EVENT", "PeerSession", "create_peer_app", "main"]

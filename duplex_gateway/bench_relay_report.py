@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from duplex_gateway.bench import (
+from duplex_gateway.bench_spec import (
     CHUNK_S,
     TARGET_ADDED_RTT_P99_MS,
     TARGET_CPU_RATIO,

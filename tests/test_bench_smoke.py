@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from duplex_gateway.bench import PEER_SKIPPED, TARGETS_NOTE, Progress, run_relay_bench
+from duplex_gateway.bench import PEER_SKIPPED, Progress, run_relay_bench
+from duplex_gateway.bench_spec import TARGETS_NOTE
 
 pytestmark = pytest.mark.e2e
 

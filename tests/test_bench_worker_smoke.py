@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
+import threading
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 
 from duplex_gateway import gpu_check
+from duplex_gateway.bench_stack import read_process_cpu
 from duplex_gateway.bench_worker import largest_batch_within
 from duplex_gateway.cli import main
 
@@ -23,10 +27,12 @@ def test_bench_worker_fake_writes_table_and_json(tmp_path: Path,
     with pytest.raises(SystemExit) as done:
         main(["bench", "worker", "--backend", "fake", "--batch", "4,1,2", "--steps", "3",
               "--warmup", "1", "--backend-options", "per_slot_ms=0.5",
-              "--output", str(output)])
+              "--relay-seconds", "0", "--output", str(output)])
     assert done.value.code == 0
     result = json.loads(output.read_text())
     assert result["backend"] == "fake" and result["frame_ms"] == 80.0
+    assert result["relay"]["skipped"] == "--relay-seconds 0" and result["relay"]["rows"] == []
+    assert not output.with_name(f"{output.stem}-relay.svg").exists()
     rows = result["rows"]
     assert [row["batch"] for row in rows] == [1, 2, 4]
     assert rows[0]["ratio_vs_b1"] == 1.0
@@ -38,6 +44,76 @@ def test_bench_worker_fake_writes_table_and_json(tmp_path: Path,
     chart = ET.parse(output.with_suffix(".svg")).getroot()
     titles = [t.text for t in chart.iter("{http://www.w3.org/2000/svg}title")]
     assert titles == ["fake p50", "fake p99"]
+
+
+@pytest.mark.timeout(180)
+def test_bench_worker_relay_phase_reports_relay_and_model_cpu_per_batch(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With a relay phase, every batch size's row has the worker's CPU split into relay (the
+    event-loop thread) and model, per session-second and per chunk, next to the step phase's
+    step time, from B sessions that all opened and got the fake's echoed frames back."""
+    output = tmp_path / "worker.json"
+    with pytest.raises(SystemExit) as done:
+        main(["bench", "worker", "--backend", "fake", "--batch", "1,2", "--steps", "3",
+              "--warmup", "1", "--backend-options", "per_slot_ms=0.5",
+              "--relay-seconds", "2.5", "--output", str(output)])
+    assert done.value.code == 0
+    relay = json.loads(output.read_text())["relay"]
+    assert relay["skipped"] is None and relay["seconds"] == 2.5 and "main thread" in relay["method"]
+    assert [row["batch"] for row in relay["rows"]] == [1, 2]
+    for row in relay["rows"]:
+        assert (row["sessions_opened"], row["sessions_failed"]) == (row["batch"], 0), row
+        assert row["chunks"] > 0 and row["output_deltas"] > 0 and row["errors"] == []
+        assert row["relay_cpu_s"] > 0 and row["relay_us_per_chunk"] > 0
+        assert row["relay_ms_per_session_s"] > 0 and row["model_ms_per_session_s"] is not None
+        assert row["relay_cpu_s"] + row["model_cpu_s"] == pytest.approx(row["worker_cpu_s"],
+                                                                         abs=1e-3)
+        assert row["step_ms_per_session_s"] >= 0.5 * 1000 / 80  # 0.5 ms a slot, 80 ms frames
+        assert row["clients"] == 1 and len(row["threads"]) >= 1
+    printed = capsys.readouterr().out
+    assert "relay us/chunk" in printed and "relay plot:" in printed
+    chart = ET.parse(output.with_name(f"{output.stem}-relay.svg")).getroot()
+    titles = [t.text for t in chart.iter("{http://www.w3.org/2000/svg}title")]
+    assert titles == ["relay (event loop)", "model threads", "model step (step phase)"]
+
+
+@pytest.mark.parametrize("value", ["0.5", "1", "-2", "nan", "soon"])
+def test_relay_seconds_refuses_what_cannot_measure(value: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """--relay-seconds takes 0 or more than the warm-up; anything else is argparse's usage
+    error (exit 2), naming the flag."""
+    with pytest.raises(SystemExit) as done:
+        main(["bench", "worker", "--relay-seconds", value])
+    assert done.value.code == 2
+    assert "--relay-seconds" in capsys.readouterr().err
+
+
+def test_process_cpu_is_split_by_thread() -> None:
+    """A thread's CPU is counted under its own thread id, not the main thread's, and the
+    process total covers both."""
+    before = read_process_cpu(os.getpid())
+    native: list[int] = []
+    spun, release = threading.Event(), threading.Event()
+
+    def spin() -> None:
+        native.append(threading.get_native_id())
+        while time.thread_time() < 0.2:  # CPU this thread itself spent, not wall time
+            pass
+        spun.set()
+        release.wait()  # stay alive until read: an ended thread leaves /proc/<pid>/task
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        assert spun.wait(30)
+        after = read_process_cpu(os.getpid())
+    finally:
+        release.set()
+        spinner.join()
+    thread_spent = after.by_thread[native[0]]
+    main_spent = after.by_thread[os.getpid()] - before.by_thread[os.getpid()]
+    assert thread_spent > main_spent
+    assert after.total_s - before.total_s >= thread_spent - 0.02  # a tick of rounding
 
 
 @pytest.mark.parametrize(("threshold", "start"), [(37, 1), (37, 16), (64, 1), (0, 1), (1, 16),

@@ -152,7 +152,7 @@ def test_bench_worker_keeps_every_run_under_bench_results(tmp_path: Path) -> Non
     """Without --output, two runs write two timestamped JSON files (and plots) under
     ./bench-results/ and each prints where it wrote; neither overwrites the other."""
     command = [sys.executable, "-m", "duplex_gateway", "bench", "worker", "--backend", "fake",
-               "--batch", "1,2", "--steps", "2", "--warmup", "0"]
+               "--batch", "1,2", "--steps", "2", "--warmup", "0", "--relay-seconds", "0"]
     printed = []
     for _ in range(2):
         done = subprocess.run(command, cwd=tmp_path, env=_clean_env(), capture_output=True,

@@ -1,0 +1,64 @@
+"""The relay benchmark's fixed figures: its chunk, its timings, the design targets it
+compares with, the setups it sweeps, and its error.
+
+Shared by :mod:`duplex_gateway.bench` (the sweep), :mod:`duplex_gateway.bench_load` (the load
+sessions), :mod:`duplex_gateway.bench_peer` and :mod:`duplex_gateway.bench_relay_report`, so
+none of those needs another one's internals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["CHUNK_BYTES", "CHUNK_S", "DRAIN_S", "MAX_ERRORS", "OPEN_TIMEOUT_S", "RAMP_S",
+           "TARGETS_NOTE", "TARGET_ADDED_RTT_P99_MS", "TARGET_CPU_RATIO", "TARGET_MAX_SESSIONS",
+           "TARGET_REDIS_IN_SCRIPTS_PER_SESSION_S", "TARGET_REDIS_PER_SESSION_S",
+           "TARGET_REDIS_US_PER_CHUNK", "TARGET_SESSION_MEMORY_KIB", "BenchError", "Setup"]
+
+CHUNK_S: Final = 0.020
+#: 20 ms of pcm16 mono at 24 kHz.
+CHUNK_BYTES: Final = 960
+RAMP_S: Final = 1.0
+#: After the last send, returned chunks are awaited this long; later ones count as lost.
+DRAIN_S: Final = 5.0
+OPEN_TIMEOUT_S: Final = 10.0
+#: Client errors kept per point, for the report.
+MAX_ERRORS: Final = 5
+
+# The project's design targets for the relay, at up to 200 real-time sessions on one machine.
+TARGET_MAX_SESSIONS: Final = 200
+TARGET_ADDED_RTT_P99_MS: Final = 4.0  # 2 ms per direction, and a round trip is two
+TARGET_CPU_RATIO: Final = 2.0  # gateway CPU per chunk, as a multiple of the bare echo's
+TARGET_REDIS_PER_SESSION_S: Final = 30.0  # commands sent per second of one streaming session
+TARGET_REDIS_IN_SCRIPTS_PER_SESSION_S: Final = 150.0
+TARGET_REDIS_US_PER_CHUNK: Final = 30.0
+#: Redis memory per attached, streaming session, steady state.
+TARGET_SESSION_MEMORY_KIB: Final = 256.0
+#: Printed under the table: what the target column is and what its verdicts mean.
+TARGETS_NOTE: Final = (
+    "target: the project's design targets for the relay, at up to 200 real-time sessions on one "
+    "machine.\n"
+    "  met: this run's figure is within its target. MISSED: above it, on this machine at this\n"
+    "  load (a finding, not a failure: the exit status reports lost chunks only). n/a: not\n"
+    "  measured, or the run lost chunks, so its figures are not comparable.")
+
+
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """One series of the sweep: ``echo``, ``peer`` or ``project``, with its server count."""
+
+    name: str
+    gateways: int
+
+    @property
+    def label(self) -> str:
+        """How the table and the plots name it."""
+        if self.name == "echo":
+            return "echo"
+        noun = "gateway" if self.name == "project" else "server"
+        return f"{self.name} ({self.gateways} {noun}{'s' if self.gateways > 1 else ''})"
+
+
+class BenchError(Exception):
+    """The benchmark could not run (a process did not start, a client failed)."""
