@@ -303,7 +303,7 @@ def _spawn(name: str, module_args: list[str], log_dir: Path) -> _Server:
     return _Server(name, process, log_path)
 
 
-def _stop(process: subprocess.Popen[bytes]) -> None:
+def stop_process(process: subprocess.Popen[bytes]) -> None:
     """SIGTERM, then SIGKILL after :data:`_STOP_TIMEOUT_S`."""
     if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
@@ -337,7 +337,7 @@ def _http_ok(url: str) -> bool:
 def start_http_server(stack: contextlib.ExitStack, name: str, module_args: list[str],
                        port: int, log_dir: Path) -> _Server:
     server = _spawn(name, module_args, log_dir)
-    stack.callback(_stop, server.process)
+    stack.callback(stop_process, server.process)
     _wait_until(lambda: _http_ok(f"http://127.0.0.1:{port}/readyz"), server, f"{name} ready")
     return server
 
@@ -351,7 +351,7 @@ def start_worker(stack: contextlib.ExitStack, redis_url: str, slots: int,
     server = _spawn("worker", ["duplex_gateway", "--log-level", "warning", "worker",
                                "--redis-url", redis_url, "--backend", "loopback",
                                "--slots", str(slots)], log_dir)
-    stack.callback(_stop, server.process)
+    stack.callback(stop_process, server.process)
     client = Redis.from_url(redis_url)
     try:
         _wait_until(lambda: bool(client.zcard(WORKER_DIRECTORY)), server, "worker registration")

@@ -22,7 +22,6 @@ import math
 import multiprocessing
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Final
 
-from duplex_gateway.bench import start_http_server
+from duplex_gateway.bench import start_http_server, stop_process
 from duplex_gateway.bench_spec import CHUNK_BYTES, CHUNK_S
 
 __all__ = ["ClientRun", "ProcessCpu", "StreamResult", "StreamSpec", "WorkerCommand",
@@ -92,18 +91,6 @@ def read_process_cpu(pid: int) -> ProcessCpu:
 def _server_env() -> dict[str, str]:
     """Defaults, not the caller's ``DUPLEX_GATEWAY_*``: the figures must not depend on them."""
     return {k: v for k, v in os.environ.items() if not k.startswith("DUPLEX_GATEWAY_")}
-
-
-def _stop_process(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL if it has not exited in time."""
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=_STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 def start_redis(stack: contextlib.ExitStack) -> str:
@@ -171,7 +158,7 @@ def start_frame_worker(stack: contextlib.ExitStack, redis_url: str, command: Wor
         process = subprocess.Popen([sys.executable, "-m", *command.arguments(redis_url)],
                                    env=_server_env(), stdin=subprocess.DEVNULL, stdout=out,
                                    stderr=subprocess.STDOUT, start_new_session=True)
-    stack.callback(_stop_process, process)
+    stack.callback(stop_process, process)
     _worker_registered(redis_url, process, log)
     return process.pid
 

@@ -64,12 +64,9 @@ def gateway_server_options(settings: GatewaySettings) -> dict[str, Any]:
     from gateway.wsprotocol import GatewayWebSocketProtocol
 
     return {
-        # asyncio's loop, though uvloop is installed (uvicorn's "auto" would take it): under
-        # uvloop a client whose oversize frame the gateway refuses sometimes sees the socket
-        # reset (close 1006) instead of event_too_large and 1009, the refused frame's unread
-        # bytes turning the close into a RST (tests/e2e/test_fuzz_live.py). The worker runs on
-        # uvloop; the gateway takes it once its protocol drains a refused frame before closing.
-        "loop": "asyncio",
+        # uvloop where installed (a base dependency; a third less CPU per frame for the bare
+        # echo, docs/performance.md), else asyncio's own loop.
+        "loop": "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio",
         "ws": GatewayWebSocketProtocol,
         # The limit itself: the gateway's websocket protocol answers a larger message with
         # event_too_large, then close 1009 (gateway/wsprotocol.py).
