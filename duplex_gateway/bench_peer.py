@@ -71,8 +71,14 @@ class PeerSession(LoadSession):
     """One load session on the peer: a python-socketio ``AsyncClient`` over a websocket (no
     long-polling), streaming and matching chunks exactly as :class:`LoadSession` does."""
 
+    _http: Any = None
+
     async def _open(self) -> None:
-        client = _socketio().AsyncClient(reconnection=False)
+        # The client's own aiohttp session is left open when a disconnect does not finish
+        # (aiohttp then warns "Unclosed client session" per session at exit): this one is
+        # closed by close() whatever the disconnect did.
+        self._http = importlib.import_module("aiohttp").ClientSession()
+        client = _socketio().AsyncClient(reconnection=False, http_session=self._http)
         client.on(EVENT, self._on_event)
         client.on("disconnect", self._on_peer_disconnect)
         await asyncio.wait_for(client.connect(self._url, transports=["websocket"],
@@ -95,11 +101,14 @@ class PeerSession(LoadSession):
 
     async def close(self) -> None:
         """Disconnect (the peer keeps nothing to end)."""
-        if self._ws is None:
-            return
-        self._stop_counting()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._ws.disconnect(), _CLOSE_TIMEOUT_S)
+        try:
+            if self._ws is not None:
+                self._stop_counting()
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._ws.disconnect(), _CLOSE_TIMEOUT_S)
+        finally:
+            if self._http is not None:
+                await self._http.close()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

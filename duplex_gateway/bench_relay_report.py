@@ -7,12 +7,15 @@ I/O-free but for :func:`write`; :mod:`duplex_gateway.bench` measures, this modul
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 from duplex_gateway.bench_spec import (
     CHUNK_S,
+    SCALE_SESSIONS,
+    SHARD_COMMANDS_PER_S,
     TARGET_ADDED_RTT_P99_MS,
     TARGET_CPU_RATIO,
     TARGET_MAX_SESSIONS,
@@ -44,6 +47,12 @@ METHOD: Final = {
                  f"every server process below one core; the most sessions a setup holds is "
                  f"the largest swept count at which it and every smaller count kept up",
     "cpu_us_per_chunk": "CPU seconds of the processes over the window / chunks relayed in it",
+    "scale_on_paper": f"DESIGN §5's arithmetic with the point's measured costs: "
+                      f"{SCALE_SESSIONS:,} sessions each relaying {1 / CHUNK_S:g} chunks a "
+                      f"second both ways at the point's CPU per chunk (cores: CPU-seconds a "
+                      f"second), commands and memory per session; shards: one Redis core each, "
+                      f"at most {SHARD_COMMANDS_PER_S:,} commands a second, whichever needs "
+                      f"more",
 }
 
 _LAG_WARNING_MS: Final = 10.0
@@ -129,6 +138,34 @@ def _targets(point: dict[str, Any], echo: dict[str, Any] | None,
             for name, (value, target, other) in values.items()}
 
 
+def _scale_on_paper(point: dict[str, Any]) -> dict[str, Any]:
+    """What :data:`SCALE_SESSIONS` streaming sessions would take if each cost what one cost
+    at this point: DESIGN §5's scale on paper, from measured figures instead of targets."""
+    chunks_per_s = SCALE_SESSIONS / CHUNK_S
+
+    def cores(us_per_chunk: float | None) -> float | None:
+        return None if us_per_chunk is None else us_per_chunk * chunks_per_s / 1e6
+
+    tiers, redis = point["cpu_us_per_chunk"], point["redis"] or {}
+    sent, in_scripts = redis.get("per_session_second"), redis.get("in_scripts_per_session_second")
+    memory = (point["redis_memory_per_session"] or {}).get("mean_kib")
+    redis_cores = cores(tiers["redis"])
+    sent_per_s = None if sent is None else sent * SCALE_SESSIONS
+    shards = [math.ceil(n) for n in (redis_cores, None if sent_per_s is None
+                                     else sent_per_s / SHARD_COMMANDS_PER_S) if n is not None]
+    return {
+        "sessions": SCALE_SESSIONS,
+        "websocket_server_cores": cores(tiers["websocket_servers"]),
+        "worker_relay_cores": cores(tiers["worker"]),
+        "redis_cores": redis_cores,
+        "redis_commands_sent_per_s": sent_per_s,
+        "redis_commands_in_scripts_per_s": (None if in_scripts is None
+                                            else in_scripts * SCALE_SESSIONS),
+        "redis_shards": max(shards) if shards else None,
+        "redis_memory_gib": None if memory is None else memory * SCALE_SESSIONS / 2**20,
+    }
+
+
 def _most_real_time(points: Sequence[dict[str, Any]]) -> int | None:
     """The largest swept count at which the setup, and every smaller count, kept up."""
     held = None
@@ -157,6 +194,7 @@ def build(config: dict[str, Any], points: list[dict[str, Any]],
         _added_latency(point, echo)
         reasons = _why_not_real_time(point)
         point["real_time"] = {"keeps_up": not reasons, "why_not": reasons}
+        point["scale_on_paper"] = _scale_on_paper(point)
         if point["setup"] == "project":
             point["targets"] = _targets(point, echo,
                                         peer_at.get((point["gateways"], point["sessions"])))
@@ -280,6 +318,32 @@ _TARGET_COLUMNS: Final = (
 )
 
 
+_SCALE_COLUMNS: Final[tuple[tuple[str, str, int], ...]] = (
+    ("ws cores", "websocket_server_cores", 0),
+    ("worker relay cores", "worker_relay_cores", 0),
+    ("redis cores", "redis_cores", 0),
+    ("M cmd/s sent", "redis_commands_sent_per_s", 1),
+    ("M cmd/s in scripts", "redis_commands_in_scripts_per_s", 1),
+    ("shards", "redis_shards", 0),
+    ("redis GiB", "redis_memory_gib", 0),
+)
+
+
+def _scale_rows(points: Sequence[dict[str, Any]]) -> list[list[str]]:
+    rows = [[f"{SCALE_SESSIONS:,} sessions at the costs of", *(t for t, _, _ in _SCALE_COLUMNS)]]
+    for point in points:
+        scale = point["scale_on_paper"]
+        cells = []
+        for _, key, digits in _SCALE_COLUMNS:
+            value = scale[key]
+            if value is not None and key.endswith("_per_s"):
+                value /= 1e6
+            cells.append(_fmt(value, digits))
+        rows.append([f"{Setup(point['setup'], point['gateways']).label}, {point['sessions']}",
+                     *cells])
+    return rows
+
+
 def _grid(rows: Sequence[Sequence[str]]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join([row[0].ljust(widths[0])]
@@ -318,6 +382,10 @@ def format_table(report: dict[str, Any]) -> str:
     if project:
         lines += _grid(_target_rows(project))
     lines.append(TARGETS_NOTE)
+    relays = [p for p in points if p["setup"] != "echo"]
+    if relays:
+        lines += _grid(_scale_rows(relays))
+        lines.append(f"scale on paper: {METHOD['scale_on_paper']}")
     lines += [f"warning: {note}" for note in report["warnings"]]
     return "\n".join(lines)
 

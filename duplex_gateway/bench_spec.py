@@ -11,10 +11,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final
 
-__all__ = ["CHUNK_BYTES", "CHUNK_S", "DRAIN_S", "MAX_ERRORS", "OPEN_TIMEOUT_S", "RAMP_S",
-           "TARGETS_NOTE", "TARGET_ADDED_RTT_P99_MS", "TARGET_CPU_RATIO", "TARGET_MAX_SESSIONS",
-           "TARGET_REDIS_IN_SCRIPTS_PER_SESSION_S", "TARGET_REDIS_PER_SESSION_S",
-           "TARGET_REDIS_US_PER_CHUNK", "TARGET_SESSION_MEMORY_KIB", "BenchError", "Setup"]
+__all__ = [
+    "CHUNK_BYTES",
+    "CHUNK_S",
+    "DRAIN_S",
+    "MAX_ERRORS",
+    "OPEN_TIMEOUT_S",
+    "RAMP_S",
+    "SCALE_SESSIONS",
+    "SHARD_COMMANDS_PER_S",
+    "TARGETS_NOTE",
+    "TARGET_ADDED_RTT_P99_MS",
+    "TARGET_CPU_RATIO",
+    "TARGET_MAX_SESSIONS",
+    "TARGET_REDIS_IN_SCRIPTS_PER_SESSION_S",
+    "TARGET_REDIS_PER_SESSION_S",
+    "TARGET_REDIS_US_PER_CHUNK",
+    "TARGET_SESSION_MEMORY_KIB",
+    "BenchError",
+    "Setup",
+]
 
 CHUNK_S: Final = 0.020
 #: 20 ms of pcm16 mono at 24 kHz.
@@ -35,6 +51,10 @@ TARGET_REDIS_IN_SCRIPTS_PER_SESSION_S: Final = 150.0
 TARGET_REDIS_US_PER_CHUNK: Final = 30.0
 #: Redis memory per attached, streaming session, steady state.
 TARGET_SESSION_MEMORY_KIB: Final = 256.0
+#: DESIGN §5's scale on paper: this many concurrent streaming sessions...
+SCALE_SESSIONS: Final = 100_000
+#: ...on Redis shards that each run this many commands a second (pipelined), one core each.
+SHARD_COMMANDS_PER_S: Final = 200_000
 #: Printed under the table: what the target column is and what its verdicts mean.
 TARGETS_NOTE: Final = (
     "target: the project's design targets for the relay, at up to 200 real-time sessions on one "

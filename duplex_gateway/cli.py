@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import importlib
 import importlib.util
 import logging
 import os
@@ -163,8 +164,10 @@ def _source(field_name: str, flag_value: object) -> str:
     return "--" + field_name.replace("_", "-") if flag_value is not None else env_name(field_name)
 
 
-# How long `dev` waits for its gateway and worker to serve, and how often it looks.
+# How long `dev` waits for its gateway and worker to serve, and how often it looks. A worker
+# of a model backend loads its weights before it registers, which takes longer.
 _DEV_START_TIMEOUT_S = 60.0
+_DEV_MODEL_START_TIMEOUT_S = 180.0
 _DEV_POLL_S = 0.05
 _STDERR_FD = 2  # the descriptor itself: sys.stderr may be a stand-in without one
 
@@ -198,11 +201,12 @@ async def _worker_listed(redis_url: str, starting: Callable[[], bool]) -> bool:
         await client.aclose()
 
 
-def _await_serving(gateway_http: str, redis_url: str, running: Callable[[], bool]) -> bool:
+def _await_serving(gateway_http: str, redis_url: str, running: Callable[[], bool], *,
+                   timeout_s: float = _DEV_START_TIMEOUT_S) -> bool:
     """Wait until the stack can place a session: a worker is registered and the gateway
     answers /readyz 200. False if ``running`` turns false (a signal, a dead child) or the
-    start takes too long."""
-    deadline = time.monotonic() + _DEV_START_TIMEOUT_S
+    start takes longer than ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
 
     def starting() -> bool:
         return running() and time.monotonic() < deadline
@@ -223,9 +227,13 @@ def _dev(args: argparse.Namespace) -> int:
     must not meet a gateway that is not listening yet, or resource_exhausted because the
     worker has not registered.
     """
+    from inference_worker.backends.cascade_models import missing_cascade_package
+
+    missing = missing_cascade_package()
+    backend, note = _dev_backend(args, missing)
     server = start_server("auto")
     try:  # the children's settings, checked here: a mistake is one line, not "did not start"
-        gateway, worker = _dev_settings(args, server.url)
+        gateway, worker = _dev_settings(args, server.url, backend, missing)
     except SettingsError:
         server.stop()
         raise
@@ -235,17 +243,23 @@ def _dev(args: argparse.Namespace) -> int:
     except SettingsError:
         server.stop()
         raise
+    if note is not None:  # once nothing can refuse to start: a refusal stays one line
+        print(note, file=sys.stderr, flush=True)
     python = [sys.executable, "-m", "duplex_gateway"]
     # The children log to our stderr (uvicorn writes its access log to stdout), so our stdout
     # carries the URL line alone, for a script to wait on. They log as we do: a --log-level or
     # --log-format given to dev reaches them as the variable they read.
     env = {**os.environ, **_log_environment(_log_settings(args))}
+    # dev serves the browser page at / unless its variable says otherwise (serve's default is
+    # off: a production gateway serves only the API).
+    page_variable = env_name("web_page")
+    page_on = gateway.web_page if page_variable in os.environ else True
+    env[page_variable] = "true" if page_on else "false"
     children = [
         subprocess.Popen([*python, "serve", "--host", host, "--port", str(port),
                           "--redis-url", server.url], stdout=_STDERR_FD, env=env),
-        subprocess.Popen([*python, "worker", "--redis-url", server.url, "--backend",
-                          "loopback", "--slots", str(worker.slots), "--drain-timeout",
-                          str(worker.drain_timeout_s)], stdout=_STDERR_FD, env=env),
+        subprocess.Popen([*python, "worker", *_dev_worker_flags(worker)], stdout=_STDERR_FD,
+                         env=env),
     ]
     stop = False
 
@@ -260,10 +274,12 @@ def _dev(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, request_stop)
     serving = False
     try:
-        serving = _await_serving(f"http://{host}:{port}", server.url, running)
+        serving = _await_serving(f"http://{host}:{port}", server.url, running,
+                                 timeout_s=_dev_start_timeout(worker.backend))
         if serving:
+            page = f"; talk to it at http://{host}:{port}/" if page_on else ""
             print(f"duplex-gateway dev: ws://{host}:{port}/v1/realtime "
-                  f"(redis {server.url}, {server.binary.name})", flush=True)
+                  f"(redis {server.url}, {server.binary.name}){page}", flush=True)
         elif not stop:
             print("duplex-gateway dev: the gateway or the worker did not start",
                   file=sys.stderr, flush=True)
@@ -302,18 +318,67 @@ def _check_can_listen(host: str, port: int, args: argparse.Namespace) -> None:
 
 # Ctrl-C stops the whole product: no other worker will take over, so `dev` drains briefly.
 _DEV_DRAIN_TIMEOUT_S = 1.0
+# What `dev` runs when no backend is asked for: real speech a newcomer can talk to, or, where
+# the cascade extra is not installed, the loopback (with a line saying how to get speech).
+_DEV_BACKEND = "cascade"
+_DEV_FALLBACK_BACKEND = "loopback"
 
 
-def _dev_settings(args: argparse.Namespace, redis_url: str) -> tuple[GatewaySettings,
-                                                                      WorkerSettings]:
-    """What `dev`'s gateway and worker will run with: its flags over ``DUPLEX_GATEWAY_*``."""
+def _dev_backend(args: argparse.Namespace, missing: str | None) -> tuple[str | None, str | None]:
+    """The backend `dev` asks its worker settings for, and a line to print about it.
+
+    ``--backend`` or ``DUPLEX_GATEWAY_BACKEND`` when given (None here: the settings read the
+    variable themselves, so a refusal names it); otherwise the cascade, or the loopback when
+    ``missing`` (a module the cascade needs) is not installed, with the line saying so.
+    """
+    if args.backend is not None or env_name("backend") in os.environ:
+        return args.backend, None
+    if missing is None:
+        return _DEV_BACKEND, None
+    return _DEV_FALLBACK_BACKEND, (
+        f"duplex-gateway dev: running the {_DEV_FALLBACK_BACKEND} backend: the {_DEV_BACKEND}"
+        f" backend (real speech) needs {missing!r}, which is not installed; for real speech:"
+        f" pip install 'duplex-gateway[{_DEV_BACKEND}]'")
+
+
+def _dev_settings(args: argparse.Namespace, redis_url: str, backend: str | None,
+                  missing: str | None) -> tuple[GatewaySettings, WorkerSettings]:
+    """What `dev`'s gateway and worker will run with: its flags over ``DUPLEX_GATEWAY_*``.
+
+    ``backend`` is :func:`_dev_backend`'s; ``missing``, a module the cascade needs that is
+    not installed, refuses a cascade that was asked for (a fallback is only for the default).
+    """
     from gateway.settings import GatewaySettings
     from inference_worker.settings import WorkerSettings
 
     gateway = from_env(GatewaySettings, host=args.host, port=args.port, redis_url=redis_url)
-    worker = from_env(WorkerSettings, redis_url=redis_url, backend="loopback", slots=args.slots,
+    worker = from_env(WorkerSettings, redis_url=redis_url, backend=backend, slots=args.slots,
+                      model_path=args.model_path, device=args.device, dtype=args.dtype,
+                      backend_options=args.backend_options,
                       drain_timeout_s=_DEV_DRAIN_TIMEOUT_S)
+    if worker.backend == _DEV_BACKEND and missing is not None:
+        raise SettingsError(
+            f"{_source('backend', args.backend)}: the {_DEV_BACKEND} backend needs {missing!r},"
+            f" which is not installed: pip install 'duplex-gateway[{_DEV_BACKEND}]'")
     return gateway, worker
+
+
+def _dev_start_timeout(backend: str) -> float:
+    """How long `dev` waits for its stack: a model backend loads its weights first."""
+    return _DEV_START_TIMEOUT_S if backend == "loopback" else _DEV_MODEL_START_TIMEOUT_S
+
+
+def _dev_worker_flags(worker: WorkerSettings) -> list[str]:
+    """The worker command line of ``worker``, resolved here (flags over variables), so the
+    child runs what was checked."""
+    flags = ["--redis-url", worker.redis_url, "--backend", worker.backend,
+             "--slots", str(worker.slots), "--drain-timeout", str(worker.drain_timeout_s),
+             "--device", worker.device, "--dtype", worker.dtype]
+    if worker.model_path:
+        flags += ["--model-path", worker.model_path]
+    if worker.backend_options:
+        flags += ["--backend-options", worker.backend_options]
+    return flags
 
 
 def _log_settings(args: argparse.Namespace) -> LogSettings:
@@ -434,10 +499,39 @@ def _parser() -> argparse.ArgumentParser:
     dev.add_argument("--port", type=int,
                      help=_setting("the gateway's port; 0: a free one", "PORT", "8000"))
     dev.add_argument("--slots", type=int, help=_setting("the worker's slots", "SLOTS", "16"))
+    dev.add_argument("--backend", help=_setting(
+        "the worker's backend: cascade (real speech), loopback, fake or moshi", "BACKEND",
+        "cascade; loopback where the cascade extra is not installed"))
+    dev.add_argument("--model-path", help=_setting(
+        "weights of the backend (cascade: a transformers causal LM that answers; moshi: a"
+        " save_pretrained directory)", "MODEL_PATH", "none"))
+    dev.add_argument("--device", help=_setting("torch device (moshi)", "DEVICE", "cpu"))
+    dev.add_argument("--dtype", help=_setting("torch dtype (moshi): float32, bfloat16,"
+                                              " float16", "DTYPE", "float32"))
+    dev.add_argument("--backend-options", help=_setting(
+        "key=value,... for the backend (cascade: responder=echo or causal_lm, vad_path,"
+        " asr_path, voice_path, responder_path)", "BACKEND_OPTIONS", "none"))
     dev.set_defaults(func=_dev)
+
+    talk = sub.add_parser("talk", help="stream a WAV to a gateway and save the spoken answer")
+    _add_client_command(talk, "duplex_gateway.talk")
+    status = sub.add_parser("status", help="workers and sessions, from Redis, as a table")
+    _add_client_command(status, "duplex_gateway.status")
 
     _bench_parsers(sub)
     return parser
+
+
+def _add_client_command(parser: argparse.ArgumentParser, module: str) -> None:
+    """A subcommand whose flags and body live in ``module`` (``add_arguments(parser)`` and
+    ``run(args) -> int``), imported when it runs, so other commands never load it."""
+    importlib.import_module(module).add_arguments(parser)
+
+    def run(args: argparse.Namespace) -> int:
+        result: int = importlib.import_module(module).run(args)
+        return result
+
+    parser.set_defaults(func=run)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

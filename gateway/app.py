@@ -29,6 +29,7 @@ from gateway.protocol.errors import CloseCode
 from gateway.reaper import run_reaper
 from gateway.services import GatewayServices
 from gateway.settings import GatewaySettings
+from gateway.web_page import web_page_routes
 from store import Scripts, create_client
 from store.client import RedisClient
 from store.directory import live_worker_count
@@ -193,6 +194,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             Route("/metrics", metrics_endpoint),
+            *(web_page_routes() if settings.web_page else []),
         ],
         lifespan=lifespan,
     )

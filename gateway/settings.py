@@ -168,6 +168,13 @@ class GatewaySettings:
         metadata={"help": "safety read of the output log when pushes are quiet",
                   "accepts": POSITIVE},
     )
+    # Off by default: a gateway in production serves the protocol only, and a page that asks
+    # for the microphone is something an operator turns on (`dev` does).
+    web_page: bool = field(
+        default=False,
+        metadata={"help": "serve the browser page (microphone, playback, transcripts, resume)"
+                          " at / and its files under /web/; off: both are 404; true or false"},
+    )
     redis_start_timeout_s: float = field(
         default=60.0,
         metadata={"help": "at start, wait this long for Redis to answer, then exit 2",

@@ -1,14 +1,14 @@
 """Silero voice activity detection for ``server_vad`` and ``semantic_vad`` turn detection.
 
 :class:`SileroTurnDetector` is the :class:`~inference_worker.vad.Vad` the worker uses where
-onnxruntime and the ``silero-vad`` weights are installed (the ``cascade`` extra); it hears the
-same pcm16 24 kHz input as :class:`~inference_worker.vad.EnergyVad` and keeps its timeline
-rules exactly (see :mod:`inference_worker.vad`): event times are milliseconds of audio fed,
-``min_speech_ms`` of speech starts a turn, ``silence_duration_ms`` of silence (the hangover)
-stops it, ``audio_start_ms`` reaches back ``prefix_padding_ms`` but never past 0, the last
-reset or the previous stop, ``audio_end_ms`` includes the hangover, a reset keeps the timeline
-counting, and any chunking of the same audio gives the same events. What differs is what a
-frame is and how it is judged:
+onnxruntime and the Silero weights faster-whisper ships are installed (the ``cascade`` extra,
+no torch); it hears the same pcm16 24 kHz input as :class:`~inference_worker.vad.EnergyVad` and
+keeps its timeline rules exactly (see :mod:`inference_worker.vad`): event times are
+milliseconds of audio fed, ``min_speech_ms`` of speech starts a turn, ``silence_duration_ms``
+of silence (the hangover) stops it, ``audio_start_ms`` reaches back ``prefix_padding_ms`` but
+never past 0, the last reset or the previous stop, ``audio_end_ms`` includes the hangover, a
+reset keeps the timeline counting, and any chunking of the same audio gives the same events.
+What differs is what a frame is and how it is judged:
 
 **Windows.** Silero judges 32 ms windows of 512 samples at 16 kHz: 768 samples (1536 bytes) of
 the session's 24 kHz audio, counted from the first byte fed, resampled by
@@ -79,9 +79,9 @@ SILERO: Final = "silero"
 ENERGY: Final = "energy"
 #: Every accepted ``vad`` setting.
 VAD_CHOICES: Final = (AUTO, SILERO, ENERGY)
-#: What Silero needs importable: the runtime, and the package that ships the weights (found
-#: without importing it: the ``silero_vad`` package itself imports torch).
-SILERO_MODULES: Final = ("onnxruntime", "silero_vad")
+#: What Silero needs importable: the runtime, and the package that ships the default weights
+#: (faster-whisper's copy of the v6 export; found without importing the package).
+SILERO_MODULES: Final = ("onnxruntime", "faster_whisper")
 
 #: Length of one Silero window.
 WINDOW_MS: Final = 32
@@ -113,7 +113,8 @@ def shared_model() -> SpeechProbabilities:
     """The process's one Silero ONNX session, loaded on the first call.
 
     Raises:
-        WeightsNotFound: the ``silero-vad`` package is not installed (a ``FileNotFoundError``).
+        WeightsNotFound: faster-whisper, which ships the weights, is not installed (a
+            ``FileNotFoundError``).
         ImportError: onnxruntime is not installed.
     """
     # Imported here: the loader pulls in threading and, once called, onnxruntime, which a
@@ -186,7 +187,7 @@ def detector_factory(choice: str, *, requires: Sequence[str] = SILERO_MODULES
     """The turn detector factory of the worker's ``vad`` setting.
 
     ``auto`` is Silero when every module of ``requires`` is installed (by default onnxruntime
-    and the ``silero_vad`` weights package), else the energy VAD; ``silero`` is Silero or an
+    and faster-whisper, which ships the weights), else the energy VAD; ``silero`` is Silero or an
     error; ``energy`` is the energy VAD. Nothing is loaded until a detector is made.
 
     Raises:
@@ -203,6 +204,6 @@ def detector_factory(choice: str, *, requires: Sequence[str] = SILERO_MODULES
     if choice == AUTO:
         return EnergyVad
     raise SileroUnavailable(
-        f"{_VARIABLE}={SILERO} needs onnxruntime and the silero-vad weights, and {missing!r} is"
-        f" not installed: pip install 'duplex-gateway[cascade]' (or set {_VARIABLE} to {AUTO}"
-        f" or {ENERGY})")
+        f"{_VARIABLE}={SILERO} needs onnxruntime and the Silero weights of faster-whisper, and"
+        f" {missing!r} is not installed: pip install 'duplex-gateway[cascade]' (or set"
+        f" {_VARIABLE} to {AUTO} or {ENERGY})")

@@ -61,6 +61,7 @@ from store import (
     StoreError,
     WorkerFenced,
 )
+from store.census import NO_ENGINE, TickTime
 from store.client import RedisClient
 from store.directory import WorkerProfile, announce_worker, sessions_of_worker
 from store.errors import raise_if_cancelled
@@ -353,8 +354,17 @@ class Worker:
         beat = await self._scripts.worker_heartbeat(
             self.worker_id, slots=self._capacity,
             ttl_ms=int(self.settings.heartbeat_ttl_s * 1000), register=register,
-            drain=self._draining, admit=admit, profile=self._profile)
+            drain=self._draining, admit=admit, profile=self._profile,
+            backend=self.settings.backend, tick=self._tick_time())
         await announce_worker(self._client, self.worker_id, beat.alive_until_ms)
+
+    def _tick_time(self) -> TickTime:
+        """What the heartbeat tells operators of the engine's tick time (``status``)."""
+        engine = self._engine
+        if engine is None:
+            return NO_ENGINE
+        p99 = engine.tick_p99()
+        return TickTime(engine=True, p99_ms=None if p99 is None else p99 * 1000)
 
     async def _register(self) -> bool:
         """Register this incarnation, trying again while Redis is away (a rejoin after

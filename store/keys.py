@@ -112,7 +112,9 @@ class WorkerKeys:
         base = f"{_PREFIX}:{{{worker_id}}}"
         self.worker_id = worker_id
         #: hash: slots, used, alive_until, state (live|busy|draining|lost), profile (the
-        #: JSON default session and capabilities of its new sessions, see store/directory.py).
+        #: JSON default session and capabilities of its new sessions, see store/directory.py),
+        #: backend (its name, from registration) and tick_p99_ms (its engine's p99 tick time,
+        #: every beat; see store/census.py).
         self.record = f"{base}:worker"
         #: set of the session ids placed on this worker and not yet closed.
         self.sessions = f"{base}:sessions"

@@ -792,10 +792,15 @@ WORKER_HEARTBEAT = _PRELUDE + r"""
 -- ARGV[5] admit (1 while the worker takes new sessions, 0 while it is busy)
 -- ARGV[6] profile: the JSON default session and capabilities of the worker's new sessions,
 --         stored on registration ('' none; renewals send none: it never changes)
+-- ARGV[7] backend: the name of the backend it serves, stored on registration as 'backend'
+--         ('' or absent: none, as from a worker older than this argument)
+-- ARGV[8] tick p99, stored on every beat as 'tick_p99_ms': the engine's rolling p99 tick time
+--         in ms, 'idle' (an engine with too few recent ticks), '' (no engine); absent (an older
+--         worker): the field is left as it is
 -- returns {status, alive_until}: status live | busy | draining | lost
 local worker = KEYS[1]
 local slots, ttl, register, drain, admit = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
-local profile = ARGV[6] or ''
+local profile, backend, tick_p99 = ARGV[6] or '', ARGV[7] or '', ARGV[8]
 
 local state = redis.call('HGET', worker, 'state')
 if state == 'lost' or (not state and register ~= '1') then return {'lost', 0} end
@@ -813,8 +818,12 @@ else
   state = 'live'
 end
 local alive_until = now + ttl
-redis.call('HSET', worker, 'state', state, 'slots', slots, 'alive_until', alive_until,
-           'ttl_ms', ttl)
-if register == '1' and profile ~= '' then redis.call('HSET', worker, 'profile', profile) end
+-- One HSET per beat, whatever it carries: a beat is a fixed cost of every worker.
+local fields = {'state', state, 'slots', slots, 'alive_until', alive_until, 'ttl_ms', ttl}
+local function also(name, value) fields[#fields + 1], fields[#fields + 2] = name, value end
+if register == '1' and profile ~= '' then also('profile', profile) end
+if register == '1' and backend ~= '' then also('backend', backend) end
+if tick_p99 then also('tick_p99_ms', tick_p99) end
+redis.call('HSET', worker, unpack(fields))
 return {state, alive_until}
 """

@@ -31,6 +31,7 @@ from redis.exceptions import (
 )
 
 from store import lua
+from store.census import NO_ENGINE, TickTime, encode_tick
 from store.client import REDIS_ERRORS
 from store.directory import WorkerProfile
 from store.errors import (
@@ -628,11 +629,14 @@ class Scripts:
 
     async def worker_heartbeat(
         self, worker_id: str, *, slots: int, ttl_ms: int, register: bool, drain: bool,
-        admit: bool = True, profile: WorkerProfile | None = None,
+        admit: bool = True, profile: WorkerProfile | None = None, backend: str = "",
+        tick: TickTime = NO_ENGINE,
     ) -> WorkerBeat:
         """Register or renew a worker; ``admit=False`` stops placements until the next beat
         says otherwise (no spare tick budget), ``drain=True`` stops them for good. A
-        registration publishes ``profile`` (renewals leave it: it never changes).
+        registration publishes ``profile`` and ``backend`` (its name; renewals leave both:
+        they never change); every beat publishes ``tick``, what its engine's tick time is now
+        (for ``duplex-gateway status``: see :mod:`store.census`).
 
         Raises:
             WorkerFenced: the worker was declared lost (or its record vanished).
@@ -641,7 +645,8 @@ class Scripts:
         published = profile.encode() if register and profile is not None else ""
         answer = await self._run(
             self._heartbeat, [WorkerKeys(worker_id).record],
-            [slots, ttl_ms, int(register), int(drain), int(admit), published],
+            [slots, ttl_ms, int(register), int(drain), int(admit), published,
+             backend if register else "", encode_tick(tick)],
         )
         state = _str(answer[0])
         if state == "lost":

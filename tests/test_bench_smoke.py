@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from duplex_gateway.bench import PEER_SKIPPED, Progress, run_relay_bench
-from duplex_gateway.bench_spec import TARGETS_NOTE
+from duplex_gateway.bench_spec import CHUNK_S, SCALE_SESSIONS, SHARD_COMMANDS_PER_S, TARGETS_NOTE
 
 pytestmark = pytest.mark.e2e
 
@@ -98,8 +98,28 @@ def _check_redis(point: dict[str, Any]) -> None:
         assert memory["sessions"] == point["sessions"]
 
 
+def _check_scale(point: dict[str, Any]) -> None:
+    """The scale on paper is the point's own costs times SCALE_SESSIONS sessions."""
+    scale, tiers, redis = point["scale_on_paper"], point["cpu_us_per_chunk"], point["redis"]
+    chunks_per_s = SCALE_SESSIONS / CHUNK_S
+    assert scale["sessions"] == SCALE_SESSIONS
+    assert scale["websocket_server_cores"] == pytest.approx(
+        tiers["websocket_servers"] * chunks_per_s / 1e6)
+    if point["setup"] == "echo":
+        assert scale["redis_cores"] is None and scale["redis_shards"] is None
+        return
+    assert scale["redis_cores"] == pytest.approx(tiers["redis"] * chunks_per_s / 1e6)
+    sent = redis["per_session_second"] * SCALE_SESSIONS
+    assert scale["redis_commands_sent_per_s"] == pytest.approx(sent)
+    assert scale["redis_shards"] == max(math.ceil(scale["redis_cores"]),
+                                        math.ceil(sent / SHARD_COMMANDS_PER_S))
+    assert scale["redis_memory_gib"] == pytest.approx(
+        point["redis_memory_per_session"]["mean_kib"] * SCALE_SESSIONS / 2**20)
+
+
 def _check_point(point: dict[str, Any], seconds: float) -> None:
     _check_chunks(point, seconds)
+    _check_scale(point)
     _check_latency(point)
     _check_cpu(point)
     _check_redis(point)
@@ -147,10 +167,12 @@ def test_small_sweep_measures_every_figure_of_every_setup(
             _check_series(series, [2, 4])
             for point in series["points"]:
                 _check_point(point, seconds)
-    assert set(report["method"]) >= {"added_latency", "redis_commands", "real_time"}
+    assert set(report["method"]) >= {"added_latency", "redis_commands", "real_time",
+                                      "scale_on_paper"}
     printed = capsys.readouterr()
     assert "most sessions held in real time: echo " in printed.out
     assert TARGETS_NOTE in printed.out and "MISSED: above it" in TARGETS_NOTE
+    assert f"{SCALE_SESSIONS:,} sessions at the costs of" in printed.out
     assert printed.err == ""  # not a terminal: no progress bar
     for suffix, what in ((".cpu.svg", "CPU plot"), (".p99.svg", "p99 plot")):
         plot = output.with_suffix(suffix)

@@ -16,7 +16,9 @@ What a frame engine sees, per slot and tick (:class:`~inference_worker.backend.S
   has not caught up (a gap in the answer, never padding).
 * ``text``: the assistant's text as it is spoken: a chunk's text arrives on the tick its
   first audio does. All ``text`` of one response concatenated is the responder's answer
-  (with the whitespace between chunks made one space).
+  (with the whitespace between chunks made one space). The responder is handed the
+  transcript and how long transcribing it took (:class:`~.cascade_models.Heard`), timed on
+  the pool thread around the transcriber's call.
 * ``events`` (a dict; several keys may appear on one tick, in this order of occurrence):
 
   - ``{"speech_started": True}``: the VAD heard ``min_speech_ms`` of speech. Turn audio
@@ -44,14 +46,16 @@ barge-in does to the answers, without any event: the answer playing stops with n
 ``response_done``, its producer is cancelled, and a transcript still being transcribed gets no
 answer (its ``transcript`` still arrives). The speech being heard is not touched.
 
-Threading: ``step`` runs the VAD for all listed slots in one batched ONNX call per 32 ms
-window and does bookkeeping only, so it stays fast whatever the other slots are doing. Whisper
-and the answer (responder + Piper + resampling) run on a small thread pool owned by the
-backend (``CascadeConfig.workers``); ``step`` polls their futures and returns no audio for a
-slot until its results are ready (measured: 8 slots, 2 cores, pool busy with Whisper and
-Piper: median 1.4 ms, p99 11 ms per step). An answer is synthesized chunk by chunk (a sentence, or
-``max_chunk_chars``), so playback starts after the first chunk, not after the whole answer.
-Call :meth:`CascadeBackend.close` to stop the pool.
+Threading: ``step`` runs the VAD for all listed slots, window by window (one ONNX call per
+window for a batched export; one per slot and window for faster-whisper's, the default, whose
+first axis is time: about 0.2 ms per slot and 32 ms window on one core), and does bookkeeping
+only, so it stays fast whatever the other slots are doing. Whisper and the answer (responder +
+Piper + resampling) run on a small thread pool owned by the backend
+(``CascadeConfig.workers``); ``step`` polls their futures and returns no audio for a slot until
+its results are ready (measured with the batched export: 8 slots, 2 cores, pool busy with
+Whisper and Piper: median 1.4 ms, p99 11 ms per step). An answer is synthesized chunk by chunk
+(a sentence, or ``max_chunk_chars``), so playback starts after the first chunk, not after the
+whole answer. Call :meth:`CascadeBackend.close` to stop the pool.
 """
 
 from __future__ import annotations
@@ -62,8 +66,9 @@ import math
 import queue
 import re
 import threading
+import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -76,6 +81,7 @@ import numpy.typing as npt
 from inference_worker.backend import FrameSpec, SlotResult, SlotStep
 from inference_worker.backends.cascade_models import (
     ECHO,
+    Heard,
     Responder,
     SileroVad,
     StreamResampler,
@@ -267,7 +273,7 @@ class _Response:
 class _Turn:
     """A user utterance being transcribed; ``respond`` is cleared by a barge-in."""
 
-    transcript: Future[str]
+    transcript: Future[Heard]
     respond: bool = True
 
 
@@ -317,11 +323,13 @@ class CascadeBackend:
     """
 
     def __init__(self, *, vad: SileroVad, asr: Transcriber, tts: Synthesizer,
-                 responder: Responder, config: CascadeConfig | None = None) -> None:
+                 responder: Responder, config: CascadeConfig | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         """Assemble loaded models (see :meth:`load` to load them too).
 
         ``asr`` takes audio at ``asr.rate`` (the VAD's 16 kHz for Whisper; other rates are
         resampled); ``tts`` yields audio at ``tts.rate``, resampled to ``config.rate``.
+        ``clock`` (seconds) times each transcription for the responder.
         """
         self.config = config or CascadeConfig()
         cfg = self.config
@@ -329,6 +337,7 @@ class CascadeBackend:
                               out_rate=cfg.rate, out_samples=cfg.frame_samples,
                               max_slots=cfg.max_slots)
         self._vad, self._asr, self._tts, self._responder = vad, asr, tts, responder
+        self._clock = clock
         self._slots: dict[int, _Slot] = {}
         self._pool = ThreadPoolExecutor(max_workers=cfg.workers,
                                         thread_name_prefix="cascade")
@@ -469,7 +478,13 @@ class CascadeBackend:
         if self._asr.rate != self._vad.rate:
             audio = resample(audio, self._vad.rate, self._asr.rate)
         slot.utterance = None
-        slot.turns.append(_Turn(self._pool.submit(self._asr.transcribe, audio)))
+        slot.turns.append(_Turn(self._pool.submit(self._transcribe, audio)))
+
+    def _transcribe(self, audio: Audio) -> Heard:
+        """Pool thread: the transcript, and how long it took (what the responder reports)."""
+        started = self._clock()
+        transcript = self._asr.transcribe(audio)
+        return Heard(transcript, self._clock() - started)
 
     # --------------------------------------------------------------------------- answering
 
@@ -479,22 +494,22 @@ class CascadeBackend:
             return
         turn = slot.turns.popleft()
         error = turn.transcript.exception()
-        text = "" if error is not None else turn.transcript.result()
-        tick.events["transcript"] = text
+        heard = None if error is not None else turn.transcript.result()
+        tick.events["transcript"] = "" if heard is None else heard.transcript
         if error is not None:
             _log.warning("transcription failed: %r", error)
             tick.events["error"] = f"transcription failed: {error!r}"
-        if turn.respond and text:
+        if turn.respond and heard is not None and heard.transcript:
             tick.events["response_started"] = True
             response = _Response()
             slot.response = response
-            response.producer = self._pool.submit(self._produce, text, response)
+            response.producer = self._pool.submit(self._produce, heard, response)
 
-    def _produce(self, transcript: str, response: _Response) -> None:
+    def _produce(self, heard: Heard, response: _Response) -> None:
         """Pool thread: stream the responder's text, synthesize it chunk by chunk."""
         try:
             pending = ""
-            with contextlib.closing(self._responder.respond(transcript)) as pieces:
+            with contextlib.closing(self._responder.respond(heard)) as pieces:
                 for piece in pieces:
                     if response.cancel.is_set():
                         return

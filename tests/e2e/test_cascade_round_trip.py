@@ -1,5 +1,6 @@
 """A real speech round trip through the gateway: Piper speaks, the cascade answers, Whisper
-hears the sentence in the answer (issue 3 acceptance)."""
+hears the sentence in the answer (issue 3 acceptance), said back with how long hearing it
+took (the default responder)."""
 
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ def pcm16(audio: np.ndarray) -> bytes:
 
 
 async def test_piper_to_cascade_to_whisper_through_the_gateway(stack: Stack) -> None:
-    """The spoken answer, transcribed by faster-whisper, holds the spoken sentence (every word
-    in order, but for at most one)."""
+    """The spoken answer, transcribed by faster-whisper, is "You said: <sentence> I heard it
+    in N seconds.": it starts with "you said", holds the spoken sentence (every word in order,
+    but for at most one) and ends in "seconds"."""
     gateway = stack.gateway()
     stack.worker(slots=2, backend="cascade")
     speech, rate = synthesize(SENTENCE, RATE)
@@ -56,6 +58,7 @@ async def test_piper_to_cascade_to_whisper_through_the_gateway(stack: Stack) -> 
     said, got = normalize(SENTENCE).split(), normalize(heard).split()
     same = sum(block.size for block in SequenceMatcher(None, said, got).get_matching_blocks())
     assert same >= len(said) - 1, heard
+    assert got[:2] == ["you", "said"] and got[-1] == "seconds", heard
     user_items = [e for e in events if e.type == "conversation.item.done"
                   and e.data["item"]["role"] == "user"]
     assert user_items, "the user's turn became a conversation item"

@@ -51,7 +51,7 @@ from openai.types.realtime import RealtimeClientEventParam
 
 from tests.e2e.served import SHOWN, Served, says_nearly
 from tests.gateway.strict import validate_server_event
-from tests.worker.speech import normalize, synthesize
+from tests.worker.speech import echoes, synthesize
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -415,7 +415,7 @@ def check_answer(talk: Talk, served: Served) -> None:
     heard = talk.of("conversation.item.input_audio_transcription.completed")[-1]["transcript"]
     said = answered["output"][0]["content"][0]["transcript"]
     assert says_nearly(INTERRUPTION, heard), heard
-    assert normalize(said) == normalize(heard), "the echo responder says what it heard"
+    assert echoes(said, heard), f"the echo responder says what it heard: {said!r}"
 
 
 # --------------------------------------------------------------------------- the tests

@@ -37,7 +37,7 @@ from agents.realtime import (
 )
 
 from tests.e2e.served import SHOWN, Served, says_nearly
-from tests.worker.speech import normalize, synthesize
+from tests.worker.speech import echoes, synthesize
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -167,7 +167,7 @@ async def test_agents_runner_answers_a_spoken_turn(served: Served, spoken_turn: 
     else:
         heard, said = echoed(talk)
         assert says_nearly(SENTENCE, heard), heard
-        assert normalize(said) == normalize(heard), "the echo responder says what it heard"
+        assert echoes(said, heard), f"the echo responder says what it heard: {said!r}"
         assert talk.audio, "and speaks it"
 
 
@@ -195,7 +195,7 @@ async def test_agents_runner_is_interrupted_by_speech_during_its_answer(
     if served.backend == "cascade":
         heard, said = echoed(talk)
         assert says_nearly(SENTENCE, heard), heard
-        assert normalize(said) == normalize(heard), "the new turn is the one answered"
+        assert echoes(said, heard), f"the new turn is the one answered: {said!r}"
 
 
 async def test_agents_runner_interrupt_stops_the_answer(served: Served,

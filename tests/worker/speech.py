@@ -67,6 +67,13 @@ def normalize(text: str) -> str:
     return " ".join(re.sub(r"[^a-z0-9' ]+", " ", text.lower()).replace("'", "").split())
 
 
+def echoes(said: str, heard: str) -> bool:
+    """Whether ``said`` is the default (echo) responder's answer to ``heard``: "You said:
+    <heard>. I heard it in <n> seconds." (see ``EchoResponder``)."""
+    expected = rf"you said {re.escape(normalize(heard))} i heard it in \d+ \d seconds"
+    return re.fullmatch(expected, normalize(said)) is not None
+
+
 def padded(pcm: Audio, rate: int, *, before_s: float = 0.0, after_s: float = 0.0) -> Audio:
     """``pcm`` with silence before and after it."""
     return np.concatenate([

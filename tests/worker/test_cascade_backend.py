@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import threading
 import time
 from collections.abc import Generator, Iterator
@@ -26,6 +27,7 @@ from inference_worker.backends.cascade_models import (
     CAUSAL_LM,
     EXTRA_HINT,
     EchoResponder,
+    Heard,
     PiperTts,
     SileroVad,
     StreamResampler,
@@ -52,6 +54,8 @@ from tests.worker.speech import (
 
 RATE = 24000
 FOX = "The quick brown fox jumps over the lazy dog."
+#: The echo responder's answer to ``transcript``, whatever the time it reports.
+ECHOED = "You said: {transcript} I heard it in {seconds} seconds."
 JOURNEY = "A journey of a thousand miles begins with a single step."
 SETTLE_S = 20.0
 
@@ -300,10 +304,12 @@ def test_round_trip_answers_the_sentence(backend: CascadeBackend) -> None:
                             "response_started", "response_done"]
     transcript = trace.first("transcript")["transcript"]
     assert normalize(transcript) == normalize(FOX)
-    assert trace.texts[0] == transcript
+    pattern = re.escape(ECHOED).replace(re.escape("{transcript}"), re.escape(transcript))
+    assert re.fullmatch(pattern.replace(re.escape("{seconds}"), r"\d+\.\d"), trace.texts[0])
     answer = trace.answer(0)
     assert all(len(pcm) <= 768 for pcm in trace.answers[0]) and answer.dtype == np.float32
-    assert normalize(FOX) in normalize(transcribe(answer, RATE))
+    heard = normalize(transcribe(answer, RATE))
+    assert heard.startswith("you said") and normalize(FOX) in heard and "seconds" in heard
     assert backend.state(0) == SlotState.LISTENING
 
 
@@ -370,7 +376,7 @@ class _FixedAsr:
 class _BrokenResponder:
     """A responder that fails after its first sentence."""
 
-    def respond(self, transcript: str) -> Generator[str, None, None]:
+    def respond(self, heard: Heard) -> Generator[str, None, None]:
         yield "Hi. "
         yield "There"
         raise RuntimeError("responder broke")
@@ -463,8 +469,17 @@ class _GatedAsr:
         return self.text
 
 
+class _Parrot:
+    """A responder that says the transcript back verbatim, word by word, so that two runs
+    answer alike whatever the timing."""
+
+    def respond(self, heard: Heard) -> Generator[str, None, None]:
+        for index, word in enumerate(heard.transcript.split()):
+            yield word if index == 0 else f" {word}"
+
+
 def _two_slot_cascade(vad: SileroVad, asr: Any) -> CascadeBackend:
-    return CascadeBackend(vad=vad, asr=asr, tts=voice(), responder=EchoResponder(),
+    return CascadeBackend(vad=vad, asr=asr, tts=voice(), responder=_Parrot(),
                           config=CascadeConfig(max_slots=2, workers=2))
 
 
@@ -560,10 +575,64 @@ def test_stop_while_transcribing_cancels_the_coming_answer(vad: SileroVad) -> No
 # ------------------------------------------------------------------------------ responders
 
 
-def test_echo_responder_streams_words() -> None:
-    """The echo answer arrives word by word and joins back into the transcript."""
-    pieces = list(EchoResponder().respond("Hello  there, world."))
-    assert pieces == ["Hello", " there,", " world."]
+def test_echo_responder_says_what_it_heard_and_how_long_it_took() -> None:
+    """The default answer, word by word: the transcript and the transcription time in
+    seconds with one decimal."""
+    pieces = list(EchoResponder().respond(Heard("Hello  there, world.", 0.42)))
+    assert pieces == ["You", " said:", " Hello", " there,", " world.", " I", " heard", " it",
+                      " in", " 0.4", " seconds."]
+
+
+@pytest.mark.parametrize(("transcript", "seconds", "answer"), [
+    ("what time is it", 1.26, "You said: what time is it. I heard it in 1.3 seconds."),
+    ("Is it late?", 0.01, "You said: Is it late? I heard it in 0.1 seconds."),
+])
+def test_echo_responder_ends_the_sentence_and_never_says_zero(
+        transcript: str, seconds: float, answer: str) -> None:
+    """A transcript without a final stop gets one; a time under 0.1 s is said as 0.1."""
+    assert "".join(EchoResponder().respond(Heard(transcript, seconds))) == answer
+
+
+class _SteppingClock:
+    """A clock that moves ``step`` seconds at every reading (thread-safe)."""
+
+    def __init__(self, step: float) -> None:
+        self._step, self._now, self._lock = step, 100.0, threading.Lock()
+
+    def __call__(self) -> float:
+        with self._lock:
+            self._now += self._step
+            return self._now
+
+
+class _Recorder:
+    """A responder that records what it is handed and says the echo's answer."""
+
+    def __init__(self) -> None:
+        self.heard: list[Heard] = []
+
+    def respond(self, heard: Heard) -> Generator[str, None, None]:
+        self.heard.append(heard)
+        yield from EchoResponder().respond(heard)
+
+
+def test_the_responder_gets_the_transcription_time_the_backend_measured(
+        vad: SileroVad) -> None:
+    """The backend times each transcription with its clock (one reading before the
+    transcriber's call, one after) and hands transcript and duration to the responder."""
+    recorder = _Recorder()
+    cascade = CascadeBackend(vad=vad, asr=_FixedAsr("Hello there."), tts=voice(),
+                             responder=recorder, config=CascadeConfig(max_slots=1, workers=1),
+                             clock=_SteppingClock(1.5))
+    try:
+        cascade.open_slot(0)
+        trace = _Trace()
+        feed = _utterance("Hello there.")
+        _drive(cascade, {0: feed}, {0: trace}, responses=1, max_ticks=len(feed) + 400)
+    finally:
+        cascade.close()
+    assert recorder.heard == [Heard("Hello there.", 1.5)]
+    assert trace.texts == ["You said: Hello there. I heard it in 1.5 seconds."]
 
 
 @pytest.fixture(scope="module")
@@ -590,7 +659,7 @@ def tiny_lm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_causal_lm_streams_tokens_until_max_tokens(tiny_lm: Path) -> None:
     """A transformers causal LM from a path yields one piece per token, max_new_tokens of them."""
     responder = load_responder(CAUSAL_LM, tiny_lm, max_new_tokens=7)
-    pieces = list(responder.respond("w1 w2 w3"))
+    pieces = list(responder.respond(Heard("w1 w2 w3", 0.5)))
     assert len(pieces) == 7 and all(isinstance(piece, str) and piece for piece in pieces)
     assert len("".join(pieces).split()) == 7
 
@@ -598,7 +667,7 @@ def test_causal_lm_streams_tokens_until_max_tokens(tiny_lm: Path) -> None:
 def test_causal_lm_stops_when_closed_early(tiny_lm: Path) -> None:
     """Closing the stream after one piece stops generation at once (not after 1000 tokens)."""
     responder = load_responder(CAUSAL_LM, tiny_lm, max_new_tokens=1000)
-    stream = responder.respond("w1 w2")
+    stream = responder.respond(Heard("w1 w2", 0.5))
     assert next(stream)
     started = time.monotonic()
     stream.close()  # returns once the generation thread has ended

@@ -1,8 +1,8 @@
 """The Silero turn detector: the energy VAD's timeline with Silero's judgement, its selection.
 
-Real Silero weights (the ``silero-vad`` wheel) and real speech (Piper, noiseless, so the same
-text always gives the same audio); the rules of the timeline are also checked exactly with
-scripted probabilities standing in for the model.
+Real Silero weights (faster-whisper's bundled ONNX export, the default) and real speech
+(Piper, noiseless, so the same text always gives the same audio); the rules of the timeline
+are also checked exactly with scripted probabilities standing in for the model.
 """
 
 from __future__ import annotations
@@ -297,7 +297,7 @@ def test_events_come_with_the_window_that_decides_them() -> None:
 
 
 def test_factory_picks_silero_where_installed_and_energy_on_request() -> None:
-    """With onnxruntime and silero_vad installed, auto and silero are Silero; energy is the
+    """With onnxruntime and faster_whisper installed, auto and silero are Silero; energy is the
     energy VAD."""
     assert missing_silero_module() is None
     assert detector_factory("auto") is SileroTurnDetector
