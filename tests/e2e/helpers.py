@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import struct
 
 from gateway.client import DuplexClient, RealtimeEvent
@@ -56,3 +57,21 @@ async def streaming_session(url: str, chunks: int) -> tuple[DuplexClient, list[R
         await client.append_audio(marked_chunk(0, i))
     await drain_echoes(client, events, chunks)
     return client, events
+
+
+async def spoken_answer(client: DuplexClient, audio: bytes, sink: list[RealtimeEvent], *,
+                        chunk_bytes: int = 4800, timeout: float = 60.0) -> bytes:
+    """Stream ``audio`` (pcm16 24 kHz) in appends of ``chunk_bytes`` (100 ms), then read
+    until the answer's ``response.done``, which must be completed; the answer's audio. Every
+    event read is added to ``sink``."""
+    for start in range(0, len(audio), chunk_bytes):
+        await client.append_audio(audio[start:start + chunk_bytes])
+    answer = bytearray()
+    while True:
+        event = await next_event(client, timeout=timeout)
+        sink.append(event)
+        if event.type == "response.output_audio.delta":
+            answer += base64.b64decode(event.data["delta"])
+        if event.type == "response.done":
+            assert event.data["response"]["status"] == "completed", event.data
+            return bytes(answer)

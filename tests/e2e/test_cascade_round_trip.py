@@ -4,25 +4,19 @@ took (the default responder)."""
 
 from __future__ import annotations
 
-import base64
 from difflib import SequenceMatcher
 
-import numpy as np
 import pytest
 
 from gateway.client import DuplexClient, RealtimeEvent
-from tests.e2e.helpers import collect_until, next_event
+from tests.e2e.helpers import collect_until, spoken_answer
 from tests.e2e.stack import Stack
-from tests.worker.speech import normalize, padded, synthesize, transcribe
+from tests.worker.speech import from_pcm16, normalize, padded, synthesize, to_pcm16, transcribe
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 SENTENCE = "The quick brown fox jumps over the lazy dog."
 RATE = 24_000
-
-
-def pcm16(audio: np.ndarray) -> bytes:
-    return bytes((np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes())
 
 
 async def test_piper_to_cascade_to_whisper_through_the_gateway(stack: Stack) -> None:
@@ -32,26 +26,14 @@ async def test_piper_to_cascade_to_whisper_through_the_gateway(stack: Stack) -> 
     gateway = stack.gateway()
     stack.worker(slots=2, backend="cascade")
     speech, rate = synthesize(SENTENCE, RATE)
-    audio = pcm16(padded(speech, rate, before_s=0.5, after_s=1.5))
+    audio = to_pcm16(padded(speech, rate, before_s=0.5, after_s=1.5))
     async with await DuplexClient.connect(gateway.ws_url) as client:
         events: list[RealtimeEvent] = []
         await collect_until(client, "session.updated", events)
-        chunk = RATE * 2 // 10  # 100 ms of pcm16
-        for start in range(0, len(audio), chunk):
-            await client.append_audio(audio[start:start + chunk])
-        answer = bytearray()
-        while True:
-            event = await next_event(client, timeout=60)
-            events.append(event)
-            if event.type == "response.output_audio.delta":
-                answer += base64.b64decode(event.data["delta"])
-            if event.type == "response.done":
-                assert event.data["response"]["status"] == "completed"
-                break
+        answer = await spoken_answer(client, audio, events)
         await client.close()
         await collect_until(client, "session.closed", events)
-    heard = transcribe(
-        (np.frombuffer(bytes(answer), "<i2") / 32768).astype(np.float32), RATE)
+    heard = transcribe(from_pcm16(answer), RATE)
     # Two speech recognisers and a synthesiser in a row: a word may come back inflected
     # ("jumped" for "jumps") when a loaded machine makes the worker miss an input frame, which
     # becomes silence. The sentence must come back, word for word but for at most one.

@@ -5,7 +5,6 @@ opened on it."""
 from __future__ import annotations
 
 import argparse
-import base64
 import os
 import re
 import signal
@@ -16,14 +15,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from duplex_gateway import cli
 from gateway.client import DuplexClient, RealtimeEvent
-from tests.e2e.helpers import collect_until, next_event
+from tests.e2e.helpers import collect_until, spoken_answer
 from tests.e2e.stack import new_log_path, print_tail
-from tests.worker.speech import normalize, padded, synthesize, transcribe
+from tests.worker.speech import from_pcm16, normalize, padded, synthesize, to_pcm16, transcribe
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -71,28 +69,14 @@ def running_dev(flags: Sequence[str] = (), *, program: Sequence[str] = ("-m", "d
     assert code == 0, f"dev exited with {code} on SIGTERM"
 
 
-def pcm16(audio: np.ndarray) -> bytes:
-    return bytes((np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes())
-
-
-async def spoken_answer(url: str, audio: bytes) -> tuple[bytes, list[RealtimeEvent]]:
+async def ask(url: str, audio: bytes) -> tuple[bytes, list[RealtimeEvent]]:
     """Open a session the moment the URL is known, stream ``audio`` in 100 ms chunks, and
     read until the answer's ``response.done``; the answer's audio and every event."""
     events: list[RealtimeEvent] = []
-    answer = bytearray()
     async with await DuplexClient.connect(url) as client:
         await collect_until(client, "session.updated", events)
-        for start in range(0, len(audio), CHUNK):
-            await client.append_audio(audio[start:start + CHUNK])
-        while True:
-            event = await next_event(client, timeout=60)
-            events.append(event)
-            if event.type == "response.output_audio.delta":
-                answer += base64.b64decode(event.data["delta"])
-            if event.type == "response.done":
-                assert event.data["response"]["status"] == "completed", event.data
-                break
-    return bytes(answer), events
+        answer = await spoken_answer(client, audio, events, chunk_bytes=CHUNK)
+    return answer, events
 
 
 def voice_of(events: Sequence[RealtimeEvent]) -> str:
@@ -119,11 +103,10 @@ async def test_by_default_a_spoken_question_gets_a_spoken_answer() -> None:
     what was heard and how long hearing it took."""
     speech, rate = synthesize(QUESTION, RATE)
     with running_dev() as dev:
-        answer, events = await spoken_answer(dev.url, pcm16(padded(speech, rate, before_s=0.5,
+        answer, events = await ask(dev.url, to_pcm16(padded(speech, rate, before_s=0.5,
                                                                    after_s=1.5)))
     assert voice_of(events) == "en_US-joe-medium"
-    heard = normalize(transcribe((np.frombuffer(answer, "<i2") / 32768).astype(np.float32),
-                                 RATE))
+    heard = normalize(transcribe(from_pcm16(answer), RATE))
     assert heard.startswith("you said"), heard
     assert "weather" in heard and "today" in heard and "seconds" in heard, heard
 

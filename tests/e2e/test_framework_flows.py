@@ -43,7 +43,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Final, cast
 
-import numpy as np
 import pytest
 from openai import AsyncOpenAI
 from openai.resources.realtime.realtime import AsyncRealtimeConnection
@@ -51,7 +50,7 @@ from openai.types.realtime import RealtimeClientEventParam
 
 from tests.e2e.served import SHOWN, Served, says_nearly
 from tests.gateway.strict import validate_server_event
-from tests.worker.speech import echoes, synthesize
+from tests.worker.speech import echoes, synthesize, to_pcm16
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -71,7 +70,7 @@ PCM_24K: Final = {"type": "audio/pcm", "rate": 24000}
 def spoken(text: str) -> bytes:
     """``text`` spoken by Piper, pcm16 24 kHz."""
     speech, _ = synthesize(text, 24000)
-    return bytes((np.clip(speech, -1.0, 1.0) * 32767).astype("<i2").tobytes())
+    return to_pcm16(speech)
 
 
 @pytest.fixture(scope="module")

@@ -54,6 +54,7 @@ from tests.e2e.conftest import FAST_ENV
 from tests.e2e.helpers import STREAM_SESSION, chunk_index, collect_until, marked_chunk
 from tests.e2e.stack import DEADLINE_S, Proc, Stack, http_ok
 from tests.gateway.strict import validate_server_event
+from tests.test_protocol_doc import column, doc_table
 
 pytestmark = [pytest.mark.e2e]
 
@@ -86,12 +87,13 @@ GATEWAY_CODES = frozenset({
     "unsupported_session_resume", "session_resume_expired", "invalid_resume_token",
     "invalid_event_ack", "resource_exhausted", "rate_limit_exceeded",
 })
-WORKER_REFUSAL_CODES = frozenset({
-    "input_audio_buffer_commit_empty", "conversation_already_has_active_response",
-    "response_cancel_not_active", "response_create_without_input", "unsupported_audio_format",
-    "unsupported_turn_detection", "unknown_parameter", "invalid_value", "invalid_type",
-    "missing_required_parameter", "item_not_found",
-})
+# Every refusal docs/protocol.md's error table gives the worker (its "from" column), but
+# model_error (a model that failed: no client frame may cause one). A playback.ack with a null
+# (absent) item_id and an unknown response_id is refused playback_item_not_found, say.
+_FROM = column("error code", "from")
+WORKER_REFUSAL_CODES = frozenset(
+    code for code, row in doc_table("error code").items()
+    if "worker" in row.cells[_FROM] and code != "model_error")
 DOCUMENTED_ERROR_CODES = frozenset(PARSE_ERROR_CODES) | GATEWAY_CODES | WORKER_REFUSAL_CODES
 DOCUMENTED_CLOSE_CODES = frozenset({1000, 1007, 1008, 1009, 1011, 1012, 1013})
 # 1011 is documented for a gateway or store failure only (internal_error, session_lost).

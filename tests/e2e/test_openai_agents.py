@@ -21,7 +21,6 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pytest
 from agents import set_tracing_disabled
 from agents.realtime import (
@@ -37,7 +36,7 @@ from agents.realtime import (
 )
 
 from tests.e2e.served import SHOWN, Served, says_nearly
-from tests.worker.speech import echoes, synthesize
+from tests.worker.speech import echoes, synthesize, to_pcm16
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -62,7 +61,7 @@ def spoken_turn() -> bytes:
     """A spoken question with silence around it, pcm16 24 kHz: 0.5 s before, 1.5 s after
     (longer than semantic_vad's end-of-turn silence)."""
     speech, _ = synthesize(SENTENCE, 24000)
-    pcm = (np.clip(speech, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+    pcm = to_pcm16(speech)
     return bytes(500 * BYTES_PER_MS) + pcm + bytes(1500 * BYTES_PER_MS)
 
 

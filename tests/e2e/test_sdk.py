@@ -5,12 +5,11 @@ from __future__ import annotations
 import base64
 from typing import Any, cast
 
-import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
 from tests.gateway.strict import validate_server_event
-from tests.worker.speech import synthesize
+from tests.worker.speech import synthesize, to_pcm16
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -48,7 +47,7 @@ def _spoken_turn() -> tuple[bytes, int]:
     sentence's length in ms. Speech, not a tone: the worker's detector may be Silero, which
     hears voices only."""
     speech, _ = synthesize("What is the weather like today?", 24_000)
-    pcm = (np.clip(speech, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+    pcm = to_pcm16(speech)
     return bytes(48_000) + pcm + bytes(48_000), len(pcm) // 48
 
 

@@ -10,6 +10,7 @@ import pytest
 from redis.asyncio.cluster import RedisCluster
 
 from store import (
+    AttachmentHolder,
     LeaseLost,
     OpenStatus,
     OutputAppend,
@@ -18,8 +19,16 @@ from store import (
     SessionPolicy,
     create_client,
 )
+from store.census import TickTime, take_census
 from store.directory import WorkerProfile, announce_worker, list_workers, worker_loads
-from store.keys import SessionKeys, WorkerKeys, new_session_id, new_worker_id, tenant_sessions
+from store.keys import (
+    SessionKeys,
+    WorkerKeys,
+    new_gateway_id,
+    new_session_id,
+    new_worker_id,
+    tenant_sessions,
+)
 from store.logs import read_input, read_output
 from store.messages import SessionClosed, encode_message
 from store.pubsub import Notice, Subscriber
@@ -297,3 +306,49 @@ async def test_tenant_places_of_ended_sessions_are_released_across_nodes(
     for tenant in tenants:
         assert await cluster_client.zcard(tenant_sessions(tenant)) == 0
     assert await scripts.count_tenant_open(tenants[0], limit=1, window_ms=60_000) == 0
+
+
+# ------------------------------------------------------------------------------ the census
+# Each worker's keys are read on the node that serves its hash tag, so workers spread over
+# every node are all counted (no CROSSSLOT).
+
+HOUR_MS = 3_600_000
+
+
+def worker_ids_on_every_node(client: RedisCluster) -> list[str]:
+    """Fresh worker ids, one whose keys live on each primary."""
+    by_node: dict[str, str] = {}
+    for _ in range(500):
+        worker_id = new_worker_id()
+        node: Any = client.get_node_from_key(WorkerKeys(worker_id).record)
+        by_node.setdefault(str(node.name), worker_id)
+        if len(by_node) == NODES:
+            return sorted(by_node.values())
+    raise AssertionError(f"worker ids never covered every node: {by_node}")
+
+
+async def test_census_reads_workers_on_every_node(cluster_client: RedisCluster) -> None:
+    """A worker on each node, each with sessions of its own count (one detached), read in
+    small SSCAN batches: every worker, backend and session is counted where it is."""
+    scripts = Scripts(cluster_client)
+    holder = AttachmentHolder(gateway_id=new_gateway_id(), lease_ms=HOUR_MS)
+    worker_ids = worker_ids_on_every_node(cluster_client)
+    for count, worker_id in enumerate(worker_ids, start=2):
+        beat = await scripts.worker_heartbeat(worker_id, slots=8, ttl_ms=HOUR_MS,
+                                              register=True, drain=False, backend="fake",
+                                              tick=TickTime(engine=True, p99_ms=float(count)))
+        await announce_worker(cluster_client, worker_id, beat.alive_until_ms)
+        opened = [await open_session(scripts, worker_id, tenant="t-a", holder=holder)
+                  for _ in range(count)]
+        assert await scripts.detach(opened[0].lease) == "ok"
+
+    census = await take_census(cluster_client, batch=2)
+    assert [worker.worker_id for worker in census.workers] == worker_ids
+    for count, worker in enumerate(census.workers, start=2):
+        assert (worker.state, worker.backend, worker.used) == ("live", "fake", count)
+        assert worker.tick == TickTime(engine=True, p99_ms=float(count))
+        assert dict(worker.sessions.by_state) == {"attached": count - 1, "detached": 1}
+    total = sum(range(2, 2 + NODES))
+    assert dict(census.sessions.by_state) == {"attached": total - NODES, "detached": NODES}
+    assert dict(census.sessions.by_tenant) == {"t-a": total}
+    assert dict(census.sessions.by_gateway) == {holder.gateway_id: total - NODES}

@@ -74,6 +74,16 @@ def echoes(said: str, heard: str) -> bool:
     return re.fullmatch(expected, normalize(said)) is not None
 
 
+def to_pcm16(audio: Audio) -> bytes:
+    """Float audio in [-1, 1] as pcm16 little-endian bytes (clipped)."""
+    return bytes((np.clip(audio, -1.0, 1.0) * 32767).astype("<i2").tobytes())
+
+
+def from_pcm16(data: bytes) -> Audio:
+    """pcm16 little-endian bytes as float audio in [-1, 1)."""
+    return (np.frombuffer(data, "<i2") / 32768).astype(np.float32)
+
+
 def padded(pcm: Audio, rate: int, *, before_s: float = 0.0, after_s: float = 0.0) -> Audio:
     """``pcm`` with silence before and after it."""
     return np.concatenate([
