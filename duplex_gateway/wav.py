@@ -206,16 +206,17 @@ def convert_wav(data: bytes) -> WavAudio:
 
 
 def _resample(mono: Any, rate: int) -> Any:
-    """``mono`` at 24 kHz: the cascade's polyphase windowed-sinc resampler, its filter made
-    longer by the decimation ratio (so 96 kHz input is as well anti-aliased as 48 kHz, about
-    80 dB), fed a second at a time (its work arrays grow with the chunk), delay removed."""
+    """``mono`` at 24 kHz: the polyphase windowed-sinc resampler of ``inference_worker.frames``,
+    its filter made longer by the decimation ratio (so 96 kHz input is as well anti-aliased as
+    48 kHz, about 80 dB), fed a second at a time (its work arrays grow with the chunk), delay
+    removed."""
     import numpy as np
 
-    from inference_worker.backends.cascade_models import StreamResampler
+    from inference_worker.frames import SincResampler
 
     if rate == RATE:
         return mono
-    resampler = StreamResampler(rate, RATE, taps_per_phase=24 * max(1, -(-rate // RATE)))
+    resampler = SincResampler(rate, RATE, taps_per_phase=24 * max(1, -(-rate // RATE)))
     pieces = [resampler.process(mono[at:at + rate]) for at in range(0, len(mono), rate)]
     pieces.append(resampler.process(np.zeros(resampler.taps, dtype=np.float32)))
     length = len(mono) * RATE // rate

@@ -37,7 +37,7 @@ from inference_worker.backend import Backend, FrameSpec, SlotResult, SlotStep, s
 from inference_worker.frames import (
     PCM_RATE,
     FrameOutput,
-    StreamResampler,
+    LinearResampler,
     float_to_pcm16,
     level,
     pcm16_to_float,
@@ -104,8 +104,8 @@ class _SlotInput:
         self.partial: list[Audio] = []
         self.partial_len = 0
         self.carry = b""  # an odd trailing byte of pcm16, completed by the next push
-        self.resampler = StreamResampler(PCM_RATE, spec.in_rate)
-        self.out_resampler = StreamResampler(spec.out_rate, PCM_RATE)
+        self.resampler = LinearResampler(PCM_RATE, spec.in_rate)
+        self.out_resampler = LinearResampler(spec.out_rate, PCM_RATE)
 
 
 class Engine:

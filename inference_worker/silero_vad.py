@@ -12,7 +12,7 @@ What differs is what a frame is and how it is judged:
 
 **Windows.** Silero judges 32 ms windows of 512 samples at 16 kHz: 768 samples (1536 bytes) of
 the session's 24 kHz audio, counted from the first byte fed, resampled by
-:class:`~inference_worker.frames.StreamResampler`. A partial window waits for the next chunk.
+:class:`~inference_worker.frames.LinearResampler`. A partial window waits for the next chunk.
 Durations round up to whole windows, at least one (``min_speech_ms`` 100 -> 4 windows,
 ``silence_duration_ms`` 500 -> 16).
 
@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Final, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from inference_worker.frames import PCM_RATE, StreamResampler, pcm16_to_float
+from inference_worker.frames import PCM_RATE, LinearResampler, pcm16_to_float
 from inference_worker.vad import (
     EnergyVad,
     FramedDetector,
@@ -144,7 +144,7 @@ class SileroTurnDetector(FramedDetector):
         super().__init__(config, WINDOW_SAMPLES)
         self._model = model if model is not None else shared_model()
         self._state = _fresh_state()
-        self._resampler = StreamResampler(PCM_RATE, _SILERO_RATE)
+        self._resampler = LinearResampler(PCM_RATE, _SILERO_RATE)
 
     def _judge(self, data: bytes, count: int) -> Iterable[tuple[bool, bool]]:
         threshold = self._config.threshold

@@ -84,7 +84,6 @@ from inference_worker.backends.cascade_models import (
     Heard,
     Responder,
     SileroVad,
-    StreamResampler,
     Synthesizer,
     Transcriber,
     VadState,
@@ -92,8 +91,8 @@ from inference_worker.backends.cascade_models import (
     load_responder,
     load_tts,
     load_vad,
-    resample,
 )
+from inference_worker.frames import SincResampler, resample
 
 __all__ = [
     "CascadeBackend",
@@ -281,7 +280,7 @@ class _Turn:
 class _Slot:
     """One session's state."""
 
-    resampler: StreamResampler
+    resampler: SincResampler
     detector: TurnDetector
     pre_roll: deque[Audio]
     vad: VadState = field(default_factory=VadState)
@@ -365,7 +364,7 @@ class CascadeBackend:
         self.close_slot(slot)
         cfg = self.config
         self._slots[slot] = _Slot(
-            resampler=StreamResampler(cfg.rate, self._vad.rate),
+            resampler=SincResampler(cfg.rate, self._vad.rate),
             detector=_detector(cfg),
             pre_roll=deque(maxlen=cfg.windows(cfg.pre_roll_ms + cfg.min_speech_ms)),
         )

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import threading
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -55,7 +54,6 @@ __all__ = [
     "PiperTts",
     "Responder",
     "SileroVad",
-    "StreamResampler",
     "Synthesizer",
     "Transcriber",
     "VadState",
@@ -66,7 +64,6 @@ __all__ = [
     "load_tts",
     "load_vad",
     "missing_cascade_package",
-    "resample",
 ]
 
 Audio = npt.NDArray[np.float32]
@@ -149,73 +146,6 @@ def _onnx_session(path: Path, threads: int) -> onnxruntime.InferenceSession:
     return onnxruntime.InferenceSession(
         str(path), sess_options=options, providers=["CPUExecutionProvider"]
     )
-
-
-# ------------------------------------------------------------------------------ resampling
-
-
-class StreamResampler:
-    """A polyphase windowed-sinc resampler that carries its state across chunks.
-
-    ``process`` may be fed chunks of any length; the concatenated outputs equal one pass over
-    the concatenated inputs. The output lags the input by ``taps_per_phase / 2`` input samples
-    (the filter's group delay); :func:`resample` removes it for whole buffers.
-    """
-
-    def __init__(self, src_rate: int, dst_rate: int, *, taps_per_phase: int = 24) -> None:
-        """Build the filter bank for ``src_rate -> dst_rate`` (any two positive rates)."""
-        if src_rate <= 0 or dst_rate <= 0:
-            raise ValueError(f"rates must be positive, got {src_rate} -> {dst_rate}")
-        gcd = math.gcd(src_rate, dst_rate)
-        self.up = dst_rate // gcd
-        self.down = src_rate // gcd
-        self.taps = taps_per_phase
-        length = taps_per_phase * self.up
-        # Low-pass at 92% of the lower Nyquist, in cycles per sample of the upsampled signal.
-        cutoff = 0.46 / max(self.up, self.down)
-        #: The group delay in output samples, for whole-buffer use. The sinc is centred on a
-        #: multiple of ``down`` so that the delay is a whole number of output samples.
-        self.delay = round((length - 1) / 2 / self.down)
-        n = np.arange(length) - self.delay * self.down
-        h = np.sinc(2 * cutoff * n) * np.kaiser(length, 8.0)
-        h *= self.up / h.sum()
-        # bank[p, j] multiplies the window x[n0 - taps + 1 + j], for output phase p.
-        self._bank = np.ascontiguousarray(
-            h.reshape(taps_per_phase, self.up).T[:, ::-1], dtype=np.float32
-        )
-        self._history = np.zeros(taps_per_phase - 1, dtype=np.float32)
-        self._consumed = 0
-        self._produced = 0
-
-    def process(self, chunk: Audio) -> Audio:
-        """Resample the next ``chunk``; returns every output sample it makes available."""
-        if self.up == self.down:
-            return chunk.astype(np.float32, copy=True)
-        buffer = np.concatenate([self._history, chunk.astype(np.float32, copy=False)])
-        consumed = self._consumed + len(chunk)
-        # Output m needs input n0 = m * down // up; produce every m whose n0 has arrived.
-        end = (consumed * self.up - 1) // self.down + 1 if consumed else 0
-        outputs = np.arange(self._produced, end)
-        n0 = outputs * self.down // self.up
-        starts = n0 - self._consumed  # window start in ``buffer``, given taps - 1 of history
-        windows = np.lib.stride_tricks.sliding_window_view(buffer, self.taps)[starts]
-        out: Audio = np.einsum("mk,mk->m", windows, self._bank[outputs * self.down % self.up])
-        self._history = buffer[len(buffer) - (self.taps - 1):].copy()
-        self._consumed, self._produced = consumed, end
-        return out.astype(np.float32, copy=False)
-
-
-def resample(pcm: Audio, src_rate: int, dst_rate: int) -> Audio:
-    """Resample a whole buffer, delay-compensated, to ``len * dst / src`` samples."""
-    pcm = np.asarray(pcm, dtype=np.float32)
-    if src_rate == dst_rate:
-        return pcm.copy()
-    resampler = StreamResampler(src_rate, dst_rate)
-    out = np.concatenate([
-        resampler.process(pcm), resampler.process(np.zeros(resampler.taps, dtype=np.float32))
-    ])
-    length = len(pcm) * dst_rate // src_rate
-    return out[resampler.delay:resampler.delay + length]
 
 
 # ------------------------------------------------------------------------------------ VAD

@@ -19,8 +19,8 @@ from inference_worker.backends.cascade_models import (
     WhisperAsr,
     load_asr,
     load_tts,
-    resample,
 )
+from inference_worker.frames import resample
 
 __all__ = [
     "frames",

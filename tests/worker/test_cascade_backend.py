@@ -30,7 +30,6 @@ from inference_worker.backends.cascade_models import (
     Heard,
     PiperTts,
     SileroVad,
-    StreamResampler,
     VadState,
     WeightsNotFound,
     WhisperAsr,
@@ -38,8 +37,8 @@ from inference_worker.backends.cascade_models import (
     load_responder,
     load_tts,
     load_vad,
-    resample,
 )
+from inference_worker.frames import SincResampler, resample
 
 # The test command installs the cascade extra; a missing package is a failure, not a skip.
 from tests.worker.speech import (
@@ -155,8 +154,8 @@ def test_resample_keeps_a_tone(src: int, dst: int) -> None:
 def test_stream_resampler_chunks_equal_one_pass() -> None:
     """Feeding a stream in odd-sized chunks gives exactly the one-pass output."""
     signal = np.random.default_rng(0).standard_normal(5000).astype(np.float32)
-    whole = StreamResampler(24000, 16000).process(signal)
-    streamed = StreamResampler(24000, 16000)
+    whole = SincResampler(24000, 16000).process(signal)
+    streamed = SincResampler(24000, 16000)
     parts = [streamed.process(signal[i:i + 333]) for i in range(0, len(signal), 333)]
     np.testing.assert_array_equal(np.concatenate(parts), whole)
 

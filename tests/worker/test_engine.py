@@ -17,7 +17,7 @@ from inference_worker.backend import FrameSpec, SlotResult, SlotStep
 from inference_worker.backends.fake import FakeBackend, FakeOptions
 from inference_worker.engine import Engine, SlotHandle, TickReport
 from inference_worker.frames import (
-    StreamResampler,
+    LinearResampler,
     float_to_pcm16,
     level,
     pcm16_to_float,
@@ -116,8 +116,8 @@ def test_pcm16_round_trip_and_level() -> None:
 def test_resampler_is_chunking_invariant(src: int, dst: int) -> None:
     """Resampling in uneven chunks gives the samples of resampling at once."""
     signal = np.sin(np.arange(9000) / 7).astype(np.float32)
-    whole = StreamResampler(src, dst).process(signal)
-    chunked = StreamResampler(src, dst)
+    whole = LinearResampler(src, dst).process(signal)
+    chunked = LinearResampler(src, dst)
     cuts = [0, 1, 480, 481, 2000, 5555, 9000]
     parts = [chunked.process(signal[a:b]) for a, b in itertools.pairwise(cuts)]
     joined = np.concatenate(parts)
@@ -128,9 +128,9 @@ def test_resampler_is_chunking_invariant(src: int, dst: int) -> None:
 def test_resampler_identity_and_bad_rates() -> None:
     """Equal rates pass chunks through; non-positive rates are refused."""
     chunk = np.ones(5, dtype=np.float32)
-    assert StreamResampler(24000, 24000).process(chunk) is chunk
+    assert LinearResampler(24000, 24000).process(chunk) is chunk
     with pytest.raises(ValueError, match="positive"):
-        StreamResampler(0, 24000)
+        LinearResampler(0, 24000)
 
 
 # ------------------------------------------------------------------------- frames in
