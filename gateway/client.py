@@ -55,7 +55,7 @@ import json
 import random
 import secrets
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType, TracebackType
 from typing import Any
@@ -1073,7 +1073,7 @@ class DuplexClient:
             self.closed = True
             self._notify()
 
-    async def events(self) -> AsyncIterator[RealtimeEvent]:
+    async def events(self) -> AsyncGenerator[RealtimeEvent, None]:
         """Every event once, in order, until the terminal one (which is yielded last), across
         lost connections.
 

@@ -22,10 +22,11 @@ or above it is speech; once speaking, a window counts as speech down to ``thresh
 (:data:`HYSTERESIS`, as Silero's ``VADIterator`` does), so the weak windows inside a word do not
 count as silence. Unlike the energy VAD, loud non-speech (a fan, a tone, music) is not speech.
 
-**One model, many sessions.** The ONNX session is loaded on first use (the first detector
-made) and shared by every detector of the process; each detector keeps its own recurrent
-state (:class:`~inference_worker.backends.cascade_models.VadState`), so sessions never hear
-each other. Importing this module loads neither onnxruntime nor the model.
+**One model, many sessions.** The ONNX session is loaded once per process and shared by every
+detector; each detector keeps its own recurrent state
+(:class:`~inference_worker.backends.cascade_models.VadState`), so sessions never hear each
+other. Importing this module loads neither onnxruntime nor the model: the worker loads it at
+start, off its event loop (:func:`load_weights`), else the first detector made would.
 
 :func:`detector_factory` turns the worker's ``vad`` setting (:data:`VAD_CHOICES`) into the
 detector factory the conversation core takes.
@@ -67,6 +68,7 @@ __all__ = [
     "SileroUnavailable",
     "SpeechProbabilities",
     "detector_factory",
+    "load_weights",
     "missing_silero_module",
     "shared_model",
 ]
@@ -122,6 +124,26 @@ def shared_model() -> SpeechProbabilities:
     from inference_worker.backends.cascade_models import load_vad
 
     return load_vad()
+
+
+def load_weights(factory: Callable[[VadConfig], Vad]) -> None:
+    """Load what the detectors ``factory`` makes need (Silero's ONNX session; nothing for the
+    energy VAD). Blocking: the worker runs it on a thread before it registers, because the
+    first detector would otherwise load it on the event loop, where a cold onnxruntime
+    import and model load stall every session's relay and can outlast the heartbeat's slack.
+
+    Raises:
+        SileroUnavailable: the model cannot be loaded (a broken install, say); it names the
+            setting that avoids it.
+    """
+    if factory is not SileroTurnDetector:
+        return
+    try:
+        shared_model()
+    except (ImportError, OSError) as exc:  # WeightsNotFound is a FileNotFoundError
+        raise SileroUnavailable(
+            f"cannot load the Silero VAD: {exc} (set {_VARIABLE} to {ENERGY} to run without"
+            " it)") from exc
 
 
 def _fresh_state() -> VadState:

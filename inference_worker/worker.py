@@ -52,7 +52,7 @@ from inference_worker.sessions import (
     log_ids,
 )
 from inference_worker.settings import WorkerSettings
-from inference_worker.silero_vad import detector_factory
+from inference_worker.silero_vad import detector_factory, load_weights
 from store import (
     OutputAppend,
     OutputMismatch,
@@ -182,6 +182,7 @@ class Worker:
         never writes under that id again; the process joins again as a new worker with a
         fresh id, so a transient stall costs its sessions but not the capacity.
         """
+        await asyncio.to_thread(load_weights, self._detector)  # see load_weights
         await self._start_engine()
         try:
             self._profile = self._new_session_profile()

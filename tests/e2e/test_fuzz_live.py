@@ -2,10 +2,11 @@
 
 One real Redis, one real gateway and one real loopback worker (``tests/e2e/stack.py``) serve
 the whole module. Three bystander sessions stream real-time audio in loopback ``stream`` mode,
-from a thread and event loop of their own, from the first test to the last. Meanwhile fuzz
-connections send every kind of bad frame: bad JSON, invalid UTF-8 in text frames, lone
-surrogates, deep nesting, huge and non-finite numbers, wrong types for every field of every
-client event, binary and oversize frames. The named regression frames go first, one
+from a process of their own (``tests/e2e/bystanders.py``: what they time is the stack, not
+this process), from the first test to the last. Meanwhile fuzz connections send every kind
+of bad frame: bad JSON, invalid UTF-8 in text frames, lone surrogates, deep nesting, huge and
+non-finite numbers, wrong types for every field of every client event, binary and oversize
+frames. The named regression frames go first, one
 connection each, then the hypothesis examples over a few long-lived connections.
 
 Every frame is followed by a probe, a ``response.cancel`` whose ``event_id`` is a fresh marker
@@ -28,12 +29,9 @@ What must hold (README, Protocol and Errors):
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import itertools
 import json
-import struct
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator, Sequence
@@ -50,9 +48,10 @@ from gateway.client import DuplexClient, RealtimeEvent
 from gateway.protocol.codec import CLIENT_EVENT_TYPES, UNSUPPORTED_CLIENT_EVENT_TYPES
 from gateway.protocol.errors import PARSE_ERROR_CODES
 from store.embedded import start_server
+from tests.e2e.bystanders import TERMINAL_TYPES, Bystanders, StreamReport, close_code_of
 from tests.e2e.conftest import FAST_ENV
-from tests.e2e.helpers import STREAM_SESSION, chunk_index, collect_until, marked_chunk
-from tests.e2e.stack import DEADLINE_S, Proc, Stack, http_ok
+from tests.e2e.helpers import STREAM_SESSION, collect_until, marked_chunk
+from tests.e2e.stack import Proc, Stack, http_ok, new_log_path
 from tests.gateway.strict import validate_server_event
 from tests.test_protocol_doc import column, doc_table
 
@@ -78,8 +77,6 @@ FUZZ_BUDGET_S = 35.0
 ANSWER_TIMEOUT_S = 5.0
 # Acceptance criterion: the longest gap between two consecutive echoes of a bystander.
 STALL_LIMIT_S = 1.0
-CHUNK_S = 0.02  # marked_chunk() is 20 ms of audio: the bystanders send in real time
-ABNORMAL_CLOSURE = 1006  # what websockets reports when no close frame arrived
 
 # README, Errors: the codes of the gateway's own table that a client's frames may cause, the
 # codes its resume and rate-limit rules add, and the refusals decided by the worker.
@@ -103,7 +100,6 @@ BROKEN_REASONS = frozenset({
     "worker_lost", "worker_shutdown", "open_abandoned", "no_free_slot", "model_error",
     "log_rewound", "internal_error",
 })
-TERMINAL_TYPES = frozenset({"session.closed", "session.expired"})
 BOUNDS_CODES = frozenset({"invalid_value", "invalid_json"})
 # README, Errors: the close that comes with an error code.
 CLOSE_BY_CODE = {
@@ -558,10 +554,6 @@ def decode_server_frame(raw: str | bytes, answer: Answer) -> JsonDict:
     return data
 
 
-def close_code_of(closed: ConnectionClosed) -> int:
-    return closed.rcvd.code if closed.rcvd is not None else ABNORMAL_CLOSURE
-
-
 def report(outcomes: Sequence[Outcome]) -> list[str]:
     """One line per kind of violation, in the order they first happened (the first is most
     often the cause of the rest): how often, and the first frame that caused it."""
@@ -849,140 +841,6 @@ class FuzzPool:
         return [await exchange_first(self.url, frame)]
 
 
-# --------------------------------------------------------------------------- bystanders
-
-
-@dataclass(frozen=True, slots=True)
-class StreamReport:
-    """What one bystander sent and got back."""
-
-    bystander: int
-    sent: int
-    echoed: tuple[int, ...]
-    longest_gap_s: float
-    problems: tuple[str, ...]
-
-
-def session_of(audio: bytes) -> int:
-    """The session number :func:`marked_chunk` wrote (its index is :func:`chunk_index`)."""
-    return int(struct.unpack_from("<I", audio, 0)[0])
-
-
-async def open_stream_session(url: str) -> ClientConnection:
-    """A raw connection with a stream-mode session, read up to its ``session.updated``."""
-    ws = await websockets.connect(url, max_size=None)
-    await ws.send(json.dumps({"type": "session.update", "session": STREAM_SESSION}))
-    while True:
-        data = json.loads(await asyncio.wait_for(ws.recv(), DEADLINE_S))
-        if data.get("type") == "session.updated":
-            return ws
-        if data.get("type") != "session.created":
-            await ws.close()
-            raise AssertionError(f"a bystander could not open its session: {data}")
-
-
-async def stream(number: int, ws: ClientConnection, stop: asyncio.Event) -> StreamReport:
-    """Send marked chunks in real time until ``stop``, then close the session and read every
-    echo up to ``session.closed`` (the log is in order: every echo comes before it)."""
-    arrivals: list[tuple[float, int]] = []
-    problems: list[str] = []
-    receiver = asyncio.create_task(receive_echoes(number, ws, arrivals, problems))
-    loop = asyncio.get_running_loop()
-    start, sent = loop.time(), 0
-    with contextlib.suppress(ConnectionClosed):  # the receiver reports a lost connection
-        while not stop.is_set() and not receiver.done():
-            audio = base64.b64encode(marked_chunk(number, sent)).decode()
-            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
-            sent += 1
-            # The real-time send schedule (absolute, so it does not drift), not a wait.
-            await asyncio.sleep(max(0.0, start + sent * CHUNK_S - loop.time()))
-        await ws.send(json.dumps({"type": "session.close"}))
-    try:
-        await asyncio.wait_for(receiver, DEADLINE_S)
-    except TimeoutError:
-        problems.append("no session.closed after session.close")
-    await ws.close()
-    gaps = [later[0] - earlier[0] for earlier, later in itertools.pairwise(arrivals)]
-    return StreamReport(number, sent, tuple(index for _, index in arrivals),
-                        max(gaps, default=0.0), tuple(problems))
-
-
-async def receive_echoes(number: int, ws: ClientConnection, arrivals: list[tuple[float, int]],
-                         problems: list[str]) -> None:
-    """Record each echo's arrival time and chunk index, until ``session.closed``."""
-    last_seq = 1  # session.updated was 1
-    try:
-        while True:
-            data = json.loads(await ws.recv())
-            seq = data.get("server_event_seq")
-            if isinstance(seq, int):
-                if seq != last_seq + 1:
-                    problems.append(f"server_event_seq {seq} after {last_seq}")
-                last_seq = seq
-            type_ = data.get("type")
-            if type_ == "response.output_audio.delta":
-                audio = base64.b64decode(data["delta"])
-                if session_of(audio) != number:
-                    problems.append(f"an echo of session {session_of(audio)}'s audio")
-                arrivals.append((time.monotonic(), chunk_index(audio)))
-            elif type_ == "error":
-                problems.append(f"error {data['error'].get('code')!r}")
-            elif type_ in TERMINAL_TYPES:
-                if data.get("reason") != "client_close":
-                    problems.append(f"the session ended: {data.get('reason')}")
-                return
-    except ConnectionClosed as closed:
-        problems.append(f"the connection closed {close_code_of(closed)} before session.closed")
-
-
-class Bystanders:
-    """Sessions that stream real-time audio on a thread and event loop of their own, from
-    :meth:`start` to :meth:`stop`, whatever the fuzz does meanwhile."""
-
-    def __init__(self, url: str, count: int) -> None:
-        self._url = url
-        self._count = count
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="bystanders", daemon=True)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._stop: asyncio.Event | None = None
-        self._reports: list[StreamReport] | None = None
-        self._failure: BaseException | None = None
-
-    def start(self) -> None:
-        self._thread.start()
-        if not self._ready.wait(DEADLINE_S):
-            raise AssertionError("the bystanders did not start streaming")
-        if self._failure is not None:
-            raise AssertionError("the bystanders could not start") from self._failure
-
-    def stop(self) -> list[StreamReport]:
-        """Stop streaming and return what each bystander got back (once; later calls too)."""
-        if self._loop is not None and self._stop is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(2 * DEADLINE_S)
-        if self._failure is not None:
-            raise AssertionError("a bystander failed") from self._failure
-        assert self._reports is not None, "the bystanders did not report"
-        return self._reports
-
-    def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except BaseException as exc:  # reported by start() or stop(), on the test's thread
-            self._failure = exc
-        finally:
-            self._ready.set()
-
-    async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._stop = asyncio.Event()
-        connections = [await open_stream_session(self._url) for _ in range(self._count)]
-        self._ready.set()
-        self._reports = list(await asyncio.gather(
-            *(stream(number, ws, self._stop) for number, ws in enumerate(connections))))
-
-
 # --------------------------------------------------------------------------- the live stack
 
 
@@ -1020,7 +878,8 @@ def live() -> Iterator[LiveStack]:
         runner.run(target.open(Answer()))
         cleanup.callback(lambda: runner.run(target.finish()))
         assert target.session_id is not None
-        bystanders = Bystanders(gateway.ws_url, BYSTANDERS)
+        bystanders = Bystanders(gateway.ws_url, BYSTANDERS,
+                                log=cleanup.enter_context(new_log_path("bystanders").open("wb")))
         bystanders.start()
         cleanup.callback(_stop_quietly, bystanders)
         fuzz = FuzzPool(gateway.ws_url)
@@ -1030,8 +889,10 @@ def live() -> Iterator[LiveStack]:
 
 def _stop_quietly(bystanders: Bystanders) -> None:
     # At teardown the streams only need to end; the test that checks them has reported.
-    with contextlib.suppress(AssertionError):
+    try:
         bystanders.stop()
+    except AssertionError:
+        bystanders.kill()
 
 
 # --------------------------------------------------------------------------- regression frames
