@@ -413,6 +413,12 @@ def _bench_leases(args: argparse.Namespace) -> int:
                             output=args.output)
 
 
+def _bench_calls(args: argparse.Namespace) -> int:
+    from duplex_gateway.bench_calls import run_calls_bench
+
+    return run_calls_bench(args)
+
+
 def _bench_worker(args: argparse.Namespace) -> int:
     from duplex_gateway.bench_worker import run_worker_bench
 
@@ -420,8 +426,9 @@ def _bench_worker(args: argparse.Namespace) -> int:
 
 
 def _bench_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``bench relay|resume|leases|worker``: each bench module declares its own flags."""
-    from duplex_gateway import bench, bench_leases, bench_resume, bench_worker
+    """``bench relay|resume|leases|worker|calls``: each bench module declares its own
+    flags."""
+    from duplex_gateway import bench, bench_calls, bench_leases, bench_resume, bench_worker
 
     parser = sub.add_parser("bench", help="benchmarks (each starts the processes it measures)",
                             description="Benchmarks. Each prints a table and writes its "
@@ -437,6 +444,8 @@ def _bench_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
          _bench_leases),
         ("worker", "batched step time per batch size", bench_worker.add_arguments,
          _bench_worker),
+        ("calls", "Redis CPU per chunk against sessions per script call, and the client's"
+         " per call", bench_calls.add_arguments, _bench_calls),
     )
     for name, summary, add_arguments, run in commands:
         command = bench_sub.add_parser(name, help=summary, description=summary)

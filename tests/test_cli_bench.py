@@ -20,7 +20,7 @@ from duplex_gateway.bench_resume import cuts_per_session
 from duplex_gateway.cli import _parser
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ("relay", "resume", "leases", "worker")
+BENCHES = ("relay", "resume", "leases", "worker", "calls")
 
 # (command line after `bench`, the flag argparse names, what its message says)
 BAD_ARGUMENTS = [
@@ -47,6 +47,10 @@ BAD_ARGUMENTS = [
     (["leases", "--workers", "0"], "--workers", "must be at least 1, got 0"),
     (["leases", "--seconds", "0"], "--seconds", "must be a finite number above 0"),
     (["leases", "--seconds", "inf"], "--seconds", "must be a finite number above 0"),
+    (["calls", "--sessions", "0"], "--sessions", "must be at least 1, got 0"),
+    (["calls", "--per-call", "1,x"], "--per-call", "'x' is not a whole number"),
+    (["calls", "--seconds", "0"], "--seconds", "must be a finite number above 0"),
+    (["calls", "--calls", "-3"], "--calls", "must be at least 1, got -3"),
 ]
 
 

@@ -1,0 +1,66 @@
+"""Smoke test of ``duplex-gateway bench calls`` at a small size: it runs the real input script
+on a real server, writes JSON holding every figure and a plot, and refuses a bad split.
+
+Nothing here checks speed: the numbers depend on the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from duplex_gateway.cli import main
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def run_cli(*argv: str) -> int:
+    with pytest.raises(SystemExit) as ended:
+        main(["bench", "calls", *argv])
+    code = ended.value.code
+    assert isinstance(code, int)
+    return code
+
+
+@pytest.mark.timeout(120)
+def test_a_small_run_measures_every_shape_and_both_clients(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """4 sessions, 1, 2 and 4 per call: the bare publish and the input script at each split,
+    every figure positive, chunks = calls x sessions per call, both clients measured, the table
+    and the plot written."""
+    output = tmp_path / "out" / "calls.json"
+    assert run_cli("--sessions", "4", "--per-call", "4,1,2", "--seconds", "0.5",
+                   "--calls", "30", "--output", str(output)) == 0
+
+    report = json.loads(output.read_text())
+    assert report["config"]["sessions"] == 4 and report["config"]["per_call"] == [1, 2, 4]
+    assert report["target_us_per_chunk_per_direction"] == 15.0
+    shapes = [(row["shape"], row["sessions_per_call"]) for row in report["calls"]]
+    assert shapes == [("bare SPUBLISH, one per chunk", 1)] + [
+        ("project input script (APPEND_INPUT)", n) for n in (1, 2, 4)]
+    for row in report["calls"]:
+        assert row["calls"] > 0 and row["chunks"] == row["calls"] * row["sessions_per_call"]
+        assert row["redis_us_per_chunk"] > 0 and row["redis_us_per_call"] > 0
+    assert [row["client"] for row in report["clients"]] == [
+        "redis-py (hiredis), through Scripts", "bare RESP protocol (hiredis reader)"]
+    assert all(row["calls"] == 30 and row["client_us_per_call"] > 0
+               for row in report["clients"])
+    printed = capsys.readouterr().out
+    assert "Redis CPU per chunk, one direction (4 sessions" in printed
+    plot = output.with_suffix(".svg")
+    assert f"(plot: {plot})" in printed
+    titles = [t.text for t in ET.parse(plot).getroot().iter(f"{SVG}title")]
+    assert titles == ["project input script (APPEND_INPUT)", "bare SPUBLISH, one per chunk"]
+
+
+def test_sessions_per_call_that_do_not_divide_the_sessions_are_refused(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every call carries the same number of sessions: a split that leaves a remainder is
+    refused before anything starts (exit 2, nothing written)."""
+    output = tmp_path / "calls.json"
+    assert run_cli("--sessions", "5", "--per-call", "1,2", "--output", str(output)) == 2
+    assert "--per-call [2] do not divide --sessions 5" in capsys.readouterr().err
+    assert not output.exists()
