@@ -44,6 +44,13 @@ def test_a_small_run_measures_every_shape_and_both_clients(
     for row in report["calls"]:
         assert row["calls"] > 0 and row["chunks"] == row["calls"] * row["sessions_per_call"]
         assert row["redis_us_per_chunk"] > 0 and row["redis_us_per_call"] > 0
+    bare, *scripted = report["calls"]
+    assert bare["script_us_per_chunk"] == 0 and bare["commands_us_per_chunk_by_name"] == {}
+    for row in scripted:  # every command the input script runs, its push included
+        by_name = row["commands_us_per_chunk_by_name"]
+        assert set(by_name) == {"hmget", "xadd", "hset", "time", "spublish"}, by_name
+        assert row["commands_us_per_chunk"] == pytest.approx(sum(by_name.values()))
+        assert 0 < row["commands_us_per_chunk"] < row["script_us_per_chunk"]
     assert [row["client"] for row in report["clients"]] == [
         "redis-py (hiredis), through Scripts", "bare RESP protocol (hiredis reader)"]
     assert all(row["calls"] == 30 and row["client_us_per_call"] > 0
