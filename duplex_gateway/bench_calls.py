@@ -9,8 +9,9 @@ one subscriber on the worker channel as a worker would have, at a fixed chunk ra
 per call varies, and reads Redis's own CPU time (``INFO cpu``) per chunk. Beside it, a bare
 ``SPUBLISH`` of each chunk, one call per chunk: the floor of any design that sends each chunk
 through Redis in its own call, scripts or not. Then the client's side: the bench process's CPU
-per call of the same script through redis-py (hiredis, on the running loop) and through a
-bare RESP protocol (hiredis's reader on an asyncio protocol), one call at a time.
+per call of the same script through redis-py (hiredis, on the running loop) and through the
+store's own connection (``store/script_lane.py``, hiredis's reader on an asyncio protocol: what
+the gateway and the worker use), one call at a time.
 
 It prints two tables, writes JSON and a plot (Redis us per chunk against sessions per call,
 the per-direction half of the target drawn as a line), asserts nothing about speed, and exits
@@ -197,67 +198,31 @@ def _check_appended(outcomes: Sequence[object]) -> None:
         raise RuntimeError(f"the input script refused the bench's sessions: {outcomes}")
 
 
-class _BareResp(asyncio.Protocol):
-    """RESP over one connection, replies matched to calls in order (hiredis parses)."""
-
-    def __init__(self) -> None:
-        import hiredis
-
-        self._reader = hiredis.Reader()
-        self._waiting: list[asyncio.Future[Any]] = []
-        self.transport: asyncio.WriteTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self._reader.feed(data)
-        while (reply := self._reader.gets()) is not False:
-            self._waiting.pop(0).set_result(reply)
-
-    def call(self, *args: bytes | str | int) -> asyncio.Future[Any]:
-        parts = [b"*%d\r\n" % len(args)]
-        for arg in args:
-            raw = arg if isinstance(arg, bytes) else str(arg).encode()
-            parts.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
-        assert self.transport is not None
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._waiting.append(future)
-        self.transport.write(b"".join(parts))
-        return future
-
-
-async def _measure_clients(client: Redis, port: int, calls: int) -> list[ClientRow]:
-    """The input script with one session and one chunk, ``calls`` times through each client."""
+async def _measure_clients(client: Redis, calls: int) -> list[ClientRow]:
+    """The input script with one session and one chunk, ``calls`` times through each of the
+    store's two ways to Redis: redis-py's pool, and its own connection (what the gateway and
+    the worker use, ``store/script_lane.py``)."""
     from store import Scripts
-    from store.keys import SessionKeys, new_worker_id
-    from store.lua import APPEND_INPUT
+    from store.keys import new_worker_id
 
-    worker_id = new_worker_id()
-    [lease] = await _sessions(client, worker_id, 1)
-    keys = SessionKeys(lease.session_id)
-    sha = await client.script_load(APPEND_INPUT)
-    chunk, scripts = os.urandom(CHUNK_BYTES), Scripts(client)
-    started = time.process_time()
-    for _ in range(calls):
-        _check_appended(await scripts.append_input_many([(lease, [(None, chunk)])],
-                                                        max_entries=1 << 30))
-    redis_py = (time.process_time() - started) / calls * 1e6
-    _, bare = await asyncio.get_running_loop().create_connection(_BareResp, "127.0.0.1", port)
-    started = time.process_time()
-    for n in range(calls):
-        answer = await bare.call("EVALSHA", sha, 3, keys.worker.input_channel, keys.record,
-                                 keys.input_log, 1 << 30, f"bare-{n}", 0, lease.session_id,
-                                 _EPOCH, 1, _TENANT, 1, "", chunk)
-        if not (isinstance(answer, list) and answer[0][:2] == [b"ok", 1]):
-            raise RuntimeError(f"the input script refused the bare protocol's call: {answer}")
-    bare_us = (time.process_time() - started) / calls * 1e6
-    assert bare.transport is not None
-    bare.transport.close()
+    [lease] = await _sessions(client, new_worker_id(), 1)
+    chunk = os.urandom(CHUNK_BYTES)
+    rows = []
+    for name, own in (("redis-py (hiredis), through Scripts", False),
+                      ("the store's own connection, through Scripts", True)):
+        scripts = Scripts(client, own_connection=own)
+        try:
+            _check_appended(await scripts.append_input_many(  # connected, script loaded
+                [(lease, [(None, chunk)])], max_entries=1 << 30))
+            started = time.process_time()
+            for _ in range(calls):
+                _check_appended(await scripts.append_input_many([(lease, [(None, chunk)])],
+                                                                max_entries=1 << 30))
+            rows.append(ClientRow(name, calls, (time.process_time() - started) / calls * 1e6))
+        finally:
+            await scripts.aclose()
     await client.flushall()
-    return [ClientRow("redis-py (hiredis), through Scripts", calls, redis_py),
-            ClientRow("bare RESP protocol (hiredis reader)", calls, bare_us)]
+    return rows
 
 
 async def _run(sessions: int, per_call: Sequence[int], seconds: float, calls: int
@@ -272,7 +237,7 @@ async def _run(sessions: int, per_call: Sequence[int], seconds: float, calls: in
         rows = [await _measure_shape(client, _BARE_PUBLISH, sessions, 1, seconds)]
         for count in per_call:
             rows.append(await _measure_shape(client, _INPUT_SCRIPT, sessions, count, seconds))
-        clients = await _measure_clients(client, server.port, calls)
+        clients = await _measure_clients(client, calls)
         version: dict[str, Any] = await client.info("server")
     finally:
         await client.aclose()

@@ -130,7 +130,9 @@ def create_app(settings: GatewaySettings) -> Starlette:
         outages = OutageLog(_log, redis_address(settings.redis_url))
         subscriber = Subscriber(client, outages=outages)
         await subscriber.start()
-        services = GatewayServices(settings, client, Scripts(client), subscriber, metrics)
+        # The input batches are a call per relayed chunk: on the store's own connection.
+        scripts = Scripts(client, own_connection=True)
+        services = GatewayServices(settings, client, scripts, subscriber, metrics)
         state["services"] = services
         reaper = asyncio.create_task(run_reaper(
             client, services.scripts, metrics, settings.reaper_interval_s,
@@ -145,6 +147,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
             await asyncio.gather(reaper, leases, return_exceptions=True)
             await services.batcher.aclose()
             await subscriber.aclose()
+            await scripts.aclose()
             await client.aclose()
 
     async def realtime(websocket: WebSocket) -> None:

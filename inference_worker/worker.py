@@ -140,7 +140,8 @@ class Worker:
         self._background: set[asyncio.Task[None]] = set()
         self.worker_id = worker_id or new_worker_id()
         self._client = client
-        self._scripts = Scripts(client)
+        # The output flushes are a call per relayed chunk: on the store's own connection.
+        self._scripts = Scripts(client, own_connection=True)
         self._keys = WorkerKeys(self.worker_id)
         # Every loop here reports to one outage log: an outage is told once, not per retry.
         self._redis_address = redis_address(settings.redis_url)
@@ -190,6 +191,7 @@ class Worker:
                 await self._serve()
         finally:
             await self._stop_engine()
+            await self._scripts.aclose()
 
     def _new_session_profile(self) -> WorkerProfile:
         """The default session of a new session here (without its ``id``) and what sessions

@@ -10,10 +10,9 @@ that still holds its old connection: the old one must hear the lease notice that
 it). Each push reaches every handler of its channel, over one Redis subscription per channel,
 which is dropped when the last handler leaves.
 
-One connection per Redis node, each with its own reader task: on a Cluster a sharded channel
-lives on the node that owns its slot, and one blocking read per node means a push on any node
-is delivered at once (a single reader polling the nodes in turn would wait out each node's
-read timeout before the next).
+One connection per Redis node: on a Cluster a sharded channel lives on the node that owns its
+slot. The connections are ``store.resp``'s, which hand each push over as its bytes
+arrive, without redis-py's reader (a push is the relay's most frequent read).
 """
 
 from __future__ import annotations
@@ -22,20 +21,17 @@ import asyncio
 import collections
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
 
 import msgpack  # type: ignore[import-untyped]
 from redis.asyncio import Redis
-from redis.asyncio.client import PubSub
-from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError, RedisError
 
 from store.client import REDIS_ERRORS
-from store.errors import raise_if_cancelled
 from store.outages import OutageLog
+from store.resp import Endpoint, PushConnection, endpoint_of
 
 __all__ = ["Notice", "NoticeHandler", "Subscriber"]
 
@@ -47,7 +43,10 @@ NoticeHandler: TypeAlias = Callable[["list[Any] | None"], None]
 
 _SUBSCRIBE_TIMEOUT_S = 5.0
 _RECONNECT_DELAY_S = 0.2
-_READ_TIMEOUT_S = 1.0
+# A push connection silent this long gets a PING; silent twice as long, it is replaced. Pushes
+# are only wake-ups (consumers poll their logs too), so this bounds how long a dead connection
+# leaves them on their polls, not what they receive.
+_HEALTH_CHECK_S = 5.0
 # How long a moved channel waits for a slot map that no longer names the node it left: the
 # nodes learn a move one after another, within milliseconds (a slot may also come back).
 _STALE_MAP_RETRY_S = 0.05
@@ -55,39 +54,34 @@ _STALE_MAP_RETRIES = 100
 
 
 class _Shard:
-    """One node's pub/sub connection and its reader task."""
+    """One node's push connection and the task that keeps it: reconnects, subscribes every
+    channel again, and sends a PING when Redis has been silent, so a connection that went
+    dead without a reset (a host gone, a cut cable) is found and replaced."""
 
-    def __init__(self, client: Redis, owner: Subscriber) -> None:
-        self.client = client
+    def __init__(self, endpoint: Callable[[], Awaitable[Endpoint]], owner: Subscriber) -> None:
+        self.endpoint = endpoint
         self.owner = owner
         self.channels: set[bytes] = set()
-        self.pubsub: PubSub | None = None
+        self.connection: PushConnection | None = None
         self.wake = asyncio.Event()
         self._connecting = asyncio.Lock()
         self.task = asyncio.create_task(self._run(), name="store-subscriber-shard")
 
-    def ensure(self) -> PubSub:
-        if self.pubsub is None:
-            self.pubsub = self.client.pubsub()
-        return self.pubsub
-
-    async def connected(self) -> PubSub:
-        """The pub/sub, its connection made by one caller at a time: redis-py's
-        ``PubSub.connect`` is not safe to race. Concurrent first subscribes (sessions resumed
-        at once) would each open a connection, the last one would win, and the subscriptions
-        sent on the others, with every push to them, would never be read."""
+    async def connected(self) -> PushConnection:
+        """The open connection, made by one caller at a time: concurrent first subscribes
+        (sessions resumed at once) must share one, or the subscriptions sent on the others,
+        with every push to them, would be lost with them."""
         async with self._connecting:
-            pubsub = self.ensure()
-            if pubsub.connection is None:
-                await pubsub.connect()  # type: ignore[no-untyped-call]
-            return pubsub
+            if self.connection is None or self.connection.closed.done():
+                self.connection = await PushConnection.open(await self.endpoint(),
+                                                            self.owner.dispatch)
+            return self.connection
 
     async def aclose(self) -> None:
         self.task.cancel()
         await asyncio.gather(self.task, return_exceptions=True)
-        if self.pubsub is not None:
-            with contextlib.suppress(*REDIS_ERRORS, OSError):
-                await self.pubsub.aclose()  # type: ignore[no-untyped-call]
+        if self.connection is not None:
+            self.connection.abort(RedisConnectionError("the subscriber closed"))
 
     async def _run(self) -> None:
         while True:
@@ -95,33 +89,37 @@ class _Shard:
                 self.wake.clear()
                 await self.wake.wait()
                 continue
-            try:
-                message = await self.ensure().get_message(timeout=_READ_TIMEOUT_S)
-            except (*REDIS_ERRORS, OSError, RuntimeError) as exc:
-                raise_if_cancelled()
-                await self._recover(exc)
+            connection = self.connection
+            if connection is None or connection.closed.done():
+                why = (connection.closed.result() if connection is not None
+                       else RedisConnectionError("not connected"))
+                await self._recover(why)
                 continue
-            raise_if_cancelled()  # redis-py may swallow a cancellation; aclose() awaits us
-            if message is not None:
-                try:
-                    self.owner.dispatch(message)
-                except Exception:  # a bad notice or handler must not stop every delivery
-                    _log.exception("dropped a pub/sub message: %r", message)
+            await self._watch(connection)
+
+    @staticmethod
+    async def _watch(connection: PushConnection) -> None:
+        """Return once ``connection`` ended, or was silent through a PING and then some."""
+        while not connection.closed.done():
+            await asyncio.wait([connection.closed], timeout=_HEALTH_CHECK_S)
+            silent = connection.silent_for()
+            if silent >= 2 * _HEALTH_CHECK_S:
+                connection.abort(RedisConnectionError(f"Redis silent for {silent:.1f} s"))
+            elif silent >= _HEALTH_CHECK_S:
+                with contextlib.suppress(*REDIS_ERRORS):
+                    connection.ping()
 
     async def _recover(self, exc: BaseException) -> None:
         # A shard reconnects every _RECONNECT_DELAY_S while its node is away: the outage log
         # tells the loss once, and the return once.
         self.owner.outages.failed("pub/sub read", exc)
-        old, self.pubsub = self.pubsub, None
-        if old is not None:
-            with contextlib.suppress(*REDIS_ERRORS, OSError):
-                await old.aclose()  # type: ignore[no-untyped-call]
+        self.connection = None
         await asyncio.sleep(_RECONNECT_DELAY_S)  # back off; Redis may be restarting
         await self.owner.reroute(self)
         try:
-            pubsub = await self.connected()
+            connection = await self.connected()
             for channel in list(self.channels):
-                await pubsub.ssubscribe(channel.decode())
+                connection.ssubscribe(channel)
         except (*REDIS_ERRORS, OSError) as exc2:
             self.owner.outages.failed("re-subscription", exc2)
         # Each handler gets None when its re-subscription is confirmed (see dispatch), so a
@@ -174,8 +172,6 @@ class Subscriber:
         shards, self._shards = list(self._shards.values()), {}
         for shard in shards:
             await shard.aclose()
-            if isinstance(self._client, RedisCluster):
-                await shard.client.aclose()
 
     def _shard_for(self, channel: str) -> _Shard:
         if isinstance(self._client, RedisCluster):
@@ -184,18 +180,12 @@ class Subscriber:
                 raise RedisError(f"no Cluster node owns {channel}")
             name = node.name
             if name not in self._shards:
-                auth = {k: v for k, v in node.connection_kwargs.items()
-                        if k in ("username", "password")}
-                # No retries inside redis-py (its default tries a dead node for seconds):
-                # the shard's reader reconnects itself, asking for the slot map each time,
-                # so a channel whose master died moves as soon as a replica is promoted.
-                self._shards[name] = _Shard(
-                    Redis(host=node.host, port=int(node.port), retry=Retry(NoBackoff(), 0),
-                          **auth), self)
+                self._shards[name] = _Shard(_node_endpoint(node), self)
         else:
             name = ""
             if name not in self._shards:
-                self._shards[name] = _Shard(self._client, self)
+                client = self._client
+                self._shards[name] = _Shard(lambda: endpoint_of(client), self)
         return self._shards[name]
 
     async def subscribe(self, channel: str, handler: NoticeHandler) -> None:
@@ -225,12 +215,11 @@ class Subscriber:
 
     async def _ssubscribe(self, key: bytes, shard: _Shard) -> None:
         """Subscribe ``key`` on ``shard``'s connection and wait for Redis to confirm it."""
-        channel = key.decode()
         confirmed: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._confirmations[key] = confirmed
         self._shard_of[key] = shard
         try:
-            await (await shard.connected()).ssubscribe(channel)
+            (await shard.connected()).ssubscribe(key)
             # Added only now: the reader must not poll a connection with no subscription.
             shard.channels.add(key)
             shard.wake.set()
@@ -275,16 +264,15 @@ class Subscriber:
         if shard is None:
             return
         shard.channels.discard(key)
-        if shard.pubsub is not None:
+        if shard.connection is not None:
             # Its answer must not read as Redis dropping the channel (see dispatch), also if
             # the channel is subscribed again before the answer arrives.
             self._unsubscribing[key] += 1
             try:
-                await shard.pubsub.sunsubscribe(key.decode())
-            except (*REDIS_ERRORS, OSError, AttributeError) as exc:
-                # AttributeError: redis-py's PubSub writes to a connection that its reader
-                # closed under it in an outage (its writer is None); the channel is dropped
-                # with that connection anyway, and the reader's reconnect skips it.
+                shard.connection.sunsubscribe(key)
+            except REDIS_ERRORS as exc:
+                # The connection broke: the channel went with it, and the shard's reconnect
+                # skips it.
                 self._unsubscribing[key] -= 1
                 _log.debug("sunsubscribe %r failed: %s", key, exc)
 
@@ -321,9 +309,6 @@ class Subscriber:
         old = self._shard_of.pop(channel, None)
         if old is not None:
             old.channels.discard(channel)
-            if old.pubsub is not None:
-                # redis-py forgets only the unsubscriptions it asked for itself.
-                old.pubsub.shard_channels.pop(channel, None)
         stale_maps = 0
         try:
             while channel in self._handlers:  # else: unsubscribed meanwhile
@@ -360,22 +345,19 @@ class Subscriber:
             except Exception:  # a handler bug must not starve its channel's other handlers
                 _log.exception("a handler of %r failed on %r", channel, notice)
 
-    def dispatch(self, message: dict[str, Any]) -> None:
-        """Route one message from a shard's connection (called by the shards)."""
-        kind = message["type"]
-        kind = kind.decode() if isinstance(kind, bytes) else kind
-        channel = message["channel"]
-        if kind == "ssubscribe":
+    def dispatch(self, kind: bytes, channel: bytes, data: Any) -> None:
+        """Route one push from a shard's connection (called by the connections)."""
+        if kind == b"ssubscribe":
             self.outages.succeeded()  # a confirmation: Redis answers again
             future = self._confirmations.get(channel)
             if future is not None and not future.done():
                 future.set_result(True)
                 return
-            # Not asked for by subscribe(): a re-subscription after a reconnect (ours or
-            # redis-py's own), now confirmed. Pushes may have been missed: read the log.
+            # Not asked for by subscribe(): a re-subscription after a reconnect, now
+            # confirmed. Pushes may have been missed: read the log.
             self._deliver(channel, None)
             return
-        if kind == "sunsubscribe":
+        if kind == b"sunsubscribe":
             if self._unsubscribing[channel] > 0:
                 self._unsubscribing[channel] -= 1  # the answer to our own unsubscribe()
                 if not self._unsubscribing[channel]:
@@ -385,7 +367,16 @@ class Subscriber:
                 # moved to another node (resharding).
                 self._start_following(channel)
             return
-        if kind != "smessage":
-            return
-        if channel in self._handlers:
-            self._deliver(channel, msgpack.unpackb(message["data"], raw=True))
+        if kind == b"smessage" and channel in self._handlers:
+            self._deliver(channel, msgpack.unpackb(data, raw=True))
+
+
+def _node_endpoint(node: ClusterNode) -> Callable[[], Awaitable[Endpoint]]:
+    """A Cluster node's address and credentials (the Cluster's, shared by its nodes)."""
+    kwargs = node.connection_kwargs
+    endpoint = Endpoint(host=node.host, port=int(node.port), username=kwargs.get("username"),
+                        password=kwargs.get("password"))
+
+    async def fixed() -> Endpoint:
+        return endpoint
+    return fixed

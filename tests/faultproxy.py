@@ -34,6 +34,9 @@ class FaultProxy:
         #: Set once the command armed by :meth:`hold_command` arrived (and is being held).
         self.holding = asyncio.Event()
         self._released = asyncio.Event()
+        # Connections numbered below this forward nothing more (see freeze).
+        self._connections_made = 0
+        self._frozen_below = 0
 
     async def start(self) -> None:
         """Listen on a free port."""
@@ -55,6 +58,11 @@ class FaultProxy:
     def restore(self) -> None:
         """End the outage."""
         self.refusing = False
+
+    def freeze(self) -> None:
+        """Every connection open now goes silent both ways, and stays open: a peer that
+        vanished without a reset (a host gone, a cable cut). New connections work."""
+        self._frozen_below = self._connections_made
 
     def lose_reply_to(self, marker: bytes) -> None:
         """The next command whose bytes contain ``marker`` runs, but its reply is lost."""
@@ -83,6 +91,11 @@ class FaultProxy:
         if self._server is not None:
             await self._server.wait_closed()
 
+    async def _unless_frozen(self, number: int) -> None:
+        """Forward nothing more on connection ``number`` once it is frozen."""
+        if number < self._frozen_below:
+            await asyncio.Event().wait()  # until the proxy closes the connection
+
     def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
         if self.refusing:
@@ -96,10 +109,13 @@ class FaultProxy:
         up_reader, up_writer = await asyncio.open_connection(*self._upstream)
         self._writers.add(up_writer)
         tripped = asyncio.Event()  # this connection carried the marked command
+        number = self._connections_made
+        self._connections_made += 1
 
         async def upstream() -> None:
             tail = b""  # a marker may straddle two reads
             while data := await reader.read(_READ):
+                await self._unless_frozen(number)
                 held = self._hold_marker
                 if held is not None and held in data:
                     self._hold_marker = None
@@ -117,6 +133,7 @@ class FaultProxy:
 
         async def downstream() -> None:
             while data := await up_reader.read(_READ):
+                await self._unless_frozen(number)
                 if tripped.is_set():
                     # The server answered, so it executed the command: drop the answer with
                     # the connection, as a network failure would.

@@ -52,7 +52,7 @@ def test_a_small_run_measures_every_shape_and_both_clients(
         assert row["commands_us_per_chunk"] == pytest.approx(sum(by_name.values()))
         assert 0 < row["commands_us_per_chunk"] < row["script_us_per_chunk"]
     assert [row["client"] for row in report["clients"]] == [
-        "redis-py (hiredis), through Scripts", "bare RESP protocol (hiredis reader)"]
+        "redis-py (hiredis), through Scripts", "the store's own connection, through Scripts"]
     assert all(row["calls"] == 30 and row["client_us_per_call"] > 0
                for row in report["clients"])
     printed = capsys.readouterr().out

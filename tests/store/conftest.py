@@ -11,11 +11,18 @@ from store import Scripts, create_client
 from store.embedded import EmbeddedServer
 from tests.faultproxy import FaultProxy
 
+#: Both ways the scripts reach Redis: redis-py's pool, and the store's own pipelined
+#: connection (store/script_lane.py). Every contract test that takes ``scripts`` or ``lossy``
+#: runs on both.
+CONNECTIONS = ("redis-py", "own")
 
-@pytest.fixture
-def scripts(redis_client: Redis) -> Scripts:
-    """The store's scripts, registered on the per-test client."""
-    return Scripts(redis_client)
+
+@pytest.fixture(params=CONNECTIONS)
+async def scripts(redis_client: Redis, request: pytest.FixtureRequest) -> AsyncIterator[Scripts]:
+    """The store's scripts on the per-test client."""
+    registered = Scripts(redis_client, own_connection=request.param == "own")
+    yield registered
+    await registered.aclose()
 
 
 @pytest.fixture
@@ -27,9 +34,11 @@ async def proxy(redis_server: EmbeddedServer, redis_client: Redis) -> AsyncItera
     await fault.aclose()
 
 
-@pytest.fixture
-async def lossy(proxy: FaultProxy) -> AsyncIterator[Scripts]:
+@pytest.fixture(params=CONNECTIONS)
+async def lossy(proxy: FaultProxy, request: pytest.FixtureRequest) -> AsyncIterator[Scripts]:
     """The store's scripts through the proxy, on the production client factory."""
     client = create_client(proxy.url)
-    yield Scripts(client)
+    registered = Scripts(client, own_connection=request.param == "own")
+    yield registered
+    await registered.aclose()
     await client.aclose()

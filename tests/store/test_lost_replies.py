@@ -12,11 +12,13 @@ import asyncio
 import hashlib
 import os
 import secrets
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
 from store import OpenStatus, ResumeStatus, Scripts, lua
+from store.embedded import EmbeddedServer
 from store.errors import raise_if_cancelled
 from store.keys import new_session_id
 from store.logs import read_input, read_output
@@ -183,3 +185,33 @@ async def test_a_swallowed_cancellation_is_raised_again() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert reached == ["checked", "swallowed"]
+
+
+class _ClosedUnderACommand(Redis):
+    """redis-py as it fails when a disconnect races a command's connect or write: the error
+    escapes as an AttributeError, not its ConnectionError (redis-py issues 3546, 4287). Here
+    the first EVALSHA fails that way before reaching Redis, as the race does."""
+
+    raced = False
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        if args[0] == "EVALSHA" and not self.raced:
+            self.raced = True
+            raise AttributeError("'NoneType' object has no attribute 'writelines'")
+        return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]
+
+
+async def test_a_connection_closed_under_redis_py_is_resent_not_a_crash(
+    scripts: Scripts, redis_server: EmbeddedServer, redis_client: Redis
+) -> None:
+    """The race crashed a worker's heartbeat loop in a Cluster failover: it is a broken
+    connection, and the call is sent again."""
+    racy = _ClosedUnderACommand(port=redis_server.port)
+    try:
+        wid = await register_worker(scripts)
+        sid = (await open_session(scripts, wid)).session_id
+        assert await Scripts(racy).append_output(sid, [ev(1)], first_seq=1) == 1
+        assert racy.raced
+        assert await read_output(redis_client, sid, 0) == [(1, ev(1))]
+    finally:
+        await racy.aclose()

@@ -48,10 +48,11 @@ def trio(request: pytest.FixtureRequest) -> Iterator[Trio]:
 
 
 @pytest.mark.timeout(60)
-async def test_sessions_carry_on_through_a_failover(trio: Trio) -> None:
+@pytest.mark.parametrize("own_connection", [False, True], ids=["redis-py", "own"])
+async def test_sessions_carry_on_through_a_failover(trio: Trio, own_connection: bool) -> None:
     """Writes before and after a failover land in one log, numbered on; pushes resume."""
     client = create_client(trio.url)
-    scripts = Scripts(client)
+    scripts = Scripts(client, own_connection=own_connection)
     subscriber = Subscriber(client)
     await subscriber.start()
     try:
@@ -78,4 +79,5 @@ async def test_sessions_carry_on_through_a_failover(trio: Trio) -> None:
             await asyncio.sleep(0.05)  # pacing the probe writes; the push is the condition
     finally:
         await subscriber.aclose()
+        await scripts.aclose()
         await client.aclose()

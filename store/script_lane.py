@@ -1,0 +1,118 @@
+"""Script calls on one pipelined connection of the store's own (``store/resp.py``).
+
+redis-py spends ~130 us of client CPU on each call beyond the bytes (``docs/performance.md``):
+its connection pool, its stream reader and writer, its command packer. The gateway's input
+batches and the worker's output flushes are one call per relayed chunk at real-time load, so
+:class:`Scripts` sends its scripts here instead, for one node or Sentinel (a Cluster keeps
+redis-py, which routes by slot and follows redirections).
+
+What redis-py did for these calls, done here:
+
+* Reconnects: a call on a connection that broke fails with ``ConnectionError``, and the next
+  call connects again (asking the Sentinels where the master is now). Every script is safe to
+  send twice (``store/lua.py``), so :meth:`Scripts._run` resends it as after any lost reply.
+* A connection that stops answering: calls in flight and nothing heard for ``stall_s``, the
+  connection is dropped and its calls fail with ``ConnectionError`` (resent on a new one).
+  redis-py, with no socket timeout set, would wait for ever.
+* NOSCRIPT (Redis restarted, or a script flush): the call is sent again as EVAL, which also
+  loads it for the next EVALSHA.
+* READONLY (a master demoted under Sentinel): the connection is dropped, so the next call
+  goes to the new master, and the error stands for the resend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from redis.exceptions import ConnectionError as RedisConnectionError, NoScriptError, ReadOnlyError
+
+from store.resp import Endpoint, RespConnection
+
+__all__ = ["DEFAULT_STALL_S", "ScriptLane"]
+
+#: How long calls may wait with nothing heard from Redis before their connection is dropped:
+#: far above any script's run time, and a resend after it is safe.
+DEFAULT_STALL_S = 10.0
+
+
+class ScriptLane:
+    """EVALSHA over one connection, made on first use in the running event loop."""
+
+    def __init__(self, endpoint: Callable[[], Awaitable[Endpoint]], *,
+                 stall_s: float = DEFAULT_STALL_S) -> None:
+        self._endpoint = endpoint
+        self._stall_s = stall_s
+        self._connection: RespConnection | None = None
+        self._connecting: asyncio.Lock | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    async def evalsha(self, sha: str, source: str | bytes, keys: Sequence[str],
+                      args: Sequence[Any]) -> Any:
+        """Run the script whose SHA1 is ``sha`` (``source`` if Redis does not hold it).
+
+        Raises:
+            redis.exceptions.ConnectionError: the connection failed or stalled; whether the
+                script ran is unknown.
+            redis.exceptions.RedisError: what Redis answered (as redis-py would raise it).
+        """
+        connection = await self._connected()
+        try:
+            return await self._request(connection, ["EVALSHA", sha, len(keys), *keys, *args])
+        except NoScriptError:
+            return await self._request(connection, ["EVAL", source, len(keys), *keys, *args])
+        except ReadOnlyError as exc:
+            connection.abort(exc)  # the next call asks where the master is now
+            raise
+
+    async def aclose(self) -> None:
+        """Drop the connection; calls in flight fail with ``ConnectionError``."""
+        self._closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        if self._connection is not None:
+            self._connection.abort(RedisConnectionError("the script lane closed"))
+            self._connection = None
+
+    async def _request(self, connection: RespConnection, parts: list[Any]) -> Any:
+        reply = connection.request(parts)
+        if self._watchdog is None:
+            self._watchdog = asyncio.get_running_loop().call_later(self._stall_s / 2,
+                                                                   self._check_stall)
+        return await reply
+
+    async def _connected(self) -> RespConnection:
+        if self._closed:
+            raise RedisConnectionError("the script lane is closed")
+        connection = self._connection
+        if connection is not None and not connection.closed.done():
+            return connection
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:  # one connect for every caller that found none
+            connection = self._connection
+            if connection is None or connection.closed.done():
+                connection = await RespConnection.connect(await self._endpoint(),
+                                                          RespConnection)
+                if self._closed:
+                    connection.abort(RedisConnectionError("the script lane closed"))
+                    raise RedisConnectionError("the script lane is closed")
+                self._connection = connection
+            return connection
+
+    def _check_stall(self) -> None:
+        self._watchdog = None
+        connection = self._connection
+        if connection is None or connection.closed.done() or not connection.in_flight:
+            return
+        silent = connection.silent_for()
+        if silent >= self._stall_s:
+            connection.abort(RedisConnectionError(
+                f"no reply from Redis in {silent:.1f} s with {connection.in_flight} calls"
+                " in flight"))
+            return
+        self._watchdog = asyncio.get_running_loop().call_later(self._stall_s / 2,
+                                                               self._check_stall)
