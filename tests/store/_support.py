@@ -18,6 +18,7 @@ from store import AttachmentHolder, Lease, OpenStatus, Reaped, Scripts, SessionP
 from store.keys import SessionKeys, WorkerKeys, new_session_id, new_worker_id
 from store.logs import read_output
 from store.messages import AudioDelta, Event, decode_message, encode_message, is_terminal
+from store.pubsub import Notice
 
 T = TypeVar("T")
 
@@ -207,3 +208,32 @@ async def spublish_raw(client: Client, channel: str, data: bytes) -> int:
 async def spublish(client: Client, channel: str, notice: list[Any]) -> int:
     """Publish a MessagePack notice; how many subscribers the server delivered it to."""
     return await spublish_raw(client, channel, msgpack.packb(notice))
+
+
+#: How long a test waits for a push notice.
+NOTICE_WAIT_S = 5.0
+
+
+class Notices:
+    """A handler that queues every notice, and waits for the next one."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[Notice] = asyncio.Queue()
+
+    def __call__(self, notice: Notice) -> None:
+        self.queue.put_nowait(notice)
+
+    async def next(self) -> Notice:
+        """The next notice; fails the test after NOTICE_WAIT_S."""
+        return await asyncio.wait_for(self.queue.get(), NOTICE_WAIT_S)
+
+    async def next_not_none(self) -> list[Any]:
+        """The next notice that is not a reconnect marker."""
+        while True:
+            notice = await self.next()
+            if notice is not None:
+                return notice
+
+    def assert_empty(self) -> None:
+        """Nothing arrived that was not consumed."""
+        assert self.queue.empty(), self.queue.get_nowait()

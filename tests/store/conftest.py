@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from redis.asyncio import Redis
 
 from store import Scripts, create_client
-from store.embedded import EmbeddedServer
+from store.embedded import EmbeddedServer, start_server
+from tests.conftest import SERVER_KINDS
 from tests.faultproxy import FaultProxy
 
 #: Both ways the scripts reach Redis: redis-py's pool, and the store's own pipelined
@@ -42,3 +43,11 @@ async def lossy(proxy: FaultProxy, request: pytest.FixtureRequest) -> AsyncItera
     yield registered
     await registered.aclose()
     await client.aclose()
+
+
+@pytest.fixture(params=SERVER_KINDS)
+def own_server(request: pytest.FixtureRequest) -> Iterator[EmbeddedServer]:
+    """A server this test alone uses, so it may restart it."""
+    server = start_server(request.param)
+    yield server
+    server.stop()

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
 from store import LogFollower, Scripts
-from store.embedded import EmbeddedServer, start_server
+from store.embedded import EmbeddedServer
 from store.keys import SessionKeys, WorkerKeys
 from store.logs import read_output
 from store.messages import SessionClosed, encode_message
 from store.pubsub import Notice, Subscriber
-from tests.conftest import SERVER_KINDS
 from tests.store._support import (
     EPOCH,
     Client,
+    Notices,
     digest,
     expire_heartbeat,
     open_session,
@@ -30,33 +30,6 @@ from tests.store._support import (
 )
 
 WAIT_S = 5.0
-
-
-class Notices:
-    """A handler that queues every notice, and waits for the next one."""
-
-    def __init__(self) -> None:
-        self.queue: asyncio.Queue[Notice] = asyncio.Queue()
-
-    def __call__(self, notice: Notice) -> None:
-        self.queue.put_nowait(notice)
-
-    async def next(self) -> Notice:
-        """The next notice; fails the test after WAIT_S."""
-        return await asyncio.wait_for(self.queue.get(), WAIT_S)
-
-    async def next_not_none(self) -> list[Any]:
-        """The next notice that is not a reconnect marker."""
-        while True:
-            notice = await self.next()
-            if notice is not None:
-                return notice
-
-    def assert_empty(self) -> None:
-        """Nothing arrived that was not consumed."""
-        assert self.queue.empty(), self.queue.get_nowait()
-
-
 
 
 async def shard_subscribers(client: Client, channel: str) -> int:
@@ -72,14 +45,6 @@ async def subscriber(redis_client: Redis) -> AsyncIterator[Subscriber]:
     await sub.start()
     yield sub
     await sub.aclose()
-
-
-@pytest.fixture(params=SERVER_KINDS)
-def own_server(request: pytest.FixtureRequest) -> Iterator[EmbeddedServer]:
-    """A server this test alone uses, so it may restart it."""
-    server = start_server(request.param)
-    yield server
-    server.stop()
 
 
 async def test_subscribe_is_confirmed_before_returning(

@@ -25,24 +25,13 @@ from redis.exceptions import (
 
 import store.pubsub
 from store.embedded import EmbeddedServer, free_port, start_server
-from store.pubsub import Notice, Subscriber
+from store.pubsub import Subscriber
 from store.resp import Endpoint, PushConnection, endpoint_of
 from tests.faultproxy import FaultProxy
-from tests.store._support import spublish
+from tests.store._support import Notices, spublish
 
 WAIT_S = 5.0
 CHANNEL = "{w1}:push-test"
-
-
-class Notices:
-    def __init__(self) -> None:
-        self.queue: asyncio.Queue[Notice] = asyncio.Queue()
-
-    def __call__(self, notice: Notice) -> None:
-        self.queue.put_nowait(notice)
-
-    async def next(self) -> Notice:
-        return await asyncio.wait_for(self.queue.get(), WAIT_S)
 
 
 async def delivered_through(client: Redis, publisher: Redis) -> None:

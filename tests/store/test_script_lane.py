@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError, ResponseError
 
 from store import Scripts, create_client
-from store.embedded import EmbeddedServer, start_server
+from store.embedded import EmbeddedServer
 from store.resp import endpoint_of
 from store.script_lane import ScriptLane
-from tests.conftest import SERVER_KINDS
 from tests.faultproxy import FaultProxy
 from tests.store._support import ev, open_session, register_worker
 
@@ -125,13 +124,6 @@ async def test_an_error_reply_is_redis_pys_exception_and_the_connection_stays(
         assert await connected_clients(redis_client) == before + 1
     finally:
         await lane.aclose()
-
-
-@pytest.fixture(params=SERVER_KINDS)
-def own_server(request: pytest.FixtureRequest) -> Iterator[EmbeddedServer]:
-    server = start_server(request.param)
-    yield server
-    server.stop()
 
 
 async def test_scripts_carry_on_after_a_redis_restart(own_server: EmbeddedServer) -> None:
