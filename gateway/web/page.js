@@ -151,7 +151,8 @@ class Player {
   ledger(responseId, itemId) {
     let ledger = this.ledgers.get(responseId);
     if (ledger === undefined) {
-      ledger = { itemId, samples: 0, segments: [], stoppedAt: null, ackedMs: 0, done: false };
+      ledger = { itemId, samples: 0, segments: [], stoppedAt: null, ackedMs: 0, acked: false,
+        done: false };
       this.ledgers.set(responseId, ledger);
       // The server keeps the 16 newest responses' ledgers; so does the page.
       while (this.ledgers.size > 16) this.ledgers.delete(this.ledgers.keys().next().value);
@@ -217,14 +218,24 @@ class Player {
     if (ledger !== undefined && ledger.stoppedAt === null) ledger.stoppedAt = this.now();
   }
 
-  // {responseId, itemId, playedMs} for every response heard further than acknowledged.
+  // {responseId, itemId, playedMs} for every response heard further than acknowledged, and
+  // for every response cut short and never acknowledged, even at 0 ms: the server keeps an
+  // interrupted answer whole until told how much of it was heard, so a barge-in that comes
+  // before its first sample plays must still say "none of it".
   unacknowledged() {
     const due = [];
     for (const [responseId, ledger] of this.ledgers) {
       const playedMs = this.playedMs(ledger);
-      if (playedMs > ledger.ackedMs) due.push({ responseId, ledger, playedMs });
+      const cutUnsaid = ledger.stoppedAt !== null && !ledger.acked;
+      if (playedMs > ledger.ackedMs || cutUnsaid) due.push({ responseId, ledger, playedMs });
     }
     return due;
+  }
+
+  // A playback.ack saying playedMs went out for this ledger.
+  acknowledged(ledger, playedMs) {
+    ledger.ackedMs = playedMs;
+    ledger.acked = true;
   }
 }
 
@@ -354,7 +365,7 @@ class Talk {
     for (const { responseId, ledger, playedMs } of this.player.unacknowledged()) {
       const sent = this.unsequenced({ type: "playback.ack", response_id: responseId,
         item_id: ledger.itemId, played_ms: playedMs });
-      if (sent) ledger.ackedMs = playedMs;
+      if (sent) this.player.acknowledged(ledger, playedMs);
     }
   }
 
@@ -611,3 +622,6 @@ function wire() {
 }
 
 wire();
+
+// For the browser test that drives a Player on a silent (offline) context.
+export { Player };
