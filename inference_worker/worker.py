@@ -468,6 +468,12 @@ class Worker:
                 # and the poll loop still reads the logs.
                 _log.exception("dropped a malformed notice: %r", notice,
                                extra=self._log_ids())
+            if not self._notices.empty():
+                # One read of the push connection can queue hundreds of notices, and get()
+                # does not suspend while any are queued: without this the whole backlog runs
+                # as one step of the loop, and the heartbeat waiting behind it came past its
+                # TTL (a saturated worker was declared lost).
+                await asyncio.sleep(0)
 
     async def _on_notice(self, notice: list[Any] | None) -> None:
         if notice is None:  # the subscription was re-established: catch up from Redis

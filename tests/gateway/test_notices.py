@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 from gateway.notices import NoticeQueue
@@ -35,3 +37,26 @@ async def test_lease_notices_are_never_dropped() -> None:
         queue.put([b"e", seq, [b"x"]])
     queue.put([b"r", 2])
     assert (await drain(queue))[-1] == [b"r", 2]
+
+
+async def test_a_backlog_comes_out_one_loop_turn_at_a_time() -> None:
+    """Another task gets a turn between any two queued notices (counted, not timed)."""
+    queue = NoticeQueue(limit=100)
+    for seq in range(100):
+        queue.put([b"e", seq, [b"x"]])
+    turns = 0
+
+    async def other_task() -> None:
+        nonlocal turns
+        while True:
+            turns += 1
+            await asyncio.sleep(0)
+
+    other = asyncio.create_task(other_task())
+    await asyncio.sleep(0)  # let it start
+    start = turns
+    assert len(await drain(queue)) == 100
+    other.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await other
+    assert turns - start >= 99, turns - start
