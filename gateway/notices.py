@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from store.fairness import next_fairly
+
 __all__ = ["NoticeQueue"]
 
 
@@ -37,15 +39,8 @@ class NoticeQueue:
             self._queue.get_nowait()
 
     async def get(self) -> list[Any] | None:
-        """The next notice, waiting for one; with notices queued, after one turn of the loop.
-
-        One read of the push connection can queue many notices, and ``Queue.get`` does not
-        suspend while any are queued: a connection catching up would otherwise send its whole
-        backlog in one step of the loop, and every other session and the gateway's lease
-        renewals wait behind it."""
-        if not self._queue.empty():
-            await asyncio.sleep(0)
-        return await self._queue.get()
+        """The next notice, waiting for one (fairly: see :mod:`store.fairness`)."""
+        return await next_fairly(self._queue)
 
     def qsize(self) -> int:
         """How many notices wait."""

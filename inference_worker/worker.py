@@ -65,6 +65,7 @@ from store.census import NO_ENGINE, TickTime
 from store.client import RedisClient
 from store.directory import WorkerProfile, announce_worker, sessions_of_worker
 from store.errors import raise_if_cancelled
+from store.fairness import next_fairly
 from store.keys import WorkerKeys, new_worker_id, worker_of_session
 from store.logs import InputEntry, WriteToken, log_ends, read_input_entries, session_start
 from store.outages import (
@@ -457,7 +458,7 @@ class Worker:
     async def _notice_loop(self) -> None:
         while True:
             raise_if_cancelled()  # see _heartbeat_loop
-            notice = await self._notices.get()
+            notice = await next_fairly(self._notices)  # see store.fairness
             try:
                 await self._on_notice(notice)
             except StoreError as exc:
@@ -468,12 +469,6 @@ class Worker:
                 # and the poll loop still reads the logs.
                 _log.exception("dropped a malformed notice: %r", notice,
                                extra=self._log_ids())
-            if not self._notices.empty():
-                # One read of the push connection can queue hundreds of notices, and get()
-                # does not suspend while any are queued: without this the whole backlog runs
-                # as one step of the loop, and the heartbeat waiting behind it came past its
-                # TTL (a saturated worker was declared lost).
-                await asyncio.sleep(0)
 
     async def _on_notice(self, notice: list[Any] | None) -> None:
         if notice is None:  # the subscription was re-established: catch up from Redis

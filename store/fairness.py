@@ -1,0 +1,24 @@
+"""Taking pushes off a queue without starving the loop.
+
+The store's push connection hands over every push one socket read carries (hundreds from a
+busy Redis), and ``asyncio.Queue.get`` does not suspend while anything is queued: a consumer
+that handles each push without suspending would run the whole backlog as one step of the event
+loop, with heartbeats and lease renewals waiting behind it (a saturated worker was declared
+lost so). Every consumer of pushes takes them with :func:`next_fairly`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TypeVar
+
+__all__ = ["next_fairly"]
+
+T = TypeVar("T")
+
+
+async def next_fairly(queue: asyncio.Queue[T]) -> T:
+    """The queue's next item, waiting for one; with items queued, after one turn of the loop."""
+    if not queue.empty():
+        await asyncio.sleep(0)
+    return await queue.get()
