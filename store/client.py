@@ -25,6 +25,8 @@ from store.errors import StoreUnavailable, raise_if_cancelled
 
 __all__ = [
     "CLUSTER_SCHEME",
+    "COMMAND_TIMEOUT_S",
+    "CONNECT_TIMEOUT_S",
     "MAX_CONNECTIONS",
     "REDIS_ERRORS",
     "SENTINEL_SCHEME",
@@ -49,6 +51,16 @@ def is_cluster_url(url: str) -> bool:
     """Whether ``url`` names a Redis Cluster."""
     return urlsplit(url).scheme == CLUSTER_SCHEME
 
+
+#: How long a command may wait on a connection that went silent (a peer gone without a reset:
+#: a host lost, a partition) before it fails with redis-py's ``TimeoutError``, which the store
+#: resends like a lost reply on a new connection. Far above any command's or script's run time
+#: (the store sends no blocking commands), and the same bound the store's own connections keep
+#: (``store/script_lane.py``). Set here, not left to redis-py: its default was "for ever"
+#: before 6.0, which the dependency's floor still allows.
+COMMAND_TIMEOUT_S = 10.0
+#: How long opening a connection may take.
+CONNECT_TIMEOUT_S = 5.0
 
 # Each session keeps at most a few commands in flight, and a process serves hundreds of
 # sessions: redis-py's default cap of 100 connections would refuse commands past ~100 sessions.
@@ -102,24 +114,31 @@ class _SentinelMaster(Redis):
                 await node.aclose()
 
 
-def create_client(url: str) -> Redis | RedisCluster:
-    """A client that returns bytes (audio and msgpack are binary), for any of the URL kinds."""
+def create_client(url: str, *, command_timeout_s: float = COMMAND_TIMEOUT_S
+                  ) -> Redis | RedisCluster:
+    """A client that returns bytes (audio and msgpack are binary), for any of the URL kinds,
+    whose commands fail after ``command_timeout_s`` on a silent connection (see
+    :data:`COMMAND_TIMEOUT_S`); the Sentinels are asked with the same bounds."""
+    timeouts: dict[str, Any] = {"socket_timeout": command_timeout_s,
+                                "socket_connect_timeout": CONNECT_TIMEOUT_S}
     scheme = urlsplit(url).scheme
     if scheme == CLUSTER_SCHEME:
         parts = urlsplit(url)
         return RedisCluster.from_url(urlunsplit(parts._replace(scheme="redis")),
-                                     max_connections=MAX_CONNECTIONS)
+                                     max_connections=MAX_CONNECTIONS, **timeouts)
     if scheme == SENTINEL_SCHEME:
         target = parse_sentinel_url(url)
-        sentinel = Sentinel(list(target.sentinels))  # type: ignore[no-untyped-call]
-        kwargs: dict[str, Any] = {"db": target.db, "max_connections": MAX_CONNECTIONS}
+        sentinel = Sentinel(list(target.sentinels),  # type: ignore[no-untyped-call]
+                            sentinel_kwargs=dict(timeouts))
+        kwargs: dict[str, Any] = {"db": target.db, "max_connections": MAX_CONNECTIONS,
+                                  **timeouts}
         if target.password is not None:
             kwargs["password"] = target.password
         client: _SentinelMaster = sentinel.master_for(target.service, redis_class=_SentinelMaster,
                                                       **kwargs)
         client.sentinel_manager = sentinel
         return client
-    return Redis.from_url(url, max_connections=MAX_CONNECTIONS)
+    return Redis.from_url(url, max_connections=MAX_CONNECTIONS, **timeouts)
 
 
 @contextlib.contextmanager

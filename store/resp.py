@@ -47,6 +47,8 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+from store.client import CONNECT_TIMEOUT_S
+
 __all__ = ["Endpoint", "PushConnection", "PushHandler", "RespConnection", "endpoint_of",
            "error_of"]
 
@@ -57,7 +59,7 @@ _log = logging.getLogger(__name__)
 #: ``ssubscribe`` and ``sunsubscribe``.
 PushHandler = Callable[[bytes, bytes, Any], None]
 
-_DEFAULT_CONNECT_TIMEOUT_S = 5.0
+_DEFAULT_CONNECT_TIMEOUT_S = CONNECT_TIMEOUT_S
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)

@@ -12,8 +12,8 @@ What redis-py did for these calls, done here:
   call connects again (asking the Sentinels where the master is now). Every script is safe to
   send twice (``store/lua.py``), so :meth:`Scripts._run` resends it as after any lost reply.
 * A connection that stops answering: calls in flight and nothing heard for ``stall_s``, the
-  connection is dropped and its calls fail with ``ConnectionError`` (resent on a new one).
-  redis-py, with no socket timeout set, would wait for ever.
+  connection is dropped and its calls fail with ``ConnectionError`` (resent on a new one), as
+  redis-py's commands fail after their socket timeout (``store/client.py``).
 * NOSCRIPT (Redis restarted, or a script flush): the call is sent again as EVAL, which also
   loads it for the next EVALSHA.
 * READONLY (a master demoted under Sentinel): the connection is dropped, so the next call
@@ -28,13 +28,15 @@ from typing import Any
 
 from redis.exceptions import ConnectionError as RedisConnectionError, NoScriptError, ReadOnlyError
 
+from store.client import COMMAND_TIMEOUT_S
 from store.resp import Endpoint, RespConnection
 
 __all__ = ["DEFAULT_STALL_S", "ScriptLane"]
 
 #: How long calls may wait with nothing heard from Redis before their connection is dropped:
-#: far above any script's run time, and a resend after it is safe.
-DEFAULT_STALL_S = 10.0
+#: far above any script's run time, and a resend after it is safe. The same bound as redis-py's
+#: commands (``store/client.py``).
+DEFAULT_STALL_S = COMMAND_TIMEOUT_S
 
 
 class ScriptLane:
