@@ -59,8 +59,6 @@ _log = logging.getLogger(__name__)
 #: ``ssubscribe`` and ``sunsubscribe``.
 PushHandler = Callable[[bytes, bytes, Any], None]
 
-_DEFAULT_CONNECT_TIMEOUT_S = CONNECT_TIMEOUT_S
-
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class Endpoint:
@@ -73,7 +71,7 @@ class Endpoint:
     password: str | None = None
     db: int = 0
     tls: ssl.SSLContext | None = None
-    connect_timeout_s: float = _DEFAULT_CONNECT_TIMEOUT_S
+    connect_timeout_s: float = CONNECT_TIMEOUT_S
 
     def __repr__(self) -> str:  # never the password
         where = self.path or f"{self.host}:{self.port}"
@@ -87,7 +85,7 @@ async def endpoint_of(client: Redis) -> Endpoint:
     login = Endpoint(username=kwargs.get("username"), password=kwargs.get("password"),
                      db=int(kwargs.get("db") or 0),
                      connect_timeout_s=float(kwargs.get("socket_connect_timeout")
-                                             or _DEFAULT_CONNECT_TIMEOUT_S))
+                                             or CONNECT_TIMEOUT_S))
     if issubclass(pool.connection_class, UnixDomainSocketConnection):
         return dataclasses.replace(login, path=str(kwargs["path"]))
     if isinstance(pool, SentinelConnectionPool):
