@@ -202,9 +202,10 @@ class ConnectionDriver:
         departed = False
         try:
             while True:
-                waiting_first = self._core.state is ConnectionState.AWAITING_FIRST
-                message = await asyncio.wait_for(self._ws.receive(),
-                                                 timeout if waiting_first else None)
+                if self._core.state is ConnectionState.AWAITING_FIRST:
+                    message = await asyncio.wait_for(self._ws.receive(), timeout)
+                else:  # no timer (nor wait_for's own getpid and frames) per frame
+                    message = await self._ws.receive()
                 if message["type"] == "websocket.disconnect":
                     # A normal close (1000) without session.close is how the openai SDK
                     # leaves: the session keeps its slot only for the short grace.
@@ -498,9 +499,13 @@ class ConnectionDriver:
     async def _send(self, text: str, seq: int) -> None:
         if self._stalled or self._ws.application_state is not WebSocketState.CONNECTED:
             return
+        limit = self._send_limit()
         try:
-            async with asyncio.timeout(self._send_limit()):
+            if limit is None:  # the hot path: no timeout to enter and leave per frame
                 await self._ws.send_text(text)
+            else:
+                async with asyncio.timeout(limit):
+                    await self._ws.send_text(text)
         except TimeoutError:
             self._output_stalled()
             return

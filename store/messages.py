@@ -17,6 +17,8 @@ import typing
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeAlias
 
+import orjson
+
 __all__ = [
     "TERMINAL_KINDS",
     "AckPlayback",
@@ -734,6 +736,16 @@ _BYTES_FIELD: dict[type[Any], str | None] = {
 }
 TERMINAL_KINDS = frozenset({SessionClosed.KIND, SessionExpired.KIND})
 
+# Each class's fields with their defaults, found once, not per message (dataclasses.fields
+# builds its tuple on every call).
+_FIELD_DEFAULTS: dict[type[Any], tuple[tuple[str, Any], ...]] = {
+    cls: tuple((f.name, f.default) for f in dataclasses.fields(cls)) for cls in _CLASSES
+}
+
+# orjson writes a dataclass or a datetime where the standard library refuses one: handing them
+# back makes it refuse them too, so the standard library decides (and refuses) them.
+_ORJSON_REFUSE = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+
 # JSON never contains a raw NUL (it would be escaped as \u0000), so NUL safely ends the header.
 _SEPARATOR = b"\0"
 
@@ -748,13 +760,31 @@ def encode_message(message: Command | Event) -> bytes:
     blob_field = _BYTES_FIELD[cls]
     header: dict[str, Any] = {"k": cls.KIND}
     blob = b""
-    for f in dataclasses.fields(message):
-        value = getattr(message, f.name)
-        if f.name == blob_field:
+    for name, default in _FIELD_DEFAULTS[cls]:
+        value = getattr(message, name)
+        if name == blob_field:
             blob = value
-        elif value is not None and value != f.default:
-            header[f.name] = value
-    return json.dumps(header, separators=(",", ":")).encode() + _SEPARATOR + blob
+        elif value is not None and value != default:
+            header[name] = value
+    return _encode_header(header) + _SEPARATOR + blob
+
+
+def _encode_header(header: dict[str, Any]) -> bytes:
+    """The header as JSON: orjson's bytes (a fifth of the standard library's cost) when they
+    are what the standard library would have read back the same; else the standard library's.
+
+    orjson refuses an integer beyond 64 bits and a lone surrogate, and writes NaN and the
+    infinities as ``null``: a header holding a ``null`` (values of None are left out of the
+    header, so only a nested one) is written by the standard library too, which keeps NaN as
+    NaN. Either writer's output is read by :func:`decode_message`.
+    """
+    try:
+        raw = orjson.dumps(header, option=_ORJSON_REFUSE)
+    except orjson.JSONEncodeError:
+        return json.dumps(header, separators=(",", ":")).encode()
+    if b"null" in raw:
+        return json.dumps(header, separators=(",", ":")).encode()
+    return raw
 
 
 def decode_message(data: bytes) -> Command | Event:
