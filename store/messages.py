@@ -20,6 +20,7 @@ from typing import Any, ClassVar, TypeAlias
 import orjson
 
 __all__ = [
+    "ORJSON_REFUSE",
     "TERMINAL_KINDS",
     "AckPlayback",
     "AppendAudio",
@@ -743,8 +744,9 @@ _FIELD_DEFAULTS: dict[type[Any], tuple[tuple[str, Any], ...]] = {
 }
 
 # orjson writes a dataclass or a datetime where the standard library refuses one: handing them
-# back makes it refuse them too, so the standard library decides (and refuses) them.
-_ORJSON_REFUSE = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+# back makes it refuse them too, so the standard library decides (and refuses) them. The one
+# home of that rule: the gateway's frame encoder passes it too.
+ORJSON_REFUSE = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
 
 # JSON never contains a raw NUL (it would be escaped as \u0000), so NUL safely ends the header.
 _SEPARATOR = b"\0"
@@ -779,7 +781,7 @@ def _encode_header(header: dict[str, Any]) -> bytes:
     NaN. Either writer's output is read by :func:`decode_message`.
     """
     try:
-        raw = orjson.dumps(header, option=_ORJSON_REFUSE)
+        raw = orjson.dumps(header, option=ORJSON_REFUSE)
     except orjson.JSONEncodeError:
         return json.dumps(header, separators=(",", ":")).encode()
     if b"null" in raw:

@@ -745,10 +745,9 @@ def render_error(error: GatewayError, event_id: str) -> JsonDict:
     return {"type": "error", "event_id": event_id, "error": body}
 
 
-# orjson writes a dataclass or a datetime where the standard library refuses one: handing them
-# back makes it refuse them too, so the reference encoder decides (and refuses) them. (It also
-# writes a UUID or an Enum; neither reaches here: events come out of JSON in the log.)
-_ORJSON_REFUSE = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+# store.messages.ORJSON_REFUSE: the reference encoder decides (and refuses) a dataclass or a
+# datetime. (orjson also writes a UUID or an Enum; neither reaches here: events come out of
+# JSON in the log.)
 
 
 def encode_frame(message: JsonDict) -> str:
@@ -765,7 +764,7 @@ def encode_frame(message: JsonDict) -> str:
         InternalError: the message holds something JSON cannot carry (NaN, bytes, ...).
     """
     try:
-        raw = orjson.dumps(message, option=_ORJSON_REFUSE)
+        raw = orjson.dumps(message, option=m.ORJSON_REFUSE)
     except orjson.JSONEncodeError:
         return _encode_strictly(message)
     if raw.isascii() and b"null" not in raw:
