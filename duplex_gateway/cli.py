@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from duplex_gateway.logs import JsonFormatter, LogSettings, configure_logging
 from store.config import SettingsError, env_name, from_env
 from store.embedded import free_port, start_server
+from store.loop_errors import quiet_dropped_cluster_nodes
 
 if TYPE_CHECKING:  # the processes import their own settings, and only their own
     from gateway.settings import GatewaySettings
@@ -145,6 +146,7 @@ async def _run_worker(args: argparse.Namespace) -> int:
     client = create_client(settings.redis_url)
     worker = Worker(settings, client, backend=backend, metrics=metrics)
     loop = asyncio.get_running_loop()
+    quiet_dropped_cluster_nodes(loop)
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.stop)
     # The worker says it serves once it is registered (Redis may not answer yet).

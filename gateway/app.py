@@ -33,6 +33,7 @@ from gateway.web_page import web_page_routes
 from store import Scripts, create_client
 from store.client import RedisClient
 from store.directory import live_worker_count
+from store.loop_errors import quiet_dropped_cluster_nodes
 from store.outages import OutageLog, RedisRefused, redis_address, wait_for_redis
 from store.pubsub import Subscriber
 
@@ -123,6 +124,7 @@ def create_app(settings: GatewaySettings) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        quiet_dropped_cluster_nodes(asyncio.get_running_loop())
         client = create_client(settings.redis_url)
         await _connect(settings, client)
         # One outage log for the reaper, the lease renewer and the subscriber: an outage is
