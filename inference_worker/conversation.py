@@ -320,8 +320,8 @@ class Conversation:
             self.emit(msg.AudioDelta(response_id=response.id, item_id=response.item_id,
                                      output_index=0, content_index=0, audio=encoded))
         item = self._by_id.get(response.item_id)
-        if item is not None:
-            self._update(item.id, audio_bytes=item.audio_bytes + len(audio))
+        if item is not None:  # not dropped by the bound or deleted (see _update)
+            self._by_id[item.id] = item.with_audio_bytes(item.audio_bytes + len(audio))
 
     def keep_heard(self, item_id: str, heard_ms: int) -> None:
         """Cut an assistant audio item to the ``heard_ms`` the client acknowledged (never

@@ -233,6 +233,9 @@ class ConversationCore:
         self._latencies: list[float] = []
         self._ledgers = PlaybackLedgers()
         self._close_reason: str | None = None
+        # Silent outputs in a row that end the model's turn: read once per output, so counted
+        # here and again on each session.update, not per output.
+        self._silence_outputs = self._count_silence_outputs()
         model.configure(config)
 
     @classmethod
@@ -357,6 +360,7 @@ class ConversationCore:
             self._decoder = InputDecoder(self._conversation.input_format)
         if not self._policy.model_detects_speech:
             self._timeline.configure(turn_detection_of(self._config))
+        self._silence_outputs = self._count_silence_outputs()
         self._model.configure(self._config)
         self._conversation.session_updated()
 
@@ -628,7 +632,7 @@ class ConversationCore:
     def _on_output(self, output: Output, now: float) -> None:
         if self._gate is GateState.MUTED:
             self._mute_silence = 0 if output.audible else self._mute_silence + 1
-            if self._mute_silence >= self._silence_outputs():
+            if self._mute_silence >= self._silence_outputs:
                 self._move_gate(Trigger.TURN_OVER)
             return
         response = self._response
@@ -651,7 +655,7 @@ class ConversationCore:
         speech only)."""
         if self._response_state is ResponseState.SPEAKING:
             return (self._policy.ends_on_silence
-                    and response.silent_run >= self._silence_outputs())
+                    and response.silent_run >= self._silence_outputs)
         unfilled = not (response.spontaneous or response.adopted)
         return (self._policy.frames and unfilled
                 and response.age * self._frame_seconds >= REPLY_TIMEOUT_S)
@@ -668,7 +672,7 @@ class ConversationCore:
             self._held_quiet = 0
             return
         self._held_quiet += 1
-        if self._policy.ends_on_silence and self._held_quiet >= self._silence_outputs():
+        if self._policy.ends_on_silence and self._held_quiet >= self._silence_outputs:
             self._held_text = ""  # text that no speech followed was not said
 
     def _stream(self, response: _Response, output: Output, now: float) -> None:
@@ -689,7 +693,9 @@ class ConversationCore:
                 self._latencies.append(max(0.0, now - self._anchor))
                 self._anchor = None
 
-    def _silence_outputs(self) -> int:
+    def _count_silence_outputs(self) -> int:
+        """How many silent outputs in a row are sustained silence, by the session's
+        ``end_of_turn_silence_ms``."""
         silence_ms: int = self._config["extra_body"].get("end_of_turn_silence_ms",
                                                           _DEFAULT_SILENCE_MS)
         return max(1, math.ceil(silence_ms / 1000 / self._frame_seconds))

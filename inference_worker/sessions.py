@@ -26,8 +26,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import TracebackType
 
 from inference_worker.core import ConversationCore
 from inference_worker.engine import Engine, SlotHandle
@@ -47,7 +48,15 @@ from store.messages import (
 )
 from store.ratelog import RateLimitedLog, cause_of
 
-__all__ = ["FAILED_REASON", "OutputPart", "Session", "SessionTable", "is_current", "log_ids"]
+__all__ = [
+    "FAILED_REASON",
+    "Isolated",
+    "OutputPart",
+    "Session",
+    "SessionTable",
+    "is_current",
+    "log_ids",
+]
 
 # A session that fails inside this worker (its bug, or data it cannot handle) ends with this.
 FAILED_REASON = "internal_error"
@@ -118,6 +127,33 @@ class Session:
 
 # One session's part of a batched output write: its id, its record and its close reason.
 OutputPart = tuple[str, Session, str | None]
+
+
+class Isolated:
+    """The context of one session's step (:meth:`SessionTable.isolated`): an
+    :class:`Exception` raised in it fails that session (:meth:`SessionTable.fail`) and goes
+    no further; a :class:`BaseException` that is not one (a cancellation) propagates.
+
+    A plain class rather than ``@contextlib.contextmanager``: it is entered several times per
+    relayed audio chunk, and the generator machinery cost several Python calls per use.
+    """
+
+    __slots__ = ("_session_id", "_stage", "_table")
+
+    def __init__(self, table: SessionTable, session_id: str, stage: str) -> None:
+        self._table = table
+        self._session_id = session_id
+        self._stage = stage
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: TracebackType | None) -> bool:
+        if isinstance(exc, Exception):  # any bug, or data the runner cannot handle
+            self._table.fail(self._session_id, self._stage, exc)
+            return True
+        return False
 
 
 class SessionTable:
@@ -197,13 +233,9 @@ class SessionTable:
 
     # ------------------------------------------------------------------ isolation
 
-    @contextlib.contextmanager
-    def isolated(self, session_id: str, stage: str) -> Iterator[None]:
-        """Run one session's step: an exception in it ends that session alone."""
-        try:
-            yield
-        except Exception as exc:  # any bug, or data the runner cannot handle
-            self.fail(session_id, stage, exc)
+    def isolated(self, session_id: str, stage: str) -> Isolated:
+        """Run one session's step (``with``): an exception in it ends that session alone."""
+        return Isolated(self, session_id, stage)
 
     def fail(self, session_id: str, stage: str, exc: Exception) -> None:
         """End one session over a failure of this worker's own at ``stage`` (one of

@@ -29,7 +29,18 @@ __all__ = [
 ]
 
 
-class InputState(enum.Enum):
+class _Symbol(enum.Enum):
+    """An enum hashed by identity, as its equality already is (members are singletons).
+
+    :class:`enum.Enum`'s own ``__hash__`` is Python code (it hashes the name); every move of
+    the machines hashes a state and a trigger (a :data:`TRANSITIONS` lookup), several times
+    per relayed audio chunk, and ``object.__hash__`` does it in C.
+    """
+
+    __hash__ = object.__hash__
+
+
+class InputState(_Symbol):
     """The input audio buffer (``input_audio_buffer.*``)."""
 
     EMPTY = "empty"
@@ -37,7 +48,7 @@ class InputState(enum.Enum):
     CLOSED = "closed"
 
 
-class ResponseState(enum.Enum):
+class ResponseState(_Symbol):
     """The response machine: at most one response is active at a time (openai_realtime.md §1b)."""
 
     IDLE = "idle"
@@ -46,7 +57,7 @@ class ResponseState(enum.Enum):
     CLOSED = "closed"
 
 
-class GateState(enum.Enum):
+class GateState(_Symbol):
     """Whether the model's output reaches the client.
 
     A model that cannot be stopped mid-word (a full-duplex model runs on) is muted when its
@@ -58,7 +69,7 @@ class GateState(enum.Enum):
     CLOSED = "closed"
 
 
-class Trigger(enum.Enum):
+class Trigger(_Symbol):
     """What moves a machine: a command, or what the model did."""
 
     APPEND = "append"  # input_audio_buffer.append

@@ -659,10 +659,14 @@ class Worker:
             report_applied, self._report_applied = self._report_applied, set()
             sessions = [(session_id, session) for session_id in sorted(dirty)
                         if (session := self._sessions.get(session_id)) is not None]
-            async with contextlib.AsyncExitStack() as held:
-                # Each session's lock keeps its server_event_seq in order against _close.
+            # Each session's lock keeps its server_event_seq in order against _close. They
+            # are taken and let go by hand, not through an AsyncExitStack: this runs about
+            # once per relayed chunk, and the stack cost several calls per session.
+            held: list[asyncio.Lock] = []
+            try:
                 for _, session in sessions:
-                    await held.enter_async_context(session.lock)
+                    await session.lock.acquire()
+                    held.append(session.lock)
                 # Each session's part is encoded and checked alone, so that one session's bad
                 # data fails that session, never the whole batch.
                 batch = [part for session_id, session in sessions
@@ -671,6 +675,9 @@ class Worker:
                 for start in range(0, len(batch), _MAX_FLUSH_BATCH):
                     if not await self._write(batch[start:start + _MAX_FLUSH_BATCH]):
                         break
+            finally:
+                for lock in reversed(held):
+                    lock.release()
 
     def _part_of(self, session_id: str, session: Session,
                  report_applied: set[str]) -> OutputPart | None:

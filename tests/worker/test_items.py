@@ -8,6 +8,7 @@ real clients validate it.
 from __future__ import annotations
 
 import base64
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,7 @@ from gateway.protocol.codec import render_event
 from inference_worker.conversation import MAX_ITEMS
 from inference_worker.core import ConversationCore
 from inference_worker.frames import FrameOutput
+from inference_worker.items import Item
 from inference_worker.loopback import CHUNK_BYTES
 from inference_worker.turns import TurnMode
 from store import messages as msg
@@ -460,3 +462,13 @@ def test_bad_function_items_are_refused(items: list[dict[str, Any]], code: str,
     for item in before:
         create(runner, item)
     assert refusal(send(runner, msg.CreateItem(item=last, event_id="f"))) == (code, param, "f")
+
+
+def test_with_audio_bytes_is_replace_of_audio_bytes() -> None:
+    """Item.with_audio_bytes names every field: a field added to Item without it fails here."""
+    item = Item(id="item_9", role="assistant", status="incomplete",
+                content=({"type": "output_audio", "transcript": "hi"},), audio_bytes=10,
+                kind="function_call", fields=(("call_id", "c"),))
+    # Every field differs from its default, so one the method forgot would show.
+    assert all(getattr(item, f.name) != f.default for f in dataclasses.fields(Item))
+    assert item.with_audio_bytes(96) == dataclasses.replace(item, audio_bytes=96)
