@@ -243,12 +243,9 @@ class ConnectionDriver:
     async def _pump_log(self) -> None:
         interval = self._svc.settings.log_poll_interval_s
         while True:
-            try:
-                # asyncio.timeout, not wait_for: no extra task per notice on the hot path.
-                async with asyncio.timeout(interval):
-                    notice = await self._notices.get()
-            except TimeoutError:
-                notice = None  # a quiet channel: read the log in case a push was lost
+            # None also after `interval` without a push: a quiet channel, so read the log in
+            # case a push was lost.
+            notice = await self._notices.get(quiet_s=interval)
             if self._core.state is not ConnectionState.ATTACHED:
                 continue
             taken = time.monotonic()

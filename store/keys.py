@@ -13,6 +13,7 @@ with a session.
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 
@@ -24,6 +25,7 @@ __all__ = [
     "new_gateway_id",
     "new_session_id",
     "new_worker_id",
+    "session_keys",
     "tenant_opens",
     "tenant_sessions",
     "worker_of_session",
@@ -158,3 +160,16 @@ class SessionKeys:
         self.output_channel = f"{base}:events"
         #: tombstone written by a gateway that gave up on an open (DESIGN.md §2.10).
         self.abandoned = f"{base}:abandoned"
+
+
+@functools.lru_cache(maxsize=4096)
+def session_keys(session_id: str) -> SessionKeys:
+    """:class:`SessionKeys` of ``session_id``, shared: the input and output appends name every
+    session of a call once per relayed chunk, and building the names (a regular expression
+    and a dozen strings) costs more than the rest of the call's arguments. Never change the
+    object returned.
+
+    Raises:
+        ValueError: the string is not a session id this store allocated (not cached).
+    """
+    return SessionKeys(session_id)

@@ -44,7 +44,7 @@ from store.errors import (
     WorkerFenced,
     raise_if_cancelled,
 )
-from store.keys import SessionKeys, WorkerKeys, tenant_opens, tenant_sessions
+from store.keys import SessionKeys, WorkerKeys, session_keys, tenant_opens, tenant_sessions
 from store.messages import JsonObject, SessionClosed, SessionExpired, encode_message
 from store.resp import endpoint_of
 from store.script_lane import ScriptLane
@@ -455,12 +455,12 @@ class Scripts:
         bytes (its input log's Redis memory with the new commands; 0: no byte bound) appends
         none of its entries (``backlog_full``); the others append theirs.
         """
-        worker = SessionKeys(batch[0][0].session_id).worker
+        worker = session_keys(batch[0][0].session_id).worker
         keys = [worker.input_channel]
         # The call id makes a resend of this very call (a lost reply) return its first answer.
         args: list[Any] = [max_entries, _new_call_id(), max_bytes]
         for lease, entries in batch:
-            k = SessionKeys(lease.session_id)
+            k = session_keys(lease.session_id)
             if k.worker.worker_id != worker.worker_id:
                 raise ValueError("append_input_many takes sessions of one worker only")
             keys += [k.record, k.input_log]
@@ -575,12 +575,12 @@ class Scripts:
         Raises:
             WorkerFenced: the worker was declared lost (nothing was written).
         """
-        worker = SessionKeys(batch[0].session_id).worker
+        worker = session_keys(batch[0].session_id).worker
         keys = [worker.record, worker.sessions, worker.deadlines, worker.input_channel,
                 worker.ended, worker.gateways]
         args: list[Any] = []
         for item in batch:
-            k = SessionKeys(item.session_id)
+            k = session_keys(item.session_id)
             if k.worker.worker_id != worker.worker_id:
                 raise ValueError("append_output_many takes sessions of one worker only")
             keys += [k.record, k.output_log, k.output_channel]
