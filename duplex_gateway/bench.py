@@ -34,8 +34,9 @@ Figures per point, from the end of warm-up until every chunk is back:
   timestamps of their own (and client and servers could not share a clock anyway), so the
   split is an even one by construction, labelled as such in the table and the JSON;
 * CPU seconds of every server process per relayed chunk (``/proc/<pid>/stat``, or psutil when
-  installed), summed by tier (websocket servers, worker, Redis, whole stack), and the core
-  share of every process, the clients included;
+  installed), summed by tier (websocket servers, worker, Redis, whole stack), the share of it
+  spent in user space per process and per tier (the rest is the kernel's: system calls,
+  the network stack, scheduling), and the core share of every process, the clients included;
 * Redis (peer and project): commands sent and run inside scripts per session-second, bytes in
   and out per session-second, and memory per session. Method: ``INFO commandstats`` counts a
   command a script calls under its own name and the script call (``EVALSHA``) once, and
@@ -380,8 +381,8 @@ def _sigterm_as_interrupt() -> Iterator[None]:
 # ============================================================================ measuring
 
 
-def _cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of ``pid`` (psutil if installed, else /proc), or None."""
+def _cpu_times(pid: int) -> tuple[float, float] | None:
+    """(user, system) CPU seconds of ``pid`` (psutil if installed, else /proc), or None."""
     try:
         psutil: Any = importlib.import_module("psutil")
     except ImportError:
@@ -389,17 +390,23 @@ def _cpu_seconds(pid: int) -> float | None:
     try:
         if psutil is not None:
             times = psutil.Process(pid).cpu_times()
-            return float(times.user + times.system)
+            return float(times.user), float(times.system)
         stat = Path(f"/proc/{pid}/stat").read_text()
     except Exception:  # gone, or no /proc: unknown, not fatal
         return None
     fields = stat.rsplit(")", 1)[1].split()  # the name may hold spaces and parentheses
-    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-    return ticks / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick  # utime, stime (fields 14 and 15)
 
 
-def _cpu_snapshot(pids: dict[str, int]) -> dict[str, float | None]:
-    return {name: _cpu_seconds(pid) for name, pid in pids.items()}
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid``, or None."""
+    times = _cpu_times(pid)
+    return None if times is None else times[0] + times[1]
+
+
+def _cpu_snapshot(pids: dict[str, int]) -> dict[str, tuple[float, float] | None]:
+    return {name: _cpu_times(pid) for name, pid in pids.items()}
 
 
 def _machine_ticks() -> tuple[int, int] | None:
@@ -486,9 +493,9 @@ class _RedisProbe:
 class _Window:
     """Counters read at the end of warm-up and once every chunk is back."""
 
-    cpu_before: dict[str, float | None]
+    cpu_before: dict[str, tuple[float, float] | None]  # (user, system) seconds
     redis_before: RedisCounters | None
-    cpu_after: dict[str, float | None] = field(default_factory=dict)
+    cpu_after: dict[str, tuple[float, float] | None] = field(default_factory=dict)
     redis_after: RedisCounters | None = None
     machine_before: tuple[int, int] | None = None
     machine_after: tuple[int, int] | None = None
@@ -542,13 +549,20 @@ def _chunk_counts(logs: Sequence[SessionLog], measured: int, returned: int) -> d
 
 
 def _cpu_report(window: _Window, chunks: int) -> dict[str, dict[str, float | None]]:
+    """Per process: CPU seconds, per chunk, core share, and the share spent in user space
+    (the process's own code and libraries; the rest is the kernel's: system calls, the
+    network stack of what it sends, scheduling)."""
     report: dict[str, dict[str, float | None]] = {}
     for name, before in window.cpu_before.items():
         after = window.cpu_after.get(name)
-        spent = after - before if after is not None and before is not None else None
+        user = after[0] - before[0] if after is not None and before is not None else None
+        system = after[1] - before[1] if after is not None and before is not None else None
+        spent = user + system if user is not None and system is not None else None
         per_chunk = spent / chunks * 1e6 if spent is not None and chunks else None
         share = spent / window.wall_s if spent is not None and window.wall_s else None
-        report[name] = {"cpu_s": spent, "us_per_chunk": per_chunk, "core_share": share}
+        report[name] = {"cpu_s": spent, "user_s": user, "system_s": system,
+                        "us_per_chunk": per_chunk, "core_share": share,
+                        "user_share": user / spent if user is not None and spent else None}
     return report
 
 
@@ -599,14 +613,32 @@ def _tier_us(cpu: dict[str, dict[str, float | None]], names: Sequence[str]) -> f
     return sum(v for v in values if v is not None)
 
 
-def _tiers(cpu: dict[str, dict[str, float | None]]) -> dict[str, float | None]:
-    """CPU per chunk by tier: the websocket servers (echo, peer or gateway processes), the
-    worker, Redis, and all server processes together (the whole stack)."""
+def _tier_names(cpu: dict[str, dict[str, float | None]]) -> dict[str, list[str]]:
+    """The server processes of each tier: the websocket servers (echo, peer or gateway
+    processes), the worker, Redis, and all of them together (the whole stack)."""
     servers = [name for name in cpu if _is_server(name)]
-    front = [name for name in servers if name.startswith(("echo", "peer", "gateway"))]
-    return {"whole_stack": _tier_us(cpu, servers), "websocket_servers": _tier_us(cpu, front),
-            "worker": _tier_us(cpu, [n for n in servers if n == "worker"]),
-            "redis": _tier_us(cpu, [n for n in servers if n == "redis"])}
+    return {"whole_stack": servers,
+            "websocket_servers": [n for n in servers if n.startswith(("echo", "peer", "gateway"))],
+            "worker": [n for n in servers if n == "worker"],
+            "redis": [n for n in servers if n == "redis"]}
+
+
+def _tiers(cpu: dict[str, dict[str, float | None]]) -> dict[str, float | None]:
+    """CPU per chunk by tier (:func:`_tier_names`)."""
+    return {tier: _tier_us(cpu, names) for tier, names in _tier_names(cpu).items()}
+
+
+def _user_shares(cpu: dict[str, dict[str, float | None]]) -> dict[str, float | None]:
+    """The user-space share of each tier's CPU; None when a process's is unknown or the tier
+    spent none (or has no process)."""
+    shares: dict[str, float | None] = {}
+    for tier, names in _tier_names(cpu).items():
+        users = [cpu[name]["user_s"] for name in names]
+        totals = [cpu[name]["cpu_s"] for name in names]
+        known = names and None not in users and None not in totals
+        total = sum(t for t in totals if t is not None) if known else 0.0
+        shares[tier] = sum(u for u in users if u is not None) / total if total else None
+    return shares
 
 
 def _clients_report(cpu: dict[str, dict[str, float | None]]) -> dict[str, Any]:
@@ -635,6 +667,7 @@ def _summarize(target: _Target, logs: Sequence[SessionLog], t0: float, seconds: 
         "machine_cpu": _machine_report(window.machine_before, window.machine_after),
         "cpu": cpu,
         "cpu_us_per_chunk": _tiers(cpu),
+        "cpu_user_share": _user_shares(cpu),
         "clients": _clients_report(cpu),
         "redis": _redis_report(window, len(logs) * (seconds - WARMUP_S),
                                target.script_commands),

@@ -47,6 +47,11 @@ METHOD: Final = {
                  f"every server process below one core; the most sessions a setup holds is "
                  f"the largest swept count at which it and every smaller count kept up",
     "cpu_us_per_chunk": "CPU seconds of the processes over the window / chunks relayed in it",
+    "cpu_user_share": "user CPU seconds / user + system CPU seconds of each tier's processes "
+                      "over the window: the share spent in the processes' own code and "
+                      "libraries (for Python servers, mostly the interpreter); the rest is the "
+                      "kernel's (system calls, the network stack of what they send, "
+                      "scheduling)",
     "scale_on_paper": f"DESIGN §5's arithmetic with the point's measured costs: "
                       f"{SCALE_SESSIONS:,} sessions each relaying {1 / CHUNK_S:g} chunks a "
                       f"second both ways at the point's CPU per chunk (cores: CPU-seconds a "
@@ -285,6 +290,9 @@ _POINT_COLUMNS: Final[tuple[tuple[str, Callable[[dict[str, Any]], str]], ...]] =
     ("ws us", lambda p: _fmt(p["cpu_us_per_chunk"]["websocket_servers"])),
     ("worker us", lambda p: _fmt(p["cpu_us_per_chunk"]["worker"])),
     ("redis us", lambda p: _fmt(p["cpu_us_per_chunk"]["redis"])),
+    ("user % ws/wk/redis", lambda p: "/".join(
+        "-" if (share := p["cpu_user_share"][tier]) is None else f"{100 * share:.0f}"
+        for tier in ("websocket_servers", "worker", "redis"))),
     ("client core", lambda p: _fmt(p["clients"]["max_core_share"], 2)),
     ("cmd sent", lambda p: _fmt((p["redis"] or {}).get("per_session_second"))),
     ("in scripts", lambda p: _fmt((p["redis"] or {}).get("in_scripts_per_session_second"))),
@@ -299,8 +307,10 @@ _LEGEND: Final = (
     "over the echo's\n"
     "  at the same session count; us: CPU microseconds per relayed chunk (stack: every server "
     "process; ws: the\n"
-    "  websocket servers, i.e. the echo, the socket.io servers or the gateways); client core: "
-    "the busiest client\n"
+    "  websocket servers, i.e. the echo, the socket.io servers or the gateways); user %: the "
+    "share of that CPU\n"
+    "  spent in user space (own code and libraries; the rest is system calls and the kernel), "
+    "per tier; client core: the busiest client\n"
     "  process's core share; cmd sent / in scripts: Redis commands per session-second; KiB "
     "in+out: Redis traffic\n"
     "  per session-second; KiB/sess: Redis memory per session; real time: no loss, p99 round "

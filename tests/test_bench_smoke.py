@@ -72,11 +72,19 @@ def _check_cpu(point: dict[str, Any]) -> None:
     for name in servers:
         cpu = point["cpu"][name]
         assert cpu["cpu_s"] >= 0 and _finite(cpu["us_per_chunk"]) and _finite(cpu["core_share"])
+        assert cpu["user_s"] + cpu["system_s"] == pytest.approx(cpu["cpu_s"])
+        assert cpu["user_share"] is None or 0 <= cpu["user_share"] <= 1
     tiers = point["cpu_us_per_chunk"]
     assert _finite(tiers["whole_stack"]) and _finite(tiers["websocket_servers"])
     assert tiers["whole_stack"] >= tiers["websocket_servers"]
     assert (tiers["worker"] is not None) == (point["setup"] == "project")
     assert (tiers["redis"] is not None) == (point["setup"] != "echo")
+    shares = point["cpu_user_share"]
+    assert set(shares) == set(tiers)
+    for tier, share in shares.items():
+        # Known wherever the tier has processes that read a clock tick (10 ms) of CPU.
+        assert (share is not None) == bool(tiers[tier]), tier
+        assert share is None or 0 <= share <= 1, tier
     clients = point["clients"]
     assert clients["processes"] >= 1 and _finite(clients["max_core_share"])
 
