@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from duplex_gateway.logs import JsonFormatter, LogSettings, configure_logging
 from store.config import SettingsError, env_name, from_env
 from store.embedded import free_port, start_server
+from store.heap import CollectorPauses, freeze_startup_heap
 from store.loop_errors import quiet_dropped_cluster_nodes
 
 if TYPE_CHECKING:  # the processes import their own settings, and only their own
@@ -79,11 +80,22 @@ def gateway_server_options(settings: GatewaySettings) -> dict[str, Any]:
     }
 
 
+def keep_startup_heap_out_of_collections(observe_pause: Callable[[int, float], None],
+                                         frozen: Callable[[float], None]) -> None:
+    """Once a process has built what it serves with: freeze it out of the garbage collector's
+    passes and observe every pass from now on (``store/heap.py``). A process-wide policy, so
+    the entry points apply it, not the gateway's app or the worker (tests run many of those
+    in one process)."""
+    CollectorPauses(observe_pause).install()
+    frozen(freeze_startup_heap())
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from gateway.app import create_app
     from gateway.logredact import DropQueryStrings, log_config
+    from gateway.metrics import GatewayMetrics
     from gateway.settings import GatewaySettings
 
     settings = from_env(GatewaySettings, host=args.host, port=args.port,
@@ -95,7 +107,10 @@ def _serve(args: argparse.Namespace) -> int:
     _check_can_listen(settings.host, settings.port, args)
     for handler in logging.getLogger().handlers:  # our own loggers' lines, too
         handler.addFilter(DropQueryStrings())
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
+    metrics = GatewayMetrics()
+    app = create_app(settings, metrics)
+    keep_startup_heap_out_of_collections(metrics.observe_gc_pause, metrics.gc_frozen_objects.set)
+    uvicorn.run(app, host=settings.host, port=settings.port,
                 log_level=logs.log_level,
                 # JSON: uvicorn's lines too; text: uvicorn's own, as they always were.
                 log_config=log_config(JsonFormatter if logs.log_format == "json" else None),
@@ -145,6 +160,8 @@ async def _run_worker(args: argparse.Namespace) -> int:
                                 ) from None
     client = create_client(settings.redis_url)
     worker = Worker(settings, client, backend=backend, metrics=metrics)
+    # The model is loaded: the bulk of what a full collector pass would walk.
+    keep_startup_heap_out_of_collections(metrics.observe_gc_pause, metrics.gc_frozen_objects.set)
     loop = asyncio.get_running_loop()
     quiet_dropped_cluster_nodes(loop)
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -117,9 +117,11 @@ async def _readiness(services: GatewayServices | None) -> Response:
     return PlainTextResponse("ready")
 
 
-def create_app(settings: GatewaySettings) -> Starlette:
-    """A gateway application bound to ``settings``; Redis is connected in the lifespan."""
-    metrics = GatewayMetrics()
+def create_app(settings: GatewaySettings, metrics: GatewayMetrics | None = None) -> Starlette:
+    """A gateway application bound to ``settings``; Redis is connected in the lifespan.
+    ``metrics``: the process's (``serve`` records its collector passes there), else a fresh
+    set."""
+    metrics = metrics or GatewayMetrics()
     state: dict[str, GatewayServices] = {}
 
     @contextlib.asynccontextmanager

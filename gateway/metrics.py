@@ -9,6 +9,12 @@ __all__ = ["GatewayMetrics"]
 _NS = "duplex_gateway"
 
 
+# Collector passes: tens of microseconds for the young generation, tens of milliseconds for
+# a full pass over an unfrozen heap.
+_GC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+               0.5)
+
+
 class GatewayMetrics:
     """The gateway's metrics, on a registry of their own (one per app, so tests stay apart)."""
 
@@ -67,6 +73,20 @@ class GatewayMetrics:
             f"{_NS}_resume_seconds",
             "From session.resume read to the replay read from the log (or the refusal)",
             registry=r, buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+        # store/heap.py: the collector's passes stop every thread; what startup built is
+        # frozen out of them.
+        self.gc_pause_seconds = Histogram(
+            f"{_NS}_gc_pause_seconds",
+            "Length of each pass of Python's cyclic garbage collector, which stops the"
+            " process, by generation (2: a full pass)", ["generation"], registry=r,
+            buckets=_GC_BUCKETS)
+        self.gc_frozen_objects = Gauge(
+            f"{_NS}_gc_frozen_objects",
+            "Objects of the startup heap moved out of the collector's passes", registry=r)
         self.connection_seconds = Histogram(
             f"{_NS}_connection_seconds", "Lifetime of websocket connections", registry=r,
             buckets=(0.1, 1, 10, 60, 300, 1800, 3600))
+
+    def observe_gc_pause(self, generation: int, seconds: float) -> None:
+        """One collector pass (:class:`store.heap.CollectorPauses`)."""
+        self.gc_pause_seconds.labels(generation=str(generation)).observe(seconds)

@@ -23,6 +23,10 @@ _TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07,
 _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 4.0)
 _TTFA_BUCKETS = (0.05, 0.1, 0.16, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 _BATCH_BUCKETS = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+# Collector passes: tens of microseconds for the young generation, up to hundreds of
+# milliseconds for a full pass over an unfrozen heap with a model loaded.
+_GC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+               0.5, 1.0)
 
 
 class WorkerMetrics:
@@ -82,12 +86,27 @@ class WorkerMetrics:
             "Input entries refused because they were written under an older lease generation,"
             " another store epoch, or no token (a writer that went around the store's fencing)",
             label, registry=r).labels(backend)
+        # store/heap.py: the collector's passes stop every thread, the model's too; what
+        # startup built (the model included) is frozen out of them.
+        self._gc_pause_seconds = Histogram(
+            f"{_NS}_gc_pause_seconds",
+            "Length of each pass of Python's cyclic garbage collector, which stops the"
+            " process (the model thread too), by generation (2: a full pass)",
+            ["backend", "generation"], registry=r, buckets=_GC_BUCKETS)
+        self.gc_frozen_objects = Gauge(
+            f"{_NS}_gc_frozen_objects",
+            "Objects of the startup heap (the model's included) moved out of the collector's"
+            " passes", label, registry=r).labels(backend)
         self._backend = backend
         self.sessions = Gauge(
             f"{_NS}_sessions", "Sessions served now", label, registry=r).labels(backend)
         self.admitting = Gauge(
             f"{_NS}_admitting", "1 while the worker accepts new sessions", label,
             registry=r).labels(backend)
+
+    def observe_gc_pause(self, generation: int, seconds: float) -> None:
+        """One collector pass (:class:`store.heap.CollectorPauses`)."""
+        self._gc_pause_seconds.labels(self._backend, str(generation)).observe(seconds)
 
     def session_failed(self, stage: str) -> None:
         """Count one session ended by a failure at ``stage`` (one of :data:`FAILURE_STAGES`)."""

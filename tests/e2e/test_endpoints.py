@@ -9,6 +9,7 @@ import urllib.request
 import pytest
 
 from gateway.client import DuplexClient, DuplexClientError
+from store.embedded import free_port
 from tests.e2e.helpers import collect_until
 from tests.e2e.stack import NO_WORKER, READY, Stack, http_answer, wait_for
 
@@ -72,6 +73,27 @@ async def test_relay_and_resume_latency_histograms(stack: Stack) -> None:
     assert metric_value(text, 'duplex_gateway_relay_seconds_count{direction="out"}') >= 2
     assert metric_value(text, "duplex_gateway_resume_seconds_count") == 1
     assert metric_value(text, 'duplex_gateway_resumes_total{outcome="ok"}') == 1
+
+
+async def test_both_processes_freeze_their_startup_heap(stack: Stack) -> None:
+    """A gateway and a worker freeze what startup built out of the garbage collector's
+    passes (store/heap.py), and time each pass from then on: the full pass that precedes
+    the freeze is the first one observed."""
+    gateway = stack.gateway()
+    worker = stack.worker(backend="fake", metrics_port=free_port())
+    wait_for(lambda: http_answer(gateway.http_url + "/readyz") == READY, "a worker is live")
+    wait_for(lambda: http_answer(worker.http_url + "/metrics")[0] == 200, "worker metrics")
+    _, gateway_text = get(gateway.http_url + "/metrics")
+    _, worker_text = get(worker.http_url + "/metrics")
+    # Tens of thousands of objects: the modules, the app, the backend (a few hundred would
+    # mean the freeze came before the imports).
+    assert metric_value(gateway_text, "duplex_gateway_gc_frozen_objects") > 20_000
+    assert metric_value(worker_text, 'duplex_worker_gc_frozen_objects{backend="fake"}') > 20_000
+    assert metric_value(
+        gateway_text, 'duplex_gateway_gc_pause_seconds_count{generation="2"}') >= 1
+    assert metric_value(
+        worker_text,
+        'duplex_worker_gc_pause_seconds_count{backend="fake",generation="2"}') >= 1
 
 
 async def test_api_key_required_when_configured(stack: Stack) -> None:
