@@ -121,7 +121,8 @@ def create_app(settings: GatewaySettings, metrics: GatewayMetrics | None = None)
     """A gateway application bound to ``settings``; Redis is connected in the lifespan.
     ``metrics``: the process's (``serve`` records its collector passes there), else a fresh
     set."""
-    metrics = metrics or GatewayMetrics()
+    if metrics is None:
+        metrics = GatewayMetrics()
     state: dict[str, GatewayServices] = {}
 
     @contextlib.asynccontextmanager

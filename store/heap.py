@@ -39,8 +39,12 @@ class CollectorPauses:
     """Hands the length of every collector pass, with its generation, to ``observe``.
 
     :meth:`install` adds it to :data:`gc.callbacks` and :meth:`remove` takes it away. The
-    callback runs inside the pass, on whichever thread triggered it: ``observe`` must be
-    thread-safe and must not allocate much (a Prometheus histogram's ``observe`` is both).
+    callback runs inside the pass, on whichever thread's allocation triggered it, so
+    ``observe`` must be thread-safe and must never wait for a lock that the interrupted code
+    could hold. A Prometheus histogram's ``observe`` qualifies: prometheus_client holds each
+    value's lock only around float arithmetic, which allocates nothing the collector tracks,
+    so no pass can start on a thread holding one; and a pass that waits for another
+    thread's lock releases the GIL while it waits, so that thread finishes and lets go.
     """
 
     def __init__(self, observe: Callable[[int, float], None]) -> None:

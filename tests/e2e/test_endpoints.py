@@ -11,7 +11,7 @@ import pytest
 from gateway.client import DuplexClient, DuplexClientError
 from store.embedded import free_port
 from tests.e2e.helpers import collect_until
-from tests.e2e.stack import NO_WORKER, READY, Stack, http_answer, wait_for
+from tests.e2e.stack import NO_WORKER, READY, Stack, http_answer, http_ok, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
@@ -82,7 +82,7 @@ async def test_both_processes_freeze_their_startup_heap(stack: Stack) -> None:
     gateway = stack.gateway()
     worker = stack.worker(backend="fake", metrics_port=free_port())
     wait_for(lambda: http_answer(gateway.http_url + "/readyz") == READY, "a worker is live")
-    wait_for(lambda: http_answer(worker.http_url + "/metrics")[0] == 200, "worker metrics")
+    wait_for(lambda: http_ok(worker.http_url + "/metrics"), "the worker serves its metrics")
     _, gateway_text = get(gateway.http_url + "/metrics")
     _, worker_text = get(worker.http_url + "/metrics")
     # Tens of thousands of objects: the modules, the app, the backend (a few hundred would
