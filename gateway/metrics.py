@@ -4,15 +4,11 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from store.heap import PAUSE_BUCKETS
+
 __all__ = ["GatewayMetrics"]
 
 _NS = "duplex_gateway"
-
-
-# Collector passes: tens of microseconds for the young generation, tens of milliseconds for
-# a full pass over an unfrozen heap.
-_GC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-               0.5)
 
 
 class GatewayMetrics:
@@ -79,7 +75,7 @@ class GatewayMetrics:
             f"{_NS}_gc_pause_seconds",
             "Length of each pass of Python's cyclic garbage collector, which stops the"
             " process, by generation (2: a full pass)", ["generation"], registry=r,
-            buckets=_GC_BUCKETS)
+            buckets=PAUSE_BUCKETS)
         self.gc_frozen_objects = Gauge(
             f"{_NS}_gc_frozen_objects",
             "Objects of the startup heap moved out of the collector's passes", registry=r)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
+from store.heap import PAUSE_BUCKETS
+
 __all__ = ["FAILURE_STAGES", "WorkerMetrics", "serve_metrics"]
 
 _NS = "duplex_worker"
@@ -23,10 +25,6 @@ _TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07,
 _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 4.0)
 _TTFA_BUCKETS = (0.05, 0.1, 0.16, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 _BATCH_BUCKETS = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-# Collector passes: tens of microseconds for the young generation, up to hundreds of
-# milliseconds for a full pass over an unfrozen heap with a model loaded.
-_GC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-               0.5, 1.0)
 
 
 class WorkerMetrics:
@@ -92,7 +90,7 @@ class WorkerMetrics:
             f"{_NS}_gc_pause_seconds",
             "Length of each pass of Python's cyclic garbage collector, which stops the"
             " process (the model thread too), by generation (2: a full pass)",
-            ["backend", "generation"], registry=r, buckets=_GC_BUCKETS)
+            ["backend", "generation"], registry=r, buckets=PAUSE_BUCKETS)
         self.gc_frozen_objects = Gauge(
             f"{_NS}_gc_frozen_objects",
             "Objects of the startup heap (the model's included) moved out of the collector's"
