@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis import Redis as SyncRedis
+from redis.exceptions import ResponseError
 
 from store.embedded import EmbeddedServer, start_sentinel, start_server
+from tests.replication import wait_for_replica
 
 __all__ = ["SERVICE", "Trio", "start_trio"]
 
@@ -33,12 +35,24 @@ class Trio:
                                                     SERVICE)
             return int(address[1])
 
+    def wait_for_replica(self) -> None:
+        """Until the replica has acknowledged every write the master took so far."""
+        wait_for_replica(self.master.port)
+
     def fail_over(self) -> None:
         """Let the replica catch up, then promote it; returns once it serves writes."""
-        with SyncRedis(port=self.master.port) as master:
-            assert master.execute_command("WAIT", 1, 5000) == 1
+        self.wait_for_replica()
+        deadline = time.monotonic() + 30
         with SyncRedis(port=self.sentinel.port) as sentinel:
-            sentinel.execute_command("SENTINEL", "FAILOVER", SERVICE)
+            while True:
+                try:
+                    sentinel.execute_command("SENTINEL", "FAILOVER", SERVICE)
+                    break
+                except ResponseError as refused:
+                    # Sentinel has not yet seen the replica answer (it learns of it from the
+                    # master's INFO, then asks the replica itself): no event to wait on.
+                    assert "NOGOODSLAVE" in str(refused) and time.monotonic() < deadline, refused
+                    time.sleep(0.05)
         self.wait_for_master(self.replica.port)
 
     def wait_for_master(self, port: int, timeout: float = 30) -> None:
@@ -56,6 +70,10 @@ class Trio:
 
 def start_trio(kind: str) -> Trio:
     """A master, its replica (``kind`` servers) and a Sentinel watching them."""
-    master = start_server(kind)
-    replica = start_server(kind, extra_args=["--replicaof", "127.0.0.1", str(master.port)])
+    # A replica's first sync starts at once, not after the default 5 s wait for more replicas
+    # (both: after a failover the old master is the new one's replica).
+    at_once = ["--repl-diskless-sync-delay", "0"]
+    master = start_server(kind, extra_args=at_once)
+    replica = start_server(kind, extra_args=[*at_once, "--replicaof", "127.0.0.1",
+                                             str(master.port)])
     return Trio(master, replica, start_sentinel(master, SERVICE))

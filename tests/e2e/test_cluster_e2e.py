@@ -46,6 +46,7 @@ from tests.e2e.helpers import (
     next_event,
 )
 from tests.e2e.stack import Proc, Stack
+from tests.replication import wait_for_replica
 from tests.store._support import assert_one_terminal, spublish, until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
@@ -661,8 +662,8 @@ async def test_a_dead_master_ends_or_rewinds_its_sessions_never_silently(
     everyone = hit + spared
     await asyncio.gather(*(echo_chunks(n, s, 5) for n, s in enumerate(everyone)))
     replica = cluster.replica_of(victim)
+    wait_for_replica(victim)
     with SyncRedis(port=victim) as master:
-        assert master.execute_command("WAIT", 1, 5000) == 1
         # The replica stops, and the master drops its link: what follows is on the master only.
         cluster.node(replica).process.send_signal(signal.SIGSTOP)
         assert master.execute_command(

@@ -71,8 +71,7 @@ async def test_a_lossy_failover_is_never_silent(sentinel_stack: tuple[Stack, Tri
     gateway = stack.gateway()
     stack.worker()
     client, events = await streaming_session(gateway.ws_url, 10)
-    with SyncRedis(port=trio.master.port) as master:
-        assert master.execute_command("WAIT", 1, 5000) == 1
+    trio.wait_for_replica()
 
     # The replica stops, and the master drops its link: what follows exists on the master only.
     trio.replica.process.send_signal(signal.SIGSTOP)
