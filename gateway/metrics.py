@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from store.heap import PAUSE_BUCKETS
+from store.heap import GENERATIONS, PAUSE_BUCKETS
 
 __all__ = ["GatewayMetrics"]
 
@@ -76,6 +76,11 @@ class GatewayMetrics:
             "Length of each pass of Python's cyclic garbage collector, which stops the"
             " process, by generation (2: a full pass)", ["generation"], registry=r,
             buckets=PAUSE_BUCKETS)
+        # Bound now: observed from inside a pass, which may have started under the lock
+        # that labels() takes (store.heap.CollectorPauses says why that would deadlock).
+        self._gc_pause_by_generation = tuple(
+            self.gc_pause_seconds.labels(generation=str(generation))
+            for generation in GENERATIONS)
         self.gc_frozen_objects = Gauge(
             f"{_NS}_gc_frozen_objects",
             "Objects of the startup heap moved out of the collector's passes", registry=r)
@@ -84,5 +89,5 @@ class GatewayMetrics:
             buckets=(0.1, 1, 10, 60, 300, 1800, 3600))
 
     def observe_gc_pause(self, generation: int, seconds: float) -> None:
-        """One collector pass (:class:`store.heap.CollectorPauses`)."""
-        self.gc_pause_seconds.labels(generation=str(generation)).observe(seconds)
+        """One collector pass (:class:`store.heap.CollectorPauses`): no ``labels()`` here."""
+        self._gc_pause_by_generation[generation].observe(seconds)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from store.heap import PAUSE_BUCKETS
+from store.heap import GENERATIONS, PAUSE_BUCKETS
 
 __all__ = ["FAILURE_STAGES", "WorkerMetrics", "serve_metrics"]
 
@@ -86,11 +86,15 @@ class WorkerMetrics:
             label, registry=r).labels(backend)
         # store/heap.py: the collector's passes stop every thread, the model's too; what
         # startup built (the model included) is frozen out of them.
-        self._gc_pause_seconds = Histogram(
+        gc_pause_seconds = Histogram(
             f"{_NS}_gc_pause_seconds",
             "Length of each pass of Python's cyclic garbage collector, which stops the"
             " process (the model thread too), by generation (2: a full pass)",
             ["backend", "generation"], registry=r, buckets=PAUSE_BUCKETS)
+        # Bound now: observed from inside a pass, which may have started under the lock
+        # that labels() takes (store.heap.CollectorPauses says why that would deadlock).
+        self._gc_pause_by_generation = tuple(
+            gc_pause_seconds.labels(backend, str(generation)) for generation in GENERATIONS)
         self.gc_frozen_objects = Gauge(
             f"{_NS}_gc_frozen_objects",
             "Objects of the startup heap (the model's included) moved out of the collector's"
@@ -103,8 +107,8 @@ class WorkerMetrics:
             registry=r).labels(backend)
 
     def observe_gc_pause(self, generation: int, seconds: float) -> None:
-        """One collector pass (:class:`store.heap.CollectorPauses`)."""
-        self._gc_pause_seconds.labels(self._backend, str(generation)).observe(seconds)
+        """One collector pass (:class:`store.heap.CollectorPauses`): no ``labels()`` here."""
+        self._gc_pause_by_generation[generation].observe(seconds)
 
     def session_failed(self, stage: str) -> None:
         """Count one session ended by a failure at ``stage`` (one of :data:`FAILURE_STAGES`)."""

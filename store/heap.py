@@ -21,7 +21,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["PAUSE_BUCKETS", "CollectorPauses", "freeze_startup_heap"]
+__all__ = ["GENERATIONS", "PAUSE_BUCKETS", "CollectorPauses", "freeze_startup_heap"]
+
+#: The collector's generations, as a pass reports them (2: a full pass).
+GENERATIONS = tuple(range(len(gc.get_threshold())))
 
 #: Histogram buckets for a pass's length, seconds: tens of microseconds for the young
 #: generation, up to hundreds of milliseconds for a full pass over an unfrozen heap with a
@@ -46,11 +49,14 @@ class CollectorPauses:
 
     :meth:`install` adds it to :data:`gc.callbacks` and :meth:`remove` takes it away. The
     callback runs inside the pass, on whichever thread's allocation triggered it, so
-    ``observe`` must be thread-safe and must never wait for a lock that the interrupted code
-    could hold. A Prometheus histogram's ``observe`` qualifies: prometheus_client holds each
-    value's lock only around float arithmetic, which allocates nothing the collector tracks,
-    so no pass can start on a thread holding one; and a pass that waits for another
-    thread's lock releases the GIL while it waits, so that thread finishes and lets go.
+    ``observe`` must be thread-safe and must never wait for a lock that code could hold while
+    it allocates: the pass may have started on that very allocation, on the same thread, and
+    would wait for itself forever. A labelled Prometheus histogram's ``labels()`` is such a
+    lock (every scrape copies the children's dict under it), so the callers bind one child
+    per generation (:data:`GENERATIONS`) before they install this, and ``observe`` only
+    observes: prometheus_client holds a value's lock only around float arithmetic, which
+    allocates nothing the collector tracks, and a pass that waits for another thread's
+    value lock releases the GIL while it waits, so that thread finishes and lets go.
     """
 
     def __init__(self, observe: Callable[[int, float], None]) -> None:

@@ -76,6 +76,28 @@ def test_each_line_is_judged_once_and_only_when_complete(tmp_path: Path) -> None
     assert watch.new_error_lines() == []
 
 
+def test_a_traceback_is_reported_with_what_printed_it_and_its_exception(
+        tmp_path: Path) -> None:
+    """A traceback that no ERROR line announces (an unraisable exception, a WARNING with
+    ``exc_info``) is reported with the line before it and down to its exception line: the
+    report must say what failed, not only that something did."""
+    watch = LogWatch(tmp_path)
+    log = tmp_path / "0000-gateway.log"
+    log.write_text("2026-01-01 12:00:00,123 INFO x: fine\n"
+                   "Exception ignored in: <function Thing.__del__ at 0x7f>\n"
+                   "Traceback (most recent call last):\n"
+                   '  File "thing.py", line 3, in __del__\n'
+                   "    raise ValueError(1)\n"
+                   "ValueError: 1\n"
+                   "2026-01-01 12:00:00,124 INFO x: after\n")
+    assert watch.new_error_lines() == [
+        "0000-gateway.log: Exception ignored in: <function Thing.__del__ at 0x7f>\n"
+        "Traceback (most recent call last):\n"
+        '  File "thing.py", line 3, in __del__\n'
+        "    raise ValueError(1)\n"
+        "ValueError: 1"]
+
+
 @pytest.mark.logs_errors  # the inner tests' records reach this process's root logger too
 def test_an_error_record_fails_the_test_unless_it_is_marked(inner: pytest.Pytester) -> None:
     """An ERROR record logged in the test process errors the test at teardown, naming the

@@ -91,6 +91,28 @@ def is_error_line(line: str) -> bool:
             or _TRACEBACK in line or _json_level(line) in _ERROR_LEVELS)
 
 
+# How many lines of a traceback a report shows: enough for the deepest of ours.
+_TRACEBACK_SHOWN = 40
+
+
+def _told(lines: list[str], index: int) -> str:
+    """``lines[index]``; for a traceback's first line, the traceback down to its exception,
+    and the line before it when that one is no ERROR line itself (what printed it: "Exception
+    ignored in ...", a WARNING with a traceback), so a report names the failure, not only
+    that there was one."""
+    line = lines[index]
+    if _TRACEBACK not in line:
+        return line
+    told = [line]
+    if index and not is_error_line(lines[index - 1]):
+        told.insert(0, lines[index - 1])
+    for following in lines[index + 1:index + 1 + _TRACEBACK_SHOWN]:
+        told.append(following)
+        if following[:1] not in ("", " ", "\t"):  # the exception: the traceback's last line
+            break
+    return "\n".join(told)
+
+
 @dataclass(frozen=True)
 class LogWatch:
     """Reads the process logs of a folder a piece at a time: each call sees only the lines
@@ -102,9 +124,14 @@ class LogWatch:
     offsets: dict[Path, int] = field(default_factory=dict)
 
     def new_error_lines(self) -> list[str]:
-        """``file: line`` for every ERROR line written since the last call."""
-        return [f"{log.name}: {line}" for log in sorted(self.folder.glob("*.log"))
-                for line in self._new_lines(log) if is_error_line(line)]
+        """``file: line`` for every ERROR line written since the last call; a traceback's
+        with what it says (:func:`_told`)."""
+        found = []
+        for log in sorted(self.folder.glob("*.log")):
+            lines = self._new_lines(log)
+            found += [f"{log.name}: {_told(lines, index)}"
+                      for index, line in enumerate(lines) if is_error_line(line)]
+        return found
 
     def _new_lines(self, log: Path) -> list[str]:
         start = self.offsets.get(log, 0)
