@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -23,7 +24,7 @@ from typing import Any
 from store.config import Choices, check_fields
 
 __all__ = ["LOG_FORMATS", "LOG_LEVELS", "JsonFormatter", "LogSettings", "TextFormatter",
-           "configure_logging", "formatter_class"]
+           "configure_logging", "formatter_class", "log_stray_failures"]
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
@@ -102,11 +103,43 @@ def formatter_class(settings: LogSettings) -> type[logging.Formatter]:
 
 
 def configure_logging(settings: LogSettings) -> None:
-    """Send the process's records to stderr at ``settings.log_level`` in its format."""
+    """Send the process's records to stderr at ``settings.log_level`` in its format, the
+    failures Python would print past the log too (:func:`log_stray_failures`)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(formatter_class(settings)())
     logging.basicConfig(level=settings.log_level.upper(), handlers=[handler])
+    if handler in logging.getLogger().handlers:  # not when the logging is someone else's
+        log_stray_failures()  # (a test runner calling main(): its hooks stay its own)
     if settings.log_format == "json":
         # A Python warning is printed to stderr as text by default: a line a JSON log
         # pipeline could not parse. As a record it is one JSON line like the rest.
         logging.captureWarnings(True)
+
+
+_stray = logging.getLogger("duplex_gateway.stray")
+
+
+def log_stray_failures() -> None:
+    """Log, at ERROR, what Python would print to stderr past the log: an exception it could
+    not raise (in a ``__del__``, a collector callback, a finaliser: "Exception ignored in")
+    and one that ended a thread. Printed, such a traceback has no level, no time and no
+    session; in a JSON log it is a run of lines no pipeline can parse."""
+    sys.unraisablehook = _log_unraisable
+    threading.excepthook = _log_thread_failure
+
+
+def _log_unraisable(unraisable: sys.UnraisableHookArgs) -> None:
+    where = unraisable.err_msg or "Exception ignored in"
+    failure = unraisable.exc_value
+    _stray.error("%s: %r", where, unraisable.object,
+                 exc_info=(unraisable.exc_type, failure, unraisable.exc_traceback)
+                 if failure is not None else None)
+
+
+def _log_thread_failure(failed: threading.ExceptHookArgs) -> None:
+    if failed.exc_type is SystemExit:
+        return  # how a thread ends on purpose; Python prints nothing for it either
+    name = failed.thread.name if failed.thread is not None else "a thread"
+    _stray.error("%s ended on an exception", name,
+                 exc_info=(failed.exc_type, failed.exc_value, failed.exc_traceback)
+                 if failed.exc_value is not None else None)

@@ -7,6 +7,8 @@ import io
 import json
 import logging
 import re
+import subprocess
+import sys
 from datetime import UTC, datetime
 from typing import Any
 
@@ -157,3 +159,39 @@ def test_uvicorn_lines_take_the_given_formatter_and_keep_the_query_filter() -> N
     for own in (config, log_config()):
         assert all("drop_query" in handler["filters"] for handler in own["handlers"].values())
     assert log_config()["formatters"] == LOGGING_CONFIG["formatters"]
+
+
+_STRAY_FAILURES = """
+import threading
+from duplex_gateway.logs import LogSettings, configure_logging
+configure_logging(LogSettings(log_format="json"))
+
+class Broken:
+    def __del__(self):
+        raise ValueError("raised in __del__")
+
+Broken()  # dropped at once: its __del__ raises where nothing can catch it
+thread = threading.Thread(target=lambda: 1 / 0, name="doomed")
+thread.start()
+thread.join()
+exit_thread = threading.Thread(target=lambda: exit(3), name="quits")
+exit_thread.start()
+exit_thread.join()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_failures_python_would_print_past_the_log_are_log_lines() -> None:
+    """An exception raised where nothing can catch it (a ``__del__``) and one that ends a
+    thread are written as the process's ERROR lines (JSON here, like every other line), with
+    their tracebacks; a thread that exits on purpose writes nothing."""
+    done = subprocess.run([sys.executable, "-c", _STRAY_FAILURES], capture_output=True,
+                          text=True, timeout=50, check=True)
+    lines = [json.loads(line) for line in done.stderr.splitlines()]
+    assert [(line["level"], line["logger"]) for line in lines] == [
+        ("ERROR", "duplex_gateway.stray")] * 2, done.stderr
+    unraisable, thread = lines
+    assert "Broken.__del__" in unraisable["message"], unraisable
+    assert unraisable["exc"].endswith("ValueError: raised in __del__"), unraisable
+    assert thread["message"] == "doomed ended on an exception"
+    assert thread["exc"].endswith("ZeroDivisionError: division by zero"), thread
