@@ -36,7 +36,9 @@ class NoticeQueue:
 
     def put(self, notice: list[Any] | None) -> None:
         """Queue ``notice``; past the limit queue one ``None`` instead and drop the rest."""
-        lease_notice = notice is not None and notice[0] == b"r"
+        # Sliced, not indexed: a malformed notice (an empty list) is queued for the pump to
+        # drop and log, not raised into the subscriber that delivers every session's pushes.
+        lease_notice = notice is not None and notice[:1] == [b"r"]
         size = len(self._items)
         if size >= self._limit and not lease_notice:
             if size > self._limit:

@@ -39,6 +39,16 @@ async def test_lease_notices_are_never_dropped() -> None:
     assert (await drain(queue))[-1] == [b"r", 2]
 
 
+async def test_a_malformed_notice_is_queued_for_the_pump_not_raised() -> None:
+    """An empty notice (no kind) goes to the consumer like any other, full queue or not: the
+    pump drops and logs it; raising here would fail the subscriber's delivery instead."""
+    queue = NoticeQueue(limit=1)
+    queue.put([])
+    queue.put([])
+    queue.put([b"r", 3])
+    assert await drain(queue) == [[], None, [b"r", 3]]
+
+
 async def test_a_backlog_comes_out_one_loop_turn_at_a_time() -> None:
     """Another task gets a turn between any two queued notices (counted, not timed)."""
     queue = NoticeQueue(limit=100)
