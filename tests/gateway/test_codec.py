@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ast
 import base64
+import gc
 import json
+import sys
 import typing
 from pathlib import Path
 from typing import Any
@@ -12,6 +14,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from gateway.metrics import GatewayMetrics
 from gateway.protocol import (
     CLIENT_EVENT_TYPES,
     MAX_SEQ,
@@ -45,6 +48,7 @@ from gateway.protocol.codec import (
 )
 from gateway.protocol.errors import MAX_CLOSE_REASON_BYTES, fit_close_reason
 from store import messages as m
+from store.heap import CollectorPauses
 from tests.gateway.strict import EXTENSION_TYPES, validate_server_event
 
 LIMIT = 1 << 20
@@ -373,6 +377,40 @@ def test_600_nested_arrays_are_refused() -> None:
     error = refusal(data)
     assert error.code == JSON_
     assert error.param is not None and error.param.startswith("session.tools[0][0]")
+
+
+def _parse_at_stack_depth(extra_frames: int, data: str) -> None:
+    """Parse ``data`` from ``extra_frames`` calls deeper than here (where a gateway's stack
+    puts the codec is not where a test's does)."""
+    if extra_frames:
+        _parse_at_stack_depth(extra_frames - 1, data)
+        return
+    with pytest.raises(ClientProtocolError):  # a list, or too deep: refused either way
+        parse_client_frame(data, max_frame_bytes=1 << 20)
+
+
+@pytest.mark.timeout(60)
+def test_a_frame_nested_to_the_recursion_limit_runs_no_collection_down_there() -> None:
+    """Frames nested as deep as the interpreter lets the decoder go (the fuzzer's 100-1,200
+    levels), parsed with a collection due at every allocation and the gateway's pause metrics
+    observing each one: no collection runs at the limit, so nothing fails where nothing can
+    catch it (a live gateway printed a RecursionError from its gc callback)."""
+    failures: list[str] = []
+    pauses = CollectorPauses(GatewayMetrics().observe_gc_pause)
+    thresholds, hook = gc.get_threshold(), sys.unraisablehook
+    sys.unraisablehook = lambda failure: failures.append(failure.exc_type.__name__)
+    pauses.install()
+    gc.set_threshold(1, *thresholds[1:])
+    try:
+        for opener, closer in (("[", "]"), ('{"a":', "}")):
+            for levels in range(960, 1010, 3):
+                for extra_frames in (0, 17, 40):
+                    _parse_at_stack_depth(extra_frames, opener * levels + "1" + closer * levels)
+    finally:
+        gc.set_threshold(*thresholds)
+        pauses.remove()
+        sys.unraisablehook = hook
+    assert failures == []
 
 
 def test_nesting_limit_counts_the_frame_itself() -> None:
