@@ -98,6 +98,7 @@ from types import FrameType
 from typing import Any, Final, TextIO
 
 from duplex_gateway.bench_load import ClientSpec, LoadSession, SessionLog
+from duplex_gateway.bench_profile import START, STOP, calls_per_chunk, profiled
 from duplex_gateway.bench_spec import (
     CHUNK_BYTES,
     CHUNK_S,
@@ -125,6 +126,8 @@ PEER_SKIPPED: Final = "python-socketio not installed"
 
 _START_TIMEOUT_S: Final = 30.0
 _STOP_TIMEOUT_S: Final = 10.0
+# How long a profiled server may take to write its statistics once told to.
+_PROFILE_WRITE_S: Final = 30.0
 # Read commands that the gateway and worker send themselves as well as from scripts.
 _ALSO_DIRECT: Final = frozenset({"xrange", "smembers", "zrangebyscore"})
 
@@ -236,6 +239,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="length of each point in seconds, the first one warm-up "
                              "(default: %(default)s)")
     parser.add_argument("--output", help=output_help("relay", plot="its two plots next to it; "))
+    parser.add_argument("--profile", action="store_true",
+                        help="run the project's gateways and worker under cProfile over each "
+                             "point's measured window and report Python calls per relayed "
+                             "chunk (reproducible, unlike CPU time; this run's CPU figures "
+                             "then include the profiler's overhead); default: not profiled")
 
 
 def _session_class(mode: str) -> type[LoadSession]:
@@ -344,14 +352,15 @@ def start_http_server(stack: contextlib.ExitStack, name: str, module_args: list[
 
 
 def start_worker(stack: contextlib.ExitStack, redis_url: str, slots: int,
-                  log_dir: Path) -> _Server:
+                  log_dir: Path, *, profile_to: Path | None = None) -> _Server:
     from redis import Redis
 
     from store.keys import WORKER_DIRECTORY
 
-    server = _spawn("worker", ["duplex_gateway", "--log-level", "warning", "worker",
-                               "--redis-url", redis_url, "--backend", "loopback",
-                               "--slots", str(slots)], log_dir)
+    args = ["duplex_gateway", "--log-level", "warning", "worker", "--redis-url", redis_url,
+            "--backend", "loopback", "--slots", str(slots)]
+    server = _spawn("worker", args if profile_to is None else profiled(args, profile_to),
+                    log_dir)
     stack.callback(stop_process, server.process)
     client = Redis.from_url(redis_url)
     try:
@@ -501,6 +510,7 @@ class _Window:
     machine_after: tuple[int, int] | None = None
     session_memory: dict[str, float] | None = None
     wall_s: float = 0.0
+    profiles: dict[str, Path] = field(default_factory=dict)  # name -> its written profile
 
 
 def _percentile(ordered: Sequence[float], q: float) -> float | None:
@@ -674,6 +684,9 @@ def _summarize(target: _Target, logs: Sequence[SessionLog], t0: float, seconds: 
         "redis_memory_per_session": window.session_memory,
         "errors": errors,
     }
+    if window.profiles:
+        summary["python_calls"] = {name: calls_per_chunk(path, max(len(trips), 1))
+                                   for name, path in sorted(window.profiles.items())}
     summary["lossless"] = lossless(summary)
     return summary
 
@@ -700,6 +713,8 @@ class _Target:
     redis_url: str | None
     script_commands: frozenset[str] = frozenset()
     redis_name: str | None = None
+    # name -> where its profile is written (bench relay --profile; the project's servers).
+    profiles: dict[str, Path] = field(default_factory=dict)
 
 
 def _ws_url(port: int, path: str = "/v1/realtime") -> str:
@@ -743,36 +758,42 @@ def _serve_peer(stack: contextlib.ExitStack, setup: Setup, log_dir: Path) -> _Ta
 
 
 def _serve_project(stack: contextlib.ExitStack, setup: Setup, sessions: int,
-                   log_dir: Path) -> _Target:
+                   log_dir: Path, *, profile: bool = False) -> _Target:
     from store.embedded import free_port
 
     redis = _start_redis(stack)
+    profiles = {name: log_dir / f"{name}.prof" for name in
+                ("worker", *(f"gateway{n}" for n in range(setup.gateways)))} if profile else {}
     # First: a gateway is ready (/readyz 200) only once a worker is live.
-    worker = start_worker(stack, redis.url, max(sessions, 1), log_dir)
+    worker = start_worker(stack, redis.url, max(sessions, 1), log_dir,
+                          profile_to=profiles.get("worker"))
     urls, servers = [], {}
     for number in range(setup.gateways):
         port = free_port()
+        name = f"gateway{number}"
+        args = ["duplex_gateway", "--log-level", "warning", "serve", "--host", "127.0.0.1",
+                "--port", str(port), "--redis-url", redis.url]
         gateway = start_http_server(
-            stack, f"gateway{number}", ["duplex_gateway", "--log-level", "warning", "serve",
-                                        "--host", "127.0.0.1", "--port", str(port),
-                                        "--redis-url", redis.url], port, log_dir)
+            stack, name, profiled(args, profiles[name]) if profile else args, port, log_dir)
         urls.append(_ws_url(port))
         servers[gateway.name] = gateway.pid
     return _Target(setup=setup, mode="gateway", urls=tuple(urls),
                    servers={**servers, "worker": worker.pid, "redis": redis.process.pid},
                    redis_url=redis.url, script_commands=_script_only_commands(),
-                   redis_name=redis.binary.name)
+                   redis_name=redis.binary.name, profiles=profiles)
 
 
-def _serve(stack: contextlib.ExitStack, setup: Setup, sessions: int, log_dir: Path) -> _Target:
+def _serve(stack: contextlib.ExitStack, setup: Setup, sessions: int, log_dir: Path, *,
+           profile: bool = False) -> _Target:
     """Start the servers of one point (fresh for each point, so no point inherits another's
-    sessions, keys or warmed caches) and say where the clients connect."""
+    sessions, keys or warmed caches) and say where the clients connect; ``profile``: the
+    project's gateways and worker under :mod:`duplex_gateway.bench_profile`."""
     log_dir.mkdir(parents=True, exist_ok=True)
     if setup.name == "echo":
         return _serve_echo(stack, setup, log_dir)
     if setup.name == "peer":
         return _serve_peer(stack, setup, log_dir)
-    return _serve_project(stack, setup, sessions, log_dir)
+    return _serve_project(stack, setup, sessions, log_dir, profile=profile)
 
 
 def peer_unavailable() -> str | None:
@@ -886,9 +907,12 @@ def _run_point(pool: _ClientPool, target: _Target, sessions: int, seconds: float
         time.sleep(max(0.0, t0 + WARMUP_S - time.monotonic()))  # the warm-up: nothing to poll
         began = time.monotonic()
         window = _Window(_cpu_snapshot(pids), probe.counters(), machine_before=_machine_ticks())
+        _signal_servers(target, START)
         logs = pool.results(t0 + seconds + DRAIN_S + 2 * OPEN_TIMEOUT_S + 10)
         window.cpu_after = _cpu_snapshot(pids)
         window.machine_after = _machine_ticks()
+        _signal_servers(target, STOP)
+        window.profiles = _written_profiles(target)
         window.redis_after = probe.counters()
         window.session_memory = probe.session_memory(
             sessions, per_session_keys=target.setup.name == "project")
@@ -896,6 +920,25 @@ def _run_point(pool: _ClientPool, target: _Target, sessions: int, seconds: float
     pool.close_sessions()
     logs.sort(key=lambda log: log.index)
     return _summarize(target, logs, t0, seconds, window)
+
+
+def _signal_servers(target: _Target, signum: int) -> None:
+    """Send ``signum`` to every profiled server of ``target`` (none unless --profile)."""
+    for name in target.profiles:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(target.servers[name], signum)
+
+
+def _written_profiles(target: _Target) -> dict[str, Path]:
+    """The profiles the servers wrote on :data:`STOP`; a server that wrote none (it died) is
+    left out, and said so in the point's errors by its absence."""
+    deadline = time.monotonic() + _PROFILE_WRITE_S
+    waiting = dict(target.profiles)
+    while waiting and time.monotonic() < deadline:
+        waiting = {name: path for name, path in waiting.items() if not path.exists()}
+        if waiting:
+            time.sleep(0.05)  # polling for a file another process writes: no event to wait on
+    return {name: path for name, path in target.profiles.items() if name not in waiting}
 
 
 # ============================================================================ the sweep
@@ -941,6 +984,7 @@ class _Plan:
     clients: int
     compression: bool
     peer_skipped: str | None
+    profile: bool = False
 
 
 def _config(plan: _Plan) -> dict[str, Any]:
@@ -948,7 +992,7 @@ def _config(plan: _Plan) -> dict[str, Any]:
         "sessions": list(plan.sessions), "gateways": list(plan.gateways),
         "seconds": plan.seconds, "chunk_ms": CHUNK_S * 1000,
         "chunk_bytes": CHUNK_BYTES, "warmup_s": WARMUP_S, "ramp_s": RAMP_S,
-        "drain_s": DRAIN_S, "client_processes": plan.clients,
+        "drain_s": DRAIN_S, "client_processes": plan.clients, "profiled": plan.profile,
         "websocket_compression": {
             "echo": "permessage-deflate" if plan.compression else None,
             "project": "permessage-deflate" if plan.compression else None,
@@ -976,7 +1020,7 @@ def _sweep(plan: _Plan, log_root: Path) -> tuple[list[dict[str, Any]], str | Non
                 progress.show(len(points), f"{setup.label}, {sessions} sessions")
                 folder = log_root / f"{setup.name}{setup.gateways}-{sessions}"
                 with contextlib.ExitStack() as servers:
-                    target = _serve(servers, setup, sessions, folder)
+                    target = _serve(servers, setup, sessions, folder, profile=plan.profile)
                     points.append(_run_point(pool, target, sessions, plan.seconds,
                                              plan.compression))
                 redis_name = target.redis_name or redis_name
@@ -988,6 +1032,20 @@ def _default_clients(sessions: int) -> int:
     """One client process per :data:`SESSIONS_PER_CLIENT` sessions, at most one per CPU."""
     cpus = os.cpu_count() or 1
     return max(1, min(cpus, math.ceil(sessions / SESSIONS_PER_CLIENT)))
+
+
+def _keep_profiles(log_root: Path, output: Path) -> list[str]:
+    """Move the profiles of a --profile run next to the results (``pstats`` reads them)."""
+    written = sorted(log_root.rglob("*.prof"))
+    if not written:
+        return []
+    kept = output.with_name(f"{output.stem}-profiles")
+    shutil.rmtree(kept, ignore_errors=True)
+    for profile in written:
+        target = kept / profile.relative_to(log_root)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(profile), target)
+    return [f"profiles (python -m pstats FILE): {kept}"]
 
 
 def _keep_logs(log_root: Path, output: Path) -> list[str]:
@@ -1005,7 +1063,8 @@ def _keep_logs(log_root: Path, output: Path) -> list[str]:
 def run_relay_bench(*, sessions: Sequence[int] | int, seconds: float,
                     gateways: Sequence[int] = DEFAULT_GATEWAYS,
                     output: str | os.PathLike[str] | None = None,
-                    clients: int | None = None, compression: bool = True) -> int:
+                    clients: int | None = None, compression: bool = True,
+                    profile: bool = False) -> int:
     """Run the sweep, print the table, write the JSON and the plots.
 
     Args:
@@ -1019,6 +1078,9 @@ def run_relay_bench(*, sessions: Sequence[int] | int, seconds: float,
             at most one per CPU).
         compression: negotiate permessage-deflate (echo and project), as the OpenAI SDK and
             browsers do.
+        profile: count the Python calls per relayed chunk of the project's gateways and
+            worker (:mod:`duplex_gateway.bench_profile`); their CPU figures then include the
+            profiler's overhead.
 
     Returns:
         0 when it ran and every chunk came back intact, 1 when chunks were lost (or came
@@ -1037,7 +1099,7 @@ def run_relay_bench(*, sessions: Sequence[int] | int, seconds: float,
     path.parent.mkdir(parents=True, exist_ok=True)
     plan = _Plan(sessions=counts, gateways=servers, seconds=seconds,
                  clients=clients or _default_clients(counts[-1]), compression=compression,
-                 peer_skipped=peer_unavailable())
+                 peer_skipped=peer_unavailable(), profile=profile)
     config = _config(plan)
     log_root = Path(tempfile.mkdtemp(prefix="dg-bench-relay-"))
     try:
@@ -1050,7 +1112,8 @@ def run_relay_bench(*, sessions: Sequence[int] | int, seconds: float,
         print(f"bench relay: could not run: {exc} (logs: {log_root})", file=sys.stderr)
         return 2
     report = report_mod.build(config, points, plan.peer_skipped)
-    notes = report_mod.write(report, path) + _keep_logs(log_root, path)
+    notes = (report_mod.write(report, path) + _keep_profiles(log_root, path)
+             + _keep_logs(log_root, path))
     print(report_mod.format_table(report))
     print("\n".join(notes))
     if not report["lossless"]:

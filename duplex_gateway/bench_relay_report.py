@@ -396,8 +396,34 @@ def format_table(report: dict[str, Any]) -> str:
     if relays:
         lines += _grid(_scale_rows(relays))
         lines.append(f"scale on paper: {METHOD['scale_on_paper']}")
+    profiled = [p for p in project if p.get("python_calls")]
+    if profiled:
+        lines += _grid(_call_rows(profiled))
+        lines.append(PROFILE_NOTE)
     lines += [f"warning: {note}" for note in report["warnings"]]
     return "\n".join(lines)
+
+
+#: What the Python-calls table says, and what a profiled run's other figures mean.
+PROFILE_NOTE = (
+    "python calls: per relayed chunk, over the measured window (cProfile, bench relay"
+    " --profile): every call, built-ins included, then those of functions written in Python,"
+    " and the most called of them; a coroutine counts one call per resumption. Reproducible"
+    " from run to run where CPU time is not. This run's CPU figures include the profiler's"
+    " overhead: compare them with no other run.")
+
+
+def _call_rows(points: Sequence[dict[str, Any]]) -> list[list[str]]:
+    rows = [["python calls per chunk", "process", "all", "python", "most called (per chunk)"]]
+    for point in points:
+        for name, calls in point["python_calls"].items():
+            most = ", ".join(f"{row['function']} {row['calls_per_chunk']:.1f}"
+                             for row in calls["most_called"][:3])
+            rows.append([f"{Setup('project', point['gateways']).label}, {point['sessions']}",
+                         name,
+                         f"{calls['calls_per_chunk']:.0f}",
+                         f"{calls['python_calls_per_chunk']:.0f}", most])
+    return rows
 
 
 # ============================================================================ files

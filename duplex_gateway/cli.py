@@ -415,7 +415,7 @@ def _bench(args: argparse.Namespace) -> int:
     from duplex_gateway.bench import run_relay_bench
 
     return run_relay_bench(sessions=args.sessions, gateways=args.gateways, seconds=args.seconds,
-                           output=args.output)
+                           output=args.output, profile=args.profile)
 
 
 def _bench_resume(args: argparse.Namespace) -> int:

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from duplex_gateway.bench import PEER_SKIPPED, Progress, run_relay_bench
+from duplex_gateway.bench_relay_report import PROFILE_NOTE
 from duplex_gateway.bench_spec import CHUNK_S, SCALE_SESSIONS, SHARD_COMMANDS_PER_S, TARGETS_NOTE
 
 pytestmark = pytest.mark.e2e
@@ -187,6 +188,35 @@ def test_small_sweep_measures_every_figure_of_every_setup(
         assert f"{what}: {plot}" in printed.out
         titles = [t.text for t in ET.parse(plot).getroot().iter(f"{SVG}title")]
         assert titles == SERIES
+
+
+@pytest.mark.timeout(180)
+def test_a_profiled_run_counts_python_calls_per_chunk(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--profile``: the project's gateway and worker report their Python calls per relayed
+    chunk over the measured window (counts, not times), the table says what they mean, and
+    the profiles are kept for pstats; the echo and the peer are not profiled."""
+    output = tmp_path / "relay.json"
+    assert run_relay_bench(sessions=[2], gateways=[1], seconds=3.0, output=output,
+                           profile=True) == 0
+
+    report = json.loads(output.read_text())
+    assert report["config"]["profiled"] is True
+    (project,) = report["project"][0]["points"]
+    calls = project["python_calls"]
+    assert set(calls) == {"gateway0", "worker"}
+    for process in calls.values():
+        # A relayed chunk is dozens of Python steps in each process, never none.
+        assert process["calls_per_chunk"] >= process["python_calls_per_chunk"] >= 20
+        assert process["most_called"] and all(
+            row["calls_per_chunk"] > 0 and ":" in row["function"]
+            for row in process["most_called"])
+    assert all("python_calls" not in point for name in ("echo", "peer")
+               for series in report[name] or [] for point in series["points"])
+    kept = sorted(path.name for path in (tmp_path / "relay-profiles").rglob("*.prof"))
+    assert kept == ["gateway0.prof", "worker.prof"]
+    printed = capsys.readouterr().out
+    assert PROFILE_NOTE in printed and "python calls per chunk" in printed
 
 
 @pytest.mark.timeout(120)
