@@ -911,9 +911,9 @@ def _run_point(pool: _ClientPool, target: _Target, sessions: int, seconds: float
         logs = pool.results(t0 + seconds + DRAIN_S + 2 * OPEN_TIMEOUT_S + 10)
         window.cpu_after = _cpu_snapshot(pids)
         window.machine_after = _machine_ticks()
-        _signal_servers(target, STOP)
-        window.profiles = _written_profiles(target)
         window.redis_after = probe.counters()
+        _signal_servers(target, STOP)  # after every counter: writing a profile takes a while
+        window.profiles = _written_profiles(target)
         window.session_memory = probe.session_memory(
             sessions, per_session_keys=target.setup.name == "project")
         window.wall_s = time.monotonic() - began
