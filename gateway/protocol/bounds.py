@@ -9,6 +9,8 @@ the client.
 
 from __future__ import annotations
 
+import gc
+import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ __all__ = [
     "MAX_VALUES",
     "TOO_DEEP",
     "check_bounds",
+    "load_json",
 ]
 
 JsonDict: TypeAlias = dict[str, Any]
@@ -64,6 +67,36 @@ MAX_PLAYBACK_MS = 24 * 60 * 60 * 1000
 _Path: TypeAlias = tuple[str | int, ...]
 
 TOO_DEEP = f"The frame is nested deeper than {MAX_DEPTH} levels of objects and arrays."
+
+
+
+def load_json(text: str, decoder: json.JSONDecoder) -> Any:
+    """``text`` decoded by ``decoder``, safe at any depth a client may nest it.
+
+    The decoder recurses once per level, so a text built to be deep takes it to the
+    interpreter's recursion limit. A garbage collection that started on an allocation down
+    there would run its callbacks (the process's pause metrics) and the finalisers of what it
+    frees with no stack left: each would fail with a RecursionError where nothing can catch
+    it, printed past the log. So a text with more openers than :data:`MAX_DEPTH` (no audio
+    append has; its depth is at most that count) is decoded with the collector paused, and
+    one deeper than the decoder can go is refused like any frame deeper than the limit.
+
+    Raises:
+        ValueError: not JSON (``json.JSONDecodeError``).
+        ClientProtocolError: ``invalid_json``, deeper than the decoder can go.
+    """
+    if text.count("[") + text.count("{") <= MAX_DEPTH:
+        return decoder.decode(text)
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return decoder.decode(text)
+    except RecursionError:
+        raise ClientProtocolError(ErrorCode.INVALID_JSON, TOO_DEEP) from None
+    finally:
+        if was_enabled:
+            gc.enable()
+
 
 # Longest key, and longest path, quoted in a param: keys may be as long as MAX_STRING_CHARS.
 _KEY_QUOTE_LIMIT = 64

@@ -18,6 +18,7 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.protocol.bounds import check_bounds, load_json
 from gateway.protocol.errors import ClientProtocolError, ErrorCode
 
 __all__ = [
@@ -36,6 +37,7 @@ CLIENT_SECRET_PREFIX = "ek_"
 DEFAULT_TTL_S = 600
 MIN_TTL_S = 10
 MAX_TTL_S = 7200
+_DECODER = json.JSONDecoder()
 _BODY_KEYS = frozenset({"expires_after", "session"})
 _EXPIRY_KEYS = frozenset({"anchor", "seconds"})
 
@@ -68,11 +70,15 @@ def parse_client_secret_request(body: bytes) -> ClientSecretRequest:
     if not body.strip():
         return ClientSecretRequest(ttl_s=DEFAULT_TTL_S, session={"type": "realtime"})
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, ValueError):
+        # Decoded as UTF-8 explicitly: json.loads(bytes) would also guess UTF-16/32.
+        data = load_json(body.decode("utf-8"), _DECODER)
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
         raise _fail(ErrorCode.INVALID_JSON, "The body is not valid JSON.") from None
     if type(data) is not dict:
         raise _fail(ErrorCode.INVALID_TYPE, "The body must be a JSON object.")
+    # The session configuration goes to the worker as the session's first session.update:
+    # the same bounds as that frame's (depth, values, strings, numbers), named by path.
+    check_bounds(data)
     if extra := set(data) - _BODY_KEYS:
         raise _unknown(extra, "")
     return ClientSecretRequest(ttl_s=_ttl(data.get("expires_after")),

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import gc
 import json
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -42,8 +41,8 @@ from gateway.protocol.bounds import (
     MAX_SIGNAL_EVENT_CHARS,
     MAX_STRING_CHARS,
     MAX_VALUES,
-    TOO_DEEP,
     check_bounds,
+    load_json,
 )
 from gateway.protocol.errors import (
     ClientProtocolError,
@@ -410,25 +409,6 @@ def _frame_bytes(data: str | bytes) -> int:
     return len(data.encode("utf-8", "surrogatepass"))
 
 
-def _decode_collector_paused(text: str) -> Any:
-    """``text`` decoded with the cyclic collector paused.
-
-    The decoder recurses once per level of nesting, and a frame built to be deep takes it to
-    the interpreter's recursion limit (refused below as too deep). A collection that started
-    on an allocation down there would run its callbacks (the process's pause metrics) and
-    the finalisers of what it frees with no stack left: each would fail with a RecursionError
-    where nothing can catch it, and be printed past the log. Paused, nothing but the decoder
-    runs at that depth; the decode allocates nothing the collector could not take later.
-    """
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return _DECODER.decode(text)
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
 def _load_object(data: str | bytes, max_frame_bytes: int) -> JsonDict:
     size = _frame_bytes(data)
     if size > max_frame_bytes:
@@ -443,19 +423,12 @@ def _load_object(data: str | bytes, max_frame_bytes: int) -> JsonDict:
     try:
         # Decode explicitly: json.loads(bytes) would also guess UTF-16/32, which is not JSON text.
         text = data.decode("utf-8") if isinstance(data, bytes) else data
-        # No deeper than its count of openers: most frames (an audio append has one) cannot
-        # nest past MAX_DEPTH, and skip the pause below.
-        if text.count("[") + text.count("{") > MAX_DEPTH:
-            obj = _decode_collector_paused(text)
-        else:
-            obj = _DECODER.decode(text)
+        obj = load_json(text, _DECODER)  # far deeper than MAX_DEPTH: refused as too deep
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
         reason = str(exc)[:200]
         raise ClientProtocolError(
             ErrorCode.INVALID_JSON, f"The frame is not valid UTF-8 JSON: {reason}"
         ) from None
-    except RecursionError:  # far deeper than MAX_DEPTH: refused as the bounds check would
-        raise ClientProtocolError(ErrorCode.INVALID_JSON, TOO_DEEP) from None
     if not isinstance(obj, dict):
         got = _JSON_TYPES.get(type(obj), "a value")
         msg = f"A client event must be a JSON object, not {got}."

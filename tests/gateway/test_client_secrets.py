@@ -72,6 +72,27 @@ def test_bad_requests_name_the_field(payload: bytes, code: str, param: str | Non
     assert (refused.value.code, refused.value.param) == (code, param)
 
 
+@pytest.mark.parametrize(("payload", "code", "param"), [
+    # Far deeper than the decoder can go (it raised a RecursionError: an HTTP 500).
+    (b'{"session":' + b"[" * 100_000, "invalid_json", None),
+    # Within what json.loads reads, beyond what a session.update frame may hold.
+    (b'{"session":{"tools":' + b"[" * 600 + b"]" * 600 + b"}}", "invalid_json",
+     "session.tools" + "[0]" * 30),
+    (b'{"session":{"instructions":"\\ud800"}}', "invalid_value", "session.instructions"),
+    (b'{"session":{"temperature":1e400}}', "invalid_value", "session.temperature"),
+    (b'{"session":{"max_output_tokens":9007199254740993}}', "invalid_value",
+     "session.max_output_tokens"),
+])
+def test_a_secrets_session_has_the_bounds_of_a_session_update(
+        payload: bytes, code: str, param: str | None) -> None:
+    """The session a secret carries becomes its sessions' first session.update, so it is held
+    to that frame's bounds (depth, strings, numbers), and a body of any depth is an answer,
+    not a crash."""
+    with pytest.raises(ClientProtocolError) as refused:
+        parse_client_secret_request(payload)
+    assert (refused.value.code, refused.value.param) == (code, param)
+
+
 @given(st.binary(max_size=200) | st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(
