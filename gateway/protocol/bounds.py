@@ -4,7 +4,8 @@ A frame from ``json.loads`` may still be unusable: a lone surrogate cannot be en
 (from ``1e400``) cannot be rendered, a huge integer is not exact in Lua, and deep nesting
 breaks recursive code downstream. :func:`check_bounds` catches all of these at the edge, so
 that nothing the codec accepts can fail later in the store, the worker or on the way back to
-the client.
+the client. :func:`load_json` is the one way client JSON is decoded before that walk (a
+websocket frame, a client-secret request's body): safe at any depth the client nests it.
 """
 
 from __future__ import annotations
@@ -67,7 +68,6 @@ MAX_PLAYBACK_MS = 24 * 60 * 60 * 1000
 _Path: TypeAlias = tuple[str | int, ...]
 
 TOO_DEEP = f"The frame is nested deeper than {MAX_DEPTH} levels of objects and arrays."
-
 
 
 def load_json(text: str, decoder: json.JSONDecoder) -> Any:
