@@ -149,3 +149,27 @@ async def test_a_closed_lane_refuses_calls(redis_client: Redis) -> None:
     await lane.aclose()
     with pytest.raises(RedisConnectionError):
         await lane.evalsha(ECHO_SHA, ECHO, [], [b"y"])
+
+
+ARGUMENTS = [b"\x00\xffraw", "text", "\u00e9\u4e2d", 0, -7, 2**70, 1.5, 0.1, -0.0, 1e20, 2.5e-7,
+             float("inf")]
+
+
+async def test_arguments_reach_redis_as_redis_py_sends_them(redis_client: Redis) -> None:
+    """Every kind of argument the scripts take arrives as the bytes redis-py would send for
+    it (UTF-8 text, decimal integers of any size, floats as ``repr`` writes them), and a bool,
+    which redis-py refuses too, is refused before anything is written: the lane stays."""
+    echo_all = "return ARGV"
+    sha = hashlib.sha1(echo_all.encode()).hexdigest()
+    expected = await redis_client.eval(echo_all, 0, *ARGUMENTS)  # type: ignore[arg-type]
+    lane = lane_for(redis_client)
+    try:
+        assert await lane.evalsha(sha, echo_all, [], ARGUMENTS) == expected
+        assert expected[:3] == [b"\x00\xffraw", b"text", "\u00e9\u4e2d".encode()]
+        assert expected[5:7] == [str(2**70).encode(), b"1.5"]
+        for bad in (True, None, [1]):
+            with pytest.raises(TypeError):
+                await lane.evalsha(sha, echo_all, [], [b"a", bad])
+        assert await lane.evalsha(ECHO_SHA, ECHO, [], [b"still"]) == b"still"
+    finally:
+        await lane.aclose()
