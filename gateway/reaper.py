@@ -44,13 +44,19 @@ def outage_threshold_ms(interval_s: float, last_pass_s: float) -> int:
 
 async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetrics, *,
                     outage_ms: int = DEFAULT_REAP_OUTAGE_MS,
-                    lease_ms: int = DEFAULT_ATTACHMENT_LEASE_MS) -> int:
+                    lease_ms: int = DEFAULT_ATTACHMENT_LEASE_MS,
+                    own_gap_ms: int | None = None) -> int:
     """One pass over every listed worker; returns how many sessions ended.
 
     Each worker's reap also hands back the sessions that ended on it since the last pass,
     wherever they ended (client close, worker, expiry, loss): this is the one place their
     tenant places are released, so a place is freed once the session is over, not when some
     connection happened to see its last event.
+
+    ``own_gap_ms``: how long since this reaper's previous pass started, when that pass
+    succeeded (None: unknown, or it failed). A gap the script reports that this reaper's own
+    lateness covers (its event loop busy: a gateway under load) is told as that, at INFO: no
+    Redis outage to look for.
     """
     ended = 0
     # Every listed worker, however long ago it last beat: only a reap that finds it lost (or
@@ -61,9 +67,7 @@ async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetri
         ended += reaped.ended
         metrics.lapsed_detached.inc(reaped.detached)
         if reaped.outage_ms:
-            _rare.warning("slot_outage", "no reaper reached worker %s for %d ms (a failover "
-                             "or an outage): it gets a full heartbeat TTL to beat again",
-                             worker_id, reaped.outage_ms)
+            _tell_gap(worker_id, reaped.outage_ms, own_gap_ms)
         # Released before anything else can fail: these entries are ours alone now. Should
         # this fail, the places lapse with their reservation lease instead.
         await scripts.release_tenant_slots(reaped.released)
@@ -71,6 +75,23 @@ async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetri
             await forget_worker(client, worker_id)
     metrics.reaped.inc(ended)
     return ended
+
+
+def _tell_gap(worker_id: str, gap_ms: int, own_gap_ms: int | None) -> None:
+    """Say why a reap found the worker unreached for ``gap_ms``. When this reaper's own
+    previous pass, which succeeded, started at least that long ago (less a tenth: the two are
+    read on different clocks, around a round trip), its own lateness covers the gap: its event
+    loop was busy (a gateway under load), and no other gateway reached the worker meanwhile
+    either. Either way the worker gets a full TTL (the script decided that); only a gap this
+    reaper cannot account for points at Redis."""
+    if own_gap_ms is not None and own_gap_ms >= 0.9 * gap_ms:
+        _rare.log(logging.INFO, "reaper_late", "no reaper reached worker %s for %d ms, this "
+                  "gateway's own reaper passes %d ms apart (its event loop was late): the "
+                  "worker gets a full heartbeat TTL to beat again", worker_id, gap_ms,
+                  own_gap_ms)
+        return
+    _rare.warning("slot_outage", "no reaper reached worker %s for %d ms (a failover or an "
+                  "outage): it gets a full heartbeat TTL to beat again", worker_id, gap_ms)
 
 
 async def run_reaper(client: RedisClient, scripts: Scripts, metrics: GatewayMetrics,
@@ -84,18 +105,23 @@ async def run_reaper(client: RedisClient, scripts: Scripts, metrics: GatewayMetr
     # The median of the last passes: one pass that waited out a failover inside the client
     # must not raise the outage threshold for the next ones.
     passes_s: collections.deque[float] = collections.deque([0.0], maxlen=5)
+    last_success_start: float | None = None
     while True:
         started = time.monotonic()
+        own_gap_ms = (None if last_success_start is None
+                      else int(1000 * (started - last_success_start)))
         try:
             await reap_once(client, scripts, metrics,
                             outage_ms=outage_threshold_ms(interval_s, statistics.median(passes_s)),
-                            lease_ms=lease_ms)
+                            lease_ms=lease_ms, own_gap_ms=own_gap_ms)
             passes_s.append(time.monotonic() - started)
         except (StoreError, OSError) as exc:
+            last_success_start = None  # what follows a failed pass may be a real outage
             if not outages.call_failed("reaper pass", exc):
                 _rare.warning(("reaper pass", type(exc).__qualname__), "reaper pass failed: %s",
                               exc)
         else:
+            last_success_start = started
             outages.succeeded()
         raise_if_cancelled()  # a cancellation swallowed inside the Redis client ends us too
         await asyncio.sleep(interval_s)

@@ -128,7 +128,8 @@ def pack(parts: Sequence[bytes | str | int | float]) -> bytes:
     (``bench relay --profile``). Arguments are bytes, str (UTF-8), int or float (as ``repr``
     writes it); anything else, a bool included (True is no Redis value: redis-py refuses it
     too), raises ``TypeError``."""
-    return hiredis.pack_command(tuple(parts))
+    command: Any = tuple(parts)  # hiredis's stub types it as a tuple of one argument
+    return cast(bytes, hiredis.pack_command(command))
 
 
 class RespConnection(asyncio.Protocol):

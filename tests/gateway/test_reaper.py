@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 import pytest
 from redis.asyncio import Redis
 
+import gateway.reaper
 from gateway.metrics import GatewayMetrics
 from gateway.reaper import run_reaper
 from store import Scripts, create_client
 from store.directory import announce_worker
 from store.embedded import EmbeddedServer
 from store.keys import SessionKeys
+from store.ratelog import RateLimitedLog
 from tests.faultproxy import FaultProxy
 from tests.store._support import (
     open_session,
@@ -25,7 +28,16 @@ from tests.store._support import (
 )
 
 TTL_MS = 400
+OUTAGE_LINE = "(a failover or an outage)"
+LATE_LINE = "its event loop was late"
 
+
+@pytest.fixture(autouse=True)
+def fresh_reaper_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test sees every line: the module's rate limit would hold back a cause that an
+    earlier test wrote within its interval."""
+    monkeypatch.setattr(gateway.reaper, "_rare",
+                        RateLimitedLog(logging.getLogger("gateway.reaper"), interval_s=10.0))
 
 
 @pytest.mark.parametrize("beats_again", [True, False])
@@ -50,8 +62,12 @@ async def test_after_an_outage_a_lapsed_worker_gets_one_ttl(
         await wait_redis_clock_past(redis_client, beat.alive_until_ms + 50)  # lapsed
         with caplog.at_level(logging.WARNING, logger="gateway.reaper"):
             await until(lambda: "reaper pass failed" in caplog.text, "a failed reaper pass")
-        back = await redis_now_ms(redis_client)  # the reaper can only recover after this
-        proxy.restore()
+            back = await redis_now_ms(redis_client)  # the reaper can only recover after this
+            proxy.restore()
+            # Told as what it may be: this reaper's own passes failed, so its lateness
+            # explains nothing.
+            await until(lambda: OUTAGE_LINE in caplog.text, "the slot outage told")
+        assert LATE_LINE not in caplog.text
         await wait_redis_clock_past(redis_client, back + TTL_MS // 2)
         assert await worker_field(redis_client, wid, "state") == "live", "lost at once"
         if beats_again:
@@ -72,3 +88,33 @@ async def test_after_an_outage_a_lapsed_worker_gets_one_ttl(
         await asyncio.gather(reaper, return_exceptions=True)
         await lossy.aclose()
         await proxy.aclose()
+
+
+async def test_a_gap_of_this_gateways_own_making_is_told_as_that(
+        redis_client: Redis, caplog: pytest.LogCaptureFixture) -> None:
+    """The gateway's event loop is held up (a load spike) past the script's outage
+    threshold: the reap that follows finds the gap and gives the worker a full TTL, as after
+    an outage, but the line says it was this gateway's own lateness, at INFO, not a WARNING
+    sending an operator to look for a Redis failover that never happened."""
+    scripts = Scripts(redis_client)
+    wid = await register_worker(scripts, slots=2, ttl_ms=60_000)
+    await announce_worker(redis_client, wid, await redis_now_ms(redis_client) + 60_000)
+    metrics = GatewayMetrics()
+    reaper = asyncio.create_task(run_reaper(redis_client, Scripts(redis_client), metrics, 0.02))
+    try:
+        with caplog.at_level(logging.INFO, logger="gateway.reaper"):
+            first = await worker_field(redis_client, wid, "reaped_ms")
+            await until(lambda: _reached_since(redis_client, wid, first), "a first reap")
+            time.sleep(0.5)  # the load spike itself: the loop is held, not waited on
+            await until(lambda: LATE_LINE in caplog.text, "the late reap told")
+        assert OUTAGE_LINE not in caplog.text
+        late = [r for r in caplog.records if LATE_LINE in r.getMessage()]
+        assert late and all(r.levelno == logging.INFO for r in late)
+        assert await worker_field(redis_client, wid, "state") == "live"
+    finally:
+        reaper.cancel()
+        await asyncio.gather(reaper, return_exceptions=True)
+
+
+async def _reached_since(client: Redis, worker_id: str, before: str | None) -> bool:
+    return await worker_field(client, worker_id, "reaped_ms") not in (None, before)
