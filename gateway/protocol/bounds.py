@@ -67,7 +67,7 @@ MAX_PLAYBACK_MS = 24 * 60 * 60 * 1000
 # A position in a frame: the keys and indices leading to a value, from the frame's object.
 _Path: TypeAlias = tuple[str | int, ...]
 
-TOO_DEEP = f"The frame is nested deeper than {MAX_DEPTH} levels of objects and arrays."
+TOO_DEEP = f"The JSON is nested deeper than {MAX_DEPTH} levels of objects and arrays."
 
 
 def load_json(text: str, decoder: json.JSONDecoder) -> Any:
@@ -231,7 +231,7 @@ def _find_violation(frame: JsonDict) -> _Violation | None:
             return _Violation(path, TOO_DEEP, json_level=True)
         values += len(container)
         if values > MAX_VALUES:
-            return _Violation((), f"The frame holds more than {MAX_VALUES} values.")
+            return _Violation((), f"The JSON holds more than {MAX_VALUES} values.")
         violation = _scan_members(container, path, pending)
         if violation is not None:
             return violation

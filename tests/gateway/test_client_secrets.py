@@ -87,10 +87,11 @@ def test_a_secrets_session_has_the_bounds_of_a_session_update(
         payload: bytes, code: str, param: str | None) -> None:
     """The session a secret carries becomes its sessions' first session.update, so it is held
     to that frame's bounds (depth, strings, numbers), and a body of any depth is an answer,
-    not a crash."""
+    not a crash. The answer speaks of the body's JSON, not of a websocket frame."""
     with pytest.raises(ClientProtocolError) as refused:
         parse_client_secret_request(payload)
     assert (refused.value.code, refused.value.param) == (code, param)
+    assert "frame" not in refused.value.message
 
 
 @given(st.binary(max_size=200) | st.recursive(
