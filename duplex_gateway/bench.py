@@ -240,10 +240,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: %(default)s)")
     parser.add_argument("--output", help=output_help("relay", plot="its two plots next to it; "))
     parser.add_argument("--profile", action="store_true",
-                        help="run the project's gateways and worker under cProfile over each "
-                             "point's measured window and report Python calls per relayed "
-                             "chunk (reproducible, unlike CPU time; this run's CPU figures "
-                             "then include the profiler's overhead); default: not profiled")
+                        help="run every server but Redis (the echo, the peer's servers, the "
+                             "gateways, the worker) under cProfile over each point's measured "
+                             "window and report Python calls per relayed chunk, also as a "
+                             "multiple of the echo's (reproducible, unlike CPU time; this "
+                             "run's CPU figures then include the profiler's overhead); "
+                             "default: not profiled")
 
 
 def _session_class(mode: str) -> type[LoadSession]:
@@ -713,7 +715,7 @@ class _Target:
     redis_url: str | None
     script_commands: frozenset[str] = frozenset()
     redis_name: str | None = None
-    # name -> where its profile is written (bench relay --profile; the project's servers).
+    # name -> where its profile is written (bench relay --profile; every server but Redis).
     profiles: dict[str, Path] = field(default_factory=dict)
 
 
@@ -730,31 +732,48 @@ def _start_redis(stack: contextlib.ExitStack) -> Any:
     return redis
 
 
-def _serve_echo(stack: contextlib.ExitStack, setup: Setup, log_dir: Path) -> _Target:
+def _profiled_as(name: str, args: list[str], profiles: dict[str, Path], log_dir: Path,
+                 profile: bool) -> list[str]:
+    """``args``, run under the profiler into ``log_dir`` (noted in ``profiles``) when
+    ``profile``: every websocket server and the worker, so each process's calls per chunk
+    stand beside the echo's, the baseline of the CPU targets."""
+    if not profile:
+        return args
+    profiles[name] = log_dir / f"{name}.prof"
+    return profiled(args, profiles[name])
+
+
+def _serve_echo(stack: contextlib.ExitStack, setup: Setup, log_dir: Path, *,
+                profile: bool = False) -> _Target:
     from store.embedded import free_port
 
     port = free_port()
-    echo = start_http_server(stack, "echo", ["duplex_gateway._echo", "--port", str(port)],
-                             port, log_dir)
+    profiles: dict[str, Path] = {}
+    args = _profiled_as("echo", ["duplex_gateway._echo", "--port", str(port)], profiles,
+                        log_dir, profile)
+    echo = start_http_server(stack, "echo", args, port, log_dir)
     return _Target(setup=setup, mode="echo", urls=(_ws_url(port),),
-                   servers={"echo": echo.pid}, redis_url=None)
+                   servers={"echo": echo.pid}, redis_url=None, profiles=profiles)
 
 
-def _serve_peer(stack: contextlib.ExitStack, setup: Setup, log_dir: Path) -> _Target:
+def _serve_peer(stack: contextlib.ExitStack, setup: Setup, log_dir: Path, *,
+                profile: bool = False) -> _Target:
     from store.embedded import free_port
 
     redis = _start_redis(stack)
     urls, servers = [], {}
+    profiles: dict[str, Path] = {}
     for number in range(setup.gateways):
         port = free_port()
-        peer = start_http_server(stack, f"peer{number}", [
-            "duplex_gateway.bench_peer", "--port", str(port), "--redis-url", redis.url],
-            port, log_dir)
+        name = f"peer{number}"
+        args = _profiled_as(name, ["duplex_gateway.bench_peer", "--port", str(port),
+                                   "--redis-url", redis.url], profiles, log_dir, profile)
+        peer = start_http_server(stack, name, args, port, log_dir)
         urls.append(f"http://127.0.0.1:{port}")
         servers[peer.name] = peer.pid
     return _Target(setup=setup, mode="peer", urls=tuple(urls),
                    servers={**servers, "redis": redis.process.pid}, redis_url=redis.url,
-                   redis_name=redis.binary.name)
+                   redis_name=redis.binary.name, profiles=profiles)
 
 
 def _serve_project(stack: contextlib.ExitStack, setup: Setup, sessions: int,
@@ -762,8 +781,9 @@ def _serve_project(stack: contextlib.ExitStack, setup: Setup, sessions: int,
     from store.embedded import free_port
 
     redis = _start_redis(stack)
-    profiles = {name: log_dir / f"{name}.prof" for name in
-                ("worker", *(f"gateway{n}" for n in range(setup.gateways)))} if profile else {}
+    profiles: dict[str, Path] = {}
+    if profile:
+        profiles["worker"] = log_dir / "worker.prof"
     # First: a gateway is ready (/readyz 200) only once a worker is live.
     worker = start_worker(stack, redis.url, max(sessions, 1), log_dir,
                           profile_to=profiles.get("worker"))
@@ -771,10 +791,10 @@ def _serve_project(stack: contextlib.ExitStack, setup: Setup, sessions: int,
     for number in range(setup.gateways):
         port = free_port()
         name = f"gateway{number}"
-        args = ["duplex_gateway", "--log-level", "warning", "serve", "--host", "127.0.0.1",
-                "--port", str(port), "--redis-url", redis.url]
-        gateway = start_http_server(
-            stack, name, profiled(args, profiles[name]) if profile else args, port, log_dir)
+        args = _profiled_as(name, ["duplex_gateway", "--log-level", "warning", "serve",
+                                   "--host", "127.0.0.1", "--port", str(port),
+                                   "--redis-url", redis.url], profiles, log_dir, profile)
+        gateway = start_http_server(stack, name, args, port, log_dir)
         urls.append(_ws_url(port))
         servers[gateway.name] = gateway.pid
     return _Target(setup=setup, mode="gateway", urls=tuple(urls),
@@ -786,13 +806,13 @@ def _serve_project(stack: contextlib.ExitStack, setup: Setup, sessions: int,
 def _serve(stack: contextlib.ExitStack, setup: Setup, sessions: int, log_dir: Path, *,
            profile: bool = False) -> _Target:
     """Start the servers of one point (fresh for each point, so no point inherits another's
-    sessions, keys or warmed caches) and say where the clients connect; ``profile``: the
-    project's gateways and worker under :mod:`duplex_gateway.bench_profile`."""
+    sessions, keys or warmed caches) and say where the clients connect; ``profile``: every
+    server process but Redis under :mod:`duplex_gateway.bench_profile`."""
     log_dir.mkdir(parents=True, exist_ok=True)
     if setup.name == "echo":
-        return _serve_echo(stack, setup, log_dir)
+        return _serve_echo(stack, setup, log_dir, profile=profile)
     if setup.name == "peer":
-        return _serve_peer(stack, setup, log_dir)
+        return _serve_peer(stack, setup, log_dir, profile=profile)
     return _serve_project(stack, setup, sessions, log_dir, profile=profile)
 
 

@@ -396,7 +396,7 @@ def format_table(report: dict[str, Any]) -> str:
     if relays:
         lines += _grid(_scale_rows(relays))
         lines.append(f"scale on paper: {METHOD['scale_on_paper']}")
-    profiled = [p for p in project if p.get("python_calls")]
+    profiled = [p for p in points if p.get("python_calls")]
     if profiled:
         lines += _grid(_call_rows(profiled))
         lines.append(PROFILE_NOTE)
@@ -408,21 +408,37 @@ def format_table(report: dict[str, Any]) -> str:
 PROFILE_NOTE = (
     "python calls: per relayed chunk, over the measured window (cProfile, bench relay"
     " --profile): every call, built-ins included, then those of functions written in Python,"
-    " and the most called of them; a coroutine counts one call per resumption. Reproducible"
-    " from run to run where CPU time is not. This run's CPU figures include the profiler's"
-    " overhead: compare them with no other run.")
+    " and the most called of them; x echo: all calls over the echo's at the same session"
+    " count (the websocket servers together, as the CPU targets count them; the worker on"
+    " its own). A coroutine counts one call per resumption. Reproducible from run to run"
+    " where CPU time is not. This run's CPU figures include the profiler's overhead: compare"
+    " them with no other run.")
+
+
+def _echo_calls(points: Sequence[dict[str, Any]]) -> dict[int, float]:
+    """Session count -> the echo's calls per chunk, where the echo was profiled."""
+    return {p["sessions"]: calls["calls_per_chunk"] for p in points if p["setup"] == "echo"
+            for calls in p["python_calls"].values()}
 
 
 def _call_rows(points: Sequence[dict[str, Any]]) -> list[list[str]]:
-    rows = [["python calls per chunk", "process", "all", "python", "most called (per chunk)"]]
+    rows = [["python calls per chunk", "process", "all", "python", "x echo",
+             "most called (per chunk)"]]
+    echo = _echo_calls(points)
     for point in points:
-        for name, calls in point["python_calls"].items():
+        calls_by_process = point["python_calls"]
+        servers = sum(calls["calls_per_chunk"] for name, calls in calls_by_process.items()
+                      if name != "worker")
+        for name, calls in calls_by_process.items():
             most = ", ".join(f"{row['function']} {row['calls_per_chunk']:.1f}"
                              for row in calls["most_called"][:3])
-            rows.append([f"{Setup('project', point['gateways']).label}, {point['sessions']}",
-                         name,
+            baseline = echo.get(point["sessions"])
+            mine = calls["calls_per_chunk"] if name == "worker" else servers
+            ratio = "-" if not baseline else f"{mine / baseline:.1f}"
+            rows.append([f"{Setup(point['setup'], point['gateways']).label},"
+                         f" {point['sessions']}", name,
                          f"{calls['calls_per_chunk']:.0f}",
-                         f"{calls['python_calls_per_chunk']:.0f}", most])
+                         f"{calls['python_calls_per_chunk']:.0f}", ratio, most])
     return rows
 
 
