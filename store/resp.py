@@ -123,13 +123,36 @@ def error_of(reply: hiredis.ReplyError) -> RedisError:
 
 
 def pack(parts: Sequence[bytes | str | int | float]) -> bytes:
-    """One command in RESP, written by hiredis in C: the hot paths pack one command per
-    relayed chunk, and a Python loop over its ~20 arguments cost ~120 interpreted calls
-    (``bench relay --profile``). Arguments are bytes, str (UTF-8), int or float (as ``repr``
-    writes it); anything else, a bool included (True is no Redis value: redis-py refuses it
-    too), raises ``TypeError``."""
+    """One command in RESP, as redis-py writes it: bytes-likes as they are, str as UTF-8, int
+    and float as ``repr`` writes them; anything else, a bool included (True is no Redis value),
+    raises ``TypeError`` where redis-py raises its ``DataError``.
+
+    hiredis writes it in C: the hot paths pack one command per relayed chunk, and the loop
+    below, over a call's ~20 arguments, cost ~120 interpreted calls (``bench relay
+    --profile``). hiredis takes exact ints and bytes only, so the rare call with a subclass or
+    a bytearray goes through the loop.
+    """
     command: Any = tuple(parts)  # hiredis's stub types it as a tuple of one argument
-    return cast(bytes, hiredis.pack_command(command))
+    try:
+        packed: bytes = hiredis.pack_command(command)  # (typing.cast would be a Python call)
+    except TypeError:
+        return _pack_each(command)
+    return packed
+
+
+def _pack_each(parts: Sequence[bytes | str | int | float]) -> bytes:
+    out = [b"*%d\r\n" % len(parts)]
+    for part in parts:
+        if isinstance(part, bytes | bytearray | memoryview):
+            data = bytes(part)
+        elif isinstance(part, str):
+            data = part.encode()
+        elif isinstance(part, bool) or not isinstance(part, int | float):
+            raise TypeError(f"not a Redis argument: {type(part).__name__}")
+        else:
+            data = repr(part).encode()
+        out += (b"$%d\r\n" % len(data), data, b"\r\n")
+    return b"".join(out)
 
 
 class RespConnection(asyncio.Protocol):

@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, strategies as st
+from redis._parsers.encoders import Encoder
 from redis.asyncio import Redis
+from redis.connection import PythonRespSerializer
 from redis.exceptions import (
     AuthenticationError,
     ConnectionError as RedisConnectionError,
@@ -26,7 +29,7 @@ from redis.exceptions import (
 import store.pubsub
 from store.embedded import EmbeddedServer, free_port, start_server
 from store.pubsub import Subscriber
-from store.resp import Endpoint, PushConnection, endpoint_of
+from store.resp import Endpoint, PushConnection, endpoint_of, pack
 from tests.faultproxy import FaultProxy
 from tests.store._support import Notices, spublish
 
@@ -227,3 +230,31 @@ async def test_a_handler_that_raises_costs_the_connection_nothing() -> None:
         assert not connection.closed.done()
         connection.abort(RedisConnectionError("test over"))
     assert seen == [b"0", b"1", b"2"]
+
+
+class _Count(int):
+    """An int subclass: hiredis's packer refuses it, the store's loop packs it."""
+
+
+_ARGUMENT = (st.binary(max_size=64) | st.text(max_size=32) | st.integers()
+             | st.floats(allow_nan=False) | st.integers().map(_Count)
+             | st.binary(max_size=16).map(bytearray))
+
+
+@given(st.lists(_ARGUMENT, max_size=24))
+def test_a_command_is_packed_byte_for_byte_as_redis_py_packs_it(
+        arguments: list[bytes | str | int | float]) -> None:
+    """The script lane's and the push connection's commands are the bytes redis-py's own
+    packer (its pure-Python one: with hiredis installed, redis-py refuses an int subclass or
+    a bytearray) would send for the same arguments, whichever packer (hiredis's, or the loop
+    for what hiredis does not take) wrote them."""
+    encoder = Encoder("utf-8", "strict", False)  # type: ignore[no-untyped-call]
+    redis_py = PythonRespSerializer(6000, encoder.encode)
+    expected = b"".join(redis_py.pack("EVALSHA", *arguments))  # type: ignore[no-untyped-call]
+    assert pack(["EVALSHA", *arguments]) == expected
+
+
+@pytest.mark.parametrize("argument", [True, False, None, [1], {"a": 1}, object()])
+def test_what_redis_py_refuses_is_refused(argument: object) -> None:
+    with pytest.raises(TypeError):
+        pack(["SET", "k", argument])  # type: ignore[list-item]

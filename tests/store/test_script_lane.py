@@ -151,8 +151,14 @@ async def test_a_closed_lane_refuses_calls(redis_client: Redis) -> None:
         await lane.evalsha(ECHO_SHA, ECHO, [], [b"y"])
 
 
+class _Count(int):
+    """An int subclass (hiredis's packer takes exact ints only)."""
+
+
 ARGUMENTS = [b"\x00\xffraw", "text", "\u00e9\u4e2d", 0, -7, 2**70, 1.5, 0.1, -0.0, 1e20, 2.5e-7,
              float("inf")]
+# Those hiredis does not take: packed by the store's own loop, still as redis-py would.
+UNCOMMON_ARGUMENTS = [_Count(12), bytearray(b"ba"), memoryview(b"mv"), "\u00e9"]
 
 
 async def test_arguments_reach_redis_as_redis_py_sends_them(redis_client: Redis) -> None:
@@ -165,6 +171,9 @@ async def test_arguments_reach_redis_as_redis_py_sends_them(redis_client: Redis)
     lane = lane_for(redis_client)
     try:
         assert await lane.evalsha(sha, echo_all, [], ARGUMENTS) == expected
+        uncommon = await redis_client.eval(echo_all, 0, *UNCOMMON_ARGUMENTS)  # type: ignore[arg-type]
+        assert uncommon == [b"12", b"ba", b"mv", "\u00e9".encode()]
+        assert await lane.evalsha(sha, echo_all, [], UNCOMMON_ARGUMENTS) == uncommon
         assert expected[:3] == [b"\x00\xffraw", b"text", "\u00e9\u4e2d".encode()]
         assert expected[5:7] == [str(2**70).encode(), b"1.5"]
         for bad in (True, None, [1]):
