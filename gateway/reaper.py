@@ -27,7 +27,7 @@ from store.outages import OutageLog
 from store.ratelog import RateLimitedLog
 from store.scripts import DEFAULT_ATTACHMENT_LEASE_MS, DEFAULT_REAP_OUTAGE_MS
 
-__all__ = ["outage_threshold_ms", "reap_once", "run_reaper"]
+__all__ = ["Visits", "outage_threshold_ms", "reap_once", "run_reaper"]
 
 _log = logging.getLogger(__name__)
 # Lines a pass can repeat every interval (a slot outage per worker, a refused script): one per
@@ -42,10 +42,19 @@ def outage_threshold_ms(interval_s: float, last_pass_s: float) -> int:
     return int(2000 * (interval_s + last_pass_s))
 
 
+class Visits:
+    """When this reaper last reached each worker, and whether its last pass failed: what it
+    needs to tell a gap of its own making from a Redis outage (:func:`reap_once`)."""
+
+    def __init__(self) -> None:
+        self.sent: dict[str, float] = {}  # worker id -> when its last reap was sent
+        self.failed = False  # the last pass failed: a gap after it may be an outage
+
+
 async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetrics, *,
                     outage_ms: int = DEFAULT_REAP_OUTAGE_MS,
                     lease_ms: int = DEFAULT_ATTACHMENT_LEASE_MS,
-                    own_gap_ms: int | None = None) -> int:
+                    visits: Visits | None = None) -> int:
     """One pass over every listed worker; returns how many sessions ended.
 
     Each worker's reap also hands back the sessions that ended on it since the last pass,
@@ -53,43 +62,59 @@ async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetri
     tenant places are released, so a place is freed once the session is over, not when some
     connection happened to see its last event.
 
-    ``own_gap_ms``: how long since this reaper's previous pass started, when that pass
-    succeeded (None: unknown, or it failed). A gap the script reports that this reaper's own
-    lateness covers (its event loop busy: a gateway under load) is told as that, at INFO: no
-    Redis outage to look for.
+    ``visits``: this reaper's memory of its passes (kept by :func:`run_reaper`), so that a
+    gap the script reports is told for what it is (see :func:`_tell_gap`); without it every
+    gap is told as a possible outage.
     """
     ended = 0
     # Every listed worker, however long ago it last beat: only a reap that finds it lost (or
     # its record gone) removes it, so one that died during a long outage is still declared
     # lost afterwards.
     for worker_id in await listed_workers(client):
+        sent = time.monotonic()
         reaped = await scripts.reap(worker_id, outage_ms=outage_ms, lease_ms=lease_ms)
         ended += reaped.ended
         metrics.lapsed_detached.inc(reaped.detached)
         if reaped.outage_ms:
-            _tell_gap(worker_id, reaped.outage_ms, own_gap_ms)
+            _tell_gap(worker_id, reaped.outage_ms, visits)
+        if visits is not None:
+            visits.sent[worker_id] = sent
         # Released before anything else can fail: these entries are ours alone now. Should
         # this fail, the places lapse with their reservation lease instead.
         await scripts.release_tenant_slots(reaped.released)
         if reaped.state in ("lost", "unknown"):
             await forget_worker(client, worker_id)
+            if visits is not None:
+                visits.sent.pop(worker_id, None)
     metrics.reaped.inc(ended)
     return ended
 
 
-def _tell_gap(worker_id: str, gap_ms: int, own_gap_ms: int | None) -> None:
-    """Say why a reap found the worker unreached for ``gap_ms``. When this reaper's own
-    previous pass, which succeeded, started at least that long ago (less a tenth: the two are
-    read on different clocks, around a round trip), its own lateness covers the gap: its event
-    loop was busy (a gateway under load), and no other gateway reached the worker meanwhile
-    either. Either way the worker gets a full TTL (the script decided that); only a gap this
-    reaper cannot account for points at Redis."""
-    if own_gap_ms is not None and own_gap_ms >= 0.9 * gap_ms:
-        _rare.log(logging.INFO, "reaper_late", "no reaper reached worker %s for %d ms, this "
-                  "gateway's own reaper passes %d ms apart (its event loop was late): the "
-                  "worker gets a full heartbeat TTL to beat again", worker_id, gap_ms,
-                  own_gap_ms)
-        return
+def _tell_gap(worker_id: str, gap_ms: int, visits: Visits | None) -> None:
+    """Say why a reap found the worker unreached for ``gap_ms`` (the script gave it a full
+    TTL for it either way). Only a gap this reaper cannot account for points at Redis, a
+    WARNING: after a failed pass of its own, or one longer than the span from its previous
+    reap of the worker to now. A gap inside that span is this reaper's own spacing (its event
+    loop late, a gateway under load: no other gateway reached the worker meanwhile either),
+    and one before its first reap of the worker is the time no reaper had come since the
+    worker registered (a deployment starting: the worker is up before its gateways): both
+    INFO. The span runs from the previous reap's send to now, so it holds both script runs,
+    read on Redis's clock; a tenth is left for the two clocks' rates."""
+    if visits is not None and not visits.failed:
+        previous = visits.sent.get(worker_id)
+        if previous is None:
+            _rare.log(logging.INFO, "reaper_first", "no reaper reached worker %s for %d ms"
+                      " before this gateway's reaper first did (none had since it registered,"
+                      " or since another gateway last reaped it): it gets a full heartbeat TTL"
+                      " to beat again", worker_id, gap_ms)
+            return
+        span_ms = int(1000 * (time.monotonic() - previous))
+        if span_ms >= 0.9 * gap_ms:
+            _rare.log(logging.INFO, "reaper_late", "no reaper reached worker %s for %d ms,"
+                      " this gateway's own reaps of it %d ms apart (its event loop was late):"
+                      " it gets a full heartbeat TTL to beat again", worker_id, gap_ms,
+                      span_ms)
+            return
     _rare.warning("slot_outage", "no reaper reached worker %s for %d ms (a failover or an "
                   "outage): it gets a full heartbeat TTL to beat again", worker_id, gap_ms)
 
@@ -105,23 +130,21 @@ async def run_reaper(client: RedisClient, scripts: Scripts, metrics: GatewayMetr
     # The median of the last passes: one pass that waited out a failover inside the client
     # must not raise the outage threshold for the next ones.
     passes_s: collections.deque[float] = collections.deque([0.0], maxlen=5)
-    last_success_start: float | None = None
+    visits = Visits()
     while True:
         started = time.monotonic()
-        own_gap_ms = (None if last_success_start is None
-                      else int(1000 * (started - last_success_start)))
         try:
             await reap_once(client, scripts, metrics,
                             outage_ms=outage_threshold_ms(interval_s, statistics.median(passes_s)),
-                            lease_ms=lease_ms, own_gap_ms=own_gap_ms)
+                            lease_ms=lease_ms, visits=visits)
             passes_s.append(time.monotonic() - started)
         except (StoreError, OSError) as exc:
-            last_success_start = None  # what follows a failed pass may be a real outage
+            visits.failed = True
             if not outages.call_failed("reaper pass", exc):
                 _rare.warning(("reaper pass", type(exc).__qualname__), "reaper pass failed: %s",
                               exc)
         else:
-            last_success_start = started
+            visits.failed = False
             outages.succeeded()
         raise_if_cancelled()  # a cancellation swallowed inside the Redis client ends us too
         await asyncio.sleep(interval_s)

@@ -30,6 +30,7 @@ from tests.store._support import (
 TTL_MS = 400
 OUTAGE_LINE = "(a failover or an outage)"
 LATE_LINE = "its event loop was late"
+FIRST_LINE = "before this gateway's reaper first did"
 
 
 @pytest.fixture(autouse=True)
@@ -118,3 +119,26 @@ async def test_a_gap_of_this_gateways_own_making_is_told_as_that(
 
 async def _reached_since(client: Redis, worker_id: str, before: str | None) -> bool:
     return await worker_field(client, worker_id, "reaped_ms") not in (None, before)
+
+
+async def test_a_gap_before_this_gateways_first_reap_is_told_as_that(
+        redis_client: Redis, caplog: pytest.LogCaptureFixture) -> None:
+    """A deployment starting: the worker registers, and the gateway's reaper comes later than
+    the outage threshold. Its first reap gives the worker a full TTL, and says why at INFO:
+    no reaper had come since the worker registered, not a failover."""
+    scripts = Scripts(redis_client)
+    wid = await register_worker(scripts, slots=2, ttl_ms=60_000)
+    registered = await redis_now_ms(redis_client)
+    await announce_worker(redis_client, wid, registered + 60_000)
+    await wait_redis_clock_past(redis_client, registered + 300)  # past 2 x (0.02 s + a pass)
+    reaper = asyncio.create_task(run_reaper(redis_client, Scripts(redis_client),
+                                            GatewayMetrics(), 0.02))
+    try:
+        with caplog.at_level(logging.INFO, logger="gateway.reaper"):
+            await until(lambda: FIRST_LINE in caplog.text, "the first reap told")
+        assert OUTAGE_LINE not in caplog.text
+        first = [r for r in caplog.records if FIRST_LINE in r.getMessage()]
+        assert [r.levelno for r in first] == [logging.INFO]
+    finally:
+        reaper.cancel()
+        await asyncio.gather(reaper, return_exceptions=True)
