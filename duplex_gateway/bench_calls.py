@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from duplex_gateway.bench import (
+from duplex_gateway.bench_kit import (
     output_help,
     output_path,
     positive_float,

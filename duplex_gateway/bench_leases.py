@@ -49,17 +49,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-# From the relay bench's harness also: its readers of a process's CPU time and of the
-# machine's busy ticks, and SIGTERM turned into KeyboardInterrupt (so every process stops).
-from duplex_gateway.bench import (
-    _cpu_seconds,
-    _machine_ticks,
-    _sigterm_as_interrupt,
+from duplex_gateway.bench_kit import (
+    cpu_seconds,
+    machine_ticks,
     output_help,
     output_path,
     positive_float,
     positive_int,
     positive_int_list,
+    sigterm_as_interrupt,
     start_http_server,
     start_worker,
 )
@@ -201,11 +199,11 @@ async def _redis_sample(client: Redis, stack: _Stack) -> _RedisSample:
     at = time.monotonic()
     calls = {key.removeprefix("cmdstat_"): int(value["calls"]) for key, value in info.items()
              if key.startswith("cmdstat_") and isinstance(value, dict)}
-    workers = [_cpu_seconds(pid) for pid in stack.worker_pids]
+    workers = [cpu_seconds(pid) for pid in stack.worker_pids]
     workers_s = None if None in workers else sum(s for s in workers if s is not None)
     return _RedisSample(at, int(info["total_commands_processed"]), calls,
-                        _cpu_seconds(stack.gateway_pid), workers_s,
-                        _cpu_seconds(stack.redis_pid), _machine_ticks())
+                        cpu_seconds(stack.gateway_pid), workers_s,
+                        cpu_seconds(stack.redis_pid), machine_ticks())
 
 
 def _share(before: float | None, after: float | None, seconds: float) -> float | None:
@@ -510,7 +508,7 @@ def run_leases_bench(*, sessions: Sequence[int], workers: int, seconds: float,
 
     log_dir = Path(tempfile.mkdtemp(prefix="dg-bench-leases-"))
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             rows, stopped, stack_config = _run_stack(counts, workers, seconds, log_dir)
     except KeyboardInterrupt:
         print("bench leases: interrupted; every started process was stopped", file=sys.stderr)

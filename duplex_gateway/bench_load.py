@@ -2,7 +2,7 @@
 and the session that streams them in real time (the gateway's and the echo's protocol; the
 python-socketio peer's session subclasses it in :mod:`duplex_gateway.bench_peer`).
 
-Runs in the client processes the sweep starts (:mod:`duplex_gateway.bench`).
+Runs in the client processes the sweep starts (:mod:`duplex_gateway.bench_relay`).
 """
 
 from __future__ import annotations

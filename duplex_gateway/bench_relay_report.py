@@ -1,7 +1,7 @@
 """The report of ``duplex-gateway bench relay``: figures derived from the sweep's points (added
 latency, real time, design targets), the table, the JSON and the two plots.
 
-I/O-free but for :func:`write`; :mod:`duplex_gateway.bench` measures, this module compares.
+I/O-free but for :func:`write`; :mod:`duplex_gateway.bench_relay` measures, this module compares.
 """
 
 from __future__ import annotations

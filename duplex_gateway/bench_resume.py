@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from duplex_gateway.bench import (
+from duplex_gateway.bench_kit import (
     distribution,
     output_help,
     output_path,

@@ -1,7 +1,7 @@
 """The relay benchmark's fixed figures: its chunk, its timings, the design targets it
 compares with, the setups it sweeps, and its error.
 
-Shared by :mod:`duplex_gateway.bench` (the sweep), :mod:`duplex_gateway.bench_load` (the load
+Shared by :mod:`duplex_gateway.bench_relay` (the sweep), :mod:`duplex_gateway.bench_load` (the load
 sessions), :mod:`duplex_gateway.bench_peer` and :mod:`duplex_gateway.bench_relay_report`, so
 none of those needs another one's internals.
 """

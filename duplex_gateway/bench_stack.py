@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Final
 
-from duplex_gateway.bench import start_http_server, stop_process
+from duplex_gateway.bench_kit import start_http_server, stop_process
 from duplex_gateway.bench_spec import CHUNK_BYTES, CHUNK_S
 
 __all__ = ["ClientRun", "ProcessCpu", "StreamResult", "StreamSpec", "WorkerCommand",

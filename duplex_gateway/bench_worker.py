@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from duplex_gateway import bench_stack
-from duplex_gateway.bench import (
+from duplex_gateway.bench_kit import (
     non_negative_int,
     output_help,
     output_path,

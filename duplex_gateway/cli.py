@@ -412,7 +412,7 @@ def _log_environment(settings: LogSettings) -> dict[str, str]:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from duplex_gateway.bench import run_relay_bench
+    from duplex_gateway.bench_relay import run_relay_bench
 
     return run_relay_bench(sessions=args.sessions, gateways=args.gateways, seconds=args.seconds,
                            output=args.output, profile=args.profile)
@@ -447,7 +447,13 @@ def _bench_worker(args: argparse.Namespace) -> int:
 def _bench_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """``bench relay|resume|leases|worker|calls``: each bench module declares its own
     flags."""
-    from duplex_gateway import bench, bench_calls, bench_leases, bench_resume, bench_worker
+    from duplex_gateway import (
+        bench_calls,
+        bench_leases,
+        bench_relay,
+        bench_resume,
+        bench_worker,
+    )
 
     parser = sub.add_parser("bench", help="benchmarks (each starts the processes it measures)",
                             description="Benchmarks. Each prints a table and writes its "
@@ -456,7 +462,7 @@ def _bench_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
     bench_sub = parser.add_subparsers(dest="bench", required=True)
     commands = (
         ("relay", "relay cost swept over sessions and gateways, vs an echo and a peer",
-         bench.add_arguments, _bench),
+         bench_relay.add_arguments, _bench),
         ("resume", "forced disconnects resumed elsewhere", bench_resume.add_arguments,
          _bench_resume),
         ("leases", "Redis cost of attachment leases, per count", bench_leases.add_arguments,

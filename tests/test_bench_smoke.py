@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from duplex_gateway.bench import PEER_SKIPPED, Progress, run_relay_bench
+from duplex_gateway.bench_relay import PEER_SKIPPED, Progress, run_relay_bench
 from duplex_gateway.bench_relay_report import PROFILE_NOTE
 from duplex_gateway.bench_spec import CHUNK_S, SCALE_SESSIONS, SHARD_COMMANDS_PER_S, TARGETS_NOTE
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from duplex_gateway.bench import default_output, positive_int_list
+from duplex_gateway.bench_kit import default_output, positive_int_list
 from duplex_gateway.bench_resume import cuts_per_session
 from duplex_gateway.cli import _parser
 

@@ -83,20 +83,30 @@ import os
 import platform
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from types import FrameType
 from typing import Any, Final, TextIO
 
+from duplex_gateway.bench_kit import (
+    START_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    cpu_snapshot,
+    distribution,
+    machine_report,
+    machine_ticks,
+    output_help,
+    output_path,
+    positive_float,
+    positive_int_list,
+    sigterm_as_interrupt,
+    start_http_server,
+    start_worker,
+)
 from duplex_gateway.bench_load import ClientSpec, LoadSession, SessionLog
 from duplex_gateway.bench_profile import START, STOP, calls_per_chunk, profiled
 from duplex_gateway.bench_spec import (
@@ -110,8 +120,7 @@ from duplex_gateway.bench_spec import (
     Setup,
 )
 
-__all__ = ["distribution", "peer_unavailable", "run_relay_bench", "start_http_server",
-           "start_worker"]
+__all__ = ["add_arguments", "peer_unavailable", "run_relay_bench"]
 
 WARMUP_S: Final = 1.0
 #: Sessions one client process drives. Measured: a client process spends 100-150 us of CPU
@@ -124,99 +133,10 @@ DEFAULT_GATEWAYS: Final = (1, 2)
 #: Why the peer is missing from a run, in the table and the JSON.
 PEER_SKIPPED: Final = "python-socketio not installed"
 
-_START_TIMEOUT_S: Final = 30.0
-_STOP_TIMEOUT_S: Final = 10.0
 # How long a profiled server may take to write its statistics once told to.
 _PROFILE_WRITE_S: Final = 30.0
 # Read commands that the gateway and worker send themselves as well as from scripts.
 _ALSO_DIRECT: Final = frozenset({"xrange", "smembers", "zrangebyscore"})
-
-
-# ============================================================================ arguments and paths
-# Shared by every bench command: argparse types that refuse nonsense with argparse's own
-# one-line error (exit status 2), and the default place results go.
-
-#: Where results go unless ``--output`` says otherwise, relative to the working directory.
-RESULTS_DIR: Final = Path("bench-results")
-
-
-def _int_at_least(text: str, low: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < low:
-        bound = "0 or more" if low == 0 else f"at least {low}"
-        raise argparse.ArgumentTypeError(f"must be {bound}, got {value}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    return _int_at_least(text, 1)
-
-
-def non_negative_int(text: str) -> int:
-    """An argparse type: an integer >= 0."""
-    return _int_at_least(text, 0)
-
-
-def positive_float(text: str) -> float:
-    """An argparse type: a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text!r}")
-    return value
-
-
-def positive_int_list(text: str) -> list[int]:
-    """An argparse type: ``"8,1,2"`` -> ``[1, 2, 8]`` (sorted, unique, each >= 1)."""
-    parts = [part.strip() for part in text.split(",") if part.strip()]
-    if not parts:
-        raise argparse.ArgumentTypeError(f"expected whole numbers >= 1 separated by commas, "
-                                         f"got {text!r}")
-    values = set()
-    for part in parts:
-        try:
-            values.add(positive_int(part))
-        except argparse.ArgumentTypeError as exc:
-            raise argparse.ArgumentTypeError(f"{exc} (in {text!r}; expected whole numbers "
-                                             ">= 1 separated by commas)") from None
-    return sorted(values)
-
-
-def _utc_stamp(now: datetime.datetime) -> str:
-    return now.astimezone(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
-
-
-def default_output(name: str, *, now: datetime.datetime | None = None,
-                   folder: Path = RESULTS_DIR) -> Path:
-    """``bench-results/<name>-<UTC stamp>.json``, a file no earlier run wrote.
-
-    Each run keeps its own results: a second run within the same second gets ``-2`` (and so
-    on) instead of overwriting the first.
-    """
-    stem = f"{name}-{_utc_stamp(now or datetime.datetime.now(datetime.UTC))}"
-    path = folder / f"{stem}.json"
-    suffix = 2
-    while path.exists():
-        path = folder / f"{stem}-{suffix}.json"
-        suffix += 1
-    return path
-
-
-def output_path(output: str | os.PathLike[str] | None, name: str) -> Path:
-    """``--output`` when given, else :func:`default_output` of ``name``."""
-    return Path(output) if output else default_output(name)
-
-
-def output_help(name: str, *, plot: str = "its plot next to it; ") -> str:
-    """The help text of a bench's ``--output``, naming its default path."""
-    return (f"JSON file to write ({plot}its folder is created); default: "
-            f"{RESULTS_DIR}/{name}-<UTC time>.json, e.g. {name}-20260101T120000Z.json")
 
 
 def _relay_seconds(text: str) -> float:
@@ -278,165 +198,6 @@ def _client_main(conn: Connection) -> None:
             conn.send("ready")
             t0: float = conn.recv()
             asyncio.run(_drive(conn, spec, t0))
-
-
-# ============================================================================ processes
-
-
-@dataclass(slots=True)
-class _Server:
-    """One server process the bench started; ``pid`` is what its CPU is read from."""
-
-    name: str
-    process: subprocess.Popen[bytes]
-    log_path: Path | None = None
-
-    @property
-    def pid(self) -> int:
-        """The process id."""
-        return self.process.pid
-
-
-def _child_env() -> dict[str, str]:
-    """The environment of started servers: defaults, not the caller's DUPLEX_GATEWAY_*."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DUPLEX_GATEWAY_")}
-    env["DUPLEX_GATEWAY_DRAIN_TIMEOUT_S"] = "1"  # the worker: no one will take over
-    return env
-
-
-def _spawn(name: str, module_args: list[str], log_dir: Path) -> _Server:
-    log_path = log_dir / f"relay-{name}.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", *module_args], env=_child_env(), stdin=subprocess.DEVNULL,
-            stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True)  # Ctrl-C reaches the bench, which stops them in order
-    return _Server(name, process, log_path)
-
-
-def stop_process(process: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL after :data:`_STOP_TIMEOUT_S`."""
-    if process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=_STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-
-
-def _wait_until(ready: Callable[[], bool], server: _Server, what: str) -> None:
-    deadline = time.monotonic() + _START_TIMEOUT_S
-    while not ready():
-        if server.process.poll() is not None:
-            raise BenchError(f"{server.name} exited with {server.process.returncode} "
-                             f"at start; see {server.log_path}")
-        if time.monotonic() > deadline:
-            raise BenchError(f"timed out waiting for {what}")
-        time.sleep(0.05)  # polling a child's readiness; there is no event to wait on
-
-
-def _http_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=1) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def start_http_server(stack: contextlib.ExitStack, name: str, module_args: list[str],
-                       port: int, log_dir: Path) -> _Server:
-    server = _spawn(name, module_args, log_dir)
-    stack.callback(stop_process, server.process)
-    _wait_until(lambda: _http_ok(f"http://127.0.0.1:{port}/readyz"), server, f"{name} ready")
-    return server
-
-
-def start_worker(stack: contextlib.ExitStack, redis_url: str, slots: int,
-                  log_dir: Path, *, profile_to: Path | None = None) -> _Server:
-    from redis import Redis
-
-    from store.keys import WORKER_DIRECTORY
-
-    args = ["duplex_gateway", "--log-level", "warning", "worker", "--redis-url", redis_url,
-            "--backend", "loopback", "--slots", str(slots)]
-    server = _spawn("worker", args if profile_to is None else profiled(args, profile_to),
-                    log_dir)
-    stack.callback(stop_process, server.process)
-    client = Redis.from_url(redis_url)
-    try:
-        _wait_until(lambda: bool(client.zcard(WORKER_DIRECTORY)), server, "worker registration")
-    finally:
-        client.close()
-    return server
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM unwinds like Ctrl-C, so every ``finally`` stops what it started."""
-    def interrupt(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-# ============================================================================ measuring
-
-
-def _cpu_times(pid: int) -> tuple[float, float] | None:
-    """(user, system) CPU seconds of ``pid`` (psutil if installed, else /proc), or None."""
-    try:
-        psutil: Any = importlib.import_module("psutil")
-    except ImportError:
-        psutil = None
-    try:
-        if psutil is not None:
-            times = psutil.Process(pid).cpu_times()
-            return float(times.user), float(times.system)
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except Exception:  # gone, or no /proc: unknown, not fatal
-        return None
-    fields = stat.rsplit(")", 1)[1].split()  # the name may hold spaces and parentheses
-    tick = os.sysconf("SC_CLK_TCK")
-    return int(fields[11]) / tick, int(fields[12]) / tick  # utime, stime (fields 14 and 15)
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of ``pid``, or None."""
-    times = _cpu_times(pid)
-    return None if times is None else times[0] + times[1]
-
-
-def _cpu_snapshot(pids: dict[str, int]) -> dict[str, tuple[float, float] | None]:
-    return {name: _cpu_times(pid) for name, pid in pids.items()}
-
-
-def _machine_ticks() -> tuple[int, int] | None:
-    """(busy, total) CPU ticks of the whole machine since boot, from /proc/stat."""
-    try:
-        first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-    except OSError:
-        return None
-    ticks = [int(v) for v in first[1:9]]  # user nice system idle iowait irq softirq steal
-    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
-
-
-def _machine_report(before: tuple[int, int] | None,
-                    after: tuple[int, int] | None) -> dict[str, float] | None:
-    """Busy CPUs of the whole machine over the window (kernel and other processes too)."""
-    if before is None or after is None or after[1] <= before[1]:
-        return None
-    share = (after[0] - before[0]) / (after[1] - before[1])
-    return {"busy_share": share, "busy_cpus": share * (os.cpu_count() or 1)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -513,22 +274,6 @@ class _Window:
     session_memory: dict[str, float] | None = None
     wall_s: float = 0.0
     profiles: dict[str, Path] = field(default_factory=dict)  # name -> its written profile
-
-
-def _percentile(ordered: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile of sorted values; None when there are none."""
-    if not ordered:
-        return None
-    return ordered[max(1, math.ceil(q * len(ordered))) - 1]
-
-
-def distribution(values_s: Sequence[float]) -> dict[str, float | None]:
-    """p50/p90/p99/max/mean of seconds, in milliseconds."""
-    ordered = sorted(v * 1000 for v in values_s)
-    mean = sum(ordered) / len(ordered) if ordered else None
-    return {"p50": _percentile(ordered, 0.50), "p90": _percentile(ordered, 0.90),
-            "p99": _percentile(ordered, 0.99), "max": ordered[-1] if ordered else None,
-            "mean": mean}
 
 
 def _round_trips(logs: Sequence[SessionLog], since: float) -> tuple[list[float], int]:
@@ -676,7 +421,7 @@ def _summarize(target: _Target, logs: Sequence[SessionLog], t0: float, seconds: 
         "send_lag_ms": distribution(lags),
         "open_ms": distribution(opens),
         "window_s": window.wall_s,
-        "machine_cpu": _machine_report(window.machine_before, window.machine_after),
+        "machine_cpu": machine_report(window.machine_before, window.machine_after),
         "cpu": cpu,
         "cpu_us_per_chunk": _tiers(cpu),
         "cpu_user_share": _user_shares(cpu),
@@ -856,7 +601,7 @@ class _ClientPool:
             self.conns.append(parent)
             self.pids[f"client{number}"] = process.pid or 0
         for conn in self.conns:
-            _receive(conn, _START_TIMEOUT_S, "start handshake")
+            _receive(conn, START_TIMEOUT_S, "start handshake")
 
     def start(self, target: _Target, sessions: int, seconds: float, compression: bool) -> float:
         """Give every client its share of the point's sessions; returns the common start."""
@@ -865,7 +610,7 @@ class _ClientPool:
             conn.send(ClientSpec(urls=target.urls, mode=target.mode, indices=indices,
                                  sessions=sessions, seconds=seconds, compression=compression))
         for conn in self.conns:
-            _receive(conn, _START_TIMEOUT_S, "ready")
+            _receive(conn, START_TIMEOUT_S, "ready")
         t0 = time.monotonic() + 0.2
         for conn in self.conns:
             conn.send(t0)
@@ -883,7 +628,7 @@ class _ClientPool:
         for conn in self.conns:
             conn.send("close")
         for conn in self.conns:
-            _receive(conn, _STOP_TIMEOUT_S + 2 * OPEN_TIMEOUT_S, "close")
+            _receive(conn, STOP_TIMEOUT_S + 2 * OPEN_TIMEOUT_S, "close")
 
     def stop(self) -> None:
         """End every client process (each then exits on its own)."""
@@ -898,10 +643,10 @@ def _split(sessions: int, clients: int) -> list[tuple[int, ...]]:
 
 
 def _stop_client(process: Any) -> None:
-    process.join(_STOP_TIMEOUT_S)
+    process.join(STOP_TIMEOUT_S)
     if process.is_alive():
         process.terminate()
-        process.join(_STOP_TIMEOUT_S)
+        process.join(STOP_TIMEOUT_S)
     if process.is_alive():
         process.kill()
         process.join()
@@ -926,11 +671,11 @@ def _run_point(pool: _ClientPool, target: _Target, sessions: int, seconds: float
         stack.callback(probe.close)
         time.sleep(max(0.0, t0 + WARMUP_S - time.monotonic()))  # the warm-up: nothing to poll
         began = time.monotonic()
-        window = _Window(_cpu_snapshot(pids), probe.counters(), machine_before=_machine_ticks())
+        window = _Window(cpu_snapshot(pids), probe.counters(), machine_before=machine_ticks())
         _signal_servers(target, START)
         logs = pool.results(t0 + seconds + DRAIN_S + 2 * OPEN_TIMEOUT_S + 10)
-        window.cpu_after = _cpu_snapshot(pids)
-        window.machine_after = _machine_ticks()
+        window.cpu_after = cpu_snapshot(pids)
+        window.machine_after = machine_ticks()
         window.redis_after = probe.counters()
         _signal_servers(target, STOP)  # after every counter: writing a profile takes a while
         window.profiles = _written_profiles(target)
@@ -1123,7 +868,7 @@ def run_relay_bench(*, sessions: Sequence[int] | int, seconds: float,
     config = _config(plan)
     log_root = Path(tempfile.mkdtemp(prefix="dg-bench-relay-"))
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             points, config["redis_server"] = _sweep(plan, log_root)
     except KeyboardInterrupt:
         print("bench relay: interrupted; every started process was stopped", file=sys.stderr)
