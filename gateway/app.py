@@ -34,6 +34,7 @@ from store import Scripts, create_client
 from store.client import RedisClient
 from store.directory import live_worker_count
 from store.loop_errors import quiet_dropped_cluster_nodes
+from store.loop_lag import watch_loop_lag
 from store.outages import OutageLog, RedisRefused, redis_address, wait_for_redis
 from store.pubsub import Subscriber
 
@@ -143,13 +144,14 @@ def create_app(settings: GatewaySettings, metrics: GatewayMetrics | None = None)
             client, services.scripts, metrics, settings.reaper_interval_s,
             lease_ms=services.holder.lease_ms, outages=outages))
         leases = asyncio.create_task(services.leases.run())
+        lag = asyncio.create_task(watch_loop_lag(metrics.event_loop_lag_seconds.observe))
         try:
             yield
         finally:
             services.draining = True
-            for task in (reaper, leases):
+            for task in (reaper, leases, lag):
                 task.cancel()
-            await asyncio.gather(reaper, leases, return_exceptions=True)
+            await asyncio.gather(reaper, leases, lag, return_exceptions=True)
             await services.batcher.aclose()
             await subscriber.aclose()
             await scripts.aclose()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from store.heap import GENERATIONS, PAUSE_BUCKETS
+from store.loop_lag import LAG_BUCKETS, PROBE_INTERVAL_S
 
 __all__ = ["GatewayMetrics"]
 
@@ -81,6 +82,12 @@ class GatewayMetrics:
         self._gc_pause_by_generation = tuple(
             self.gc_pause_seconds.labels(generation=str(generation))
             for generation in GENERATIONS)
+        # store/loop_lag.py: a step that holds the event loop delays every connection.
+        self.event_loop_lag_seconds = Histogram(
+            f"{_NS}_event_loop_lag_seconds",
+            f"How much later than due the event loop woke a probe due every"
+            f" {PROBE_INTERVAL_S:g} s (the length of a step that held it)",
+            registry=r, buckets=LAG_BUCKETS)
         self.gc_frozen_objects = Gauge(
             f"{_NS}_gc_frozen_objects",
             "Objects of the startup heap moved out of the collector's passes", registry=r)

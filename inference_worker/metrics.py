@@ -11,6 +11,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from store.heap import GENERATIONS, PAUSE_BUCKETS
+from store.loop_lag import LAG_BUCKETS, PROBE_INTERVAL_S
 
 __all__ = ["FAILURE_STAGES", "WorkerMetrics", "serve_metrics"]
 
@@ -95,6 +96,13 @@ class WorkerMetrics:
         # that labels() takes (store.heap.CollectorPauses says why that would deadlock).
         self._gc_pause_by_generation = tuple(
             gc_pause_seconds.labels(backend, str(generation)) for generation in GENERATIONS)
+        # store/loop_lag.py: a step that holds the event loop delays every session's relay
+        # (the model's steps run on their own thread and are timed apart).
+        self.event_loop_lag_seconds = Histogram(
+            f"{_NS}_event_loop_lag_seconds",
+            f"How much later than due the event loop woke a probe due every"
+            f" {PROBE_INTERVAL_S:g} s (the length of a step that held it)",
+            label, registry=r, buckets=LAG_BUCKETS).labels(backend)
         self.gc_frozen_objects = Gauge(
             f"{_NS}_gc_frozen_objects",
             "Objects of the startup heap (the model's included) moved out of the collector's"

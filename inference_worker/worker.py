@@ -68,6 +68,7 @@ from store.errors import raise_if_cancelled
 from store.fairness import next_fairly
 from store.keys import WorkerKeys, new_worker_id, worker_of_session
 from store.logs import InputEntry, WriteToken, log_ends, read_input_entries, session_start
+from store.loop_lag import watch_loop_lag
 from store.outages import (
     OutageLog,
     RedisRefused,
@@ -255,7 +256,7 @@ class Worker:
             self._outages.failed("session discovery", exc)
         tasks = [asyncio.create_task(coro) for coro in (
             self._heartbeat_loop(), self._notice_loop(), self._tick_loop(), self._poll_loop(),
-            self._flush_loop())]
+            self._flush_loop(), watch_loop_lag(self.metrics.event_loop_lag_seconds.observe))]
         stopping: asyncio.Task[Any] = asyncio.create_task(self._stopping.wait())
         try:
             await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import urllib.request
 
@@ -94,6 +95,28 @@ async def test_both_processes_freeze_their_startup_heap(stack: Stack) -> None:
     assert metric_value(
         worker_text,
         'duplex_worker_gc_pause_seconds_count{backend="fake",generation="2"}') >= 1
+
+
+async def test_both_processes_probe_their_event_loop(stack: Stack) -> None:
+    """A gateway and a worker export how late their event loop runs a probe due every 0.1 s
+    (store/loop_lag.py), from their start."""
+    gateway = stack.gateway()
+    worker = stack.worker(backend="fake", metrics_port=free_port())
+    wait_for(lambda: http_answer(gateway.http_url + "/readyz") == READY, "a worker is live")
+    samples = {
+        gateway.http_url: "duplex_gateway_event_loop_lag_seconds_count",
+        worker.http_url: 'duplex_worker_event_loop_lag_seconds_count{backend="fake"}',
+    }
+    for url, sample in samples.items():
+        wait_for(functools.partial(_probed, url, sample), f"{sample} counting")
+
+
+def _probed(url: str, sample: str) -> bool:
+    """Whether ``url``'s metrics hold ``sample`` counted at least twice."""
+    if not http_ok(url + "/metrics"):
+        return False
+    _, text = get(url + "/metrics")
+    return metric_value(text, sample) >= 2
 
 
 async def test_api_key_required_when_configured(stack: Stack) -> None:
