@@ -27,14 +27,38 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Final
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from duplex_gateway.bench_profile import profiled
 from duplex_gateway.bench_spec import BenchError
 
-__all__ = ["RESULTS_DIR", "START_TIMEOUT_S", "STOP_TIMEOUT_S", "Server", "cpu_seconds",
-           "cpu_snapshot", "cpu_times", "default_output", "distribution", "machine_report",
-           "machine_ticks", "non_negative_int", "output_help", "output_path", "positive_float",
-           "positive_int", "positive_int_list", "sigterm_as_interrupt", "spawn",
-           "start_http_server", "start_worker", "stop_process", "wait_until"]
+__all__ = [
+    "RESULTS_DIR",
+    "START_TIMEOUT_S",
+    "STOP_TIMEOUT_S",
+    "Server",
+    "bucket_bounds",
+    "cpu_seconds",
+    "cpu_snapshot",
+    "cpu_times",
+    "default_output",
+    "distribution",
+    "histogram_counts",
+    "machine_report",
+    "machine_ticks",
+    "non_negative_int",
+    "output_help",
+    "output_path",
+    "positive_float",
+    "positive_int",
+    "positive_int_list",
+    "sigterm_as_interrupt",
+    "spawn",
+    "start_http_server",
+    "start_worker",
+    "stop_process",
+    "wait_until",
+]
 
 #: How long a started server may take to be ready (or a client process to answer).
 START_TIMEOUT_S: Final = 30.0
@@ -203,13 +227,16 @@ def start_http_server(stack: contextlib.ExitStack, name: str, module_args: list[
 
 
 def start_worker(stack: contextlib.ExitStack, redis_url: str, slots: int,
-                  log_dir: Path, *, profile_to: Path | None = None) -> Server:
+                  log_dir: Path, *, profile_to: Path | None = None,
+                  metrics_port: int | None = None) -> Server:
     from redis import Redis
 
     from store.keys import WORKER_DIRECTORY
 
     args = ["duplex_gateway", "--log-level", "warning", "worker", "--redis-url", redis_url,
             "--backend", "loopback", "--slots", str(slots)]
+    if metrics_port is not None:
+        args += ["--metrics-port", str(metrics_port)]
     server = spawn("worker", args if profile_to is None else profiled(args, profile_to),
                     log_dir)
     stack.callback(stop_process, server.process)
@@ -302,3 +329,38 @@ def distribution(values_s: Sequence[float]) -> dict[str, float | None]:
     return {"p50": _percentile(ordered, 0.50), "p90": _percentile(ordered, 0.90),
             "p99": _percentile(ordered, 0.99), "max": ordered[-1] if ordered else None,
             "mean": mean}
+
+
+def histogram_counts(url: str, name: str) -> dict[float, float] | None:
+    """The cumulative bucket counts of the histogram ``name`` on the Prometheus page at
+    ``url``, summed over its label sets (upper bound -> count); None when the page cannot be
+    read or has no such histogram."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            text = response.read().decode()
+    except (urllib.error.URLError, OSError, UnicodeDecodeError):
+        return None
+    counts: dict[float, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != name:
+            continue
+        for sample in family.samples:
+            if sample.name == f"{name}_bucket":
+                bound = float(sample.labels["le"])
+                counts[bound] = counts.get(bound, 0.0) + sample.value
+    return counts or None
+
+
+def bucket_bounds(before: dict[float, float] | None, after: dict[float, float] | None,
+                  quantiles: Sequence[float]) -> list[float] | None:
+    """Per quantile, the upper bound of the bucket that holds it among what was observed
+    between two reads of one histogram (:func:`histogram_counts`): PromQL's
+    ``histogram_quantile`` without its interpolation, so a bound the value is at most. None
+    when nothing was observed; ``math.inf`` for a quantile past the last finite bound."""
+    if before is None or after is None:
+        return None
+    observed = sorted((bound, count - before.get(bound, 0.0)) for bound, count in after.items())
+    total = observed[-1][1]
+    if total <= 0:
+        return None
+    return [next(bound for bound, count in observed if count >= q * total) for q in quantiles]

@@ -95,8 +95,10 @@ from typing import Any, Final, TextIO
 from duplex_gateway.bench_kit import (
     START_TIMEOUT_S,
     STOP_TIMEOUT_S,
+    bucket_bounds,
     cpu_snapshot,
     distribution,
+    histogram_counts,
     machine_report,
     machine_ticks,
     output_help,
@@ -274,6 +276,9 @@ class _Window:
     session_memory: dict[str, float] | None = None
     wall_s: float = 0.0
     profiles: dict[str, Path] = field(default_factory=dict)  # name -> its written profile
+    # name -> its event loop lag histogram's bucket counts (None: not read)
+    lag_before: dict[str, dict[float, float] | None] = field(default_factory=dict)
+    lag_after: dict[str, dict[float, float] | None] = field(default_factory=dict)
 
 
 def _round_trips(logs: Sequence[SessionLog], since: float) -> tuple[list[float], int]:
@@ -429,6 +434,7 @@ def _summarize(target: _Target, logs: Sequence[SessionLog], t0: float, seconds: 
         "redis": _redis_report(window, len(logs) * (seconds - WARMUP_S),
                                target.script_commands),
         "redis_memory_per_session": window.session_memory,
+        "event_loop_lag_ms": _loop_lag_report(window),
         "errors": errors,
     }
     if window.profiles:
@@ -462,6 +468,8 @@ class _Target:
     redis_name: str | None = None
     # name -> where its profile is written (bench relay --profile; every server but Redis).
     profiles: dict[str, Path] = field(default_factory=dict)
+    # name -> (its /metrics page, its event loop lag histogram): the project's processes.
+    loop_lag: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def _ws_url(port: int, path: str = "/v1/realtime") -> str:
@@ -530,8 +538,11 @@ def _serve_project(stack: contextlib.ExitStack, setup: Setup, sessions: int,
     if profile:
         profiles["worker"] = log_dir / "worker.prof"
     # First: a gateway is ready (/readyz 200) only once a worker is live.
+    worker_metrics = free_port()
     worker = start_worker(stack, redis.url, max(sessions, 1), log_dir,
-                          profile_to=profiles.get("worker"))
+                          profile_to=profiles.get("worker"), metrics_port=worker_metrics)
+    loop_lag = {"worker": (f"http://127.0.0.1:{worker_metrics}/metrics",
+                           "duplex_worker_event_loop_lag_seconds")}
     urls, servers = [], {}
     for number in range(setup.gateways):
         port = free_port()
@@ -540,12 +551,14 @@ def _serve_project(stack: contextlib.ExitStack, setup: Setup, sessions: int,
                                    "--host", "127.0.0.1", "--port", str(port),
                                    "--redis-url", redis.url], profiles, log_dir, profile)
         gateway = start_http_server(stack, name, args, port, log_dir)
+        loop_lag[name] = (f"http://127.0.0.1:{port}/metrics",
+                          "duplex_gateway_event_loop_lag_seconds")
         urls.append(_ws_url(port))
         servers[gateway.name] = gateway.pid
     return _Target(setup=setup, mode="gateway", urls=tuple(urls),
                    servers={**servers, "worker": worker.pid, "redis": redis.process.pid},
                    redis_url=redis.url, script_commands=_script_only_commands(),
-                   redis_name=redis.binary.name, profiles=profiles)
+                   redis_name=redis.binary.name, profiles=profiles, loop_lag=loop_lag)
 
 
 def _serve(stack: contextlib.ExitStack, setup: Setup, sessions: int, log_dir: Path, *,
@@ -671,12 +684,15 @@ def _run_point(pool: _ClientPool, target: _Target, sessions: int, seconds: float
         stack.callback(probe.close)
         time.sleep(max(0.0, t0 + WARMUP_S - time.monotonic()))  # the warm-up: nothing to poll
         began = time.monotonic()
-        window = _Window(cpu_snapshot(pids), probe.counters(), machine_before=machine_ticks())
+        lag_before = _loop_lag_counts(target)  # outside the CPU window: a scrape costs CPU
+        window = _Window(cpu_snapshot(pids), probe.counters(), machine_before=machine_ticks(),
+                         lag_before=lag_before)
         _signal_servers(target, START)
         logs = pool.results(t0 + seconds + DRAIN_S + 2 * OPEN_TIMEOUT_S + 10)
         window.cpu_after = cpu_snapshot(pids)
         window.machine_after = machine_ticks()
         window.redis_after = probe.counters()
+        window.lag_after = _loop_lag_counts(target)
         _signal_servers(target, STOP)  # after every counter: writing a profile takes a while
         window.profiles = _written_profiles(target)
         window.session_memory = probe.session_memory(
@@ -685,6 +701,25 @@ def _run_point(pool: _ClientPool, target: _Target, sessions: int, seconds: float
     pool.close_sessions()
     logs.sort(key=lambda log: log.index)
     return _summarize(target, logs, t0, seconds, window)
+
+
+def _loop_lag_counts(target: _Target) -> dict[str, dict[float, float] | None]:
+    return {name: histogram_counts(url, metric)
+            for name, (url, metric) in target.loop_lag.items()}
+
+
+def _loop_lag_report(window: _Window) -> dict[str, dict[str, float | None]]:
+    """Per process, how late its event loop woke the probe due every 0.1 s over the window
+    (store/loop_lag.py), ms: the bucket bounds of the p99 and of the latest wake-up (None:
+    not read, or past the last bucket)."""
+    report: dict[str, dict[str, float | None]] = {}
+    for name, after in window.lag_after.items():
+        bounds = bucket_bounds(window.lag_before.get(name), after, (0.99, 1.0))
+        report[name] = {
+            "p99_at_most": None if bounds is None or math.isinf(bounds[0]) else bounds[0] * 1000,
+            "max_at_most": None if bounds is None or math.isinf(bounds[1]) else bounds[1] * 1000,
+        }
+    return report
 
 
 def _signal_servers(target: _Target, signum: int) -> None:

@@ -278,6 +278,16 @@ def _shout(verdict: str) -> str:
     return verdict.upper() if verdict == "missed" else verdict
 
 
+def _loop_lag_cell(lag: dict[str, dict[str, float | None]]) -> str:
+    """The busiest gateway's p99 loop lag and the worker's, ms ("-": not measured)."""
+    if not lag:
+        return "-"
+    worst = max((v["p99_at_most"] for name, v in lag.items()
+                 if name != "worker" and v["p99_at_most"] is not None), default=None)
+    worker = (lag.get("worker") or {}).get("p99_at_most")
+    return f"{_fmt(worst, 1)}/{_fmt(worker, 1)}"
+
+
 _POINT_COLUMNS: Final[tuple[tuple[str, Callable[[dict[str, Any]], str]], ...]] = (
     ("setup", lambda p: Setup(p["setup"], p["gateways"]).label),
     ("sessions", lambda p: str(p["sessions"])),
@@ -294,6 +304,7 @@ _POINT_COLUMNS: Final[tuple[tuple[str, Callable[[dict[str, Any]], str]], ...]] =
         "-" if (share := p["cpu_user_share"][tier]) is None else f"{100 * share:.0f}"
         for tier in ("websocket_servers", "worker", "redis"))),
     ("client core", lambda p: _fmt(p["clients"]["max_core_share"], 2)),
+    ("loop p99 gw/wk", lambda p: _loop_lag_cell(p.get("event_loop_lag_ms") or {})),
     ("cmd sent", lambda p: _fmt((p["redis"] or {}).get("per_session_second"))),
     ("in scripts", lambda p: _fmt((p["redis"] or {}).get("in_scripts_per_session_second"))),
     ("KiB in+out", lambda p: _fmt(None if p["redis"] is None else (
@@ -311,7 +322,10 @@ _LEGEND: Final = (
     "share of that CPU\n"
     "  spent in user space (own code and libraries; the rest is system calls and the kernel), "
     "per tier; client core: the busiest client\n"
-    "  process's core share; cmd sent / in scripts: Redis commands per session-second; KiB "
+    "  process's core share; loop p99: how late the busiest gateway's and the worker's event "
+    "loop woke a probe due\n"
+    "  every 0.1 s, ms at most (a histogram bucket's bound); cmd sent / in scripts: Redis "
+    "commands per session-second; KiB "
     "in+out: Redis traffic\n"
     "  per session-second; KiB/sess: Redis memory per session; real time: no loss, p99 round "
     f"trip < {CHUNK_S * 1000:g} ms,\n"

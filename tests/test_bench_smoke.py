@@ -133,12 +133,28 @@ def _check_point(point: dict[str, Any], seconds: float) -> None:
     _check_cpu(point)
     _check_redis(point)
     assert point["real_time"]["keeps_up"] == (not point["real_time"]["why_not"])
+    _check_loop_lag(point)
     if point["setup"] == "project":
         assert set(point["targets"]) == TARGETS
         for name, target in point["targets"].items():
             if name.endswith(("_vs_echo", "_vs_peer")) and target["value"] is None:
                 continue  # a ratio to a process whose CPU read no clock tick at this size
             assert _finite(target["value"]) and target["verdict"] in {"met", "missed"}, name
+
+
+def _check_loop_lag(point: dict[str, Any]) -> None:
+    """The project's gateways and worker report their event loop lag over the window (a
+    3 s point wakes each probe ~20 times, so each has a p99); the echo and the peer have no
+    probe."""
+    lag = point["event_loop_lag_ms"]
+    if point["setup"] != "project":
+        assert lag == {}
+        return
+    gateways = {f"gateway{n}" for n in range(point["gateways"])}
+    assert set(lag) == gateways | {"worker"}
+    for process in lag.values():
+        assert _finite(process["p99_at_most"]) and _finite(process["max_at_most"])
+        assert 0 < process["p99_at_most"] <= process["max_at_most"]
 
 
 def _check_series(series: dict[str, Any], sessions: list[int]) -> None:

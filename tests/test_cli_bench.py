@@ -8,6 +8,7 @@ import argparse
 import datetime
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -15,7 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from duplex_gateway.bench_kit import default_output, positive_int_list
+from duplex_gateway.bench_kit import (
+    bucket_bounds,
+    default_output,
+    histogram_counts,
+    positive_int_list,
+)
 from duplex_gateway.bench_resume import cuts_per_session
 from duplex_gateway.cli import _parser
 
@@ -219,3 +225,33 @@ def test_make_tiny_moshi_runs_as_the_readme_writes_it(tmp_path: Path) -> None:
     assert "wrote a tiny Moshi" in done.stdout
     assert json.loads((tmp_path / "tiny" / "config.json").read_text())
     assert (tmp_path / "tiny" / "model.safetensors").stat().st_size > 0
+
+
+def test_bucket_bounds_read_what_was_observed_between_two_reads(tmp_path: Path) -> None:
+    """The histogram reader sums a histogram's label sets from a real Prometheus page, and
+    the quantiles are those of what was observed between the two reads only."""
+    from prometheus_client import CollectorRegistry, Histogram, write_to_textfile
+
+    registry = CollectorRegistry()
+    lag = Histogram("probe_lag_seconds", "lag", ["backend"], registry=registry,
+                    buckets=(0.001, 0.01, 0.1))
+    page = tmp_path / "metrics.txt"
+
+    def read() -> dict[float, float] | None:
+        write_to_textfile(str(page), registry)
+        return histogram_counts(page.as_uri(), "probe_lag_seconds")
+
+    assert histogram_counts(page.as_uri(), "probe_lag_seconds") is None  # no page yet
+    for _ in range(50):
+        lag.labels("a").observe(0.5)  # before the window: not counted
+    before = read()
+    for _ in range(98):
+        lag.labels("a" if _ % 2 else "b").observe(0.0005)
+    lag.labels("b").observe(0.05)
+    lag.labels("a").observe(0.05)
+    after = read()
+    assert after is not None and after[math.inf] == 150
+    assert bucket_bounds(before, after, (0.5, 0.99, 1.0)) == [0.001, 0.1, 0.1]
+    assert bucket_bounds(after, after, (0.99,)) is None  # nothing observed in between
+    lag.labels("a").observe(5)
+    assert bucket_bounds(after, read(), (1.0,)) == [math.inf]
