@@ -76,7 +76,7 @@ async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetri
         ended += reaped.ended
         metrics.lapsed_detached.inc(reaped.detached)
         if reaped.outage_ms:
-            _tell_gap(worker_id, reaped.outage_ms, visits)
+            _tell_gap(worker_id, reaped.outage_ms, visits, sent)
         if visits is not None:
             visits.sent[worker_id] = sent
         # Released before anything else can fail: these entries are ours alone now. Should
@@ -90,16 +90,17 @@ async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetri
     return ended
 
 
-def _tell_gap(worker_id: str, gap_ms: int, visits: Visits | None) -> None:
-    """Say why a reap found the worker unreached for ``gap_ms`` (the script gave it a full
-    TTL for it either way). Only a gap this reaper cannot account for points at Redis, a
-    WARNING: after a failed pass of its own, or one longer than the span from its previous
-    reap of the worker to now. A gap inside that span is this reaper's own spacing (its event
-    loop late, a gateway under load: no other gateway reached the worker meanwhile either),
-    and one before its first reap of the worker is the time no reaper had come since the
-    worker registered (a deployment starting: the worker is up before its gateways): both
-    INFO. The span runs from the previous reap's send to now, so it holds both script runs,
-    read on Redis's clock; a tenth is left for the two clocks' rates."""
+def _tell_gap(worker_id: str, gap_ms: int, visits: Visits | None, sent: float) -> None:
+    """Say why the reap sent at ``sent`` found the worker unreached for ``gap_ms`` (the
+    script gave it a full TTL for it either way). Only a gap this reaper cannot account for
+    points at Redis, a WARNING: after a failed pass of its own, or one longer than the span
+    between its previous reap of the worker and this one, both taken when sent. A gap inside
+    that span is this reaper's own spacing (its event loop late, a gateway under load: no
+    other gateway reached the worker meanwhile either), and one before its first reap of the
+    worker is the time no reaper had come since the worker registered (a deployment
+    starting: the worker is up before its gateways): both INFO. Send times, because a reap
+    that waited on Redis (a failover its client rode out) is no lateness of this reaper's;
+    a tenth is left for the two clocks' rates and a round trip."""
     if visits is not None and not visits.failed:
         previous = visits.sent.get(worker_id)
         if previous is None:
@@ -108,7 +109,7 @@ def _tell_gap(worker_id: str, gap_ms: int, visits: Visits | None) -> None:
                       " or since another gateway last reaped it): it gets a full heartbeat TTL"
                       " to beat again", worker_id, gap_ms)
             return
-        span_ms = int(1000 * (time.monotonic() - previous))
+        span_ms = int(1000 * (sent - previous))
         if span_ms >= 0.9 * gap_ms:
             _rare.log(logging.INFO, "reaper_late", "no reaper reached worker %s for %d ms,"
                       " this gateway's own reaps of it %d ms apart (its event loop was late):"
