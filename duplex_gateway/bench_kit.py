@@ -23,6 +23,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from types import FrameType
 from typing import Any, Final
@@ -52,6 +53,7 @@ __all__ = [
     "positive_float",
     "positive_int",
     "positive_int_list",
+    "receive_from_client",
     "sigterm_as_interrupt",
     "spawn",
     "start_http_server",
@@ -364,3 +366,17 @@ def bucket_bounds(before: dict[float, float] | None, after: dict[float, float] |
     if total <= 0:
         return None
     return [next(bound for bound, count in observed if count >= q * total) for q in quantiles]
+
+
+def receive_from_client(conn: Connection, timeout: float, what: str) -> Any:
+    """The next message from a load-generating client process over its pipe.
+
+    Raises:
+        BenchError: nothing came in ``timeout`` seconds, or the process died first.
+    """
+    if not conn.poll(max(0.0, timeout)):
+        raise BenchError(f"no {what} from a client process in {timeout:.0f} s")
+    try:
+        return conn.recv()
+    except EOFError:
+        raise BenchError(f"a client process died before its {what}") from None

@@ -105,6 +105,7 @@ from duplex_gateway.bench_kit import (
     output_path,
     positive_float,
     positive_int_list,
+    receive_from_client,
     sigterm_as_interrupt,
     start_http_server,
     start_worker,
@@ -614,7 +615,7 @@ class _ClientPool:
             self.conns.append(parent)
             self.pids[f"client{number}"] = process.pid or 0
         for conn in self.conns:
-            _receive(conn, START_TIMEOUT_S, "start handshake")
+            receive_from_client(conn, START_TIMEOUT_S, "start handshake")
 
     def start(self, target: _Target, sessions: int, seconds: float, compression: bool) -> float:
         """Give every client its share of the point's sessions; returns the common start."""
@@ -623,7 +624,7 @@ class _ClientPool:
             conn.send(ClientSpec(urls=target.urls, mode=target.mode, indices=indices,
                                  sessions=sessions, seconds=seconds, compression=compression))
         for conn in self.conns:
-            _receive(conn, START_TIMEOUT_S, "ready")
+            receive_from_client(conn, START_TIMEOUT_S, "ready")
         t0 = time.monotonic() + 0.2
         for conn in self.conns:
             conn.send(t0)
@@ -633,7 +634,7 @@ class _ClientPool:
         """Every session's log, once every client has finished streaming."""
         logs: list[SessionLog] = []
         for conn in self.conns:
-            logs += _receive(conn, deadline - time.monotonic(), "results")
+            logs += receive_from_client(conn, deadline - time.monotonic(), "results")
         return logs
 
     def close_sessions(self) -> None:
@@ -641,7 +642,7 @@ class _ClientPool:
         for conn in self.conns:
             conn.send("close")
         for conn in self.conns:
-            _receive(conn, STOP_TIMEOUT_S + 2 * OPEN_TIMEOUT_S, "close")
+            receive_from_client(conn, STOP_TIMEOUT_S + 2 * OPEN_TIMEOUT_S, "close")
 
     def stop(self) -> None:
         """End every client process (each then exits on its own)."""
@@ -663,15 +664,6 @@ def _stop_client(process: Any) -> None:
     if process.is_alive():
         process.kill()
         process.join()
-
-
-def _receive(conn: Connection, timeout: float, what: str) -> Any:
-    if not conn.poll(max(0.0, timeout)):
-        raise BenchError(f"no {what} from a client process in {timeout:.0f} s")
-    try:
-        return conn.recv()
-    except EOFError:
-        raise BenchError(f"a client process died before its {what}") from None
 
 
 def _run_point(pool: _ClientPool, target: _Target, sessions: int, seconds: float,

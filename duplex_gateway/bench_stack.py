@@ -31,7 +31,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Final
 
-from duplex_gateway.bench_kit import start_http_server, stop_process
+from duplex_gateway.bench_kit import receive_from_client, start_http_server, stop_process
 from duplex_gateway.bench_spec import CHUNK_BYTES, CHUNK_S
 
 __all__ = ["ClientRun", "ProcessCpu", "StreamResult", "StreamSpec", "WorkerCommand",
@@ -311,15 +311,6 @@ def _client_process(conn: Connection, spec: StreamSpec) -> None:
         conn.send(asyncio.run(_drive(spec, t0)))
 
 
-def _receive(conn: Connection, timeout: float, what: str) -> Any:
-    if not conn.poll(max(0.0, timeout)):
-        raise RuntimeError(f"no {what} from a client process in {timeout:.0f} s")
-    try:
-        return conn.recv()
-    except EOFError:
-        raise RuntimeError(f"a client process died before its {what}") from None
-
-
 def _stop_client(process: Any) -> None:
     process.join(_STOP_TIMEOUT_S)
     if process.is_alive():
@@ -356,7 +347,7 @@ def start_clients(stack: contextlib.ExitStack, specs: Sequence[StreamSpec]) -> C
         conns.append(parent)
         pids.append(process.pid or 0)
     for conn in conns:
-        _receive(conn, 60.0, "start handshake")
+        receive_from_client(conn, 60.0, "start handshake")
     return ClientRun(pids=tuple(pids), conns=tuple(conns))
 
 
@@ -370,6 +361,6 @@ def collect(clients: ClientRun, deadline: float) -> StreamResult:
     """Every client's figures folded together, once each has finished."""
     total = StreamResult()
     for conn in clients.conns:
-        total.add(_receive(conn, deadline - time.monotonic(), "results"))
+        total.add(receive_from_client(conn, deadline - time.monotonic(), "results"))
     return total
 
