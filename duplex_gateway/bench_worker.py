@@ -340,8 +340,11 @@ def _per(value: float, count: float, scale: float) -> float | None:
 def relay_row(window: _RelayWindow, step: BenchRow, frame_ms: float) -> RelayRow:
     """The row of one relay phase, next to the step phase's row at the same B."""
     main = window.worker_pid
-    relay = window.after.by_thread.get(main, 0.0) - window.before.by_thread.get(main, 0.0)
     total = window.after.total_s - window.before.total_s
+    # /proc rounds a thread's time and its process's to clock ticks apart, so the main
+    # thread's delta can come out a tick above the whole process's: no thread spends more.
+    relay = min(total, window.after.by_thread.get(main, 0.0)
+                - window.before.by_thread.get(main, 0.0))
     model = max(0.0, total - relay)
     streamed = window.streamed
     session_s = streamed.opened * window.wall_s

@@ -201,3 +201,22 @@ def test_gpu_check_runs_without_the_serving_stack(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(output.read_text())["modes"][0]["largest_batch"] == 1
+
+
+def test_a_relay_row_never_gives_the_main_thread_more_than_the_process() -> None:
+    """/proc rounds each thread's CPU and the process's to clock ticks apart, so the event
+    loop thread's delta can read a tick above the whole process's (seen as a 1-in-4 flake of
+    the relay phase's test): the row then splits the process's time, relay + model == all."""
+    from duplex_gateway.bench_stack import ProcessCpu, StreamResult
+    from duplex_gateway.bench_worker import BenchRow, _RelayWindow, relay_row
+
+    window = _RelayWindow(
+        worker_pid=7, before=ProcessCpu(total_s=1.00, by_thread={7: 0.50, 8: 0.50}),
+        after=ProcessCpu(total_s=1.07, by_thread={7: 0.58, 8: 0.50}), wall_s=2.0,
+        client_cpu_s=(0.1,), streamed=StreamResult(opened=2, sent_in_window=100,
+                                                    deltas_in_window=100))
+    step = BenchRow(batch=2, steps=3, p50_ms=1.0, p99_ms=1.0, mean_ms=1.0, per_session_ms=0.5,
+                    ratio_vs_b1=1.0, fits_frame=True)
+    row = relay_row(window, step, 80.0)
+    assert row.relay_cpu_s == row.worker_cpu_s == pytest.approx(0.07)
+    assert row.model_cpu_s == 0.0
