@@ -133,8 +133,8 @@ class ConnectionDriver:
         self._notices = NoticeQueue()
         self._outbox: list[tuple[int | None, Command]] = []
         self._outbox_since = 0.0  # when the oldest command in the outbox was read
-        self._relay_in = services.metrics.relay_seconds.labels(direction="in")
-        self._relay_out = services.metrics.relay_seconds.labels(direction="out")
+        self._relay_in = services.metrics.relay_seconds.labels("in")
+        self._relay_out = services.metrics.relay_seconds.labels("out")
         self._resume_started: float | None = None
         self._input_end = 0  # the highest input log index Redis assigned under this lease
         self._outbox_ready = asyncio.Event()
@@ -346,11 +346,12 @@ class ConnectionDriver:
             await self._outbox_ready.wait()
             self._outbox_ready.clear()
             await self._write_outbox()
-            if not self._lock.locked():
+            if self._core.has_actions and not self._lock.locked():
                 await self._step()
-            # Else the step in progress runs what the store's answer decided (it drains until
-            # nothing is left). Waiting for it here would hold the next append behind a send
-            # the client does not take, the output backpressure command above all.
+            # Else the store's answer decided nothing (the usual case: no step to take), or
+            # the step in progress runs what it decided (it drains until nothing is left).
+            # Waiting for that step here would hold the next append behind a send the client
+            # does not take, the output backpressure command above all.
 
     async def _write_outbox(self) -> None:
         """Append what the outbox holds, in order after any append in flight; the core hears

@@ -1,15 +1,103 @@
-"""Every Prometheus metric of the gateway, defined in one place (namespace ``duplex_gateway``)."""
+"""Every Prometheus metric of the gateway, defined in one place (namespace ``duplex_gateway``).
+
+The relay's own counts (a frame sent, a command appended, a relay time) happen once per audio
+chunk per direction. prometheus_client's types take about ten Python calls and a thread lock
+per observation there (a gateway serves from one event loop thread); :class:`HotCounter` and
+:class:`HotHistogram` are plain numbers that the registry reads when it is scraped, with the
+same names, help texts, samples and buckets.
+"""
 
 from __future__ import annotations
 
+import bisect
+import time
+from collections.abc import Iterator, Sequence
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from store.heap import GENERATIONS, PAUSE_BUCKETS
 from store.loop_lag import LAG_BUCKETS, PROBE_INTERVAL_S
 
-__all__ = ["GatewayMetrics"]
+__all__ = ["GatewayMetrics", "HotCounter", "HotHistogram"]
 
 _NS = "duplex_gateway"
+
+
+class HotCounter(Collector):
+    """A counter for the event loop's hot path, exported as a prometheus_client ``Counter``
+    would be (``<name>_total``, ``<name>_created``). Not thread-safe: one thread counts."""
+
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._created = time.time()
+        self.value = 0.0
+        registry.register(self)
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.value += amount
+
+    def collect(self) -> Iterator[Metric]:
+        yield CounterMetricFamily(self._name, self._documentation, value=self.value,
+                                  created=self._created)
+
+
+class HotHistogram(Collector):
+    """A histogram with one label for the event loop's hot path, exported as a
+    prometheus_client ``Histogram`` would be (cumulative ``_bucket``s up to ``+Inf``,
+    ``_count``, ``_sum``, ``_created``). Not thread-safe: one thread observes. Every label
+    value is exported from the start, so ``rate()`` sees the first rise."""
+
+    def __init__(self, name: str, documentation: str, label: str, values: Sequence[str],
+                 buckets: Sequence[float], registry: CollectorRegistry) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._label = label
+        self._bounds = tuple(float(bound) for bound in buckets)
+        created = time.time()
+        self._children = {value: HotHistogramChild(self._bounds, created) for value in values}
+        registry.register(self)
+
+    def labels(self, value: str) -> HotHistogramChild:
+        """The series for ``value`` (one of those given when it was made)."""
+        return self._children[value]
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(self._name, self._documentation, labels=[self._label])
+        for value, child in self._children.items():
+            counts = list(child.counts)  # one copy, so the buckets and _count agree
+            cumulative, buckets = 0, []
+            for bound, count in zip((*self._bounds, float("inf")), counts, strict=True):
+                cumulative += count
+                buckets.append((_le(bound), float(cumulative)))
+            family.add_metric([value], buckets, child.sum)
+        for value, child in self._children.items():
+            family.add_sample(f"{self._name}_created", {self._label: value}, child.created)
+        yield family
+
+
+class HotHistogramChild:
+    """One labelled series of a :class:`HotHistogram`."""
+
+    __slots__ = ("_bounds", "counts", "created", "sum")
+
+    def __init__(self, bounds: tuple[float, ...], created: float) -> None:
+        self._bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # per bucket, not cumulative; the last: +Inf
+        self.sum = 0.0
+        self.created = created
+
+    def observe(self, amount: float) -> None:
+        # A bucket's bound is inclusive (le): bisect_left puts an amount equal to it there.
+        self.counts[bisect.bisect_left(self._bounds, amount)] += 1
+        self.sum += amount
+
+
+def _le(bound: float) -> str:
+    """A bucket bound as prometheus_client writes it."""
+    return "+Inf" if bound == float("inf") else repr(bound)
 
 
 class GatewayMetrics:
@@ -25,9 +113,9 @@ class GatewayMetrics:
         self.resumes = Counter(f"{_NS}_resumes", "Resume attempts by outcome", ["outcome"],
                                registry=r)
         self.resumes.labels(outcome="ok")  # exported from the start; refusals as they come
-        self.frames_sent = Counter(f"{_NS}_frames_sent", "Frames sent to clients", registry=r)
-        self.commands_appended = Counter(f"{_NS}_commands_appended",
-                                         "Client commands appended to input logs", registry=r)
+        self.frames_sent = HotCounter(f"{_NS}_frames_sent", "Frames sent to clients", r)
+        self.commands_appended = HotCounter(f"{_NS}_commands_appended",
+                                            "Client commands appended to input logs", r)
         self.commands_refused = Counter(
             f"{_NS}_commands_refused",
             "Client commands not appended because their session's worker was behind (its"
@@ -57,15 +145,13 @@ class GatewayMetrics:
             "Time client reads were held back because a connection was over its frame, byte"
             " or audio rate", registry=r)
         # DESIGN §6: relay and resume latency as the gateway itself adds them.
-        self.relay_seconds = Histogram(
+        self.relay_seconds = HotHistogram(
             f"{_NS}_relay_seconds",
             "Time a relayed message spends in this gateway: direction=in, from a client "
             "command read to its append acknowledged by Redis; direction=out, from a push "
-            "taken to its events written to the client", ["direction"], registry=r,
-            buckets=(0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256,
-                     0.512, 1.024))
-        for direction in ("in", "out"):  # exported from the start, so rate() sees the rise
-            self.relay_seconds.labels(direction=direction)
+            "taken to its events written to the client", "direction", ("in", "out"),
+            (0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.256, 0.512,
+             1.024), r)
         self.resume_seconds = Histogram(
             f"{_NS}_resume_seconds",
             "From session.resume read to the replay read from the log (or the refusal)",

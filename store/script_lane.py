@@ -29,6 +29,7 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError, NoScriptError, ReadOnlyError
 
 from store.client import COMMAND_TIMEOUT_S
+from store.errors import raise_if_cancelled
 from store.resp import Endpoint, RespConnection
 
 __all__ = ["DEFAULT_STALL_S", "ScriptLane"]
@@ -103,6 +104,10 @@ class ScriptLane:
                     connection.abort(RedisConnectionError("the script lane closed"))
                     raise RedisConnectionError("the script lane is closed")
                 self._connection = connection
+                # Asking Sentinel where the master is runs redis-py, which can swallow a
+                # cancellation (store.errors.raise_if_cancelled); the calls on this
+                # connection itself cannot, so this is the lane's one check.
+                raise_if_cancelled()
             return connection
 
     def _check_stall(self) -> None:

@@ -232,6 +232,11 @@ class ConnectionCore:
         return actions
 
     @property
+    def has_actions(self) -> bool:
+        """Whether actions were decided since the last :meth:`actions_to_run`."""
+        return bool(self._actions)
+
+    @property
     def delivered_seq(self) -> int:
         """The highest ``server_event_seq`` sent to the client."""
         return self._follower.next_index - 1
