@@ -28,7 +28,6 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import TracebackType
 
 from inference_worker.core import ConversationCore
 from inference_worker.engine import Engine, SlotHandle
@@ -50,7 +49,6 @@ from store.ratelog import RateLimitedLog, cause_of
 
 __all__ = [
     "FAILED_REASON",
-    "Isolated",
     "OutputPart",
     "Session",
     "SessionTable",
@@ -127,33 +125,6 @@ class Session:
 
 # One session's part of a batched output write: its id, its record and its close reason.
 OutputPart = tuple[str, Session, str | None]
-
-
-class Isolated:
-    """The context of one session's step (:meth:`SessionTable.isolated`): an
-    :class:`Exception` raised in it fails that session (:meth:`SessionTable.fail`) and goes
-    no further; a :class:`BaseException` that is not one (a cancellation) propagates.
-
-    A plain class rather than ``@contextlib.contextmanager``: it is entered several times per
-    relayed audio chunk, and the generator machinery cost several Python calls per use.
-    """
-
-    __slots__ = ("_session_id", "_stage", "_table")
-
-    def __init__(self, table: SessionTable, session_id: str, stage: str) -> None:
-        self._table = table
-        self._session_id = session_id
-        self._stage = stage
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 traceback: TracebackType | None) -> bool:
-        if isinstance(exc, Exception):  # any bug, or data the runner cannot handle
-            self._table.fail(self._session_id, self._stage, exc)
-            return True
-        return False
 
 
 class SessionTable:
@@ -233,9 +204,12 @@ class SessionTable:
 
     # ------------------------------------------------------------------ isolation
 
-    def isolated(self, session_id: str, stage: str) -> Isolated:
-        """Run one session's step (``with``): an exception in it ends that session alone."""
-        return Isolated(self, session_id, stage)
+    # Every call into a runner below sits in ``try: ... except Exception as exc:
+    # self.fail(session_id, stage, exc)``: any bug, or data the runner cannot handle, ends that
+    # session alone; a BaseException that is no Exception (a cancellation) propagates. A plain
+    # try, not a context manager: it runs several times per relayed chunk, and a context
+    # manager's object and calls cost about 1 us each time (a try costs nothing until it
+    # catches).
 
     def fail(self, session_id: str, stage: str, exc: Exception) -> None:
         """End one session over a failure of this worker's own at ``stage`` (one of
@@ -260,7 +234,7 @@ class SessionTable:
         """Apply the session's new input entries in order, and hand the engine the input they
         produced. An entry that is not current (see :func:`is_current`) is refused: skipped,
         counted and logged; the caller's log position moves past it all the same."""
-        with self.isolated(session_id, "receive"):
+        try:
             for entry in entries:
                 if not self._admit(session_id, session, entry):
                     continue
@@ -272,6 +246,8 @@ class SessionTable:
                     continue
                 session.runner.receive(command, now)
             self._pump(session)
+        except Exception as exc:
+            self.fail(session_id, "receive", exc)
         self._mark_dirty(session_id)
 
     def _admit(self, session_id: str, session: Session, entry: InputEntry) -> bool:
@@ -310,18 +286,22 @@ class SessionTable:
         if session is None:
             return
         runner = session.runner
-        with self.isolated(session_id, "tick"):
+        try:
             runner.on_frame(frame, now)
             for latency in runner.take_first_audio_latencies():
                 self._metrics.time_to_first_audio.observe(latency)
+        except Exception as exc:
+            self.fail(session_id, "tick", exc)
         self._mark_dirty(session_id)
 
     def deadline_of(self, session_id: str, session: Session) -> float | None:
         """When the session's runner next needs a tick (None: never, or it failed)."""
         if session.failed:
             return None
-        with self.isolated(session_id, "tick"):
+        try:
             return session.runner.next_deadline()
+        except Exception as exc:
+            self.fail(session_id, "tick", exc)
         return None  # it raised: the session is failed now
 
     def next_deadline(self) -> float | None:
@@ -335,8 +315,10 @@ class SessionTable:
         for session_id, session in self.items():
             deadline = self.deadline_of(session_id, session)
             if deadline is not None and deadline <= now:
-                with self.isolated(session_id, "tick"):
+                try:
                     session.runner.tick(now)
+                except Exception as exc:
+                    self.fail(session_id, "tick", exc)
                 self._mark_dirty(session_id)
 
     def end(self, session_id: str, reason: str, now: float) -> None:
@@ -345,8 +327,10 @@ class SessionTable:
         session = self._sessions.get(session_id)
         if session is None or session.failed:
             return  # a failed session is ending already
-        with self.isolated(session_id, "receive"):
+        try:
             session.runner.receive(CloseSession(reason=reason), now)
+        except Exception as exc:
+            self.fail(session_id, "receive", exc)
         self._mark_dirty(session_id)
 
     # ------------------------------------------------------------------ output
@@ -356,13 +340,17 @@ class SessionTable:
         reason: its part of the next write, or None when it has nothing to write."""
         if not session.failed:
             events: list[Event] = []
-            with self.isolated(session_id, "events"):
+            try:
                 events = session.runner.events_to_send()
-            with self.isolated(session_id, "encode"):
+            except Exception as exc:
+                self.fail(session_id, "events", exc)
+            try:
                 for event in events:  # those encoded before a failure are still written
                     session.unsent.append(encode_message(event))
                     if isinstance(event, SessionUpdated):
                         session.unsent_session = event.session
+            except Exception as exc:
+                self.fail(session_id, "encode", exc)
         reason = self.close_reason_of(session_id, session)
         if session.unsent or reason is not None:
             return session_id, session, reason
@@ -371,7 +359,7 @@ class SessionTable:
     def close_reason_of(self, session_id: str, session: Session) -> str | None:
         """The reason to end the session with now, checked to be sendable."""
         if not session.failed:
-            with self.isolated(session_id, "write"):
+            try:
                 reason = session.runner.close_requested
                 if reason is not None:
                     # Redis's client encodes it as strict UTF-8, and one that cannot be would
@@ -379,4 +367,6 @@ class SessionTable:
                     # keeps a bug in one from reaching the batch.
                     reason.encode("utf-8")
                 return reason
+            except Exception as exc:
+                self.fail(session_id, "write", exc)
         return FAILED_REASON
