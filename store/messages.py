@@ -87,6 +87,7 @@ __all__ = [
     "decode_message",
     "encode_message",
     "is_terminal",
+    "load_header",
 ]
 
 JsonObject: TypeAlias = dict[str, Any]
@@ -789,6 +790,28 @@ def _encode_header(header: dict[str, Any]) -> bytes:
     return raw
 
 
+# orjson reads JSON text as the standard library does (a value for a value, an error for an
+# error: tests/store/test_messages.py holds it to that) but for an integer beyond 64 bits,
+# which it reads as a float. Every such integer is a run of 19 digits or more; so is nothing
+# else a header is likely to hold. Finding one costs a translate and a search, both in C.
+_DIGITS_ONLY = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x2E for byte in range(256))
+_LONG_DIGIT_RUN = b"0" * 19
+
+
+def load_header(head: bytes) -> Any:
+    """``json.loads(head)``, through orjson where it reads the same: about eight times
+    faster, and no Python frames (a header is decoded once per relayed chunk in the gateway
+    and in the worker). A header with a run of 19 digits goes to the standard library, as
+    does one orjson refuses (NaN and the infinities, which the standard library writes and
+    reads back; a lone surrogate; nesting past orjson's limit), whose error stands."""
+    if _LONG_DIGIT_RUN not in head.translate(_DIGITS_ONLY):
+        try:
+            return orjson.loads(head)
+        except orjson.JSONDecodeError:
+            pass
+    return json.loads(head)
+
+
 def decode_message(data: bytes) -> Command | Event:
     """Decode what :func:`encode_message` wrote.
 
@@ -799,7 +822,7 @@ def decode_message(data: bytes) -> Command | Event:
     if not sep:
         raise MessageDecodeError("missing header separator")
     try:
-        header = json.loads(head)
+        header = load_header(head)
         cls = _BY_KIND[header.pop("k")]
         blob_field = _BYTES_FIELD[cls]
         if blob_field is not None:

@@ -8,6 +8,7 @@ the infinities, which orjson writes as ``null``): these tests pin both writers t
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from typing import Any
 
@@ -20,6 +21,7 @@ from store.messages import (
     UpdateSession,
     decode_message,
     encode_message,
+    load_header,
 )
 
 _SCALARS = (
@@ -85,3 +87,64 @@ def test_a_corrupt_header_is_a_decode_error() -> None:
     for data in (b'{"k":"update"', b"no separator", b'{"k":"nope"}\0', b"\xff\xfe\0"):
         with pytest.raises(MessageDecodeError):
             decode_message(data)
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """Equal and of the same types all the way down (``2**64 == float(2**64)``), NaN alike."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same_json(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same_json(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and math.isnan(a):
+        return math.isnan(b)
+    return bool(a == b)
+
+
+def outcome(load: Any, text: bytes) -> tuple[str, Any]:
+    try:
+        return "value", load(text)
+    except (ValueError, RecursionError) as exc:
+        return "error", type(exc)
+
+
+_NAN_TOO = st.recursive(
+    _SCALARS | st.floats() | st.integers(min_value=-(2**70), max_value=2**70),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(value=_NAN_TOO, ascii_only=st.booleans())
+def test_load_header_reads_what_the_standard_library_reads(value: Any,
+                                                            ascii_only: bool) -> None:
+    """Whatever either writer wrote (integers past 64 bits, NaN, lone surrogates included),
+    the fast reader returns the standard library's value, types and all."""
+    text = json.dumps(value, ensure_ascii=ascii_only).encode("utf-8", "surrogatepass")
+    expected, got = outcome(json.loads, text), outcome(load_header, text)
+    assert expected[0] == got[0]
+    assert same_json(expected[1], got[1]) if expected[0] == "value" else expected == got
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(text=st.one_of(
+    st.binary(max_size=40),
+    st.text(alphabet='{}[]",:0123456789.eE+-tfnrul \\u', max_size=40).map(str.encode)))
+def test_load_header_fails_where_the_standard_library_fails(text: bytes) -> None:
+    """Not JSON (or not UTF-8) to one is not JSON to the other, and valid text reads alike."""
+    expected, got = outcome(json.loads, text), outcome(load_header, text)
+    assert expected[0] == got[0]
+    if expected[0] == "value":
+        assert same_json(expected[1], got[1])
+
+
+@pytest.mark.parametrize("text", [
+    b"18446744073709551616", b"-9223372036854775809", b"[123456789012345678901234567890]",
+    b'{"a":1e400}', b"NaN", b'"\\ud800"', b"[" * 2000 + b"]" * 2000,
+])
+def test_load_header_where_orjson_alone_would_differ(text: bytes) -> None:
+    expected, got = outcome(json.loads, text), outcome(load_header, text)
+    assert expected[0] == got[0]
+    assert same_json(expected[1], got[1]) if expected[0] == "value" else expected == got
