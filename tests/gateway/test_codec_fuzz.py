@@ -9,6 +9,7 @@ to JSON that the strictest real client accepts.
 from __future__ import annotations
 
 import base64
+import binascii
 import dataclasses
 import json
 from typing import Any
@@ -62,6 +63,24 @@ def check_parse(
 
 
 # --------------------------------------------------------------------------- raw frames
+
+
+@FUZZ
+@given(st.text(alphabet="ABCDEFab019+/=-_ \n\u00e9\u4f60", max_size=16) | st.text(max_size=8))
+def test_audio_is_exactly_what_strict_base64_reads(audio: str) -> None:
+    """An append's audio decodes to the bytes ``base64.b64decode(validate=True)`` gives, and
+    what it refuses (stray characters, bad padding, non-ASCII) is ``invalid_value``."""
+    try:
+        expected: bytes | None = base64.b64decode(audio, validate=True)
+    except (binascii.Error, ValueError):
+        expected = None
+    outcome = check_parse(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+    if expected is None:
+        assert isinstance(outcome, ClientProtocolError)
+        assert (outcome.code, outcome.param) == ("invalid_value", "audio")
+    else:
+        assert isinstance(outcome, ParsedFrame)
+        assert outcome.command == m.AppendAudio(audio=expected)
 
 
 @FUZZ
