@@ -65,8 +65,8 @@ from store.census import NO_ENGINE, TickTime
 from store.client import RedisClient
 from store.directory import WorkerProfile, announce_worker, sessions_of_worker
 from store.errors import raise_if_cancelled
-from store.fairness import next_fairly
-from store.keys import WorkerKeys, new_worker_id, worker_of_session
+from store.fairness import PushQueue
+from store.keys import WorkerKeys, new_worker_id, session_keys
 from store.logs import InputEntry, WriteToken, log_ends, read_input_entries, session_start
 from store.loop_lag import watch_loop_lag
 from store.outages import (
@@ -151,7 +151,7 @@ class Worker:
         self._subscriber = Subscriber(client, outages=self._outages)
         self._sessions = self.session_table(self.metrics, _log, mark_dirty=self._mark_dirty,
                                             engine=lambda: self._engine)
-        self._notices: asyncio.Queue[list[Any] | None] = asyncio.Queue()
+        self._notices: PushQueue[list[Any] | None] = PushQueue()
         self._tick_wake = asyncio.Event()
         self._next_tick_at = 0.0  # when the tick loop will next look (monotonic)
         # Sessions with events to write; one flusher writes them all concurrently, so a busy
@@ -249,7 +249,7 @@ class Worker:
             return  # stopped before it could register: nothing to drain
         _log.info("worker %s registered; serving %d slots", self.worker_id, self._capacity,
                   extra=self._log_ids())
-        await self._subscriber.subscribe(self._keys.input_channel, self._notices.put_nowait)
+        await self._subscriber.subscribe(self._keys.input_channel, self._notices.put)
         try:
             await self._discover()
         except StoreError as exc:  # the poll loop reads them again
@@ -282,7 +282,7 @@ class Worker:
             # sessions for it to end worker_lost; a drained worker has none left, and its
             # lapsed record is then marked lost (and expires) rather than kept for ever.
             if self.fenced:
-                self._notices = asyncio.Queue()
+                self._notices = PushQueue()
             else:
                 await self._subscriber.aclose()
 
@@ -459,7 +459,7 @@ class Worker:
     async def _notice_loop(self) -> None:
         while True:
             raise_if_cancelled()  # see _heartbeat_loop
-            notice = await next_fairly(self._notices)  # see store.fairness
+            notice = await self._notices.get()  # a turn of the loop first: store.fairness
             try:
                 await self._on_notice(notice)
             except StoreError as exc:
@@ -493,7 +493,8 @@ class Worker:
             ValueError, AttributeError: not a session id of this worker.
         """
         session_id = raw.decode()
-        if worker_of_session(session_id) != self.worker_id:  # ValueError: not a session id
+        # ValueError: not a session id. Cached: once per relayed chunk.
+        if session_keys(session_id).worker.worker_id != self.worker_id:
             raise ValueError(f"{session_id} is not placed on this worker")
         return session_id
 

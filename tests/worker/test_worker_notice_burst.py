@@ -1,7 +1,7 @@
 """A burst of pushes is handled a notice at a time, never as one step of the worker's loop.
 
 The push connection hands over every push one socket read carries (hundreds, from a
-saturated Redis) and ``asyncio.Queue.get`` does not suspend while notices are queued, so a
+saturated Redis) and a queue's ``get`` need not suspend while notices are queued, so a
 notice loop that never yields would run the whole backlog as one step: the heartbeat behind
 it came past its TTL and a healthy, saturated worker was declared lost (``bench relay`` at
 200 sessions through 2 gateways). Counted in steps, not timed: another task must get turns
@@ -30,7 +30,7 @@ async def test_a_burst_of_notices_leaves_the_loop_turns_between_them(
         notices = worker._notices  # the queue the push connection feeds
         # Close notices of sessions it never had: each is handled without suspending.
         for _ in range(BURST):
-            notices.put_nowait([b"c", new_session_id(worker.worker_id).encode()])
+            notices.put([b"c", new_session_id(worker.worker_id).encode()])
         turns = 0
         while not notices.empty():
             turns += 1
