@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from store import AppendResult, Lease, LeaseLost, Scripts, SessionGone, StoreError
-from store.keys import worker_of_session
+from store.keys import session_keys
 from store.outages import OutageLog
 from store.ratelog import RateLimitedLog, cause_of
 
@@ -64,7 +64,7 @@ class InputBatcher:
             StoreError: Redis failed.
         """
         future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
-        worker = worker_of_session(lease.session_id)
+        worker = session_keys(lease.session_id).worker.worker_id  # cached: once per chunk
         group = self._groups.setdefault(worker, _Group())
         group.pending.append((lease, entries, future))
         if not group.busy:
