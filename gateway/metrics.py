@@ -37,6 +37,8 @@ class HotCounter(Collector):
         registry.register(self)
 
     def inc(self, amount: float = 1.0) -> None:
+        if amount < 0:  # as prometheus_client's Counter: a counter only goes up
+            raise ValueError("counters can only be incremented by non-negative amounts")
         self.value += amount
 
     def collect(self) -> Iterator[Metric]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from hypothesis import given, strategies as st
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
@@ -59,3 +60,12 @@ def test_the_gateways_hot_metrics_are_on_its_registry() -> None:
     assert "duplex_gateway_commands_appended_total 3.0" in text
     assert 'duplex_gateway_relay_seconds_bucket{direction="out",le="0.004"} 1.0' in text
     assert 'duplex_gateway_relay_seconds_count{direction="in"} 0.0' in text
+
+
+def test_a_hot_counter_refuses_to_go_down_as_a_counter_does() -> None:
+    hot = HotCounter("frames_sent", "help text", CollectorRegistry())
+    reference = Counter("frames_sent", "help text", registry=CollectorRegistry())
+    for counter in (hot, reference):
+        with pytest.raises(ValueError):
+            counter.inc(-1)
+    assert hot.value == 0
