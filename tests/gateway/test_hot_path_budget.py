@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import base64
 import json
-import sys
-from collections.abc import Callable
-from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import gateway
 import store
 from gateway.protocol.connection import AppendCommands, ConnectionCore, SendFrame
 from store import messages as m
+from tests.call_count import calls_into
 
 #: Calls into the project's code per audio append, from the frame's text to the encoded log
 #: entry (the codec's parse and bounds walk, the core, the store codec): 27 today.
@@ -31,28 +28,9 @@ INBOUND_BUDGET = 27
 #: codec, the core's follower and delivery, the render): 12 today.
 OUTBOUND_BUDGET = 12
 
-# Where the counted code lives, wherever it is installed (as its frames name their files).
-_PACKAGES = tuple(str(Path(str(package.__file__)).parent) + "/" for package in (gateway, store))
 CHUNK = bytes(960)  # 20 ms of pcm16 at 24 kHz
 _PARTS: dict[str, Any] = {"response_id": "resp_1", "item_id": "item_1", "output_index": 0,
                           "content_index": 0}
-
-
-def project_calls(step: Callable[[], None]) -> int:
-    """How many calls of the gateway's and the store's functions ``step`` makes."""
-    calls = 0
-
-    def profile(frame: FrameType, event: str, arg: object) -> None:
-        nonlocal calls
-        if event == "call" and frame.f_code.co_filename.startswith(_PACKAGES):
-            calls += 1
-
-    sys.setprofile(profile)
-    try:
-        step()
-    finally:
-        sys.setprofile(None)
-    return calls
 
 
 def attached_core() -> ConnectionCore:
@@ -78,7 +56,7 @@ def test_an_audio_append_stays_within_its_budget() -> None:
             for _, command in action.entries:  # as the driver hands them to the batcher
                 m.encode_message(command)
 
-        counts.append(project_calls(append))
+        counts.append(calls_into((gateway, store), append))
     assert 0 < max(counts) <= INBOUND_BUDGET, counts
 
 
@@ -92,5 +70,5 @@ def test_an_output_delta_stays_within_its_budget() -> None:
             (action,) = core.actions_to_run()
             assert isinstance(action, SendFrame) and action.seq == seq
 
-        counts.append(project_calls(deliver))
+        counts.append(calls_into((gateway, store), deliver))
     assert 0 < max(counts) <= OUTBOUND_BUDGET, counts

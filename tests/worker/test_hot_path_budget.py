@@ -14,11 +14,7 @@ elsewhere. The gateway's side: ``tests/gateway/test_hot_path_budget.py``.
 from __future__ import annotations
 
 import logging
-import sys
 import time
-from collections.abc import Callable
-from pathlib import Path
-from types import FrameType
 
 import inference_worker
 import store
@@ -28,35 +24,16 @@ from inference_worker.sessions import Session, SessionTable
 from inference_worker.silero_vad import detector_factory
 from store import messages as m
 from store.logs import InputEntry, WriteToken
+from tests.call_count import calls_into
 
 #: Calls into the worker's and the store's code per streamed chunk, from the input entry to
 #: the encoded output event: 42 today.
 CHUNK_BUDGET = 42
 
-# Where the counted code lives, wherever it is installed (as its frames name their files).
-_PACKAGES = tuple(str(Path(str(package.__file__)).parent) + "/"
-                  for package in (inference_worker, store))
 SESSION_ID = "sess_w1.0123456789abcdef"
 TOKEN = WriteToken("epoch", 1)
 STREAM = m.UpdateSession(session={"type": "realtime", "extra_body": {"loopback_mode": "stream"}})
 CHUNK = m.encode_message(m.AppendAudio(audio=bytes(960)))  # 20 ms of pcm16 at 24 kHz
-
-
-def package_calls(step: Callable[[], None]) -> int:
-    """How many calls of the worker's and the store's functions ``step`` makes."""
-    calls = 0
-
-    def profile(frame: FrameType, event: str, arg: object) -> None:
-        nonlocal calls
-        if event == "call" and frame.f_code.co_filename.startswith(_PACKAGES):
-            calls += 1
-
-    sys.setprofile(profile)
-    try:
-        step()
-    finally:
-        sys.setprofile(None)
-    return calls
 
 
 def test_a_streamed_chunk_stays_within_its_budget() -> None:
@@ -76,7 +53,7 @@ def test_a_streamed_chunk_stays_within_its_budget() -> None:
                         time.monotonic())
             assert table.output_of(SESSION_ID, session) is not None
 
-        counts.append(package_calls(relay))
+        counts.append(calls_into((inference_worker, store), relay))
         assert isinstance(m.decode_event(session.unsent[-1]), m.AudioDelta)  # the echo
         session.unsent = []  # as a write that landed leaves it
     # The first chunk of a turn also opens the response and its item; then steady state.
