@@ -67,7 +67,9 @@ this machine, at this load: a finding, not a failure.
 
 The benchmark asserts nothing about speed: it exits 0 when it ran and every chunk came back,
 1 when chunks were lost (or came back corrupt, duplicated or to the wrong session), 2 when it
-could not run and 130 when interrupted. Every process it started is stopped on the way out.
+could not run and 130 when interrupted (Ctrl-C, or SIGTERM from a time limit), after writing
+the points it finished, marked ``"interrupted": true``. Every process it started is stopped on
+the way out.
 """
 
 from __future__ import annotations
@@ -797,11 +799,11 @@ def _config(plan: _Plan) -> dict[str, Any]:
     }
 
 
-def _sweep(plan: _Plan, log_root: Path) -> tuple[list[dict[str, Any]], str | None]:
-    """Run every point; returns them in run order and the Redis server's name."""
+def _sweep(plan: _Plan, log_root: Path, points: list[dict[str, Any]],
+           config: dict[str, Any]) -> None:
+    """Run every point, appending each to ``points`` as it is measured and naming the Redis
+    server in ``config`` once known, so an interrupted sweep keeps what it measured."""
     setups = sweep_setups(plan.gateways, peer=plan.peer_skipped is None)
-    points: list[dict[str, Any]] = []
-    redis_name = None
     with contextlib.ExitStack() as stack:
         pool = _ClientPool(plan.clients, stack)
         stack.callback(pool.stop)
@@ -815,9 +817,8 @@ def _sweep(plan: _Plan, log_root: Path) -> tuple[list[dict[str, Any]], str | Non
                     target = _serve(servers, setup, sessions, folder, profile=plan.profile)
                     points.append(_run_point(pool, target, sessions, plan.seconds,
                                              plan.compression))
-                redis_name = target.redis_name or redis_name
+                config["redis_server"] = target.redis_name or config["redis_server"]
         progress.show(len(points), "done")
-    return points, redis_name
 
 
 def _default_clients(sessions: int) -> int:
@@ -876,7 +877,9 @@ def run_relay_bench(*, sessions: Sequence[int] | int, seconds: float,
 
     Returns:
         0 when it ran and every chunk came back intact, 1 when chunks were lost (or came
-        back duplicated, corrupt or misrouted), 2 when it could not run, 130 when interrupted.
+        back duplicated, corrupt or misrouted), 2 when it could not run, 130 when interrupted
+        (the points finished by then are written, the report's config saying
+        ``"interrupted": true``).
     """
     from duplex_gateway import bench_relay_report as report_mod
 
@@ -892,17 +895,24 @@ def run_relay_bench(*, sessions: Sequence[int] | int, seconds: float,
     plan = _Plan(sessions=counts, gateways=servers, seconds=seconds,
                  clients=clients or _default_clients(counts[-1]), compression=compression,
                  peer_skipped=peer_unavailable(), profile=profile)
-    config = _config(plan)
+    config = _config(plan) | {"redis_server": None}
     log_root = Path(tempfile.mkdtemp(prefix="dg-bench-relay-"))
+    points: list[dict[str, Any]] = []
+    interrupted = False
     try:
         with sigterm_as_interrupt():
-            points, config["redis_server"] = _sweep(plan, log_root)
+            _sweep(plan, log_root, points, config)
     except KeyboardInterrupt:
-        print("bench relay: interrupted; every started process was stopped", file=sys.stderr)
-        return 130
+        # A long sweep stopped by Ctrl-C or a time limit (TERM) keeps the points it finished.
+        interrupted = True
+        print(f"bench relay: interrupted after {len(points)} point(s); every started process"
+              " was stopped", file=sys.stderr)
+        if not points:
+            return 130
     except (BenchError, OSError, RuntimeError) as exc:
         print(f"bench relay: could not run: {exc} (logs: {log_root})", file=sys.stderr)
         return 2
+    config["interrupted"] = interrupted
     report = report_mod.build(config, points, plan.peer_skipped)
     notes = (report_mod.write(report, path) + _keep_profiles(log_root, path)
              + _keep_logs(log_root, path))
@@ -912,4 +922,4 @@ def run_relay_bench(*, sessions: Sequence[int] | int, seconds: float,
         print("bench relay: chunks were lost, duplicated, corrupted or misrouted",
               file=sys.stderr)
         return 1
-    return 0
+    return 130 if interrupted else 0

@@ -393,6 +393,8 @@ def format_table(report: dict[str, Any]) -> str:
              f", {config['chunk_ms']:g} ms chunks ({config['chunk_bytes']} B pcm16), warm-up "
              f"{config['warmup_s']:g} s excluded; {config['cpus']} CPUs, "
              f"{config['client_processes']} client process(es), {config['redis_server']}"]
+    if config.get("interrupted"):
+        lines.append(f"INTERRUPTED: only the first {len(points)} point(s) of the sweep ran")
     if points:
         lines += _grid([[title for title, _ in _POINT_COLUMNS],
                         *([cell(p) for _, cell in _POINT_COLUMNS] for p in points)])

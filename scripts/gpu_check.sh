@@ -16,12 +16,6 @@ if [ -z "$python" ]; then
 fi
 # A GPU machine without network access: GPU_CHECK_WHEELS names a folder of wheels (say, the
 # moshi extra's transformers) that are put in front of what the interpreter has.
-if [ -n "${GPU_CHECK_WHEELS:-}" ]; then
-  site="$(mktemp -d)"
-  "$python" -m pip install --quiet --no-index --no-deps --no-compile --target "$site" \
-    "$GPU_CHECK_WHEELS"/*.whl
-  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-# The project itself runs from this checkout, installed or not.
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+. scripts/lib/wheels.sh
+use_wheels "${GPU_CHECK_WHEELS:-}"
 exec timeout --signal=TERM --kill-after=5 470 "$python" -m duplex_gateway.gpu_check "$@"
