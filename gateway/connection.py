@@ -4,7 +4,10 @@ Three tasks per connection: the reader (client frames), the pump (pushed log ent
 notices, plus a periodic safety read of the log), and the writer (input appends, coalesced:
 whatever arrives while one append is in flight goes out in the next single script call, so a
 busy session costs one Redis round trip per batch, not per frame). Actions run under one lock
-so frames reach the client in the order the core decided.
+so frames reach the client in the order the core decided; a frame that decided nothing but one
+command's append (every audio chunk) has it queued for the writer without the lock when no step
+is in progress, since queuing never waits. Frames go out through the websocket protocol's
+direct send when the socket takes them at once, else through the ASGI send.
 
 Output backpressure: a client that does not read blocks the send in flight (and with it the
 lock). Pushes are still counted as they arrive (:class:`OutputBacklog`), and when the client's
@@ -25,6 +28,7 @@ import logging
 import secrets
 import socket
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
@@ -58,7 +62,7 @@ from gateway.protocol.errors import (
 )
 from gateway.protocol.pacing import InputPacer, PacingLimits
 from gateway.services import GatewayServices
-from gateway.wsprotocol import INVALID_TEXT_KEY, TRANSPORT_KEY
+from gateway.wsprotocol import INVALID_TEXT_KEY, SEND_NOW_KEY, TRANSPORT_KEY
 from store import (
     AppendResult,
     Lease,
@@ -96,6 +100,14 @@ def _transport_of(websocket: WebSocket) -> asyncio.WriteTransport | None:
     if all(callable(getattr(transport, name, None)) for name in _TRANSPORT_METHODS):
         return cast("asyncio.WriteTransport", transport)
     return None
+
+
+def _send_now_of(websocket: WebSocket) -> Callable[[str], bool] | None:
+    """The connection's :meth:`~gateway.wsprotocol.GatewayWebSocketProtocol.send_text_now`,
+    as the gateway's websocket protocol publishes it (:data:`~gateway.wsprotocol.SEND_NOW_KEY`);
+    None under another server, whose sends all go through ASGI."""
+    send_now = websocket.scope.get("extensions", {}).get(SEND_NOW_KEY)
+    return cast("Callable[[str], bool]", send_now) if callable(send_now) else None
 
 
 def _digest(token: str) -> str:
@@ -148,6 +160,7 @@ class ConnectionDriver:
                                  now=asyncio.get_running_loop().time())
         self._closed = asyncio.Event()
         self._transport = _transport_of(websocket)
+        self._send_now = _send_now_of(websocket)
         if s.socket_send_buffer_bytes and self._transport is not None:
             self._transport.get_extra_info("socket").setsockopt(
                 socket.SOL_SOCKET, socket.SO_SNDBUF, s.socket_send_buffer_bytes)
@@ -220,7 +233,14 @@ class ConnectionDriver:
                     data = message.get("bytes") or b""
                 audio_before = self._core.audio_bytes_received
                 self._core.receive_frame(data)
-                await self._step()
+                # With no step in progress, a frame that decided one client command's append
+                # alone (every audio chunk) only has it queued for the writer, which never
+                # waits: no step, and no lock to take and hand back.
+                entries = None if self._lock.locked() else self._core.take_lone_append()
+                if entries is None:
+                    await self._step()
+                else:
+                    self._queue_commands(entries)
                 await self._pace(len(data), self._core.audio_bytes_received - audio_before)
         except TimeoutError:
             self._core.first_message_timed_out()
@@ -497,19 +517,22 @@ class ConnectionDriver:
     async def _send(self, text: str, seq: int) -> None:
         if self._stalled or self._ws.application_state is not WebSocketState.CONNECTED:
             return
-        limit = self._send_limit()
-        try:
-            if limit is None:  # the hot path: no timeout to enter and leave per frame
-                await self._ws.send_text(text)
-            else:
-                async with asyncio.timeout(limit):
+        # The hot path: written at once when the socket takes it. Else (writes paused behind
+        # a client that does not read, a connection closing) the ASGI send waits or refuses.
+        if self._send_now is None or not self._send_now(text):
+            limit = self._send_limit()
+            try:
+                if limit is None:  # no timeout to enter and leave when the send cannot wait
                     await self._ws.send_text(text)
-        except TimeoutError:
-            self._output_stalled()
-            return
-        except (WebSocketDisconnect, RuntimeError, OSError):
-            self._core.connection_lost()
-            return
+                else:
+                    async with asyncio.timeout(limit):
+                        await self._ws.send_text(text)
+            except TimeoutError:
+                self._output_stalled()
+                return
+            except (WebSocketDisconnect, RuntimeError, OSError):
+                self._core.connection_lost()
+                return
         self._svc.metrics.frames_sent.inc()
         if seq:
             self._backlog.taken(seq, buffered_bytes=self._buffered_bytes())

@@ -15,8 +15,12 @@ that would lose the answer. A handshake refused with an HTTP
 answer (a wrong key: 401) counts as complete, so uvicorn does not log an ERROR for each one.
 The connection's transport is published to the app in ``scope["extensions"][TRANSPORT_KEY]``:
 ASGI gives an app no handle on its socket, and the gateway measures a client that does not
-read by the transport's write buffer (and may set its ``SO_SNDBUF``). Everything else is
-uvicorn's ``websockets-sansio`` implementation as is.
+read by the transport's write buffer (and may set its ``SO_SNDBUF``). So is
+:meth:`GatewayWebSocketProtocol.send_text_now` (``SEND_NOW_KEY``): a text message written at
+once when nothing would make the ASGI send wait or refuse it, without the coroutines the ASGI
+send passes through for every frame (Starlette's WebSocket, its exception middleware's
+wrapper, uvicorn's send).
+Everything else is uvicorn's ``websockets-sansio`` implementation as is.
 """
 
 from __future__ import annotations
@@ -28,18 +32,21 @@ from typing import ClassVar, cast
 
 from uvicorn._types import ASGIReceiveEvent, ASGISendEvent
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
-from websockets.exceptions import PayloadTooBig
+from websockets.exceptions import InvalidState, PayloadTooBig
 from websockets.frames import Frame, Opcode
 
 from store.ratelog import RateLimitedLog
 
-__all__ = ["INVALID_TEXT_KEY", "TRANSPORT_KEY", "GatewayWebSocketProtocol"]
+__all__ = ["INVALID_TEXT_KEY", "SEND_NOW_KEY", "TRANSPORT_KEY", "GatewayWebSocketProtocol"]
 
 #: Set (to True) on a ``websocket.receive`` event whose ``bytes`` are a text frame's payload
 #: that is not UTF-8. No ASGI server sets it, so an app can tell such a frame from a binary one.
 INVALID_TEXT_KEY = "duplex_gateway.invalid_text"
 #: The ``scope["extensions"]`` key under which the connection's asyncio transport is given.
 TRANSPORT_KEY = "duplex_gateway.transport"
+#: The ``scope["extensions"]`` key of the connection's
+#: :meth:`~GatewayWebSocketProtocol.send_text_now`.
+SEND_NOW_KEY = "duplex_gateway.send_now"
 # How long a connection whose message was too large keeps reading (and dropping) what the
 # client still sends, so its close is not a reset; then the socket is closed regardless.
 _REFUSED_DRAIN_S = 2.0
@@ -91,7 +98,28 @@ class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
     async def run_asgi(self) -> None:
         extensions = cast(dict[str, object], self.scope.setdefault("extensions", {}))
         extensions[TRANSPORT_KEY] = self.transport
+        extensions[SEND_NOW_KEY] = self.send_text_now
         await super().run_asgi()
+
+    def send_text_now(self, text: str) -> bool:
+        """Write one text message now, as the ASGI send would, when that send would neither
+        wait nor refuse: the handshake done, no close sent or received, the connection up and
+        the transport taking writes (not paused at its high-water mark).
+
+        Returns:
+            False, having sent nothing, when the caller must use the ASGI send instead: it
+            waits for the transport, or raises for a connection that is over.
+        """
+        if (self.close_sent or self.disconnected or not self.handshake_complete
+                or self.initial_response is not None or not self.writable.is_set()
+                or self.transport.is_closing()):
+            return False
+        try:
+            self.conn.send_text(text.encode())
+        except InvalidState:  # a close received: the ASGI send says so (ClientDisconnected)
+            return False
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        return True
 
     async def send(self, message: ASGISendEvent) -> None:
         await super().send(message)

@@ -231,6 +231,16 @@ class ConnectionCore:
         actions, self._actions = self._actions, []
         return actions
 
+    def take_lone_append(self) -> tuple[tuple[int | None, Command], ...] | None:
+        """When all that was decided since the last drain is one :class:`AppendCommands`,
+        drain it and return its entries; else None, with nothing drained. (The driver queues
+        these for its writer without taking the lock its other actions run under.)"""
+        actions = self._actions
+        if len(actions) == 1 and type(actions[0]) is AppendCommands:
+            self._actions = []
+            return actions[0].entries
+        return None
+
     @property
     def has_actions(self) -> bool:
         """Whether actions were decided since the last :meth:`actions_to_run`."""

@@ -273,6 +273,25 @@ def test_commands_after_attach_are_appended_at_once() -> None:
     ]
 
 
+def test_a_lone_append_is_taken_alone_and_anything_more_is_left_whole() -> None:
+    """take_lone_append drains one AppendCommands decided on its own (what the driver queues
+    without its step lock) and leaves any other set of actions as it was, in order."""
+    core = opened()
+    assert core.take_lone_append() is None  # nothing decided
+    core.receive_frame(APPEND)
+    assert core.take_lone_append() == ((2, m.AppendAudio(audio=PCM)),)
+    assert not core.has_actions
+    core.receive_frame(APPEND)
+    core.receive_frame(COMMIT)  # two appends: the driver's step runs them, in order
+    assert core.take_lone_append() is None
+    assert kinds(core.actions_to_run()) == [AppendCommands, AppendCommands]
+    core.receive_log_entries(1, [m.encode_message(m.AudioDelta(
+        response_id="resp_1", item_id="item_1", output_index=0, content_index=0,
+        audio=PCM))])
+    assert core.take_lone_append() is None  # a frame to send is not an append
+    assert kinds(core.actions_to_run()) == [SendFrame]
+
+
 def test_open_refused_answers_the_error_and_closes_with_its_code() -> None:
     """A refused open (no slot) sends its error and closes with the error's close code."""
     core = new_core()
