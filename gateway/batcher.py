@@ -5,7 +5,9 @@ for all of them. Each connection hands its pending commands to the batcher and a
 answer; whatever queued up while the previous call for the same worker was in flight goes out
 in the next single call. Under load that turns one Redis command per audio chunk per session
 into one per batch (DESIGN §5, "coalesce chunks, pipeline"); when idle, a lone append goes out
-at once, so nothing waits on a timer.
+at once, so nothing waits on a timer, and from the connection's own task: a drain task is
+started only for what queued up behind a call in flight (at real-time load most calls carry
+one append, and starting a task for each cost more than the call's own Python steps).
 
 Ordering per session holds because a connection never has two appends in flight: it awaits its
 answer before submitting more.
@@ -65,17 +67,32 @@ class InputBatcher:
         """
         future: asyncio.Future[AppendResult] = asyncio.get_running_loop().create_future()
         worker = session_keys(lease.session_id).worker.worker_id  # cached: once per chunk
-        group = self._groups.setdefault(worker, _Group())
-        group.pending.append((lease, entries, future))
-        if not group.busy:
-            self._start(worker, group)
+        group = self._groups.get(worker)
+        if group is None:  # not setdefault: that would build a group per call to drop it
+            group = self._groups[worker] = _Group()
+        item = (lease, entries, future)
+        if group.busy:
+            group.pending.append(item)  # the call in flight's drain sends it next
+        else:
+            # Idle (nothing pending then): this call goes out from the caller's task. Its
+            # cancellation (the connection ends) leaves no other session's append unsent:
+            # what queues meanwhile is drained by a task of its own once this call is over.
+            group.busy = True
+            try:
+                await self._send([item])
+            finally:
+                self._call_over(worker, group)
         return await future
 
-    def _start(self, worker: str, group: _Group) -> None:
-        group.busy = True
-        task = asyncio.create_task(self._drain(worker, group), name=f"append-{worker}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _call_over(self, worker: str, group: _Group) -> None:
+        """A call for ``worker`` ended: drain what queued behind it, or mark the group idle."""
+        if group.pending:
+            task = asyncio.create_task(self._drain(worker, group), name=f"append-{worker}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        else:
+            group.busy = False
+            self._groups.pop(worker, None)
 
     async def _drain(self, worker: str, group: _Group) -> None:
         try:

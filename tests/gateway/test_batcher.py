@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -10,7 +11,7 @@ from redis.asyncio import Redis
 from gateway.batcher import InputBatcher
 from store import Lease, LeaseLost, Scripts, SessionGone
 from store.logs import read_input
-from tests.store._support import open_session, register_worker
+from tests.store._support import open_session, register_worker, until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -70,4 +71,57 @@ async def test_sessions_of_different_workers_are_not_mixed(redis_client: Redis) 
     batcher = InputBatcher(scripts, max_entries=1000)
     results = await asyncio.gather(*(batcher.append(lease, [(1, b"x")]) for lease in leases))
     assert [r.last_client_seq for r in results] == [1, 1]
+    await batcher.aclose()
+
+
+async def test_lone_appends_go_out_from_the_callers_task(
+        redis_client: Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An append made while nothing is in flight for its worker is sent at once by the caller
+    itself: one script call each, and no drain task started for it."""
+    scripts = Scripts(redis_client)
+    lease = (await open_session(scripts, await register_worker(scripts))).lease
+    batcher = InputBatcher(scripts, max_entries=1000)
+    drains = 0
+    drain = InputBatcher._drain
+
+    async def counted(self: InputBatcher, *args: Any) -> None:
+        nonlocal drains
+        drains += 1
+        await drain(self, *args)
+
+    monkeypatch.setattr(InputBatcher, "_drain", counted)
+    before = await script_calls(redis_client)
+    for seq in range(1, 6):
+        assert (await batcher.append(lease, [(seq, f"{seq}".encode())])).last_client_seq == seq
+    assert await script_calls(redis_client) - before == 5
+    assert drains == 0
+    await batcher.aclose()
+
+
+async def test_a_cancelled_caller_leaves_what_queued_behind_its_call_sent(
+        redis_client: Redis) -> None:
+    """The caller whose own task makes a call gives up (its connection ends) while the call is
+    held in Redis: the appends of other sessions that queued behind it are still sent, in one
+    call, once Redis answers again."""
+    scripts = Scripts(redis_client)
+    worker = await register_worker(scripts, slots=4)
+    first, second, third = [(await open_session(scripts, worker)).lease for _ in range(3)]
+    batcher = InputBatcher(scripts, max_entries=1000)
+    await redis_client.client_pause(20_000, all=False)  # write commands (scripts) wait
+    try:
+        leader = asyncio.create_task(batcher.append(first, [(1, b"first")]))
+        await until(lambda: any(group.busy for group in batcher._groups.values()),
+                    "the first call to be in flight")
+        behind = [asyncio.create_task(batcher.append(lease, [(1, name)]))
+                  for lease, name in ((second, b"second"), (third, b"third"))]
+        await until(lambda: sum(len(g.pending) for g in batcher._groups.values()) == 2,
+                    "both appends to queue behind it")
+        leader.cancel()
+        await asyncio.gather(leader, return_exceptions=True)
+    finally:
+        await redis_client.client_unpause()
+    results = await asyncio.wait_for(asyncio.gather(*behind), 10)
+    assert [result.appended for result in results] == [1, 1]
+    for lease, name in ((second, b"second"), (third, b"third")):
+        assert [p for _, p in await read_input(redis_client, lease.session_id, 0)] == [name]
     await batcher.aclose()

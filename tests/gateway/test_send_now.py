@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from types import MethodType
 from typing import Any, cast
 
 import pytest
@@ -44,7 +45,7 @@ class Recorder:
             return
         assert (await receive())["type"] == "websocket.connect"
         send_now = cast(Callable[[str], bool], scope["extensions"][SEND_NOW_KEY])
-        protocol = cast(GatewayWebSocketProtocol, getattr(send_now, "__self__"))
+        protocol = cast(GatewayWebSocketProtocol, cast(MethodType, send_now).__self__)
         self.answers["before accept"] = send_now("never")
         await send({"type": "websocket.accept"})
         self.answers["open"] = send_now("one")
