@@ -10,12 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python="${PYTHON:-}"
-if [ -z "$python" ]; then
-  if [ -x .venv/bin/python ]; then python=.venv/bin/python; else python=python3; fi
-fi
+. scripts/lib/python.sh
+choose_python
 # A GPU machine without network access: GPU_CHECK_WHEELS names a folder of wheels (say, the
 # moshi extra's transformers) that are put in front of what the interpreter has.
-. scripts/lib/wheels.sh
 use_wheels "${GPU_CHECK_WHEELS:-}"
 exec timeout --signal=TERM --kill-after=5 470 "$python" -m duplex_gateway.gpu_check "$@"

@@ -16,11 +16,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python="${PYTHON:-}"
-if [ -z "$python" ]; then
-  if [ -x .venv/bin/python ]; then python=.venv/bin/python; else python=python3; fi
-fi
-. scripts/lib/wheels.sh
+. scripts/lib/python.sh
+choose_python
 use_wheels "${RELAY_CHECK_WHEELS:-}"
 limit="${RELAY_CHECK_TIME_LIMIT:-480}"
 exec timeout --signal=TERM --kill-after=30 "$limit" "$python" -m duplex_gateway bench relay \

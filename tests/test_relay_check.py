@@ -115,7 +115,7 @@ def test_use_wheels_puts_a_folder_of_wheels_first(tmp_path: Path) -> None:
                        "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
                        "Tag: py3-none-any\n")
         wheel.writestr(f"{info}/RECORD", "")
-    script = ('. scripts/lib/wheels.sh; use_wheels "$1"; '
+    script = ('. scripts/lib/python.sh; use_wheels "$1"; '
               '"$python" -c "import relay_check_probe, duplex_gateway; '
               'print(relay_check_probe.WHERE); print(duplex_gateway.__file__)"')
     done = subprocess.run(["bash", "-c", script, "probe", str(wheels)], cwd=ROOT,
