@@ -46,17 +46,20 @@ def _applies(marker: str, extras: tuple[str, ...]) -> bool:
     return any(parsed.evaluate({"extra": extra}) for extra in extras or ("",))
 
 
-def _closure(roots: list[tuple[str, tuple[str, ...]]]) -> list[str]:
-    """Every installed distribution ``roots`` need (each a name and the extras asked of it),
-    following the installed metadata; one that is not installed here is left out."""
+def _closure(roots: list[tuple[str, tuple[str, ...]]]) -> tuple[list[str], list[str]]:
+    """Every distribution ``roots`` need (each a name and the extras asked of it), following
+    the installed metadata: those installed here, and the names of those that are not."""
     seen: dict[str, set[str]] = {}
     pending = list(roots)
     found: list[str] = []
+    missing: list[str] = []
     while pending:
         name, extras = pending.pop()
         try:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
+            if name not in missing:
+                missing.append(name)
             continue
         key = _canonical(dist.metadata["Name"])
         if key in seen and seen[key].issuperset(extras):
@@ -72,12 +75,18 @@ def _closure(roots: list[tuple[str, tuple[str, ...]]]) -> list[str]:
             asked = re.search(r"\[([^\]]*)\]", spec)
             wanted = tuple(e.strip() for e in asked.group(1).split(",")) if asked else ()
             pending.append((match.group(0), wanted))
-    return found
+    return found, missing
 
 
 def pins() -> list[str]:
-    """``name==version`` for every distribution the relay check needs, sorted."""
-    names = _closure([("duplex-gateway", EXTRAS)])
+    """``name==version`` for every distribution the relay check needs, sorted.
+
+    Raises:
+        LookupError: some are not installed here, so there is no version to pin them to.
+    """
+    names, missing = _closure([("duplex-gateway", EXTRAS)])
+    if missing:
+        raise LookupError(", ".join(sorted(missing)))
     own = _canonical("duplex-gateway")
     return sorted(f"{name}=={metadata.version(name)}" for name in names
                   if _canonical(name) != own)
@@ -92,7 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--list", action="store_true",
                         help="print the pinned requirements, download nothing")
     args = parser.parse_args(argv)
-    wanted = pins()
+    try:
+        wanted = pins()
+    except LookupError as exc:
+        # A set without them would fail on the far machine, where nothing can be fetched.
+        print(f"relay-check-wheels: not installed here, so no version to pin: {exc}; install"
+              " the project with its [embedded,bench] extras first", file=sys.stderr)
+        return 1
     if args.list:
         print("\n".join(wanted))
         return 0

@@ -10,6 +10,7 @@ versions; and the shared ``use_wheels`` puts a folder of wheels first on the pat
 from __future__ import annotations
 
 import importlib.metadata as metadata
+import importlib.util
 import json
 import os
 import re
@@ -125,3 +126,24 @@ def test_use_wheels_puts_a_folder_of_wheels_first(tmp_path: Path) -> None:
     where, package = done.stdout.split("\n")[:2]
     assert where == "from the wheel"
     assert Path(package).resolve().is_relative_to(ROOT)  # the checkout, installed or not
+
+
+def test_the_wheels_helper_refuses_a_set_it_cannot_pin(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A dependency that is not installed here has no version to pin: the helper says which
+    and exits 1, rather than hand over a set the far machine cannot install from."""
+    spec = importlib.util.spec_from_file_location(
+        "relay_check_wheels", ROOT / "scripts/relay_check_wheels.py")
+    assert spec is not None and spec.loader is not None
+    helper = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(helper)
+    installed = metadata.distribution
+
+    def without_orjson(name: str) -> metadata.Distribution:
+        if re.sub(r"[-_.]+", "-", name).lower() == "orjson":
+            raise metadata.PackageNotFoundError(name)
+        return installed(name)
+
+    monkeypatch.setattr(helper.metadata, "distribution", without_orjson)
+    assert helper.main(["--list"]) == 1
+    assert "not installed here, so no version to pin: orjson" in capsys.readouterr().err
