@@ -180,7 +180,7 @@ async def _measure_shape(client: Redis, shape: str, sessions: int, per_call: int
     finally:
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)
-        await subscriber.aclose()  # type: ignore[no-untyped-call]
+        await subscriber.aclose()
         await client.flushall()
     chunks = calls * per_call  # every group holds per_call sessions, one chunk each
     if shape == _BARE_PUBLISH:

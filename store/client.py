@@ -128,7 +128,7 @@ def create_client(url: str, *, command_timeout_s: float = COMMAND_TIMEOUT_S
                                      max_connections=MAX_CONNECTIONS, **timeouts)
     if scheme == SENTINEL_SCHEME:
         target = parse_sentinel_url(url)
-        sentinel = Sentinel(list(target.sentinels),  # type: ignore[no-untyped-call]
+        sentinel = Sentinel(list(target.sentinels),
                             sentinel_kwargs=dict(timeouts))
         kwargs: dict[str, Any] = {"db": target.db, "max_connections": MAX_CONNECTIONS,
                                   **timeouts}
