@@ -35,6 +35,7 @@ __all__ = [
     "CHART",
     "HELM",
     "MONITORING_APIS",
+    "POOL_LABEL",
     "PROFILES",
     "ROOT",
     "HttpProbe",
@@ -61,6 +62,8 @@ MONITORING_APIS = ("monitoring.coreos.com/v1", "monitoring.coreos.com/v1/Service
                    "monitoring.coreos.com/v1/PrometheusRule")
 RELEASE = "demo"
 NAMESPACE = "duplex"
+#: The label naming a worker pool on its objects and pods.
+POOL_LABEL = "duplex-gateway/worker-pool"
 
 
 class RenderError(Exception):
@@ -121,6 +124,19 @@ class Rendered:
         kind = "StatefulSet" if component == "redis" else "Deployment"
         pod = self.component(kind, component)["spec"]["template"]["spec"]
         (container,) = pod["containers"]
+        return dict(container)
+
+    def pool(self, kind: str, pool: str) -> dict[str, Any]:
+        """The one object of ``kind`` of the worker pool named ``pool`` (by its labels)."""
+        found = [obj for obj in self.of_kind(kind)
+                 if obj["metadata"].get("labels", {}).get(POOL_LABEL) == pool]
+        if len(found) != 1:
+            raise KeyError(f"{len(found)} {kind} objects of worker pool {pool!r}")
+        return found[0]
+
+    def pool_container(self, pool: str) -> dict[str, Any]:
+        """The worker container of the pool's Deployment."""
+        (container,) = self.pool("Deployment", pool)["spec"]["template"]["spec"]["containers"]
         return dict(container)
 
     def names(self) -> list[str]:

@@ -192,7 +192,8 @@ async def test_one_sdk_session_with_the_key_from_the_rendered_secret(
     pcm = bytes(range(256)) * 19  # 4864 bytes: just over the 100 ms commit minimum
     audio = bytearray()
     async with client.realtime.connect(model="loopback") as conn:
-        await conn.session.update(session={"type": "realtime", "output_modalities": ["audio"]})
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["audio"],
+                                           "audio": {"input": {"turn_detection": None}}})
         await conn.input_audio_buffer.append(audio=base64.b64encode(pcm).decode())
         await conn.input_audio_buffer.commit()
         await conn.response.create()

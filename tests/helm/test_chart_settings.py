@@ -20,7 +20,8 @@ from duplex_gateway.logs import LogSettings
 from gateway.settings import GatewaySettings
 from inference_worker.settings import WorkerSettings
 from store.client import parse_sentinel_url
-from store.config import NON_NEGATIVE, Choices, Range, Rule, from_env
+from store.config import NON_NEGATIVE, Choices, ModelName, Range, Rule, from_env
+from store.models import MODEL_NAME_PATTERN
 from tests.helm.render import CHART, Rendered, container_env, render
 
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
@@ -34,7 +35,8 @@ WORKER_MANAGED = {"redis_url": "redis.*", "backend": "worker.backend",
                   "backend_options": "worker.backendOptions",
                   "drain_timeout_s": "worker.drainTimeoutSeconds",
                   "model_path": "worker.model.path", "metrics_port": "worker.metricsPort",
-                  "metrics_host": "always 0.0.0.0"}
+                  "metrics_host": "always 0.0.0.0",
+                  "served_model_names": "workerPools[].models"}
 #: Where the chart departs from the code's default on purpose: a pod's listeners must be
 #: reachable on its address (probes, Services, scrapes), the worker's metrics on for its
 #: probes, and Redis is the release's own.
@@ -84,7 +86,8 @@ def test_the_settings_maps_hold_the_codes_defaults(cls: type[Any], path: tuple[s
 
 def expected_schema(f: dataclasses.Field[Any]) -> dict[str, Any]:
     """What the schema must say of a setting: the type ``from_env`` parses (the default's)
-    and the field's range. A number without a rule of its own accepts 0 and up."""
+    and the field's range, choices or model-name pattern. A number without a rule of its own
+    accepts 0 and up."""
     default = f.default
     kind = {bool: "boolean", int: "integer", float: "number", str: "string"}[type(default)]
     rule: Rule | None = f.metadata.get("accepts")
@@ -97,6 +100,8 @@ def expected_schema(f: dataclasses.Field[Any]) -> dict[str, Any]:
             expected["maximum"] = rule.high
     elif isinstance(rule, Choices):
         expected["enum"] = list(rule.values)
+    elif isinstance(rule, ModelName):
+        expected["pattern"] = f"^$|{MODEL_NAME_PATTERN}"
     return expected
 
 

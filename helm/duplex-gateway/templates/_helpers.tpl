@@ -28,11 +28,60 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: duplex-gateway
 {{- end -}}
 
-{{/* The labels that select one component's pods: {root, component}. */}}
+{{/* The labels that select one component's pods: {root, component}, and {pool} for one
+worker pool's (without it they select every pool's workers). */}}
 {{- define "duplex-gateway.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "duplex-gateway.name" .root }}
 app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
+{{- with .pool }}
+duplex-gateway/worker-pool: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{/* "<fullname>-worker-<pool>": the fullname is cut, never the pool's name, so the pools'
+names stay distinct within the 63 characters a Service name allows. */}}
+{{- define "duplex-gateway.workerPoolName" -}}
+{{- $room := sub 55 (len .pool) | int -}}
+{{- printf "%s-worker-%s" (include "duplex-gateway.fullname" .root | trunc $room | trimSuffix "-") .pool -}}
+{{- end -}}
+
+{{/*
+The worker pools as a JSON list (read it with fromJsonArray): each is `worker` with the pool's
+own keys over it. The chart's own maps (image, gpu, model, probes, autoscaling, settings) merge
+key by key, so a pool may change gpu.count or one setting alone; lists and the Kubernetes
+structures below replace the worker's whole, so a pool that gives its own placement or limits
+never runs with part of the shared ones mixed in.
+*/}}
+{{- define "duplex-gateway.workerPools" -}}
+{{- $pools := list -}}
+{{- $whole := list "resources" "nodeSelector" "affinity" "podAnnotations" "podLabels" -}}
+{{- range .Values.workerPools -}}
+{{- $pool := deepCopy $.Values.worker -}}
+{{- include "duplex-gateway.mergeInto" (dict "base" $pool "over" . "whole" $whole) -}}
+{{- $pools = append $pools $pool -}}
+{{- end -}}
+{{- toJson $pools -}}
+{{- end -}}
+
+{{/* Set {over}'s keys into the map {base}, recursing into maps both have but those named in
+{whole}. Not mergeOverwrite: it skips a zero value (gpu.count 0, enabled false, ""). */}}
+{{- define "duplex-gateway.mergeInto" -}}
+{{- $base := .base -}}
+{{- range $key, $value := .over -}}
+{{- $current := get $base $key -}}
+{{- if and (kindIs "map" $value) (kindIs "map" $current) (not (has $key $.whole)) -}}
+{{- include "duplex-gateway.mergeInto" (dict "base" $current "over" $value "whole" list) -}}
+{{- else -}}
+{{- $_ := set $base $key (deepCopy $value) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A worker pool's ConfigMap data: {root, settings}; its checksum rolls that pool's pods. */}}
+{{- define "duplex-gateway.workerSettingsData" -}}
+{{ include "duplex-gateway.settingsData" .settings | trim }}
+{{ include "duplex-gateway.settingsData" .root.Values.logs | trim }}
 {{- end -}}
 
 {{- define "duplex-gateway.componentLabels" -}}
@@ -172,19 +221,47 @@ affinity:
 {{- if le (int $gateway.drain.terminationGracePeriodSeconds) (add $gateway.drain.preStopSeconds $shutdown | int) -}}
 {{- fail (printf "gateway.drain.terminationGracePeriodSeconds (%v) must exceed gateway.drain.preStopSeconds (%v) plus the gateway's %ds shutdown" $gateway.drain.terminationGracePeriodSeconds $gateway.drain.preStopSeconds $shutdown) -}}
 {{- end -}}
-{{- $worker := .Values.worker -}}
-{{- if le (int $worker.terminationGracePeriodSeconds) (int $worker.drainTimeoutSeconds) -}}
-{{- fail (printf "worker.terminationGracePeriodSeconds (%v) must exceed worker.drainTimeoutSeconds (%v)" $worker.terminationGracePeriodSeconds $worker.drainTimeoutSeconds) -}}
-{{- end -}}
 {{- if gt (int $gateway.autoscaling.minReplicas) (int $gateway.autoscaling.maxReplicas) -}}
 {{- fail "gateway.autoscaling.minReplicas must not exceed gateway.autoscaling.maxReplicas" -}}
 {{- end -}}
-{{- $model := $worker.model -}}
-{{- if and (ne $model.volume.type "none") (not (hasPrefix (printf "%s/" (trimSuffix "/" $model.mountPath)) $model.path)) (ne $model.path $model.mountPath) -}}
-{{- fail (printf "worker.model.path (%q) must be inside worker.model.mountPath (%q), where the model volume is mounted" $model.path $model.mountPath) -}}
+{{- $seen := dict -}}
+{{- range $pool := include "duplex-gateway.workerPools" . | fromJsonArray -}}
+{{- include "duplex-gateway.poolChecks" $pool -}}
+{{- if hasKey $seen $pool.name -}}
+{{- fail (printf "workerPools: two pools are named %q (a pool's name is in its objects' names)" $pool.name) -}}
+{{- end -}}
+{{- $_ := set $seen $pool.name true -}}
 {{- end -}}
 {{- if and .Values.networkPolicy.enabled (empty .Values.networkPolicy.ingressFrom) -}}
 {{- fail "networkPolicy.ingressFrom is empty: with no peer the policy would let every pod reach the gateways" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* One worker pool's relations, after the pool's keys are merged over worker's: the messages
+name the pool, since a value may come from either. */}}
+{{- define "duplex-gateway.poolChecks" -}}
+{{- $where := printf "worker pool %q" .name -}}
+{{- if le (int .terminationGracePeriodSeconds) (int .drainTimeoutSeconds) -}}
+{{- fail (printf "%s: terminationGracePeriodSeconds (%v) must exceed drainTimeoutSeconds (%v)" $where .terminationGracePeriodSeconds .drainTimeoutSeconds) -}}
+{{- end -}}
+{{- $model := .model -}}
+{{- if and (eq $model.volume.type "persistentVolumeClaim") (not $model.volume.claimName) -}}
+{{- fail (printf "%s: model.volume.claimName is empty (model.volume.type is persistentVolumeClaim)" $where) -}}
+{{- end -}}
+{{- if and (eq $model.volume.type "hostPath") (not (hasPrefix "/" $model.volume.hostPath)) -}}
+{{- fail (printf "%s: model.volume.hostPath (%q) must be an absolute path (model.volume.type is hostPath)" $where $model.volume.hostPath) -}}
+{{- end -}}
+{{- if and (ne $model.volume.type "none") (not (hasPrefix (printf "%s/" (trimSuffix "/" $model.mountPath)) $model.path)) (ne $model.path $model.mountPath) -}}
+{{- fail (printf "%s: model.path (%q) must be inside model.mountPath (%q), where the model volume is mounted" $where $model.path $model.mountPath) -}}
+{{- end -}}
+{{- $autoscaling := .autoscaling -}}
+{{- if gt (int $autoscaling.minReplicas) (int $autoscaling.maxReplicas) -}}
+{{- fail (printf "%s: autoscaling.minReplicas must not exceed autoscaling.maxReplicas" $where) -}}
+{{- end -}}
+{{- if $autoscaling.enabled -}}
+{{- if not (dig "requests" "cpu" "" .resources) -}}
+{{- fail (printf "%s: autoscaling needs resources.requests.cpu (the autoscaler aims at a share of it)" $where) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
