@@ -33,9 +33,12 @@ __all__ = ["ClientSpec", "LoadSession", "SessionLog", "append_message", "sleep_u
 _MARK: Final = struct.Struct("<II")
 # Random, not silent: permessage-deflate is negotiated, and real audio compresses poorly.
 _FILL: Final = random.Random(20).randbytes(CHUNK_BYTES - _MARK.size)
+# The loopback echoing each chunk at once, with no turn detector hearing the audio: the relay
+# is what is measured, not a VAD (stream mode takes none; a new session starts with one).
 _SESSION_UPDATE: Final = json.dumps(
     {"type": "session.update",
-     "session": {"type": "realtime", "extra_body": {"loopback_mode": "stream"}}})
+     "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}},
+                 "extra_body": {"loopback_mode": "stream"}}})
 _CLOSE: Final = json.dumps({"type": "session.close"})
 
 

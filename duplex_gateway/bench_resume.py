@@ -46,7 +46,10 @@ from duplex_gateway.svgplot import Chart, cdf, write_chart
 __all__ = ["add_arguments", "cuts_per_session", "run_resume_bench"]
 
 TARGET_RESUME_P99_MS = 50.0
-_SESSION = {"type": "realtime", "extra_body": {"loopback_mode": "stream"}}
+# The loopback echoing each chunk at once (stream mode takes no turn detection: a new session
+# starts with server_vad, so it is turned off here).
+_SESSION = {"type": "realtime", "audio": {"input": {"turn_detection": None}},
+            "extra_body": {"loopback_mode": "stream"}}
 _CHUNK = 960
 
 

@@ -51,6 +51,10 @@ _MAX_ERRORS: Final = 5
 # Loud noise, not silence: a full-duplex model hears it and answers (the fake echoes it).
 _NOISE: Final = base64.b64encode(random.Random(13).randbytes(CHUNK_BYTES)).decode("ascii")
 _APPEND: Final = json.dumps({"type": "input_audio_buffer.append", "audio": _NOISE})
+# No turn detector of the worker's hears the stream, whatever a backend's sessions start with:
+# the relay phase measures the relay and the model, not a VAD.
+_PUSH_TO_TALK: Final = json.dumps({"type": "session.update", "session": {
+    "type": "realtime", "audio": {"input": {"turn_detection": None}}}})
 _CLOSE: Final = json.dumps({"type": "session.close"})
 
 
@@ -254,6 +258,7 @@ async def _open(spec: StreamSpec) -> Any:
     if first.get("type") != "session.created":
         await ws.close()
         raise RuntimeError(f"open refused: {first}")
+    await ws.send(_PUSH_TO_TALK)  # applied before any append: the input log is ordered
     return ws
 
 

@@ -134,7 +134,8 @@ async def _run_worker(args: argparse.Namespace) -> int:
                         slots=args.slots, drain_timeout_s=args.drain_timeout,
                         model_path=args.model_path, device=args.device, dtype=args.dtype,
                         backend_options=args.backend_options, metrics_port=args.metrics_port,
-                        metrics_host=args.metrics_host)
+                        metrics_host=args.metrics_host,
+                        served_model_names=_names(args.served_model_name))
     if settings.backend in TORCH_BACKENDS:  # before loading weights onto a device it lacks
         check_torch_device(settings.device, _source("device", args.device))
     backend: Backend | None = None
@@ -374,7 +375,8 @@ def _dev_settings(args: argparse.Namespace, redis_url: str, backend: str | None,
     worker = from_env(WorkerSettings, redis_url=redis_url, backend=backend, slots=args.slots,
                       model_path=args.model_path, device=args.device, dtype=args.dtype,
                       backend_options=args.backend_options,
-                      drain_timeout_s=_DEV_DRAIN_TIMEOUT_S)
+                      drain_timeout_s=_DEV_DRAIN_TIMEOUT_S,
+                      served_model_names=_names(args.served_model_name))
     if worker.backend == _DEV_BACKEND and missing is not None:
         raise SettingsError(
             f"{_source('backend', args.backend)}: the {_DEV_BACKEND} backend needs {missing!r},"
@@ -397,7 +399,16 @@ def _dev_worker_flags(worker: WorkerSettings) -> list[str]:
         flags += ["--model-path", worker.model_path]
     if worker.backend_options:
         flags += ["--backend-options", worker.backend_options]
+    if worker.served_model_names:
+        flags += ["--served-model-name", ",".join(worker.served_model_names)]
     return flags
+
+
+def _names(flag: str | None) -> tuple[str, ...] | None:
+    """A comma-separated names flag as its setting holds it (None: not given)."""
+    if flag is None:
+        return None
+    return tuple(part.strip() for part in flag.split(",") if part.strip())
 
 
 def _log_settings(args: argparse.Namespace) -> LogSettings:
@@ -520,6 +531,9 @@ def _parser() -> argparse.ArgumentParser:
                                                  " float16", "DTYPE", "float32"))
     worker.add_argument("--backend-options", help=_setting("key=value,... for the backend",
                                                            "BACKEND_OPTIONS", "none"))
+    worker.add_argument("--served-model-name", help=_setting(
+        "model names served, comma-separated: its own first, then aliases",
+        "SERVED_MODEL_NAMES", "the backend's name"))
     worker.add_argument("--metrics-port", type=int,
                         help=_setting("Prometheus /metrics port; 0: off", "METRICS_PORT", "0"))
     worker.add_argument("--metrics-host", help=_setting("address /metrics binds", "METRICS_HOST",
@@ -545,6 +559,9 @@ def _parser() -> argparse.ArgumentParser:
     dev.add_argument("--backend-options", help=_setting(
         "key=value,... for the backend (cascade: responder=echo or causal_lm, vad_path,"
         " asr_path, voice_path, responder_path)", "BACKEND_OPTIONS", "none"))
+    dev.add_argument("--served-model-name", help=_setting(
+        "the worker's model names, comma-separated: its own first, then aliases",
+        "SERVED_MODEL_NAMES", "the backend's name"))
     dev.set_defaults(func=_dev)
 
     talk = sub.add_parser("talk", help="stream a WAV to a gateway and save the spoken answer")

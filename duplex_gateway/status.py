@@ -1,9 +1,9 @@
 """``duplex-gateway status``: the workers and sessions of a deployment, read from Redis.
 
 It only reads (``store/census.py``): every worker in the directory with its state, backend,
-slots, p99 tick time and heartbeat age, then the sessions per state, per tenant and per
-gateway, as aligned plain-text tables or, with ``--json``, one JSON document of the same
-figures (see :func:`census_document`).
+model names, slots, p99 tick time and heartbeat age, then per model its workers and free
+slots, then the sessions per state, per tenant and per gateway, as aligned plain-text tables
+or, with ``--json``, one JSON document of the same figures (see :func:`census_document`).
 
 ``add_arguments`` runs whenever any command starts, so this module imports only the standard
 library at its top; the store is imported inside :func:`run`.
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 if TYPE_CHECKING:
-    from store.census import Census, TickTime, WorkerCensus
+    from store.census import Census, ModelCensus, TickTime, WorkerCensus
 
 __all__ = ["add_arguments", "census_document", "census_text", "run"]
 
@@ -35,9 +35,10 @@ _PROG = "duplex-gateway status"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of the command."""
     parser.description = (
-        "Workers (state, backend, slots used, p99 tick time, heartbeat age) and sessions per "
-        "state, per tenant and per gateway, read from Redis only. Exit status: 0 printed; "
-        "1 Redis unreachable or too slow to answer (one line on stderr); 2 a bad flag.")
+        "Workers (state, backend, models, slots used, p99 tick time, heartbeat age), models "
+        "(workers, sessions, free slots) and sessions per state, per tenant and per gateway,"
+        " read from Redis only. Exit status: 0 printed; 1 Redis unreachable or too slow to"
+        " answer (one line on stderr); 2 a bad flag.")
     parser.add_argument(
         "--redis-url",
         help="redis://, rediss://, redis+sentinel://, redis+cluster:// or unix:// URL, as"
@@ -112,17 +113,19 @@ def _without_password(url: str) -> str:
 def census_document(census: Census) -> dict[str, Any]:
     """The census as ``--json`` prints it.
 
-    ``{"redis_time_ms": int, "workers": [{"id", "state", "backend", "slots", "used",
-    "tick_p99_ms", "engine", "heartbeat_age_ms", "sessions": {state: count}}, ...],
-    "sessions": {"total": int, "by_state": {state: count}, "by_tenant": {tenant: count},
-    "by_gateway": {gateway id: attached count}}}``; ``by_state`` always holds ``attached``
-    and ``detached``; null where the store does not know (an older worker's backend, or a
-    worker whose record is gone).
+    ``{"redis_time_ms": int, "workers": [{"id", "state", "backend", "models", "slots",
+    "used", "tick_p99_ms", "engine", "heartbeat_age_ms", "sessions": {state: count}}, ...],
+    "models": {name: {"workers", "admitting", "slots", "used", "free"}}, "sessions":
+    {"total": int, "by_state": {state: count}, "by_tenant": {tenant: count}, "by_gateway":
+    {gateway id: attached count}}}``; ``by_state`` always holds ``attached`` and
+    ``detached``; null where the store does not know (an older worker's backend, or a worker
+    whose record is gone).
     """
     sessions = census.sessions
     return {
         "redis_time_ms": census.now_ms,
         "workers": [_worker_document(worker) for worker in census.workers],
+        "models": {name: _model_document(model) for name, model in census.models.items()},
         "sessions": {
             "total": sessions.total,
             "by_state": _with_states(sessions.by_state),
@@ -137,6 +140,7 @@ def _worker_document(worker: WorkerCensus) -> dict[str, Any]:
         "id": worker.worker_id,
         "state": worker.state,
         "backend": worker.backend,
+        "models": list(worker.models),
         "slots": worker.slots,
         "used": worker.used,
         "tick_p99_ms": worker.tick.p99_ms,
@@ -144,6 +148,11 @@ def _worker_document(worker: WorkerCensus) -> dict[str, Any]:
         "heartbeat_age_ms": worker.heartbeat_age_ms,
         "sessions": _with_states(worker.sessions.by_state),
     }
+
+
+def _model_document(model: ModelCensus) -> dict[str, int]:
+    return {"workers": model.workers, "admitting": model.admitting, "slots": model.slots,
+            "used": model.used, "free": model.free}
 
 
 def _with_states(counts: Mapping[str, int]) -> dict[str, int]:
@@ -158,8 +167,13 @@ def census_text(census: Census) -> str:
     sessions = census.sessions
     by_state = _with_states(sessions.by_state)
     tables = [
-        _table(("WORKER", "STATE", "BACKEND", "SLOTS", "TICK P99 MS", "HEARTBEAT AGE S"),
+        _table(("WORKER", "STATE", "BACKEND", "MODELS", "SLOTS", "TICK P99 MS",
+                "HEARTBEAT AGE S"),
                [_worker_row(worker) for worker in census.workers], empty="no workers listed"),
+        _table(("MODEL", "WORKERS", "ADMITTING", "SESSIONS", "FREE SLOTS"),
+               [(name, str(model.workers), str(model.admitting),
+                 f"{model.used}/{model.slots}", str(model.free))
+                for name, model in census.models.items()], empty="no model served"),
         _table(("SESSIONS", "COUNT"),
                [*((state, str(count)) for state, count in by_state.items()),
                 ("total", str(sessions.total))]),
@@ -176,7 +190,8 @@ def census_text(census: Census) -> str:
 def _worker_row(worker: WorkerCensus) -> tuple[str, ...]:
     age = worker.heartbeat_age_ms
     return (worker.worker_id, worker.state, worker.backend or "?",
-            f"{worker.used}/{worker.slots}", _tick_text(worker.tick),
+            ",".join(worker.models) or "?", f"{worker.used}/{worker.slots}",
+            _tick_text(worker.tick),
             "-" if age is None else f"{age / 1000:.2f}")
 
 

@@ -25,6 +25,7 @@ from gateway.auth import error_response, identify
 from gateway.client_secrets import mint_client_secret
 from gateway.connection import ConnectionDriver
 from gateway.metrics import GatewayMetrics
+from gateway.models_api import list_models, model_readiness, retrieve_model
 from gateway.protocol.errors import CloseCode
 from gateway.reaper import run_reaper
 from gateway.services import GatewayServices
@@ -103,12 +104,15 @@ async def _connect(settings: GatewaySettings, client: RedisClient) -> None:
         _leave(_UNUSABLE_SETTING)
 
 
-async def _readiness(services: GatewayServices | None) -> Response:
+async def _readiness(services: GatewayServices | None, request: Request) -> Response:
     """/readyz: 200 only while this gateway can place a session, so a balancer sends no
     traffic to one that would answer every open with resource_exhausted. Liveness
-    (/healthz) never asks Redis or the workers."""
+    (/healthz) never asks Redis or the workers. Per model on request (``?model=``,
+    ``?detail=1``: :func:`gateway.models_api.model_readiness`)."""
     if services is None or services.draining:
         return PlainTextResponse("draining", status_code=503)
+    if "model" in request.query_params or "detail" in request.query_params:
+        return await model_readiness(request, services.client)
     try:
         live_workers = await live_worker_count(services.client)
     except Exception:  # any failure to reach Redis means not ready
@@ -116,6 +120,18 @@ async def _readiness(services: GatewayServices | None) -> Response:
     if not live_workers:
         return PlainTextResponse("no worker", status_code=503)
     return PlainTextResponse("ready")
+
+
+def _model_routes(settings: GatewaySettings, state: dict[str, GatewayServices]) -> list[Route]:
+    """``GET /v1/models`` and ``GET /v1/models/{model}`` (names may hold ``/``)."""
+
+    async def models(request: Request) -> Response:
+        return await list_models(request, settings, state["services"].client)
+
+    async def model(request: Request) -> Response:
+        return await retrieve_model(request, settings, state["services"].client)
+
+    return [Route("/v1/models", models), Route("/v1/models/{model:path}", model)]
 
 
 def create_app(settings: GatewaySettings, metrics: GatewayMetrics | None = None) -> Starlette:
@@ -168,11 +184,13 @@ def create_app(settings: GatewaySettings, metrics: GatewayMetrics | None = None)
             return
         offered = websocket.scope.get("subprotocols", [])
         await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
+        # ?resume=1: the client will resume; the URL's model opens nothing (the session it
+        # resumes has its own).
         model = websocket.query_params.get("model", "")
-        autostart = bool(model) and websocket.query_params.get("resume") not in ("1", "true")
-        driver = ConnectionDriver(websocket, services, model=model or None,
-                                  autostart=autostart, tenant=caller.tenant,
-                                  initial_session=caller.initial_session)
+        resuming = websocket.query_params.get("resume") in ("1", "true")
+        driver = ConnectionDriver(websocket, services,
+                                  url_model=model if model and not resuming else None,
+                                  tenant=caller.tenant, initial_session=caller.initial_session)
         metrics.connections.inc()
         started = time.monotonic()
         try:
@@ -192,7 +210,7 @@ def create_app(settings: GatewaySettings, metrics: GatewayMetrics | None = None)
         return PlainTextResponse("ok")
 
     async def readyz(request: Request) -> Response:
-        return await _readiness(state.get("services"))
+        return await _readiness(state.get("services"), request)
 
     async def metrics_endpoint(request: Request) -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
@@ -201,6 +219,7 @@ def create_app(settings: GatewaySettings, metrics: GatewayMetrics | None = None)
         routes=[
             WebSocketRoute("/v1/realtime", realtime),
             Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
+            *_model_routes(settings, state),
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             Route("/metrics", metrics_endpoint),

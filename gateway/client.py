@@ -30,10 +30,13 @@ waits for its terminal event (see there for who reads the events meanwhile);
 :meth:`DuplexClient.detach` only closes the connection, leaving the session resumable. Leaving
 ``async with`` closes the session, as the seed's handle does.
 
-Example::
+Example (push-to-talk: a new session starts with OpenAI's ``server_vad``, which answers the
+turns it hears by itself; ``turn_detection: null`` leaves committing and answering to the
+client)::
 
     urls = ["ws://gw-a/v1/realtime", "ws://gw-b/v1/realtime"]
-    async with await DuplexClient.connect(urls) as client:
+    push_to_talk = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+    async with await DuplexClient.connect(urls, session=push_to_talk) as client:
         await client.submit(AppendAudio(pcm))
         await client.submit(CommitInput())
         await client.submit(CreateResponse())

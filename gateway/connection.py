@@ -70,6 +70,7 @@ from store import (
     ResumeStatus,
     SessionGone,
     StoreError,
+    StoreUnavailable,
 )
 from store.follower import REWIND_WINDOW
 from store.keys import SessionKeys
@@ -130,15 +131,14 @@ def _rotated_token(old_token: str, control_id: str) -> str:
 class ConnectionDriver:
     """Runs one accepted websocket until it closes."""
 
-    def __init__(self, websocket: WebSocket, services: GatewayServices, *, model: str | None,
-                 autostart: bool, tenant: str = "anonymous",
+    def __init__(self, websocket: WebSocket, services: GatewayServices, *,
+                 url_model: str | None, tenant: str = "anonymous",
                  initial_session: dict[str, Any] | None = None) -> None:
         self._ws = websocket
         self._svc = services
-        self._model = model
         self._tenant = tenant
         self._core = ConnectionCore(max_frame_bytes=services.settings.max_frame_bytes,
-                                    autostart=autostart, initial_session=initial_session)
+                                    url_model=url_model, initial_session=initial_session)
         self._lock = asyncio.Lock()
         self._lease: Lease | None = None
         self._channel: str | None = None
@@ -181,14 +181,14 @@ class ConnectionDriver:
             asyncio.create_task(self._housekeeping(), name="ws-housekeeping"),
         ]
         closed = asyncio.create_task(self._closed.wait(), name="ws-closed")
+        quiet = asyncio.create_task(self._open_when_quiet(), name="ws-quiet-open")
         try:
-            await self._step()  # autostart opens before the first frame
             await asyncio.wait([closed, *tasks], return_when=asyncio.FIRST_COMPLETED)
             await self._fail_if_broken(tasks)
         finally:
-            for task in (closed, *tasks):
+            for task in (closed, quiet, *tasks):
                 task.cancel()
-            await asyncio.gather(closed, *tasks, return_exceptions=True)
+            await asyncio.gather(closed, quiet, *tasks, return_exceptions=True)
             if self._channel is not None:
                 await self._svc.subscriber.unsubscribe(self._channel, self._take_push)
             if self._held is not None:
@@ -210,13 +210,32 @@ class ConnectionDriver:
 
     # ------------------------------------------------------------------ tasks
 
+    async def _open_when_quiet(self) -> None:
+        """Open the session a ``?model=`` URL names once no frame came for the quiet period
+        (the core decides whether one is still wanted then)."""
+        if not self._core.awaits_quiet_period:
+            return
+        delay = self._svc.settings.url_open_delay_s
+        if delay > 0:
+            await asyncio.sleep(delay)  # the quiet period itself, not a wait for a condition
+        self._core.quiet_period_over()
+        await self._step()
+
     async def _read_frames(self) -> None:
-        timeout = self._svc.settings.first_message_timeout_s
+        loop = asyncio.get_running_loop()
+        # The first frame is due this long after the handshake, whatever was opened meanwhile.
+        first_due = loop.time() + self._svc.settings.first_message_timeout_s
         departed = False
         try:
             while True:
                 if self._core.state is ConnectionState.AWAITING_FIRST:
-                    message = await asyncio.wait_for(self._ws.receive(), timeout)
+                    try:
+                        message = await asyncio.wait_for(self._ws.receive(),
+                                                         max(0.0, first_due - loop.time()))
+                    except TimeoutError:
+                        if self._core.state is ConnectionState.AWAITING_FIRST:
+                            raise
+                        continue  # a quiet open went ahead meanwhile: no first-frame rule
                 else:  # no timer (nor wait_for's own getpid and frames) per frame
                     message = await self._ws.receive()
                 if message["type"] == "websocket.disconnect":
@@ -495,8 +514,8 @@ class ConnectionDriver:
                     self._svc.metrics.resume_seconds.observe(
                         time.monotonic() - self._resume_started)
                     self._resume_started = None
-            case OpenSession():
-                await self._open()
+            case OpenSession(model=model):
+                await self._open(model)
             case ResumeSession(request=request):
                 await self._resume(request)
             case TrimLog(upto_seq=upto):
@@ -602,25 +621,32 @@ class ConnectionDriver:
             # A missed confirmation only costs latency: the pump reads the log regardless.
             await self._svc.subscriber.subscribe(channel, self._take_push)
 
-    async def _open(self) -> None:
+    async def _open(self, model: str | None) -> None:
         token = secrets.token_urlsafe(32)
         try:
             placed = await place_session(self._svc, token_digest=_digest(token),
                                          tenant=self._tenant, subscribe=self._subscribe,
-                                         model=self._model)
+                                         model=model)
         except ClientProtocolError as exc:
-            self._core.fail(exc)
+            self._core.open_failed(exc)
+            return
+        except StoreUnavailable:
+            # The store did not take the open in time (busy, failing over, away) and placement
+            # compensated: nothing is open, so the client may open again later.
+            self._core.open_failed(ClientProtocolError(
+                ErrorCode.RESOURCE_EXHAUSTED,
+                "the session store did not take the open in time; retry later",
+                close_code=CloseCode.TRY_AGAIN_LATER))
             return
         except StoreError as exc:
-            self._core.fail(InternalError(str(exc)))
+            self._core.open_failed(InternalError(str(exc)))
             return
         lease = placed.lease
         self._hold(lease.session_id)
         self._lease = lease
         self._svc.metrics.sessions_opened.inc()
         self._core.open_succeeded(lease.session_id, resume_token=token,
-                                  generation=lease.generation,
-                                  model=self._model or "loopback",
+                                  generation=lease.generation, model=placed.model,
                                   session=placed.session, capabilities=placed.capabilities)
         self._backlog = OutputBacklog(self._output_limits)
 

@@ -1,7 +1,11 @@
-"""Placing a new session on a worker (DESIGN §2.1).
+"""Placing a new session on a worker of its model (DESIGN §2.1).
 
-Optimistic: read the directory and the workers' loads, then try the least loaded worker with
-one compare-and-set script in that worker's slot; on refusal try the next. An open whose
+The model is the one the client named (``?model=``, or its first ``session.update``), else the
+gateway's ``DEFAULT_MODEL``, else any: a name that no worker serves is refused
+``model_not_found``, never placed on another model. Optimistic: read the directory and the
+workers' loads, then try the least loaded worker serving the model with one compare-and-set
+script in that worker's slot (which checks again that the worker serves it); on refusal try
+the next. An open whose
 outcome is unknown (timeout, connection error) is compensated with ``abandon_open`` so a late
 landing cannot leak a slot (DESIGN §2.10).
 
@@ -21,7 +25,13 @@ from gateway.protocol.codec import public_session
 from gateway.protocol.errors import ClientProtocolError, CloseCode, ErrorCode
 from gateway.services import GatewayServices
 from store import Lease, OpenStatus, SessionPolicy, StoreError, StoreUnavailable
-from store.directory import WorkerProfile, list_workers, server_time_ms, worker_loads
+from store.directory import (
+    WorkerLoad,
+    WorkerProfile,
+    list_workers,
+    server_time_ms,
+    worker_loads,
+)
 from store.keys import new_session_id
 from store.messages import JsonObject
 
@@ -43,10 +53,24 @@ def policy_of(services: GatewayServices) -> SessionPolicy:
     )
 
 
-def _exhausted(why: str = "no inference worker has a free slot") -> ClientProtocolError:
+def _exhausted(why: str) -> ClientProtocolError:
     return ClientProtocolError(
         ErrorCode.RESOURCE_EXHAUSTED, f"{why}; retry later", close_code=CloseCode.TRY_AGAIN_LATER,
     )
+
+
+def _no_room(model: str | None) -> ClientProtocolError:
+    if model is None:
+        return _exhausted("no inference worker has a free slot")
+    return _exhausted(f"no inference worker serving model {model!r} has a free slot")
+
+
+def _not_served(model: str, loads: list[WorkerLoad]) -> ClientProtocolError:
+    served = sorted({name for load in loads for name in load.models})
+    return ClientProtocolError(
+        ErrorCode.MODEL_NOT_FOUND,
+        f"The model {model!r} is not served here; served: {', '.join(served)}",
+        param="model", close_code=CloseCode.POLICY_VIOLATION)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,13 +79,16 @@ class Placement:
 
     Attributes:
         lease: its first lease.
+        model: the session's model name: the one asked for, else its worker's own (None: a
+            worker that publishes no names).
         session: the public session object stored in its record: the worker's default
-            session with its ``id`` and ``object`` and the connection's ``model``; None when
-            the worker published no profile (an older worker, during a rolling upgrade).
+            session with its ``id``, ``object`` and ``model``; None when the worker published
+            no profile.
         capabilities: what sessions on that worker can do (None: no profile).
     """
 
     lease: Lease
+    model: str | None = None
     session: JsonObject | None = None
     capabilities: JsonObject | None = None
 
@@ -80,25 +107,36 @@ async def place_session(
     services: GatewayServices, *, token_digest: str, tenant: str,
     subscribe: Callable[[str], Awaitable[None]], model: str | None = None,
 ) -> Placement:
-    """Open a session on the least loaded live worker.
+    """Open a session on the least loaded live worker serving ``model`` (None: the
+    deployment's default model, else any worker).
 
     ``subscribe`` is called with the session id before the open lands, so not even the
-    session's first event can be published before this gateway listens. ``model`` is what
-    the session object reports as its ``model`` (None: the worker's own).
+    session's first event can be published before this gateway listens.
 
     Raises:
-        ClientProtocolError: ``resource_exhausted`` (close 1013) when no worker accepted.
+        ClientProtocolError: ``model_not_found`` (close 1008) when workers are listed but
+            none serves the model; ``resource_exhausted`` (close 1013) when none serving it
+            accepted; ``rate_limit_exceeded`` (1013) over the tenant's open rate.
         StoreError: Redis failed.
     """
     client, scripts = services.client, services.scripts
-    await _count_open(services, tenant)
+    wanted = model or services.settings.default_model or None
     now_ms = await server_time_ms(client)
     candidates = await worker_loads(client, await list_workers(client, now_ms))
+    if wanted is not None and candidates:
+        # With no worker listed at all the fleet is starting or down: that is no room, not
+        # an unknown name.
+        serving = [load for load in candidates if wanted in load.models]
+        if not serving:
+            raise _not_served(wanted, candidates)
+        candidates = serving
+    await _count_open(services, tenant)
     policy = policy_of(services)
     epoch = secrets.token_hex(8)
     for load in candidates:
         if load.state != "live" or load.free == 0:
             continue
+        name = wanted or (load.models[0] if load.models else None)
         session_id = new_session_id(load.worker_id)
         cap = services.settings.tenant_max_sessions
         # Reserve-then-confirm (DESIGN §2.1): the tenant count lives in another hash slot than
@@ -107,13 +145,13 @@ async def place_session(
                 tenant, session_id, cap=cap, lease_ms=services.tenant_lease_ms):
             raise _exhausted(f"the tenant's limit of {cap} concurrent sessions is reached")
         await subscribe(session_id)
-        session = _announced(load.profile, session_id, model)
+        session = _announced(load.profile, session_id, name)
         capabilities = load.profile.capabilities if load.profile is not None else None
         try:
             status = await asyncio.wait_for(
                 scripts.open_session(session_id, epoch=epoch, token_digest=token_digest,
                                      tenant=tenant, policy=policy, holder=services.holder,
-                                     session=session, capabilities=capabilities),
+                                     session=session, capabilities=capabilities, model=wanted),
                 services.settings.open_timeout_s)
         except (TimeoutError, StoreError) as exc:
             await _abandon(services, session_id)
@@ -121,9 +159,10 @@ async def place_session(
             raise StoreUnavailable(f"open of {session_id} did not complete: {exc!r}") from exc
         if status is OpenStatus.OK:
             lease = Lease(session_id=session_id, epoch=epoch, generation=1, tenant=tenant)
-            return Placement(lease=lease, session=session, capabilities=capabilities)
+            return Placement(lease=lease, model=name, session=session,
+                             capabilities=capabilities)
         await _release(services, tenant, session_id)
-    raise _exhausted()
+    raise _no_room(wanted)
 
 
 async def _count_open(services: GatewayServices, tenant: str) -> None:

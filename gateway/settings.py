@@ -11,11 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from store.config import (
+    NON_NEGATIVE,
     PORT,
     POSITIVE,
     POSITIVE_COUNT,
     AtLeastOrZero,
     BindAddress,
+    LessThan,
+    ModelName,
     RedisUrl,
     check_fields,
 )
@@ -36,6 +39,23 @@ class GatewaySettings:
         metadata={"help": "redis:// for one node, redis+sentinel://host:port[,host:port]/service"
                           " for Sentinel, redis+cluster://host:port for a Cluster",
                   "accepts": RedisUrl()},
+    )
+    default_model: str = field(
+        default="",
+        metadata={"help": "the model a session gets when its client names none (in the URL's"
+                          " ?model= or its first session.update); empty: the least loaded"
+                          " worker of any model", "accepts": ModelName()},
+    )
+    # Clients that resume send session.resume as their first frame, one round trip after the
+    # handshake; clients that wait for session.created send nothing. Opening the URL's session
+    # only after a short quiet period spares the resuming ones an open (a slot, a tenant place,
+    # an open counted against the tenant's rate) that they would give up at once.
+    url_open_delay_s: float = field(
+        default=0.2,
+        metadata={"help": "a connection whose URL names a model opens its session at its first"
+                          " client frame that is not session.resume, or after this long with"
+                          " none (for clients that wait for session.created); 0: at once",
+                  "accepts": NON_NEGATIVE, "relation": LessThan("first_message_timeout_s")},
     )
     api_keys: tuple[str, ...] = field(
         default=(), metadata={"help": "comma-separated accepted API keys; empty: no auth"}

@@ -219,6 +219,8 @@ class ConversationCore:
         self._input = _InputBuffer(keep=policy.keeps_turn_audio)
         self._decoder = InputDecoder(AudioFormat.PCM24K)  # the client's audio -> pcm16 24 kHz
         self._timeline = InputTimeline(detector)
+        if not policy.model_detects_speech:  # a new session may start with server_vad on
+            self._timeline.configure(turn_detection_of(config))
         self._turn_start_ms = 0  # where the turn being spoken started (its speech_started)
         self._idle_from_ms: int | None = None  # the idle timeout's start, once a response ended
         self._model_input_ms: int | None = None  # the model's place on the input timeline

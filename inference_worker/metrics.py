@@ -1,5 +1,8 @@
 """Every Prometheus metric of the inference worker (namespace ``duplex_worker``, label ``backend``).
 
+Its capacity gauges also carry ``model``: the worker's own model name (the first it serves;
+aliases share its slots), so a dashboard sums sessions and free slots per model.
+
 The engine's model thread and the asyncio driver both record here; ``prometheus_client``
 metrics are thread-safe. ``serve_metrics`` exposes them on ``/metrics`` of a port of their own
 (``DUPLEX_GATEWAY_METRICS_PORT`` on ``DUPLEX_GATEWAY_METRICS_HOST``; port 0 keeps them
@@ -31,8 +34,10 @@ _BATCH_BUCKETS = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 class WorkerMetrics:
     """The worker's metrics for one backend, on a registry of their own (tests stay apart)."""
 
-    def __init__(self, backend: str, registry: CollectorRegistry | None = None) -> None:
-        """Define every metric on ``registry`` (a fresh one by default), labelled ``backend``."""
+    def __init__(self, backend: str, registry: CollectorRegistry | None = None, *,
+                 model: str | None = None) -> None:
+        """Define every metric on ``registry`` (a fresh one by default), labelled ``backend``;
+        the capacity gauges also ``model`` (None: the backend's name)."""
         self.registry = registry or CollectorRegistry()
         r, label = self.registry, ["backend"]
         self.tick_seconds = Histogram(
@@ -108,8 +113,17 @@ class WorkerMetrics:
             "Objects of the startup heap (the model's included) moved out of the collector's"
             " passes", label, registry=r).labels(backend)
         self._backend = backend
+        capacity = ["backend", "model"]
+        model = model or backend
         self.sessions = Gauge(
-            f"{_NS}_sessions", "Sessions served now", label, registry=r).labels(backend)
+            f"{_NS}_sessions", "Sessions served now", capacity, registry=r).labels(backend, model)
+        self.slots = Gauge(
+            f"{_NS}_slots", "Sessions this worker serves at most", capacity,
+            registry=r).labels(backend, model)
+        self.free_slots = Gauge(
+            f"{_NS}_free_slots",
+            "Slots new sessions can take now (0 while the worker admits none: draining, or no"
+            " spare tick budget)", capacity, registry=r).labels(backend, model)
         self.admitting = Gauge(
             f"{_NS}_admitting", "1 while the worker accepts new sessions", label,
             registry=r).labels(backend)

@@ -13,6 +13,11 @@ by :func:`parse_response_options`. The rules, liberal in what real clients send 
   accepted; beta keys are mapped onto their GA places (a GA key given too wins) and refusals
   name the key the client sent. Read-only keys that clients echo back (``id``, ``object``,
   ``expires_at``) are accepted and ignored.
+* **A new session starts as OpenAI's GA sessions do** where the worker detects turns (the
+  loopback): ``server_vad`` with its defaults, ``audio/pcm`` 24 kHz both ways, voice
+  ``marin``; where the backend takes turns itself, with what it applies (the cascade's own
+  ``server_vad``; ``null`` on moshi and the fake, whose model decides when to speak). An
+  explicit ``turn_detection: null`` is push-to-talk.
 * **What a client can observe is reported truthfully** in the effective session: the voice
   the backend really speaks with (an unknown one, ``ash`` say, maps to the backend's default),
   what really transcribes the user (``null`` where nothing does), the formats, the modalities
@@ -45,6 +50,7 @@ from store.messages import JsonObject
 
 __all__ = [
     "BYTES_PER_SECOND",
+    "GA_TURN_DETECTION",
     "IDLE_TIMEOUT_MS_RANGE",
     "LOOPBACK",
     "MAX_BUFFER_BYTES",
@@ -73,6 +79,13 @@ MIN_COMMIT_BYTES: Final = 4800
 MAX_BUFFER_BYTES: Final = 60 * BYTES_PER_SECOND
 #: The ``idle_timeout_ms`` a ``server_vad`` takes (OpenAI's bounds).
 IDLE_TIMEOUT_MS_RANGE: Final = (5000, 30000)
+#: The turn detection a GA session starts with (openai_realtime.md §5 and its GA
+#: ``session.created``), in the effective shape, every default filled in.
+GA_TURN_DETECTION: Final[Mapping[str, Any]] = MappingProxyType({
+    "type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
+    "silence_duration_ms": 500, "idle_timeout_ms": None, "create_response": True,
+    "interrupt_response": True,
+})
 
 
 # --------------------------------------------------------------------------- profiles
@@ -112,6 +125,8 @@ class SessionProfile:
         turn_detection: a backend that detects turns itself (the cascade's own VAD): the
             ``audio.input.turn_detection`` its sessions always show, whatever a client asks
             (the request is still checked); None: the session's own, as asked.
+        default_turn_detection: where ``turn_detection`` is None, the turn detection a new
+            session starts with (None: push-to-talk, until a client asks for one).
     """
 
     model: str
@@ -122,6 +137,7 @@ class SessionProfile:
         default_factory=lambda: MappingProxyType({}))
     audio_formats: frozenset[AudioFormat] = frozenset(AudioFormat)
     turn_detection: Mapping[str, Any] | None = None
+    default_turn_detection: Mapping[str, Any] | None = None
     fixed_response_options: frozenset[str] = frozenset()
     coherence: Callable[[JsonObject], Refusal | None] | None = None
 
@@ -134,6 +150,12 @@ class SessionProfile:
     def voice_for(self, requested: Any) -> str:
         """The voice a session asking for ``requested`` really gets."""
         return requested if requested in self.voices else self.voices[0]
+
+    def initial_turn_detection(self) -> JsonObject | None:
+        """The ``audio.input.turn_detection`` of a new session."""
+        shown = (self.turn_detection if self.turn_detection is not None
+                 else self.default_turn_detection)
+        return None if shown is None else copy.deepcopy(dict(shown))
 
     def transcription_for(self, requested: Any) -> JsonObject | None:
         """The effective ``audio.input.transcription`` for an accepted ``requested`` one."""
@@ -169,16 +191,19 @@ def _loopback_coherence(merged: JsonObject) -> Refusal | None:
                        message="loopback stream mode needs output_modalities ['audio']")
     if merged["audio"]["input"]["turn_detection"] is not None:
         return Refusal(code="invalid_value", param="session.audio.input.turn_detection",
-                       message="loopback stream mode takes no turn detection: use turn mode")
+                       message="loopback stream mode takes no turn detection: send "
+                               "audio.input.turn_detection null with it, or use turn mode")
     return None
 
 
 #: The loopback: plays the caller's audio back, so it has no voice of its own; its one voice
-#: keeps the name its sessions always reported. It answers in audio or text and transcribes
-#: nothing.
+#: is named after OpenAI's GA default, so a session that never names one shows what an OpenAI
+#: session would. The worker detects its turns, so a new session starts with OpenAI's
+#: ``server_vad``. It answers in audio or text and transcribes nothing.
 LOOPBACK: Final = SessionProfile(
     model="loopback",
-    voices=("alloy",),
+    voices=("marin",),
+    default_turn_detection=GA_TURN_DETECTION,
     extra_body=MappingProxyType({
         "loopback_mode": ExtraSetting(default="turn", accepts=lambda v: v in ("turn", "stream"),
                                       expected="'turn' or 'stream'"),
@@ -211,7 +236,9 @@ def frame_profile(model: str, *, voices: tuple[str, ...] | None = None,
     """The profile of a frame backend named ``model`` (moshi, fake, cascade).
 
     Its responses are audio only; ``extra_body`` takes ``end_of_turn_silence_ms`` (80..10000,
-    default 800: the sustained silence that ends the model's turn).
+    default 800: the sustained silence that ends the model's turn). Its model takes turns
+    itself, so a new session has no turn detection of the worker's (``turn_detection`` null,
+    unless the backend applies its own).
 
     Args:
         model: the backend's name, reported as the session's ``model``.
@@ -232,10 +259,11 @@ def frame_profile(model: str, *, voices: tuple[str, ...] | None = None,
 def default_session(session_id: str, profile: SessionProfile = LOOPBACK) -> JsonObject:
     """The effective GA session object of a new session on ``profile``'s backend.
 
-    ``turn_detection`` is null (push-to-talk), unlike OpenAI's default ``server_vad``: a client
-    that never asks for turn detection keeps committing and creating responses itself, and no
-    detector second-guesses it. The extension knobs live under ``extra_body``; the SDK session
-    types allow extra keys, so it is echoed.
+    Both formats are GA's ``audio/pcm`` 24 kHz. ``turn_detection`` is the backend's own where
+    it detects turns itself, else :attr:`SessionProfile.default_turn_detection` (GA's
+    ``server_vad`` where the worker detects turns), so a client that streams audio without a
+    ``session.update`` is answered as OpenAI would answer it. The extension knobs live under
+    ``extra_body``; the SDK session types allow extra keys, so it is echoed.
     """
     return {
         "type": "realtime",
@@ -256,8 +284,7 @@ def default_session(session_id: str, profile: SessionProfile = LOOPBACK) -> Json
                 "format": dict(PCM_FORMAT),
                 "transcription": None,
                 "noise_reduction": None,
-                "turn_detection": (None if profile.turn_detection is None
-                                   else copy.deepcopy(dict(profile.turn_detection))),
+                "turn_detection": profile.initial_turn_detection(),
             },
             "output": {"format": dict(PCM_FORMAT), "voice": profile.voices[0], "speed": 1.0},
         },
@@ -596,15 +623,15 @@ def _turn_detection_refusal(value: Any) -> Refusal | None:
 
 def _model_refusal(patch: JsonObject, current: JsonObject,
                    profile: SessionProfile) -> Refusal | None:
-    """A ``model`` other than the session's, once the session has one.
+    """A ``model`` other than the session's.
 
-    A deployment serves its backend under whatever name its clients use for it (the URL's
-    ``?model=``, openai-agents' own default name), so a session takes the first name a client
-    gives it; after that its model never changes (OpenAI's rule, the seed's code)."""
+    A session is placed on a worker of the model its client named (the URL's ``?model=`` or
+    its first ``session.update``), or of the deployment's default, and is named after it
+    then; its model never changes after that (OpenAI's rule, the seed's code), not even to
+    another name its worker serves."""
     model = patch.get("model")
     serving = current.get("model", profile.model)
-    if model is None or model == serving or (serving == profile.model
-                                             and isinstance(model, str) and model):
+    if model is None or model == serving:
         return None
     return Refusal(code="model_update_unsupported", param="session.model",
                    message=f"this session is served by model {describe(serving)} and cannot "

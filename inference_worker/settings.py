@@ -17,6 +17,7 @@ from store.config import (
     POSITIVE_COUNT,
     BindAddress,
     Choices,
+    ModelNames,
     MoreThan,
     Range,
     RedisUrl,
@@ -45,6 +46,13 @@ class WorkerSettings:
         default="loopback",
         metadata={"help": "model backend: loopback, fake, moshi, cascade",
                   "accepts": Choices(tuple(BACKENDS))},
+    )
+    served_model_names: tuple[str, ...] = field(
+        default=(),
+        metadata={"help": "the model names this worker serves, comma-separated, its own name"
+                          " first (sessions report it), then aliases; clients choose a model by"
+                          " any of them; empty: the backend's name",
+                  "accepts": ModelNames(), "flag": "--served-model-name"},
     )
     slots: int = field(
         default=16,
@@ -118,6 +126,11 @@ class WorkerSettings:
     def __post_init__(self) -> None:
         """Refuse a value out of its field's range, or a TTL a beat cannot renew in time."""
         check_fields(self)
+
+    @property
+    def models(self) -> tuple[str, ...]:
+        """The model names this worker serves: its own first."""
+        return self.served_model_names or (self.backend,)
 
 
 def check_torch_device(device: str, label: str) -> None:

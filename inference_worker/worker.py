@@ -134,7 +134,7 @@ class Worker:
                  metrics: WorkerMetrics | None = None) -> None:
         """Serve ``settings.backend``; a frame backend is built in :meth:`run` unless given."""
         self.settings = settings
-        self.metrics = metrics or WorkerMetrics(settings.backend)
+        self.metrics = metrics or WorkerMetrics(settings.backend, model=settings.models[0])
         self._backend = backend
         # The turn detector of every session here; a vad=silero that cannot run stops the start.
         self._detector = detector_factory(settings.vad)
@@ -204,7 +204,7 @@ class Worker:
         """
         entry, engine = backend_entry(self.settings.backend), self._engine
         frame_seconds = CHUNK_SECONDS if engine is None else engine.spec.frame_seconds
-        core = self._new_core("")
+        core = self._new_core("")  # named after the worker's own model name
         session = core.session
         session.pop("id", None)
         profile = WorkerProfile(session=session, capabilities=capabilities_of(
@@ -247,8 +247,8 @@ class Worker:
     async def _serve_incarnation(self) -> None:
         if not await self._register():
             return  # stopped before it could register: nothing to drain
-        _log.info("worker %s registered; serving %d slots", self.worker_id, self._capacity,
-                  extra=self._log_ids())
+        _log.info("worker %s registered; serving %d slots of model %s", self.worker_id,
+                  self._capacity, ", ".join(self.settings.models), extra=self._log_ids())
         await self._subscriber.subscribe(self._keys.input_channel, self._notices.put)
         try:
             await self._discover()
@@ -355,12 +355,16 @@ class Worker:
 
     async def _heartbeat(self, *, register: bool = False) -> None:
         admit = self._admitting()
-        self.metrics.admitting.set(int(admit and not self._draining))
+        admitting = admit and not self._draining
+        capacity = self._capacity
+        self.metrics.admitting.set(int(admitting))
+        self.metrics.slots.set(capacity)
+        self.metrics.free_slots.set(max(0, capacity - len(self._sessions)) if admitting else 0)
         beat = await self._scripts.worker_heartbeat(
-            self.worker_id, slots=self._capacity,
+            self.worker_id, slots=capacity,
             ttl_ms=int(self.settings.heartbeat_ttl_s * 1000), register=register,
             drain=self._draining, admit=admit, profile=self._profile,
-            backend=self.settings.backend, tick=self._tick_time())
+            backend=self.settings.backend, tick=self._tick_time(), models=self.settings.models)
         await announce_worker(self._client, self.worker_id, beat.alive_until_ms)
 
     def _tick_time(self) -> TickTime:
@@ -560,10 +564,10 @@ class Worker:
 
     def _new_core(self, session_id: str, name: str | None = None) -> ConversationCore:
         """The conversation core of a new session here (its backend's, one kind for all),
-        named ``name`` (the model its client opened it with; None: the backend's name)."""
+        named ``name`` (the model its client opened it with; None: this worker's own model
+        name, the first it serves)."""
         core = self._unnamed_core(session_id)
-        if name is not None:
-            core.name(name)
+        core.name(name if name is not None else self.settings.models[0])
         return core
 
     def _unnamed_core(self, session_id: str) -> ConversationCore:

@@ -24,12 +24,14 @@ from redis.asyncio.cluster import RedisCluster
 from store.client import store_call
 from store.directory import listed_workers, server_time_ms
 from store.keys import SessionKeys, WorkerKeys
+from store.models import decode_models
 
 __all__ = [
     "IDLE_TICKS",
     "NO_ENGINE",
     "SCAN_BATCH",
     "Census",
+    "ModelCensus",
     "SessionCounts",
     "TickTime",
     "WorkerCensus",
@@ -47,7 +49,10 @@ SCAN_BATCH = 500
 IDLE_TICKS = "idle"
 
 # The worker record's fields the census reads, in this order.
-_WORKER_FIELDS = ("state", "slots", "used", "alive_until", "ttl_ms", "backend", "tick_p99_ms")
+_WORKER_FIELDS = ("state", "slots", "used", "alive_until", "ttl_ms", "backend", "tick_p99_ms",
+                  "models")
+# The worker states in which a worker serves its sessions; ``live`` ones also take new ones.
+_SERVING = frozenset({"live", "busy", "draining"})
 # And each session record's.
 _SESSION_FIELDS = ("state", "tenant", "gw")
 
@@ -147,6 +152,8 @@ class WorkerCensus:
         worker_id: its id.
         state: see :func:`worker_state`.
         backend: the backend it serves (None: its registration did not say).
+        models: the model names it serves, its own first (none: its registration did not
+            say).
         slots: the sessions it serves at most; used: the sessions placed on it.
         tick: its engine's tick time, as its last heartbeat said.
         heartbeat_age_ms: how long ago (Redis clock) it last beat (None: no record).
@@ -156,11 +163,30 @@ class WorkerCensus:
     worker_id: str
     state: str
     backend: str | None
+    models: tuple[str, ...]
     slots: int
     used: int
     tick: TickTime
     heartbeat_age_ms: int | None
     sessions: SessionCounts
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelCensus:
+    """One model name across the workers that serve it now (live, busy or draining; a worker
+    serving several names counts under each, its slots shared by them).
+
+    Attributes:
+        workers: such workers; admitting: those of them that take new sessions (``live``).
+        slots: their slots; used: the sessions placed on them.
+        free: the free slots of the admitting ones: what new sessions of the model can take.
+    """
+
+    workers: int
+    admitting: int
+    slots: int
+    used: int
+    free: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -174,6 +200,20 @@ class Census:
     def sessions(self) -> SessionCounts:
         """The sessions of every worker together."""
         return SessionCounts.merged([worker.sessions for worker in self.workers])
+
+    @property
+    def models(self) -> dict[str, ModelCensus]:
+        """Every model name a serving worker serves, sorted by name."""
+        serving: dict[str, list[WorkerCensus]] = {}
+        for worker in self.workers:
+            if worker.state in _SERVING:
+                for name in worker.models:
+                    serving.setdefault(name, []).append(worker)
+        return {name: ModelCensus(
+            workers=len(group), admitting=sum(w.state == "live" for w in group),
+            slots=sum(w.slots for w in group), used=sum(w.used for w in group),
+            free=sum(max(0, w.slots - w.used) for w in group if w.state == "live"))
+            for name, group in sorted(serving.items())}
 
 
 async def take_census(client: Redis | RedisCluster, *,
@@ -195,14 +235,14 @@ async def _worker_census(client: Redis | RedisCluster, worker_id: str, now_ms: i
     keys = WorkerKeys(worker_id)
     with store_call(f"HMGET {keys.record}"):
         fields: Any = await client.hmget(keys.record, list(_WORKER_FIELDS))
-    state, slots, used, alive_until, ttl_ms, backend, tick = fields
+    state, slots, used, alive_until, ttl_ms, backend, tick, models = fields
     stored_state = None if state is None else state.decode()
     alive_until_ms = int(alive_until or 0)
     age = None if state is None else now_ms - (alive_until_ms - int(ttl_ms or 0))
     return WorkerCensus(
         worker_id=worker_id,
         state=worker_state(stored_state, alive_until_ms, now_ms),
-        backend=backend.decode() if backend else None,
+        backend=backend.decode() if backend else None, models=decode_models(models),
         slots=int(slots or 0), used=int(used or 0), tick=decode_tick(tick),
         heartbeat_age_ms=None if age is None else max(0, age),
         sessions=await _sessions_of(client, keys, batch))

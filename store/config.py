@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from store.models import MAX_MODEL_NAMES, is_model_name
+
 __all__ = [
     "ENV_PREFIX",
     "NON_NEGATIVE",
@@ -35,6 +37,9 @@ __all__ = [
     "AtLeastOrZero",
     "BindAddress",
     "Choices",
+    "LessThan",
+    "ModelName",
+    "ModelNames",
     "MoreThan",
     "Range",
     "RedisUrl",
@@ -156,6 +161,41 @@ class RedisUrl(Rule):
         return f"{_quoted(scheme)}://..." if scheme else "(not a URL)"
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelName(Rule):
+    """A model name (``store/models.py``), or empty where the setting says what that means."""
+
+    def accepts(self, value: Any) -> bool:
+        return value == "" or is_model_name(value)
+
+    def describe(self) -> str:
+        return ("a model name (letters, digits and . _ : / -, starting with a letter or digit,"
+                " at most 128), or empty")
+
+    def summary(self) -> str:
+        return "a model name, or empty"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ModelNames(Rule):
+    """Model names, comma-separated, each at most once; none where the setting says what that
+    means."""
+
+    def accepts(self, value: Any) -> bool:
+        return (isinstance(value, tuple) and len(value) <= MAX_MODEL_NAMES
+                and len(set(value)) == len(value) and all(map(is_model_name, value)))
+
+    def describe(self) -> str:
+        return (f"up to {MAX_MODEL_NAMES} distinct model names, comma-separated (letters,"
+                " digits and . _ : / -, starting with a letter or digit, at most 128 each)")
+
+    def summary(self) -> str:
+        return f"up to {MAX_MODEL_NAMES} model names, comma-separated"
+
+    def shown(self, value: Any) -> str:
+        return _quoted(",".join(value) if isinstance(value, tuple) else str(value))
+
+
 # One label of a host name: letters, digits and inner hyphens, at most 63 (RFC 1123).
 _HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 _HOST_NAME_MAX = 253
@@ -223,6 +263,17 @@ class MoreThan(Relation):
 
     def describe(self, other: str) -> str:
         return f"more than {other}"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LessThan(Relation):
+    """Less than the other field."""
+
+    def holds(self, value: Any, other_value: Any) -> bool:
+        return bool(value < other_value)
+
+    def describe(self, other: str) -> str:
+        return f"less than {other}"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,17 +23,21 @@ from redis.asyncio.cluster import RedisCluster
 from store.client import store_call
 from store.keys import WORKER_DIRECTORY, WorkerKeys
 from store.messages import JsonObject
+from store.models import decode_models
 
 __all__ = [
     "MAX_PROFILE_BYTES",
+    "ModelFleet",
     "WorkerLoad",
     "WorkerProfile",
     "announce_worker",
     "decode_profile",
+    "fleet_models",
     "forget_worker",
     "list_workers",
     "listed_workers",
     "live_worker_count",
+    "models_of_fleet",
     "server_time_ms",
     "sessions_of_worker",
     "worker_loads",
@@ -107,13 +112,17 @@ def decode_profile(raw: bytes | None) -> WorkerProfile | None:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerLoad:
     """One worker as placement sees it, with the profile its new sessions start with (None:
-    it published none)."""
+    it published none), the model names it serves (its own first: ``store/models.py``), when
+    it registered and until when its last heartbeat holds (Redis clock, ms; 0 unknown)."""
 
     worker_id: str
     state: str
     slots: int
     used: int
     profile: WorkerProfile | None = None
+    models: tuple[str, ...] = ()
+    since_ms: int = 0
+    alive_until_ms: int = 0
 
     @property
     def free(self) -> int:
@@ -173,6 +182,15 @@ async def live_worker_count(client: Redis | RedisCluster) -> int:
     return int(count)
 
 
+async def fleet_models(client: Redis | RedisCluster) -> dict[str, ModelFleet]:
+    """The model names the fleet serves now, with their capacity (:func:`models_of_fleet`):
+    what ``GET /v1/models`` and ``/readyz?detail=1`` show. One read of every listed worker's
+    record: for operators and clients asking, not for every probe."""
+    now_ms = await server_time_ms(client)
+    return models_of_fleet(await worker_loads(client, await list_workers(client, now_ms)),
+                           now_ms)
+
+
 async def worker_loads(client: Redis | RedisCluster, worker_ids: list[str]) -> list[WorkerLoad]:
     """Load and profile of each worker, least loaded (most free slots) first; lost ones left
     out."""
@@ -181,16 +199,77 @@ async def worker_loads(client: Redis | RedisCluster, worker_ids: list[str]) -> l
         # One pipeline: on a Cluster redis-py splits it by node.
         async with client.pipeline(transaction=False) as pipe:
             for worker_id in worker_ids:
-                pipe.hmget(WorkerKeys(worker_id).record, "state", "slots", "used", "profile")
+                pipe.hmget(WorkerKeys(worker_id).record, "state", "slots", "used", "profile",
+                           "models", "since_ms", "alive_until")
             rows = await pipe.execute()
-    for worker_id, (state, slots, used, profile) in zip(worker_ids, rows, strict=True):
+    for worker_id, row in zip(worker_ids, rows, strict=True):
+        state, slots, used, profile, models, since, alive_until = row
         if state is None or state == b"lost":
             continue
         loads.append(WorkerLoad(worker_id=worker_id, state=state.decode(),
                                 slots=int(slots or 0), used=int(used or 0),
-                                profile=decode_profile(profile)))
+                                profile=decode_profile(profile), models=decode_models(models),
+                                since_ms=int(since or 0), alive_until_ms=int(alive_until or 0)))
     loads.sort(key=lambda load: -load.free)
     return loads
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelFleet:
+    """One model name as the fleet serves it now.
+
+    Attributes:
+        name: the model name.
+        workers: workers listing it whose heartbeat holds (live, busy or draining).
+        admitting: those of them that take new sessions (state ``live``).
+        slots: slots of every such worker; used: sessions placed on them.
+        free: free slots of the admitting workers: what new sessions of this model can take.
+        capabilities: what its sessions can do (the profile of a worker serving it; None
+            when none published one). Shared with the decoded profile: never mutate it.
+        since_ms: when the longest-registered such worker registered (Redis clock, ms; 0
+            unknown).
+        root: the first name of the longest-registered such worker: ``name`` itself unless
+            ``name`` is an alias.
+    """
+
+    name: str
+    workers: int
+    admitting: int
+    slots: int
+    used: int
+    free: int
+    capabilities: JsonObject | None
+    since_ms: int
+    root: str
+
+
+def models_of_fleet(loads: Iterable[WorkerLoad], now_ms: int) -> dict[str, ModelFleet]:
+    """Every model name the given workers serve while their heartbeat holds at ``now_ms``
+    (Redis clock), with their capacity, sorted by name.
+
+    A worker serving several names (aliases) counts under each: its slots are shared by
+    all of them.
+    """
+    grouped: dict[str, list[WorkerLoad]] = {}
+    for load in loads:
+        if load.alive_until_ms < now_ms:
+            continue  # lapsed: a reaper will declare it lost
+        for name in load.models:
+            grouped.setdefault(name, []).append(load)
+    fleet: dict[str, ModelFleet] = {}
+    for name in sorted(grouped):
+        serving = grouped[name]
+        admitting = [load for load in serving if load.state == "live"]
+        profiled = next((load.profile for load in serving if load.profile is not None), None)
+        # Unknown registration times (0) sort last.
+        oldest = min(serving, key=lambda load: (load.since_ms == 0, load.since_ms))
+        fleet[name] = ModelFleet(
+            name=name, workers=len(serving), admitting=len(admitting),
+            slots=sum(load.slots for load in serving), used=sum(load.used for load in serving),
+            free=sum(load.free for load in admitting),
+            capabilities=None if profiled is None else profiled.capabilities,
+            since_ms=oldest.since_ms, root=oldest.models[0])
+    return fleet
 
 
 async def server_time_ms(client: Redis | RedisCluster) -> int:

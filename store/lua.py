@@ -163,14 +163,16 @@ OPEN_SESSION = _PRELUDE + r"""
 -- ARGV[9] gateway id  ARGV[10] attachment lease ms
 -- ARGV[11] the public session object (JSON; '' none: its worker published no profile)
 -- ARGV[12] the session's capabilities (JSON; '' none)
--- returns {status, generation}: status ok | abandoned | exists | unavailable | full
+-- ARGV[13] the model name the session asks for ('' any): the worker must list it
+-- returns {status, generation}: status ok | abandoned | exists | unavailable | full |
+--   other_model (the worker does not serve that name)
 --   (a resend of an open that landed, same epoch and digest, answers ok again)
 local worker, sessions, deadlines = KEYS[1], KEYS[2], KEYS[3]
 local rec, abandoned, worker_channel, gateways = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local sid, epoch, digest, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local grace_ms, idle_ms, out_max, retention_ms = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local gid, lease_ms = ARGV[9], tonumber(ARGV[10])
-local session, caps = ARGV[11], ARGV[12]
+local session, caps, model = ARGV[11], ARGV[12], ARGV[13]
 
 if redis.call('EXISTS', abandoned) == 1 then return {'abandoned', 0} end
 local placed = redis.call('HMGET', rec, 'epoch', 'digest', 'gen', 'state')
@@ -183,8 +185,15 @@ if placed[1] then
   return {'exists', 0}
 end
 local now = now_ms()
-local w = redis.call('HMGET', worker, 'state', 'alive_until', 'slots', 'used')
+local w = redis.call('HMGET', worker, 'state', 'alive_until', 'slots', 'used', 'models')
 if w[1] ~= 'live' or tonumber(w[2]) < now then return {'unavailable', 0} end
+if model ~= '' then
+  local serves = false
+  for _, name in ipairs(cjson.decode(w[5] or '[]')) do
+    if name == model then serves = true end
+  end
+  if not serves then return {'other_model', 0} end
+end
 if tonumber(w[4]) >= tonumber(w[3]) then return {'full', 0} end
 
 redis.call('HINCRBY', worker, 'used', 1)
@@ -797,10 +806,13 @@ WORKER_HEARTBEAT = _PRELUDE + r"""
 -- ARGV[8] tick p99, stored on every beat as 'tick_p99_ms': the engine's rolling p99 tick time
 --         in ms, 'idle' (an engine with too few recent ticks), '' (no engine); absent (an older
 --         worker): the field is left as it is
+-- ARGV[9] models: the JSON array of the model names it serves (store/models.py), stored on
+--         registration as 'models' ('' or absent: none), with the registration time as
+--         'since_ms'
 -- returns {status, alive_until}: status live | busy | draining | lost
 local worker = KEYS[1]
 local slots, ttl, register, drain, admit = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
-local profile, backend, tick_p99 = ARGV[6] or '', ARGV[7] or '', ARGV[8]
+local profile, backend, tick_p99, models = ARGV[6] or '', ARGV[7] or '', ARGV[8], ARGV[9] or ''
 
 local state = redis.call('HGET', worker, 'state')
 if state == 'lost' or (not state and register ~= '1') then return {'lost', 0} end
@@ -823,6 +835,8 @@ local fields = {'state', state, 'slots', slots, 'alive_until', alive_until, 'ttl
 local function also(name, value) fields[#fields + 1], fields[#fields + 2] = name, value end
 if register == '1' and profile ~= '' then also('profile', profile) end
 if register == '1' and backend ~= '' then also('backend', backend) end
+if register == '1' and models ~= '' then also('models', models) end
+if register == '1' then also('since_ms', now) end
 if tick_p99 then also('tick_p99_ms', tick_p99) end
 redis.call('HSET', worker, unpack(fields))
 return {state, alive_until}

@@ -46,6 +46,7 @@ from store.errors import (
 )
 from store.keys import SessionKeys, WorkerKeys, session_keys, tenant_opens, tenant_sessions
 from store.messages import JsonObject, SessionClosed, SessionExpired, encode_message
+from store.models import encode_models
 from store.resp import endpoint_of
 from store.script_lane import ScriptLane
 
@@ -76,6 +77,8 @@ class OpenStatus(enum.Enum):
     EXISTS = "exists"
     UNAVAILABLE = "unavailable"
     FULL = "full"
+    #: The worker does not serve the model name the open asked for.
+    OTHER_MODEL = "other_model"
 
 
 class ResumeStatus(enum.Enum):
@@ -364,12 +367,14 @@ class Scripts:
         self, session_id: str, *, epoch: str, token_digest: str, tenant: str,
         policy: SessionPolicy, holder: AttachmentHolder | None = None,
         session: JsonObject | None = None, capabilities: JsonObject | None = None,
+        model: str | None = None,
     ) -> OpenStatus:
         """Place ``session_id`` on the worker named in its id (one CAS in the worker's slot),
         attached under ``holder``'s lease (None: no lease, for callers serving no client).
 
         ``session`` and ``capabilities`` (from the worker's profile) are stored in the record
-        for resumes to announce; None stores none.
+        for resumes to announce; None stores none. ``model``: the name the session asks for,
+        which the worker must serve (None: any worker).
         """
         k = SessionKeys(session_id)
         w = k.worker
@@ -380,7 +385,7 @@ class Scripts:
              w.gateways],
             [session_id, epoch, token_digest, tenant, policy.disconnect_grace_ms,
              policy.idle_ttl_ms, policy.output_log_max_entries, policy.closed_retention_ms,
-             gateway_id, lease_ms, _json_text(session), _json_text(capabilities)],
+             gateway_id, lease_ms, _json_text(session), _json_text(capabilities), model or ""],
         )
         return OpenStatus(_str(answer[0]))
 
@@ -661,23 +666,26 @@ class Scripts:
     async def worker_heartbeat(
         self, worker_id: str, *, slots: int, ttl_ms: int, register: bool, drain: bool,
         admit: bool = True, profile: WorkerProfile | None = None, backend: str = "",
-        tick: TickTime = NO_ENGINE,
+        tick: TickTime = NO_ENGINE, models: Sequence[str] = (),
     ) -> WorkerBeat:
         """Register or renew a worker; ``admit=False`` stops placements until the next beat
         says otherwise (no spare tick budget), ``drain=True`` stops them for good. A
-        registration publishes ``profile`` and ``backend`` (its name; renewals leave both:
-        they never change); every beat publishes ``tick``, what its engine's tick time is now
-        (for ``duplex-gateway status``: see :mod:`store.census`).
+        registration publishes ``profile``, ``backend`` (its name) and ``models`` (the model
+        names it serves, its own first; renewals leave all three: they never change); every
+        beat publishes ``tick``, what its engine's tick time is now (for ``duplex-gateway
+        status``: see :mod:`store.census`).
 
         Raises:
             WorkerFenced: the worker was declared lost (or its record vanished).
-            ValueError: ``profile`` is over :data:`store.directory.MAX_PROFILE_BYTES`.
+            ValueError: ``profile`` is over :data:`store.directory.MAX_PROFILE_BYTES`, or
+                ``models`` is not a list of model names (:func:`store.models.encode_models`).
         """
         published = profile.encode() if register and profile is not None else ""
+        served = encode_models(models) if register and models else ""
         answer = await self._run(
             self._heartbeat, [WorkerKeys(worker_id).record],
             [slots, ttl_ms, int(register), int(drain), int(admit), published,
-             backend if register else "", encode_tick(tick)],
+             backend if register else "", encode_tick(tick), served],
         )
         state = _str(answer[0])
         if state == "lost":

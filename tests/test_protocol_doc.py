@@ -233,7 +233,8 @@ def _instance(cls: type[Any]) -> Any:
 
 def _delivered(event: m.Event) -> dict[str, Any]:
     """What a client receives for ``event`` written to its session's log: the real core."""
-    core = ConnectionCore(max_frame_bytes=1 << 20, autostart=True)
+    core = ConnectionCore(max_frame_bytes=1 << 20, url_model="loopback")
+    core.quiet_period_over()
     core.open_succeeded(SID, resume_token="token", generation=1, model="loopback")
     core.actions_to_run()
     core.receive_log_entries(1, [m.encode_message(event)])

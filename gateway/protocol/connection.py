@@ -10,10 +10,20 @@ Connection states, as data (style rule 2)::
 
     AWAITING_FIRST --first frame: session.update / any command--> OPENING --open ok--> ATTACHED
     AWAITING_FIRST --first frame: session.resume--> RESUMING --resume ok--> ATTACHED
-    OPENING / ATTACHED --session.resume as the first client event (a ?model= URL opened a
-                         session at once): that session is given up--> RESUMING
+    AWAITING_FIRST --a ?model= URL, no frame for the quiet period--> OPENING
+    OPENING --that quiet open refused for now (retryable)--> AWAITING_FIRST
+    OPENING / ATTACHED --session.resume as the first client event (the quiet open of a ?model=
+                         URL is in flight or landed): that session is given up--> RESUMING
     OPENING / RESUMING --failed--> CLOSED
     ATTACHED --terminal event / replaced / lease lost / client close--> CLOSED
+
+A resume never depends on capacity (DESIGN §2.7): a ``?model=`` URL (what the openai SDK sends
+on every connection, resumes included) opens its session only at the first client frame that
+is not ``session.resume``, or once the driver says the quiet period is over (clients that wait
+for ``session.created`` send nothing). A quiet open refused for a retryable reason (no slot,
+a tenant limit) is held, not answered: a ``session.resume`` that comes next resumes as if the
+URL had asked for nothing, a command opens again, and only the first-message timeout answers
+the refusal. So no ``error`` comes before ``session.resumed``.
 
 Frames that arrive while an open or resume is in flight are parsed at once (errors are
 answered in order) and their commands queued until the lease exists.
@@ -84,6 +94,9 @@ __all__ = [
 
 #: The close reason of a connection whose client took nothing for ``OUTPUT_STALL_TIMEOUT_S``.
 OUTPUT_STALLED = "output_stalled"
+#: Terminal reasons that refuse a session for want of capacity rather than end it: the
+#: connection closes 1013 (try again later), as an open refused ``resource_exhausted`` does.
+RETRY_LATER_REASONS = frozenset({"no_free_slot"})
 
 
 class ConnectionState(enum.Enum):
@@ -100,6 +113,7 @@ class ConnectionState(enum.Enum):
 _TRANSITIONS: dict[tuple[ConnectionState, str], ConnectionState] = {
     (ConnectionState.AWAITING_FIRST, "open"): ConnectionState.OPENING,
     (ConnectionState.AWAITING_FIRST, "resume"): ConnectionState.RESUMING,
+    (ConnectionState.OPENING, "held"): ConnectionState.AWAITING_FIRST,
     (ConnectionState.OPENING, "resume"): ConnectionState.RESUMING,
     (ConnectionState.ATTACHED, "resume"): ConnectionState.RESUMING,
     (ConnectionState.OPENING, "attached"): ConnectionState.ATTACHED,
@@ -134,7 +148,10 @@ class CloseConnection:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OpenSession:
-    """Place a new session; answer with :meth:`ConnectionCore.open_succeeded` or ``_failed``."""
+    """Place a new session on a worker serving ``model`` (None: the deployment's default);
+    answer with :meth:`ConnectionCore.open_succeeded` or :meth:`ConnectionCore.open_failed`."""
+
+    model: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -194,14 +211,16 @@ class ConnectionCore:
 
     Args:
         max_frame_bytes: frames above this size are refused with close 1009.
-        autostart: open a session at once (the client named a ``model`` in the URL), as the
-            OpenAI server does, instead of waiting for the first frame.
+        url_model: the model the URL names (``?model=``): the session is opened for it
+            without waiting for a command, once the quiet period is over
+            (:meth:`quiet_period_over`), as the OpenAI server opens one at once. None: the
+            first command opens the session.
         initial_session: the session configuration of the client secret the connection
             presented; a session it opens runs it as its first ``session.update``, before any
             client command. A resume ignores it (that session is configured already).
     """
 
-    def __init__(self, *, max_frame_bytes: int, autostart: bool = False,
+    def __init__(self, *, max_frame_bytes: int, url_model: str | None = None,
                  initial_session: JsonObject | None = None) -> None:
         self.state = ConnectionState.AWAITING_FIRST
         #: True once the session's terminal event was delivered: the session is over.
@@ -217,12 +236,13 @@ class ConnectionCore:
         self._event_counter = 0
         #: Bytes of input audio in the frames received so far (the driver paces on it).
         self.audio_bytes_received = 0
-        self._autostarted = autostart
+        self._url_model = url_model
+        # The URL's session is opened after the quiet period (None: no such open pending).
+        self._quiet_open_pending = url_model is not None
+        self._autostarted = False  # the open in flight or landed is the URL's quiet open
         self._client_commands = 0  # commands the client sent (a secret's config is not one)
         self._give_up_opening = False  # the open in flight is given up when it lands
-        if autostart:
-            self._move("open")
-            self._actions.append(OpenSession())
+        self._held_refusal: ClientProtocolError | None = None  # a quiet open's, not answered
 
     # ------------------------------------------------------------------ outputs
 
@@ -289,7 +309,12 @@ class ConnectionCore:
     def _receive_resume(self, request: ResumeRequest) -> None:
         if self._url_session_unused():
             self._give_up_url_session()
-        elif self.state is not ConnectionState.AWAITING_FIRST:
+        elif self.state is ConnectionState.AWAITING_FIRST:
+            # The URL asked for a session the client does not want: none is opened, and a
+            # quiet open's refusal for lack of room is not this resume's business.
+            self._quiet_open_pending = False
+            self._held_refusal = None
+        else:
             self._refuse(ClientProtocolError(
                 ErrorCode.UNSUPPORTED_SESSION_RESUME,
                 "session.resume must be the first message of a connection",
@@ -302,8 +327,8 @@ class ConnectionCore:
         self._actions.append(ResumeSession(request=request))
 
     def _url_session_unused(self) -> bool:
-        """A ``?model=`` URL opened a session at once (what the openai SDK's every connection
-        does) and the client has sent no command for it yet."""
+        """The quiet open of a ``?model=`` URL (the openai SDK's every connection names one)
+        is in flight or landed, and the client has sent no command for it yet."""
         return (self._autostarted and not self._client_commands
                 and self.state in (ConnectionState.OPENING, ConnectionState.ATTACHED))
 
@@ -330,22 +355,58 @@ class ConnectionCore:
 
     def _receive_command(self, client_seq: int | None, command: Command) -> None:
         self._client_commands += 1
-        if self.state is ConnectionState.AWAITING_FIRST:
-            # The first frame opens the session; a session.update configures it, anything
-            # else opens a default session and then runs as its first command.
-            self._move("open")
-            self._actions.append(OpenSession())
         if self.state is ConnectionState.ATTACHED:
             self._actions.append(AppendCommands(entries=((client_seq, command),)))
-        else:
-            self._pending.append((client_seq, command))
+            return
+        self._pending.append((client_seq, command))
+        if self.state is ConnectionState.AWAITING_FIRST:
+            # The first frame opens the session (a quiet open's held refusal is void: this is
+            # a new try); a session.update configures it, anything else opens a default
+            # session and then runs as its first command.
+            self._quiet_open_pending = False
+            self._held_refusal = None
+            self._move("open")
+            self._actions.append(OpenSession(model=self._model_to_open()))
+
+    def _model_to_open(self) -> str | None:
+        """The model a session opened now asks for: the URL's, else the first one a queued
+        ``session.update`` names (a client secret's configuration, then the client's first
+        command); None: the deployment's default."""
+        if self._url_model is not None:
+            return self._url_model
+        for _, command in self._pending:
+            if isinstance(command, UpdateSession):
+                model = command.session.get("model")
+                if isinstance(model, str) and model:
+                    return model
+        return None
+
+    @property
+    def awaits_quiet_period(self) -> bool:
+        """Whether the URL's session waits for :meth:`quiet_period_over` (or a command)."""
+        return self._quiet_open_pending and self.state is ConnectionState.AWAITING_FIRST
+
+    def quiet_period_over(self) -> None:
+        """No client frame came for the quiet period after the handshake: open the session the
+        URL names (the client may be waiting for ``session.created`` before it sends)."""
+        if not self.awaits_quiet_period:
+            return
+        self._quiet_open_pending = False
+        self._autostarted = True
+        self._move("open")
+        self._actions.append(OpenSession(model=self._url_model))
 
     def first_message_timed_out(self) -> None:
-        """No first frame arrived in time: refuse, and place no session."""
-        if self.state is ConnectionState.AWAITING_FIRST:
-            self._fail(ClientProtocolError(
-                ErrorCode.CONFIG_TIMEOUT, "no client event arrived in time to open a session"),
-                close_code=CloseCode.POLICY_VIOLATION)
+        """No first frame arrived in time: refuse, and place no session. After a quiet open
+        that was refused for now, that refusal is the answer."""
+        if self.state is not ConnectionState.AWAITING_FIRST:
+            return
+        if self._held_refusal is not None:
+            self._fail(self._held_refusal)
+            return
+        self._fail(ClientProtocolError(
+            ErrorCode.CONFIG_TIMEOUT, "no client event arrived in time to open a session"),
+            close_code=CloseCode.POLICY_VIOLATION)
 
     def connection_lost(self, *, departed: bool = False) -> None:
         """The socket dropped (or timed out) without a terminal event; ``departed``: the
@@ -355,14 +416,15 @@ class ConnectionCore:
     # ------------------------------------------------------------------ inputs: store
 
     def open_succeeded(
-        self, session_id: str, *, resume_token: str, generation: int, model: str,
+        self, session_id: str, *, resume_token: str, generation: int, model: str | None,
         session: JsonObject | None = None, capabilities: JsonObject | None = None,
     ) -> None:
         """The open script placed the session; announce it and release queued commands.
 
         ``session``: the session object to announce, from the serving worker's profile (its
-        ``model`` is the one the connection decided); None (a worker that published no
-        profile): only ``{type, model}``. ``capabilities`` ride along when known.
+        ``model`` is the session's, ``model``); None (a worker that published no profile):
+        only ``{type, model}`` (``model`` left out when None). ``capabilities`` ride along
+        when known.
         """
         if self._give_up_opening:  # the client resumed another session meanwhile
             self._give_up_opening = False
@@ -373,7 +435,10 @@ class ConnectionCore:
         self.session_id = session_id
         self.generation = generation
         self._move("attached")
-        announced = {"type": "realtime", "model": model} if session is None else session
+        announced = session
+        if announced is None:
+            announced = {"type": "realtime"} if model is None else {"type": "realtime",
+                                                                     "model": model}
         self._notice(SessionCreatedNotice(
             session_id=session_id, resume_token=resume_token, lease_generation=generation,
             session=announced, capabilities=capabilities,
@@ -381,8 +446,27 @@ class ConnectionCore:
         self._actions.append(FetchLog(after_seq=self.delivered_seq))
         self._flush_pending()
 
+    def open_failed(self, error: GatewayError) -> None:
+        """The open did not land (no room, an unknown model, a store failure).
+
+        Given up already (the client resumed meanwhile): nothing to say. A quiet open refused
+        for a retryable reason (close 1013) before the client sent anything: held (see the
+        module docstring). Otherwise answered, and the connection closed with its code.
+        """
+        if self._give_up_opening:
+            self._give_up_opening = False
+            return
+        if (self.state is ConnectionState.OPENING and self._autostarted
+                and not self._client_commands and isinstance(error, ClientProtocolError)
+                and error.close_code == CloseCode.TRY_AGAIN_LATER):
+            self._autostarted = False
+            self._held_refusal = error
+            self._move("held")
+            return
+        self._fail(error)
+
     def fail(self, error: GatewayError) -> None:
-        """The session could not be opened or served (no worker, store failure): answer the
+        """The session could not be served (a store failure, a broken task): answer the
         error and close with its close code (1011 when it has none)."""
         self._fail(error)
 
@@ -557,8 +641,11 @@ class ConnectionCore:
             return True
         self._actions.append(SendFrame(text=text, seq=seq))
         if is_terminal(event):
-            self._actions.append(CloseConnection(code=CloseCode.NORMAL,
-                                                 reason=getattr(event, "reason", "")))
+            reason = getattr(event, "reason", "")
+            # A session its worker had no slot for ended before it began: open again later.
+            code = (CloseCode.TRY_AGAIN_LATER if reason in RETRY_LATER_REASONS
+                    else CloseCode.NORMAL)
+            self._actions.append(CloseConnection(code=code, reason=reason))
             self._move("end")
             self.ended = True
             return False

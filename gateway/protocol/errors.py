@@ -35,7 +35,8 @@ reach the client through the output log and are not listed here.
 | `invalid_resume_token` | invalid_request_error | 1008 | resume token does not match |
 | `session_resume_conflict` | invalid_request_error | 1008 | a racing or later `attempt` won |
 | `invalid_event_ack` | invalid_request_error | - | acknowledges an event never sent |
-| `resource_exhausted` | rate_limit_error | 1013 | no worker slot or tenant quota (retryable) |
+| `model_not_found` | invalid_request_error | 1008 | no worker serves the model asked for |
+| `resource_exhausted` | rate_limit_error | 1013 | no slot for the model, tenant cap, store busy |
 | `rate_limit_exceeded` | rate_limit_error | 1013 | the tenant's new sessions per minute |
 | `input_backpressure` | rate_limit_error | 1013 | the worker is behind: resume, resend |
 | `internal_error` | server_error | 1011 | any `InternalError` (no details on the wire) |
@@ -75,7 +76,7 @@ class CloseCode(IntEnum):
     NORMAL = 1000
     #: A text frame that is not UTF-8 (RFC 6455 §8.1: the endpoint must fail the connection).
     INVALID_PAYLOAD_DATA = 1007
-    #: Policy violation: authentication or resume refused.
+    #: Policy violation: a resume refused, a model no worker serves, no first event in time.
     POLICY_VIOLATION = 1008
     #: A frame over ``max_frame_bytes``.
     MESSAGE_TOO_BIG = 1009
@@ -106,6 +107,7 @@ class ErrorCode(StrEnum):
     INVALID_RESUME_TOKEN = "invalid_resume_token"
     SESSION_RESUME_CONFLICT = "session_resume_conflict"
     INVALID_EVENT_ACK = "invalid_event_ack"
+    MODEL_NOT_FOUND = "model_not_found"
     RESOURCE_EXHAUSTED = "resource_exhausted"
     RATE_LIMIT_EXCEEDED = "rate_limit_exceeded"
     INPUT_BACKPRESSURE = "input_backpressure"

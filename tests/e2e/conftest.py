@@ -14,7 +14,7 @@ from redis import Redis
 
 from store.embedded import EmbeddedServer, start_server
 from store.keys import WORKER_DIRECTORY
-from tests.e2e.served import BACKENDS, Served
+from tests.e2e.served import BACKENDS, FRAMEWORK_MODELS, Served
 from tests.e2e.stack import Stack, http_ok, new_log_path, print_tail, wait_for
 
 # Small timings so expiry and loss show up within a test; every wait polls a condition.
@@ -53,7 +53,8 @@ def dev_stack() -> Iterator[str]:
         process = subprocess.Popen(
             # dev picks a free port itself: no race with a port chosen here
             [sys.executable, "-m", "duplex_gateway", "--log-level", "warning", "dev",
-             "--port", "0", "--backend", "loopback"],
+             "--port", "0", "--backend", "loopback",
+             "--served-model-name", ",".join(("loopback", *FRAMEWORK_MODELS))],
             stdout=subprocess.PIPE, stderr=sink, text=True, env=dict(os.environ))
     try:
         assert process.stdout is not None
@@ -82,7 +83,7 @@ def cascade_stack() -> Iterator[str]:
     running = Stack(redis=server)
     try:
         gateway = running.gateway()
-        running.worker(slots=4, backend="cascade")
+        running.worker(slots=4, backend="cascade", models=("cascade", *FRAMEWORK_MODELS))
         yield f"ws://127.0.0.1:{gateway.port}/v1"
     finally:
         running.stop()

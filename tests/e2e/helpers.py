@@ -9,7 +9,11 @@ import struct
 from gateway.client import DuplexClient, RealtimeEvent
 from tests.gateway.strict import validate_server_event
 
-STREAM_SESSION = {"type": "realtime", "extra_body": {"loopback_mode": "stream"}}
+#: ``turn_detection: null``: the client commits and creates responses itself. A new session
+#: starts with OpenAI's server_vad, which would take loud appended audio for turns of its own.
+PUSH_TO_TALK_SESSION = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+#: The loopback echoing every chunk at once (stream mode takes no turn detection).
+STREAM_SESSION = {**PUSH_TO_TALK_SESSION, "extra_body": {"loopback_mode": "stream"}}
 CHUNK_BYTES = 960  # 20 ms of pcm16 at 24 kHz
 
 

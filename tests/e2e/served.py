@@ -11,10 +11,14 @@ from typing import Any, Final
 from inference_worker.backends.registry import CASCADE_TURN_DETECTION
 from tests.worker.speech import normalize
 
-__all__ = ["BACKENDS", "SHOWN", "Served", "Shown", "says_nearly"]
+__all__ = ["BACKENDS", "FRAMEWORK_MODELS", "SHOWN", "Served", "Shown", "says_nearly"]
 
 #: Every backend a ``served`` test runs against, in order.
 BACKENDS: Final = ("loopback", "cascade")
+#: The model names the frameworks ask for by default (pipecat, LiveKit, openai-agents): the
+#: deployments they run against serve their backend under these too (aliases), as an operator
+#: whose clients keep a framework's defaults would configure it.
+FRAMEWORK_MODELS: Final = ("gpt-realtime", "gpt-realtime-2", "gpt-realtime-2.1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +54,7 @@ class Shown:
 #: turns as asked; the cascade speaks with Piper's one voice, transcribes with Whisper and
 #: takes turns with its own Silero VAD.
 SHOWN: Final = {
-    "loopback": Shown(voice="alloy", transcription=None),
+    "loopback": Shown(voice="marin", transcription=None),
     "cascade": Shown(voice="en_US-joe-medium", transcription={"model": "whisper-tiny.en"},
                      turn_detection=dict(CASCADE_TURN_DETECTION)),
 }

@@ -13,7 +13,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -259,11 +259,15 @@ class Stack:
         assert proc.process.poll() is None, "gateway exited at start"
         return proc
 
-    def worker(self, slots: int = 8, backend: str = "loopback", *, metrics_port: int = 0) -> Proc:
-        """Start a worker and wait until it is in the directory (models load first)."""
+    def worker(self, slots: int = 8, backend: str = "loopback", *, metrics_port: int = 0,
+               models: Sequence[str] = ()) -> Proc:
+        """Start a worker (serving ``models``; none: its backend's name) and wait until it is
+        in the directory (models load first)."""
         client = self.reader()
         before = set(client.zrange(WORKER_DIRECTORY, 0, -1))
         extra = ["--metrics-port", str(metrics_port)] if metrics_port else []
+        if models:
+            extra += ["--served-model-name", ",".join(models)]
         proc = self._spawn("worker", ["worker", "--redis-url", self.url, "--backend",
                                       backend, "--slots", str(slots), *extra], metrics_port)
         wait_for(lambda: len(set(client.zrange(WORKER_DIRECTORY, 0, -1)) - before) > 0

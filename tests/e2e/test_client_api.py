@@ -43,7 +43,8 @@ async def test_a_turn_through_submit_ends_with_the_block_and_the_reader_gets_the
     async with asyncio.timeout(DEADLINE_S):
         async with await DuplexClient.connect(gateway.ws_url) as client:
             reader = asyncio.create_task(read(client))
-            await client.submit(UpdateSession({"type": "realtime", "instructions": "Hi."}))
+            await client.submit(UpdateSession({"type": "realtime", "instructions": "Hi.",
+                                               "audio": {"input": {"turn_detection": None}}}))
             await client.submit(AppendAudio(sent))
             await client.submit(CommitInput())
             await client.submit(CreateResponse())

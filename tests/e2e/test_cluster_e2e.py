@@ -38,6 +38,7 @@ from store.pubsub import Notice, Subscriber
 from tests.cluster import Cluster, start_cluster, wait_until
 from tests.e2e.conftest import FAST_ENV
 from tests.e2e.helpers import (
+    PUSH_TO_TALK_SESSION,
     STREAM_SESSION,
     chunk_index,
     collect_until,
@@ -145,7 +146,7 @@ async def test_a_turn_plays_back_on_a_cluster(cluster_stack: Stack) -> None:
     gateway = cluster_stack.gateway()
     cluster_stack.worker(slots=2)
     sent = b"".join(marked_chunk(0, index) for index in range(10))
-    client = await DuplexClient.connect(gateway.ws_url)
+    client = await DuplexClient.connect(gateway.ws_url, session=PUSH_TO_TALK_SESSION)
     log: list[RealtimeEvent] = []
     await collect_until(client, "session.updated", log)
     await client.append_audio(sent)
@@ -260,7 +261,7 @@ async def test_a_killed_gateways_session_is_detached_then_expires(
     cluster_stack.env["DUPLEX_GATEWAY_DISCONNECT_GRACE_S"] = str(GRACE_S)
     doomed, survivor = cluster_stack.gateway(), cluster_stack.gateway()
     cluster_stack.worker(slots=1)
-    client = await DuplexClient.connect(doomed.ws_url)
+    client = await DuplexClient.connect(doomed.ws_url, session=PUSH_TO_TALK_SESSION)
     session_id = client.session_id
     assert session_id is not None
     log: list[RealtimeEvent] = []

@@ -121,7 +121,7 @@ async def test_the_loopback_backend_on_request() -> None:
         await client.close()
         await collect_until(client, "session.closed", events)
         await client.aclose()
-    assert voice_of(events) == "alloy"
+    assert voice_of(events) == "marin"
 
 
 async def test_without_the_cascade_extra_it_falls_back_to_the_loopback_with_one_line() -> None:

@@ -35,8 +35,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 #: A turn that plays back for longer than the worker stays stopped: when it runs again, its
 #: runner has audio due, so it tries to write at once.
-TURN_SESSION = {"type": "realtime", "extra_body": {"loopback_mode": "turn",
-                                                    "auto_response": True}}
+TURN_SESSION = {"type": "realtime", "audio": {"input": {"turn_detection": None}},
+                "extra_body": {"loopback_mode": "turn", "auto_response": True}}
 TURN_AUDIO = bytes(6 * 48_000)  # 6 s of pcm16 at 24 kHz
 SESSIONS = 2
 

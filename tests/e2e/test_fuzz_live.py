@@ -50,7 +50,7 @@ from gateway.protocol.errors import PARSE_ERROR_CODES
 from store.embedded import start_server
 from tests.e2e.bystanders import TERMINAL_TYPES, Bystanders, StreamReport, close_code_of
 from tests.e2e.conftest import FAST_ENV
-from tests.e2e.helpers import STREAM_SESSION, collect_until, marked_chunk
+from tests.e2e.helpers import PUSH_TO_TALK_SESSION, STREAM_SESSION, collect_until, marked_chunk
 from tests.e2e.stack import Proc, Stack, http_ok, new_log_path
 from tests.gateway.strict import validate_server_event
 from tests.test_protocol_doc import column, doc_table
@@ -817,7 +817,7 @@ class FuzzPool:
 
     def __init__(self, url: str) -> None:
         self.url = url
-        self._sessions = [FuzzSession(url, STREAM_SESSION if n == 0 else {"type": "realtime"},
+        self._sessions = [FuzzSession(url, STREAM_SESSION if n == 0 else PUSH_TO_TALK_SESSION,
                                       f"fuzz{n}") for n in range(FUZZ_CONNECTIONS)]
 
     async def send(self, steps: Sequence[tuple[int, Frame]],
@@ -1089,7 +1089,7 @@ async def complete_a_turn(url: str) -> tuple[RealtimeEvent, bytes, bytes]:
     returns it, the audio played back and the audio sent."""
     sent = b"".join(marked_chunk(99, index) for index in range(10))
     events: list[RealtimeEvent] = []
-    async with await DuplexClient.connect(url) as client:
+    async with await DuplexClient.connect(url, session=PUSH_TO_TALK_SESSION) as client:
         await collect_until(client, "session.updated", events)
         await client.append_audio(sent)
         await client.commit()

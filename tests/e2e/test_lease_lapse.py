@@ -17,7 +17,14 @@ from websockets.exceptions import ConnectionClosed
 
 from gateway.client import DuplexClient, RealtimeEvent
 from store.keys import SessionKeys
-from tests.e2e.helpers import STREAM_SESSION, chunk_index, collect_until, marked_chunk, next_event
+from tests.e2e.helpers import (
+    PUSH_TO_TALK_SESSION,
+    STREAM_SESSION,
+    chunk_index,
+    collect_until,
+    marked_chunk,
+    next_event,
+)
 from tests.e2e.stack import Stack
 from tests.store._support import assert_one_terminal, until
 
@@ -45,7 +52,7 @@ async def test_a_killed_gateways_session_is_detached_then_expires_and_frees_its_
     a, b = stack.gateway(), stack.gateway()
     stack.worker(slots=1)
     redis = Redis.from_url(stack.redis.url)
-    client = await DuplexClient.connect(a.ws_url)
+    client = await DuplexClient.connect(a.ws_url, session=PUSH_TO_TALK_SESSION)
     assert client.session_id is not None
     session_id = client.session_id
     await client.append_audio(TEN_SECONDS)

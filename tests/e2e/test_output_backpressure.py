@@ -25,6 +25,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from store.keys import SessionKeys
+from tests.e2e.helpers import PUSH_TO_TALK_SESSION
 from tests.e2e.stack import Proc, Stack, http_answer, wait_for
 from tests.gateway.strict import validate_server_event
 
@@ -88,11 +89,12 @@ async def receive_until(ws: ClientConnection, stop: str, sink: list[Event]) -> E
 
 
 async def start_long_response(ws: ClientConnection) -> Event:
-    """Open a session, commit CHUNKS marked 40 ms chunks and ask for the loopback's answer;
-    returns ``session.created``."""
+    """Open a push-to-talk session, commit CHUNKS marked 40 ms chunks and ask for the
+    loopback's answer; returns ``session.created``."""
     audio = b"".join(struct.pack("<I", index) + bytes(CHUNK_BYTES - 4)
                      for index in range(CHUNKS))
     second = 25 * CHUNK_BYTES
+    await ws.send(json.dumps({"type": "session.update", "session": PUSH_TO_TALK_SESSION}))
     for start in range(0, len(audio), second):
         await ws.send(json.dumps({"type": "input_audio_buffer.append",
                                   "audio": base64.b64encode(audio[start:start + second]).decode()}))

@@ -1,7 +1,10 @@
-"""The official openai SDK runs a full turn against a `duplex-gateway dev` stack."""
+"""The official openai SDK runs a full turn against a `duplex-gateway dev` stack: push-to-talk,
+server_vad asked for, and OpenAI's own minimal flow, which streams audio without any
+``session.update`` and relies on the GA session defaults."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from typing import Any, cast
 
@@ -13,16 +16,33 @@ from tests.worker.speech import synthesize, to_pcm16
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
+PCM_24K = {"type": "audio/pcm", "rate": 24000}
+#: OpenAI's GA server_vad, every default filled in (openai_realtime.md §5).
+GA_SERVER_VAD = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
+                 "silence_duration_ms": 500, "idle_timeout_ms": None, "create_response": True,
+                 "interrupt_response": True}
+#: The event types of a turn the server detected, committed and answered by itself.
+DETECTED_TURN = ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                 "input_audio_buffer.committed", "conversation.item.added",
+                 "conversation.item.created", "conversation.item.done", "response.created"]
+
+
+def sdk(websocket_base_url: str) -> AsyncOpenAI:
+    """The official client, pointed at the stack."""
+    return AsyncOpenAI(api_key="sk-test", base_url="http://unused.invalid/v1",
+                       websocket_base_url=websocket_base_url)
+
 
 async def test_sdk_full_turn(dev_stack: str) -> None:
-    """session.created, session.updated, response.created, audio deltas, response.done."""
-    client = AsyncOpenAI(api_key="sk-test", base_url="http://unused.invalid/v1",
-                         websocket_base_url=dev_stack)
+    """Push-to-talk (``turn_detection: null``, the §6d example): session.created,
+    session.updated, response.created, audio deltas, response.done."""
+    client = sdk(dev_stack)
     pcm = bytes(range(256)) * 19  # 4864 bytes: just over the 100 ms commit minimum
     seen: list[str] = []
     audio = bytearray()
     async with client.realtime.connect(model="loopback") as conn:
-        await conn.session.update(session={"type": "realtime", "output_modalities": ["audio"]})
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["audio"],
+                                           "audio": {"input": {"turn_detection": None}}})
         await conn.input_audio_buffer.append(audio=base64.b64encode(pcm).decode())
         await conn.input_audio_buffer.commit()
         await conn.response.create()
@@ -51,12 +71,98 @@ def _spoken_turn() -> tuple[bytes, int]:
     return bytes(48_000) + pcm + bytes(48_000), len(pcm) // 48
 
 
+async def append_in_100ms(conn: Any, pcm: bytes) -> None:
+    """Stream ``pcm`` as a microphone client does, in 100 ms appends."""
+    for start in range(0, len(pcm), 4800):
+        await conn.input_audio_buffer.append(
+            audio=base64.b64encode(pcm[start:start + 4800]).decode())
+
+
+async def test_sdk_minimal_flow_without_session_update_is_answered(dev_stack: str) -> None:
+    """OpenAI's minimal flow: connect with ``?model=loopback`` and stream a spoken turn with
+    silence after it, never sending session.update. session.created announces GA's defaults
+    (server_vad, pcm16 24 kHz both ways, voice marin), and the server detects the turn,
+    commits it and answers it: the loopback plays the turn back."""
+    client = sdk(dev_stack)
+    pcm, _ = _spoken_turn()
+    seen: list[str] = []
+    audio = bytearray()
+    span: dict[str, int] = {}
+    async with client.realtime.connect(model="loopback") as conn:
+        await append_in_100ms(conn, pcm)
+        async for event in conn:
+            data = event.to_dict()
+            validate_server_event(data)
+            seen.append(event.type)
+            if event.type == "session.created":
+                session = cast(dict[str, Any], data["session"])
+                assert session["audio"]["input"]["turn_detection"] == GA_SERVER_VAD
+                assert session["audio"]["input"]["format"] == PCM_24K
+                assert session["audio"]["output"]["format"] == PCM_24K
+                assert session["audio"]["output"]["voice"] == "marin"
+            if event.type == "input_audio_buffer.speech_started":
+                span["start"] = event.audio_start_ms
+            if event.type == "input_audio_buffer.speech_stopped":
+                span["end"] = event.audio_end_ms
+            if event.type == "response.output_audio.delta":
+                audio += base64.b64decode(event.delta)
+            if event.type == "response.done":
+                assert event.response.status == "completed"
+                break
+    assert seen[0] == "session.created"
+    assert seen[1:8] == DETECTED_TURN
+    assert bytes(audio) == pcm[span["start"] * 48:span["end"] * 48], "the turn is played back"
+    await client.close()
+
+
+async def test_sdk_turn_detection_null_keeps_push_to_talk(dev_stack: str) -> None:
+    """``turn_detection: null``: the same spoken turn is not detected or answered; once a
+    later session.update is answered (the worker applies commands in order, so every append
+    was heard by then) nothing else has arrived. Commit and response.create then get the
+    answer, which plays the whole buffer back."""
+    client = sdk(dev_stack)
+    pcm, _ = _spoken_turn()
+    audio = bytearray()
+    async with client.realtime.connect(model="loopback") as conn:
+
+        async def next_event() -> Any:
+            event = await asyncio.wait_for(conn.recv(), 30)
+            validate_server_event(event.to_dict())
+            return event
+
+        assert (await next_event()).type == "session.created"
+        await conn.session.update(session={"type": "realtime",
+                                           "audio": {"input": {"turn_detection": None}}})
+        updated = await next_event()
+        assert updated.type == "session.updated"
+        assert updated.to_dict()["session"]["audio"]["input"]["turn_detection"] is None
+        await append_in_100ms(conn, pcm)
+        await conn.session.update(session={"type": "realtime", "instructions": "barrier"})
+        barrier = await next_event()
+        assert barrier.type == "session.updated", "nothing but the update's answer came"
+        assert barrier.to_dict()["session"]["audio"]["input"]["turn_detection"] is None
+        await conn.input_audio_buffer.commit()
+        await conn.response.create()
+        seen: list[str] = []
+        while True:
+            event = await next_event()
+            seen.append(event.type)
+            if event.type == "response.output_audio.delta":
+                audio += base64.b64decode(event.delta)
+            if event.type == "response.done":
+                assert event.response.status == "completed"
+                break
+    assert "input_audio_buffer.speech_started" not in seen
+    assert seen[0] == "input_audio_buffer.committed"
+    assert bytes(audio) == pcm, "the committed buffer is played back whole"
+    await client.close()
+
+
 async def test_sdk_server_vad_turn_is_detected_and_answered(dev_stack: str) -> None:
     """A server_vad session hears a turn in streamed audio: speech_started, speech_stopped,
     the commit and an automatic response that plays the turn back, every event strictly
     valid."""
-    client = AsyncOpenAI(api_key="sk-test", base_url="http://unused.invalid/v1",
-                         websocket_base_url=dev_stack)
+    client = sdk(dev_stack)
     pcm, speech_ms = _spoken_turn()
     seen: list[str] = []
     audio = bytearray()
@@ -89,9 +195,6 @@ async def test_sdk_server_vad_turn_is_detected_and_answered(dev_stack: str) -> N
                 assert event.response.status == "completed"
                 break
     assert seen[:2] == ["session.created", "session.updated"]
-    assert seen[2:9] == ["input_audio_buffer.speech_started",
-                         "input_audio_buffer.speech_stopped", "input_audio_buffer.committed",
-                         "conversation.item.added", "conversation.item.created",
-                         "conversation.item.done", "response.created"]
+    assert seen[2:9] == DETECTED_TURN
     assert bytes(audio) == pcm[span["start"] * 48:span["end"] * 48], "the turn is played back"
     await client.close()

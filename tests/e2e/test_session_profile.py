@@ -23,7 +23,11 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 PCM_24K = {"type": "audio/pcm", "rate": 24000}
 UPDATE = {"type": "realtime", "instructions": "Be brief.",
-          "audio": {"input": {"turn_detection": {"type": "server_vad"}}}}
+          "audio": {"input": {"turn_detection": None}}}
+#: OpenAI's GA server_vad, every default filled in: what a new loopback session starts with.
+GA_SERVER_VAD = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
+                 "silence_duration_ms": 500, "idle_timeout_ms": None, "create_response": True,
+                 "interrupt_response": True}
 
 
 def sdk(gateway: Proc) -> AsyncOpenAI:
@@ -49,20 +53,24 @@ async def next_of(conn: Any, event_type: str) -> dict[str, Any]:
             return event
 
 
-@pytest.mark.parametrize(("backend", "model", "chunk_ms", "level"), [
-    ("loopback", "loopback", 40, "turn_based_duplex"),
-    ("fake", "fake", 80, "model_native_duplex"),
-    ("loopback", "gpt-realtime", 40, "turn_based_duplex"),  # the deployment's own name
+@pytest.mark.parametrize(("backend", "model", "chunk_ms", "level", "detection", "voice"), [
+    ("loopback", "loopback", 40, "turn_based_duplex", GA_SERVER_VAD, "marin"),
+    # The fake's model takes turns itself: no turn detection of the worker's runs there.
+    ("fake", "fake", 80, "model_native_duplex", None, "fake"),
+    # an alias the worker serves it under (the deployment's own name for it)
+    ("loopback", "gpt-realtime", 40, "turn_based_duplex", GA_SERVER_VAD, "marin"),
 ])
 async def test_session_created_carries_the_session_the_worker_runs(
     stack: Stack, backend: str, model: str, chunk_ms: int, level: str,
+    detection: dict[str, Any] | None, voice: str,
 ) -> None:
     """session.created holds the whole session object (formats, turn detection, voice,
     instructions, extra_body...) and the capabilities of the worker's backend: exactly what
     the worker's own session.updated then shows for an update that changes nothing, the
-    model the client opened it with included."""
+    model the client opened it with included. Where the worker detects turns (the loopback)
+    that is OpenAI's GA defaults: server_vad, pcm16 24 kHz both ways, voice marin."""
     gateway = stack.gateway()
-    stack.worker(backend=backend)
+    stack.worker(backend=backend, models=(backend, model) if model != backend else ())
     async with sdk(gateway) as client, client.realtime.connect(model=model) as conn:
         created = await recv_json(conn)
         assert created["type"] == "session.created"
@@ -70,8 +78,8 @@ async def test_session_created_carries_the_session_the_worker_runs(
         assert (session["id"], session["model"]) == (created["session_id"], model)
         assert session["audio"]["input"]["format"] == PCM_24K
         assert session["audio"]["output"]["format"] == PCM_24K
-        assert session["audio"]["input"]["turn_detection"] is None
-        assert isinstance(session["audio"]["output"]["voice"], str)
+        assert session["audio"]["input"]["turn_detection"] == detection
+        assert session["audio"]["output"]["voice"] == voice
         assert "extra_body" in session and session["output_modalities"] == ["audio"]
         capabilities = created["capabilities"]
         assert capabilities["implementation_level"] == level
@@ -95,7 +103,7 @@ async def test_session_resumed_through_another_gateway_carries_the_updated_sessi
         await conn.session.update(session=UPDATE)  # type: ignore[arg-type]
         updated = await next_of(conn, "session.updated")
         assert updated["session"]["instructions"] == "Be brief."
-        assert updated["session"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+        assert updated["session"]["audio"]["input"]["turn_detection"] is None
         # Going away (1001), not a normal close: the session keeps its full grace.
         await conn.close(code=1001)
     async with sdk(b) as client_b, client_b.realtime.connect(model="loopback") as conn:

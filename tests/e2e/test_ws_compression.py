@@ -15,6 +15,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.extensions.permessage_deflate import PerMessageDeflate
 
+from tests.e2e.helpers import STREAM_SESSION
 from tests.e2e.stack import Stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
@@ -22,8 +23,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 DEADLINE_S = 10.0
 # 20 ms of pcm16 at 24 kHz, not silent, so it has something to compress.
 CHUNK = bytes(range(256)) * 3 + bytes(192)
-STREAM = {"type": "session.update",
-          "session": {"type": "realtime", "extra_body": {"loopback_mode": "stream"}}}
+STREAM = {"type": "session.update", "session": STREAM_SESSION}
 
 
 async def next_of_type(ws: ClientConnection, wanted: str) -> dict[str, object]:

@@ -125,9 +125,10 @@ def test_answer_validates_as_the_sdk_type() -> None:
 
 def test_a_secrets_config_runs_first_in_a_new_session() -> None:
     """The secret's session.update is appended before the client's first command."""
-    core = ConnectionCore(max_frame_bytes=1 << 20, autostart=True,
+    core = ConnectionCore(max_frame_bytes=1 << 20, url_model="loopback",
                           initial_session=CONFIG)
-    assert core.actions_to_run() == [OpenSession()]
+    core.quiet_period_over()
+    assert core.actions_to_run() == [OpenSession(model="loopback")]
     core.receive_frame(json.dumps({"type": "input_audio_buffer.append", "audio": "AAA="}))
     core.open_succeeded("sess_x", resume_token="t", generation=1, model="m")
     appends = [a for a in core.actions_to_run() if isinstance(a, AppendCommands)]

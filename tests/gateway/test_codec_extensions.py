@@ -268,7 +268,8 @@ def test_bad_extension_frames(data: str, code: str, param: str) -> None:
 
 def attached_core() -> ConnectionCore:
     """The real connection core, attached to an opened session, its actions drained."""
-    core = ConnectionCore(max_frame_bytes=LIMIT, autostart=True)
+    core = ConnectionCore(max_frame_bytes=LIMIT, url_model="loopback")
+    core.quiet_period_over()
     core.open_succeeded(SID, resume_token="token", generation=1, model="loopback")
     core.actions_to_run()
     return core

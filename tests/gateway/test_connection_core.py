@@ -121,8 +121,12 @@ def error_of(action: Any) -> dict[str, Any]:
 
 
 def new_core(*, autostart: bool = False, limit: int = LIMIT) -> ConnectionCore:
-    """A fresh core with nothing drained."""
-    return ConnectionCore(max_frame_bytes=limit, autostart=autostart)
+    """A fresh core with nothing drained; ``autostart``: a ``?model=loopback`` URL whose
+    quiet period is over (its open decided)."""
+    core = ConnectionCore(max_frame_bytes=limit, url_model="loopback" if autostart else None)
+    if autostart:
+        core.quiet_period_over()
+    return core
 
 
 def opened(generation: int = 1) -> ConnectionCore:
@@ -149,10 +153,11 @@ def resumed(last: int, *, first_retained: int, last_server: int, generation: int
 
 
 def test_autostart_opens_at_once() -> None:
-    """With autostart the core asks for a session before any frame."""
+    """Once a ?model= URL's quiet period is over the core asks for a session for that model,
+    before any frame."""
     core = new_core(autostart=True)
     assert core.state is ConnectionState.OPENING
-    assert core.actions_to_run() == [OpenSession()]
+    assert core.actions_to_run() == [OpenSession(model="loopback")]
     assert core.actions_to_run() == []
 
 
@@ -690,6 +695,138 @@ def test_resume_while_the_url_session_opens_gives_it_up_when_it_lands() -> None:
     assert core.state is ConnectionState.ATTACHED
 
 
+# --------------------------------------------------------------------------- the URL's session
+
+
+def url_core(model: str = "moshi") -> ConnectionCore:
+    """A ``?model=`` connection before its quiet period is over."""
+    return ConnectionCore(max_frame_bytes=LIMIT, url_model=model)
+
+
+def exhausted(code: str = ErrorCode.RESOURCE_EXHAUSTED) -> ClientProtocolError:
+    return ClientProtocolError(code, "full", close_code=CloseCode.TRY_AGAIN_LATER)
+
+
+def test_a_model_url_opens_nothing_before_a_frame_or_the_quiet_period() -> None:
+    """The URL's session waits: the first command opens it, for the URL's model."""
+    core = url_core()
+    assert core.actions_to_run() == [] and core.awaits_quiet_period
+    core.receive_frame(UPDATE)
+    assert core.actions_to_run() == [OpenSession(model="moshi")]
+    assert not core.awaits_quiet_period
+    core.quiet_period_over()  # too late: the frame opened it
+    assert core.actions_to_run() == []
+
+
+def test_a_resume_before_the_quiet_period_opens_nothing() -> None:
+    """A ?model= connection that resumes at once never opens the URL's session."""
+    core = url_core()
+    core.receive_frame(resume_frame())
+    assert kinds(core.actions_to_run()) == [ResumeSession]
+    core.quiet_period_over()
+    core.first_message_timed_out()
+    assert core.actions_to_run() == []
+
+
+def test_a_quiet_open_refused_for_room_is_held_for_a_resume() -> None:
+    """The quiet open found no slot: nothing is said, and the resume that follows goes on;
+    no error comes before session.resumed (DESIGN §2.7)."""
+    core = url_core()
+    core.quiet_period_over()
+    assert core.actions_to_run() == [OpenSession(model="moshi")]
+    core.open_failed(exhausted())
+    assert core.actions_to_run() == []
+    assert core.state is ConnectionState.AWAITING_FIRST
+    core.receive_frame(resume_frame(last=3))
+    assert kinds(core.actions_to_run()) == [ResumeSession]
+    core.resume_succeeded(SID, resume_token="tok_new", generation=2, last_client_seq=0,
+                          first_retained_seq=1, last_server_event_seq=3)
+    assert [f["type"] for f in sent(core.actions_to_run())] == ["session.resumed"]
+    core.first_message_timed_out()
+    assert core.actions_to_run() == []
+
+
+def test_a_command_after_a_held_refusal_opens_again() -> None:
+    """The held refusal is void once the client sends a command: that is a new try."""
+    core = url_core()
+    core.quiet_period_over()
+    core.actions_to_run()
+    core.open_failed(exhausted(ErrorCode.RATE_LIMIT_EXCEEDED))
+    core.receive_frame(UPDATE)
+    assert core.actions_to_run() == [OpenSession(model="moshi")]
+    core.open_failed(exhausted())  # the client asked for this one: answered
+    actions = core.actions_to_run()
+    assert error_of(actions[0])["code"] == ErrorCode.RESOURCE_EXHAUSTED
+    assert actions[1] == CloseConnection(code=1013, reason="resource_exhausted")
+
+
+def test_a_held_refusal_is_the_answer_at_the_first_message_timeout() -> None:
+    """A client that waits for session.created gets the refusal once the first-message
+    deadline passes, with its retryable close code, not config_timeout."""
+    core = url_core()
+    core.quiet_period_over()
+    core.actions_to_run()
+    core.open_failed(exhausted())
+    core.first_message_timed_out()
+    actions = core.actions_to_run()
+    assert error_of(actions[0])["code"] == ErrorCode.RESOURCE_EXHAUSTED
+    assert actions[1] == CloseConnection(code=1013, reason="resource_exhausted")
+    assert core.state is ConnectionState.CLOSED
+
+
+def test_a_quiet_open_refused_for_its_model_is_answered_at_once() -> None:
+    """model_not_found is not a matter of waiting: the client hears it at once."""
+    core = url_core("nope")
+    core.quiet_period_over()
+    core.actions_to_run()
+    core.open_failed(ClientProtocolError(ErrorCode.MODEL_NOT_FOUND, "not served",
+                                         param="model", close_code=CloseCode.POLICY_VIOLATION))
+    actions = core.actions_to_run()
+    assert error_of(actions[0])["code"] == ErrorCode.MODEL_NOT_FOUND
+    assert actions[1] == CloseConnection(code=1008, reason="model_not_found")
+
+
+def test_a_resume_behind_a_refused_quiet_open_hears_nothing_of_it() -> None:
+    """The quiet open was in flight when the resume came, and then failed: no error."""
+    core = url_core()
+    core.quiet_period_over()
+    core.actions_to_run()
+    core.receive_frame(resume_frame())
+    assert kinds(core.actions_to_run()) == [ResumeSession]
+    core.open_failed(InternalError("redis went away"))
+    assert core.actions_to_run() == []
+    assert core.state is ConnectionState.RESUMING
+
+
+def test_a_command_behind_a_refused_quiet_open_gets_the_refusal() -> None:
+    """The client sent a command while the quiet open was in flight: it wants that session,
+    so the refusal is its answer."""
+    core = url_core()
+    core.quiet_period_over()
+    core.actions_to_run()
+    core.receive_frame(UPDATE)
+    assert core.actions_to_run() == []  # queued behind the open
+    core.open_failed(exhausted())
+    assert error_of(core.actions_to_run()[0])["code"] == ErrorCode.RESOURCE_EXHAUSTED
+
+
+def test_without_a_url_model_the_first_update_names_the_model() -> None:
+    """No ?model=: the model a first session.update names is the one placed; a client
+    secret's configuration names it before the client's own frame."""
+    core = new_core()
+    core.receive_frame(frame("session.update", session={"type": "realtime", "model": "fake"}))
+    assert core.actions_to_run() == [OpenSession(model="fake")]
+    core = new_core()
+    core.receive_frame(APPEND)
+    assert core.actions_to_run() == [OpenSession(model=None)]
+    secret = ConnectionCore(max_frame_bytes=LIMIT, initial_session={"model": "moshi"})
+    secret.receive_frame(frame("session.update", session={"model": "fake"}))
+    assert secret.actions_to_run() == [OpenSession(model="moshi")]
+    url = url_core("moshi")
+    url.receive_frame(frame("session.update", session={"model": "fake"}))
+    assert url.actions_to_run() == [OpenSession(model="moshi")]
+
+
 def test_a_second_resume_is_refused() -> None:
     """Only the first client event may be a resume, also on a ?model= connection: once the
     URL's session was given up, the resumed one is never given up in turn."""
@@ -1024,7 +1161,7 @@ def test_answering_an_open_twice_is_a_driver_bug() -> None:
 
 def test_session_lost_closes_1011_without_detaching() -> None:
     """A session the store forgot (Redis data loss) ends with session_lost and close 1011."""
-    core = ConnectionCore(max_frame_bytes=1 << 20, autostart=True)
+    core = new_core(autostart=True)
     core.actions_to_run()
     core.open_succeeded("sess_w000000000000." + "0" * 32, resume_token="t", generation=1,
                         model="m")

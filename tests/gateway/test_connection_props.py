@@ -171,6 +171,7 @@ class ConnectionMachine(RuleBasedStateMachine):
         self.terminal_sent = False
         self.replaced = False
         self.given_up = False  # the session a ?model= URL opened was given up for a resume
+        self.resumed_first = False  # the client's first event was session.resume
 
     # ------------------------------------------------------------------ setup
 
@@ -179,7 +180,8 @@ class ConnectionMachine(RuleBasedStateMachine):
                 last=st.integers(0, 9), prompt=st.booleans())
     def start(self, how: str, prior: list[bytes], trimmed: int, last: int, prompt: bool) -> None:
         """A connection (autostarted, resuming or awaiting a frame) and a prior session's log."""
-        self.core = ConnectionCore(max_frame_bytes=LIMIT, autostart=how == "autostart")
+        self.core = ConnectionCore(max_frame_bytes=LIMIT,
+                                   url_model="m" if how == "autostart" else None)
         self.log = list(prior)
         self.first_retained = min(trimmed, len(self.log)) + 1
         self._drain()
@@ -253,6 +255,9 @@ class ConnectionMachine(RuleBasedStateMachine):
         obj = json.loads(text)
         validate_server_event(obj)
         kind = obj["type"]
+        if kind == "error" and self.resumed_first:
+            # DESIGN §2.7: a resume never depends on capacity, whatever the URL asked for.
+            assert obj["error"]["code"] not in ("resource_exhausted", "rate_limit_exceeded"), obj
         if kind == "session.resync_required":
             # Only when events the client lacks are really gone (never a spurious resync).
             assert self.first_retained > self.last_seq + 1
@@ -307,12 +312,27 @@ class ConnectionMachine(RuleBasedStateMachine):
     @rule(last=st.integers(0, 12), event_id=_EVENT_ID, prompt=st.booleans())
     def send_resume(self, last: int, event_id: str | None, prompt: bool) -> None:
         """session.resume, from a position the client can hold."""
+        if not self.accepted and self.core.state is not ConnectionState.CLOSED:
+            self.resumed_first = True
         self.core.receive_frame(json.dumps({
             "type": "session.resume", "session_id": SID, "resume_token": "tok",
             "last_received_server_event_seq": min(last, len(self.log)), "event_id": event_id,
         }))
         self._drain()
         self._answer_promptly(prompt)
+
+    @rule(prompt=st.booleans())
+    def quiet_period_ends(self, prompt: bool) -> None:
+        """No frame came for the quiet period: a ?model= URL's session is opened."""
+        self.core.quiet_period_over()
+        self._drain()
+        self._answer_promptly(prompt)
+
+    @rule()
+    def first_message_times_out(self) -> None:
+        """The first-message deadline passed (a no-op once a frame came or a session opened)."""
+        self.core.first_message_timed_out()
+        self._drain()
 
     @rule(seq=st.integers(0, 12))
     def send_ack(self, seq: int) -> None:
@@ -357,9 +377,13 @@ class ConnectionMachine(RuleBasedStateMachine):
     def store_refuses(self, code: ErrorCode) -> None:
         """The open found no slot, or the resume was refused."""
         if self.pending == "open":
-            self.core.fail(ClientProtocolError(code, "no", close_code=CloseCode.TRY_AGAIN_LATER))
-        else:
-            self.core.resume_failed(ClientProtocolError(code, "no"))
+            self.core.open_failed(ClientProtocolError(code, "no",
+                                                      close_code=CloseCode.TRY_AGAIN_LATER))
+            if self.core.state is ConnectionState.AWAITING_FIRST:
+                # A quiet open refused for room is held: the next frame makes a new call.
+                self.store_calls = 0
+        else:  # a resume is refused for its token or its session, never for capacity
+            self.core.resume_failed(ClientProtocolError(ErrorCode.INVALID_RESUME_TOKEN, "no"))
         self.pending = None
         self._drain()
 

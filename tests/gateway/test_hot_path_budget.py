@@ -34,7 +34,8 @@ _PARTS: dict[str, Any] = {"response_id": "resp_1", "item_id": "item_1", "output_
 
 
 def attached_core() -> ConnectionCore:
-    core = ConnectionCore(max_frame_bytes=1 << 16, autostart=True)
+    core = ConnectionCore(max_frame_bytes=1 << 16, url_model="loopback")
+    core.quiet_period_over()
     core.open_succeeded("sess_0123456789abcdefghijkl", resume_token="tok", generation=1,
                         model="loopback")
     core.actions_to_run()

@@ -47,7 +47,8 @@ def entries(n: int) -> list[bytes]:
 
 def attached() -> ConnectionCore:
     """A core attached to a freshly opened session, its actions drained."""
-    core = ConnectionCore(max_frame_bytes=1 << 16, autostart=True)
+    core = ConnectionCore(max_frame_bytes=1 << 16, url_model="loopback")
+    core.quiet_period_over()
     core.open_succeeded(SID, resume_token="tok", generation=3, model="loopback")
     core.actions_to_run()
     return core
@@ -154,7 +155,8 @@ def test_limits_of_zero_never_cross() -> None:
 def test_each_logged_event_frame_names_its_seq_and_the_gateways_own_frames_none() -> None:
     """The driver learns from SendFrame.seq which event the websocket took; a notice (here
     session.created) carries 0."""
-    core = ConnectionCore(max_frame_bytes=1 << 16, autostart=True)
+    core = ConnectionCore(max_frame_bytes=1 << 16, url_model="loopback")
+    core.quiet_period_over()
     core.open_succeeded(SID, resume_token="tok", generation=1, model="loopback")
     created = [a for a in core.actions_to_run() if isinstance(a, SendFrame)]
     assert [a.seq for a in created] == [0]

@@ -6,7 +6,7 @@ import asyncio
 import hashlib
 import secrets
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -55,12 +55,13 @@ class Opened:
 
 
 async def register_worker(
-    scripts: Scripts, *, slots: int = 4, ttl_ms: int = 60_000, worker_id: str | None = None
+    scripts: Scripts, *, slots: int = 4, ttl_ms: int = 60_000, worker_id: str | None = None,
+    models: Sequence[str] = ("loopback",),
 ) -> str:
-    """Register a fresh live worker and return its id."""
+    """Register a fresh live worker serving ``models`` and return its id."""
     wid = worker_id or new_worker_id()
     beat = await scripts.worker_heartbeat(wid, slots=slots, ttl_ms=ttl_ms, register=True,
-                                          drain=False)
+                                          drain=False, models=models)
     assert beat.state == "live"
     return wid
 

@@ -23,8 +23,13 @@ BYTES_PER_MS = 48
 
 
 def loopback() -> ConversationCore:
-    """A fresh loopback session's core."""
-    return ConversationCore.loopback("sess_cmd", now=T0)
+    """A fresh loopback session's core, push-to-talk (``turn_detection: null``), as the frame
+    backend's starts: these tests commit and create responses themselves."""
+    core = ConversationCore.loopback("sess_cmd", now=T0)
+    core.receive(msg.UpdateSession(session={"audio": {"input": {"turn_detection": None}}}), T0)
+    [updated] = core.events_to_send()
+    assert isinstance(updated, msg.SessionUpdated)
+    return core
 
 
 def frames() -> ConversationCore:

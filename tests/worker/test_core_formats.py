@@ -40,6 +40,16 @@ def formats(input_type: str, output_type: str) -> msg.UpdateSession:
                                                 "output": {"format": {"type": output_type}}}})
 
 
+def push_to_talk() -> ConversationCore:
+    """A loopback session with ``turn_detection: null``: the tests that use it commit and
+    create responses themselves, with a tone the default server_vad would take for a turn."""
+    core = ConversationCore.loopback("s", now=T0)
+    core.receive(msg.UpdateSession(session={"audio": {"input": {"turn_detection": None}}}), T0)
+    [updated] = drain(core)
+    assert isinstance(updated, msg.SessionUpdated)
+    return core
+
+
 def test_a_g711_session_is_accepted_and_shown() -> None:
     """audio/pcmu in and audio/pcma out are accepted and shown as the effective formats."""
     core = ConversationCore.loopback("s", now=T0)
@@ -55,7 +65,7 @@ def test_the_loopback_answers_a_mu_law_turn_in_a_law() -> None:
     """One second of mu-law in (8000 bytes) is 1 s of pcm16 24 kHz to the core: the commit
     takes it, the ledger counts 1000 ms, and the playback comes out as 8000 A-law bytes that
     decode to the same tone."""
-    core = ConversationCore.loopback("s", now=T0)
+    core = push_to_talk()
     core.receive(formats("audio/pcmu", "audio/pcma"), T0)
     sent = tone_8k(1000)
     for offset in range(0, 8000, 160):  # 20 ms telephony packets
@@ -123,7 +133,7 @@ def test_a_response_may_ask_for_its_own_format() -> None:
     """response.create with audio.output.format audio/pcmu in a pcm session: that response's
     audio is mu-law (a third of the bytes per millisecond, one byte a sample) and its
     response object says so; the next response is pcm again."""
-    core = ConversationCore.loopback("s", now=T0)
+    core = push_to_talk()
     second = (bytes(range(256)) * 188)[:48000]  # 1 s of pcm16 24 kHz
     core.receive(msg.AppendAudio(audio=second), T0)
     core.receive(msg.CommitInput(), T0)
@@ -146,7 +156,7 @@ def test_a_response_may_ask_for_its_own_format() -> None:
 
 
 @pytest.mark.parametrize("make", [
-    lambda: ConversationCore.loopback("s", now=T0),
+    push_to_talk,
     lambda: ConversationCore.frames("s", model="fake", frame_seconds=0.08, now=T0)])
 def test_an_odd_pcm16_append_is_refused_and_a_g711_one_is_not(make: Any) -> None:
     """Whole samples depend on the format: an odd-length append of pcm16 is invalid_value

@@ -53,6 +53,19 @@ def update(runner: ConversationCore, patch: dict[str, Any]) -> list[msg.Event]:
     return drain(runner)
 
 
+#: ``turn_detection: null``: the client commits and creates responses itself.
+PUSH_TO_TALK = {"audio": {"input": {"turn_detection": None}}}
+
+
+def push_to_talk() -> ConversationCore:
+    """A loopback session turned push-to-talk: the tests that use it commit and answer turns
+    themselves, with loud audio that the default server_vad would cut into turns of its own."""
+    runner = ConversationCore.loopback("s", now=T0)
+    [event] = update(runner, PUSH_TO_TALK)
+    assert isinstance(event, msg.SessionUpdated)
+    return runner
+
+
 OPENING = ["response.created", "output_item.added", "item.added", "item.created",
            "content_part.added"]
 AUDIO_CLOSING = ["audio.done", "transcript.done", "content_part.done", "item.done",
@@ -66,37 +79,78 @@ COMMIT = ["input.committed", "item.added", "item.created", "item.done"]
 
 
 def test_default_session_is_a_valid_ga_session() -> None:
-    """The effective session object validates as session.updated and carries the defaults."""
+    """The effective session object validates as session.updated and carries GA's defaults:
+    server_vad, pcm16 24 kHz both ways, voice marin."""
     runner = ConversationCore.loopback("sess_a", now=T0)
     [event] = update(runner, {})
     assert isinstance(event, msg.SessionUpdated)
     assert event.session == runner.session
     assert event.session["id"] == "sess_a"
     assert event.session["model"] == "loopback"
-    assert event.session["audio"]["input"]["turn_detection"] is None
+    audio = event.session["audio"]
+    assert audio["input"]["turn_detection"] == {
+        "type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
+        "silence_duration_ms": 500, "idle_timeout_ms": None, "create_response": True,
+        "interrupt_response": True}
+    assert audio["input"]["format"] == audio["output"]["format"] == {"type": "audio/pcm",
+                                                                     "rate": 24000}
+    assert audio["output"]["voice"] == "marin"
     assert event.session["extra_body"] == {"loopback_mode": "turn", "auto_response": False}
+
+
+def test_a_new_session_answers_a_spoken_turn_without_any_update() -> None:
+    """What a client that never sends session.update gets: the default server_vad hears the
+    turn, commits it at the end of speech and answers it (the loopback plays it back)."""
+    runner = ConversationCore.loopback("s", now=T0)
+    speech = pcm(400)
+    runner.receive(msg.AppendAudio(audio=speech), T0)
+    runner.receive(msg.AppendAudio(audio=bytes(48 * 600)), T0)  # 600 ms of silence
+    events = drain(runner)
+    assert kinds(events)[:3] == ["input.speech_started", "input.speech_stopped",
+                                 "input.committed"]
+    assert "response.created" in kinds(events)
+    runner.tick(T0 + 10)
+    answer = audio_of(events + drain(runner))
+    assert speech in answer
+
+
+def test_turn_detection_null_keeps_push_to_talk() -> None:
+    """With ``turn_detection: null`` nothing answers the same audio until the client commits
+    and creates the response itself."""
+    runner = push_to_talk()
+    speech = pcm(400)
+    runner.receive(msg.AppendAudio(audio=speech), T0)
+    runner.receive(msg.AppendAudio(audio=bytes(48 * 600)), T0)
+    runner.tick(T0 + 10)
+    assert drain(runner) == []
+    runner.receive(msg.CommitInput(), T0 + 10)
+    runner.receive(msg.CreateResponse(), T0 + 10)
+    runner.tick(T0 + 20)
+    events = drain(runner)
+    assert kinds(events)[0] == "input.committed" and "response.created" in kinds(events)
+    assert speech in audio_of(events)
 
 
 def test_update_deep_merges_known_keys() -> None:
     """A nested patch changes only the keys it names (a voice the loopback does not have
     shows as the one it speaks with)."""
     runner = ConversationCore.loopback("s", now=T0)
-    [event] = update(runner, {"instructions": "hi", "audio": {"output": {"voice": "marin",
+    [event] = update(runner, {"instructions": "hi", "audio": {"output": {"voice": "ash",
                                                                          "speed": 1.25}},
                               "extra_body": {"auto_response": True}})
     assert isinstance(event, msg.SessionUpdated)
     session = event.session
     assert session["instructions"] == "hi"
     assert session["audio"]["output"] == {"format": {"type": "audio/pcm", "rate": 24000},
-                                          "voice": "alloy", "speed": 1.25}
+                                          "voice": "marin", "speed": 1.25}
     assert session["extra_body"] == {"loopback_mode": "turn", "auto_response": True}
 
 
 def test_update_names_the_model_once_and_ignores_read_only_keys() -> None:
-    """The first model name a client sends becomes the session's (LiveKit sends it in every
-    update: the same name again is fine); ``id`` is read-only; another name later is
-    model_update_unsupported."""
+    """The session's name (the model it was placed for) may be repeated (LiveKit sends it in
+    every update); ``id`` is read-only; another name is model_update_unsupported."""
     runner = ConversationCore.loopback("s", now=T0)
+    runner.name("gpt-realtime")
     [event] = update(runner, {"type": "realtime", "model": "gpt-realtime", "id": "other"})
     assert isinstance(event, msg.SessionUpdated)
     assert (event.session["model"], event.session["id"]) == ("gpt-realtime", "s")
@@ -128,6 +182,8 @@ def test_update_names_the_model_once_and_ignores_read_only_keys() -> None:
         ({"tools": [{"type": "function"}]}, "invalid_value", "session.tools"),
         ({"output_modalities": ["text"], "extra_body": {"loopback_mode": "stream"}},
          "invalid_value", "session.extra_body.loopback_mode"),
+        ({"extra_body": {"loopback_mode": "stream"}}, "invalid_value",
+         "session.audio.input.turn_detection"),
     ],
 )
 def test_refused_update(patch: dict[str, Any], code: str, param: str) -> None:
@@ -161,7 +217,7 @@ def test_update_accepts_every_known_key() -> None:
     }
     [event] = update(runner, patch)
     assert isinstance(event, msg.SessionUpdated)
-    assert event.session["audio"]["output"]["voice"] == "alloy"  # the voice it really has
+    assert event.session["audio"]["output"]["voice"] == "marin"  # the voice it really has
     assert event.session["tools"] == [{"type": "function", "name": "f"}]
 
 
@@ -170,7 +226,7 @@ def test_update_accepts_every_known_key() -> None:
 
 def test_short_commit_is_refused() -> None:
     """Less than 100 ms buffered: input_audio_buffer_commit_empty, and the audio is kept."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = push_to_talk()
     runner.receive(msg.AppendAudio(audio=pcm(100)[: MIN_COMMIT_BYTES - 48]), T0)
     runner.receive(msg.CommitInput(event_id="evt_c"), T0)
     [error] = drain(runner)
@@ -184,7 +240,7 @@ def test_short_commit_is_refused() -> None:
 
 def test_commit_makes_user_items_in_a_chain() -> None:
     """Each commit becomes a completed user item whose previous_item_id is the conversation tail."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = push_to_talk()
     runner.receive(msg.AppendAudio(audio=pcm(100)), T0)
     runner.receive(msg.CommitInput(), T0)
     first = drain(runner)
@@ -200,7 +256,7 @@ def test_commit_makes_user_items_in_a_chain() -> None:
 
 def test_clear_empties_the_buffer() -> None:
     """input_audio_buffer.clear answers cleared; a commit afterwards has nothing to commit."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = push_to_talk()
     runner.receive(msg.AppendAudio(audio=pcm(200)), T0)
     runner.receive(msg.ClearInput(), T0)
     runner.receive(msg.CommitInput(), T0)
@@ -209,7 +265,7 @@ def test_clear_empties_the_buffer() -> None:
 
 def test_input_buffer_keeps_only_the_newest_audio() -> None:
     """A turn longer than the buffer cap keeps its newest part, so memory stays bounded."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = push_to_talk()
     old, new = pcm(1000, seed=3), pcm(60_000, seed=5)
     assert len(new) == MAX_BUFFER_BYTES
     runner.receive(msg.AppendAudio(audio=old), T0)
@@ -222,7 +278,7 @@ def test_input_buffer_keeps_only_the_newest_audio() -> None:
 
 def test_empty_append_is_ignored() -> None:
     """An append without audio changes nothing and emits nothing, even in stream mode."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = push_to_talk()
     update(runner, {"extra_body": {"loopback_mode": "stream"}})
     runner.receive(msg.AppendAudio(audio=b""), T0)
     assert drain(runner) == []
@@ -230,7 +286,7 @@ def test_empty_append_is_ignored() -> None:
 
 def test_heartbeat_is_acknowledged() -> None:
     """session.heartbeat gets a heartbeat ack."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = push_to_talk()
     runner.receive(msg.Heartbeat(event_id="hb"), T0)
     assert drain(runner) == [msg.HeartbeatAck()]
 
@@ -240,7 +296,7 @@ def test_heartbeat_is_acknowledged() -> None:
 
 def test_full_turn_in_ga_order_at_real_time_pace() -> None:
     """A 200 ms turn plays back in five 40 ms chunks, each released at start + its offset."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = push_to_talk()
     audio = pcm(200)
     committed(runner, audio)
     runner.receive(msg.CreateResponse(response={"metadata": {"client_event_id": "lk"}}), T0)
@@ -284,7 +340,7 @@ def test_full_turn_in_ga_order_at_real_time_pace() -> None:
 
 def test_late_tick_releases_every_due_chunk_in_order() -> None:
     """A tick long after the start releases all due audio at once, never dropping any."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = push_to_talk()
     audio = pcm(130)  # three full chunks and a partial one
     committed(runner, audio)
     runner.receive(msg.CreateResponse(), T0)
@@ -296,7 +352,7 @@ def test_late_tick_releases_every_due_chunk_in_order() -> None:
 
 def test_create_refusals() -> None:
     """No unanswered turn, or a response already active, refuses response.create."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = push_to_talk()
     runner.receive(msg.CreateResponse(event_id="c1"), T0)
     [error] = drain(runner)
     assert isinstance(error, msg.ErrorEvent)
@@ -314,7 +370,7 @@ def test_create_refusals() -> None:
 
 def test_each_turn_is_answered_once() -> None:
     """The last committed turn is answered once; a second create has no input left."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = push_to_talk()
     committed(runner, pcm(100, seed=1))
     committed(runner, pcm(100, seed=2))
     runner.receive(msg.CreateResponse(), T0)
@@ -331,7 +387,7 @@ def test_each_turn_is_answered_once() -> None:
 )
 def test_invalid_response_options(response: dict[str, Any], param: str) -> None:
     """Overrides that could not be echoed validly are refused with invalid_value and a param."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = push_to_talk()
     committed(runner, pcm(100))
     runner.receive(msg.CreateResponse(response=response, event_id="c"), T0)
     [error] = drain(runner)
@@ -341,7 +397,7 @@ def test_invalid_response_options(response: dict[str, Any], param: str) -> None:
 
 def test_text_response_completes_at_once() -> None:
     """A text-modality response has a text part and no audio events."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = push_to_talk()
     committed(runner, pcm(100))
     runner.receive(msg.CreateResponse(response={"output_modalities": ["text"]}), T0)
     events = drain(runner)
@@ -354,7 +410,7 @@ def test_text_response_completes_at_once() -> None:
 
 def test_auto_response_answers_each_commit() -> None:
     """With extra_body.auto_response in turn mode, a commit also creates the response."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = push_to_talk()
     update(runner, {"extra_body": {"auto_response": True}})
     runner.receive(msg.AppendAudio(audio=pcm(100)), T0)
     runner.receive(msg.CommitInput(), T0)
@@ -366,7 +422,7 @@ def test_auto_response_answers_each_commit() -> None:
 
 def test_cancel_mid_response_drops_unreleased_audio() -> None:
     """response.cancel ends the response cancelled, items incomplete, and drops unsent audio."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = push_to_talk()
     committed(runner, pcm(200))
     runner.receive(msg.CreateResponse(), T0)
     drain(runner)
@@ -385,7 +441,7 @@ def test_cancel_mid_response_drops_unreleased_audio() -> None:
 
 def test_cancel_refusals() -> None:
     """Cancel with nothing active, or naming another response, is response_cancel_not_active."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = push_to_talk()
     runner.receive(msg.CancelResponse(event_id="x1"), T0)
     errors = drain(runner)
     committed(runner, pcm(200))
@@ -406,7 +462,7 @@ def test_cancel_refusals() -> None:
 
 def test_stream_mode_echoes_each_append_at_once() -> None:
     """Stream mode opens a response on the first append and echoes exactly the appended bytes."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = push_to_talk()
     update(runner, {"extra_body": {"loopback_mode": "stream"}})
     runner.receive(msg.AppendAudio(audio=pcm(20, seed=1)), T0)
     first = drain(runner)
@@ -421,7 +477,7 @@ def test_stream_mode_echoes_each_append_at_once() -> None:
 
 def test_stream_commit_completes_the_streamed_response() -> None:
     """A commit in stream mode makes the user item and completes the open response."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = push_to_talk()
     update(runner, {"extra_body": {"loopback_mode": "stream"}})
     runner.receive(msg.AppendAudio(audio=pcm(120)), T0)
     drain(runner)
@@ -442,7 +498,7 @@ def test_stream_commit_completes_the_streamed_response() -> None:
 
 def test_stream_append_during_playback_is_buffered_not_echoed() -> None:
     """While a played-back turn owns the output, stream appends are only buffered."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = push_to_talk()
     committed(runner, pcm(200))
     runner.receive(msg.CreateResponse(), T0)
     update(runner, {"extra_body": {"loopback_mode": "stream"}})
@@ -457,7 +513,7 @@ def test_stream_append_during_playback_is_buffered_not_echoed() -> None:
 
 def test_close_cancels_the_active_response_then_ignores_everything() -> None:
     """session.close ends the response cancelled, sets close_requested, then nothing more."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = push_to_talk()
     committed(runner, pcm(200))
     runner.receive(msg.CreateResponse(), T0)
     drain(runner)
@@ -479,7 +535,7 @@ def test_close_cancels_the_active_response_then_ignores_everything() -> None:
 
 def test_close_when_idle_emits_nothing() -> None:
     """Closing an idle session emits no event: the store writes the terminal one."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = push_to_talk()
     runner.receive(msg.CloseSession(), T0)
     assert drain(runner) == []
     assert runner.close_requested == "client_close"
@@ -489,6 +545,8 @@ def test_close_when_idle_emits_nothing() -> None:
 
 _PATCHES = st.sampled_from([
     {}, {"extra_body": {"loopback_mode": "stream"}}, {"extra_body": {"loopback_mode": "turn"}},
+    PUSH_TO_TALK, {**PUSH_TO_TALK, "extra_body": {"loopback_mode": "stream"}},
+    {"audio": {"input": {"turn_detection": {"type": "server_vad"}}}},
     {"extra_body": {"auto_response": True}}, {"output_modalities": ["text"]},
     {"output_modalities": ["audio"]}, {"audio": {"input": {"format": {"type": "audio/pcmu"}}}},
     {"bogus": 1},

@@ -111,8 +111,11 @@ def answer(session: Session, name: str) -> list[str]:
 
 @pytest.mark.parametrize("name", BACKENDS)
 def test_push_to_talk_turn(name: str) -> None:
-    """append, commit, response.create: the user item, then the answer, then its end."""
+    """turn_detection null, then append, commit, response.create: the user item, then the
+    answer, then its end."""
     s = BACKENDS[name]()
+    assert s.send(msg.UpdateSession(session={"audio": {"input": {"turn_detection": None}}})) \
+        == ["session.updated"]
     assert s.append(tone(200)) == []
     assert s.send(msg.CommitInput()) == USER_TURN
     opened = s.send(msg.CreateResponse())

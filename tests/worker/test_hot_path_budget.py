@@ -32,7 +32,9 @@ CHUNK_BUDGET = 42
 
 SESSION_ID = "sess_w1.0123456789abcdef"
 TOKEN = WriteToken("epoch", 1)
-STREAM = m.UpdateSession(session={"type": "realtime", "extra_body": {"loopback_mode": "stream"}})
+STREAM = m.UpdateSession(session={"type": "realtime",
+                                  "extra_body": {"loopback_mode": "stream"},
+                                  "audio": {"input": {"turn_detection": None}}})
 CHUNK = m.encode_message(m.AppendAudio(audio=bytes(960)))  # 20 ms of pcm16 at 24 kHz
 
 

@@ -36,8 +36,14 @@ USER_TEXT = {"type": "message", "role": "user",
 
 
 def loopback() -> ConversationCore:
-    """A fresh loopback runner."""
-    return ConversationCore.loopback("sess_items", now=T0)
+    """A fresh loopback runner, push-to-talk (``turn_detection: null``), as the frame
+    backend's starts: these tests commit and create responses themselves."""
+    runner = ConversationCore.loopback("sess_items", now=T0)
+    runner.receive(msg.UpdateSession(session={"audio": {"input": {"turn_detection": None}}}),
+                   T0)
+    [updated] = runner.events_to_send()
+    assert isinstance(updated, msg.SessionUpdated)
+    return runner
 
 
 def frame_runner(explicit: bool = False) -> ConversationCore:

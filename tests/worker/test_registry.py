@@ -17,6 +17,7 @@ from inference_worker.backends.registry import (
     explicit_turns,
 )
 from inference_worker.core import ConversationCore
+from inference_worker.session_config import GA_TURN_DETECTION, PCM_FORMAT, default_session
 from store import messages as msg
 
 
@@ -51,6 +52,25 @@ def test_moshi_without_weights_says_where_to_put_them() -> None:
     """The moshi entry refuses to load without a model path, naming the setting."""
     with pytest.raises(ValueError, match="DUPLEX_GATEWAY_MODEL_PATH"):
         create_backend(BackendRequest(name="moshi", slots=1))
+
+
+@pytest.mark.parametrize(("name", "voice", "turn_detection"), [
+    ("loopback", "marin", dict(GA_TURN_DETECTION)),
+    ("fake", "fake", None),
+    ("moshi", "moshi", None),
+    ("cascade", "en_US-joe-medium", dict(CASCADE_TURN_DETECTION)),
+])
+def test_a_new_session_announces_what_its_backend_applies(
+        name: str, voice: str, turn_detection: dict[str, object] | None) -> None:
+    """What session.created announces per backend (the worker publishes its new session's
+    object): GA's pcm16 24 kHz both ways everywhere; where the worker detects turns (the
+    loopback) OpenAI's server_vad and default voice; the frame models' own turn taking (no
+    detector of the worker's: null) and voice; the cascade's own VAD and Piper voice."""
+    session = default_session("s", backend_entry(name).profile)
+    audio = session["audio"]
+    assert audio["input"]["format"] == audio["output"]["format"] == dict(PCM_FORMAT)
+    assert audio["output"]["voice"] == voice
+    assert audio["input"]["turn_detection"] == turn_detection
 
 
 def test_the_cascade_shows_the_turn_detection_its_vad_applies() -> None:

@@ -132,10 +132,17 @@ QUIET = FrameOutput(audio=silence(80), level=0.0)
 # ------------------------------------------------------------------------- session.update
 
 
-@pytest.mark.parametrize("make", [loopback, frame_runner])
-def test_turn_detection_defaults_to_null(make: Any) -> None:
-    """A new session reports turn_detection null (push-to-talk), unlike OpenAI's default."""
-    assert make().session["audio"]["input"]["turn_detection"] is None
+@pytest.mark.parametrize(("make", "default"), [
+    (loopback, {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
+                "silence_duration_ms": 500, "idle_timeout_ms": None, "create_response": True,
+                "interrupt_response": True}),
+    (frame_runner, None),
+])
+def test_a_new_session_starts_with_its_backends_turn_detection(
+        make: Any, default: dict[str, Any] | None) -> None:
+    """Where the worker detects turns (the loopback) a new session starts with OpenAI's
+    default server_vad; a frame backend's model takes turns itself, so null there."""
+    assert make().session["audio"]["input"]["turn_detection"] == default
 
 
 @pytest.mark.parametrize("make", [loopback, frame_runner])

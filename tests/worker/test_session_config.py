@@ -16,6 +16,7 @@ import pytest
 from inference_worker.audio_formats import AudioFormat
 from inference_worker.refusal import Refusal
 from inference_worker.session_config import (
+    GA_TURN_DETECTION,
     LOOPBACK,
     NATIVE_RESPONSE_OPTIONS,
     ResponseOptions,
@@ -23,6 +24,7 @@ from inference_worker.session_config import (
     apply_session_patch,
     check_session_patch,
     default_session,
+    effective_turn_detection,
     frame_profile,
     parse_response_options,
 )
@@ -112,30 +114,71 @@ def response_refused(request: Any, profile: SessionProfile = LOOPBACK) -> tuple[
 # --------------------------------------------------------------------------- defaults
 
 
-@pytest.mark.parametrize(("profile", "voice", "extra"), [
-    (LOOPBACK, "alloy", {"loopback_mode": "turn", "auto_response": False}),
-    (MOSHI, "moshi", {"end_of_turn_silence_ms": 800}),
-    (CASCADE, "joe", {"end_of_turn_silence_ms": 800}),
+SERVER_VAD = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
+              "silence_duration_ms": 500, "idle_timeout_ms": None, "create_response": True,
+              "interrupt_response": True}
+
+
+@pytest.mark.parametrize(("profile", "voice", "turn_detection", "extra"), [
+    (LOOPBACK, "marin", SERVER_VAD, {"loopback_mode": "turn", "auto_response": False}),
+    (MOSHI, "moshi", None, {"end_of_turn_silence_ms": 800}),
+    (CASCADE, "joe", None, {"end_of_turn_silence_ms": 800}),
 ])
 def test_a_new_session_reports_its_backend(profile: SessionProfile, voice: str,
+                                           turn_detection: dict[str, Any] | None,
                                            extra: dict[str, Any]) -> None:
-    """A new session names its backend's model, its default voice and its extension knobs, is
-    push-to-talk, and is a strictly valid GA session object."""
+    """A new session names its backend's model, its default voice and its extension knobs,
+    takes GA's formats, and is a strictly valid GA session object. Where the worker detects
+    turns (the loopback) it starts with GA's server_vad and voice marin; a frame backend's
+    model takes turns itself, so none of the worker's runs there."""
     session = session_of(profile)
     validate_strict(msg.SessionUpdated(session=session))
     assert (session["id"], session["model"]) == ("sess_1", profile.model)
+    assert session["audio"]["input"]["format"] == session["audio"]["output"]["format"] == PCM
     assert session["audio"]["output"]["voice"] == voice
-    assert session["audio"]["input"]["turn_detection"] is None
+    assert session["audio"]["input"]["turn_detection"] == turn_detection
     assert session["extra_body"] == extra
+
+
+def test_the_ga_turn_detection_is_server_vad_with_every_default_filled_in() -> None:
+    """The default a new loopback session shows is what the VAD's own defaults make of a bare
+    ``{"type": "server_vad"}``, and OpenAI's documented server_vad defaults."""
+    assert dict(GA_TURN_DETECTION) == effective_turn_detection({"type": "server_vad"})
+    assert dict(GA_TURN_DETECTION) == SERVER_VAD
+
+
+def test_turn_detection_null_is_push_to_talk_and_stays_so() -> None:
+    """An explicit ``turn_detection: null`` (GA or beta shape) turns the default server_vad
+    off, and a later update that does not name it leaves it off."""
+    for patch in ({"audio": {"input": {"turn_detection": None}}}, {"turn_detection": None}):
+        session = updated(patch)
+        assert session["audio"]["input"]["turn_detection"] is None
+        assert updated({"instructions": "x"}, current=session)["audio"]["input"][
+            "turn_detection"] is None
+
+
+def test_stream_mode_needs_turn_detection_turned_off_with_it() -> None:
+    """Stream mode echoes every chunk inside one open response, so a session cannot switch to
+    it while the default server_vad is on: the refusal says what to send, and the update that
+    sends it applies."""
+    refusal = check_session_patch({"extra_body": {"loopback_mode": "stream"}}, session_of())
+    assert isinstance(refusal, Refusal)
+    assert (refusal.code, refusal.param) == ("invalid_value",
+                                             "session.audio.input.turn_detection")
+    assert "turn_detection null" in refusal.message
+    session = updated({"extra_body": {"loopback_mode": "stream"},
+                       "audio": {"input": {"turn_detection": None}}})
+    assert session["extra_body"]["loopback_mode"] == "stream"
 
 
 def test_the_old_call_signatures_are_the_loopback_profile() -> None:
     """Callers that pass no profile get the loopback's rules."""
     current = default_session("s")
     assert current == default_session("s", LOOPBACK)
-    assert check_session_patch({"extra_body": {"loopback_mode": "stream"}}, current) is None
+    assert check_session_patch({"extra_body": {"loopback_mode": "stream"},
+                                "turn_detection": None}, current) is None
     patched = apply_session_patch({"audio": {"output": {"voice": "ash"}}}, current)
-    assert patched["audio"]["output"]["voice"] == "alloy"
+    assert patched["audio"]["output"]["voice"] == "marin"
 
 
 def test_a_profile_needs_a_voice() -> None:
@@ -152,7 +195,7 @@ def test_the_openai_agents_default_update_is_accepted_and_shown_truthfully() -> 
     shown as the one the loopback really uses, transcription as null (nothing transcribes),
     semantic_vad with its defaults filled in, and its instructions and tools kept."""
     session = updated(AGENTS_DEFAULT)
-    assert session["audio"]["output"]["voice"] == "alloy"
+    assert session["audio"]["output"]["voice"] == "marin"
     assert session["audio"]["input"]["transcription"] is None
     assert session["audio"]["input"]["turn_detection"] == {
         "type": "semantic_vad", "eagerness": "auto", "create_response": True,
@@ -287,11 +330,12 @@ def test_the_sessions_own_model_is_accepted(profile: SessionProfile, model: Any)
 
 @pytest.mark.parametrize(("profile", "model"), [(LOOPBACK, "gpt-realtime-2.1"),
                                                  (MOSHI, "loopback")])
-def test_the_first_model_name_a_client_gives_is_the_sessions(profile: SessionProfile,
-                                                             model: str) -> None:
-    """A deployment serves its backend under the name its clients use (openai-agents sends its
-    own default name): the first name given becomes the session's model."""
-    assert updated({"model": model}, profile)["model"] == model
+def test_a_session_keeps_the_model_it_was_placed_for(profile: SessionProfile,
+                                                     model: str) -> None:
+    """A session is placed on a worker of the model its client named (or the deployment's
+    default) and named after it: any other name, even in its first update, is refused."""
+    refusal = check_session_patch({"model": model}, session_of(profile), profile)
+    assert isinstance(refusal, Refusal) and refusal.code == "model_update_unsupported"
 
 
 @pytest.mark.parametrize(("profile", "model"), [(LOOPBACK, "gpt-realtime-2.1"),
@@ -380,7 +424,7 @@ def test_a_beta_session_is_mapped_onto_the_ga_object() -> None:
     audio = session["audio"]
     assert session["output_modalities"] == ["audio"]
     assert (audio["input"]["format"], audio["output"]["format"]) == (PCM, PCM)
-    assert audio["output"] == {"format": PCM, "voice": "alloy", "speed": 1.2}
+    assert audio["output"] == {"format": PCM, "voice": "marin", "speed": 1.2}
     assert audio["input"]["noise_reduction"] == {"type": "near_field"}
     assert audio["input"]["transcription"] is None
     assert audio["input"]["turn_detection"]["silence_duration_ms"] == 200
@@ -533,7 +577,7 @@ def test_a_response_without_options_takes_the_sessions() -> None:
     config = updated({**AGENTS_DEFAULT, "tool_choice": "none"})
     parsed = options(None, config=config)
     assert (parsed.output_modalities, parsed.voice, parsed.instructions) == (
-        ("audio",), "alloy", "Be brief.")
+        ("audio",), "marin", "Be brief.")
     assert parsed.output_format == PCM and parsed.tools == tuple(AGENTS_DEFAULT["tools"])
     assert (parsed.conversation, parsed.input, parsed.metadata) == ("auto", None, None)
     assert (parsed.tool_choice, parsed.max_output_tokens) == ("none", "inf")
@@ -562,7 +606,7 @@ def test_every_ga_response_option_is_honoured_by_the_loopback() -> None:
         "audio": {"output": {"voice": "ash", "format": {"type": "audio/pcm"}}},
     })
     assert parsed == ResponseOptions(
-        output_modalities=("text",), voice="alloy", output_format=PCM, instructions="Shout.",
+        output_modalities=("text",), voice="marin", output_format=PCM, instructions="Shout.",
         conversation="none", input=tuple(items), metadata={"topic": "x"},
         max_output_tokens=10, tools=tuple(tools), tool_choice="required",
         prompt={"id": "pmpt_1"}, reasoning={"effort": "high"}, parallel_tool_calls=True)

@@ -33,7 +33,8 @@ from store.messages import encode_message, is_terminal
 from tests.store._support import assert_one_terminal, events_of, open_session, until
 
 POISON = "poison"  # the event id of the heartbeat that arms a planted bug
-STREAM = {"extra_body": {"loopback_mode": "stream"}}
+STREAM = {"extra_body": {"loopback_mode": "stream"},
+          "audio": {"input": {"turn_detection": None}}}
 CHUNK = 960  # 20 ms of pcm16 at 24 kHz
 AUDIBLE = b"\x00\x10" * 1920  # 80 ms, loud
 

@@ -55,7 +55,8 @@ async def test_a_close_that_fails_is_tried_again_until_it_lands(
         async with serving(worker, redis_client):
             opened = await open_session(scripts, worker.worker_id)
             await append(scripts, opened.lease, msg.UpdateSession(
-                session={"extra_body": {"loopback_mode": "stream"}}))
+                session={"extra_body": {"loopback_mode": "stream"},
+                         "audio": {"input": {"turn_detection": None}}}))
 
             async def applied() -> bool:
                 return any(isinstance(e, msg.SessionUpdated)
