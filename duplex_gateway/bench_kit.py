@@ -172,18 +172,21 @@ class Server:
         return self.process.pid
 
 
-def _child_env() -> dict[str, str]:
-    """The environment of started servers: defaults, not the caller's DUPLEX_GATEWAY_*."""
+def _child_env(settings: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of started servers: defaults, not the caller's DUPLEX_GATEWAY_*, but
+    ``settings`` (the bench's own)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DUPLEX_GATEWAY_")}
     env["DUPLEX_GATEWAY_DRAIN_TIMEOUT_S"] = "1"  # the worker: no one will take over
-    return env
+    return {**env, **(settings or {})}
 
 
-def spawn(name: str, module_args: list[str], log_dir: Path) -> Server:
+def spawn(name: str, module_args: list[str], log_dir: Path, *,
+          settings: dict[str, str] | None = None) -> Server:
     log_path = log_dir / f"relay-{name}.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", *module_args], env=_child_env(), stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", *module_args], env=_child_env(settings),
+            stdin=subprocess.DEVNULL,
             stdout=log, stderr=subprocess.STDOUT,
             start_new_session=True)  # Ctrl-C reaches the bench, which stops them in order
     return Server(name, process, log_path)
@@ -221,8 +224,9 @@ def _http_ok(url: str) -> bool:
 
 
 def start_http_server(stack: contextlib.ExitStack, name: str, module_args: list[str],
-                       port: int, log_dir: Path) -> Server:
-    server = spawn(name, module_args, log_dir)
+                       port: int, log_dir: Path, *,
+                       settings: dict[str, str] | None = None) -> Server:
+    server = spawn(name, module_args, log_dir, settings=settings)
     stack.callback(stop_process, server.process)
     wait_until(lambda: _http_ok(f"http://127.0.0.1:{port}/readyz"), server, f"{name} ready")
     return server

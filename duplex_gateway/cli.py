@@ -148,7 +148,7 @@ async def _run_worker(args: argparse.Namespace) -> int:
             backend = await asyncio.to_thread(create_backend, request)
         except (ValueError, ImportError, OSError) as exc:
             raise SettingsError(f"cannot load the {settings.backend} backend: {exc}") from exc
-    metrics = WorkerMetrics(settings.backend)
+    metrics = WorkerMetrics(settings.backend, model=settings.models[0])
     if settings.metrics_port:
         try:
             serve_metrics(metrics, settings.metrics_port, settings.metrics_host)
@@ -449,6 +449,12 @@ def _bench_calls(args: argparse.Namespace) -> int:
     return run_calls_bench(args)
 
 
+def _bench_open(args: argparse.Namespace) -> int:
+    from duplex_gateway.bench_open import run_open_bench
+
+    return run_open_bench(connections=args.connections, output=args.output)
+
+
 def _bench_worker(args: argparse.Namespace) -> int:
     from duplex_gateway.bench_worker import run_worker_bench
 
@@ -456,11 +462,12 @@ def _bench_worker(args: argparse.Namespace) -> int:
 
 
 def _bench_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``bench relay|resume|leases|worker|calls``: each bench module declares its own
+    """``bench relay|resume|leases|worker|calls|open``: each bench module declares its own
     flags."""
     from duplex_gateway import (
         bench_calls,
         bench_leases,
+        bench_open,
         bench_relay,
         bench_resume,
         bench_worker,
@@ -482,6 +489,8 @@ def _bench_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
          _bench_worker),
         ("calls", "Redis CPU per chunk against sessions per script call, and the client's"
          " per call", bench_calls.add_arguments, _bench_calls),
+        ("open", "time to the first answer of ?model= connections, by client and quiet"
+         " period", bench_open.add_arguments, _bench_open),
     )
     for name, summary, add_arguments, run in commands:
         command = bench_sub.add_parser(name, help=summary, description=summary)

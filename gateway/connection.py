@@ -35,6 +35,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from gateway.notices import NoticeQueue
 from gateway.placement import place_session
+from gateway.protocol.backlog import OutputBacklog, OutputLimits
 from gateway.protocol.connection import (
     OUTPUT_STALLED,
     Action,
@@ -46,8 +47,6 @@ from gateway.protocol.connection import (
     FetchLog,
     GiveUpSession,
     OpenSession,
-    OutputBacklog,
-    OutputLimits,
     ResumeSession,
     SendFrame,
     TrimLog,

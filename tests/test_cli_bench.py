@@ -26,7 +26,7 @@ from duplex_gateway.bench_resume import cuts_per_session
 from duplex_gateway.cli import _parser
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ("relay", "resume", "leases", "worker", "calls")
+BENCHES = ("relay", "resume", "leases", "worker", "calls", "open")
 
 # (command line after `bench`, the flag argparse names, what its message says)
 BAD_ARGUMENTS = [
@@ -57,6 +57,7 @@ BAD_ARGUMENTS = [
     (["calls", "--per-call", "1,x"], "--per-call", "'x' is not a whole number"),
     (["calls", "--seconds", "0"], "--seconds", "must be a finite number above 0"),
     (["calls", "--calls", "-3"], "--calls", "must be at least 1, got -3"),
+    (["open", "--connections", "0"], "--connections", "must be at least 1, got 0"),
 ]
 
 

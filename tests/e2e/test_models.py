@@ -16,14 +16,15 @@ import pytest
 from openai import AsyncOpenAI, NotFoundError
 from websockets.asyncio.client import ClientConnection, connect
 
+from store.embedded import free_port
 from store.keys import WorkerKeys, worker_of_session
 from store.models import decode_models
-from tests.e2e.stack import Proc, Stack, http_answer
+from tests.e2e.helpers import PUSH_TO_TALK_SESSION
+from tests.e2e.stack import Proc, Stack, http_answer, wait_for
 from tests.gateway.strict import validate_server_event
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
-PUSH_TO_TALK: dict[str, Any] = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
 
 
 async def first_event(ws: ClientConnection) -> dict[str, Any]:
@@ -38,7 +39,8 @@ async def open_on(gateway: Proc, query: str, session: dict[str, Any] | None = No
     """A connection whose first frame is ``session.update`` (``session``, push-to-talk by
     default), and its first answer."""
     ws = await connect(f"{gateway.ws_url}{query}")
-    await ws.send(json.dumps({"type": "session.update", "session": session or PUSH_TO_TALK}))
+    update = {"type": "session.update", "session": session or PUSH_TO_TALK_SESSION}
+    await ws.send(json.dumps(update))
     return ws, await first_event(ws)
 
 
@@ -66,7 +68,7 @@ async def test_sessions_land_by_model_and_each_model_has_its_own_capacity(
     for query, session, model, pool in (
             ("?model=alpha", None, "alpha", ("alpha",)),
             ("?model=beta-latest", None, "beta-latest", ("beta", "beta-latest")),
-            ("", {**PUSH_TO_TALK, "model": "beta"}, "beta", ("beta", "beta-latest")),
+            ("", {**PUSH_TO_TALK_SESSION, "model": "beta"}, "beta", ("beta", "beta-latest")),
             ("?model=alpha", None, "alpha", ("alpha",))):
         ws, created = await open_on(gateway, query, session)
         held.append(ws)
@@ -117,10 +119,20 @@ async def test_the_fleet_lists_its_models(stack: Stack) -> None:
     """``client.models.list()`` of the openai SDK, ``/readyz`` per model and in detail, and
     ``duplex-gateway status`` name the same models with their capacity."""
     gateway = stack.gateway()
-    stack.worker(slots=3, models=("alpha",))
+    alpha = stack.worker(slots=3, models=("alpha",), metrics_port=free_port())
     stack.worker(slots=2, backend="fake", models=("beta", "beta-latest"))
     ws, created = await open_on(gateway, "?model=alpha")
     assert created["type"] == "session.created"
+
+    def exported(line: str) -> bool:
+        answer = http_answer(f"http://127.0.0.1:{alpha.port}/metrics")
+        return answer is not None and line in answer[1].splitlines()
+
+    # The worker's capacity per model, as the dashboard sums it (set on every heartbeat).
+    for line in ('duplex_worker_slots{backend="loopback",model="alpha"} 3.0',
+                 'duplex_worker_sessions{backend="loopback",model="alpha"} 1.0',
+                 'duplex_worker_free_slots{backend="loopback",model="alpha"} 2.0'):
+        wait_for(lambda line=line: exported(line), line)  # type: ignore[misc]
 
     client = AsyncOpenAI(api_key="sk-test", base_url=gateway.http_url + "/v1", max_retries=0)
     listed = await client.models.list()

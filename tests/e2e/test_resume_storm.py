@@ -25,6 +25,7 @@ from gateway.auth import tenant_of_key
 from store.keys import WorkerKeys, tenant_sessions, worker_of_session
 from tests.cluster import Cluster, start_cluster
 from tests.e2e.conftest import FAST_ENV
+from tests.e2e.helpers import PUSH_TO_TALK_SESSION
 from tests.e2e.stack import Proc, Stack
 from tests.gateway.strict import validate_server_event
 
@@ -33,7 +34,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 SESSIONS = 6
 KEY = "sk-storm"
 PCM = bytes(range(256)) * 75  # 0.4 s of audio: the loopback plays it back over 10 deltas
-PUSH_TO_TALK: dict[str, Any] = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
 
 
 @dataclass
@@ -87,7 +87,7 @@ async def sdk(gateway: Proc) -> AsyncIterator[_Json]:
 async def open_and_start(gateway: Proc, seen: Seen) -> None:
     """Open a session, start a response and read until its first audio."""
     async with raw(gateway) as conn:
-        await conn.send({"type": "session.update", "session": PUSH_TO_TALK})
+        await conn.send({"type": "session.update", "session": PUSH_TO_TALK_SESSION})
         created = await conn.event()
         assert created["type"] == "session.created", created
         seen.session_id, seen.token = created["session_id"], created["resume_token"]

@@ -116,6 +116,10 @@ async def test_status_reports_every_worker_and_session_figure(stack: Stack) -> N
         "tick_p99_ms": None}
     assert isinstance(workers[fake]["tick_p99_ms"], float)
     assert workers[fake]["tick_p99_ms"] > 0
+    assert (workers[fake]["models"], workers[loopback]["models"]) == (["fake"], ["loopback"])
+    assert document["models"] == {
+        "fake": {"workers": 1, "admitting": 1, "slots": 4, "used": 1, "free": 3},
+        "loopback": {"workers": 1, "admitting": 1, "slots": 8, "used": 3, "free": 5}}
     assert workers[fake]["sessions"] == {"attached": 1, "detached": 0}
     assert workers[loopback]["sessions"] == {"attached": 2, "detached": 1}
     for worker in workers.values():  # live: beat within its TTL
@@ -128,11 +132,14 @@ async def test_status_reports_every_worker_and_session_figure(stack: Stack) -> N
     text = await asyncio.to_thread(status_command, "--redis-url", stack.url)
     assert text.returncode == 0, text.stderr
     rows = {line.split()[0]: line.split() for line in text.stdout.splitlines() if line}
-    assert rows[fake][1:4] == ["live", "fake", "1/4"]
-    assert float(rows[fake][4]) > 0
-    assert rows[loopback][1:5] == ["live", "loopback", "3/8", "-"]
+    assert rows[fake][1:5] == ["live", "fake", "fake", "1/4"]
+    assert float(rows[fake][5]) > 0
+    assert rows[loopback][1:6] == ["live", "loopback", "loopback", "3/8", "-"]
     for worker_id in (fake, loopback):
-        assert 0 <= float(rows[worker_id][5]) <= HEARTBEAT_TTL_MS / 1000
+        assert 0 <= float(rows[worker_id][6]) <= HEARTBEAT_TTL_MS / 1000
+    # Per model: workers, admitting, sessions/slots, free slots.
+    assert (rows["fake"], rows["loopback"]) == (["fake", "1", "1", "1/4", "3"],
+                                                ["loopback", "1", "1", "3/8", "5"])
     assert (rows["attached"], rows["detached"], rows["total"]) == (
         ["attached", "3"], ["detached", "1"], ["total", "4"])
     assert (rows[t1], rows[t2]) == ([t1, "2"], [t2, "2"])

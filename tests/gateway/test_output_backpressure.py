@@ -20,15 +20,13 @@ from starlette.websockets import WebSocket
 from websockets.asyncio.client import connect
 
 from gateway.connection import _transport_of
+from gateway.protocol.backlog import Backlog, OutputBacklog, OutputLimits
 from gateway.protocol.connection import (
     OUTPUT_STALLED,
-    Backlog,
     CloseConnection,
     ConnectionCore,
     ConnectionState,
     DetachLease,
-    OutputBacklog,
-    OutputLimits,
     SendFrame,
 )
 from gateway.protocol.errors import CloseCode

@@ -86,8 +86,8 @@ async def test_worker_loads_orders_and_filters(scripts: Scripts, redis_client: R
     await expire_heartbeat(redis_client, scripts, lost)
     await reap_until_lost(scripts, lost)
     loads = await worker_loads(redis_client, [busy, lost, new_worker_id(), idle])
-    assert all(load.since_ms > 0 for load in loads), "registration times"
-    assert [dataclasses.replace(load, since_ms=0) for load in loads] == [
+    assert all(load.since_ms > 0 and load.alive_until_ms > load.since_ms for load in loads)
+    assert [dataclasses.replace(load, since_ms=0, alive_until_ms=0) for load in loads] == [
         WorkerLoad(worker_id=idle, state="live", slots=3, used=1, models=("loopback",)),
         WorkerLoad(worker_id=busy, state="live", slots=2, used=1, models=("loopback",))]
     assert [load.free for load in loads] == [2, 1]
