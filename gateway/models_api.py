@@ -24,6 +24,7 @@ from gateway.settings import GatewaySettings
 from store.client import RedisClient
 from store.directory import ModelFleet, fleet_models
 from store.errors import StoreError
+from store.models import is_model_name
 
 __all__ = ["OWNED_BY", "list_models", "model_readiness", "render_model", "retrieve_model"]
 
@@ -78,8 +79,9 @@ async def retrieve_model(request: Request, settings: GatewaySettings,
     name = request.path_params["model"]
     model = fleet.get(name)
     if model is None:
-        return error_response(404, "model_not_found",
-                              f"The model {name!r} is not served here.", param="model")
+        asked = f"The model {name!r}" if is_model_name(name) else "The model asked for"
+        return error_response(404, "model_not_found", f"{asked} is not served here.",
+                              param="model")
     return JSONResponse(render_model(model))
 
 
@@ -94,7 +96,7 @@ async def model_readiness(request: Request, client: RedisClient) -> Response:
     if name is not None:
         if name in fleet:
             return PlainTextResponse("ready")
-        return PlainTextResponse(f"model {name!r} has no live worker", status_code=503)
+        return PlainTextResponse("the model has no live worker", status_code=503)
     detail = {model.name: {"workers": model.workers, "admitting": model.admitting,
                            "slots": model.slots, "used": model.used, "free": model.free}
               for model in fleet.values()}

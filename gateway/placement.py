@@ -34,6 +34,7 @@ from store.directory import (
 )
 from store.keys import new_session_id
 from store.messages import JsonObject
+from store.models import is_model_name
 
 __all__ = ["Placement", "place_session", "policy_of"]
 
@@ -67,9 +68,10 @@ def _no_room(model: str | None) -> ClientProtocolError:
 
 def _not_served(model: str, loads: list[WorkerLoad]) -> ClientProtocolError:
     served = sorted({name for load in loads for name in load.models})
+    # A name no worker could serve is not quoted back: it is the client's text, of any size.
+    asked = f"The model {model!r}" if is_model_name(model) else "The model asked for"
     return ClientProtocolError(
-        ErrorCode.MODEL_NOT_FOUND,
-        f"The model {model!r} is not served here; served: {', '.join(served)}",
+        ErrorCode.MODEL_NOT_FOUND, f"{asked} is not served here; served: {', '.join(served)}",
         param="model", close_code=CloseCode.POLICY_VIOLATION)
 
 

@@ -110,6 +110,32 @@ def test_heartbeat_ttl_must_exceed_the_interval(ttl: float, accepted: bool) -> N
         from_env(WorkerSettings, env)
 
 
+@pytest.mark.parametrize(("delay", "accepted"), [("0", True), ("9.9", True), ("10", False)])
+def test_the_url_open_delay_must_be_under_the_first_message_timeout(delay: str,
+                                                                     accepted: bool) -> None:
+    """A quiet period as long as the first-message timeout would never open anything."""
+    env = {"DUPLEX_GATEWAY_URL_OPEN_DELAY_S": delay}
+    if accepted:
+        assert from_env(GatewaySettings, env).url_open_delay_s == float(delay)
+        return
+    with pytest.raises(SettingsError, match=r"URL_OPEN_DELAY_S.*FIRST_MESSAGE_TIMEOUT_S"):
+        from_env(GatewaySettings, env)
+
+
+def test_served_model_names_are_model_names_each_once() -> None:
+    """The worker's names: its own first; empty means its backend's name; a duplicate, a
+    malformed name or too many are refused naming the flag."""
+    assert WorkerSettings().models == ("loopback",)
+    assert from_env(WorkerSettings, {"DUPLEX_GATEWAY_SERVED_MODEL_NAMES":
+                                     "moshi, kyutai/moshiko-pytorch-bf16"}).models == (
+        "moshi", "kyutai/moshiko-pytorch-bf16")
+    for names in (("a", "a"), ("bad name",), tuple(f"m{i}" for i in range(17))):
+        with pytest.raises(SettingsError, match="--served-model-name"):
+            from_env(WorkerSettings, served_model_names=names)
+    with pytest.raises(SettingsError, match="DUPLEX_GATEWAY_DEFAULT_MODEL"):
+        from_env(GatewaySettings, {"DUPLEX_GATEWAY_DEFAULT_MODEL": "-x"})
+
+
 @pytest.mark.parametrize("fraction", ["1", "0.01"])
 def test_tick_budget_fraction_takes_its_bounds(fraction: str) -> None:
     """TICK_BUDGET_FRACTION takes 1 (the whole frame) and small fractions above 0."""

@@ -91,6 +91,11 @@ async def test_sessions_land_by_model_and_each_model_has_its_own_capacity(
     assert "alpha" in unknown["error"]["message"] and "beta-latest" in unknown["error"]["message"]
     await ws.wait_closed()
     assert ws.close_code == 1008
+    huge = "x" * 1000  # not a model name (over 128): refused without being quoted back
+    ws, unknown = await open_on(gateway, "", {**PUSH_TO_TALK_SESSION, "model": huge})
+    assert unknown["error"]["code"] == "model_not_found"
+    assert len(unknown["error"]["message"]) < 200
+    await ws.close()
     async with connect(f"{gateway.ws_url}?model=gamma") as quiet:  # waits for session.created
         assert (await first_event(quiet))["error"]["code"] == "model_not_found"
         await quiet.wait_closed()
