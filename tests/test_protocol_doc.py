@@ -1,4 +1,4 @@
-"""docs/protocol.md is held to the code: what it lists is exactly what the gateway speaks.
+"""docs/reference/protocol.md is held to the code: what it lists is exactly what the gateway speaks.
 
 The code's side is derived from the code itself, never from a hand list: the client event
 types are the codec's dispatch table and the fields each parser reads (read from
@@ -43,7 +43,7 @@ from store import messages as m
 from tests.gateway.strict import validate_server_event
 
 ROOT = Path(__file__).resolve().parent.parent
-DOC = ROOT / "docs" / "protocol.md"
+DOC = ROOT / "docs" / "reference" / "protocol.md"
 KINDS = frozenset({"GA", "beta alias", "seed extension", "ours"})
 # Every server and client event has these; the tables list the other fields.
 ALWAYS = frozenset({"type", "event_id"})
@@ -87,7 +87,7 @@ def doc_table(first_header: str) -> dict[str, Row]:
     """The rows of the one table whose first header cell is ``first_header``, by name."""
     lines = doc_lines()
     starts = [i for i, line in enumerate(lines) if _cells(line)[:1] == [first_header]]
-    assert len(starts) == 1, f"docs/protocol.md needs exactly one '| {first_header} |' table"
+    assert len(starts) == 1, f"{DOC.name} needs exactly one '| {first_header} |' table"
     header = _cells(lines[starts[0]])
     rows: dict[str, Row] = {}
     for i in range(starts[0] + 2, len(lines)):  # past the header and its --- line

@@ -1,4 +1,4 @@
-"""Settings: environment variables, flags, errors, and the README table agree with the code."""
+"""Settings: environment variables, flags, errors, and the settings page agree with the code."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from store.config import (
     from_env,
 )
 
-README = Path(__file__).resolve().parent.parent / "README.md"
-# Every settings object a process reads; the README's table documents each field once.
+SETTINGS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "reference" / "settings.md"
+# Every settings object a process reads; the settings page's table documents each field once.
 SETTINGS_CLASSES = (GatewaySettings, WorkerSettings, LogSettings)
 
 
@@ -162,16 +162,17 @@ _ROW = re.compile(r"^\| `(DUPLEX_GATEWAY_\w+)` \| [^|]+ \| `([^`]*)` \| (.*) \|$
 _TRAILING = re.compile(r"\(([^()]*)\)$")
 
 
-def readme_rows() -> dict[str, tuple[str, str]]:
-    """The README's settings table: variable -> (default, meaning)."""
-    return {name: (default, meaning) for name, default, meaning in _ROW.findall(README.read_text())}
+def documented_rows() -> dict[str, tuple[str, str]]:
+    """The settings page's table: variable -> (default, meaning)."""
+    rows = _ROW.findall(SETTINGS_PAGE.read_text())
+    return {name: (default, meaning) for name, default, meaning in rows}
 
 
 def range_mismatches(classes: Iterable[type[Any]], meanings: dict[str, str]) -> list[str]:
-    """The variables whose README meaning does not end with the range their field accepts.
+    """The variables whose documented meaning does not end with the range their field accepts.
 
     A field without a range must not end with a range some other field has: that is the text
-    a range removed in code but not in the README leaves behind.
+    a range removed in code but not in the docs leaves behind.
     """
     fields = [f for cls in classes for f in dataclasses.fields(cls)]
     texts = {f.name: documented_range(f) for f in fields}
@@ -186,9 +187,9 @@ def range_mismatches(classes: Iterable[type[Any]], meanings: dict[str, str]) -> 
     return wrong
 
 
-def test_readme_table_matches_the_settings() -> None:
-    """Every field is in the README's table with its default, and nothing else is."""
-    rows = {name: default for name, (default, _) in readme_rows().items()}
+def test_settings_page_table_matches_the_settings() -> None:
+    """Every field is in the settings page's table with its default, and nothing else is."""
+    rows = {name: default for name, (default, _) in documented_rows().items()}
     expected: dict[str, str] = {}
     for cls in SETTINGS_CLASSES:
         for f in dataclasses.fields(cls):
@@ -198,15 +199,15 @@ def test_readme_table_matches_the_settings() -> None:
     assert rows == expected
 
 
-def test_each_readme_row_ends_with_the_range_its_field_accepts() -> None:
+def test_each_settings_row_ends_with_the_range_its_field_accepts() -> None:
     """A row's meaning ends with its field's range, as store.config words it, in parentheses."""
-    meanings = {name: meaning for name, (_, meaning) in readme_rows().items()}
+    meanings = {name: meaning for name, (_, meaning) in documented_rows().items()}
     assert range_mismatches(SETTINGS_CLASSES, meanings) == []
 
 
 @dataclasses.dataclass(frozen=True)
 class _Drifted:
-    """One setting whose range the code changed: at least 1 where the README says above 0."""
+    """One setting whose range the code changed: at least 1 where the docs say above 0."""
 
     slots: int = dataclasses.field(default=1, metadata={"accepts": POSITIVE_COUNT})
     idle_ttl_s: float = dataclasses.field(default=1.0, metadata={"accepts": POSITIVE})
@@ -223,7 +224,7 @@ class _Drifted:
     ({"DUPLEX_GATEWAY_SLOTS": "(at least 1)", "DUPLEX_GATEWAY_IDLE_TTL_S": "(above 0)",
       "DUPLEX_GATEWAY_MODEL_PATH": "weights (a directory)"}, []),
 ])
-def test_a_range_changed_in_code_but_not_in_the_readme_is_found(meanings: dict[str, str],
+def test_a_range_changed_in_code_but_not_in_the_docs_is_found(meanings: dict[str, str],
                                                                  wrong: list[str]) -> None:
     """A stale, missing or leftover range text is reported; a free field's own note is not."""
     assert range_mismatches([_Drifted], meanings) == wrong

@@ -13,10 +13,10 @@ Every frame is followed by a probe, a ``response.cancel`` whose ``event_id`` is 
 and which names no response: the worker refuses it in log order, so by the time the refusal
 naming the marker is read, everything the gateway and the worker answered to the frame has
 been read too, and the session is known to be usable. A frame that closes the connection is
-followed by a resume instead (the README: a session whose connection is lost is detached and
+followed by a resume instead (the docs: a session whose connection is lost is detached and
 resumable), or, when the frame ended the session, by a new session.
 
-What must hold (README, Protocol and Errors):
+What must hold (docs/reference/protocol.md):
 
 * every ``error`` a fuzz connection gets has a documented code, and every close code is a
   documented one that the frame may cause (never 1006, and never 1011: that one means a
@@ -78,13 +78,13 @@ ANSWER_TIMEOUT_S = 5.0
 # Acceptance criterion: the longest gap between two consecutive echoes of a bystander.
 STALL_LIMIT_S = 1.0
 
-# README, Errors: the codes of the gateway's own table that a client's frames may cause, the
+# Docs, Errors: the codes of the gateway's own table that a client's frames may cause, the
 # codes its resume and rate-limit rules add, and the refusals decided by the worker.
 GATEWAY_CODES = frozenset({
     "unsupported_session_resume", "session_resume_expired", "invalid_resume_token",
     "invalid_event_ack", "resource_exhausted", "rate_limit_exceeded",
 })
-# Every refusal docs/protocol.md's error table gives the worker (its "from" column), but
+# Every refusal the protocol page's error table gives the worker (its "from" column), but
 # model_error (a model that failed: no client frame may cause one). A playback.ack with a null
 # (absent) item_id and an unknown response_id is refused playback_item_not_found, say.
 _FROM = column("error code", "from")
@@ -101,7 +101,7 @@ BROKEN_REASONS = frozenset({
     "log_rewound", "internal_error",
 })
 BOUNDS_CODES = frozenset({"invalid_value", "invalid_json"})
-# README, Errors: the close that comes with an error code.
+# Docs, Errors: the close that comes with an error code.
 CLOSE_BY_CODE = {
     "event_too_large": 1009, "session_resume_expired": 1008, "invalid_resume_token": 1008,
     "resource_exhausted": 1013, "rate_limit_exceeded": 1013,
@@ -135,7 +135,7 @@ class Frame:
 
     @property
     def expected_close(self) -> int | None:
-        """The close code the README gives for this frame, or None: the session stays usable."""
+        """The close code the docs give for this frame, or None: the session stays usable."""
         if self.size > MAX_FRAME:
             return 1009
         if self.text and isinstance(self.data, bytes) and not _is_utf8(self.data):
@@ -144,7 +144,7 @@ class Frame:
 
     @property
     def expected_code(self) -> str | None:
-        """The error the README gives before that close, where the gateway reads the frame
+        """The error the docs give before that close, where the gateway reads the frame
         (one over the websocket server's own limit is closed before the gateway sees it)."""
         if MAX_FRAME < self.size <= PROTOCOL_MAX_FRAME:
             return "event_too_large"
@@ -226,7 +226,7 @@ SESSION_SLOTS: dict[str, Callable[[Any], JsonDict]] = {
     "session.tools[0].parameters": lambda v: {
         "type": "realtime", "tools": [{"type": "function", "name": "fuzz", "parameters": v}]},
 }
-IGNORED_FIELD = "x_fuzz"  # unknown top-level fields are ignored (README: additive extensions)
+IGNORED_FIELD = "x_fuzz"  # unknown top-level fields are ignored (docs: additive extensions)
 
 Slot: TypeAlias = tuple[str, str]  # (event type, field or SESSION_SLOTS path)
 FIELD_SLOTS: list[Slot] = [(type_, name) for type_ in sorted(VALID_EVENTS)
@@ -486,7 +486,7 @@ class Outcome:
     problems: tuple[str, ...] = ()
 
     def violations(self) -> list[str]:
-        """Each way this answer departs from the README."""
+        """Each way this answer departs from the docs."""
         found = [f"undocumented error code {code!r}" for code in self.errors
                  if code not in DOCUMENTED_ERROR_CODES]
         if self.close_code is not None and self.close_code not in FUZZ_CLOSE_CODES:
@@ -520,7 +520,7 @@ class Answer:
             self.ended = str(data.get("reason"))
 
     def check(self, frame: Frame) -> None:
-        """Add what the README's per-frame rules say about the close (or its absence)."""
+        """Add what the docs' per-frame rules say about the close (or its absence)."""
         expected, got = frame.expected_close, self.close_code
         if expected is not None and got != expected:
             self.problems.append(f"expected close {expected}, got {got}")
@@ -569,7 +569,7 @@ def report(outcomes: Sequence[Outcome]) -> list[str]:
 
 
 def assert_documented(outcomes: Sequence[Outcome], procs: Sequence[Proc] = ()) -> None:
-    """No outcome departs from the README; the message says how, and which process exited."""
+    """No outcome departs from the docs; the message says how, and which process exited."""
     lines = report(outcomes)
     exited = [f"the {proc.name} exited with {proc.process.returncode}" for proc in procs
               if proc.process.poll() is not None]
@@ -719,7 +719,7 @@ class FuzzSession:
 
     async def _recover(self, answer: Answer) -> None:
         """After a close: an ended session is replaced on the next frame; a detached one must
-        resume (README: detached, resumable), and is then probed to read what it replays."""
+        resume (docs: detached, resumable), and is then probed to read what it replays."""
         if answer.ended is not None or self._session_id is None:
             self._session_id = None
             return
@@ -899,7 +899,7 @@ def _stop_quietly(bystanders: Bystanders) -> None:
 
 
 def refused_as_out_of_bounds(outcome: Outcome) -> bool:
-    """README (bounds on depth, surrogates, numbers): an ``error``, the session usable."""
+    """Docs (bounds on depth, surrogates, numbers): an ``error``, the session usable."""
     return (bool(outcome.errors) and set(outcome.errors) <= BOUNDS_CODES
             and outcome.close_code is None and outcome.ended is None)
 
@@ -924,13 +924,13 @@ def refused_or_ended_cleanly(outcome: Outcome) -> bool:
 
 
 def invalid_utf8_closed_1007(outcome: Outcome) -> bool:
-    """README: ``invalid_json``, then close 1007 (RFC 6455); the session resumes (a failed
+    """Docs: ``invalid_json``, then close 1007 (RFC 6455); the session resumes (a failed
     resume is a problem of the outcome, checked before this)."""
     return outcome.errors == ("invalid_json",) and outcome.close_code == 1007
 
 
 def resume_refused_open(outcome: Outcome) -> bool:
-    """README: malformed resume fields get ``invalid_session_resume``, and no close."""
+    """Docs: malformed resume fields get ``invalid_session_resume``, and no close."""
     return outcome.errors == ("invalid_session_resume",) and outcome.close_code is None
 
 
@@ -1038,8 +1038,8 @@ def test_every_client_event_type_is_fuzzed() -> None:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("case", REGRESSIONS, ids=lambda case: case.name)
 def test_regression_frame_gets_its_documented_answer(live: LiveStack, case: Regression) -> None:
-    """Each named frame that once broke the gateway or the worker gets the README's answer
-    for it, and nothing the README does not list, while the bystanders stream."""
+    """Each named frame that once broke the gateway or the worker gets the docs' answer
+    for it, and nothing the docs do not list, while the bystanders stream."""
     outcomes = live.run(send_regression(live.gateway.ws_url, live.target_id, case))
     assert_documented(outcomes, (live.gateway, live.worker))
     outcome = outcomes[0]

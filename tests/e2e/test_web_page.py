@@ -36,9 +36,9 @@ SILENCE_AFTER_S = 14.0
 # ...and a loop whose next question comes while the answer (longer than it) still plays.
 BARGE_IN_SILENCE_S = 1.0
 INSTALL = "apt-get install -y chromium chromium-driver"
-#: Set to write the README's screenshot, docs/web-page.png, as well as the log folder's.
+#: Set to write the quickstart's screenshot (DOCS_SCREENSHOT) as well as the log folder's.
 DOCS_SCREENSHOT_VARIABLE = "DUPLEX_WRITE_DOCS_SCREENSHOT"
-DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "web-page.png"
+DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "getting-started" / "web-page.png"
 
 
 def browser_binaries() -> tuple[str, str]:
@@ -198,7 +198,7 @@ API_KEY = "page-test-key"
 
 
 def mint_client_secret(gateway: Proc, api_key: str) -> str:
-    """``POST /v1/realtime/client_secrets`` as the README shows it; the ``ek_...`` value."""
+    """``POST /v1/realtime/client_secrets`` as the browser guide shows it; the ``ek_...`` value."""
     request = urllib.request.Request(
         gateway.http_url + "/v1/realtime/client_secrets", method="POST",
         data=json.dumps({"expires_after": {"anchor": "created_at", "seconds": 600},
