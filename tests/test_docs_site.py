@@ -3,6 +3,7 @@ missing include fails the build, and so fails the suite."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -48,3 +49,23 @@ def test_a_broken_link_an_unknown_anchor_and_an_orphan_page_each_fail_the_build(
     assert "no-such-page.md" in output
     assert "no-such-heading" in output
     assert "orphan.md" in output and "toctree" in output
+
+
+# A Markdown link or image: [text](target) / ![alt](target).
+_LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _local_targets(page: Path) -> list[str]:
+    return [t for t in _LINK.findall(page.read_text())
+            if not re.match(r"^[a-z][a-z0-9+.-]*:", t) and not t.startswith("#")]
+
+
+@pytest.mark.parametrize("name", ["README.md", "CONTRIBUTING.md", "CHANGELOG.md"])
+def test_the_root_pages_link_only_to_files_that_exist(name: str) -> None:
+    """Sphinx does not read the root pages: their links into docs/ are checked here."""
+    page = ROOT / name
+    missing = [t for t in _local_targets(page)
+               if not (page.parent / t.split("#", 1)[0]).exists()]
+    assert missing == [], f"{name} links to files that do not exist"
+    if name == "README.md":
+        assert any(t.startswith("docs/") for t in _local_targets(page))
