@@ -69,7 +69,7 @@ def _chunk(session: int, index: int) -> bytes:
 
 async def _run_session(index: int, urls: tuple[str, str], disconnects: int,
                        chunks_per_cut: int) -> _Tally:
-    from gateway.client import DuplexClient
+    from duplex_client import DuplexClient
 
     tally = _Tally()
     client = await DuplexClient.connect(urls[0], session=_SESSION)

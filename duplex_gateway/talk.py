@@ -1,6 +1,6 @@
 """``duplex-gateway talk``: say a WAV to a gateway, print both transcripts, save the answer.
 
-The command is an ordinary client of the protocol (``gateway.client.DuplexClient``): it opens a
+The command is an ordinary client of the protocol (``duplex_client.DuplexClient``): it opens a
 session with server-side turn detection and input transcription, streams the question in real
 time as 20 ms ``input_audio_buffer.append`` chunks, then streams silence (the server's VAD
 ends a turn on silence) until every turn it heard is answered, acknowledges what it received
@@ -36,7 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 from duplex_gateway.wav import RATE, WavAudio, WavError, read_wav, write_wav
 
 if TYPE_CHECKING:
-    from gateway.client import DuplexClient, RealtimeEvent, Resumed
+    from duplex_client import DuplexClient, RealtimeEvent, Resumed
 
 __all__ = [
     "API_KEY_VARIABLE",
@@ -460,7 +460,7 @@ class _Talk:
             await asyncio.sleep(max(start + chunks * _CHUNK_S - loop.time(), 0.0))
 
     async def _read(self) -> None:
-        from gateway.client import Resumed
+        from duplex_client import Resumed
 
         # Never left early: events() ends after the terminal event, and a cancellation runs
         # its clean-up as it passes through.
@@ -524,7 +524,7 @@ class _Talk:
 
 def _session_failure(error: BaseException) -> TalkFailed:
     """The exit for what ``events()`` raised."""
-    from gateway.client import DuplexClientError, ResumeRefused, RetriesExhausted
+    from duplex_client import DuplexClientError, ResumeRefused, RetriesExhausted
 
     if isinstance(error, RetriesExhausted):
         return TalkFailed(Exit.UNREACHABLE, f"lost the connection and could not resume: {error}")
@@ -543,7 +543,7 @@ async def _open(options: TalkOptions) -> DuplexClient:
     """The session, or :class:`TalkFailed` saying why there is none."""
     from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
-    from gateway.client import DuplexClient, DuplexClientError
+    from duplex_client import DuplexClient, DuplexClientError
 
     where = options.urls[0]
     try:
