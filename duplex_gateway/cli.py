@@ -25,6 +25,7 @@ import urllib.request
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
+from duplex_gateway.bench import commands as bench_commands
 from duplex_gateway.logs import JsonFormatter, LogSettings, configure_logging
 from store.config import SettingsError, env_name, from_env
 from store.embedded import free_port, start_server
@@ -422,82 +423,6 @@ def _log_environment(settings: LogSettings) -> dict[str, str]:
             env_name("log_format"): settings.log_format}
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from duplex_gateway.bench_relay import run_relay_bench
-
-    return run_relay_bench(sessions=args.sessions, gateways=args.gateways, seconds=args.seconds,
-                           output=args.output, profile=args.profile)
-
-
-def _bench_resume(args: argparse.Namespace) -> int:
-    from duplex_gateway.bench_resume import run_resume_bench
-
-    return run_resume_bench(sessions=args.sessions, disconnects=args.disconnects,
-                            output=args.output)
-
-
-def _bench_leases(args: argparse.Namespace) -> int:
-    from duplex_gateway.bench_leases import run_leases_bench
-
-    return run_leases_bench(sessions=args.sessions, workers=args.workers, seconds=args.seconds,
-                            output=args.output)
-
-
-def _bench_calls(args: argparse.Namespace) -> int:
-    from duplex_gateway.bench_calls import run_calls_bench
-
-    return run_calls_bench(args)
-
-
-def _bench_open(args: argparse.Namespace) -> int:
-    from duplex_gateway.bench_open import run_open_bench
-
-    return run_open_bench(connections=args.connections, output=args.output)
-
-
-def _bench_worker(args: argparse.Namespace) -> int:
-    from duplex_gateway.bench_worker import run_worker_bench
-
-    return run_worker_bench(args)
-
-
-def _bench_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``bench relay|resume|leases|worker|calls|open``: each bench module declares its own
-    flags."""
-    from duplex_gateway import (
-        bench_calls,
-        bench_leases,
-        bench_open,
-        bench_relay,
-        bench_resume,
-        bench_worker,
-    )
-
-    parser = sub.add_parser("bench", help="benchmarks (each starts the processes it measures)",
-                            description="Benchmarks. Each prints a table and writes its "
-                            "results (JSON, and a plot where it draws one) to "
-                            "bench-results/<name>-<UTC time>.json unless --output is given.")
-    bench_sub = parser.add_subparsers(dest="bench", required=True)
-    commands = (
-        ("relay", "relay cost swept over sessions and gateways, vs an echo and a peer",
-         bench_relay.add_arguments, _bench),
-        ("resume", "forced disconnects resumed elsewhere", bench_resume.add_arguments,
-         _bench_resume),
-        ("leases", "Redis cost of attachment leases, per count", bench_leases.add_arguments,
-         _bench_leases),
-        ("worker", "batched step time per batch size", bench_worker.add_arguments,
-         _bench_worker),
-        ("calls", "Redis CPU per chunk against sessions per script call, and the client's"
-         " per call", bench_calls.add_arguments, _bench_calls),
-        ("open", "time to the first answer of ?model= connections, by client and quiet"
-         " period", bench_open.add_arguments, _bench_open),
-    )
-    for name, summary, add_arguments, run in commands:
-        command = bench_sub.add_parser(name, help=summary, description=summary)
-        add_arguments(command)
-        command.set_defaults(func=run)
-
-
 _SETTINGS_EPILOG = ("Every setting also has a DUPLEX_GATEWAY_* variable (see the README's"
                     " settings table); a flag wins over its variable.")
 
@@ -578,7 +503,7 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="workers and sessions, from Redis, as a table")
     _add_client_command(status, "duplex_gateway.status")
 
-    _bench_parsers(sub)
+    bench_commands.add_parsers(sub)
     return parser
 
 

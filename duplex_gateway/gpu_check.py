@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from duplex_gateway.bench_worker import (
+from duplex_gateway.bench.worker import (
     BenchRow,
     format_table,
     largest_batch_within,

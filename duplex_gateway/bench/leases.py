@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from duplex_gateway.bench_kit import (
+from duplex_gateway.bench.kit import (
     cpu_seconds,
     machine_ticks,
     output_help,
@@ -61,7 +61,7 @@ from duplex_gateway.bench_kit import (
     start_http_server,
     start_worker,
 )
-from duplex_gateway.bench_spec import BenchError
+from duplex_gateway.bench.spec import BenchError
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
