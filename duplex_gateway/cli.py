@@ -136,7 +136,8 @@ async def _run_worker(args: argparse.Namespace) -> int:
                         model_path=args.model_path, device=args.device, dtype=args.dtype,
                         backend_options=args.backend_options, metrics_port=args.metrics_port,
                         metrics_host=args.metrics_host,
-                        served_model_names=_names(args.served_model_name))
+                        served_model_names=_names(args.served_model_name),
+                        moshi_cuda_graphs=args.moshi_cuda_graphs)
     if settings.backend in TORCH_BACKENDS:  # before loading weights onto a device it lacks
         check_torch_device(settings.device, _source("device", args.device))
     backend: Backend | None = None
@@ -145,7 +146,8 @@ async def _run_worker(args: argparse.Namespace) -> int:
             request = BackendRequest(
                 name=settings.backend, slots=settings.slots, model_path=settings.model_path,
                 device=settings.device, dtype=settings.dtype,
-                options=parse_options(settings.backend_options))
+                options=parse_options(settings.backend_options),
+                cuda_graphs=settings.moshi_cuda_graphs)
             backend = await asyncio.to_thread(create_backend, request)
         except (ValueError, ImportError, OSError) as exc:
             raise SettingsError(f"cannot load the {settings.backend} backend: {exc}") from exc
@@ -468,6 +470,9 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--served-model-name", help=_setting(
         "model names served, comma-separated: its own first, then aliases",
         "SERVED_MODEL_NAMES", "the backend's name"))
+    worker.add_argument("--moshi-cuda-graphs", action="store_true", default=None,
+                        help=_setting("moshi: replay the model as CUDA graphs (needs --device"
+                                      " cuda)", "MOSHI_CUDA_GRAPHS", "false"))
     worker.add_argument("--metrics-port", type=int,
                         help=_setting("Prometheus /metrics port; 0: off", "METRICS_PORT", "0"))
     worker.add_argument("--metrics-host", help=_setting("address /metrics binds", "METRICS_HOST",
