@@ -25,6 +25,7 @@ import urllib.request
 from collections.abc import Callable, Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
+from duplex_gateway.bench import commands as bench_commands
 from duplex_gateway.logs import JsonFormatter, LogSettings, configure_logging
 from store.config import SettingsError, env_name, from_env
 from store.embedded import free_port, start_server
@@ -135,7 +136,8 @@ async def _run_worker(args: argparse.Namespace) -> int:
                         model_path=args.model_path, device=args.device, dtype=args.dtype,
                         backend_options=args.backend_options, metrics_port=args.metrics_port,
                         metrics_host=args.metrics_host,
-                        served_model_names=_names(args.served_model_name))
+                        served_model_names=_names(args.served_model_name),
+                        moshi_cuda_graphs=args.moshi_cuda_graphs)
     if settings.backend in TORCH_BACKENDS:  # before loading weights onto a device it lacks
         check_torch_device(settings.device, _source("device", args.device))
     backend: Backend | None = None
@@ -144,7 +146,8 @@ async def _run_worker(args: argparse.Namespace) -> int:
             request = BackendRequest(
                 name=settings.backend, slots=settings.slots, model_path=settings.model_path,
                 device=settings.device, dtype=settings.dtype,
-                options=parse_options(settings.backend_options))
+                options=parse_options(settings.backend_options),
+                cuda_graphs=settings.moshi_cuda_graphs)
             backend = await asyncio.to_thread(create_backend, request)
         except (ValueError, ImportError, OSError) as exc:
             raise SettingsError(f"cannot load the {settings.backend} backend: {exc}") from exc
@@ -422,82 +425,6 @@ def _log_environment(settings: LogSettings) -> dict[str, str]:
             env_name("log_format"): settings.log_format}
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from duplex_gateway.bench_relay import run_relay_bench
-
-    return run_relay_bench(sessions=args.sessions, gateways=args.gateways, seconds=args.seconds,
-                           output=args.output, profile=args.profile)
-
-
-def _bench_resume(args: argparse.Namespace) -> int:
-    from duplex_gateway.bench_resume import run_resume_bench
-
-    return run_resume_bench(sessions=args.sessions, disconnects=args.disconnects,
-                            output=args.output)
-
-
-def _bench_leases(args: argparse.Namespace) -> int:
-    from duplex_gateway.bench_leases import run_leases_bench
-
-    return run_leases_bench(sessions=args.sessions, workers=args.workers, seconds=args.seconds,
-                            output=args.output)
-
-
-def _bench_calls(args: argparse.Namespace) -> int:
-    from duplex_gateway.bench_calls import run_calls_bench
-
-    return run_calls_bench(args)
-
-
-def _bench_open(args: argparse.Namespace) -> int:
-    from duplex_gateway.bench_open import run_open_bench
-
-    return run_open_bench(connections=args.connections, output=args.output)
-
-
-def _bench_worker(args: argparse.Namespace) -> int:
-    from duplex_gateway.bench_worker import run_worker_bench
-
-    return run_worker_bench(args)
-
-
-def _bench_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``bench relay|resume|leases|worker|calls|open``: each bench module declares its own
-    flags."""
-    from duplex_gateway import (
-        bench_calls,
-        bench_leases,
-        bench_open,
-        bench_relay,
-        bench_resume,
-        bench_worker,
-    )
-
-    parser = sub.add_parser("bench", help="benchmarks (each starts the processes it measures)",
-                            description="Benchmarks. Each prints a table and writes its "
-                            "results (JSON, and a plot where it draws one) to "
-                            "bench-results/<name>-<UTC time>.json unless --output is given.")
-    bench_sub = parser.add_subparsers(dest="bench", required=True)
-    commands = (
-        ("relay", "relay cost swept over sessions and gateways, vs an echo and a peer",
-         bench_relay.add_arguments, _bench),
-        ("resume", "forced disconnects resumed elsewhere", bench_resume.add_arguments,
-         _bench_resume),
-        ("leases", "Redis cost of attachment leases, per count", bench_leases.add_arguments,
-         _bench_leases),
-        ("worker", "batched step time per batch size", bench_worker.add_arguments,
-         _bench_worker),
-        ("calls", "Redis CPU per chunk against sessions per script call, and the client's"
-         " per call", bench_calls.add_arguments, _bench_calls),
-        ("open", "time to the first answer of ?model= connections, by client and quiet"
-         " period", bench_open.add_arguments, _bench_open),
-    )
-    for name, summary, add_arguments, run in commands:
-        command = bench_sub.add_parser(name, help=summary, description=summary)
-        add_arguments(command)
-        command.set_defaults(func=run)
-
-
 _SETTINGS_EPILOG = ("Every setting also has a DUPLEX_GATEWAY_* variable (see the README's"
                     " settings table); a flag wins over its variable.")
 
@@ -543,6 +470,9 @@ def _parser() -> argparse.ArgumentParser:
     worker.add_argument("--served-model-name", help=_setting(
         "model names served, comma-separated: its own first, then aliases",
         "SERVED_MODEL_NAMES", "the backend's name"))
+    worker.add_argument("--moshi-cuda-graphs", action="store_true", default=None,
+                        help=_setting("moshi: replay the model as CUDA graphs (needs --device"
+                                      " cuda)", "MOSHI_CUDA_GRAPHS", "false"))
     worker.add_argument("--metrics-port", type=int,
                         help=_setting("Prometheus /metrics port; 0: off", "METRICS_PORT", "0"))
     worker.add_argument("--metrics-host", help=_setting("address /metrics binds", "METRICS_HOST",
@@ -578,7 +508,7 @@ def _parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="workers and sessions, from Redis, as a table")
     _add_client_command(status, "duplex_gateway.status")
 
-    _bench_parsers(sub)
+    bench_commands.add_parsers(sub)
     return parser
 
 

@@ -8,7 +8,9 @@ searches, for each mode, the largest batch B whose p99 step time stays within th
 * ``eager``: the backend as the worker runs it;
 * ``graphs``: the temporal and depth transformers wrapped in
   ``torch.compile(mode="reduce-overhead")``, which records CUDA graphs (cudagraph trees) of
-  the compiled regions; a mode that fails to compile is reported as failed, not fatal.
+  the compiled regions, as the worker runs them with ``DUPLEX_GATEWAY_MOSHI_CUDA_GRAPHS``
+  (:meth:`MoshiBackend.compile_graphs`); a mode that fails to compile is reported as failed,
+  not fatal.
 
 The search doubles B (from 1 eager, from ``--graphs-start`` with graphs, where every new size
 costs a compile) until a size misses the budget (or runs out of memory), then bisects.
@@ -36,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from duplex_gateway.bench_worker import (
+from duplex_gateway.bench.worker import (
     BenchRow,
     format_table,
     largest_batch_within,
@@ -111,62 +113,6 @@ def _build(args: argparse.Namespace, scratch: Path) -> Any:
             print(f"out of memory; retrying with {slots} slots", file=sys.stderr, flush=True)
 
 
-def _enable_graphs(backend: Any, compile_backend: str = "inductor") -> None:
-    """Compile the temporal and depth transformers; with inductor, as CUDA graphs.
-
-    ``mode="reduce-overhead"`` replays recorded CUDA graphs whose outputs live in a shared
-    pool and are overwritten by the next replay, and the depth transformer runs 8 times per
-    tick; so every output is cloned before the next call, and each tick starts a new
-    cudagraph-trees step. Any other ``compile_backend`` (``eager``: dynamo only) serves to
-    test this plumbing on a CPU.
-    """
-    import torch
-
-    torch._dynamo.config.cache_size_limit = 64  # one graph set per batch size tried
-
-    class ClonedOutputs(torch.nn.Module):
-        """Runs the compiled module and clones every tensor of its output.
-
-        Attributes it does not have (``config``, embedding tables) are the original's.
-        """
-
-        def __init__(self, fast: torch.nn.Module, original: torch.nn.Module) -> None:
-            super().__init__()
-            self.fast = fast
-            object.__setattr__(self, "_original", original)
-
-        def forward(self, *args: Any, **kwargs: Any) -> Any:
-            out = self.fast(*args, **kwargs)
-            for key, value in list(out.items()):
-                if isinstance(value, torch.Tensor):
-                    out[key] = value.clone()
-            return out
-
-        def __getattr__(self, name: str) -> Any:
-            try:
-                return super().__getattr__(name)
-            except AttributeError:
-                return getattr(object.__getattribute__(self, "_original"), name)
-
-    def compiled(module: torch.nn.Module) -> torch.nn.Module:
-        if compile_backend == "inductor":
-            fast = torch.compile(module, mode="reduce-overhead", dynamic=False)
-        else:
-            fast = torch.compile(module, backend=compile_backend, dynamic=False)
-        return ClonedOutputs(fast, module)  # type: ignore[arg-type]
-
-    model = backend.model
-    model.decoder = compiled(model.decoder)
-    model.depth_decoder = compiled(model.depth_decoder)
-    step = backend.step
-
-    def step_with_mark(inputs: Any) -> Any:
-        torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]
-        return step(inputs)
-
-    backend.step = step_with_mark
-
-
 def _search(backend: Any, mode: str, *, args: argparse.Namespace, budget_ms: float,
             deadline: float, sync: Callable[[], None] | None) -> ModeResult:
     """The largest batch of ``backend`` within ``budget_ms`` at p99, before ``deadline``."""
@@ -201,7 +147,7 @@ def _search(backend: Any, mode: str, *, args: argparse.Namespace, budget_ms: flo
 
     try:
         if mode == "graphs":
-            _enable_graphs(backend, args.compile_backend)
+            backend.compile_graphs(args.compile_backend)
         start = args.graphs_start if mode == "graphs" else 1
         result.largest_batch = largest_batch_within(fits, limit=limit, start=start,
                                                     out_of_time=out_of_time)

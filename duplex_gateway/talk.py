@@ -1,6 +1,6 @@
 """``duplex-gateway talk``: say a WAV to a gateway, print both transcripts, save the answer.
 
-The command is an ordinary client of the protocol (``gateway.client.DuplexClient``): it opens a
+The command is an ordinary client of the protocol (``duplex_client.DuplexClient``): it opens a
 session with server-side turn detection and input transcription, streams the question in real
 time as 20 ms ``input_audio_buffer.append`` chunks, then streams silence (the server's VAD
 ends a turn on silence) until every turn it heard is answered, acknowledges what it received
@@ -8,49 +8,43 @@ of each answer with ``playback.ack``, closes the session and writes the answer's
 dropped connection is resumed by the client, which delivers every event once and in order, so
 the answer is whole across a resume.
 
-Layout: the WAV reading and conversion live in :mod:`duplex_gateway.wav`; here, the
-answer's bookkeeping (:class:`AnswerState`, fed one event at a time, no I/O), the terminal
-output (:class:`Console`) and the session itself (:class:`_Talk`). Only the standard library
-(and :mod:`duplex_gateway.wav`, which imports only it) is imported here: ``add_arguments``
-runs whenever any command starts, so numpy, websockets and the client are imported inside
-the functions that need them.
+Layout: the WAV reading and conversion live in :mod:`duplex_gateway.wav`, the answer's
+bookkeeping in :mod:`duplex_gateway.talk_answer` (:class:`AnswerState`, fed one event at a
+time, no I/O), the terminal output in :mod:`duplex_gateway.talk_console`; here, the session
+itself (:class:`_Talk`) and the command. Only the standard library (and those modules, which
+import only it) is imported here: ``add_arguments`` runs whenever any command starts, so
+numpy, websockets and the client are imported inside the functions that need them.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
 import enum
 import math
 import os
 import sys
 import textwrap
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, TextIO
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit, urlunsplit
 
+from duplex_gateway.talk_answer import AnswerState, Notice, Said
+from duplex_gateway.talk_console import Console
 from duplex_gateway.wav import RATE, WavAudio, WavError, read_wav, write_wav
 
 if TYPE_CHECKING:
-    from gateway.client import DuplexClient, RealtimeEvent, Resumed
+    from duplex_client import DuplexClient, RealtimeEvent, Resumed
 
 __all__ = [
     "API_KEY_VARIABLE",
-    "AnswerState",
     "Exit",
-    "Notice",
-    "Output",
-    "Played",
-    "Said",
     "add_arguments",
     "run",
 ]
 
-_BYTES_PER_MS: Final = RATE * 2 // 1000
 #: One append: 20 ms, what a microphone client sends.
 _CHUNK_S: Final = 0.02
 _CHUNK_BYTES: Final = round(RATE * _CHUNK_S) * 2
@@ -68,9 +62,6 @@ _SESSION: Final[dict[str, Any]] = {
         "turn_detection": {"type": "server_vad", "create_response": True},
     }},
 }
-#: Progress redraws at most this often (every event would be 50 redraws a second).
-_REDRAW_S: Final = 0.1
-_BAR_WIDTH: Final = 24
 
 
 class Exit(enum.IntEnum):
@@ -117,245 +108,6 @@ def _check_writable(path: Path) -> None:
         raise TalkFailed(Exit.BAD_INPUT, f"--output {path}: no folder {folder}")
     if not os.access(folder, os.W_OK):
         raise TalkFailed(Exit.BAD_INPUT, f"--output {path}: cannot write in {folder}")
-
-
-# --------------------------------------------------------------------------- the answer
-
-
-@dataclass(frozen=True, slots=True)
-class Said:
-    """Transcript text to print: ``speaker`` (``you`` or ``assistant``), ``text``, and
-    whether the line ends with it."""
-
-    speaker: str
-    text: str
-    ends_line: bool
-
-
-@dataclass(frozen=True, slots=True)
-class Notice:
-    """A line about the session for stderr."""
-
-    text: str
-
-
-@dataclass(frozen=True, slots=True)
-class Played:
-    """A response ended: acknowledge ``played_ms`` of its audio (all talk received)."""
-
-    response_id: str
-    played_ms: int
-
-
-Output = Said | Notice | Played
-
-
-@dataclass(slots=True)
-class AnswerState:
-    """What talk knows of the session, fed one server event at a time (no I/O).
-
-    The answer is every ``response.output_audio.delta``, in order. A turn is pending from
-    the server's ``speech_started`` until a response ends after its speech stopped, or its
-    transcript comes back empty (nothing is answered then); talk is done once the question
-    was sent, a response ended and no turn is pending or being spoken.
-    """
-
-    audio: bytearray = field(default_factory=bytearray)
-    responses_done: int = 0
-    #: ``status`` of the last ``response.done`` and why, when it did not complete.
-    last_status: str | None = None
-    last_problem: str | None = None
-    active_response: str | None = None
-    speaking: bool = False
-    turn_pending: bool = False
-    #: ``session.resync_required``'s reason: events of the answer are gone.
-    lost: str | None = None
-    #: The terminal event: ``session.closed reason`` / ``session.expired reason``.
-    ended: str | None = None
-    _response_bytes: int = 0
-    _assistant_line_open: bool = False
-
-    def finished(self, question_sent: bool) -> bool:
-        """Whether every turn heard so far has been answered (the question being sent)."""
-        return (question_sent and self.responses_done > 0 and self.active_response is None
-                and not self.speaking and not self.turn_pending)
-
-    @property
-    def answer_s(self) -> float:
-        return len(self.audio) / (2 * RATE)
-
-    def apply(self, data: dict[str, Any]) -> list[Output]:
-        """Take one server event; what to print or send because of it."""
-        kind = data.get("type")
-        if kind == "input_audio_buffer.speech_started":
-            self.speaking = self.turn_pending = True
-        elif kind == "input_audio_buffer.speech_stopped":
-            self.speaking = False
-        elif kind == "conversation.item.input_audio_transcription.completed":
-            return self._heard(str(data.get("transcript", "")))
-        elif kind == "conversation.item.input_audio_transcription.failed":
-            self._nothing_to_answer()
-            return [Notice(f"the server could not transcribe the question: "
-                           f"{_message(data.get('error'))}")]
-        elif kind == "response.created":
-            self.active_response = str(data.get("response", {}).get("id", ""))
-            self._response_bytes = 0
-        elif kind == "response.output_audio.delta":
-            self._audio(data)
-        elif kind == "response.output_audio_transcript.delta":
-            self._assistant_line_open = True
-            return [Said("assistant", str(data.get("delta", "")), ends_line=False)]
-        elif kind == "response.output_audio_transcript.done":
-            return self._assistant_done(str(data.get("transcript", "")))
-        elif kind == "response.done":
-            return self._response_done(data.get("response", {}))
-        else:
-            return self._session_event(kind, data)
-        return []
-
-    def _session_event(self, kind: Any, data: dict[str, Any]) -> list[Output]:
-        if kind == "error":
-            return [Notice(f"the server refused a command: {_message(data.get('error'))}")]
-        if kind == "session.resync_required":
-            self.lost = str(data.get("reason"))
-            return [Notice(f"events were lost ({self.lost}): the answer has a gap")]
-        if kind in ("session.closed", "session.expired"):
-            self.ended = f"{kind} {data.get('reason')}"
-        return []
-
-    def _audio(self, data: dict[str, Any]) -> None:
-        chunk = base64.b64decode(data.get("delta", ""))
-        self.audio += chunk
-        self._response_bytes += len(chunk)
-
-    def _heard(self, transcript: str) -> list[Output]:
-        if not transcript.strip():
-            self._nothing_to_answer()
-            return []
-        return [Said("you", transcript.strip(), ends_line=True)]
-
-    def _nothing_to_answer(self) -> None:
-        # The server answers no turn it heard nothing in: unless more speech is being heard,
-        # no turn is left to wait for.
-        if not self.speaking:
-            self.turn_pending = False
-
-    def _assistant_done(self, transcript: str) -> list[Output]:
-        if self._assistant_line_open:
-            self._assistant_line_open = False
-            return [Said("assistant", "", ends_line=True)]
-        return [Said("assistant", transcript, ends_line=True)] if transcript else []
-
-    def _response_done(self, response: dict[str, Any]) -> list[Output]:
-        outputs: list[Output] = []
-        if self._assistant_line_open:
-            self._assistant_line_open = False
-            outputs.append(Said("assistant", "", ends_line=True))
-        self.responses_done += 1
-        self.last_status = str(response.get("status"))
-        details = response.get("status_details") or {}
-        problem = details.get("reason") or _message(details.get("error")) or None
-        self.last_problem = None if self.last_status == "completed" else str(problem)
-        if not self.speaking:
-            self.turn_pending = False
-        response_id = str(response.get("id") or self.active_response or "")
-        if self._response_bytes and response_id:
-            outputs.append(Played(response_id, self._response_bytes // _BYTES_PER_MS))
-        self.active_response = None
-        return outputs
-
-
-def _message(error: Any) -> str:
-    """``code: message`` of an ``error`` object ("" for none)."""
-    if not isinstance(error, dict):
-        return ""
-    return ": ".join(str(part) for part in (error.get("code"), error.get("message")) if part)
-
-
-# --------------------------------------------------------------------------- the terminal
-
-
-class Console:
-    """Transcripts on stdout; notices and the progress bar on stderr.
-
-    The bar is drawn only on a terminal, and only while no transcript line is half written
-    (both may be the same screen); elsewhere the notices are the progress, one plain line
-    each.
-    """
-
-    def __init__(self, out: TextIO, err: TextIO, *, bar: bool) -> None:
-        self._out = out
-        self._err = err
-        self._bar = bar
-        self._line_open = False
-        self._speaker = ""
-        self._bar_shown = False
-        self._last_draw = 0.0
-        self._status = ""
-
-    def said(self, said: Said) -> None:
-        """Print transcript text: a line per speaker, streamed as its pieces come."""
-        self._clear_bar()
-        if self._line_open and said.speaker != self._speaker:
-            self._end_line()  # the other side's line was cut short
-        if said.text and not self._line_open:
-            self._out.write(f"{said.speaker}: {said.text.lstrip()}")
-            self._line_open, self._speaker = True, said.speaker
-        elif said.text:
-            self._out.write(said.text)
-        if said.ends_line and self._line_open:
-            self._end_line()
-        self._out.flush()
-
-    def notice(self, text: str) -> None:
-        self._clear_bar()
-        if self._line_open and self._err_is_out():
-            self._end_line()  # not in the middle of a transcript on the same screen
-            self._out.flush()
-        self._err.write(f"talk: {text}\n")
-        self._err.flush()
-
-    def progress(self, sent_s: float, total_s: float, answer_s: float, *,
-                 force: bool = False) -> None:
-        """Redraw the bar (at most every 0.1 s unless ``force``)."""
-        if not self._bar or self._line_open:
-            return
-        now = time.monotonic()
-        if not force and now - self._last_draw < _REDRAW_S:
-            return
-        self._last_draw = now
-        filled = round(_BAR_WIDTH * min(sent_s / total_s, 1.0)) if total_s else _BAR_WIDTH
-        bar = "#" * filled + "." * (_BAR_WIDTH - filled)
-        self._err.write(f"\r[{bar}] question {min(sent_s, total_s):.1f}/{total_s:.1f} s"
-                        f"  answer {answer_s:.1f} s{self._status}\x1b[K")
-        self._err.flush()
-        self._bar_shown = True
-
-    def status(self, text: str) -> None:
-        """A word after the bar (``resuming``, ``waiting``...)."""
-        self._status = f"  {text}" if text else ""
-
-    def close(self) -> None:
-        """End what is half written."""
-        self._clear_bar()
-        if self._line_open:
-            self._end_line()
-            self._out.flush()
-
-    def _end_line(self) -> None:
-        self._out.write("\n")
-        self._line_open = False
-
-    def _clear_bar(self) -> None:
-        if self._bar_shown:
-            self._err.write("\r\x1b[K")
-            self._err.flush()
-            self._bar_shown = False
-
-    def _err_is_out(self) -> bool:
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            return os.path.sameopenfile(self._out.fileno(), self._err.fileno())
-        return False
 
 
 # --------------------------------------------------------------------------- the session
@@ -460,7 +212,7 @@ class _Talk:
             await asyncio.sleep(max(start + chunks * _CHUNK_S - loop.time(), 0.0))
 
     async def _read(self) -> None:
-        from gateway.client import Resumed
+        from duplex_client import Resumed
 
         # Never left early: events() ends after the terminal event, and a cancellation runs
         # its clean-up as it passes through.
@@ -524,7 +276,7 @@ class _Talk:
 
 def _session_failure(error: BaseException) -> TalkFailed:
     """The exit for what ``events()`` raised."""
-    from gateway.client import DuplexClientError, ResumeRefused, RetriesExhausted
+    from duplex_client import DuplexClientError, ResumeRefused, RetriesExhausted
 
     if isinstance(error, RetriesExhausted):
         return TalkFailed(Exit.UNREACHABLE, f"lost the connection and could not resume: {error}")
@@ -543,7 +295,7 @@ async def _open(options: TalkOptions) -> DuplexClient:
     """The session, or :class:`TalkFailed` saying why there is none."""
     from websockets.exceptions import InvalidHandshake, InvalidStatus, InvalidURI
 
-    from gateway.client import DuplexClient, DuplexClientError
+    from duplex_client import DuplexClient, DuplexClientError
 
     where = options.urls[0]
     try:

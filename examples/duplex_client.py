@@ -6,7 +6,7 @@ loopback`, then `python examples/duplex_client.py`; DUPLEX_GATEWAY_URL: the gate
 import asyncio
 import os
 
-from gateway.client import DuplexClient, Resumed
+from duplex_client import DuplexClient, Resumed
 
 URL = os.environ.get("DUPLEX_GATEWAY_URL", "ws://127.0.0.1:8000/v1") + "/realtime"
 PCM = bytes(range(256)) * 75  # 0.4 s of pcm16 mono 24 kHz: the loopback plays it back

@@ -24,6 +24,7 @@ from store.config import (
     SettingsError,
     assignment,
     check_fields,
+    env_name,
 )
 
 __all__ = ["TORCH_BACKENDS", "WorkerSettings", "check_torch_device"]
@@ -97,6 +98,13 @@ class WorkerSettings:
     backend_options: str = field(
         default="", metadata={"help": "key=value,... passed to the backend (e.g. fake: step_ms=5)"}
     )
+    # Off by default: each batch size a tick spans is compiled the first time it runs, on the
+    # model thread, so the first ticks at every new size are slow.
+    moshi_cuda_graphs: bool = field(
+        default=False,
+        metadata={"help": "moshi: replay the temporal and depth transformers as CUDA graphs"
+                          " (torch.compile, reduce-overhead); needs DEVICE cuda; true or false"},
+    )
     tick_budget_fraction: float = field(
         default=0.8,
         metadata={"help": "admit sessions while the p99 tick time is under this fraction of"
@@ -124,8 +132,12 @@ class WorkerSettings:
     )
 
     def __post_init__(self) -> None:
-        """Refuse a value out of its field's range, or a TTL a beat cannot renew in time."""
+        """Refuse a value out of its field's range, a TTL a beat cannot renew in time, or
+        CUDA graphs for a backend that has none."""
         check_fields(self)
+        if self.moshi_cuda_graphs and self.backend != "moshi":
+            raise SettingsError(f"{env_name('moshi_cuda_graphs')}=true: only the moshi backend"
+                                f" has CUDA graphs, and {env_name('backend')} is {self.backend}")
 
     @property
     def models(self) -> tuple[str, ...]:

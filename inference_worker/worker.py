@@ -305,7 +305,8 @@ class Worker:
         if backend is None:  # loading weights takes a while: off the event loop
             request = BackendRequest(name=s.backend, slots=s.slots, model_path=s.model_path,
                                      device=s.device, dtype=s.dtype,
-                                     options=parse_backend_options(s.backend_options))
+                                     options=parse_backend_options(s.backend_options),
+                                     cuda_graphs=s.moshi_cuda_graphs)
             backend = await asyncio.to_thread(create_backend, request)
         self._backend = backend
         self._engine = Engine(backend, metrics=self.metrics, window=s.tick_window)

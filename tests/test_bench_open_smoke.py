@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from duplex_gateway.bench_open import KINDS, run_open_bench
+from duplex_gateway.bench.open import KINDS, run_open_bench
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

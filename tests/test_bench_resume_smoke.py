@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from duplex_gateway.bench_resume import run_resume_bench
+from duplex_gateway.bench.resume import run_resume_bench
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

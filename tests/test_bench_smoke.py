@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 
-from duplex_gateway.bench_relay import PEER_SKIPPED, Progress, run_relay_bench
-from duplex_gateway.bench_relay_report import PROFILE_NOTE
-from duplex_gateway.bench_spec import CHUNK_S, SCALE_SESSIONS, SHARD_COMMANDS_PER_S, TARGETS_NOTE
+from duplex_gateway.bench.relay import Progress, run_relay_bench
+from duplex_gateway.bench.relay_report import PROFILE_NOTE
+from duplex_gateway.bench.relay_setups import PEER_SKIPPED
+from duplex_gateway.bench.spec import CHUNK_S, SCALE_SESSIONS, SHARD_COMMANDS_PER_S, TARGETS_NOTE
 
 pytestmark = pytest.mark.e2e
 

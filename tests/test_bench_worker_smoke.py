@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from duplex_gateway import gpu_check
-from duplex_gateway.bench_stack import read_process_cpu
-from duplex_gateway.bench_worker import largest_batch_within
+from duplex_gateway.bench.stack import read_process_cpu
+from duplex_gateway.bench.worker import largest_batch_within
 from duplex_gateway.cli import main
 
 
@@ -207,8 +207,9 @@ def test_a_relay_row_never_gives_the_main_thread_more_than_the_process() -> None
     """/proc rounds each thread's CPU and the process's to clock ticks apart, so the event
     loop thread's delta can read a tick above the whole process's (seen as a 1-in-4 flake of
     the relay phase's test): the row then splits the process's time, relay + model == all."""
-    from duplex_gateway.bench_stack import ProcessCpu, StreamResult
-    from duplex_gateway.bench_worker import BenchRow, _RelayWindow, relay_row
+    from duplex_gateway.bench.stack import ProcessCpu, StreamResult
+    from duplex_gateway.bench.worker import BenchRow
+    from duplex_gateway.bench.worker_relay import _RelayWindow, relay_row
 
     window = _RelayWindow(
         worker_pid=7, before=ProcessCpu(total_s=1.00, by_thread={7: 0.50, 8: 0.50}),

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from duplex_gateway.bench_kit import (
+from duplex_gateway.bench.kit import (
     bucket_bounds,
     default_output,
     histogram_counts,
     positive_int_list,
 )
-from duplex_gateway.bench_resume import cuts_per_session
+from duplex_gateway.bench.resume import cuts_per_session
 from duplex_gateway.cli import _parser
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,6 +17,9 @@ FORBIDDEN = {
     "store": {"gateway", "inference_worker", "duplex_gateway", "starlette", "uvicorn", "torch"},
     "gateway": {"inference_worker", "duplex_gateway", "torch", "transformers"},
     "inference_worker": {"gateway", "duplex_gateway", "starlette", "uvicorn"},
+    # The client library stands alone: usable without the server installed.
+    "duplex_client": {"gateway", "store", "inference_worker", "duplex_gateway", "starlette",
+                      "uvicorn", "redis"},
 }
 # I/O-free cores: no event loop, no Redis, no web framework, no clock.
 PURE = {
@@ -109,3 +112,15 @@ def test_importing_a_core_loads_no_io(module: str) -> None:
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                          check=True, cwd=ROOT, timeout=60)
     assert json.loads(out.stdout) == [], f"importing {module} loads {out.stdout.strip()}"
+
+
+def test_the_client_library_loads_nothing_of_the_server() -> None:
+    """In a fresh interpreter, ``import duplex_client`` leaves the server's packages and its
+    web framework and Redis client unloaded."""
+    server = ["gateway", "store", "inference_worker", "duplex_gateway", "starlette", "uvicorn",
+              "redis"]
+    probe = (f"import json, sys, duplex_client; "
+             f"print(json.dumps([m for m in {server!r} if m in sys.modules]))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True, cwd=ROOT, timeout=60)
+    assert json.loads(out.stdout) == [], f"importing duplex_client loads {out.stdout.strip()}"

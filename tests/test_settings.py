@@ -156,6 +156,20 @@ def test_worker_vad_takes_each_detector(choice: str) -> None:
     assert from_env(WorkerSettings, {"DUPLEX_GATEWAY_VAD": choice}).vad == choice
 
 
+def test_moshi_cuda_graphs_is_off_unless_asked_for_and_only_for_moshi() -> None:
+    """MOSHI_CUDA_GRAPHS is off by default, read as a boolean, and refused, naming it and the
+    backend, for a backend that has no CUDA graphs."""
+    assert WorkerSettings().moshi_cuda_graphs is False
+    env = {"DUPLEX_GATEWAY_MOSHI_CUDA_GRAPHS": "true", "DUPLEX_GATEWAY_BACKEND": "moshi"}
+    assert from_env(WorkerSettings, env).moshi_cuda_graphs is True
+    assert from_env(WorkerSettings, {}, backend="moshi", moshi_cuda_graphs=True).moshi_cuda_graphs
+    with pytest.raises(SettingsError, match="DUPLEX_GATEWAY_MOSHI_CUDA_GRAPHS=maybe: expected"):
+        from_env(WorkerSettings, {**env, "DUPLEX_GATEWAY_MOSHI_CUDA_GRAPHS": "maybe"})
+    with pytest.raises(SettingsError, match=r"^DUPLEX_GATEWAY_MOSHI_CUDA_GRAPHS=true: only the"
+                                            r" moshi backend .*DUPLEX_GATEWAY_BACKEND is fake$"):
+        from_env(WorkerSettings, {**env, "DUPLEX_GATEWAY_BACKEND": "fake"})
+
+
 # A row: variable, who uses it, default, meaning (the meaning has no "|" of its own).
 _ROW = re.compile(r"^\| `(DUPLEX_GATEWAY_\w+)` \| [^|]+ \| `([^`]*)` \| (.*) \|$", re.MULTILINE)
 # The parenthesized text a meaning ends with, where it ends with one.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from duplex_gateway.svgplot import ASCENT_EM, DESCENT_EM, GLYPH_EM, Chart, cdf, write_chart
+from duplex_gateway.bench.svgplot import ASCENT_EM, DESCENT_EM, GLYPH_EM, Chart, cdf, write_chart
 
 SVG = "{http://www.w3.org/2000/svg}"
 Box = tuple[float, float, float, float]  # left, top, right, bottom

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from duplex_gateway.cli import _parser
-from duplex_gateway.talk import AnswerState, Exit, Output, Played, Said
+from duplex_gateway.talk import Exit
+from duplex_gateway.talk_answer import AnswerState, Output, Played, Said
 from duplex_gateway.wav import RATE, WavError, convert_wav, parse_wav, write_wav
 
 PCM, FLOAT, EXTENSIBLE = 0x0001, 0x0003, 0xFFFE

@@ -45,6 +45,7 @@ from transformers import (
 from inference_worker.backend import Audio, FrameSpec, SlotResult, SlotStep
 from inference_worker.backends.mimi_stream import MimiStreamer
 from inference_worker.backends.moshi_cache import SlotRingCache
+from inference_worker.backends.moshi_graphs import compile_transformers, require_cuda
 
 __all__ = [
     "MoshiBackend",
@@ -179,6 +180,8 @@ class MoshiBackend:
         context: temporal attention window in frames (default: ``config.sliding_window``).
         acoustic_delay: frames by which codebooks 1.. lag codebook 0 (Moshi: 1).
         text_pad_ids: text tokens that produce no transcript (Kyutai: 0 and 3).
+        cuda_graphs: replay the temporal and depth transformers as CUDA graphs
+            (:meth:`compile_graphs`); needs the model on a CUDA device.
     """
 
     def __init__(
@@ -192,6 +195,7 @@ class MoshiBackend:
         context: int | None = None,
         acoustic_delay: int = 1,
         text_pad_ids: Iterable[int] = (0, 3),
+        cuda_graphs: bool = False,
     ) -> None:
         if max_slots < 1 or acoustic_delay < 0:
             raise ValueError("max_slots must be >= 1 and acoustic_delay >= 0")
@@ -245,6 +249,10 @@ class MoshiBackend:
         #: Set to keep :attr:`last_trace` (tests; it holds references to the tick's tensors).
         self.trace = False
         self.last_trace: StepTrace | None = None
+        # Compiled transformers: each tick starts a new cudagraph-trees step.
+        self._compiled = False
+        if cuda_graphs:
+            self.compile_graphs()
 
     @classmethod
     def load(
@@ -266,8 +274,13 @@ class MoshiBackend:
             mimi_dtype: the codec's dtype; float32 by default, as Kyutai runs Mimi.
             max_slots: sessions served at once.
             **kwargs: the other keyword arguments of :class:`MoshiBackend`.
+
+        Raises:
+            ValueError: ``cuda_graphs`` on a device that is not a CUDA one (before loading).
         """
         require_supported_transformers()
+        if kwargs.get("cuda_graphs"):
+            require_cuda(torch.device(device))
         path = Path(path)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"no Moshi model directory at {path} (config.json missing)")
@@ -281,6 +294,19 @@ class MoshiBackend:
             tokenizer = AutoTokenizer.from_pretrained(path)
         _place(model, torch.device(device), parse_dtype(mimi_dtype))
         return cls(model, max_slots=max_slots, tokenizer=tokenizer, **kwargs)
+
+    def compile_graphs(self, compile_backend: str = "inductor") -> None:
+        """Compile the temporal and depth transformers (:mod:`.moshi_graphs`); with
+        ``inductor``, replayed as CUDA graphs. Another ``compile_backend`` (``eager``) runs
+        the same plumbing without graphs, on any device.
+
+        Raises:
+            ValueError: ``inductor`` and the model is not on a CUDA device.
+        """
+        if compile_backend == "inductor":
+            require_cuda(self.device)
+        compile_transformers(self.model, compile_backend)
+        self._compiled = True
 
     # ------------------------------------------------------------------ slots
 
@@ -344,6 +370,8 @@ class MoshiBackend:
     @torch.no_grad()
     def step(self, inputs: list[SlotStep]) -> list[SlotResult]:
         """Advance every listed slot by one frame, in one batched pass (see the module doc)."""
+        if self._compiled:
+            torch.compiler.cudagraph_mark_step_begin()  # type: ignore[no-untyped-call]
         if not inputs:
             return []
         slots = [item.slot for item in inputs]

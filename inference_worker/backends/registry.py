@@ -45,6 +45,7 @@ class BackendRequest:
     device: str = "cpu"
     dtype: str = "float32"
     options: Mapping[str, str] = field(default_factory=dict)
+    cuda_graphs: bool = False
 
 
 def parse_options(text: str) -> dict[str, str]:
@@ -99,7 +100,8 @@ def _moshi(request: BackendRequest) -> Backend:
     from inference_worker.backends.moshi import MoshiBackend
 
     backend: Backend = MoshiBackend.load(request.model_path, max_slots=request.slots,
-                                         device=request.device, dtype=request.dtype)
+                                         device=request.device, dtype=request.dtype,
+                                         cuda_graphs=request.cuda_graphs)
     return backend
 
 

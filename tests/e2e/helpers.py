@@ -6,7 +6,7 @@ import asyncio
 import base64
 import struct
 
-from gateway.client import DuplexClient, RealtimeEvent
+from duplex_client import DuplexClient, RealtimeEvent
 from tests.gateway.strict import validate_server_event
 
 #: ``turn_detection: null``: the client commits and creates responses itself. A new session

@@ -11,7 +11,7 @@ import websockets
 from redis.asyncio import Redis
 from websockets.exceptions import ConnectionClosed
 
-from gateway.client import DuplexClient, RealtimeEvent
+from duplex_client import DuplexClient, RealtimeEvent
 from store.keys import SessionKeys
 from tests.e2e.helpers import STREAM_SESSION, collect_until, next_event
 from tests.e2e.stack import Stack

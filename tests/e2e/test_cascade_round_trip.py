@@ -8,7 +8,7 @@ from difflib import SequenceMatcher
 
 import pytest
 
-from gateway.client import DuplexClient, RealtimeEvent
+from duplex_client import DuplexClient, RealtimeEvent
 from tests.e2e.helpers import collect_until, spoken_answer
 from tests.e2e.stack import Stack
 from tests.worker.speech import from_pcm16, normalize, padded, synthesize, to_pcm16, transcribe

@@ -7,14 +7,14 @@ import asyncio
 
 import pytest
 
-from gateway.client import (
-    AppendAudio,
-    CloseSession,
-    CommitInput,
-    CreateResponse,
+from duplex_client import (
     DuplexClient,
+    InputAudioBufferAppendEvent,
+    InputAudioBufferCommitEvent,
     RealtimeEvent,
-    UpdateSession,
+    ResponseCreateEvent,
+    SessionCloseEvent,
+    SessionUpdateEvent,
 )
 from tests.e2e.helpers import marked_chunk
 from tests.e2e.stack import Stack
@@ -43,11 +43,11 @@ async def test_a_turn_through_submit_ends_with_the_block_and_the_reader_gets_the
     async with asyncio.timeout(DEADLINE_S):
         async with await DuplexClient.connect(gateway.ws_url) as client:
             reader = asyncio.create_task(read(client))
-            await client.submit(UpdateSession({"type": "realtime", "instructions": "Hi.",
+            await client.submit(SessionUpdateEvent({"type": "realtime", "instructions": "Hi.",
                                                "audio": {"input": {"turn_detection": None}}}))
-            await client.submit(AppendAudio(sent))
-            await client.submit(CommitInput())
-            await client.submit(CreateResponse())
+            await client.submit(InputAudioBufferAppendEvent(sent))
+            await client.submit(InputAudioBufferCommitEvent())
+            await client.submit(ResponseCreateEvent())
             await until(lambda: any(e.type == "response.done" for e in events),
                         "response.done")
         await reader
@@ -65,6 +65,6 @@ async def test_wait_closed_reads_by_itself_and_returns_the_reason(stack: Stack) 
     gateway = stack.gateway()
     stack.worker()
     client = await DuplexClient.connect(gateway.ws_url)
-    await client.submit(CloseSession("all done"))
+    await client.submit(SessionCloseEvent("all done"))
     assert await client.wait_closed(timeout=DEADLINE_S) == "all done"
     await client.detach()

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from gateway.client import DuplexClient, RealtimeEvent, Resumed
+from duplex_client import DuplexClient, RealtimeEvent, Resumed
 from tests.e2e.helpers import STREAM_SESSION, chunk_index, marked_chunk
 from tests.e2e.stack import Stack
 from tests.gateway.strict import validate_server_event

@@ -14,7 +14,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 from websockets.typing import Subprotocol
 
-from gateway.client import DuplexClient, DuplexClientError
+from duplex_client import DuplexClient, DuplexClientError
 from store.client_secrets import secret_digest
 from store.keys import client_secret
 from tests.e2e.helpers import collect_until

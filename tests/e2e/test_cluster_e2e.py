@@ -31,7 +31,7 @@ from redis.crc import key_slot
 from redis.exceptions import RedisError
 from websockets.exceptions import ConnectionClosed
 
-from gateway.client import DuplexClient, DuplexClientError, RealtimeEvent
+from duplex_client import DuplexClient, DuplexClientError, RealtimeEvent
 from store import create_client
 from store.keys import SessionKeys, WorkerKeys, new_session_id, new_worker_id, worker_of_session
 from store.pubsub import Notice, Subscriber

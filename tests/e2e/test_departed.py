@@ -10,7 +10,7 @@ import pytest
 from openai import AsyncOpenAI
 from redis.asyncio import Redis
 
-from gateway.client import DuplexClient
+from duplex_client import DuplexClient
 from store.keys import SessionKeys, WorkerKeys, worker_of_session
 from tests.e2e.stack import Stack
 from tests.store._support import until

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from duplex_client import DuplexClient, RealtimeEvent
 from duplex_gateway import cli
-from gateway.client import DuplexClient, RealtimeEvent
 from tests.e2e.helpers import collect_until, spoken_answer
 from tests.e2e.stack import new_log_path, print_tail
 from tests.worker.speech import from_pcm16, normalize, padded, synthesize, to_pcm16, transcribe

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 
-from gateway.client import DuplexClient, DuplexClientError
+from duplex_client import DuplexClient, DuplexClientError
 from store.embedded import free_port
 from tests.e2e.helpers import collect_until
 from tests.e2e.stack import NO_WORKER, READY, Stack, http_answer, http_ok, wait_for

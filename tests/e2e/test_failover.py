@@ -10,7 +10,7 @@ import pytest
 from redis import Redis
 from websockets.exceptions import ConnectionClosed
 
-from gateway.client import DuplexClient, RealtimeEvent
+from duplex_client import DuplexClient, RealtimeEvent
 from store.keys import SessionKeys
 from tests.e2e.helpers import (
     STREAM_SESSION,

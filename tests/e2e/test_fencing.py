@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
-from gateway.client import DuplexClient
+from duplex_client import DuplexClient
 from store import lua, messages as msg
 from store.keys import WORKER_DIRECTORY, SessionKeys, WorkerKeys, worker_of_session
 from tests.e2e.helpers import STREAM_SESSION, chunk_index, collect_until, marked_chunk

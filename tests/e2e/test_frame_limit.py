@@ -13,7 +13,7 @@ import socket
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from gateway.client import DuplexClient
+from duplex_client import DuplexClient
 from tests.e2e.helpers import STREAM_SESSION, collect_until
 from tests.e2e.stack import Stack
 

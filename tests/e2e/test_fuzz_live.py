@@ -44,7 +44,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
-from gateway.client import DuplexClient, RealtimeEvent
+from duplex_client import DuplexClient, RealtimeEvent
 from gateway.protocol.codec import CLIENT_EVENT_TYPES, UNSUPPORTED_CLIENT_EVENT_TYPES
 from gateway.protocol.errors import PARSE_ERROR_CODES
 from store.embedded import start_server

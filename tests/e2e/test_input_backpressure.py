@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from gateway.client import DuplexClient, RealtimeEvent, Resumed
+from duplex_client import DuplexClient, RealtimeEvent, Resumed
 from tests.e2e.helpers import STREAM_SESSION, chunk_index, collect_until, marked_chunk
 from tests.e2e.stack import Proc, Stack, http_answer
 

@@ -12,7 +12,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from gateway.client import DuplexClient
+from duplex_client import DuplexClient
 from store.keys import worker_of_session
 from tests.conftest import secrets_in_logs
 from tests.e2e.helpers import collect_until

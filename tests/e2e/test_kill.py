@@ -9,7 +9,7 @@ import pytest
 from redis import Redis
 from websockets.exceptions import ConnectionClosed
 
-from gateway.client import DuplexClient, RealtimeEvent
+from duplex_client import DuplexClient, RealtimeEvent
 from store.keys import WorkerKeys, worker_of_session
 from tests.e2e.helpers import STREAM_SESSION, chunk_index, collect_until, marked_chunk, next_event
 from tests.e2e.stack import Stack, wait_for

@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from gateway.client import DuplexClient, RealtimeEvent
+from duplex_client import DuplexClient, RealtimeEvent
 from store.keys import SessionKeys
 from tests.e2e.helpers import (
     PUSH_TO_TALK_SESSION,

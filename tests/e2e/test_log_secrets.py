@@ -17,7 +17,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 from websockets.typing import Subprotocol
 
-from gateway.client import DuplexClient, DuplexClientError
+from duplex_client import DuplexClient, DuplexClientError
 from tests.conftest import secrets_in_logs
 from tests.e2e.helpers import collect_until
 from tests.e2e.stack import Stack, wait_for

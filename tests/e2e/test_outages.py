@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 from redis import Redis
 
-from gateway.client import DuplexClient
+from duplex_client import DuplexClient
 from store.embedded import free_port
 from store.keys import WORKER_DIRECTORY
 from tests.e2e.helpers import STREAM_SESSION, chunk_index, collect_until, marked_chunk

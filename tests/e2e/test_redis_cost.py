@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import pytest
 from redis import Redis
 
-from gateway.client import DuplexClient, RealtimeEvent
+from duplex_client import DuplexClient, RealtimeEvent
 from tests.e2e.helpers import STREAM_SESSION, chunk_index, collect_until, marked_chunk, next_event
 from tests.e2e.stack import Stack
 

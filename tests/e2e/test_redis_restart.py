@@ -8,7 +8,7 @@ import time
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from gateway.client import DuplexClient, DuplexClientError
+from duplex_client import DuplexClient, DuplexClientError
 from tests.e2e.helpers import STREAM_SESSION, collect_until, marked_chunk
 from tests.e2e.stack import Stack
 

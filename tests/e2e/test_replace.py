@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from gateway.client import DuplexClient
+from duplex_client import DuplexClient
 from tests.e2e.helpers import STREAM_SESSION, chunk_index, collect_until, marked_chunk, next_event
 from tests.e2e.stack import Stack
 

@@ -18,7 +18,7 @@ from openai import AsyncOpenAI
 from redis.asyncio import Redis
 from websockets.asyncio.client import ClientConnection, connect
 
-from gateway.client import DuplexClient
+from duplex_client import DuplexClient
 from store.keys import SessionKeys, WorkerKeys, worker_of_session
 from tests.e2e.helpers import STREAM_SESSION, collect_until, next_event
 from tests.e2e.stack import Proc, Stack

@@ -10,7 +10,7 @@ import pytest
 from redis import Redis as SyncRedis
 from websockets.exceptions import ConnectionClosed
 
-from gateway.client import DuplexClient
+from duplex_client import DuplexClient
 from tests.e2e.conftest import FAST_ENV
 from tests.e2e.helpers import (
     chunk_index,

@@ -12,8 +12,8 @@ import pytest
 from redis.asyncio import Redis
 from websockets.exceptions import ConnectionClosed
 
+from duplex_client import DuplexClient, DuplexClientError
 from gateway.auth import tenant_of_key
-from gateway.client import DuplexClient, DuplexClientError
 from store.keys import SessionKeys, tenant_sessions
 from tests.e2e.helpers import (
     STREAM_SESSION,

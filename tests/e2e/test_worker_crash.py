@@ -20,7 +20,7 @@ from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from websockets.exceptions import ConnectionClosed
 
-from gateway.client import DuplexClient, RealtimeEvent
+from duplex_client import DuplexClient, RealtimeEvent
 from gateway.metrics import GatewayMetrics
 from gateway.reaper import run_reaper
 from inference_worker.settings import WorkerSettings

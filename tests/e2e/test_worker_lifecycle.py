@@ -12,7 +12,7 @@ import time
 import pytest
 from redis import Redis
 
-from gateway.client import DuplexClient, DuplexClientError, RealtimeEvent
+from duplex_client import DuplexClient, DuplexClientError, RealtimeEvent
 from store.keys import WORKER_DIRECTORY, WorkerKeys, worker_of_session
 from tests.e2e.helpers import collect_until
 from tests.e2e.stack import Proc, Stack, wait_for

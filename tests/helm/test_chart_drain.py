@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from gateway.client import DuplexClient, RealtimeEvent, Resumed
+from duplex_client import DuplexClient, RealtimeEvent, Resumed
 from store.embedded import EmbeddedServer, free_port, start_server
 from tests.e2e.helpers import STREAM_SESSION, chunk_index, marked_chunk
 from tests.e2e.stack import Proc, print_tail

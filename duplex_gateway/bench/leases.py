@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from duplex_gateway.bench_kit import (
+from duplex_gateway.bench.kit import (
     cpu_seconds,
     machine_ticks,
     output_help,
@@ -61,12 +61,12 @@ from duplex_gateway.bench_kit import (
     start_http_server,
     start_worker,
 )
-from duplex_gateway.bench_spec import BenchError
+from duplex_gateway.bench.spec import BenchError
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-    from gateway.client import DuplexClient
+    from duplex_client import DuplexClient
 
 __all__ = ["OPEN_CONCURRENCY", "LeaseRow", "add_arguments", "run_leases_bench"]
 
@@ -241,7 +241,7 @@ async def _connections_reach(url: str, sessions: int, period_s: float) -> None:
 
 
 async def _open_one(url: str, gate: asyncio.Semaphore) -> DuplexClient:
-    from gateway.client import DuplexClient
+    from duplex_client import DuplexClient
 
     async with gate:
         return await DuplexClient.connect(url)  # turn mode; nothing is sent afterwards

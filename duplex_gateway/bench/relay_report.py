@@ -1,7 +1,7 @@
 """The report of ``duplex-gateway bench relay``: figures derived from the sweep's points (added
 latency, real time, design targets), the table, the JSON and the two plots.
 
-I/O-free but for :func:`write`; :mod:`duplex_gateway.bench_relay` measures, this module compares.
+I/O-free but for :func:`write`; :mod:`duplex_gateway.bench.relay` measures, this module compares.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from duplex_gateway.bench_spec import (
+from duplex_gateway.bench.spec import (
     CHUNK_S,
     SCALE_SESSIONS,
     SHARD_COMMANDS_PER_S,
@@ -26,7 +26,7 @@ from duplex_gateway.bench_spec import (
     TARGETS_NOTE,
     Setup,
 )
-from duplex_gateway.svgplot import Chart, write_chart
+from duplex_gateway.bench.svgplot import Chart, write_chart
 
 __all__ = ["METHOD", "build", "format_table", "write"]
 

@@ -1,8 +1,8 @@
 """The relay benchmark's load: the frames a session sends and how it checks what comes back,
 and the session that streams them in real time (the gateway's and the echo's protocol; the
-python-socketio peer's session subclasses it in :mod:`duplex_gateway.bench_peer`).
+python-socketio peer's session subclasses it in :mod:`duplex_gateway.bench.peer`).
 
-Runs in the client processes the sweep starts (:mod:`duplex_gateway.bench_relay`).
+Runs in the client processes the sweep starts (:mod:`duplex_gateway.bench.relay`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from duplex_gateway.bench_spec import (
+from duplex_gateway.bench.spec import (
     CHUNK_BYTES,
     CHUNK_S,
     DRAIN_S,
@@ -112,7 +112,7 @@ class SessionLog:
 
 class LoadSession:
     """One streaming session over a plain websocket (echo and gateway): connect, stream on an
-    absolute clock, await the returns. :class:`duplex_gateway.bench_peer.PeerSession` changes
+    absolute clock, await the returns. :class:`duplex_gateway.bench.peer.PeerSession` changes
     only the transport."""
 
     def __init__(self, index: int, spec: ClientSpec, t0: float) -> None:

@@ -1,8 +1,8 @@
 """The relay benchmark's fixed figures: its chunk, its timings, the design targets it
 compares with, the setups it sweeps, and its error.
 
-Shared by :mod:`duplex_gateway.bench_relay` (the sweep), :mod:`duplex_gateway.bench_load` (the load
-sessions), :mod:`duplex_gateway.bench_peer` and :mod:`duplex_gateway.bench_relay_report`, so
+Shared by :mod:`duplex_gateway.bench.relay` (the sweep), :mod:`duplex_gateway.bench.load` (the load
+sessions), :mod:`duplex_gateway.bench.peer` and :mod:`duplex_gateway.bench.relay_report`, so
 none of those needs another one's internals.
 """
 

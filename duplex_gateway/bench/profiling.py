@@ -1,6 +1,6 @@
 """Python function calls per relayed chunk: a server profiled over the bench's window only.
 
-``python -m duplex_gateway.bench_profile OUT MODULE [ARGS...]`` runs ``MODULE`` as
+``python -m duplex_gateway.bench.profiling OUT MODULE [ARGS...]`` runs ``MODULE`` as
 ``python -m MODULE ARGS...`` would, with ``cProfile`` switched on by :data:`START` and its
 statistics written to ``OUT`` by :data:`STOP`. ``bench relay --profile`` starts the gateways and
 the worker this way and sends the two signals at the start and the end of its measured window,

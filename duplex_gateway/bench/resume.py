@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from duplex_gateway.bench_kit import (
+from duplex_gateway.bench.kit import (
     distribution,
     output_help,
     output_path,
@@ -41,7 +41,7 @@ from duplex_gateway.bench_kit import (
     start_http_server,
     start_worker,
 )
-from duplex_gateway.svgplot import Chart, cdf, write_chart
+from duplex_gateway.bench.svgplot import Chart, cdf, write_chart
 
 __all__ = ["add_arguments", "cuts_per_session", "run_resume_bench"]
 
@@ -69,7 +69,7 @@ def _chunk(session: int, index: int) -> bytes:
 
 async def _run_session(index: int, urls: tuple[str, str], disconnects: int,
                        chunks_per_cut: int) -> _Tally:
-    from gateway.client import DuplexClient
+    from duplex_client import DuplexClient
 
     tally = _Tally()
     client = await DuplexClient.connect(urls[0], session=_SESSION)

@@ -31,8 +31,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Final
 
-from duplex_gateway.bench_kit import receive_from_client, start_http_server, stop_process
-from duplex_gateway.bench_spec import CHUNK_BYTES, CHUNK_S
+from duplex_gateway.bench.kit import receive_from_client, start_http_server, stop_process
+from duplex_gateway.bench.spec import CHUNK_BYTES, CHUNK_S
 
 __all__ = ["ClientRun", "ProcessCpu", "StreamResult", "StreamSpec", "WorkerCommand",
            "client_count", "collect", "go", "read_process_cpu", "start_clients",

@@ -8,7 +8,7 @@ and all) is emitted back to the sender's room through the manager. python-socket
 delivers to a client on the emitting server at once and publishes every emit to Redis for the
 other servers, each of which decodes every message: the cost of a Socket.IO cluster's one hop.
 
-Run the server as ``python -m duplex_gateway.bench_peer --port P --redis-url URL``; its load
+Run the server as ``python -m duplex_gateway.bench.peer --port P --redis-url URL``; its load
 sessions (:class:`PeerSession`) run in the relay bench's client processes, beside the
 websocket ones. Needs the ``[bench]`` extra (python-socketio, and aiohttp for its client).
 """
@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from duplex_gateway.bench_load import LoadSession, append_message
+from duplex_gateway.bench.load import LoadSession, append_message
 from gateway.settings import GatewaySettings
 
 __all__ = ["EVENT", "PeerSession", "create_peer_app", "main"]
@@ -115,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Serve the peer with the uvicorn options of ``duplex-gateway serve``."""
     import uvicorn
 
-    parser = argparse.ArgumentParser(prog="python -m duplex_gateway.bench_peer",
+    parser = argparse.ArgumentParser(prog="python -m duplex_gateway.bench.peer",
                                      description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
@@ -123,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--log-level", default="warning",
                         choices=["debug", "info", "warning", "error"])
     args = parser.parse_args(argv)
-    # Keep in step with duplex_gateway._echo and duplex_gateway.cli._serve.
+    # Keep in step with duplex_gateway.bench.echo and duplex_gateway.cli._serve.
     uvicorn.run(create_peer_app(args.redis_url), host=args.host, port=args.port,
                 log_level=args.log_level, ws_max_size=GatewaySettings().max_frame_bytes + 1024,
                 timeout_graceful_shutdown=5, lifespan="on", ws="websockets-sansio")

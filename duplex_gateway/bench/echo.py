@@ -5,7 +5,7 @@ with the gateway's uvicorn options: its loop, websocket protocol and deflate set
 path, but nothing in between: every text frame goes back as is, every binary frame too.
 What the gateway costs on top of this is what ``duplex-gateway bench relay`` reports.
 
-Run it as ``python -m duplex_gateway._echo --port P``.
+Run it as ``python -m duplex_gateway.bench.echo --port P``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     from duplex_gateway.cli import gateway_server_options
 
-    parser = argparse.ArgumentParser(prog="python -m duplex_gateway._echo", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m duplex_gateway.bench.echo",
+                                     description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--log-level", default="warning",

@@ -32,14 +32,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from duplex_gateway.bench_kit import (
+from duplex_gateway.bench.kit import (
     output_help,
     output_path,
     positive_float,
     positive_int,
     positive_int_list,
 )
-from duplex_gateway.svgplot import Chart, write_chart
+from duplex_gateway.bench.svgplot import Chart, write_chart
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis

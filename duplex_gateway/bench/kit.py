@@ -3,7 +3,7 @@ starting and stopping the servers it measures, and reading their CPU time.
 
 The benches start real processes (gateways, workers, echo and peer servers) with
 ``python -m`` and measure them from outside: CPU from ``/proc`` (or psutil), readiness over
-HTTP. Nothing here knows what a bench measures; :mod:`duplex_gateway.bench_relay` and the
+HTTP. Nothing here knows what a bench measures; :mod:`duplex_gateway.bench.relay` and the
 others build on it.
 """
 
@@ -30,8 +30,8 @@ from typing import Any, Final
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from duplex_gateway.bench_profile import profiled
-from duplex_gateway.bench_spec import BenchError
+from duplex_gateway.bench.profiling import profiled
+from duplex_gateway.bench.spec import BenchError
 
 __all__ = [
     "RESULTS_DIR",

@@ -34,7 +34,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from duplex_gateway.bench_kit import (
+from duplex_gateway.bench.kit import (
     distribution,
     output_help,
     output_path,
@@ -42,7 +42,7 @@ from duplex_gateway.bench_kit import (
     start_http_server,
     start_worker,
 )
-from duplex_gateway.svgplot import Chart, cdf, write_chart
+from duplex_gateway.bench.svgplot import Chart, cdf, write_chart
 
 __all__ = ["KINDS", "add_arguments", "run_open_bench"]
 

@@ -1,0 +1,119 @@
+"""A Python client for the gateway: typed commands in, typed events out, resume built in.
+
+It needs only ``websockets``: nothing of the server (its web framework, its Redis client) is
+imported with it.
+
+Method names follow the seed's ``DuplexSessionHandle`` (``append_audio``, ``append_text``,
+``commit``, ``create_response``, ``cancel_input``, ``cancel_response``, ``barge_in``,
+``signal_turn``, ``ack_playback``, ``close``, ``events()``); each is :meth:`DuplexClient.submit`
+of one typed command of :mod:`duplex_client.commands`.
+
+Exactly once, both directions, across lost connections:
+
+* **Upstream.** Every command carries ``client_seq`` 1, 2, 3, ... and stays in a resend buffer.
+  ``session.resumed`` reports the highest ``client_seq`` the input log holds; the client resends
+  everything after it, in order, and the store drops anything it already has.
+* **Downstream.** The client remembers the highest ``server_event_seq`` it handed out, resumes
+  from it, and drops any event at or below it.
+
+Two ways to read:
+
+* :meth:`DuplexClient.events` keeps the session going by itself. On a dropped connection (no
+  close frame) or a close with 1011, 1012 or 1013 it reconnects (to the next of its URLs, with
+  jittered exponential backoff), resumes with one ``control_id`` kept across that resume's
+  retries, resends what the gateway lacks and yields a :class:`Resumed` marker where the resume
+  happened. It ends after the session's terminal event, and raises a
+  :class:`DuplexClientError` only when no retry can help (see :class:`ResumeRefused`,
+  :class:`SessionReplaced`, :class:`RetriesExhausted`).
+* :meth:`DuplexClient.recv` is the low-level call: the next event of the current connection,
+  raising ``ConnectionClosed`` when it drops; :meth:`DuplexClient.resume` is then one resume.
+
+Ending: :meth:`DuplexClient.close` asks the session to end and :meth:`DuplexClient.wait_closed`
+waits for its terminal event (see there for who reads the events meanwhile);
+:meth:`DuplexClient.detach` only closes the connection, leaving the session resumable. Leaving
+``async with`` closes the session, as the seed's handle does.
+
+Example (push-to-talk: a new session starts with OpenAI's ``server_vad``, which answers the
+turns it hears by itself; ``turn_detection: null`` leaves committing and answering to the
+client)::
+
+    urls = ["ws://gw-a/v1/realtime", "ws://gw-b/v1/realtime"]
+    push_to_talk = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+    async with await DuplexClient.connect(urls, session=push_to_talk) as client:
+        await client.submit(InputAudioBufferAppendEvent(pcm))
+        await client.submit(InputAudioBufferCommitEvent())
+        await client.submit(ResponseCreateEvent())
+        async for event in client.events():
+            if isinstance(event, Resumed):
+                continue  # nothing lost: the events go on where they stopped
+            if event.type == "response.done":
+                break
+    # here the session is closed: session.close went out and session.closed came back
+"""
+
+from __future__ import annotations
+
+from duplex_client.client import DuplexClient
+from duplex_client.commands import (
+    BargeInEvent,
+    ClientCommand,
+    CommandMethods,
+    ConversationItemCreateEvent,
+    ConversationItemDeleteEvent,
+    ConversationItemRetrieveEvent,
+    ConversationItemTruncateEvent,
+    InputAudioBufferAppendEvent,
+    InputAudioBufferClearEvent,
+    InputAudioBufferCommitEvent,
+    InputCancelEvent,
+    InputTextAppendEvent,
+    OutputAudioBufferClearEvent,
+    PlaybackAckEvent,
+    ResponseCancelEvent,
+    ResponseCreateEvent,
+    SessionCloseEvent,
+    SessionEventAckEvent,
+    SessionHeartbeatEvent,
+    SessionUpdateEvent,
+    TurnSignalEvent,
+)
+from duplex_client.errors import (
+    DuplexClientError,
+    ResumeRefused,
+    RetriesExhausted,
+    SessionReplaced,
+)
+from duplex_client.events import RealtimeEvent, Resumed
+from duplex_client.retry import ClientSettings
+
+__all__ = [
+    "BargeInEvent",
+    "ClientCommand",
+    "ClientSettings",
+    "CommandMethods",
+    "ConversationItemCreateEvent",
+    "ConversationItemDeleteEvent",
+    "ConversationItemRetrieveEvent",
+    "ConversationItemTruncateEvent",
+    "DuplexClient",
+    "DuplexClientError",
+    "InputAudioBufferAppendEvent",
+    "InputAudioBufferClearEvent",
+    "InputAudioBufferCommitEvent",
+    "InputCancelEvent",
+    "InputTextAppendEvent",
+    "OutputAudioBufferClearEvent",
+    "PlaybackAckEvent",
+    "RealtimeEvent",
+    "ResponseCancelEvent",
+    "ResponseCreateEvent",
+    "ResumeRefused",
+    "Resumed",
+    "RetriesExhausted",
+    "SessionCloseEvent",
+    "SessionEventAckEvent",
+    "SessionHeartbeatEvent",
+    "SessionReplaced",
+    "SessionUpdateEvent",
+    "TurnSignalEvent",
+]

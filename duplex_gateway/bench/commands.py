@@ -1,0 +1,74 @@
+"""The ``bench`` subcommands of ``duplex-gateway``: their parsers, each bench module declaring
+its own flags; a bench module is imported when its subcommand runs or parses."""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["add_parsers"]
+
+
+def _relay(args: argparse.Namespace) -> int:
+    from duplex_gateway.bench.relay import run_relay_bench
+
+    return run_relay_bench(sessions=args.sessions, gateways=args.gateways, seconds=args.seconds,
+                           output=args.output, profile=args.profile)
+
+
+def _resume(args: argparse.Namespace) -> int:
+    from duplex_gateway.bench.resume import run_resume_bench
+
+    return run_resume_bench(sessions=args.sessions, disconnects=args.disconnects,
+                            output=args.output)
+
+
+def _leases(args: argparse.Namespace) -> int:
+    from duplex_gateway.bench.leases import run_leases_bench
+
+    return run_leases_bench(sessions=args.sessions, workers=args.workers, seconds=args.seconds,
+                            output=args.output)
+
+
+def _calls(args: argparse.Namespace) -> int:
+    from duplex_gateway.bench.calls import run_calls_bench
+
+    return run_calls_bench(args)
+
+
+def _open(args: argparse.Namespace) -> int:
+    from duplex_gateway.bench.open import run_open_bench
+
+    return run_open_bench(connections=args.connections, output=args.output)
+
+
+def _worker(args: argparse.Namespace) -> int:
+    from duplex_gateway.bench.worker import run_worker_bench
+
+    return run_worker_bench(args)
+
+
+def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``bench relay|resume|leases|worker|calls|open``: each bench module declares its own
+    flags."""
+    from duplex_gateway.bench import calls, leases, open as open_bench, relay, resume, worker
+
+    parser = sub.add_parser("bench", help="benchmarks (each starts the processes it measures)",
+                            description="Benchmarks. Each prints a table and writes its "
+                            "results (JSON, and a plot where it draws one) to "
+                            "bench-results/<name>-<UTC time>.json unless --output is given.")
+    bench_sub = parser.add_subparsers(dest="bench", required=True)
+    commands = (
+        ("relay", "relay cost swept over sessions and gateways, vs an echo and a peer",
+         relay.add_arguments, _relay),
+        ("resume", "forced disconnects resumed elsewhere", resume.add_arguments, _resume),
+        ("leases", "Redis cost of attachment leases, per count", leases.add_arguments, _leases),
+        ("worker", "batched step time per batch size", worker.add_arguments, _worker),
+        ("calls", "Redis CPU per chunk against sessions per script call, and the client's"
+         " per call", calls.add_arguments, _calls),
+        ("open", "time to the first answer of ?model= connections, by client and quiet"
+         " period", open_bench.add_arguments, _open),
+    )
+    for name, summary, add_arguments, run in commands:
+        command = bench_sub.add_parser(name, help=summary, description=summary)
+        add_arguments(command)
+        command.set_defaults(func=run)
