@@ -19,7 +19,7 @@ import statistics
 import time
 
 from gateway.metrics import GatewayMetrics
-from store import Scripts, StoreError
+from store import Scripts, StoreError, WorkerState
 from store.client import RedisClient
 from store.directory import forget_worker, listed_workers
 from store.errors import raise_if_cancelled
@@ -82,7 +82,7 @@ async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetri
         # Released before anything else can fail: these entries are ours alone now. Should
         # this fail, the places lapse with their reservation lease instead.
         await scripts.release_tenant_slots(reaped.released)
-        if reaped.state in ("lost", "unknown"):
+        if reaped.state in (WorkerState.LOST, WorkerState.UNKNOWN):
             await forget_worker(client, worker_id)
             if visits is not None:
                 visits.sent.pop(worker_id, None)
