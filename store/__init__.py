@@ -2,6 +2,11 @@
 
 Shared by the gateway and the inference worker; it imports neither.
 
+Scripts go to Redis one of two ways: over the store's own pipelined connection
+(``store/script_lane.py``) on one node or Sentinel, or through redis-py on a Cluster. The
+optimised lane is single-node/Sentinel only: it has no slot routing, and a Cluster pays
+redis-py's per-call cost.
+
 The names below are loaded on first use (PEP 562), as websockets does: the I/O-free cores
 import the store's contract (``store.messages``, ``store.follower``, ``store.errors``,
 ``store.reasons``) without

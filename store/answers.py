@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from store.messages import JsonObject
 
 __all__ = [
+    "DEFAULT_ATTACHMENT_LEASE_MS",
     "AbandonStatus",
     "AppendResult",
     "AttachmentHolder",
@@ -240,6 +241,11 @@ class AttachmentHolder:
 
     gateway_id: str
     lease_ms: int
+
+
+#: A gateway's attachment lease unless its settings say otherwise (``ATTACH_LEASE_S`` takes
+#: its default from here), and what a reaper assumes a lapsed gateway had.
+DEFAULT_ATTACHMENT_LEASE_MS = 5_000
 
 
 

@@ -78,7 +78,7 @@ NO_ENGINE = TickTime(engine=False, p99_ms=None)
 
 
 def encode_tick(tick: TickTime) -> str:
-    """``tick`` as a heartbeat sends it (see ``WORKER_HEARTBEAT`` in store/lua.py)."""
+    """``tick`` as a heartbeat sends it (see store/lua/worker_heartbeat.lua)."""
     if not tick.engine:
         return ""
     return IDLE_TICKS if tick.p99_ms is None else f"{tick.p99_ms:.3f}"

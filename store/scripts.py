@@ -31,6 +31,7 @@ from redis.exceptions import (
 
 from store import lua
 from store.answers import (
+    DEFAULT_ATTACHMENT_LEASE_MS,
     AbandonStatus,
     AppendResult,
     AttachmentHolder,
@@ -77,15 +78,11 @@ from store.resp import endpoint_of
 from store.script_lane import ScriptLane
 
 __all__ = [
-    "DEFAULT_ATTACHMENT_LEASE_MS",
     "DEFAULT_REAP_OUTAGE_MS",
     "RESUME_RETRY_WINDOW_MS",
     "Scripts",
 ]
 
-
-#: The attachment lease a reaper assumes a lapsed gateway had, unless told otherwise.
-DEFAULT_ATTACHMENT_LEASE_MS = 5_000
 
 #: The gap between reaps of one worker that counts as an outage of its slot, unless told
 #: otherwise: two of the default reaper's passes (0.25 s apart).
@@ -113,7 +110,7 @@ RESEND_BACKOFF_S = (0.01, 0.05, 0.25)
 #: (CLUSTERDOWN or MASTERDOWN in a failover, TRYAGAIN while a slot is half migrated, "TTL
 #: exhausted" after too many redirections, a slot no known node covers yet) or the node had just
 #: been demoted (READONLY). All of them mean the script did not run or may be resent: every
-#: script is safe to resend (``store/lua.py``).
+#: script is safe to resend (``store/lua/``).
 _TRANSIENT_ERRORS = (RedisConnectionError, RedisTimeoutError, ClusterError, TryAgainError,
                      ReadOnlyError, RedisClusterException)
 
@@ -161,8 +158,9 @@ class Scripts:
     """Every script, registered once per client.
 
     ``own_connection``: send the scripts over one pipelined connection of the store's own
-    instead of redis-py's pool (``store/script_lane.py``: ~130 us less client CPU per call),
-    for one node or Sentinel; a Cluster client keeps redis-py. Call :meth:`aclose` when done.
+    instead of redis-py's pool (``store/script_lane.py``: less client CPU per call), for one
+    node or Sentinel only; a Cluster client keeps redis-py, which routes by slot (the lane
+    does not). Call :meth:`aclose` when done.
     """
 
     def __init__(self, client: Redis | RedisCluster, *, own_connection: bool = False) -> None:

@@ -10,8 +10,14 @@ Conventions shared by all scripts:
 * Time is the Redis server's own clock (``TIME``), in milliseconds, so every gateway, worker and
   reaper agrees on deadlines without trusting their host clocks. Redis >= 5 replicates script
   effects, so non-deterministic commands are allowed.
-* Every key a script touches carries one hash tag (``store/keys.py``); keys derived inside a
-  script from a session id (the reaper) share that tag, so Redis Cluster keeps them in one slot.
+* Every key a script touches is passed in ``KEYS``, named by ``store/keys.py``, and carries one
+  hash tag, so Redis Cluster keeps them in one slot. The one exception is the reaper's session
+  keys: their ids are known only inside the script, which builds them from the prefix and
+  suffixes ``store/keys.py`` passes (see ``reap.lua``), all under the worker's tag.
+* Reasons a script writes are ``REASON.<value>`` in the source and record formats
+  ``SESSION_FORMAT`` / ``WORKER_FORMAT``: the loader writes in their values from
+  ``store/reasons.py`` and ``store/formats.py``. Every script that reads a record checks its
+  format first and answers ``other_format`` for another one, without reading further.
 * Push notices are MessagePack arrays (``cmsgpack`` ships with Redis and Valkey) published with
   ``SPUBLISH`` (sharded pub/sub, also valid on a single node). Output notice: ``{"e", first_seq,
   {payload, ...}}`` or ``{"r", generation}`` (the lease moved to a newer connection). Worker
@@ -19,7 +25,8 @@ Conventions shared by all scripts:
   token the entries were written under), or for several sessions at once ``{"I", session_id,
   {{session_id, first_index, {payload, ...}, epoch, generation}, ...}}``, ``{"o",
   session_id}`` (placed) or ``{"c", session_id}`` (closed).
-* Statuses come back as short strings that ``store/scripts.py`` turns into enums.
+* Statuses come back as short strings that ``store/scripts.py`` turns into the enums of
+  ``store/answers.py``.
 * Every script is safe to send twice. A connection can break after Redis ran a script and
   before its answer arrived; ``Scripts`` then sends it again, so a second run must change
   nothing: open recognises its own token digest, resume and input appends their call id,

@@ -16,8 +16,7 @@
 -- node's first entry's names once per node: it costs nothing per entry, the generation a
 -- byte or two. The notice carries the token once per session: {'i', sid, first, payloads,
 -- epoch, gen} when one session of the call has new entries, else {'I', sid, {{sid, first,
--- payloads, epoch, gen}, ...}} (the second element names a session so that a worker of a
--- version before batched notices ignores the kind and reads the logs on its poll).
+-- payloads, epoch, gen}, ...}} (the second element names a session, as in the single form).
 -- returns, per session in order: {status, appended, highest client seq, current generation,
 --   last index of the input log (ok and full only)}: status ok | full | stale | closed |
 --   unknown (also: another tenant's session, answered as if it did not exist) | other_format
@@ -39,9 +38,6 @@ local in_max = tonumber(ARGV[1])
 -- The bytes the unread input may hold (0: no bound), as Redis counts the log's memory: a
 -- session's input log is its unread backlog, whatever the size of each command.
 local in_max_bytes = tonumber(ARGV[3])
--- APPEND_OUTPUT trims applied input once its position crosses a multiple of this, so a log
--- also holds fewer than this many applied entries (keep the two equal).
-local TRIM_EVERY = 16
 local now = now_ms()
 local notices = {}
 

@@ -27,10 +27,9 @@ local wk = worker_keys(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEY
 
 local worker_state = redis.call('HGET', worker, 'state')
 if not worker_state or worker_state == 'lost' then return {'fenced'} end
--- Applied input is trimmed once the position crosses a multiple of this (APPEND_INPUT bounds
--- a log's bytes with it: keep the two equal), and always on a report without events (the
--- worker sends those to trim): XTRIM per event would be one command per audio chunk.
-local TRIM_EVERY = 16
+-- Applied input is trimmed once the position crosses a multiple of TRIM_EVERY, and always on a
+-- report without events (the worker sends those to trim): XTRIM per event would be one command
+-- per audio chunk.
 
 local function append_one(sid, keys, terminal, reason, applied, first, session, at, count)
   local rec, out_log, out_channel = keys.rec, keys.out_log, keys.out_channel

@@ -1,3 +1,9 @@
+-- Applied input is trimmed (APPEND_OUTPUT) once its position crosses a multiple of this, so an
+-- input log holds fewer than this many applied entries (APPEND_INPUT bounds its bytes with it).
+local TRIM_EVERY = 16
+-- How long a worker's ended list outlives its last push, and a lost worker's record its loss.
+local WORKER_KEPT_MS = 86400000
+
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -79,7 +85,7 @@ local function terminate(sid, keys, wk, terminal, reason)
   local tenant = f[3]
   if tenant then
     redis.call('RPUSH', wk.ended, tenant .. ' ' .. sid)
-    redis.call('PEXPIRE', wk.ended, 86400000)
+    redis.call('PEXPIRE', wk.ended, WORKER_KEPT_MS)
   end
   redis.call('ZREM', wk.deadlines, sid)
   redis.call('SPUBLISH', wk.channel, cmsgpack.pack({'c', sid}))

@@ -33,7 +33,8 @@
 -- so every such key carries this worker's hash tag and is in this call's slot.
 local worker, sessions, deadlines, worker_channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local ended_list, gateways, held = KEYS[5], KEYS[6], KEYS[7]
-local wk = worker_keys(worker, sessions, deadlines, worker_channel, ended_list, gateways, held)
+local wk = worker_keys(worker, sessions, deadlines, worker_channel, ended_list, gateways,
+                      held)
 local prefix, lost_event, grace_event, idle_event = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local budget, outage_ms, release_budget = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7]
 local lease_ms = tonumber(ARGV[8])
@@ -95,7 +96,7 @@ if lapsed and now < recovered + tonumber(w[3] or '0') then
 end
 if lapsed then
   redis.call('HSET', worker, 'state', 'lost')
-  redis.call('PEXPIRE', worker, 86400000)
+  redis.call('PEXPIRE', worker, WORKER_KEPT_MS)
   for _, sid in ipairs(redis.call('SMEMBERS', sessions)) do
     local f = redis.call('HMGET', record_of(sid), 'state', 'v')
     -- A record of another format is not this code's to end.
