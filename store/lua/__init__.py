@@ -14,10 +14,11 @@ Conventions shared by all scripts:
   hash tag, so Redis Cluster keeps them in one slot. The one exception is the reaper's session
   keys: their ids are known only inside the script, which builds them from the prefix and
   suffixes ``store/keys.py`` passes (see ``reap.lua``), all under the worker's tag.
-* Reasons a script writes are ``REASON.<value>`` in the source and record formats
-  ``SESSION_FORMAT`` / ``WORKER_FORMAT``: the loader writes in their values from
-  ``store/reasons.py`` and ``store/formats.py``. Every script that reads a record checks its
-  format first and answers ``other_format`` for another one, without reading further.
+* Reasons a script writes are ``REASON.<value>`` in the source, and record formats
+  ``SESSION_FORMAT`` / ``WORKER_FORMAT`` in the field ``FORMAT_FIELD``: the loader writes in
+  their values from ``store/reasons.py`` and ``store/formats.py``. Every script that reads a
+  record checks its format first and answers ``other_format`` for another one, without reading
+  further.
 * Push notices are MessagePack arrays (``cmsgpack`` ships with Redis and Valkey) published with
   ``SPUBLISH`` (sharded pub/sub, also valid on a single node). Output notice: ``{"e", first_seq,
   {payload, ...}}`` or ``{"r", generation}`` (the lease moved to a newer connection). Worker
@@ -39,7 +40,7 @@ from __future__ import annotations
 import re
 from importlib import resources
 
-from store.formats import SESSION_FORMAT, WORKER_FORMAT
+from store.formats import FORMAT_FIELD, SESSION_FORMAT, WORKER_FORMAT
 from store.reasons import CloseReason
 
 __all__ = [
@@ -62,7 +63,8 @@ __all__ = [
 # Names the Lua source uses for values Python owns, written into the text as string literals
 # when it is loaded: the scripts and the Python that reads what they wrote cannot drift apart.
 # ``REASON.<value>`` is a member of CloseReason (an unknown one fails the import).
-_CONSTANTS = {"SESSION_FORMAT": SESSION_FORMAT, "WORKER_FORMAT": WORKER_FORMAT}
+_CONSTANTS = {"FORMAT_FIELD": FORMAT_FIELD, "SESSION_FORMAT": SESSION_FORMAT,
+              "WORKER_FORMAT": WORKER_FORMAT}
 _REASON = re.compile(r"\bREASON\.([a-z_]+)\b")
 _CONSTANT = re.compile(r"\b(" + "|".join(_CONSTANTS) + r")\b")
 

@@ -9,7 +9,7 @@ local wk = worker_keys(KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KE
 local abandoned = KEYS[12]
 local sid, terminal, ttl = ARGV[1], ARGV[2], ARGV[3]
 
-local f = redis.call('HMGET', keys.rec, 'state', 'v')
+local f = redis.call('HMGET', keys.rec, 'state', FORMAT_FIELD)
 if not f[1] then
   redis.call('SET', abandoned, '1', 'PX', ttl)
   return 'tombstoned'

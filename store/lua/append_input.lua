@@ -71,7 +71,7 @@ end
 
 local function append_one(rec, in_log, sid, epoch, gen, tenant, at, count)
   local f = redis.call('HMGET', rec, 'state', 'epoch', 'gen', 'in_n', 'cseq', 'in_call',
-                       'in_call_n', 'tenant', 'in_done', 'in_big', 'v')
+                       'in_call_n', 'tenant', 'in_done', 'in_big', FORMAT_FIELD)
   if not f[1] or f[8] ~= tenant then return {'unknown', 0, 0, 0} end
   if f[11] ~= SESSION_FORMAT then return {'other_format', 0, 0, 0} end
   local cseq = tonumber(f[5])

@@ -33,7 +33,8 @@ if not worker_state or worker_state == 'lost' then return {'fenced'} end
 
 local function append_one(sid, keys, terminal, reason, applied, first, session, at, count)
   local rec, out_log, out_channel = keys.rec, keys.out_log, keys.out_channel
-  local f = redis.call('HMGET', rec, 'state', 'out_seq', 'in_n', 'in_done', 'out_max', 'v')
+  local f = redis.call('HMGET', rec, 'state', 'out_seq', 'in_n', 'in_done', 'out_max',
+                       FORMAT_FIELD)
   if not f[1] then return {'unknown', 0} end
   if f[6] ~= SESSION_FORMAT then return {'other_format', 0} end
   if f[1] == 'closed' then return {'closed', 0} end

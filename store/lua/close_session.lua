@@ -10,7 +10,7 @@ local keys = session_keys(KEYS[1], KEYS[2], KEYS[3], KEYS[4])
 local wk = worker_keys(KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10], KEYS[11])
 local sid, terminal, reason = ARGV[1], ARGV[2], ARGV[3]
 
-local f = redis.call('HMGET', keys.rec, 'state', 'v')
+local f = redis.call('HMGET', keys.rec, 'state', FORMAT_FIELD)
 if not f[1] then return 'unknown' end
 if f[2] ~= SESSION_FORMAT then return 'other_format' end
 if f[1] == 'closed' then return 'closed' end

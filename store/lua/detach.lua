@@ -8,7 +8,7 @@
 local rec, deadlines, held = KEYS[1], KEYS[2], KEYS[3]
 local sid, epoch, gen, tenant, detach_grace = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 
-local f = redis.call('HMGET', rec, 'state', 'epoch', 'gen', 'tenant', 'v')
+local f = redis.call('HMGET', rec, 'state', 'epoch', 'gen', 'tenant', FORMAT_FIELD)
 if not f[1] or f[4] ~= tenant then return 'unknown' end
 if f[5] ~= SESSION_FORMAT then return 'other_format' end
 if f[1] == 'closed' then return 'closed' end

@@ -31,7 +31,8 @@ if placed[1] then
   return {'exists', 0}
 end
 local now = now_ms()
-local w = redis.call('HMGET', worker, 'state', 'alive_until', 'slots', 'used', 'models', 'v')
+local w = redis.call('HMGET', worker, 'state', 'alive_until', 'slots', 'used', 'models',
+                     FORMAT_FIELD)
 -- A worker record of another format is not read: its fields may mean something else.
 if w[1] ~= 'live' or w[6] ~= WORKER_FORMAT or tonumber(w[2]) < now then
   return {'unavailable', 0}
@@ -47,10 +48,10 @@ if tonumber(w[4]) >= tonumber(w[3]) then return {'full', 0} end
 
 redis.call('HINCRBY', worker, 'used', 1)
 redis.call('SADD', sessions, sid)
-redis.call('HSET', rec, 'v', SESSION_FORMAT, 'state', 'attached', 'epoch', epoch, 'gen', 1, 'digest', digest,
-  'rcid', '', 'tenant', tenant, 'out_seq', 0, 'in_n', 0, 'in_done', 0, 'cseq', 0,
-  'created_ms', now,
-  'active_ms', now, 'detached_ms', 0, 'grace_ms', grace_ms, 'idle_ms', idle_ms,
+redis.call('HSET', rec, FORMAT_FIELD, SESSION_FORMAT, 'state', 'attached', 'epoch', epoch,
+  'gen', 1, 'digest', digest, 'rcid', '', 'tenant', tenant, 'out_seq', 0, 'in_n', 0,
+  'in_done', 0, 'cseq', 0, 'created_ms', now, 'active_ms', now, 'detached_ms', 0,
+  'grace_ms', grace_ms, 'idle_ms', idle_ms,
   'out_max', out_max, 'retention_ms', retention_ms)
 -- What a resume through any gateway announces: the session as session.created showed it
 -- (the worker's later session.updated replace it, see APPEND_OUTPUT) and its capabilities.

@@ -12,7 +12,7 @@ end
 -- Append already-encoded events to a session's output log, numbering them server_event_seq.
 -- Returns the first seq used; pushes all of them in one notice.
 local function append_events(rec, out_log, out_channel, payloads, max_entries)
-  local first = tonumber(redis.call('HGET', rec, 'out_seq') or '0') + 1
+  local first = tonumber(redis.call('HGET', rec, 'out_seq')) + 1
   local seq = first - 1
   for _, payload in ipairs(payloads) do
     seq = seq + 1

@@ -63,7 +63,7 @@ local function detach_lapsed(now, recovered)
     for _, member in ipairs(redis.call('ZRANGEBYLEX', held, from, to)) do
       local sid = string.sub(member, #gid + 2)
       local rec = record_of(sid)
-      local f = redis.call('HMGET', rec, 'state', 'gw', 'v')
+      local f = redis.call('HMGET', rec, 'state', 'gw', FORMAT_FIELD)
       if f[1] == 'attached' and f[2] == gid and f[3] == SESSION_FORMAT then
         redis.call('HSET', rec, 'state', 'detached', 'detached_ms', now, 'gw', '', 'dgrace', 0)
         redis.call('ZADD', deadlines, next_deadline(rec), sid)
@@ -78,7 +78,7 @@ end
 
 local now = now_ms()
 local w = redis.call('HMGET', worker, 'state', 'alive_until', 'ttl_ms', 'reaped_ms',
-                     'reached_ms', 'v')
+                     'reached_ms', FORMAT_FIELD)
 if w[1] and w[6] ~= WORKER_FORMAT then return {'other_format', 0, {}, 0, 0} end
 local ended = 0
 -- recovered: since when reapers reached this slot without a gap (0: as far as is known).
@@ -98,7 +98,7 @@ if lapsed then
   redis.call('HSET', worker, 'state', 'lost')
   redis.call('PEXPIRE', worker, WORKER_KEPT_MS)
   for _, sid in ipairs(redis.call('SMEMBERS', sessions)) do
-    local f = redis.call('HMGET', record_of(sid), 'state', 'v')
+    local f = redis.call('HMGET', record_of(sid), 'state', FORMAT_FIELD)
     -- A record of another format is not this code's to end.
     if f[1] and f[1] ~= 'closed' and f[2] == SESSION_FORMAT then
       finish(sid, lost_event, REASON.worker_lost)
@@ -114,7 +114,7 @@ local detached = detach_lapsed(now, recovered)
 
 for _, sid in ipairs(redis.call('ZRANGEBYSCORE', deadlines, '-inf', now, 'LIMIT', 0, budget)) do
   local f = redis.call('HMGET', record_of(sid), 'state', 'active_ms', 'idle_ms', 'detached_ms',
-                       'grace_ms', 'dgrace', 'v')
+                       'grace_ms', 'dgrace', FORMAT_FIELD)
   local grace = f[1] and grace_of(f[5], f[6])
   if not f[1] or f[1] == 'closed' or f[7] ~= SESSION_FORMAT then
     redis.call('ZREM', deadlines, sid)

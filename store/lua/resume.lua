@@ -31,7 +31,7 @@ local gateways, held, gid, lease_ms = KEYS[5], KEYS[6], ARGV[8], tonumber(ARGV[9
 local attempt = tonumber(ARGV[10])
 
 local f = redis.call('HMGET', rec, 'state', 'gen', 'epoch', 'digest', 'rcid', 'cseq', 'out_seq',
-                     'tenant', 'prev', 'rcid_ms', 'rcall', 'ratt', 'session', 'caps', 'v')
+                     'tenant', 'prev', 'rcid_ms', 'rcall', 'ratt', 'session', 'caps', FORMAT_FIELD)
 if not f[1] or f[8] ~= tenant then return {'unknown', 0, '', 0, 0, 0, '', ''} end
 if f[15] ~= SESSION_FORMAT then return {'other_format', 0, '', 0, 0, 0, '', ''} end
 local state, gen, epoch, digest, rcid = f[1], tonumber(f[2]), f[3], f[4], f[5]

@@ -12,7 +12,7 @@
 local rec, out_log = KEYS[1], KEYS[2]
 local epoch, gen, upto, tenant = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 
-local f = redis.call('HMGET', rec, 'epoch', 'gen', 'tenant', 'out_seq', 'v')
+local f = redis.call('HMGET', rec, 'epoch', 'gen', 'tenant', 'out_seq', FORMAT_FIELD)
 if not f[1] or f[3] ~= tenant then return 'unknown' end
 if f[5] ~= SESSION_FORMAT then return 'other_format' end
 if f[1] ~= epoch or f[2] ~= gen then return 'stale' end

@@ -13,14 +13,14 @@
 --         in ms, 'idle' (an engine with too few recent ticks), '' (no engine)
 -- ARGV[9] models: the JSON array of the model names it serves (store/models.py), stored on
 --         registration as 'models' ('': none), with the registration time as 'since_ms'
--- A registration writes the record's format ('v'); a renewal of a record of another format is
+-- A registration writes the record's format; a renewal of a record of another format is
 -- answered lost, as the worker cannot tell what the record says.
 -- returns {status, alive_until}: status live | busy | draining | lost
 local worker = KEYS[1]
 local slots, ttl, register, drain, admit = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4], ARGV[5]
 local profile, backend, tick_p99, models = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 
-local f = redis.call('HMGET', worker, 'state', 'v')
+local f = redis.call('HMGET', worker, 'state', FORMAT_FIELD)
 local state = f[1]
 if state == 'lost' or (not state and register ~= '1') then return {'lost', 0} end
 if state and f[2] ~= WORKER_FORMAT then return {'lost', 0} end
@@ -28,7 +28,7 @@ local now = now_ms()
 if not state then
   -- The registration counts as a reaper's visit (reaped_ms): a first reap after an outage
   -- can then tell the gap (see REAP).
-  redis.call('HSET', worker, 'v', WORKER_FORMAT, 'used', 0, 'reaped_ms', now)
+  redis.call('HSET', worker, FORMAT_FIELD, WORKER_FORMAT, 'used', 0, 'reaped_ms', now)
 end
 if drain == '1' or state == 'draining' then
   state = 'draining'
