@@ -28,6 +28,7 @@ __all__ = [
     "ResumeResult",
     "ResumeStatus",
     "SessionPolicy",
+    "TenantStatus",
     "TrimStatus",
     "WorkerBeat",
     "WorkerState",
@@ -103,6 +104,16 @@ class AbandonStatus(enum.StrEnum):
     TOMBSTONED = "tombstoned"
     ALREADY_CLOSED = "already_closed"
     OTHER_FORMAT = "other_format"
+
+
+class TenantStatus(enum.StrEnum):
+    """Outcome of counting a session against its tenant's cap."""
+
+    OK = "ok"
+    #: The tenant is at its cap: the session was not counted.
+    FULL = "full"
+    #: A renewal of a place that was released already (the session ended): not taken back.
+    RELEASED = "released"
 
 
 class WorkerState(enum.StrEnum):

@@ -45,6 +45,7 @@ from store.answers import (
     ResumeResult,
     ResumeStatus,
     SessionPolicy,
+    TenantStatus,
     TrimStatus,
     WorkerBeat,
     WorkerState,
@@ -374,14 +375,14 @@ class Scripts:
         """Count ``session_id`` against ``tenant_id``'s cap; False when the tenant is full."""
         answer = await self._run(self._tenant, [tenant_sessions(tenant_id)],
                                  [session_id, cap, lease_ms, "reserve"])
-        return _str(answer) == "ok"
+        return TenantStatus(_str(answer)) is TenantStatus.OK
 
     async def renew_tenant_slot(self, tenant_id: str, session_id: str, *, lease_ms: int) -> bool:
         """Keep a served session counted for ``lease_ms`` more; False when its place was
         released already (the session ended): a renewal never takes a place back."""
         answer = await self._run(self._tenant, [tenant_sessions(tenant_id)],
                                  [session_id, 0, lease_ms, "renew"])
-        return _str(answer) == "ok"
+        return TenantStatus(_str(answer)) is TenantStatus.OK
 
     async def release_tenant_slot(self, tenant_id: str, session_id: str) -> None:
         """Stop counting a session (it ended, or its open did not land)."""
