@@ -1,8 +1,8 @@
 """Typed async wrappers around the Lua scripts: the only code that calls them.
 
 Each wrapper builds the keys from ``store/keys.py``, runs the script once (EVALSHA with a
-NOSCRIPT fallback), and turns its small answer into a typed value or one of
-``store/errors.py``'s exceptions. The scripts go through redis-py's ``AsyncScript``, or with
+NOSCRIPT fallback), and turns its small answer into a typed value of ``store/answers.py`` or
+one of ``store/errors.py``'s exceptions. The scripts go through redis-py's ``AsyncScript``, or with
 ``own_connection`` over the store's own pipelined connection (``store/script_lane.py``).
 """
 
