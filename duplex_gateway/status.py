@@ -118,8 +118,8 @@ def census_document(census: Census) -> dict[str, Any]:
     "models": {name: {"workers", "admitting", "slots", "used", "free"}}, "sessions":
     {"total": int, "by_state": {state: count}, "by_tenant": {tenant: count}, "by_gateway":
     {gateway id: attached count}}}``; ``by_state`` always holds ``attached`` and
-    ``detached``; null where the store does not know (an older worker's backend, or a worker
-    whose record is gone).
+    ``detached``; null where the store does not know (a worker whose record is gone or of
+    another format).
     """
     sessions = census.sessions
     return {
@@ -197,7 +197,7 @@ def _worker_row(worker: WorkerCensus) -> tuple[str, ...]:
 
 def _tick_text(tick: TickTime) -> str:
     """The p99 in ms; ``-`` without an engine, ``idle`` with too few recent ticks, ``?``
-    when the worker does not say (older than the field)."""
+    when the store does not know (the record is gone or of another format)."""
     if tick.engine is None:
         return "?"
     if not tick.engine:

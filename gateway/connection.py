@@ -64,6 +64,8 @@ from gateway.services import GatewayServices
 from gateway.wsprotocol import INVALID_TEXT_KEY, SEND_NOW_KEY, TRANSPORT_KEY
 from store import (
     AppendResult,
+    CloseReason,
+    Gone,
     Lease,
     LeaseLost,
     ResumeStatus,
@@ -419,10 +421,10 @@ class ConnectionDriver:
                 else:
                     self._core.lease_moved(exc.current_generation)
             except SessionGone as exc:
-                if exc.status == "unknown":
-                    self._core.session_lost()
-                else:
+                if exc.status is Gone.CLOSED:
                     self._core.session_gone()
+                else:
+                    self._core.session_lost()
             except StoreError as exc:
                 # Redis is failing: close 1011 so the client resumes (and resends by
                 # client_seq) once the store is back, through any gateway.
@@ -462,7 +464,7 @@ class ConnectionDriver:
         _log.error("the input log of %s went back to %d (lost writes); ending it", session_id,
                    appended.last_index, extra={"session_id": session_id})
         try:
-            await self._svc.scripts.close_session(session_id, "log_rewound")
+            await self._svc.scripts.close_session(session_id, CloseReason.LOG_REWOUND)
         except StoreError as exc:
             self._store_failed("close (log rewound)", session_id, exc)
         self._core.session_gone()  # read the terminal event
@@ -723,7 +725,7 @@ class ConnectionDriver:
 
     async def _give_up(self, session_id: str) -> None:
         try:
-            await self._svc.scripts.close_session(session_id, "open_abandoned")
+            await self._svc.scripts.close_session(session_id, CloseReason.OPEN_ABANDONED)
         except StoreError as exc:
             # Nothing was ever sent to it: its idle TTL ends it.
             self._store_failed("abandoning an unopened session", session_id, exc)

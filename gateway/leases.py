@@ -1,10 +1,11 @@
 """This gateway's attachment leases: one per worker it serves sessions on, renewed in bulk.
 
 Every session a gateway attaches (open, resume) is held under the gateway's lease on that
-session's worker (``store/lua.py``, ``attach_to``). The gateway renews each lease it holds once
-per ``lease / 5``, so its Redis cost is one call per worker per period, whatever the number of
-sessions. A gateway that dies, pauses or is cut off stops renewing; once the lease lapses any
-reaper detaches its sessions, whose disconnect grace then runs as after a lost connection.
+session's worker (``attach_to`` in ``store/lua/prelude.lua``). The gateway renews each lease it
+holds once per ``lease / 5``, so its Redis cost is one call per worker per period, whatever the
+number of sessions. A gateway that dies, pauses or is cut off stops renewing; once the lease
+lapses any reaper detaches its sessions, whose disconnect grace then runs as after a lost
+connection.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from gateway.protocol.codec import public_session
 from gateway.protocol.errors import ClientProtocolError, CloseCode, ErrorCode
 from gateway.services import GatewayServices
+from gateway.settings import GatewaySettings
 from store import Lease, OpenStatus, SessionPolicy, StoreError, StoreUnavailable
 from store.directory import (
     WorkerLoad,
@@ -36,7 +37,7 @@ from store.keys import new_session_id
 from store.messages import JsonObject
 from store.models import is_model_name
 
-__all__ = ["Placement", "place_session", "policy_of"]
+__all__ = ["Placement", "place_session", "policy_of", "session_policy"]
 
 # tenant_sessions_per_minute counts opens in any window this long.
 _OPEN_RATE_WINDOW_MS = 60_000
@@ -44,7 +45,11 @@ _OPEN_RATE_WINDOW_MS = 60_000
 
 def policy_of(services: GatewayServices) -> SessionPolicy:
     """The per-session limits this gateway writes into new records."""
-    s = services.settings
+    return session_policy(services.settings)
+
+
+def session_policy(s: GatewaySettings) -> SessionPolicy:
+    """The per-session limits ``s`` sets (the one home of their defaults)."""
     return SessionPolicy(
         disconnect_grace_ms=int(s.disconnect_grace_s * 1000),
         idle_ttl_ms=int(s.idle_ttl_s * 1000),

@@ -6,7 +6,7 @@ exactly one reaper wins and exactly one terminal event is written.
 A worker cannot heartbeat while its slot is out of reach (Redis restarting, a Cluster master
 failing over), so a lapsed heartbeat right after such an outage is no proof of death. The REAP
 script sees the outage itself, per slot, as a gap between reaps longer than ``outage_ms``, and
-then gives the worker a full TTL from that moment; see ``store/lua.py``. Outages shorter than
+then gives the worker a full TTL from that moment; see ``store/lua/reap.lua``. Outages shorter than
 that are the worker's own slack (its TTL minus its beat interval) to absorb.
 """
 
@@ -19,13 +19,14 @@ import statistics
 import time
 
 from gateway.metrics import GatewayMetrics
-from store import Scripts, StoreError
+from store import Scripts, StoreError, WorkerState
+from store.answers import DEFAULT_ATTACHMENT_LEASE_MS
 from store.client import RedisClient
 from store.directory import forget_worker, listed_workers
 from store.errors import raise_if_cancelled
 from store.outages import OutageLog
 from store.ratelog import RateLimitedLog
-from store.scripts import DEFAULT_ATTACHMENT_LEASE_MS, DEFAULT_REAP_OUTAGE_MS
+from store.scripts import DEFAULT_REAP_OUTAGE_MS
 
 __all__ = ["Visits", "outage_threshold_ms", "reap_once", "run_reaper"]
 
@@ -82,7 +83,7 @@ async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetri
         # Released before anything else can fail: these entries are ours alone now. Should
         # this fail, the places lapse with their reservation lease instead.
         await scripts.release_tenant_slots(reaped.released)
-        if reaped.state in ("lost", "unknown"):
+        if reaped.state in (WorkerState.LOST, WorkerState.UNKNOWN):
             await forget_worker(client, worker_id)
             if visits is not None:
                 visits.sent.pop(worker_id, None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from store.answers import DEFAULT_ATTACHMENT_LEASE_MS
 from store.config import (
     NON_NEGATIVE,
     PORT,
@@ -97,7 +98,7 @@ class GatewaySettings:
         metadata={"help": "give up placing a session after this long", "accepts": POSITIVE},
     )
     attach_lease_s: float = field(
-        default=5.0,
+        default=DEFAULT_ATTACHMENT_LEASE_MS / 1000,
         metadata={"help": "sessions attached through this gateway are detached by any reaper"
                           " once it has not renewed its lease for this long (killed, paused,"
                           " cut off); renewed every fifth of it, once per worker",

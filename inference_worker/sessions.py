@@ -46,6 +46,7 @@ from store.messages import (
     encode_message,
 )
 from store.ratelog import RateLimitedLog, cause_of
+from store.reasons import CloseReason
 
 __all__ = [
     "FAILED_REASON",
@@ -57,7 +58,7 @@ __all__ = [
 ]
 
 # A session that fails inside this worker (its bug, or data it cannot handle) ends with this.
-FAILED_REASON = "internal_error"
+FAILED_REASON = CloseReason.INTERNAL_ERROR
 # Each cause of a session failure is logged with its traceback at most once per this long.
 _FAILURE_LOG_PERIOD_S = 60.0
 # Refused input is logged at most once per this long (with a count of the rest): a writer that

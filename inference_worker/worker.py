@@ -54,6 +54,8 @@ from inference_worker.sessions import (
 from inference_worker.settings import WorkerSettings
 from inference_worker.silero_vad import detector_factory, load_weights
 from store import (
+    CloseReason,
+    Mismatch,
     OutputAppend,
     OutputMismatch,
     Scripts,
@@ -345,7 +347,7 @@ class Worker:
             if session_id is not None:
                 _log.error("session %s: model failure (%s); closing it", session_id,
                            report.error or "its slot failed", extra=log_ids(session_id))
-                self._sessions.end(session_id, "model_error", time.monotonic())
+                self._sessions.end(session_id, CloseReason.MODEL_ERROR, time.monotonic())
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -443,11 +445,11 @@ class Worker:
         # (Redis away) gets the terminal event alone.
         self._sessions.no_sessions.clear()
         for session_id in self._sessions.ids():
-            self._sessions.end(session_id, "worker_shutdown", time.monotonic())
+            self._sessions.end(session_id, CloseReason.WORKER_SHUTDOWN, time.monotonic())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._sessions.no_sessions.wait(), _CLOSE_FLUSH_S)
         for session_id in self._sessions.ids():
-            await self._close(session_id, "worker_shutdown", retry=False)
+            await self._close(session_id, CloseReason.WORKER_SHUTDOWN, retry=False)
 
     def _fence(self) -> None:
         # Fenced: a reaper declared it lost, or its record is gone (Redis lost its data).
@@ -546,7 +548,7 @@ class Worker:
             return self._sessions.get(session_id)
         session = self._new_session(session_id, start.model if start is not None else None)
         if session is None:
-            self._spawn(self._close(session_id, "no_free_slot"))
+            self._spawn(self._close(session_id, CloseReason.NO_FREE_SLOT))
             return None
         if start is not None:
             session.applied_under = WriteToken(start.epoch, 0)
@@ -593,7 +595,7 @@ class Worker:
             # unread (a gateway of a version that capped the log by length). Reading again
             # would find the same range missing forever, and applying what follows would run
             # the session without them: the store lost input, so the session ends log_rewound.
-            self._abandon(session_id, "log_rewound",
+            self._abandon(session_id, CloseReason.LOG_REWOUND,
                           f"input {session.follower.next_index}-{rows[0].index - 1} is gone"
                           " from the log before it was applied")
             return
@@ -603,7 +605,7 @@ class Worker:
               and (await log_ends(self._client, session_id)).last_input < applied):
             # Nothing new, and the log ends before what was applied: it went back, and the
             # commands that will reuse those indices would look applied (see _offer).
-            self._abandon(session_id, "log_rewound",
+            self._abandon(session_id, CloseReason.LOG_REWOUND,
                           "its input log ends before what was applied (lost writes)")
 
     async def _offer(self, session_id: str, session: Session,
@@ -616,7 +618,8 @@ class Worker:
             # Other commands under indices already applied: a Redis failover lost input this
             # worker acted on, and the log numbers on from there. The session's state here no
             # longer matches the store's; end it loudly rather than drop the new commands.
-            self._abandon(session_id, "log_rewound", "its input log went back (lost writes)")
+            self._abandon(session_id, CloseReason.LOG_REWOUND,
+                          "its input log went back (lost writes)")
             return
         applied_before = session.follower.next_index - 1
         fresh, gap = session.follower.offer(first, payloads)
@@ -757,7 +760,8 @@ class Worker:
                 # A gap: the logs fell behind what this worker wrote or read (a failover lost
                 # acknowledged writes). A conflict: a bug. Either way, end the session loudly.
                 self._abandon(session_id,
-                              "log_rewound" if outcome.status == "gap" else "internal_error",
+                              CloseReason.LOG_REWOUND if outcome.status is Mismatch.GAP
+                              else CloseReason.INTERNAL_ERROR,
                               f"{outcome.status}: events from seq {outcome.first_seq},"
                               f" the log ends at {outcome.last_seq}")
                 continue

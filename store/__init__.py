@@ -2,8 +2,14 @@
 
 Shared by the gateway and the inference worker; it imports neither.
 
+Scripts go to Redis one of two ways: over the store's own pipelined connection
+(``store/script_lane.py``) on one node or Sentinel, or through redis-py on a Cluster. The
+optimised lane is single-node/Sentinel only: it has no slot routing, and a Cluster pays
+redis-py's per-call cost.
+
 The names below are loaded on first use (PEP 562), as websockets does: the I/O-free cores
-import the store's contract (``store.messages``, ``store.follower``, ``store.errors``) without
+import the store's contract (``store.messages``, ``store.follower``, ``store.errors``,
+``store.reasons``) without
 loading the Redis client, and ``from store import Scripts`` still works for the drivers.
 """
 
@@ -13,9 +19,29 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from store.answers import (
+        AbandonStatus,
+        AppendResult,
+        AttachmentHolder,
+        CloseStatus,
+        DetachStatus,
+        EndedSession,
+        Lease,
+        OpenStatus,
+        OutputAppend,
+        Reaped,
+        ResumeResult,
+        ResumeStatus,
+        SessionPolicy,
+        TrimStatus,
+        WorkerBeat,
+        WorkerState,
+    )
     from store.client import create_client, is_cluster_url
     from store.errors import (
+        Gone,
         LeaseLost,
+        Mismatch,
         OutputMismatch,
         PlacementFailed,
         SessionGone,
@@ -24,20 +50,8 @@ if TYPE_CHECKING:
         WorkerFenced,
     )
     from store.follower import LogFollower
-    from store.scripts import (
-        AppendResult,
-        AttachmentHolder,
-        EndedSession,
-        Lease,
-        OpenStatus,
-        OutputAppend,
-        Reaped,
-        ResumeResult,
-        ResumeStatus,
-        Scripts,
-        SessionPolicy,
-        WorkerBeat,
-    )
+    from store.reasons import CloseReason
+    from store.scripts import Scripts
 
 #: Where each public name lives.
 _HOMES = {
@@ -51,27 +65,41 @@ _HOMES = {
     "StoreUnavailable": "store.errors",
     "WorkerFenced": "store.errors",
     "LogFollower": "store.follower",
-    "AppendResult": "store.scripts",
-    "AttachmentHolder": "store.scripts",
-    "EndedSession": "store.scripts",
-    "Lease": "store.scripts",
-    "OpenStatus": "store.scripts",
-    "OutputAppend": "store.scripts",
-    "Reaped": "store.scripts",
-    "ResumeResult": "store.scripts",
-    "ResumeStatus": "store.scripts",
+    "AppendResult": "store.answers",
+    "AttachmentHolder": "store.answers",
+    "EndedSession": "store.answers",
+    "Lease": "store.answers",
+    "OpenStatus": "store.answers",
+    "OutputAppend": "store.answers",
+    "Reaped": "store.answers",
+    "ResumeResult": "store.answers",
+    "ResumeStatus": "store.answers",
     "Scripts": "store.scripts",
-    "SessionPolicy": "store.scripts",
-    "WorkerBeat": "store.scripts",
+    "AbandonStatus": "store.answers",
+    "CloseStatus": "store.answers",
+    "DetachStatus": "store.answers",
+    "TrimStatus": "store.answers",
+    "WorkerState": "store.answers",
+    "CloseReason": "store.reasons",
+    "Gone": "store.errors",
+    "Mismatch": "store.errors",
+    "SessionPolicy": "store.answers",
+    "WorkerBeat": "store.answers",
 }
 
 __all__ = [
+    "AbandonStatus",
     "AppendResult",
     "AttachmentHolder",
+    "CloseReason",
+    "CloseStatus",
+    "DetachStatus",
     "EndedSession",
+    "Gone",
     "Lease",
     "LeaseLost",
     "LogFollower",
+    "Mismatch",
     "OpenStatus",
     "OutputAppend",
     "OutputMismatch",
@@ -84,8 +112,10 @@ __all__ = [
     "SessionPolicy",
     "StoreError",
     "StoreUnavailable",
+    "TrimStatus",
     "WorkerBeat",
     "WorkerFenced",
+    "WorkerState",
     "create_client",
     "is_cluster_url",
 ]

@@ -21,8 +21,10 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
+from store.answers import WorkerState
 from store.client import store_call
 from store.directory import listed_workers, server_time_ms
+from store.formats import FORMAT_FIELD, WORKER_FORMAT
 from store.keys import SessionKeys, WorkerKeys
 from store.models import decode_models
 
@@ -50,7 +52,7 @@ IDLE_TICKS = "idle"
 
 # The worker record's fields the census reads, in this order.
 _WORKER_FIELDS = ("state", "slots", "used", "alive_until", "ttl_ms", "backend", "tick_p99_ms",
-                  "models")
+                  "models", FORMAT_FIELD)
 # The worker states in which a worker serves its sessions; ``live`` ones also take new ones.
 _SERVING = frozenset({"live", "busy", "draining"})
 # And each session record's.
@@ -62,8 +64,8 @@ class TickTime:
     """What a worker's heartbeat said about its engine's tick time.
 
     Attributes:
-        engine: whether the worker steps a frame engine (None: its heartbeat does not say,
-            a worker from before this field).
+        engine: whether the worker steps a frame engine (None: unknown, its record is gone
+            or of another format).
         p99_ms: the rolling p99 tick time in ms (None: no engine, or too few recent ticks).
     """
 
@@ -76,7 +78,7 @@ NO_ENGINE = TickTime(engine=False, p99_ms=None)
 
 
 def encode_tick(tick: TickTime) -> str:
-    """``tick`` as a heartbeat sends it (see ``WORKER_HEARTBEAT`` in store/lua.py)."""
+    """``tick`` as a heartbeat sends it (see store/lua/worker_heartbeat.lua)."""
     if not tick.engine:
         return ""
     return IDLE_TICKS if tick.p99_ms is None else f"{tick.p99_ms:.3f}"
@@ -98,12 +100,16 @@ def decode_tick(raw: bytes | None) -> TickTime:
         return TickTime(engine=None, p99_ms=None)
 
 
-def worker_state(stored: str | None, alive_until_ms: int, now_ms: int) -> str:
+def worker_state(stored: str | None, alive_until_ms: int, now_ms: int,
+                 record_format: str = WORKER_FORMAT) -> str:
     """A worker's state as an operator needs it: the record's (live, busy, draining, lost),
-    ``expired`` once its heartbeat deadline passed but no reaper declared it lost yet, or
-    ``gone`` when the directory lists it but its record is missing."""
+    ``expired`` once its heartbeat deadline passed but no reaper declared it lost yet,
+    ``gone`` when the directory lists it but its record is missing, or ``other_format`` when
+    its record is of another format (nothing else of it is read)."""
     if stored is None:
         return "gone"
+    if record_format != WORKER_FORMAT:
+        return WorkerState.OTHER_FORMAT
     if stored != "lost" and alive_until_ms < now_ms:
         return "expired"
     return stored
@@ -235,8 +241,14 @@ async def _worker_census(client: Redis | RedisCluster, worker_id: str, now_ms: i
     keys = WorkerKeys(worker_id)
     with store_call(f"HMGET {keys.record}"):
         fields: Any = await client.hmget(keys.record, list(_WORKER_FIELDS))
-    state, slots, used, alive_until, ttl_ms, backend, tick, models = fields
+    state, slots, used, alive_until, ttl_ms, backend, tick, models, record_format = fields
     stored_state = None if state is None else state.decode()
+    if state is not None and _text(record_format or b"") != WORKER_FORMAT:
+        # Another format's fields may mean something else: none of them is shown.
+        return WorkerCensus(
+            worker_id=worker_id, state=WorkerState.OTHER_FORMAT, backend=None, models=(),
+            slots=0, used=0, tick=decode_tick(None), heartbeat_age_ms=None,
+            sessions=SessionCounts())
     alive_until_ms = int(alive_until or 0)
     age = None if state is None else now_ms - (alive_until_ms - int(ttl_ms or 0))
     return WorkerCensus(

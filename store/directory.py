@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from store.client import store_call
+from store.formats import FORMAT_FIELD, WORKER_FORMAT
 from store.keys import WORKER_DIRECTORY, WorkerKeys
 from store.messages import JsonObject
 from store.models import decode_models
@@ -46,6 +47,9 @@ __all__ = [
 # Placement looks at workers whose heartbeat deadline is at most this old (one that lapsed a
 # moment ago may be beating again). The reaper must see every listed worker: listed_workers.
 _LINGER_MS = 60_000
+
+# A worker record's format, as a pipelined HMGET returns it.
+_WORKER_FORMAT = WORKER_FORMAT.encode()
 
 
 #: The largest profile a worker may publish: it is read with every placement's worker loads
@@ -92,8 +96,8 @@ class WorkerProfile:
 def decode_profile(raw: bytes | None) -> WorkerProfile | None:
     """A worker record's profile field, decoded (shared: never mutate the result).
 
-    None when there is none (a worker from before profiles, during a rolling upgrade) or it
-    is not a profile (only our workers write it: callers then fall back as for none).
+    None when there is none (its worker published no profile) or it is not a profile (only
+    our workers write it: callers then fall back as for none).
     """
     if not raw:
         return None
@@ -200,11 +204,12 @@ async def worker_loads(client: Redis | RedisCluster, worker_ids: list[str]) -> l
         async with client.pipeline(transaction=False) as pipe:
             for worker_id in worker_ids:
                 pipe.hmget(WorkerKeys(worker_id).record, "state", "slots", "used", "profile",
-                           "models", "since_ms", "alive_until")
+                           "models", "since_ms", "alive_until", FORMAT_FIELD)
             rows = await pipe.execute()
     for worker_id, row in zip(worker_ids, rows, strict=True):
-        state, slots, used, profile, models, since, alive_until = row
-        if state is None or state == b"lost":
+        state, slots, used, profile, models, since, alive_until, record_format = row
+        # A record of another format is not read (the open script refuses it too).
+        if state is None or state == b"lost" or record_format != _WORKER_FORMAT:
             continue
         loads.append(WorkerLoad(worker_id=worker_id, state=state.decode(),
                                 slots=int(slots or 0), used=int(used or 0),

@@ -17,9 +17,12 @@ so callers handle one type and the cause stays chained.
 from __future__ import annotations
 
 import asyncio
+import enum
 
 __all__ = [
+    "Gone",
     "LeaseLost",
+    "Mismatch",
     "OutputMismatch",
     "PlacementFailed",
     "SessionGone",
@@ -43,10 +46,30 @@ class LeaseLost(StoreError):
         self.current_generation = current_generation
 
 
+class Gone(enum.StrEnum):
+    """Why a session refused a write as gone."""
+
+    #: Its terminal event is in the log.
+    CLOSED = "closed"
+    #: It never existed here (or is another tenant's, answered alike).
+    UNKNOWN = "unknown"
+    #: Its record is of another format (``store/formats.py``): nothing of it is read.
+    OTHER_FORMAT = "other_format"
+
+
+class Mismatch(enum.StrEnum):
+    """How a worker's event numbers disagree with a session's log."""
+
+    #: Events numbered past the log's end, or input applied past the input log's end.
+    GAP = "gap"
+    #: A resent event differs from the one stored under its number.
+    CONFLICT = "conflict"
+
+
 class SessionGone(StoreError):
     """The session is closed (its terminal event is in the log) or never existed."""
 
-    def __init__(self, session_id: str, status: str) -> None:
+    def __init__(self, session_id: str, status: Gone) -> None:
         super().__init__(f"session {session_id} is {status}")
         self.session_id = session_id
         self.status = status
@@ -64,7 +87,7 @@ class OutputMismatch(StoreError):
     resent event that differs from the one stored under its number (``conflict``).
     """
 
-    def __init__(self, session_id: str, status: str, first_seq: int, last_seq: int) -> None:
+    def __init__(self, session_id: str, status: Mismatch, first_seq: int, last_seq: int) -> None:
         super().__init__(f"session {session_id}: {status}: events from seq {first_seq}, the"
                          f" log ends at {last_seq}")
         self.session_id = session_id

@@ -18,10 +18,12 @@ import re
 import secrets
 
 __all__ = [
+    "SESSION_KEY_SUFFIXES",
     "WORKER_DIRECTORY",
     "SessionKeys",
     "WorkerKeys",
     "client_secret",
+    "held_member",
     "new_gateway_id",
     "new_session_id",
     "new_worker_id",
@@ -105,15 +107,16 @@ def worker_of_session(session_id: str) -> str:
 class WorkerKeys:
     """Keys of one worker; all share the hash tag ``{<worker_id>}``."""
 
-    __slots__ = ("deadlines", "ended", "gateways", "input_channel", "record", "sessions",
-                 "worker_id")
+    __slots__ = ("deadlines", "ended", "gateways", "held", "input_channel", "record",
+                 "session_prefix", "sessions", "worker_id")
 
     def __init__(self, worker_id: str) -> None:
         if not _WORKER_ID.match(worker_id):
             raise ValueError(f"not a worker id: {worker_id!r}")
         base = f"{_PREFIX}:{{{worker_id}}}"
         self.worker_id = worker_id
-        #: hash: slots, used, alive_until, state (live|busy|draining|lost), profile (the
+        #: hash: v (its format, store/formats.py), slots, used, alive_until, state
+        #: (live|busy|draining|lost), profile (the
         #: JSON default session and capabilities of its new sessions, see store/directory.py),
         #: backend (its name, from registration) and tick_p99_ms (its engine's p99 tick time,
         #: every beat; see store/census.py).
@@ -130,13 +133,26 @@ class WorkerKeys:
         #: sorted set: gateway id -> end of its attachment lease on this worker (ms); renewed
         #: once per gateway and worker, whatever the number of sessions (DESIGN §2.6).
         self.gateways = f"{base}:gateways"
+        #: sorted set, every score 0: ``<gateway id> <session id>`` for each session a gateway
+        #: holds attached on this worker (:func:`held_member`), so the sessions of one gateway
+        #: are one lexicographic range of one key.
+        self.held = f"{base}:held"
+        #: what each of this worker's session keys starts with; a session's keys are this, the
+        #: random part of its id and one of :data:`SESSION_KEY_SUFFIXES` (the reaper builds
+        #: the keys of the sessions it ends from these: see ``store/lua/reap.lua``).
+        self.session_prefix = f"{base}:s:"
 
-    def gateway_sessions(self, gateway_id: str) -> str:
-        """Set of the sessions ``gateway_id`` holds attached on this worker (the scripts build
-        this same name from :attr:`gateways` for the gateway a record names)."""
-        if not _GATEWAY_ID.match(gateway_id):
-            raise ValueError(f"not a gateway id: {gateway_id!r}")
-        return f"{self.gateways}:{gateway_id}"
+
+def held_member(gateway_id: str, session_id: str) -> str:
+    """The member of :attr:`WorkerKeys.held` that says ``gateway_id`` holds ``session_id``."""
+    if not _GATEWAY_ID.match(gateway_id):
+        raise ValueError(f"not a gateway id: {gateway_id!r}")
+    return f"{gateway_id} {session_id}"
+
+
+#: The suffixes of a session's record, input log, output log and output channel keys, after
+#: :attr:`WorkerKeys.session_prefix` and the random part of the session id.
+SESSION_KEY_SUFFIXES = (":rec", ":in", ":out", ":events")
 
 
 class SessionKeys:
@@ -148,16 +164,18 @@ class SessionKeys:
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
         self.worker = WorkerKeys(worker_of_session(session_id))
-        base = f"{_PREFIX}:{{{self.worker.worker_id}}}:s:{session_id.rsplit('.', 1)[1]}"
-        #: hash: the session record (state, generation, epoch, token digest, counters, and
-        #: the JSON public session and capabilities a resume announces).
-        self.record = f"{base}:rec"
+        base = self.worker.session_prefix + session_id.rsplit(".", 1)[1]
+        record, input_log, output_log, output_channel = SESSION_KEY_SUFFIXES
+        #: hash: the session record (v, its format: store/formats.py; state, generation,
+        #: epoch, token digest, counters, and the JSON public session and capabilities a
+        #: resume announces).
+        self.record = base + record
         #: stream of client commands, entry id ``<n>-0`` for input index n.
-        self.input_log = f"{base}:in"
+        self.input_log = base + input_log
         #: stream of events, entry id ``<seq>-0`` for server_event_seq.
-        self.output_log = f"{base}:out"
+        self.output_log = base + output_log
         #: sharded pub/sub channel that pushes each output entry to the attached gateway.
-        self.output_channel = f"{base}:events"
+        self.output_channel = base + output_channel
         #: tombstone written by a gateway that gave up on an open (DESIGN.md §2.10).
         self.abandoned = f"{base}:abandoned"
 

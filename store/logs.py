@@ -26,7 +26,7 @@ __all__ = [
 ]
 
 # An input entry's fencing token is the field named this prefix plus the epoch, whose value is
-# the generation (store/lua.py APPEND_INPUT: a field name costs nothing per entry).
+# the generation (store/lua/append_input.lua: a field name costs nothing per entry).
 _EPOCH_FIELD_PREFIX = b"e:"
 
 

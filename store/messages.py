@@ -19,6 +19,8 @@ from typing import Any, ClassVar, TypeAlias
 
 import orjson
 
+from store.reasons import CloseReason
+
 __all__ = [
     "ORJSON_REFUSE",
     "TERMINAL_KINDS",
@@ -162,7 +164,7 @@ class CloseSession:
     """``session.close``: an ordered, graceful end decided by the client."""
 
     KIND: ClassVar[str] = "close"
-    reason: str = "client_close"
+    reason: str = CloseReason.CLIENT_CLOSE
     event_id: str | None = None
 
 

@@ -37,7 +37,7 @@ __all__ = ["Notice", "NoticeHandler", "Subscriber"]
 
 _log = logging.getLogger(__name__)
 
-#: A decoded push notice (a MessagePack array, see ``store/lua.py``), or None after a reconnect.
+#: A decoded push notice (a MessagePack array, see ``store/lua/``), or None after a reconnect.
 Notice: TypeAlias = "list[Any] | None"
 NoticeHandler: TypeAlias = Callable[["list[Any] | None"], None]
 

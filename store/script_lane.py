@@ -1,16 +1,20 @@
 """Script calls on one pipelined connection of the store's own (``store/resp.py``).
 
-redis-py spends ~130 us of client CPU on each call beyond the bytes (``docs/performance.md``):
-its connection pool, its stream reader and writer, its command packer. The gateway's input
-batches and the worker's output flushes are one call per relayed chunk at real-time load, so
-:class:`Scripts` sends its scripts here instead, for one node or Sentinel (a Cluster keeps
-redis-py, which routes by slot and follows redirections).
+redis-py spends client CPU on each call beyond the bytes (``docs/performance.md``): its
+connection pool, its stream reader and writer, its command packer. The gateway's input batches
+and the worker's output flushes are one call per relayed chunk at real-time load, so
+:class:`Scripts` sends its scripts here instead.
+
+This lane is for one node or Sentinel only, and stays so: it has no slot map and follows no
+MOVED or ASK redirection. A Redis Cluster goes through redis-py's cluster client, which routes by
+slot and follows redirections; ``Scripts`` picks redis-py whenever its client is a Cluster. So
+the optimised path is the single-node/Sentinel one, and a Cluster pays redis-py's per-call cost.
 
 What redis-py did for these calls, done here:
 
 * Reconnects: a call on a connection that broke fails with ``ConnectionError``, and the next
   call connects again (asking the Sentinels where the master is now). Every script is safe to
-  send twice (``store/lua.py``), so :meth:`Scripts._run` resends it as after any lost reply.
+  send twice (``store/lua/``), so :meth:`Scripts._run` resends it as after any lost reply.
 * A connection that stops answering: calls in flight and nothing heard for ``stall_s``, the
   connection is dropped and its calls fail with ``ConnectionError`` (resent on a new one), as
   redis-py's commands fail after their socket timeout (``store/client.py``).

@@ -1,21 +1,19 @@
 """Typed async wrappers around the Lua scripts: the only code that calls them.
 
 Each wrapper builds the keys from ``store/keys.py``, runs the script once (EVALSHA with a
-NOSCRIPT fallback), and turns its small answer into a typed value or one of
-``store/errors.py``'s exceptions. The scripts go through redis-py's ``AsyncScript``, or with
+NOSCRIPT fallback), and turns its small answer into a typed value of ``store/answers.py`` or
+one of ``store/errors.py``'s exceptions. The scripts go through redis-py's ``AsyncScript``, or with
 ``own_connection`` over the store's own pipelined connection (``store/script_lane.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import itertools
 import json
 import os
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
@@ -32,11 +30,33 @@ from redis.exceptions import (
 )
 
 from store import lua
+from store.answers import (
+    DEFAULT_ATTACHMENT_LEASE_MS,
+    AbandonStatus,
+    AppendResult,
+    AttachmentHolder,
+    CloseStatus,
+    DetachStatus,
+    EndedSession,
+    Lease,
+    OpenStatus,
+    OutputAppend,
+    Reaped,
+    ResumeResult,
+    ResumeStatus,
+    SessionPolicy,
+    TenantStatus,
+    TrimStatus,
+    WorkerBeat,
+    WorkerState,
+)
 from store.census import NO_ENGINE, TickTime, encode_tick
 from store.client import REDIS_ERRORS
 from store.directory import WorkerProfile
 from store.errors import (
+    Gone,
     LeaseLost,
+    Mismatch,
     OutputMismatch,
     SessionGone,
     StoreError,
@@ -44,172 +64,26 @@ from store.errors import (
     WorkerFenced,
     raise_if_cancelled,
 )
-from store.keys import SessionKeys, WorkerKeys, session_keys, tenant_opens, tenant_sessions
+from store.keys import (
+    SESSION_KEY_SUFFIXES,
+    SessionKeys,
+    WorkerKeys,
+    session_keys,
+    tenant_opens,
+    tenant_sessions,
+)
 from store.messages import JsonObject, SessionClosed, SessionExpired, encode_message
 from store.models import encode_models
+from store.reasons import CloseReason
 from store.resp import endpoint_of
 from store.script_lane import ScriptLane
 
 __all__ = [
-    "DEFAULT_ATTACHMENT_LEASE_MS",
     "DEFAULT_REAP_OUTAGE_MS",
     "RESUME_RETRY_WINDOW_MS",
-    "AppendResult",
-    "AttachmentHolder",
-    "EndedSession",
-    "Lease",
-    "OpenStatus",
-    "OutputAppend",
-    "Reaped",
-    "ResumeResult",
-    "ResumeStatus",
     "Scripts",
-    "SessionPolicy",
-    "WorkerBeat",
 ]
 
-
-class OpenStatus(enum.Enum):
-    """Outcome of placing a session on one worker."""
-
-    OK = "ok"
-    ABANDONED = "abandoned"
-    EXISTS = "exists"
-    UNAVAILABLE = "unavailable"
-    FULL = "full"
-    #: The worker does not serve the model name the open asked for.
-    OTHER_MODEL = "other_model"
-
-
-class ResumeStatus(enum.Enum):
-    """Outcome of a resume compare-and-set."""
-
-    OK = "ok"
-    CLOSED = "closed"
-    UNKNOWN = "unknown"
-    BAD_TOKEN = "bad_token"
-    #: An earlier attempt of a resume whose later attempt attached the session already.
-    STALE = "stale"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Lease:
-    """The fencing token of one attachment: (store epoch, generation) of one session, held by
-    ``tenant`` (every fenced script checks the tenant too: a session is its opener's)."""
-
-    session_id: str
-    epoch: str
-    generation: int
-    tenant: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SessionPolicy:
-    """Per-session limits written into the record at open (so every reaper agrees)."""
-
-    disconnect_grace_ms: int = 30_000
-    idle_ttl_ms: int = 300_000
-    output_log_max_entries: int = 2048
-    input_log_max_entries: int = 2048
-    closed_retention_ms: int = 60_000
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ResumeResult:
-    """What a resume found: the new lease, where the output log stands, and (with ``OK`` and
-    ``CLOSED`` only) the session's current public session object and its capabilities, as
-    the record holds them (None: its open stored none, an older gateway or worker)."""
-
-    status: ResumeStatus
-    lease: Lease | None
-    last_client_seq: int
-    last_server_event_seq: int
-    first_retained_seq: int
-    session: JsonObject | None = None
-    capabilities: JsonObject | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AppendResult:
-    """A fenced input append: how many entries were new, the highest client seq, and the
-    input log's last index after it (its new entries end there).
-
-    ``backlog_full``: the session's unread input was at the cap, so none of the entries was
-    appended (``appended`` 0, ``last_client_seq`` as before: they may be sent again once the
-    worker caught up). The store never drops input the worker has not read.
-    """
-
-    appended: int
-    last_client_seq: int
-    last_index: int = 0
-    backlog_full: bool = False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OutputAppend:
-    """One session's part of :meth:`Scripts.append_output_many`.
-
-    Attributes:
-        session_id: the session, placed on the calling worker.
-        events: encoded events, in order.
-        first_seq: the ``server_event_seq`` of ``events[0]``. The worker numbers its sessions'
-            events itself (it is their only writer until the end), so a resend after a lost
-            reply, or a retry that adds events, stores each event once. 0: after whatever the
-            log holds (not safe to resend).
-        close_reason: end the session after the events with ``session.closed`` this reason.
-        input_applied: input log index applied so far; entries up to it are trimmed (0: none).
-        session: the session object of the newest ``session.updated`` among ``events``, stored
-            in the record with them (what a resume announces); None: leave it.
-    """
-
-    session_id: str
-    events: Sequence[bytes]
-    first_seq: int = 0
-    close_reason: str | None = None
-    input_applied: int = 0
-    session: JsonObject | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class EndedSession:
-    """A session that ended, handed to one reaper so that its tenant place is released."""
-
-    tenant: str
-    session_id: str
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Reaped:
-    """What one reap of one worker did.
-
-    Attributes:
-        state: the worker's state (``live``, ``busy``, ``draining``, ``lost``, ``unknown``).
-        ended: sessions this call ended (worker lost, grace or idle expiry).
-        released: sessions that ended anywhere since a reaper last asked; the caller releases
-            their tenant places (no other reaper gets them).
-        detached: sessions detached because their gateway's attachment lease lapsed.
-        outage_ms: how long no reaper had reached the worker's slot, when this call ended
-            such an outage (0: none); the worker, its gateways and clients got time from now.
-    """
-
-    state: str
-    ended: int
-    released: tuple[EndedSession, ...] = ()
-    detached: int = 0
-    outage_ms: int = 0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AttachmentHolder:
-    """A gateway process as the holder of attachment leases: the sessions it attaches are its
-    until its lease on their worker lapses (renewed in bulk, one call per worker)."""
-
-    gateway_id: str
-    lease_ms: int
-
-
-#: The attachment lease a reaper assumes a lapsed gateway had, unless told otherwise.
-DEFAULT_ATTACHMENT_LEASE_MS = 5_000
 
 #: The gap between reaps of one worker that counts as an outage of its slot, unless told
 #: otherwise: two of the default reaper's passes (0.25 s apart).
@@ -220,17 +94,15 @@ def _holder_args(holder: AttachmentHolder | None) -> tuple[str, int]:
     return ("", 0) if holder is None else (holder.gateway_id, holder.lease_ms)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerBeat:
-    """A worker heartbeat's answer."""
-
-    state: str
-    alive_until_ms: int
-
 
 #: How long after a resume landed a retry of it (same control id, the token it rotated from)
 #: is still accepted: long enough for a client to reconnect through another gateway.
 RESUME_RETRY_WINDOW_MS = 60_000
+
+# The terminal events a reaper writes: the same bytes for every session, encoded once.
+_WORKER_LOST = encode_message(SessionClosed(reason=CloseReason.WORKER_LOST))
+_GRACE_EXPIRED = encode_message(SessionExpired(reason=CloseReason.DISCONNECT_GRACE_EXPIRED))
+_IDLE_EXPIRED = encode_message(SessionExpired(reason=CloseReason.IDLE_TTL_EXPIRED))
 
 #: Pauses before each resend of a script after a transient error; then the error stands.
 RESEND_BACKOFF_S = (0.01, 0.05, 0.25)
@@ -239,7 +111,7 @@ RESEND_BACKOFF_S = (0.01, 0.05, 0.25)
 #: (CLUSTERDOWN or MASTERDOWN in a failover, TRYAGAIN while a slot is half migrated, "TTL
 #: exhausted" after too many redirections, a slot no known node covers yet) or the node had just
 #: been demoted (READONLY). All of them mean the script did not run or may be resent: every
-#: script is safe to resend (``store/lua.py``).
+#: script is safe to resend (``store/lua/``).
 _TRANSIENT_ERRORS = (RedisConnectionError, RedisTimeoutError, ClusterError, TryAgainError,
                      ReadOnlyError, RedisClusterException)
 
@@ -287,8 +159,9 @@ class Scripts:
     """Every script, registered once per client.
 
     ``own_connection``: send the scripts over one pipelined connection of the store's own
-    instead of redis-py's pool (``store/script_lane.py``: ~130 us less client CPU per call),
-    for one node or Sentinel; a Cluster client keeps redis-py. Call :meth:`aclose` when done.
+    instead of redis-py's pool (``store/script_lane.py``: less client CPU per call), for one
+    node or Sentinel only; a Cluster client keeps redis-py, which routes by slot (the lane
+    does not). Call :meth:`aclose` when done.
     """
 
     def __init__(self, client: Redis | RedisCluster, *, own_connection: bool = False) -> None:
@@ -382,7 +255,7 @@ class Scripts:
         answer = await self._run(
             self._open,
             [w.record, w.sessions, w.deadlines, k.record, k.abandoned, w.input_channel,
-             w.gateways],
+             w.gateways, w.held],
             [session_id, epoch, token_digest, tenant, policy.disconnect_grace_ms,
              policy.idle_ttl_ms, policy.output_log_max_entries, policy.closed_retention_ms,
              gateway_id, lease_ms, _json_text(session), _json_text(capabilities), model or ""],
@@ -407,7 +280,8 @@ class Scripts:
         gateway_id, lease_ms = _holder_args(holder)
         answer = await self._run(
             self._resume,
-            [k.record, k.worker.deadlines, k.output_channel, k.output_log, k.worker.gateways],
+            [k.record, k.worker.deadlines, k.output_channel, k.output_log, k.worker.gateways,
+             k.worker.held],
             [presented_digest, new_digest, control_id, session_id, tenant,
              RESUME_RETRY_WINDOW_MS, _new_call_id(), gateway_id, lease_ms, attempt],
         )
@@ -422,15 +296,15 @@ class Scripts:
             session=_json_object(answer[6]), capabilities=_json_object(answer[7]),
         )
 
-    async def detach(self, lease: Lease, *, grace_ms: int = 0) -> str:
+    async def detach(self, lease: Lease, *, grace_ms: int = 0) -> DetachStatus:
         """Start the disconnect grace, fenced on ``lease``: ``grace_ms`` long (0: the session's
-        own). Returns ok|stale|closed|unknown."""
+        own)."""
         k = SessionKeys(lease.session_id)
         answer = await self._run(
-            self._detach, [k.record, k.worker.deadlines, k.worker.gateways],
+            self._detach, [k.record, k.worker.deadlines, k.worker.held],
             [lease.session_id, lease.epoch, lease.generation, lease.tenant, grace_ms],
         )
-        return _str(answer)
+        return DetachStatus(_str(answer))
 
     async def append_input(
         self, lease: Lease, entries: Sequence[tuple[int | None, bytes]], *, max_entries: int,
@@ -480,7 +354,7 @@ class Scripts:
             if status == "stale":
                 results.append(LeaseLost(lease.session_id, int(answer[3])))
             elif status not in ("ok", "full"):
-                results.append(SessionGone(lease.session_id, status))
+                results.append(SessionGone(lease.session_id, Gone(status)))
             else:
                 results.append(AppendResult(appended=int(answer[1]),
                                             last_client_seq=int(answer[2]),
@@ -488,31 +362,27 @@ class Scripts:
                                             backlog_full=status == "full"))
         return results
 
-    async def trim_output(self, lease: Lease, acknowledged_seq: int) -> str:
-        """Drop output entries up to ``acknowledged_seq``, fenced on ``lease``.
-
-        Returns ok | stale | unknown | ahead (``acknowledged_seq`` is past the log's end: the
-        log went back in a failover, and the entries under those numbers now are new ones the
-        client has not seen, so nothing is trimmed).
-        """
+    async def trim_output(self, lease: Lease, acknowledged_seq: int) -> TrimStatus:
+        """Drop output entries up to ``acknowledged_seq``, fenced on ``lease`` (``AHEAD``:
+        nothing trimmed, see :class:`~store.answers.TrimStatus`)."""
         k = SessionKeys(lease.session_id)
         answer = await self._run(self._trim, [k.record, k.output_log],
                                  [lease.epoch, lease.generation, acknowledged_seq, lease.tenant])
-        return _str(answer)
+        return TrimStatus(_str(answer))
 
     async def reserve_tenant_slot(self, tenant_id: str, session_id: str, *, cap: int,
                                   lease_ms: int) -> bool:
         """Count ``session_id`` against ``tenant_id``'s cap; False when the tenant is full."""
         answer = await self._run(self._tenant, [tenant_sessions(tenant_id)],
                                  [session_id, cap, lease_ms, "reserve"])
-        return _str(answer) == "ok"
+        return TenantStatus(_str(answer)) is TenantStatus.OK
 
     async def renew_tenant_slot(self, tenant_id: str, session_id: str, *, lease_ms: int) -> bool:
         """Keep a served session counted for ``lease_ms`` more; False when its place was
         released already (the session ended): a renewal never takes a place back."""
         answer = await self._run(self._tenant, [tenant_sessions(tenant_id)],
                                  [session_id, 0, lease_ms, "renew"])
-        return _str(answer) == "ok"
+        return TenantStatus(_str(answer)) is TenantStatus.OK
 
     async def release_tenant_slot(self, tenant_id: str, session_id: str) -> None:
         """Stop counting a session (it ended, or its open did not land)."""
@@ -545,8 +415,8 @@ class Scripts:
     def _close_keys(self, session_id: str) -> list[str]:
         k = SessionKeys(session_id)
         w = k.worker
-        return [k.record, k.output_log, k.output_channel, w.record, w.sessions, w.deadlines,
-                w.input_channel, w.ended, w.gateways]
+        return [k.record, k.input_log, k.output_log, k.output_channel, w.record, w.sessions,
+                w.deadlines, w.input_channel, w.ended, w.gateways, w.held]
 
     async def append_output(
         self, session_id: str, payloads: Sequence[bytes], *, first_seq: int = 0,
@@ -583,13 +453,13 @@ class Scripts:
         """
         worker = session_keys(batch[0].session_id).worker
         keys = [worker.record, worker.sessions, worker.deadlines, worker.input_channel,
-                worker.ended, worker.gateways]
+                worker.ended, worker.gateways, worker.held]
         args: list[Any] = []
         for item in batch:
             k = session_keys(item.session_id)
             if k.worker.worker_id != worker.worker_id:
                 raise ValueError("append_output_many takes sessions of one worker only")
-            keys += [k.record, k.output_log, k.output_channel]
+            keys += [k.record, k.input_log, k.output_log, k.output_channel]
             terminal = b""
             if item.close_reason is not None:
                 terminal = encode_message(SessionClosed(reason=item.close_reason))
@@ -603,27 +473,28 @@ class Scripts:
             status = _str(answer[0])
             if status == "ok":
                 results.append(int(answer[1]))
-            elif status in ("gap", "conflict"):
-                results.append(OutputMismatch(item.session_id, status, item.first_seq,
+            elif status in (Mismatch.GAP, Mismatch.CONFLICT):
+                results.append(OutputMismatch(item.session_id, Mismatch(status), item.first_seq,
                                               int(answer[1])))
             else:
-                results.append(SessionGone(item.session_id, status))
+                results.append(SessionGone(item.session_id, Gone(status)))
         return results
 
-    async def close_session(self, session_id: str, reason: str) -> str:
+    async def close_session(self, session_id: str, reason: CloseReason) -> CloseStatus:
         """End a session with ``session.closed`` unless it already ended. Idempotent."""
         terminal = encode_message(SessionClosed(reason=reason))
         answer = await self._run(
             self._close, self._close_keys(session_id), [session_id, terminal, reason]
         )
-        return _str(answer)
+        return CloseStatus(_str(answer))
 
-    async def abandon_open(self, session_id: str, *, tombstone_ttl_ms: int = 600_000) -> str:
+    async def abandon_open(self, session_id: str, *,
+                           tombstone_ttl_ms: int = 600_000) -> AbandonStatus:
         """Compensate an open whose outcome is unknown: close it, or forbid it from landing."""
-        terminal = encode_message(SessionClosed(reason="open_abandoned"))
+        terminal = encode_message(SessionClosed(reason=CloseReason.OPEN_ABANDONED))
         keys = [*self._close_keys(session_id), SessionKeys(session_id).abandoned]
         answer = await self._run(self._abandon, keys, [session_id, terminal, tombstone_ttl_ms])
-        return _str(answer)
+        return AbandonStatus(_str(answer))
 
     async def reap(self, worker_id: str, *, budget: int = 100,
                    outage_ms: int = DEFAULT_REAP_OUTAGE_MS, release_budget: int = 1000,
@@ -640,20 +511,18 @@ class Scripts:
         of the caller's passes (see ``gateway/reaper.py``).
         """
         w = WorkerKeys(worker_id)
-        prefix = w.record.removesuffix("worker") + "s:"
         answer = await self._run(
             self._reap, [w.record, w.sessions, w.deadlines, w.input_channel, w.ended,
-                         w.gateways],
-            [prefix, encode_message(SessionClosed(reason="worker_lost")),
-             encode_message(SessionExpired(reason="disconnect_grace_expired")),
-             encode_message(SessionExpired(reason="idle_ttl_expired")), budget, outage_ms,
-             release_budget, lease_ms],
+                         w.gateways, w.held],
+            [w.session_prefix, _WORKER_LOST, _GRACE_EXPIRED, _IDLE_EXPIRED, budget, outage_ms,
+             release_budget, lease_ms, *SESSION_KEY_SUFFIXES],
         )
         released = []
         for entry in answer[2]:
             tenant, _, session_id = _str(entry).partition(" ")
             released.append(EndedSession(tenant=tenant, session_id=session_id))
-        return Reaped(state=_str(answer[0]), ended=int(answer[1]), released=tuple(released),
+        return Reaped(state=WorkerState(_str(answer[0])), ended=int(answer[1]),
+                      released=tuple(released),
                       detached=int(answer[3]), outage_ms=int(answer[4]))
 
     async def renew_attachment_lease(self, worker_id: str, holder: AttachmentHolder) -> int:
@@ -687,7 +556,7 @@ class Scripts:
             [slots, ttl_ms, int(register), int(drain), int(admit), published,
              backend if register else "", encode_tick(tick), served],
         )
-        state = _str(answer[0])
-        if state == "lost":
+        state = WorkerState(_str(answer[0]))
+        if state is WorkerState.LOST:
             raise WorkerFenced(f"worker {worker_id} was declared lost")
         return WorkerBeat(state=state, alive_until_ms=int(answer[1]))

@@ -17,7 +17,7 @@ EXAMPLES = ROOT / "examples"
 RUNNER = ROOT / "tests" / "e2e" / "test_examples.py"
 MARKER = re.compile(r"<!-- example: (examples/[\w.-]+) -->")
 #: What the README must show in full.
-README_EXAMPLES = ("examples/sdk_turn.py", "examples/duplex_client.py")
+README_EXAMPLES = ("examples/sdk_turn.py", "examples/resume_client.py")
 
 
 def markdown_files() -> list[Path]:

@@ -39,6 +39,10 @@ PURE = {
     "inference_worker/realtime_items.py": {"asyncio", "redis", "time", "threading"},
     "inference_worker/frames.py": {"asyncio", "redis", "time", "threading", "torch"},
     "store/follower.py": {"asyncio", "redis", "time"},
+    "store/reasons.py": {"asyncio", "redis", "time"},
+    "store/formats.py": {"asyncio", "redis", "time"},
+    "store/answers.py": {"asyncio", "redis", "time"},
+    "store/lua": {"asyncio", "redis", "time"},
     "inference_worker/untrusted.py": {"asyncio", "redis", "time", "threading"},
     "inference_worker/conversation.py": {"asyncio", "redis", "time", "threading", "torch"},
     "inference_worker/vad.py": {"asyncio", "redis", "time", "threading", "torch", "onnxruntime"},
@@ -100,6 +104,9 @@ TRANSITIVELY_PURE = (
     "inference_worker.silero_vad",
     "store.messages",
     "store.follower",
+    "store.reasons",
+    "store.answers",
+    "store.lua",
 )
 HEAVY = ("asyncio", "redis", "starlette", "uvicorn", "torch", "websockets")
 

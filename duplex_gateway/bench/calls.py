@@ -114,14 +114,15 @@ async def _sessions(client: Redis, worker_id: str, count: int) -> list[Lease]:
     """``count`` attached session records of ``worker_id``, as the open script leaves them
     (the fields the input script reads), and their leases."""
     from store import Lease
+    from store.formats import FORMAT_FIELD, SESSION_FORMAT
     from store.keys import SessionKeys, new_session_id
 
     leases: list[Lease] = []
     for _ in range(count):
         session_id = new_session_id(worker_id)
         await client.hset(SessionKeys(session_id).record, mapping={
-            "state": "attached", "epoch": _EPOCH, "gen": 1, "tenant": _TENANT, "in_n": 0,
-            "in_done": 0, "cseq": 0})
+            FORMAT_FIELD: SESSION_FORMAT, "state": "attached", "epoch": _EPOCH, "gen": 1,
+            "tenant": _TENANT, "in_n": 0, "in_done": 0, "cseq": 0})
         leases.append(Lease(session_id=session_id, epoch=_EPOCH, generation=1, tenant=_TENANT))
     return leases
 

@@ -130,7 +130,7 @@ class SessionResumedNotice:
             received + 1); the replay ends where live delivery begins.
         session: the session's current public session object (the last ``session.updated``
             the worker wrote, else what ``session.created`` showed); None: the store holds
-            none (opened through an older gateway or on an older worker), left out.
+            none (its worker published no profile), left out.
         capabilities: what the session can do, as ``session.created`` said; None: left out.
     """
 

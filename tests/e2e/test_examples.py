@@ -79,7 +79,7 @@ def test_sdk_server_vad_detects_the_turn_and_resumes_without_a_gap(
 def test_duplex_client_resumes_and_loses_nothing(dev_stack: str) -> None:
     """The DuplexClient example: one resume after its deliberate drop, the audio back exactly
     as sent, every event numbered 1 to N once, in order."""
-    lines = run_example("duplex_client.py", dev_stack)
+    lines = run_example("resume_client.py", dev_stack)
     assert len(lines) == 2, lines
     assert re.fullmatch(r"resumed: replay from server_event_seq \d+", lines[0]), lines[0]
     done = re.fullmatch(r"(\d+) audio bytes, as sent: True; events 1 to (\d+), each once and"

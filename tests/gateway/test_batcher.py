@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 from gateway.batcher import InputBatcher
 from store import Lease, LeaseLost, Scripts, SessionGone
 from store.logs import read_input
+from store.reasons import CloseReason
 from tests.store._support import open_session, register_worker, until
 
 pytestmark = pytest.mark.timeout(60)
@@ -48,7 +49,7 @@ async def test_errors_reach_only_their_session(redis_client: Redis) -> None:
     scripts = Scripts(redis_client)
     worker = await register_worker(scripts, slots=4)
     good, stale, closed = [(await open_session(scripts, worker)).lease for _ in range(3)]
-    await scripts.close_session(closed.session_id, "client_close")
+    await scripts.close_session(closed.session_id, CloseReason.CLIENT_CLOSE)
     stale_lease = Lease(session_id=stale.session_id, epoch=stale.epoch, generation=7,
                         tenant=stale.tenant)
     batcher = InputBatcher(scripts, max_entries=1000)

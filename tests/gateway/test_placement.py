@@ -8,11 +8,11 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.metrics import GatewayMetrics
-from gateway.placement import place_session
+from gateway.placement import place_session, session_policy
 from gateway.protocol.errors import ClientProtocolError
 from gateway.services import GatewayServices
 from gateway.settings import GatewaySettings
-from store import OpenStatus, Scripts, SessionPolicy
+from store import OpenStatus, Scripts
 from store.directory import WorkerProfile, announce_worker
 from store.keys import (
     SessionKeys,
@@ -211,7 +211,8 @@ async def test_the_open_script_refuses_a_worker_of_another_model(redis_client: R
 
     async def open_asking(model: str | None) -> OpenStatus:
         return await scripts.open_session(new_session_id(worker), epoch="e", token_digest="d",
-                                          tenant="t", policy=SessionPolicy(), model=model)
+                                          tenant="t", policy=session_policy(GatewaySettings()),
+                                          model=model)
 
     assert await open_asking("beta") is OpenStatus.OTHER_MODEL
     assert await open_asking("alpha") is OpenStatus.OK

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import secrets
 import time
@@ -14,6 +15,8 @@ import msgpack  # type: ignore[import-untyped]
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
+from gateway.placement import session_policy
+from gateway.settings import GatewaySettings
 from store import AttachmentHolder, Lease, OpenStatus, Reaped, Scripts, SessionPolicy
 from store.keys import SessionKeys, WorkerKeys, new_session_id, new_worker_id
 from store.logs import read_output
@@ -23,8 +26,15 @@ from store.pubsub import Notice
 T = TypeVar("T")
 
 EPOCH = "epoch-1"
+
+
+def make_policy(**changes: int) -> SessionPolicy:
+    """The limits the default gateway settings set, with ``changes``."""
+    return dataclasses.replace(session_policy(GatewaySettings()), **changes)
+
+
 #: Long enough that nothing expires during a test unless the test asks for it.
-LONG_POLICY = SessionPolicy(disconnect_grace_ms=60_000, idle_ttl_ms=600_000)
+LONG_POLICY = make_policy(disconnect_grace_ms=60_000, idle_ttl_ms=600_000)
 POLL_DEADLINE_S = 5.0
 
 Client = Redis | RedisCluster

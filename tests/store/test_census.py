@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
-from store import AttachmentHolder, Scripts
+from store import AttachmentHolder, OpenStatus, Scripts, WorkerFenced, WorkerState
 from store.census import (
     NO_ENGINE,
     Census,
@@ -16,10 +16,11 @@ from store.census import (
     encode_tick,
     take_census,
 )
-from store.directory import announce_worker
-from store.keys import WorkerKeys, new_gateway_id, new_worker_id
-from store.lua import WORKER_HEARTBEAT
+from store.directory import announce_worker, worker_loads
+from store.keys import WorkerKeys, new_gateway_id, new_session_id, new_worker_id
+from store.reasons import CloseReason
 from tests.store._support import (
+    LONG_POLICY,
     expire_heartbeat,
     open_session,
     reap_until_lost,
@@ -55,7 +56,7 @@ def test_tick_time_round_trips(tick: TickTime) -> None:
 
 
 def test_missing_or_foreign_tick_field_is_unknown() -> None:
-    """A record without the field (an older worker) or with something no worker writes says
+    """No field (a record gone, or of another format) or something no worker writes says
     nothing about an engine."""
     assert decode_tick(None) == TickTime(engine=None, p99_ms=None)
     assert decode_tick(b"fast") == TickTime(engine=None, p99_ms=None)
@@ -82,29 +83,32 @@ async def test_heartbeat_stores_backend_once_and_tick_time_on_every_beat(
     assert await worker_field(redis_client, worker_id, "tick_p99_ms") == ""
 
 
-async def test_an_older_workers_heartbeat_still_registers_and_renews(
+async def test_a_worker_record_of_another_format_is_refused(
     scripts: Scripts, redis_client: Redis,
 ) -> None:
-    """The script called with the six arguments an older worker sends registers and renews
-    it as before: live, no backend, its tick field left as it was; the census shows what it
-    does not know as unknown."""
-    old_beat = redis_client.register_script(WORKER_HEARTBEAT)
+    """A worker record without this code's format (``v``) is read by nobody: its renewal is
+    fenced, no session is placed on it, a reap leaves it as it is, placement's loads leave it
+    out and the census shows it as ``other_format`` with nothing else of it."""
     worker_id = new_worker_id()
     record = WorkerKeys(worker_id).record
-    state, alive_until = await old_beat(keys=[record], args=[3, HOUR_MS, 1, 0, 1, ""])
-    assert state == b"live"
-    await announce_worker(redis_client, worker_id, int(alive_until))
-    assert await worker_field(redis_client, worker_id, "backend") is None
-    assert await worker_field(redis_client, worker_id, "tick_p99_ms") is None
+    await redis_client.hset(record, mapping={"state": "live", "slots": 3, "used": 0,
+                                             "alive_until": 2**50, "ttl_ms": HOUR_MS})
+    await announce_worker(redis_client, worker_id, 2**50)
+    with pytest.raises(WorkerFenced):
+        await scripts.worker_heartbeat(worker_id, slots=3, ttl_ms=HOUR_MS, register=False,
+                                       drain=False)
+    status = await scripts.open_session(new_session_id(worker_id), epoch="e",
+                                        token_digest="d", tenant="t", policy=LONG_POLICY)
+    assert status is OpenStatus.UNAVAILABLE
+    reaped = await scripts.reap(worker_id)
+    assert (reaped.state, reaped.ended) == (WorkerState.OTHER_FORMAT, 0)
+    assert await worker_field(redis_client, worker_id, "state") == "live"
+    assert await worker_field(redis_client, worker_id, "reaped_ms") is None
+    assert worker_id not in {load.worker_id for load in await worker_loads(redis_client,
+                                                                            [worker_id])}
     worker = by_id(await take_census(redis_client))[worker_id]
-    assert (worker.state, worker.backend, worker.slots) == ("live", None, 3)
+    assert (worker.state, worker.backend, worker.slots) == ("other_format", None, 0)
     assert worker.tick == TickTime(engine=None, p99_ms=None)
-    # A new-style beat, then an old-style renewal: the old one leaves the tick field alone.
-    await scripts.worker_heartbeat(worker_id, slots=3, ttl_ms=HOUR_MS, register=False,
-                                   drain=False, tick=TickTime(engine=True, p99_ms=7.0))
-    state, _ = await old_beat(keys=[record], args=[3, HOUR_MS, 0, 1, 1, ""])
-    assert state == b"draining"
-    assert await worker_field(redis_client, worker_id, "tick_p99_ms") == "7.000"
 
 
 async def test_census_counts_sessions_by_state_tenant_and_gateway(
@@ -124,7 +128,7 @@ async def test_census_counts_sessions_by_state_tenant_and_gateway(
     detached = await open_session(scripts, loop, tenant="t-b", holder=two)
     assert await scripts.detach(detached.lease) == "ok"
     closed = await open_session(scripts, fake, tenant="t-c", holder=two)
-    assert await scripts.close_session(closed.session_id, "client_close") == "ok"
+    assert await scripts.close_session(closed.session_id, CloseReason.CLIENT_CLOSE) == "ok"
 
     census = await take_census(redis_client)
     workers = by_id(census)

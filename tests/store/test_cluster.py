@@ -16,7 +16,6 @@ from store import (
     OutputAppend,
     ResumeStatus,
     Scripts,
-    SessionPolicy,
     create_client,
 )
 from store.census import TickTime, take_census
@@ -32,6 +31,7 @@ from store.keys import (
 from store.logs import read_input, read_output
 from store.messages import SessionClosed, encode_message
 from store.pubsub import Notice, Subscriber
+from store.reasons import CloseReason
 from tests.cluster import Cluster, start_cluster
 from tests.store._support import (
     EPOCH,
@@ -39,6 +39,7 @@ from tests.store._support import (
     digest,
     ev,
     expire_heartbeat,
+    make_policy,
     open_session,
     reap_until_ended,
     reap_until_lost,
@@ -108,7 +109,7 @@ async def test_session_lifecycle_on_every_node(cluster_client: RedisCluster) -> 
     workers = await workers_on_every_node(cluster_client, scripts)
     assert len(set(workers.values())) == NODES
     for wid in workers:
-        opened = await open_session(scripts, wid, policy=SessionPolicy(disconnect_grace_ms=0))
+        opened = await open_session(scripts, wid, policy=make_policy(disconnect_grace_ms=0))
         sid = opened.session_id
         appended = await scripts.append_input(opened.lease, [(1, b"a"), (2, b"b")],
                                               max_entries=100)
@@ -131,12 +132,12 @@ async def test_session_lifecycle_on_every_node(cluster_client: RedisCluster) -> 
         assert [seq for seq, _ in await read_output(cluster_client, sid, 0)] == [1, 2, 3, 4]
 
         closing = await open_session(scripts, wid)
-        assert await scripts.close_session(closing.session_id, "client_close") == "ok"
-        assert await scripts.close_session(closing.session_id, "client_close") == "closed"
+        assert await scripts.close_session(closing.session_id, CloseReason.CLIENT_CLOSE) == "ok"
+        assert await scripts.close_session(closing.session_id, CloseReason.CLIENT_CLOSE) == "closed"
         abandoned = new_session_id(wid)
         assert await scripts.abandon_open(abandoned) == "tombstoned"
         status = await scripts.open_session(abandoned, epoch=EPOCH, token_digest=digest("t"),
-                                            tenant="t", policy=SessionPolicy())
+                                            tenant="t", policy=make_policy())
         assert status is OpenStatus.ABANDONED
         assert await used_slots(cluster_client, wid) == 0
 
@@ -192,7 +193,7 @@ async def test_profiles_and_session_objects_on_every_node(cluster_client: RedisC
         created = {**profile.session, "id": sid}
         assert await scripts.open_session(
             sid, epoch=EPOCH, token_digest=digest("t"), tenant="tenant-a",
-            policy=SessionPolicy(), session=created,
+            policy=make_policy(), session=created,
             capabilities=profile.capabilities) is OpenStatus.OK
         updated = {**created, "instructions": "Be brief."}
         assert await scripts.append_output_many([OutputAppend(
@@ -220,7 +221,7 @@ async def test_output_notice_through_sharded_pubsub(cluster_client: RedisCluster
                                 queue.put_nowait)
         for wid, o in opened.items():
             await scripts.append_output(o.session_id, [wid.encode()])
-            await scripts.close_session(o.session_id, "client_close")
+            await scripts.close_session(o.session_id, CloseReason.CLIENT_CLOSE)
         terminal = encode_message(SessionClosed(reason="client_close"))
         for wid, queue in queues.items():
             first = await asyncio.wait_for(queue.get(), 10)
@@ -299,7 +300,7 @@ async def test_tenant_places_of_ended_sessions_are_released_across_nodes(
             opened = await open_session(scripts, wid, tenant=tenant)
             assert await scripts.reserve_tenant_slot(tenant, opened.session_id, cap=2,
                                                      lease_ms=60_000)
-            await scripts.close_session(opened.session_id, "client_close")
+            await scripts.close_session(opened.session_id, CloseReason.CLIENT_CLOSE)
     released = [item for wid in workers for item in (await scripts.reap(wid)).released]
     assert sorted(item.tenant for item in released) == sorted(tenants)
     await scripts.release_tenant_slots(released)

@@ -8,13 +8,15 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from store import AttachmentHolder, Scripts, SessionPolicy
-from store.keys import WorkerKeys
+from store import AttachmentHolder, Scripts
+from store.keys import WorkerKeys, held_member
+from store.reasons import CloseReason
 from tests.store._support import (
     LONG_POLICY,
     assert_one_terminal,
     digest,
     ev,
+    make_policy,
     open_session,
     reap_until_ended,
     redis_now_ms,
@@ -31,9 +33,9 @@ B = AttachmentHolder(gateway_id="g0000000000bb", lease_ms=60_000)
 
 async def held(client: Redis, worker_id: str, holder: AttachmentHolder) -> set[str]:
     """The sessions ``holder`` holds on the worker."""
-    members: Any = await client.smembers(WorkerKeys(worker_id).gateway_sessions(
-        holder.gateway_id))
-    return {m.decode() for m in members}
+    members: Any = await client.zrange(WorkerKeys(worker_id).held, 0, -1)
+    mine = held_member(holder.gateway_id, "")
+    return {m.decode().removeprefix(mine) for m in members if m.decode().startswith(mine)}
 
 
 async def lease_end(client: Redis, worker_id: str, holder: AttachmentHolder) -> float | None:
@@ -68,7 +70,7 @@ async def test_a_lapsed_lease_detaches_its_sessions_then_the_grace_runs(
     """Gateway A stops renewing: one reap detaches all its sessions (grace starts), leaves
     B's alone, and the grace then expires them, one terminal event each."""
     wid = await register_worker(scripts, slots=8)
-    policy = SessionPolicy(disconnect_grace_ms=50, idle_ttl_ms=600_000)
+    policy = make_policy(disconnect_grace_ms=50, idle_ttl_ms=600_000)
     mine = [await open_session(scripts, wid, policy=policy, holder=A) for _ in range(3)]
     other = await open_session(scripts, wid, policy=policy, holder=B)
     await expire_lease(redis_client, scripts, wid, A)
@@ -126,7 +128,7 @@ async def test_detach_and_close_let_go_of_the_session(
     detached = await open_session(scripts, wid, holder=A)
     closed = await open_session(scripts, wid, holder=A)
     await scripts.detach(detached.lease)
-    await scripts.close_session(closed.session_id, "client_close")
+    await scripts.close_session(closed.session_id, CloseReason.CLIENT_CLOSE)
     assert await held(redis_client, wid, A) == set()
     assert await session_field(redis_client, closed.session_id, "gw") == ""
 

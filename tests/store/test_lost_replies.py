@@ -22,6 +22,7 @@ from store.embedded import EmbeddedServer
 from store.errors import raise_if_cancelled
 from store.keys import new_session_id
 from store.logs import read_input, read_output
+from store.reasons import CloseReason
 from store.scripts import _new_call_id
 from tests.faultproxy import FaultProxy
 from tests.store._support import (
@@ -141,7 +142,7 @@ async def test_close_writes_one_terminal(
     wid = await register_worker(scripts)
     sid = (await open_session(scripts, wid)).session_id
     await lose_reply_to(proxy, redis_client, lua.CLOSE_SESSION)
-    await lossy.close_session(sid, "client_close")
+    await lossy.close_session(sid, CloseReason.CLIENT_CLOSE)
     assert proxy.lost_replies == 1
     await assert_one_terminal(redis_client, sid, "session.closed", "client_close")
     assert await used_slots(redis_client, wid) == 0

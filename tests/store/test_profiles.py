@@ -30,6 +30,7 @@ from store import (
 from store.directory import MAX_PROFILE_BYTES, WorkerProfile, decode_profile, worker_loads
 from store.keys import WorkerKeys, new_session_id, new_worker_id
 from store.logs import SessionStart, session_start
+from store.reasons import CloseReason
 from tests.store._support import (
     EPOCH,
     LONG_POLICY,
@@ -195,7 +196,7 @@ async def test_a_refused_output_write_stores_no_session(
         session_id=gap.session_id, events=[ev(5)], first_seq=5, session=UPDATED)])
     assert isinstance(outcome[0], OutputMismatch) and outcome[0].status == "gap"
     assert await stored_session(redis_client, gap.session_id) == CREATED
-    await scripts.close_session(closed.session_id, "client_close")
+    await scripts.close_session(closed.session_id, CloseReason.CLIENT_CLOSE)
     outcome = await scripts.append_output_many([OutputAppend(
         session_id=closed.session_id, events=[ev(1)], first_seq=1, session=UPDATED)])
     assert isinstance(outcome[0], SessionGone)

@@ -15,6 +15,7 @@ from store.keys import SessionKeys, WorkerKeys
 from store.logs import read_output
 from store.messages import SessionClosed, encode_message
 from store.pubsub import Notice, Subscriber
+from store.reasons import CloseReason
 from tests.store._support import (
     EPOCH,
     Client,
@@ -114,7 +115,7 @@ async def test_worker_notices_open_input_close(
     await scripts.append_input(opened.lease, [(2, b"b"), (3, b"c"), (None, b"d")],
                                max_entries=100)
     assert await notices.next() == [b"i", sid, 3, [b"c", b"d"], EPOCH.encode(), 1]
-    await scripts.close_session(opened.session_id, "client_close")
+    await scripts.close_session(opened.session_id, CloseReason.CLIENT_CLOSE)
     assert await notices.next() == [b"c", sid]
     notices.assert_empty()
 

@@ -25,6 +25,7 @@ from store.directory import worker_loads
 from store.keys import SessionKeys, WorkerKeys, new_session_id, new_worker_id
 from store.logs import read_input, read_output
 from store.messages import AudioDelta, ErrorEvent, SessionClosed, encode_message
+from store.reasons import CloseReason
 from store.scripts import RESUME_RETRY_WINDOW_MS
 from tests.store._support import (
     EPOCH,
@@ -35,6 +36,7 @@ from tests.store._support import (
     ev,
     events_of,
     expire_heartbeat,
+    make_policy,
     open_session,
     reap_until_ended,
     reap_until_lost,
@@ -174,7 +176,7 @@ async def test_open_full_worker_and_slot_accounting(scripts: Scripts, redis_clie
     assert await used_slots(redis_client, wid) == 2
     [load] = await worker_loads(redis_client, [wid])
     assert (load.slots, load.used, load.free) == (2, 2, 0)
-    assert await scripts.close_session(first.session_id, "client_close") == "ok"
+    assert await scripts.close_session(first.session_id, CloseReason.CLIENT_CLOSE) == "ok"
     assert await used_slots(redis_client, wid) == 1
     await open_session(scripts, wid)
     assert await used_slots(redis_client, wid) == 2
@@ -222,7 +224,7 @@ async def test_resume_bumps_generation_and_rotates_digest(
 async def test_resume_of_detached_session_reattaches(scripts: Scripts, redis_client: Redis) -> None:
     """A resume during the disconnect grace attaches again and lifts the grace deadline."""
     wid = await register_worker(scripts)
-    opened = await open_session(scripts, wid, policy=SessionPolicy(disconnect_grace_ms=0))
+    opened = await open_session(scripts, wid, policy=make_policy(disconnect_grace_ms=0))
     assert await scripts.detach(opened.lease) == "ok"
     result = await scripts.resume(opened.session_id, tenant="tenant-a",
                                   presented_digest=digest(opened.token),
@@ -354,7 +356,7 @@ async def test_resume_reports_first_retained_seq_after_trim(
 ) -> None:
     """Once the output log was trimmed, resume reports the oldest seq still retained."""
     wid = await register_worker(scripts)
-    opened = await open_session(scripts, wid, policy=SessionPolicy(output_log_max_entries=10))
+    opened = await open_session(scripts, wid, policy=make_policy(output_log_max_entries=10))
     sid = opened.session_id
     empty = await scripts.resume(sid, tenant="tenant-a", presented_digest=digest(opened.token),
                                  new_digest=digest("t1"), control_id="c0")
@@ -377,7 +379,7 @@ async def test_resume_reports_first_retained_seq_after_trim(
 async def test_detach_ok_starts_grace(scripts: Scripts, redis_client: Redis) -> None:
     """Detach on the current lease marks the session detached and schedules the grace."""
     wid = await register_worker(scripts)
-    opened = await open_session(scripts, wid, policy=SessionPolicy(disconnect_grace_ms=50_000))
+    opened = await open_session(scripts, wid, policy=make_policy(disconnect_grace_ms=50_000))
     before = await redis_now_ms(redis_client)
     assert await scripts.detach(opened.lease) == "ok"
     assert await session_field(redis_client, opened.session_id, "state") == "detached"
@@ -427,7 +429,7 @@ async def test_detach_closed_and_unknown(scripts: Scripts) -> None:
     """Detach reports a closed session as closed and a missing one as unknown."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
-    await scripts.close_session(opened.session_id, "client_close")
+    await scripts.close_session(opened.session_id, CloseReason.CLIENT_CLOSE)
     assert await scripts.detach(opened.lease) == "closed"
     missing = Lease(session_id=new_session_id(wid), epoch=EPOCH, generation=1, tenant="tenant-a")
     assert await scripts.detach(missing) == "unknown"
@@ -475,7 +477,7 @@ async def test_append_input_closed_or_unknown_raises_session_gone(scripts: Scrip
     """Appends to a closed or never-opened session raise SessionGone with the status."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
-    await scripts.close_session(opened.session_id, "client_close")
+    await scripts.close_session(opened.session_id, CloseReason.CLIENT_CLOSE)
     with pytest.raises(SessionGone) as closed:
         await scripts.append_input(opened.lease, [(1, cmd("a"))], max_entries=100)
     assert closed.value.status == "closed"
@@ -638,7 +640,7 @@ async def test_append_output_closed_or_unknown_raises_session_gone(scripts: Scri
     """A live worker writing to a closed or unknown session gets SessionGone."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
-    await scripts.close_session(opened.session_id, "client_close")
+    await scripts.close_session(opened.session_id, CloseReason.CLIENT_CLOSE)
     with pytest.raises(SessionGone) as closed:
         await scripts.append_output(opened.session_id, [ev(1)])
     assert closed.value.status == "closed"
@@ -652,7 +654,7 @@ async def test_append_output_with_close_reason_terminates_once(
 ) -> None:
     """close_reason writes the events, then one terminal session.closed, and frees the slot."""
     wid = await register_worker(scripts)
-    opened = await open_session(scripts, wid, policy=SessionPolicy(closed_retention_ms=30_000))
+    opened = await open_session(scripts, wid, policy=make_policy(closed_retention_ms=30_000))
     sid = opened.session_id
     keys = SessionKeys(sid)
     await scripts.append_input(opened.lease, [(1, cmd("a"))], max_entries=100)
@@ -740,7 +742,7 @@ async def test_an_ack_past_a_rewound_logs_end_trims_nothing(
     for entry_id, fields in kept:
         await redis_client.xadd(keys.output_log, fields, id=entry_id)
     await redis_client.hset(keys.record, "out_seq", 3)
-    await scripts.close_session(sid, "log_rewound")
+    await scripts.close_session(sid, CloseReason.LOG_REWOUND)
     assert [seq for seq, _ in await read_output(redis_client, sid, 0)] == [1, 2, 3, 4]
     assert await scripts.trim_output(opened.lease, 5) == "ahead"
     assert [seq for seq, _ in await read_output(redis_client, sid, 0)] == [1, 2, 3, 4]
@@ -773,19 +775,19 @@ async def test_close_session_is_idempotent(scripts: Scripts, redis_client: Redis
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
     await scripts.append_output(opened.session_id, [ev(1)])
-    assert await scripts.close_session(opened.session_id, "client_close") == "ok"
-    assert await scripts.close_session(opened.session_id, "operator") == "closed"
+    assert await scripts.close_session(opened.session_id, CloseReason.CLIENT_CLOSE) == "ok"
+    assert await scripts.close_session(opened.session_id, CloseReason.INTERNAL_ERROR) == "closed"
     await assert_one_terminal(redis_client, opened.session_id, "session.closed", "client_close")
     assert await used_slots(redis_client, wid) == 0
-    assert await scripts.close_session(new_session_id(wid), "client_close") == "unknown"
+    assert await scripts.close_session(new_session_id(wid), CloseReason.CLIENT_CLOSE) == "unknown"
 
 
 async def test_racing_closes_write_one_terminal(scripts: Scripts, redis_client: Redis) -> None:
     """Concurrent closes of one session: exactly one wins, one slot released."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
-    answers = await asyncio.gather(*(scripts.close_session(opened.session_id, "client_close")
-                                     for _ in range(10)))
+    answers = await asyncio.gather(*(
+        scripts.close_session(opened.session_id, CloseReason.CLIENT_CLOSE) for _ in range(10)))
     assert sorted(answers) == ["closed"] * 9 + ["ok"]
     await assert_one_terminal(redis_client, opened.session_id, "session.closed", "client_close")
     assert await used_slots(redis_client, wid) == 0
@@ -827,7 +829,7 @@ async def test_reap_lost_worker_closes_every_session_once(
     opened = [await open_session(scripts, wid) for _ in range(4)]
     await scripts.append_output(opened[0].session_id, [ev(1), ev(2)])
     await scripts.detach(opened[1].lease)
-    await scripts.close_session(opened[2].session_id, "client_close")
+    await scripts.close_session(opened[2].session_id, CloseReason.CLIENT_CLOSE)
     assert await used_slots(redis_client, wid) == 3
     await expire_heartbeat(redis_client, scripts, wid)
     assert await reap_until_lost(scripts, wid) == 3
@@ -887,7 +889,7 @@ async def test_reap_after_an_outage_counts_grace_and_idle_from_the_return(
     """Clients could not resume or show activity while the slot was out of reach: a detached
     session's grace and an idle session's TTL count from the reap that ended the outage."""
     wid = await register_worker(scripts, slots=4)
-    policy = SessionPolicy(disconnect_grace_ms=200, idle_ttl_ms=300)
+    policy = make_policy(disconnect_grace_ms=200, idle_ttl_ms=300)
     detached = await open_session(scripts, wid, policy=policy)
     idle = await open_session(scripts, wid, policy=policy)
     await scripts.detach(detached.lease)
@@ -923,7 +925,7 @@ async def test_reap_expires_detached_session_after_grace(
 ) -> None:
     """A session detached past its grace ends with session.expired disconnect_grace_expired."""
     wid = await register_worker(scripts)
-    opened = await open_session(scripts, wid, policy=SessionPolicy(disconnect_grace_ms=50))
+    opened = await open_session(scripts, wid, policy=make_policy(disconnect_grace_ms=50))
     await scripts.append_output(opened.session_id, [ev(1)])
     assert await scripts.detach(opened.lease) == "ok"
     detached_ms = int(await session_field(redis_client, opened.session_id, "detached_ms") or 0)
@@ -939,7 +941,7 @@ async def test_reap_expires_detached_session_after_grace(
 async def test_reap_zero_grace_expires_at_once(scripts: Scripts, redis_client: Redis) -> None:
     """With no grace, the first reap after a detach expires the session."""
     wid = await register_worker(scripts)
-    opened = await open_session(scripts, wid, policy=SessionPolicy(disconnect_grace_ms=0))
+    opened = await open_session(scripts, wid, policy=make_policy(disconnect_grace_ms=0))
     await scripts.detach(opened.lease)
     assert await reap_until_ended(scripts, wid, 1) == 1
     await assert_one_terminal(redis_client, opened.session_id, "session.expired",
@@ -949,7 +951,7 @@ async def test_reap_zero_grace_expires_at_once(scripts: Scripts, redis_client: R
 async def test_reap_expires_idle_session(scripts: Scripts, redis_client: Redis) -> None:
     """An attached session with no activity for its idle TTL ends with idle_ttl_expired."""
     wid = await register_worker(scripts)
-    opened = await open_session(scripts, wid, policy=SessionPolicy(idle_ttl_ms=30))
+    opened = await open_session(scripts, wid, policy=make_policy(idle_ttl_ms=30))
     active_ms = int(await session_field(redis_client, opened.session_id, "active_ms") or 0)
     await wait_redis_clock_past(redis_client, active_ms + 30)
     assert await reap_until_ended(scripts, wid, 1) == 1
@@ -961,7 +963,7 @@ async def test_reap_expires_idle_session(scripts: Scripts, redis_client: Redis) 
 async def test_reap_leaves_sessions_not_yet_due(scripts: Scripts, redis_client: Redis) -> None:
     """Only due sessions end; a due deadline entry for an active record is rescheduled."""
     wid = await register_worker(scripts)
-    due = await open_session(scripts, wid, policy=SessionPolicy(idle_ttl_ms=1))
+    due = await open_session(scripts, wid, policy=make_policy(idle_ttl_ms=1))
     calm = await open_session(scripts, wid)
     forced = await open_session(scripts, wid)
     in_grace = await open_session(scripts, wid)
@@ -989,7 +991,7 @@ async def test_reap_detached_session_idle_before_grace(
 ) -> None:
     """A detached session whose idle TTL ends before its grace expires as idle."""
     wid = await register_worker(scripts)
-    policy = SessionPolicy(disconnect_grace_ms=60_000, idle_ttl_ms=30)
+    policy = make_policy(disconnect_grace_ms=60_000, idle_ttl_ms=30)
     opened = await open_session(scripts, wid, policy=policy)
     await scripts.detach(opened.lease)
     active_ms = int(await session_field(redis_client, opened.session_id, "active_ms") or 0)
@@ -1002,7 +1004,7 @@ async def test_reap_detached_session_idle_before_grace(
 async def test_reap_respects_budget(scripts: Scripts, redis_client: Redis) -> None:
     """One reap ends at most ``budget`` sessions; the rest wait for the next call."""
     wid = await register_worker(scripts, slots=8)
-    policy = SessionPolicy(disconnect_grace_ms=0)
+    policy = make_policy(disconnect_grace_ms=0)
     opened = [await open_session(scripts, wid, policy=policy) for _ in range(5)]
     for o in opened:
         await scripts.detach(o.lease)
@@ -1041,7 +1043,7 @@ async def test_racing_reapers_expire_each_session_once(
 ) -> None:
     """Concurrent reapers on due sessions of a live worker: one expiry each, never two."""
     wid = await register_worker(scripts, slots=16)
-    policy = SessionPolicy(disconnect_grace_ms=0)
+    policy = make_policy(disconnect_grace_ms=0)
     opened = [await open_session(scripts, wid, policy=policy) for _ in range(6)]
     for o in opened:
         await scripts.detach(o.lease)
@@ -1130,7 +1132,7 @@ async def test_append_output_many_writes_each_session_and_refuses_closed_alone(
     """One call writes several sessions; a closed one is refused alone; a close ends one."""
     wid = await register_worker(scripts, slots=4)
     a, b, c = [(await open_session(scripts, wid)).lease.session_id for _ in range(3)]
-    await scripts.close_session(c, "client_close")
+    await scripts.close_session(c, CloseReason.CLIENT_CLOSE)
     outcomes = await scripts.append_output_many([
         OutputAppend(session_id=a, events=[ev(1), ev(2)], first_seq=1),
         OutputAppend(session_id=b, events=[ev(3)], close_reason="client_close"),

@@ -13,14 +13,16 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from store import EndedSession, LeaseLost, ResumeStatus, Scripts, SessionGone, SessionPolicy
+from store import EndedSession, LeaseLost, ResumeStatus, Scripts, SessionGone
 from store.keys import tenant_sessions
+from store.reasons import CloseReason
 from tests.store._support import (
     LONG_POLICY,
     digest,
     ev,
     events_of,
     expire_heartbeat,
+    make_policy,
     open_session,
     register_worker,
     session_field,
@@ -84,7 +86,7 @@ async def test_an_ended_session_is_handed_to_one_reaper_with_its_tenant(
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid, tenant=OWNER)
     assert await scripts.reserve_tenant_slot(OWNER, opened.session_id, cap=4, lease_ms=60_000)
-    await scripts.close_session(opened.session_id, "client_close")
+    await scripts.close_session(opened.session_id, CloseReason.CLIENT_CLOSE)
     answers = await asyncio.gather(*(scripts.reap(wid) for _ in range(8)))
     released = [item for answer in answers for item in answer.released]
     assert released == [EndedSession(tenant=OWNER, session_id=opened.session_id)]
@@ -98,7 +100,7 @@ async def test_every_way_a_session_ends_is_handed_back(
     """Worker close, expiry and worker loss each queue the session once."""
     wid = await register_worker(scripts, slots=8)
     by_worker = await open_session(scripts, wid)
-    expiring = await open_session(scripts, wid, policy=SessionPolicy(disconnect_grace_ms=0))
+    expiring = await open_session(scripts, wid, policy=make_policy(disconnect_grace_ms=0))
     lost_with_worker = [await open_session(scripts, wid, policy=LONG_POLICY) for _ in range(2)]
     await scripts.append_output(by_worker.session_id, [], close_reason="client_close")
     await scripts.detach(expiring.lease)

@@ -1,6 +1,6 @@
 """The resume-safe client: a push-to-talk turn whose connection drops at the answer's first audio;
 `events()` resumes by itself, and no event is lost or repeated. Run `./scripts/dev --backend
-loopback`, then `python examples/duplex_client.py`; DUPLEX_GATEWAY_URL: the gateway
+loopback`, then `python examples/resume_client.py`; DUPLEX_GATEWAY_URL: the gateway
 (ws://127.0.0.1:8000/v1)."""
 
 import asyncio

@@ -1,0 +1,107 @@
+"""Every Lua script of the store, and nothing else: their source is the ``*.lua`` files beside
+this module, loaded once at import.
+
+Each script is a compare-and-set: it reads what it must check and writes only if the check holds,
+atomically, so no read-then-write race exists in Python (style rule 6). Each starts with its
+KEYS/ARGV/returns contract and binds them to named locals.
+
+Conventions shared by all scripts:
+
+* Time is the Redis server's own clock (``TIME``), in milliseconds, so every gateway, worker and
+  reaper agrees on deadlines without trusting their host clocks. Redis >= 5 replicates script
+  effects, so non-deterministic commands are allowed.
+* Every key a script touches is passed in ``KEYS``, named by ``store/keys.py``, and carries one
+  hash tag, so Redis Cluster keeps them in one slot. The one exception is the reaper's session
+  keys: their ids are known only inside the script, which builds them from the prefix and
+  suffixes ``store/keys.py`` passes (see ``reap.lua``), all under the worker's tag.
+* Reasons a script writes are ``REASON.<value>`` in the source, and record formats
+  ``SESSION_FORMAT`` / ``WORKER_FORMAT`` in the field ``FORMAT_FIELD``: the loader writes in
+  their values from ``store/reasons.py`` and ``store/formats.py``. Every script that reads a
+  record checks its format first and answers ``other_format`` for another one, without reading
+  further.
+* Push notices are MessagePack arrays (``cmsgpack`` ships with Redis and Valkey) published with
+  ``SPUBLISH`` (sharded pub/sub, also valid on a single node). Output notice: ``{"e", first_seq,
+  {payload, ...}}`` or ``{"r", generation}`` (the lease moved to a newer connection). Worker
+  notice: ``{"i", session_id, first_index, {payload, ...}, epoch, generation}`` (the fencing
+  token the entries were written under), or for several sessions at once ``{"I", session_id,
+  {{session_id, first_index, {payload, ...}, epoch, generation}, ...}}``, ``{"o",
+  session_id}`` (placed) or ``{"c", session_id}`` (closed).
+* Statuses come back as short strings that ``store/scripts.py`` turns into the enums of
+  ``store/answers.py``.
+* Every script is safe to send twice. A connection can break after Redis ran a script and
+  before its answer arrived; ``Scripts`` then sends it again, so a second run must change
+  nothing: open recognises its own token digest, resume and input appends their call id,
+  output appends their events' numbers (the worker numbers them); close, detach, trim, reap,
+  heartbeat and tenant reservations check state that the first run already set.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+from store.formats import FORMAT_FIELD, SESSION_FORMAT, WORKER_FORMAT
+from store.reasons import CloseReason
+
+__all__ = [
+    "ABANDON_OPEN",
+    "APPEND_INPUT",
+    "APPEND_OUTPUT",
+    "CLOSE_SESSION",
+    "DETACH",
+    "GATEWAY_LEASE",
+    "OPEN_SESSION",
+    "REAP",
+    "RESUME",
+    "TENANT_OPEN_RATE",
+    "TENANT_RESERVE",
+    "TRIM_OUTPUT",
+    "WORKER_HEARTBEAT",
+    "reasons_written",
+]
+
+# Names the Lua source uses for values Python owns, written into the text as string literals
+# when it is loaded: the scripts and the Python that reads what they wrote cannot drift apart.
+# ``REASON.<value>`` is a member of CloseReason (an unknown one fails the import).
+_CONSTANTS = {"FORMAT_FIELD": FORMAT_FIELD, "SESSION_FORMAT": SESSION_FORMAT,
+              "WORKER_FORMAT": WORKER_FORMAT}
+_REASON = re.compile(r"\bREASON\.([a-z_]+)\b")
+_CONSTANT = re.compile(r"\b(" + "|".join(_CONSTANTS) + r")\b")
+
+
+def _reason(match: re.Match[str]) -> str:
+    return f"'{CloseReason(match.group(1)).value}'"
+
+
+def _source(name: str) -> str:
+    text = (resources.files(__name__) / f"{name}.lua").read_text(encoding="utf-8")
+    text = _REASON.sub(_reason, text)
+    return _CONSTANT.sub(lambda match: f"'{_CONSTANTS[match.group(1)]}'", text)
+
+
+def reasons_written() -> frozenset[str]:
+    """Every ``REASON.<value>`` the scripts' source names (all of them CloseReason members,
+    or this module would not have loaded)."""
+    found: set[str] = set()
+    for entry in resources.files(__name__).iterdir():
+        if entry.name.endswith(".lua"):
+            found.update(_REASON.findall(entry.read_text(encoding="utf-8")))
+    return frozenset(found)
+
+
+# Shared helpers, prepended to the scripts that need them.
+_PRELUDE = _source("prelude")
+
+OPEN_SESSION = _PRELUDE + _source("open_session")
+RESUME = _PRELUDE + _source("resume")
+DETACH = _PRELUDE + _source("detach")
+TENANT_RESERVE = _PRELUDE + _source("tenant_reserve")
+TENANT_OPEN_RATE = _PRELUDE + _source("tenant_open_rate")
+TRIM_OUTPUT = _source("trim_output")
+APPEND_INPUT = _PRELUDE + _source("append_input")
+APPEND_OUTPUT = _PRELUDE + _source("append_output")
+CLOSE_SESSION = _PRELUDE + _source("close_session")
+ABANDON_OPEN = _PRELUDE + _source("abandon_open")
+REAP = _PRELUDE + _source("reap")
+GATEWAY_LEASE = _PRELUDE + _source("gateway_lease")
+WORKER_HEARTBEAT = _PRELUDE + _source("worker_heartbeat")

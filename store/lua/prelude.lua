@@ -1,0 +1,119 @@
+-- Applied input is trimmed (APPEND_OUTPUT) once its position crosses a multiple of this, so an
+-- input log holds fewer than this many applied entries (APPEND_INPUT bounds its bytes with it).
+local TRIM_EVERY = 16
+-- How long a worker's ended list outlives its last push, and a lost worker's record its loss.
+local WORKER_KEPT_MS = 86400000
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Append already-encoded events to a session's output log, numbering them server_event_seq.
+-- Returns the first seq used; pushes all of them in one notice.
+local function append_events(rec, out_log, out_channel, payloads, max_entries)
+  local first = tonumber(redis.call('HGET', rec, 'out_seq')) + 1
+  local seq = first - 1
+  for _, payload in ipairs(payloads) do
+    seq = seq + 1
+    redis.call('XADD', out_log, 'MAXLEN', '~', max_entries, seq .. '-0', 'd', payload)
+  end
+  redis.call('HSET', rec, 'out_seq', seq)
+  redis.call('SPUBLISH', out_channel, cmsgpack.pack({'e', first, payloads}))
+  return first
+end
+
+-- append_events for a caller that read the record already and writes 'out_seq' itself (in one
+-- HSET with whatever else it changes): returns the first and last seq used.
+local function add_events(out_log, out_channel, payloads, max_entries, stored)
+  local seq = stored
+  for _, payload in ipairs(payloads) do
+    seq = seq + 1
+    redis.call('XADD', out_log, 'MAXLEN', '~', max_entries, seq .. '-0', 'd', payload)
+  end
+  redis.call('SPUBLISH', out_channel, cmsgpack.pack({'e', stored + 1, payloads}))
+  return stored + 1, seq
+end
+
+-- A worker's keys, as the scripts that end sessions receive them (all in the worker's slot).
+local function worker_keys(record, sessions, deadlines, channel, ended, gateways, held)
+  return {record = record, sessions = sessions, deadlines = deadlines, channel = channel,
+          ended = ended, gateways = gateways, held = held}
+end
+
+-- Attachment leases (DESIGN §2.6). A gateway holds the sessions it serves on a worker under one
+-- lease per (gateway, worker): its score in the worker's gateways set, renewed in bulk, so the
+-- cost of renewal grows with gateways x workers, never with sessions. The sessions each gateway
+-- holds there are the members '<gateway id> <session id>' of the worker's held set (score 0),
+-- so one key, passed in KEYS, holds them all and a gateway's sessions are one lexicographic
+-- range of it; a record's 'gw' names its holder.
+local function attach_to(rec, sid, gateways, held, gid, lease_ms, now)
+  if gid == '' then return end  -- a caller that serves no connection holds no lease
+  local old = redis.call('HGET', rec, 'gw')
+  if old and old ~= '' and old ~= gid then redis.call('ZREM', held, old .. ' ' .. sid) end
+  redis.call('HSET', rec, 'gw', gid)
+  redis.call('ZADD', held, 0, gid .. ' ' .. sid)
+  if tonumber(redis.call('ZSCORE', gateways, gid) or '0') < now + lease_ms then
+    redis.call('ZADD', gateways, now + lease_ms, gid)
+  end
+end
+
+local function let_go(rec, sid, held)
+  local gid = redis.call('HGET', rec, 'gw')
+  if gid and gid ~= '' then
+    redis.call('ZREM', held, gid .. ' ' .. sid)
+    redis.call('HSET', rec, 'gw', '')
+  end
+end
+
+-- The one place a session ends: the terminal event goes last into the output log, the slot is
+-- released, the worker is told, the session is queued on its worker's ended list (a reaper hands
+-- its tenant place back: that key lives in another hash slot), and the keys get a retention TTL
+-- so a late resume can still replay up to the terminal event. Callers check that the session is
+-- not closed already and that its record is of this format (it has every field read here), so
+-- each session is queued exactly once.
+local function terminate(sid, keys, wk, terminal, reason)
+  local rec, out_log = keys.rec, keys.out_log
+  local f = redis.call('HMGET', rec, 'retention_ms', 'out_max', 'tenant')
+  local retention = tonumber(f[1])
+  append_events(rec, out_log, keys.out_channel, {terminal}, tonumber(f[2]) + 1)
+  let_go(rec, sid, wk.held)
+  redis.call('HSET', rec, 'state', 'closed', 'reason', reason)
+  if redis.call('SREM', wk.sessions, sid) == 1 then
+    redis.call('HINCRBY', wk.record, 'used', -1)
+  end
+  local tenant = f[3]
+  if tenant then
+    redis.call('RPUSH', wk.ended, tenant .. ' ' .. sid)
+    redis.call('PEXPIRE', wk.ended, WORKER_KEPT_MS)
+  end
+  redis.call('ZREM', wk.deadlines, sid)
+  redis.call('SPUBLISH', wk.channel, cmsgpack.pack({'c', sid}))
+  redis.call('PEXPIRE', rec, retention)
+  redis.call('PEXPIRE', out_log, retention)
+  redis.call('DEL', keys.in_log)
+end
+
+-- A session's keys, as the scripts that end sessions receive them.
+local function session_keys(rec, in_log, out_log, out_channel)
+  return {rec = rec, in_log = in_log, out_log = out_log, out_channel = out_channel}
+end
+
+-- The disconnect grace of a detachment: the one its detach asked for (a client that closed its
+-- socket normally), else the session's own.
+local function grace_of(grace_ms, detach_grace_ms)
+  local asked = tonumber(detach_grace_ms or '0') or 0
+  if asked > 0 then return asked end
+  return tonumber(grace_ms)
+end
+
+-- When a session next needs the reaper: grace expiry once detached, idle expiry always.
+local function next_deadline(rec)
+  local f = redis.call('HMGET', rec, 'state', 'active_ms', 'idle_ms', 'detached_ms', 'grace_ms',
+                       'dgrace')
+  local deadline = tonumber(f[2]) + tonumber(f[3])
+  if f[1] == 'detached' then
+    deadline = math.min(deadline, tonumber(f[4]) + grace_of(f[5], f[6]))
+  end
+  return deadline
+end
