@@ -3,19 +3,12 @@
 The gateway holds no session state (DESIGN.md "Who owns what"): this object lives exactly as
 long as one websocket and decides, from its inputs alone, what the driver must do. Inputs are
 method calls (a client frame arrived, the store answered, log entries arrived, the lease moved,
-the socket dropped); outputs are drained with :meth:`ConnectionCore.actions_to_run`, the swap
-idiom of python-websockets. No asyncio, no Redis, no clock.
+the timer fired, the socket dropped); outputs are :mod:`~gateway.protocol.actions`, drained
+with :meth:`ConnectionCore.actions_to_run`, the swap idiom of python-websockets. No asyncio, no
+Redis, no clock: the driver says what time it is.
 
-Connection states, as data (style rule 2)::
-
-    AWAITING_FIRST --first frame: session.update / any command--> OPENING --open ok--> ATTACHED
-    AWAITING_FIRST --first frame: session.resume--> RESUMING --resume ok--> ATTACHED
-    AWAITING_FIRST --a ?model= URL, no frame for the quiet period--> OPENING
-    OPENING --that quiet open refused for now (retryable)--> AWAITING_FIRST
-    OPENING / ATTACHED --session.resume as the first client event (the quiet open of a ?model=
-                         URL is in flight or landed): that session is given up--> RESUMING
-    OPENING / RESUMING --failed--> CLOSED
-    ATTACHED --terminal event / replaced / lease lost / client close--> CLOSED
+Every state change goes through :data:`~gateway.protocol.transitions.TRANSITIONS` (drawn by
+:func:`~gateway.protocol.transitions.mermaid`).
 
 A resume never depends on capacity (DESIGN §2.7): a ``?model=`` URL (what the openai SDK sends
 on every connection, resumes included) opens its session only at the first client frame that
@@ -33,16 +26,20 @@ answered in order) and their commands queued until the lease exists.
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
-from typing import TypeAlias
-
-from gateway.protocol.codec import (
-    encode_frame,
-    parse_client_frame,
-    render_error,
-    render_event,
-    render_notice,
+from gateway.protocol.actions import (
+    Action,
+    AppendCommands,
+    CheckLogEnd,
+    CloseConnection,
+    DetachLease,
+    EndReason,
+    EndSession,
+    FetchLog,
+    GiveUpSession,
+    OpenSession,
+    ResumeSession,
+    SendFrame,
+    TrimLog,
 )
 from gateway.protocol.envelope import (
     EventAck,
@@ -60,7 +57,12 @@ from gateway.protocol.errors import (
     GatewayError,
     InternalError,
 )
-from store.follower import LogFollower
+from gateway.protocol.parse import parse_client_frame
+from gateway.protocol.render import encode_frame, render_error, render_event, render_notice
+from gateway.protocol.resume import REFUSALS, ResumeAnswer, ResumeOutcome
+from gateway.protocol.retention import TIMER_S, DeliveredRetention
+from gateway.protocol.transitions import ConnectionState, Trigger, next_state
+from store.follower import REWIND_WINDOW, LogFollower
 from store.messages import (
     AppendAudio,
     Command,
@@ -71,133 +73,13 @@ from store.messages import (
     is_terminal,
 )
 
-__all__ = [
-    "OUTPUT_STALLED",
-    "AppendCommands",
-    "CloseConnection",
-    "ConnectionCore",
-    "ConnectionState",
-    "DetachLease",
-    "FetchLog",
-    "GiveUpSession",
-    "OpenSession",
-    "ResumeSession",
-    "SendFrame",
-    "TrimLog",
-]
+__all__ = ["OUTPUT_STALLED", "ConnectionCore"]
 
 #: The close reason of a connection whose client took nothing for ``OUTPUT_STALL_TIMEOUT_S``.
 OUTPUT_STALLED = "output_stalled"
 #: Terminal reasons that refuse a session for want of capacity rather than end it: the
 #: connection closes 1013 (try again later), as an open refused ``resource_exhausted`` does.
 RETRY_LATER_REASONS = frozenset({"no_free_slot"})
-
-
-class ConnectionState(enum.Enum):
-    """Where one connection stands."""
-
-    AWAITING_FIRST = "awaiting_first"
-    OPENING = "opening"
-    RESUMING = "resuming"
-    ATTACHED = "attached"
-    CLOSED = "closed"
-
-
-# The only place connection transitions live: (state, trigger) -> next state.
-_TRANSITIONS: dict[tuple[ConnectionState, str], ConnectionState] = {
-    (ConnectionState.AWAITING_FIRST, "open"): ConnectionState.OPENING,
-    (ConnectionState.AWAITING_FIRST, "resume"): ConnectionState.RESUMING,
-    (ConnectionState.OPENING, "held"): ConnectionState.AWAITING_FIRST,
-    (ConnectionState.OPENING, "resume"): ConnectionState.RESUMING,
-    (ConnectionState.ATTACHED, "resume"): ConnectionState.RESUMING,
-    (ConnectionState.OPENING, "attached"): ConnectionState.ATTACHED,
-    (ConnectionState.RESUMING, "attached"): ConnectionState.ATTACHED,
-    (ConnectionState.OPENING, "fail"): ConnectionState.CLOSED,
-    (ConnectionState.RESUMING, "fail"): ConnectionState.CLOSED,
-    (ConnectionState.AWAITING_FIRST, "fail"): ConnectionState.CLOSED,
-    (ConnectionState.ATTACHED, "fail"): ConnectionState.CLOSED,
-    (ConnectionState.ATTACHED, "end"): ConnectionState.CLOSED,
-}
-
-
-# ----------------------------------------------------------------------------- actions
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SendFrame:
-    """Send one text frame to the client; ``seq`` is the ``server_event_seq`` of the log
-    event it carries (0: one of the gateway's own frames)."""
-
-    text: str
-    seq: int = 0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CloseConnection:
-    """Close the websocket; nothing is sent after this."""
-
-    code: int
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OpenSession:
-    """Place a new session on a worker serving ``model`` (None: the deployment's default);
-    answer with :meth:`ConnectionCore.open_succeeded` or :meth:`ConnectionCore.open_failed`."""
-
-    model: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ResumeSession:
-    """Resume; answer with :meth:`ConnectionCore.resume_succeeded` or ``resume_failed``."""
-
-    request: ResumeRequest
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AppendCommands:
-    """Append commands to the input log under the current lease (fenced)."""
-
-    entries: tuple[tuple[int | None, Command], ...]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FetchLog:
-    """Read output entries after ``after_seq`` and feed them to ``receive_log_entries``."""
-
-    after_seq: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TrimLog:
-    """The client acknowledged every event up to ``upto_seq``: the log may drop them."""
-
-    upto_seq: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DetachLease:
-    """The client vanished without ``session.close``: start the disconnect grace (the short
-    one when it closed its socket normally, ``departed``)."""
-
-    generation: int
-    departed: bool = False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GiveUpSession:
-    """End a session this connection opened for its URL and the client never used (it resumed
-    another instead): its slot and tenant place are released, and it gets its one terminal
-    event (``open_abandoned``)."""
-
-    session_id: str
-
-
-Action: TypeAlias = (
-    SendFrame | CloseConnection | OpenSession | ResumeSession | AppendCommands | FetchLog
-    | TrimLog | DetachLease | GiveUpSession
-)
 
 
 class ConnectionCore:
@@ -212,13 +94,15 @@ class ConnectionCore:
         initial_session: the session configuration of the client secret the connection
             presented; a session it opens runs it as its first ``session.update``, before any
             client command. A resume ignores it (that session is configured already).
+        delivered_retention_s: events the client took this long ago are trimmed from the
+            log (:mod:`gateway.protocol.retention`; 0: never by age).
+        now: the driver's clock at the handshake; the timer is first due one period later.
     """
 
     def __init__(self, *, max_frame_bytes: int, url_model: str | None = None,
-                 initial_session: JsonObject | None = None) -> None:
+                 initial_session: JsonObject | None = None,
+                 delivered_retention_s: float = 0.0, now: float = 0.0) -> None:
         self.state = ConnectionState.AWAITING_FIRST
-        #: True once the session's terminal event was delivered: the session is over.
-        self.ended = False
         self.session_id: str | None = None
         self.generation = 0
         self._max_frame_bytes = max_frame_bytes
@@ -237,6 +121,10 @@ class ConnectionCore:
         self._client_commands = 0  # commands the client sent (a secret's config is not one)
         self._give_up_opening = False  # the open in flight is given up when it lands
         self._held_refusal: ClientProtocolError | None = None  # a quiet open's, not answered
+        self._retention = DeliveredRetention(delivered_retention_s)
+        self._timer_at = now  # when the timer last fired
+        self._input_end = 0  # the highest input log index Redis assigned under this lease
+        self._resume_request: ResumeRequest | None = None  # the resume in flight
 
     # ------------------------------------------------------------------ outputs
 
@@ -315,9 +203,10 @@ class ConnectionCore:
                 client_event_id=request.event_id,
             ))
             return
-        self._move("resume")
+        self._move(Trigger.RESUME)
         self._pending = []  # a client secret's configuration is for new sessions only
         self._follower = LogFollower(request.last_received_server_event_seq)
+        self._resume_request = request
         self._actions.append(ResumeSession(request=request))
 
     def _url_session_unused(self) -> bool:
@@ -359,7 +248,7 @@ class ConnectionCore:
             # session and then runs as its first command.
             self._quiet_open_pending = False
             self._held_refusal = None
-            self._move("open")
+            self._move(Trigger.OPEN)
             self._actions.append(OpenSession(model=self._model_to_open()))
 
     def _model_to_open(self) -> str | None:
@@ -387,7 +276,7 @@ class ConnectionCore:
             return
         self._quiet_open_pending = False
         self._autostarted = True
-        self._move("open")
+        self._move(Trigger.OPEN)
         self._actions.append(OpenSession(model=self._url_model))
 
     def first_message_timed_out(self) -> None:
@@ -428,7 +317,7 @@ class ConnectionCore:
             return
         self.session_id = session_id
         self.generation = generation
-        self._move("attached")
+        self._move(Trigger.ATTACHED)
         announced = session
         if announced is None:
             announced = {"type": "realtime"} if model is None else {"type": "realtime",
@@ -455,7 +344,7 @@ class ConnectionCore:
                 and error.close_code == CloseCode.TRY_AGAIN_LATER):
             self._autostarted = False
             self._held_refusal = error
-            self._move("held")
+            self._move(Trigger.HELD)
             return
         self._fail(error)
 
@@ -463,6 +352,32 @@ class ConnectionCore:
         """The session could not be served (a store failure, a broken task): answer the
         error and close with its close code (1011 when it has none)."""
         self._fail(error)
+
+    def resume_answered(self, answer: ResumeAnswer, *, rotated_token: str) -> str:
+        """The store answered the resume in flight; ``rotated_token``: the token it rotated
+        to (:func:`~gateway.protocol.resume.rotated_token`). Returns the outcome as the
+        driver counts it: ``"ok"`` (attached), else the refusal's error code."""
+        request = self._resume_request
+        assert request is not None, "no resume in flight"
+        refusal = REFUSALS.get(answer.outcome)
+        if refusal is None and answer.generation is None:
+            refusal = REFUSALS[ResumeOutcome.BAD_TOKEN]
+        if refusal is not None:
+            code, message = refusal
+            self.resume_failed(ClientProtocolError(code, message,
+                                                   client_event_id=request.event_id))
+            return code.value
+        assert answer.generation is not None
+        ok = answer.outcome is ResumeOutcome.OK
+        self.resume_succeeded(
+            request.session_id,
+            resume_token=rotated_token if ok else request.resume_token,
+            generation=answer.generation, last_client_seq=answer.last_client_seq,
+            first_retained_seq=answer.first_retained_seq,
+            last_server_event_seq=answer.last_server_event_seq,
+            session_over=answer.outcome is ResumeOutcome.CLOSED,
+            session=answer.session, capabilities=answer.capabilities)
+        return "ok"
 
     def resume_succeeded(
         self, session_id: str, *, resume_token: str, generation: int, last_client_seq: int,
@@ -476,7 +391,7 @@ class ConnectionCore:
             return
         self.session_id = session_id
         self.generation = generation
-        self._move("attached")
+        self._move(Trigger.ATTACHED)
         rewound = self.delivered_seq > last_server_event_seq
         if rewound:
             # The client holds events the log does not: the store lost acknowledged writes (a
@@ -536,6 +451,36 @@ class ConnectionCore:
                                           replay_from=seq))
         self._follower.rewind(seq)
 
+    def log_read(self, after_seq: int, rows: list[tuple[int, bytes]], *, quiet: bool = False,
+                 rewound_to: int | None = None) -> None:
+        """A read of the output log after ``after_seq`` (a :class:`FetchLog`) found ``rows``.
+
+        ``quiet``: the read was the periodic poll of a quiet channel; one that finds nothing
+        also checks where the log ends (:class:`CheckLogEnd`). ``rewound_to``: the read of
+        the entries around a log end found behind what was delivered.
+        """
+        if rewound_to is not None:
+            if rows:
+                self.receive_log_entries(rows[0][0], [payload for _, payload in rows])
+            self.log_rewound(rewound_to)
+            return
+        if not rows:
+            if quiet and after_seq and self.state is ConnectionState.ATTACHED:
+                self._actions.append(CheckLogEnd(after_seq=after_seq))
+            return
+        if rows[0][0] > after_seq + 1:
+            self.log_trimmed(rows[0][0])
+        self.receive_log_entries(rows[0][0], [payload for _, payload in rows])
+
+    def log_end_read(self, after_seq: int, last_output: int) -> None:
+        """The output log ends at ``last_output`` (a :class:`CheckLogEnd` after
+        ``after_seq``). Behind ``after_seq``, a lossy failover took it back: re-read what it
+        holds now around there, so the follower finds where it differs from what was
+        delivered, or else resumes at its end."""
+        if last_output < after_seq and self.state is ConnectionState.ATTACHED:
+            self._actions.append(FetchLog(after_seq=max(0, last_output - REWIND_WINDOW),
+                                          rewound_to=last_output))
+
     def log_rewound(self, last_seq: int) -> None:
         """The log now ends at ``last_seq``, before what was delivered (a failover lost
         events the client got): the next event will be ``last_seq + 1``; say so."""
@@ -554,7 +499,7 @@ class ConnectionCore:
         self._notice(SessionReplacedNotice(session_id=self.session_id,
                                            lease_generation=self.generation))
         self._actions.append(CloseConnection(code=CloseCode.NORMAL, reason="session_replaced"))
-        self._move("end")
+        self._move(Trigger.REPLACED)
 
     def lease_lapsed(self) -> None:
         """The session was detached under this connection's own lease (the gateway did not
@@ -564,7 +509,7 @@ class ConnectionCore:
             return
         self._actions.append(CloseConnection(code=CloseCode.SERVICE_RESTART,
                                              reason="lease_lapsed"))
-        self.state = ConnectionState.CLOSED
+        self._move(Trigger.LEASE_LAPSED)
         self._pending = []
 
     def log_trimmed(self, first_available_seq: int) -> None:
@@ -578,6 +523,35 @@ class ConnectionCore:
         self._notice(ResyncRequiredNotice(session_id=self.session_id, reason="log_trimmed",
                                           replay_from=first_available_seq))
         self._follower = LogFollower(first_available_seq - 1)
+
+    def input_appended(self, first_index: int, last_index: int) -> None:
+        """The store numbered the commands just appended ``first_index`` to ``last_index``.
+
+        Under one lease the numbers only grow. A number this connection saw assigned before
+        means the input log went back (a failover lost commands the client was told were
+        taken, and the worker may never have read them): the session is ended loudly
+        (:class:`EndSession`) rather than run on without them, and its terminal event read.
+        """
+        if first_index > self._input_end or self.session_id is None:
+            self._input_end = max(self._input_end, last_index)
+            return
+        self._actions.append(EndSession(session_id=self.session_id,
+                                        reason=EndReason.LOG_REWOUND))
+        self.session_gone()
+
+    def next_deadline(self) -> float:
+        """When :meth:`timer_fired` is next due, on the driver's clock."""
+        return self._timer_at + TIMER_S
+
+    def timer_fired(self, now: float, *, taken_seq: int) -> None:
+        """The periodic timer: the client had taken every event up to ``taken_seq`` by
+        ``now``. Events it took long enough ago are trimmed (:mod:`gateway.protocol.retention`)."""
+        self._timer_at = now
+        if self.state is not ConnectionState.ATTACHED:
+            return
+        upto = self._retention.sample(now, taken_seq)
+        if upto is not None:
+            self._actions.append(TrimLog(upto_seq=upto))
 
     def session_gone(self) -> None:
         """A fenced write found the session closed: catch up with the log's terminal event."""
@@ -599,7 +573,7 @@ class ConnectionCore:
             self._actions.append(DetachLease(generation=self.generation))
         self._actions.append(CloseConnection(code=CloseCode.TRY_AGAIN_LATER,
                                              reason=OUTPUT_STALLED))
-        self.state = ConnectionState.CLOSED
+        self._move(Trigger.OUTPUT_STALLED)
         self._pending = []
 
     def session_lost(self) -> None:
@@ -614,7 +588,7 @@ class ConnectionCore:
         self._actions.append(CloseConnection(code=CloseCode.INTERNAL_ERROR,
                                              reason=error.code))
         # No DetachLease: there is no record left to detach.
-        self.state = ConnectionState.CLOSED
+        self._move(Trigger.SESSION_LOST)
         self._pending = []
 
     # ------------------------------------------------------------------ helpers
@@ -640,8 +614,7 @@ class ConnectionCore:
             code = (CloseCode.TRY_AGAIN_LATER if reason in RETRY_LATER_REASONS
                     else CloseCode.NORMAL)
             self._actions.append(CloseConnection(code=code, reason=reason))
-            self._move("end")
-            self.ended = True
+            self._move(Trigger.TERMINAL_EVENT)
             return False
         return True
 
@@ -693,11 +666,8 @@ class ConnectionCore:
         # its disconnect grace, resumable through any gateway (DESIGN §2.6).
         if self.state is ConnectionState.ATTACHED:
             self._actions.append(DetachLease(generation=self.generation, departed=departed))
-        self.state = ConnectionState.CLOSED
+        self._move(Trigger.FAIL)
         self._pending = []
 
-    def _move(self, trigger: str) -> None:
-        try:
-            self.state = _TRANSITIONS[(self.state, trigger)]
-        except KeyError:
-            raise AssertionError(f"can't handle {trigger} in state {self.state.value}") from None
+    def _move(self, trigger: Trigger) -> None:
+        self.state = next_state(self.state, trigger)

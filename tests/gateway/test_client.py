@@ -52,7 +52,7 @@ from gateway.client import (
     TruncateItem,
     UpdateSession,
 )
-from gateway.protocol.codec import CLIENT_EVENT_ALIASES, CLIENT_EVENT_TYPES, parse_client_frame
+from gateway.protocol.parse import CLIENT_EVENT_ALIASES, CLIENT_EVENT_TYPES, parse_client_frame
 from store import messages as m
 
 pytestmark = pytest.mark.timeout(30)

@@ -24,12 +24,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from gateway.protocol.codec import parse_client_frame, render_event
-from gateway.protocol.connection import (
+from gateway.protocol.actions import (
     AppendCommands,
     CloseConnection,
-    ConnectionCore,
-    ConnectionState,
     DetachLease,
     FetchLog,
     GiveUpSession,
@@ -38,7 +35,11 @@ from gateway.protocol.connection import (
     SendFrame,
     TrimLog,
 )
+from gateway.protocol.connection import ConnectionCore
 from gateway.protocol.errors import ClientProtocolError, CloseCode, ErrorCode, InternalError
+from gateway.protocol.parse import parse_client_frame
+from gateway.protocol.render import render_event
+from gateway.protocol.transitions import ConnectionState
 from store import messages as m
 from tests.gateway.strict import validate_server_event
 

@@ -17,7 +17,7 @@ from starlette.websockets import WebSocketDisconnect
 
 from gateway.app import create_app
 from gateway.batcher import InputBatcher
-from gateway.connection import ConnectionDriver
+from gateway.driver import ConnectionDriver
 from gateway.settings import GatewaySettings
 from store import Lease, Scripts, StoreUnavailable
 from store.directory import announce_worker

@@ -19,17 +19,12 @@ from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 from websockets.asyncio.client import connect
 
-from gateway.connection import _transport_of
+from gateway.driver import _transport_of
+from gateway.protocol.actions import CloseConnection, DetachLease, SendFrame
 from gateway.protocol.backlog import Backlog, OutputBacklog, OutputLimits
-from gateway.protocol.connection import (
-    OUTPUT_STALLED,
-    CloseConnection,
-    ConnectionCore,
-    ConnectionState,
-    DetachLease,
-    SendFrame,
-)
+from gateway.protocol.connection import OUTPUT_STALLED, ConnectionCore
 from gateway.protocol.errors import CloseCode
+from gateway.protocol.transitions import ConnectionState
 from gateway.wsprotocol import GatewayWebSocketProtocol
 from store import messages as m
 

@@ -19,11 +19,8 @@ untaken output goes over its limits the writer, which never waits for that lock,
 from __future__ import annotations
 
 import asyncio
-import base64
-import collections
 import contextlib
 import hashlib
-import hmac
 import logging
 import secrets
 import socket
@@ -33,17 +30,14 @@ from typing import Any, cast
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from gateway.notices import NoticeQueue
 from gateway.placement import place_session
-from gateway.protocol.backlog import OutputBacklog, OutputLimits
-from gateway.protocol.connection import (
-    OUTPUT_STALLED,
+from gateway.protocol.actions import (
     Action,
     AppendCommands,
+    CheckLogEnd,
     CloseConnection,
-    ConnectionCore,
-    ConnectionState,
     DetachLease,
+    EndSession,
     FetchLog,
     GiveUpSession,
     OpenSession,
@@ -51,6 +45,8 @@ from gateway.protocol.connection import (
     SendFrame,
     TrimLog,
 )
+from gateway.protocol.backlog import OutputBacklog, OutputLimits
+from gateway.protocol.connection import OUTPUT_STALLED, ConnectionCore
 from gateway.protocol.envelope import ResumeRequest
 from gateway.protocol.errors import (
     ClientProtocolError,
@@ -60,21 +56,22 @@ from gateway.protocol.errors import (
     fit_close_reason,
 )
 from gateway.protocol.pacing import InputPacer, PacingLimits
+from gateway.protocol.resume import ResumeAnswer, ResumeOutcome, rotated_token
+from gateway.protocol.transitions import ConnectionState
+from gateway.push_queue import BoundedPushQueue
 from gateway.services import GatewayServices
 from gateway.wsprotocol import INVALID_TEXT_KEY, SEND_NOW_KEY, TRANSPORT_KEY
 from store import (
-    AppendResult,
     Lease,
     LeaseLost,
-    ResumeStatus,
     SessionGone,
     StoreError,
     StoreUnavailable,
 )
-from store.follower import REWIND_WINDOW
 from store.keys import SessionKeys
 from store.logs import log_ends, read_output
 from store.messages import Command, OutputBackpressure, encode_message
+from store.pushes import LeaseMoved, OutputPushed, Push
 from store.ratelog import RateLimitedLog
 
 __all__ = ["ConnectionDriver"]
@@ -82,7 +79,6 @@ __all__ = ["ConnectionDriver"]
 _log = logging.getLogger(__name__)
 _stall_log = RateLimitedLog(_log, interval_s=10.0)
 _RESUME_ATTEMPTS = 3
-_HOUSEKEEPING_S = 1.0
 
 
 # What the driver uses of the socket's transport. Checked by its methods, not by class:
@@ -114,19 +110,6 @@ def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def _rotated_token(old_token: str, control_id: str) -> str:
-    """The token a resume rotates to, derived from the token it presents and its control id.
-
-    A retry of that resume (its answer was lost) through any gateway presents the same two and
-    so derives the same new token, whose digest the store then recognises as the one it
-    rotated to: the retry gets the same token instead of ``invalid_resume_token``. The old
-    token is the secret: only its holder can derive the new one, as only it could resume.
-    """
-    mac = hmac.new(old_token.encode(), b"session.resume\0" + control_id.encode(),
-                   hashlib.sha256)
-    return base64.urlsafe_b64encode(mac.digest()).rstrip(b"=").decode("ascii")
-
-
 class ConnectionDriver:
     """Runs one accepted websocket until it closes."""
 
@@ -136,18 +119,20 @@ class ConnectionDriver:
         self._ws = websocket
         self._svc = services
         self._tenant = tenant
-        self._core = ConnectionCore(max_frame_bytes=services.settings.max_frame_bytes,
-                                    url_model=url_model, initial_session=initial_session)
+        self._core = ConnectionCore(
+            max_frame_bytes=services.settings.max_frame_bytes, url_model=url_model,
+            initial_session=initial_session,
+            delivered_retention_s=services.settings.delivered_retention_s,
+            now=asyncio.get_running_loop().time())
         self._lock = asyncio.Lock()
         self._lease: Lease | None = None
         self._channel: str | None = None
-        self._notices = NoticeQueue()
+        self._pushes = BoundedPushQueue()
         self._outbox: list[tuple[int | None, Command]] = []
         self._outbox_since = 0.0  # when the oldest command in the outbox was read
         self._relay_in = services.metrics.relay_seconds.labels("in")
         self._relay_out = services.metrics.relay_seconds.labels("out")
         self._resume_started: float | None = None
-        self._input_end = 0  # the highest input log index Redis assigned under this lease
         self._outbox_ready = asyncio.Event()
         self._write_lock = asyncio.Lock()  # one append at a time, in order
         self._held: str | None = None  # the session held under this gateway's lease
@@ -283,41 +268,28 @@ class ConnectionDriver:
         while True:
             # None also after `interval` without a push: a quiet channel, so read the log in
             # case a push was lost.
-            notice = await self._notices.get(quiet_s=interval)
+            push = await self._pushes.get(quiet_s=interval)
             if self._core.state is not ConnectionState.ATTACHED:
                 continue
             taken = time.monotonic()
-            try:
-                if notice is None:
+            match push:
+                case OutputPushed(first_seq=first_seq, payloads=payloads):
+                    self._core.receive_log_entries(first_seq, payloads)
+                case LeaseMoved(generation=generation):
+                    self._core.lease_moved(generation)
+                case None:
                     await self._fetch(self._core.delivered_seq, quiet=True)
-                elif notice[0] == b"e":
-                    payloads = notice[2]
-                    if not all(isinstance(p, bytes) for p in payloads):
-                        raise TypeError("log entries must be bytes")
-                    self._core.receive_log_entries(int(notice[1]), list(payloads))
-                elif notice[0] == b"r":
-                    self._core.lease_moved(int(notice[1]))
-            except (IndexError, TypeError, ValueError, AttributeError):
-                # Only our scripts publish here; a malformed notice is dropped, and the log
-                # (the truth) is read instead.
-                _log.error("dropped a malformed notice: %r", notice,
-                           extra={"session_id": self._session_id})
-                await self._fetch(self._core.delivered_seq)
             await self._step()
-            if notice is not None:
+            if push is not None:
                 self._relay_out.observe(time.monotonic() - taken)
 
-    def _take_push(self, notice: list[Any] | None) -> None:
+    def _take_push(self, push: Push | None) -> None:
         """Every push for this connection, as it arrives, also while a send is blocked: queue
         it for the pump, and count the output it announces."""
-        self._notices.put(notice)
-        try:
-            if notice is None or notice[0] != b"e":
-                return
-            self._backlog.seen(int(notice[1]), notice[2])
-        except (IndexError, TypeError, ValueError):
-            return  # malformed: the pump drops it and reads the log instead
-        self._check_backlog()
+        self._pushes.put(push)
+        if type(push) is OutputPushed:
+            self._backlog.seen(push.first_seq, push.payloads)
+            self._check_backlog()
 
     def _check_backlog(self) -> None:
         """Once per crossing, tell the session's worker (fenced, like the client's commands)
@@ -338,37 +310,23 @@ class ConnectionDriver:
         return 0 if self._transport is None else self._transport.get_write_buffer_size()
 
     async def _housekeeping(self) -> None:
-        """Once a second: renew the tenant reservation, trim what was delivered long ago.
+        """On the core's timer: renew the tenant reservation, and let the core trim what the
+        client took long ago (:mod:`gateway.protocol.retention`).
 
         The reservation is released by the reaper once the session ends, wherever it ends
         (``gateway/reaper.py``); a renewal never takes a released place back.
-
-        Clients that never send session.event_ack (the openai SDK) would otherwise keep the
-        whole capped log in Redis. Events sent ``delivered_retention_s`` ago on a live
-        connection count as acknowledged: a client that lost them anyway gets
-        session.resync_required on resume, never a silent gap (DESIGN §2.7, §5). Sent means
-        taken by the websocket: what waits behind a client that does not read stays in the log
-        for its resume.
         """
-        retention = self._svc.settings.delivered_retention_s
-        samples: collections.deque[tuple[float, int]] = collections.deque()
-        trimmed = 0
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(_HOUSEKEEPING_S)  # a periodic duty, not a wait for a condition
-            if self._core.state is not ConnectionState.ATTACHED or self._lease is None:
-                continue
-            await self._renew_tenant(self._lease.session_id)
-            if retention <= 0:
-                continue
-            now = loop.time()
-            samples.append((now, self._backlog.taken_seq))
-            upto = 0
-            while samples and now - samples[0][0] >= retention:
-                upto = samples.popleft()[1]
-            if upto > trimmed:
-                await self._trim(upto)
-                trimmed = upto
+            # A periodic duty, not a wait for a condition.
+            await asyncio.sleep(max(0.0, self._core.next_deadline() - loop.time()))
+            if self._core.state is ConnectionState.ATTACHED and self._lease is not None:
+                await self._renew_tenant(self._lease.session_id)
+            self._core.timer_fired(loop.time(), taken_seq=self._backlog.taken_seq)
+            # A step in progress runs what was decided; waiting for its lock would hold the
+            # tenant renewal behind a send the client does not take.
+            if self._core.has_actions and not self._lock.locked():
+                await self._step()
 
     async def _renew_tenant(self, session_id: str) -> None:
         if not self._svc.settings.tenant_max_sessions:
@@ -410,7 +368,8 @@ class ConnectionDriver:
                 else:
                     self._svc.metrics.commands_appended.inc(len(entries))
                     self._relay_in.observe(time.monotonic() - since)
-                await self._check_input_end(appended)
+                self._core.input_appended(appended.last_index - appended.appended + 1,
+                                          appended.last_index)
             except LeaseLost as exc:
                 if exc.current_generation == self._lease.generation:
                     # Not replaced: our attachment lapsed (this gateway could not renew in
@@ -448,24 +407,6 @@ class ConnectionDriver:
             f"{start}were not taken, nor anything after them. Resume and resend from"
             " last_client_seq.",
             client_event_id=first_id, close_code=CloseCode.TRY_AGAIN_LATER))
-
-    async def _check_input_end(self, appended: AppendResult) -> None:
-        """Redis numbers the input log; under one lease the numbers only grow. A number this
-        connection saw assigned before means the log went back (a failover lost commands the
-        client was told were taken, and the worker may never have read them): end the session
-        loudly rather than run on without them."""
-        first_new = appended.last_index - appended.appended + 1
-        if first_new > self._input_end or self._lease is None:
-            self._input_end = max(self._input_end, appended.last_index)
-            return
-        session_id = self._lease.session_id
-        _log.error("the input log of %s went back to %d (lost writes); ending it", session_id,
-                   appended.last_index, extra={"session_id": session_id})
-        try:
-            await self._svc.scripts.close_session(session_id, "log_rewound")
-        except StoreError as exc:
-            self._store_failed("close (log rewound)", session_id, exc)
-        self._core.session_gone()  # read the terminal event
 
     # ------------------------------------------------------------------ logging
 
@@ -507,24 +448,33 @@ class ConnectionDriver:
                 await self._send(text, seq)
             case AppendCommands(entries=entries):
                 self._queue_commands(entries)
-            case FetchLog(after_seq=after):
-                await self._fetch(after)
-                if self._resume_started is not None:  # the replay of a resume was read
-                    self._svc.metrics.resume_seconds.observe(
-                        time.monotonic() - self._resume_started)
-                    self._resume_started = None
+            case FetchLog() | CheckLogEnd() | TrimLog():
+                await self._run_log_action(action)
             case OpenSession(model=model):
                 await self._open(model)
             case ResumeSession(request=request):
                 await self._resume(request)
-            case TrimLog(upto_seq=upto):
-                await self._trim(upto)
             case DetachLease(departed=departed):
                 await self._detach(departed=departed)
             case GiveUpSession(session_id=session_id):
                 await self._give_up(session_id)
+            case EndSession(session_id=session_id, reason=reason):
+                await self._end(session_id, reason)
             case CloseConnection(code=code, reason=reason):
                 await self._close(code, reason)
+
+    async def _run_log_action(self, action: FetchLog | CheckLogEnd | TrimLog) -> None:
+        match action:
+            case FetchLog(after_seq=after, rewound_to=rewound_to):
+                await self._fetch(after, rewound_to=rewound_to)
+                if self._resume_started is not None:  # the replay of a resume was read
+                    self._svc.metrics.resume_seconds.observe(
+                        time.monotonic() - self._resume_started)
+                    self._resume_started = None
+            case CheckLogEnd(after_seq=after):
+                await self._check_log_end(after)
+            case TrimLog(upto_seq=upto):
+                await self._trim(upto)
 
     def _queue_commands(self, entries: tuple[tuple[int | None, Command], ...]) -> None:
         if not self._outbox:
@@ -577,35 +527,31 @@ class ConnectionDriver:
         self._stalled = self._cut_batch = True
         self._core.output_stalled()
 
-    async def _fetch(self, after: int, *, quiet: bool = False) -> None:
-        """Read the log after ``after``; on a ``quiet`` poll that finds nothing, also check
-        that the log did not go back behind what was delivered (a lossy failover), which no
-        read after ``after`` can show."""
+    async def _fetch(self, after: int, *, quiet: bool = False,
+                     rewound_to: int | None = None) -> None:
+        """Read the log after ``after``; the core decides what the rows mean."""
         if self._lease is None:
             return
         session_id = self._lease.session_id
         try:
             rows = await read_output(self._svc.client, session_id, after)
-            if not rows and quiet and after:
-                last = (await log_ends(self._svc.client, session_id)).last_output
-                if last < after:
-                    # Re-read what the log holds now around our position: the core finds
-                    # where it differs from what was delivered, or else resumes at its end.
-                    rows = await read_output(self._svc.client, session_id,
-                                             max(0, last - REWIND_WINDOW))
-                    if rows:
-                        self._core.receive_log_entries(rows[0][0], [p for _, p in rows])
-                    self._core.log_rewound(last)
-                    return
         except StoreError as exc:
             self._store_failed("output log read", session_id, exc)
             return
-        if rows and rows[0][0] > after + 1:
-            self._core.log_trimmed(rows[0][0])
-        if rows:
-            payloads = [payload for _, payload in rows]
-            self._backlog.seen(rows[0][0], payloads)
-            self._core.receive_log_entries(rows[0][0], payloads)
+        if rows and rewound_to is None:
+            self._backlog.seen(rows[0][0], [payload for _, payload in rows])
+        self._core.log_read(after, rows, quiet=quiet, rewound_to=rewound_to)
+
+    async def _check_log_end(self, after: int) -> None:
+        if self._lease is None:
+            return
+        session_id = self._lease.session_id
+        try:
+            last = (await log_ends(self._svc.client, session_id)).last_output
+        except StoreError as exc:
+            self._store_failed("output log read", session_id, exc)
+            return
+        self._core.log_end_read(after, last)
 
     async def _subscribe(self, session_id: str) -> None:
         channel = SessionKeys(session_id).output_channel
@@ -614,7 +560,7 @@ class ConnectionDriver:
             # the one its URL opened: leave the old channel, and drop what it already pushed
             # (those entries belong to another session's log).
             await self._svc.subscriber.unsubscribe(self._channel, self._take_push)
-            self._notices.clear()
+            self._pushes.clear()
         self._channel = channel
         with contextlib.suppress(TimeoutError):
             # A missed confirmation only costs latency: the pump reads the log regardless.
@@ -651,21 +597,18 @@ class ConnectionDriver:
 
     async def _resume(self, request: ResumeRequest) -> None:
         started = time.monotonic()
-
-        def refuse(code: str, message: str) -> None:
-            self._svc.metrics.resumes.labels(outcome=code).inc()
-            self._svc.metrics.resume_seconds.observe(time.monotonic() - started)
-            self._core.resume_failed(ClientProtocolError(
-                code, message, client_event_id=request.event_id))
-
         try:
             SessionKeys(request.session_id)
         except ValueError:
-            refuse(ErrorCode.SESSION_RESUME_EXPIRED, "unknown session")
+            self._svc.metrics.resumes.labels(outcome=ErrorCode.SESSION_RESUME_EXPIRED).inc()
+            self._svc.metrics.resume_seconds.observe(time.monotonic() - started)
+            self._core.resume_failed(ClientProtocolError(
+                ErrorCode.SESSION_RESUME_EXPIRED, "unknown session",
+                client_event_id=request.event_id))
             return
         await self._subscribe(request.session_id)
         control_id = request.control_id or secrets.token_hex(16)
-        token = _rotated_token(request.resume_token, control_id)
+        token = rotated_token(request.resume_token, control_id)
         for attempt in range(_RESUME_ATTEMPTS):
             try:
                 result = await self._svc.scripts.resume(
@@ -680,28 +623,21 @@ class ConnectionDriver:
                     self._svc.metrics.resume_seconds.observe(time.monotonic() - started)
                     self._core.fail(InternalError(str(exc)))
                     return
-        if result.status is ResumeStatus.UNKNOWN:
-            refuse(ErrorCode.SESSION_RESUME_EXPIRED, "the session is unknown or expired")
-            return
-        if result.status is ResumeStatus.STALE:
-            refuse(ErrorCode.SESSION_RESUME_CONFLICT,
-                   "a later attempt of this resume attached the session already")
-            return
-        if result.status is ResumeStatus.BAD_TOKEN or result.lease is None:
-            refuse(ErrorCode.INVALID_RESUME_TOKEN, "the resume token is not valid")
-            return
-        self._hold(result.lease.session_id)
-        self._lease = result.lease
-        self._resume_started = started  # observed once the replay was read
-        self._svc.metrics.resumes.labels(outcome="ok").inc()
-        self._core.resume_succeeded(
-            request.session_id, resume_token=token if result.status is ResumeStatus.OK
-            else request.resume_token, generation=result.lease.generation,
+        lease = result.lease
+        outcome = self._core.resume_answered(ResumeAnswer(
+            outcome=ResumeOutcome(result.status.value),
+            generation=None if lease is None else lease.generation,
             last_client_seq=result.last_client_seq,
             first_retained_seq=result.first_retained_seq,
             last_server_event_seq=result.last_server_event_seq,
-            session_over=result.status is ResumeStatus.CLOSED,
-            session=result.session, capabilities=result.capabilities)
+            session=result.session, capabilities=result.capabilities), rotated_token=token)
+        self._svc.metrics.resumes.labels(outcome=outcome).inc()
+        if lease is None or outcome != "ok":
+            self._svc.metrics.resume_seconds.observe(time.monotonic() - started)
+            return
+        self._hold(lease.session_id)
+        self._lease = lease
+        self._resume_started = started  # observed once the replay was read
         # Counted from where the client stands (the replay starts there).
         self._backlog = OutputBacklog(self._output_limits, taken_seq=self._core.delivered_seq)
 
@@ -727,6 +663,14 @@ class ConnectionDriver:
         except StoreError as exc:
             # Nothing was ever sent to it: its idle TTL ends it.
             self._store_failed("abandoning an unopened session", session_id, exc)
+
+    async def _end(self, session_id: str, reason: str) -> None:
+        _log.error("the input log of %s went back (lost writes); ending it (%s)", session_id,
+                   reason, extra={"session_id": session_id})
+        try:
+            await self._svc.scripts.close_session(session_id, reason)
+        except StoreError as exc:
+            self._store_failed(f"close ({reason})", session_id, exc)
 
     async def _detach(self, *, departed: bool = False) -> None:
         if self._lease is None:
