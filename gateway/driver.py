@@ -25,11 +25,11 @@ import logging
 import secrets
 import socket
 import time
-from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from gateway.input_writer import InputWriter
 from gateway.placement import place_session
 from gateway.protocol.actions import (
     Action,
@@ -60,17 +60,15 @@ from gateway.protocol.resume import ResumeAnswer, ResumeOutcome, rotated_token
 from gateway.protocol.transitions import ConnectionState
 from gateway.push_queue import BoundedPushQueue
 from gateway.services import GatewayServices
-from gateway.wsprotocol import INVALID_TEXT_KEY, SEND_NOW_KEY, TRANSPORT_KEY
+from gateway.wsprotocol import INVALID_TEXT_KEY, send_now_of, transport_of
 from store import (
     Lease,
-    LeaseLost,
-    SessionGone,
     StoreError,
     StoreUnavailable,
 )
 from store.keys import SessionKeys
 from store.logs import log_ends, read_output
-from store.messages import Command, OutputBackpressure, encode_message
+from store.messages import OutputBackpressure
 from store.pushes import LeaseMoved, OutputPushed, Push
 from store.ratelog import RateLimitedLog
 
@@ -79,31 +77,6 @@ __all__ = ["ConnectionDriver"]
 _log = logging.getLogger(__name__)
 _stall_log = RateLimitedLog(_log, interval_s=10.0)
 _RESUME_ATTEMPTS = 3
-
-
-# What the driver uses of the socket's transport. Checked by its methods, not by class:
-# uvloop's transports have them all but are no asyncio.WriteTransport subclass.
-_TRANSPORT_METHODS = ("get_write_buffer_size", "get_write_buffer_limits", "get_extra_info", "abort")
-
-
-def _transport_of(websocket: WebSocket) -> asyncio.WriteTransport | None:
-    """The socket transport under ``websocket``, as the gateway's websocket protocol
-    publishes it (:data:`~gateway.wsprotocol.TRANSPORT_KEY`), asyncio's or uvloop's. Under
-    another server (a test client) this is None: the gateway then counts no write buffer,
-    sets no socket option and cannot drop a socket whose client never takes the close frame.
-    """
-    transport = websocket.scope.get("extensions", {}).get(TRANSPORT_KEY)
-    if all(callable(getattr(transport, name, None)) for name in _TRANSPORT_METHODS):
-        return cast("asyncio.WriteTransport", transport)
-    return None
-
-
-def _send_now_of(websocket: WebSocket) -> Callable[[str], bool] | None:
-    """The connection's :meth:`~gateway.wsprotocol.GatewayWebSocketProtocol.send_text_now`,
-    as the gateway's websocket protocol publishes it (:data:`~gateway.wsprotocol.SEND_NOW_KEY`);
-    None under another server, whose sends all go through ASGI."""
-    send_now = websocket.scope.get("extensions", {}).get(SEND_NOW_KEY)
-    return cast("Callable[[str], bool]", send_now) if callable(send_now) else None
 
 
 def _digest(token: str) -> str:
@@ -128,23 +101,18 @@ class ConnectionDriver:
         self._lease: Lease | None = None
         self._channel: str | None = None
         self._pushes = BoundedPushQueue()
-        self._outbox: list[tuple[int | None, Command]] = []
-        self._outbox_since = 0.0  # when the oldest command in the outbox was read
-        self._relay_in = services.metrics.relay_seconds.labels("in")
+        self._writer = InputWriter(self._core, services, self._store_failed)
         self._relay_out = services.metrics.relay_seconds.labels("out")
         self._resume_started: float | None = None
-        self._outbox_ready = asyncio.Event()
-        self._write_lock = asyncio.Lock()  # one append at a time, in order
         self._held: str | None = None  # the session held under this gateway's lease
-        self._append_failed = False  # an append failed: nothing more goes upstream
         s = services.settings
         self._pacer = InputPacer(PacingLimits(frames_per_s=s.max_frames_per_s,
                                               bytes_per_s=s.max_bytes_per_s,
                                               audio_speed=s.max_audio_speed),
                                  now=asyncio.get_running_loop().time())
         self._closed = asyncio.Event()
-        self._transport = _transport_of(websocket)
-        self._send_now = _send_now_of(websocket)
+        self._transport = transport_of(websocket.scope)
+        self._send_now = send_now_of(websocket.scope)
         if s.socket_send_buffer_bytes and self._transport is not None:
             self._transport.get_extra_info("socket").setsockopt(
                 socket.SOL_SOCKET, socket.SO_SNDBUF, s.socket_send_buffer_bytes)
@@ -161,7 +129,7 @@ class ConnectionDriver:
         tasks = [
             asyncio.create_task(self._read_frames(), name="ws-reader"),
             asyncio.create_task(self._pump_log(), name="ws-pump"),
-            asyncio.create_task(self._write_commands(), name="ws-writer"),
+            asyncio.create_task(self._writer.run(self._step_if_free), name="ws-writer"),
             asyncio.create_task(self._housekeeping(), name="ws-housekeeping"),
         ]
         closed = asyncio.create_task(self._closed.wait(), name="ws-closed")
@@ -243,7 +211,7 @@ class ConnectionDriver:
                 if entries is None:
                     await self._step()
                 else:
-                    self._queue_commands(entries)
+                    self._writer.queue(entries)
                 await self._pace(len(data), self._core.audio_bytes_received - audio_before)
         except TimeoutError:
             self._core.first_message_timed_out()
@@ -302,7 +270,7 @@ class ConnectionDriver:
         if crossed is None:
             return
         self._svc.metrics.output_backpressure.inc()
-        self._queue_commands(((None, OutputBackpressure(pending_events=crossed.events,
+        self._writer.queue(((None, OutputBackpressure(pending_events=crossed.events,
                                                         pending_bytes=crossed.bytes)),))
 
     def _buffered_bytes(self) -> int:
@@ -323,10 +291,7 @@ class ConnectionDriver:
             if self._core.state is ConnectionState.ATTACHED and self._lease is not None:
                 await self._renew_tenant(self._lease.session_id)
             self._core.timer_fired(loop.time(), taken_seq=self._backlog.taken_seq)
-            # A step in progress runs what was decided; waiting for its lock would hold the
-            # tenant renewal behind a send the client does not take.
-            if self._core.has_actions and not self._lock.locked():
-                await self._step()
+            await self._step_if_free()
 
     async def _renew_tenant(self, session_id: str) -> None:
         if not self._svc.settings.tenant_max_sessions:
@@ -337,76 +302,12 @@ class ConnectionDriver:
         except StoreError as exc:
             self._store_failed("tenant renewal", session_id, exc)
 
-    async def _write_commands(self) -> None:
-        while True:
-            await self._outbox_ready.wait()
-            self._outbox_ready.clear()
-            await self._write_outbox()
-            if self._core.has_actions and not self._lock.locked():
-                await self._step()
-            # Else the store's answer decided nothing (the usual case: no step to take), or
-            # the step in progress runs what it decided (it drains until nothing is left).
-            # Waiting for that step here would hold the next append behind a send the client
-            # does not take, the output backpressure command above all.
-
-    async def _write_outbox(self) -> None:
-        """Append what the outbox holds, in order after any append in flight; the core hears
-        the store's answer (run its actions with :meth:`_step`)."""
-        async with self._write_lock:
-            batch, self._outbox = self._outbox, []
-            if not batch or self._lease is None or self._append_failed:
-                # After a failed append nothing more goes upstream on this connection: a later
-                # batch landing would move last_client_seq past the failed commands, and the
-                # resuming client would never send them again.
-                return
-            since = self._outbox_since
-            entries = [(seq, encode_message(command)) for seq, command in batch]
-            try:
-                appended = await self._svc.batcher.append(self._lease, entries)
-                if appended.backlog_full:
-                    self._refuse_backlogged(batch)
-                else:
-                    self._svc.metrics.commands_appended.inc(len(entries))
-                    self._relay_in.observe(time.monotonic() - since)
-                self._core.input_appended(appended.last_index - appended.appended + 1,
-                                          appended.last_index)
-            except LeaseLost as exc:
-                if exc.current_generation == self._lease.generation:
-                    # Not replaced: our attachment lapsed (this gateway could not renew in
-                    # time) and a reaper detached the session. Let the client resume it.
-                    self._core.lease_lapsed()
-                else:
-                    self._core.lease_moved(exc.current_generation)
-            except SessionGone as exc:
-                if exc.status == "unknown":
-                    self._core.session_lost()
-                else:
-                    self._core.session_gone()
-            except StoreError as exc:
-                # Redis is failing: close 1011 so the client resumes (and resends by
-                # client_seq) once the store is back, through any gateway.
-                self._append_failed = True
-                self._store_failed("input append", self._lease.session_id, exc)
-                self._core.fail(InternalError(str(exc)))
-
-    def _refuse_backlogged(self, batch: list[tuple[int | None, Command]]) -> None:
-        """The store took none of ``batch``: with it, the commands the worker has not read
-        yet would pass ``INPUT_LOG_MAX_ENTRIES``. Nothing more goes upstream from this
-        connection: a later command that landed would overtake the refused ones (and move
-        ``last_client_seq`` past them, so a resend would be dropped as a duplicate). The
-        client is told (``input_backpressure``) and the connection closed 1013; the session
-        is detached, not ended, so the client resumes (after a pause the worker can catch up
-        in) and resends everything after ``session.resumed.last_client_seq``, in order."""
-        self._append_failed = True
-        self._svc.metrics.commands_refused.inc(len(batch))
-        first_id = getattr(batch[0][1], "event_id", None)
-        start = f"starting with event {first_id} " if first_id else ""
-        self._core.fail(ClientProtocolError(
-            ErrorCode.INPUT_BACKPRESSURE,
-            f"The model worker is behind on this session's input: {len(batch)} command(s) "
-            f"{start}were not taken, nor anything after them. Resume and resend from"
-            " last_client_seq.",
-            client_event_id=first_id, close_code=CloseCode.TRY_AGAIN_LATER))
+    async def _step_if_free(self) -> None:
+        """Run what the core decided, unless a step is in progress: that step runs it (it
+        drains until nothing is left), and waiting for it would hold the caller behind a send
+        the client does not take (the writer's output backpressure command above all)."""
+        if self._core.has_actions and not self._lock.locked():
+            await self._step()
 
     # ------------------------------------------------------------------ logging
 
@@ -447,7 +348,7 @@ class ConnectionDriver:
             case SendFrame(text=text, seq=seq):
                 await self._send(text, seq)
             case AppendCommands(entries=entries):
-                self._queue_commands(entries)
+                self._writer.queue(entries)
             case FetchLog() | CheckLogEnd() | TrimLog():
                 await self._run_log_action(action)
             case OpenSession(model=model):
@@ -475,12 +376,6 @@ class ConnectionDriver:
                 await self._check_log_end(after)
             case TrimLog(upto_seq=upto):
                 await self._trim(upto)
-
-    def _queue_commands(self, entries: tuple[tuple[int | None, Command], ...]) -> None:
-        if not self._outbox:
-            self._outbox_since = time.monotonic()
-        self._outbox.extend(entries)
-        self._outbox_ready.set()
 
     async def _send(self, text: str, seq: int) -> None:
         if self._stalled or self._ws.application_state is not WebSocketState.CONNECTED:
@@ -588,7 +483,7 @@ class ConnectionDriver:
             return
         lease = placed.lease
         self._hold(lease.session_id)
-        self._lease = lease
+        self._lease = self._writer.lease = lease
         self._svc.metrics.sessions_opened.inc()
         self._core.open_succeeded(lease.session_id, resume_token=token,
                                   generation=lease.generation, model=placed.model,
@@ -636,7 +531,7 @@ class ConnectionDriver:
             self._svc.metrics.resume_seconds.observe(time.monotonic() - started)
             return
         self._hold(lease.session_id)
-        self._lease = lease
+        self._lease = self._writer.lease = lease
         self._resume_started = started  # observed once the replay was read
         # Counted from where the client stands (the replay starts there).
         self._backlog = OutputBacklog(self._output_limits, taken_seq=self._core.delivered_seq)
@@ -678,7 +573,7 @@ class ConnectionDriver:
         # Commands read before the socket went (a session.close sent just before closing it,
         # above all) reach the log first: a detached session refuses appends, and the writer
         # is cancelled once the connection ends.
-        await self._write_outbox()
+        await self._writer.flush()
         try:
             grace_s = self._svc.settings.departed_grace_s if departed else 0.0
             await self._svc.scripts.detach(self._lease, grace_ms=int(grace_s * 1000))
