@@ -1,13 +1,14 @@
 """The asyncio driver of one websocket: feeds :class:`ConnectionCore`, runs what it decides.
 
-Three tasks per connection: the reader (client frames), the pump (pushed log entries and lease
-notices, plus a periodic safety read of the log), and the writer (input appends, coalesced:
-whatever arrives while one append is in flight goes out in the next single script call, so a
-busy session costs one Redis round trip per batch, not per frame). Actions run under one lock
-so frames reach the client in the order the core decided; a frame that decided nothing but one
-command's append (every audio chunk) has it queued for the writer without the lock when no step
-is in progress, since queuing never waits. Frames go out through the websocket protocol's
-direct send when the socket takes them at once, else through the ASGI send.
+It does the I/O and nothing else: what a frame, a push, a store answer or the time means is the
+core's to decide. Four tasks per connection: the reader (client frames), the pump (pushes,
+plus a periodic safety read of the log), the writer (:class:`~gateway.input_writer.InputWriter`:
+input appends, coalesced) and the housekeeping (the core's timer, the tenant renewal). Actions
+run under one lock so frames reach the client in the order the core decided; a frame that
+decided nothing but one command's append (every audio chunk) has it queued for the writer
+without the lock when no step is in progress, since queuing never waits. Frames go out through
+the websocket protocol's direct send when the socket takes them at once, else through the ASGI
+send.
 
 Output backpressure: a client that does not read blocks the send in flight (and with it the
 lock). Pushes are still counted as they arrive (:class:`OutputBacklog`), and when the client's
@@ -61,11 +62,7 @@ from gateway.protocol.transitions import ConnectionState
 from gateway.push_queue import BoundedPushQueue
 from gateway.services import GatewayServices
 from gateway.wsprotocol import INVALID_TEXT_KEY, send_now_of, transport_of
-from store import (
-    Lease,
-    StoreError,
-    StoreUnavailable,
-)
+from store import Lease, StoreError, StoreUnavailable
 from store.keys import SessionKeys
 from store.logs import log_ends, read_output
 from store.messages import OutputBackpressure
@@ -271,7 +268,7 @@ class ConnectionDriver:
             return
         self._svc.metrics.output_backpressure.inc()
         self._writer.queue(((None, OutputBackpressure(pending_events=crossed.events,
-                                                        pending_bytes=crossed.bytes)),))
+                                                     pending_bytes=crossed.bytes)),))
 
     def _buffered_bytes(self) -> int:
         """What the transport holds that the kernel has not taken yet."""
