@@ -47,7 +47,7 @@ def run_event_loop(main: Coroutine[Any, Any, int]) -> int:
 
     uvloop runs the same coroutines as asyncio's loop at less CPU per callback and per socket
     read or write, which is what relaying thousands of small chunks a second costs
-    (docs/performance.md).
+    (docs/performance/notes/2026-12-05-relay-cpu.md).
     """
     if importlib.util.find_spec("uvloop") is None:
         return asyncio.run(main)
@@ -69,7 +69,7 @@ def gateway_server_options(settings: GatewaySettings) -> dict[str, Any]:
 
     return {
         # uvloop where installed (a base dependency; a third less CPU per frame for the bare
-        # echo, docs/performance.md), else asyncio's own loop.
+        # echo, docs/performance/notes/2026-12-05-relay-cpu.md), else asyncio's own loop.
         "loop": "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio",
         "ws": GatewayWebSocketProtocol,
         # The limit itself: the gateway's websocket protocol answers a larger message with
@@ -425,8 +425,8 @@ def _log_environment(settings: LogSettings) -> dict[str, str]:
             env_name("log_format"): settings.log_format}
 
 
-_SETTINGS_EPILOG = ("Every setting also has a DUPLEX_GATEWAY_* variable (see the README's"
-                    " settings table); a flag wins over its variable.")
+_SETTINGS_EPILOG = ("Every setting also has a DUPLEX_GATEWAY_* variable (see"
+                    " docs/reference/settings.md); a flag wins over its variable.")
 
 
 def _setting(text: str, variable: str, default: str) -> str:

@@ -23,7 +23,7 @@ from starlette.websockets import WebSocket
 
 from gateway.auth import error_response, identify
 from gateway.client_secrets import mint_client_secret
-from gateway.connection import ConnectionDriver
+from gateway.driver import ConnectionDriver
 from gateway.metrics import GatewayMetrics
 from gateway.models_api import list_models, model_readiness, retrieve_model
 from gateway.protocol.errors import CloseCode

@@ -21,8 +21,8 @@ import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from gateway.protocol.codec import public_session
 from gateway.protocol.errors import ClientProtocolError, CloseCode, ErrorCode
+from gateway.protocol.render import public_session
 from gateway.services import GatewayServices
 from gateway.settings import GatewaySettings
 from store import Lease, OpenStatus, SessionPolicy, StoreError, StoreUnavailable

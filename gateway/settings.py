@@ -1,6 +1,6 @@
 """Settings: one frozen object per process, read once from flags and ``DUPLEX_GATEWAY_*``.
 
-Every field is documented in the README's settings table; ``tests/test_settings.py`` checks
+Every field is documented in docs/reference/settings.md; ``tests/test_settings.py`` checks
 that the table and this module agree, each row's range included. A field's ``accepts`` is its
 range and its ``relation`` how it compares with another field (``store.config``); numbers
 without a range accept any finite value from 0 up.
@@ -160,9 +160,10 @@ class GatewaySettings:
         metadata={"help": "SO_SNDBUF of each websocket's socket: a small one shows a client"
                           " that does not read sooner (tests use it); 0: the OS's"},
     )
-    # Audio is nearly all a session sends, and deflate shrinks base64 audio only to ~75% (it
-    # mostly undoes base64's 4/3) at ~70 us of CPU per 20 ms chunk (docs/performance.md),
-    # paid for every frame in and out, plus a compression context per connection.
+    # Audio is nearly all a session sends, and deflate shrinks base64 audio little (it mostly
+    # undoes base64's 4/3) at a CPU cost per chunk larger than the relay's own
+    # (docs/performance/notes/2026-12-05-relay-cpu.md), paid for every frame in and out, plus a
+    # compression context per connection.
     ws_per_message_deflate: bool = field(
         default=False,
         metadata={"help": "negotiate permessage-deflate (RFC 7692) with clients that offer it"

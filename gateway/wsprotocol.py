@@ -25,19 +25,29 @@ Everything else is uvicorn's ``websockets-sansio`` implementation as is.
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
 import secrets
-from typing import ClassVar, cast
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, cast
 
 from uvicorn._types import ASGIReceiveEvent, ASGISendEvent
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.exceptions import InvalidState, PayloadTooBig
 from websockets.frames import Frame, Opcode
 
+from gateway.protocol.errors import ClientProtocolError, ErrorCode
+from gateway.protocol.render import encode_frame, render_error
 from store.ratelog import RateLimitedLog
 
-__all__ = ["INVALID_TEXT_KEY", "SEND_NOW_KEY", "TRANSPORT_KEY", "GatewayWebSocketProtocol"]
+__all__ = [
+    "INVALID_TEXT_KEY",
+    "SEND_NOW_KEY",
+    "TRANSPORT_KEY",
+    "GatewayWebSocketProtocol",
+    "send_now_of",
+    "transport_of",
+]
 
 #: Set (to True) on a ``websocket.receive`` event whose ``bytes`` are a text frame's payload
 #: that is not UTF-8. No ASGI server sets it, so an app can tell such a frame from a binary one.
@@ -163,8 +173,32 @@ def _is_utf8(payload: bytes) -> bool:
 def _too_large_frame() -> bytes:
     """The ``event_too_large`` error event as one unmasked text frame (uncompressed, which a
     permessage-deflate connection allows per message)."""
-    event = {"type": "error", "event_id": f"event_{secrets.token_hex(6)}",
-             "error": {"type": "invalid_request_error", "code": "event_too_large",
-                       "message": "The frame is larger than the server's maximum frame size.",
-                       "param": None, "event_id": None}}
-    return Frame(Opcode.TEXT, json.dumps(event).encode()).serialize(mask=False)
+    error = ClientProtocolError(ErrorCode.EVENT_TOO_LARGE,
+                                "The frame is larger than the server's maximum frame size.")
+    text = encode_frame(render_error(error, f"event_{secrets.token_hex(6)}"))
+    return Frame(Opcode.TEXT, text.encode()).serialize(mask=False)
+
+
+# What the driver uses of the socket's transport. Checked by its methods, not by class:
+# uvloop's transports have them all but are no asyncio.WriteTransport subclass.
+_TRANSPORT_METHODS = ("get_write_buffer_size", "get_write_buffer_limits", "get_extra_info", "abort")
+
+
+def transport_of(scope: Mapping[str, Any]) -> asyncio.WriteTransport | None:
+    """The socket transport under the websocket of ``scope``, as
+    :class:`GatewayWebSocketProtocol` publishes it (:data:`TRANSPORT_KEY`), asyncio's or
+    uvloop's. Under another server (a test client) this is None: the gateway then counts no
+    write buffer, sets no socket option and cannot drop a socket whose client never takes the
+    close frame.
+    """
+    transport = scope.get("extensions", {}).get(TRANSPORT_KEY)
+    if all(callable(getattr(transport, name, None)) for name in _TRANSPORT_METHODS):
+        return cast("asyncio.WriteTransport", transport)
+    return None
+
+
+def send_now_of(scope: Mapping[str, Any]) -> Callable[[str], bool] | None:
+    """The connection's :meth:`GatewayWebSocketProtocol.send_text_now`, as it publishes it
+    (:data:`SEND_NOW_KEY`); None under another server, whose sends all go through ASGI."""
+    send_now = scope.get("extensions", {}).get(SEND_NOW_KEY)
+    return cast("Callable[[str], bool]", send_now) if callable(send_now) else None

@@ -80,6 +80,7 @@ from store.outages import (
     wait_for_redis,
 )
 from store.pubsub import Subscriber
+from store.pushes import InputBatch, InputPushed, Push, SessionEnded, SessionPlaced
 from store.ratelog import RateLimitedLog
 
 __all__ = ["Worker"]
@@ -107,21 +108,6 @@ _REGISTER_RETRY_S = (0.1, 0.2, 0.5, 1.0)
 # applied already, so its position is also written without events every this many commands:
 # one small script call per 64 commands, and at most this many applied entries kept.
 _REPORT_APPLIED_EVERY = 64
-
-
-def _notice_entries(notice: list[Any]) -> list[InputEntry]:
-    """The entries of an input notice ``{'i', sid, first, payloads, epoch, generation}``, each
-    under the one token the notice names (a notice without one vouches for none of them).
-
-    Raises:
-        IndexError, TypeError, ValueError, AttributeError: a malformed notice.
-    """
-    first, payloads = int(notice[2]), list(notice[3])
-    if not all(isinstance(payload, bytes) for payload in payloads):
-        raise TypeError("input entries must be bytes")
-    token = WriteToken(notice[4].decode(), int(notice[5])) if len(notice) > 5 else None
-    return [InputEntry(first + offset, payload, token)
-            for offset, payload in enumerate(payloads)]
 
 
 class Worker:
@@ -153,7 +139,7 @@ class Worker:
         self._subscriber = Subscriber(client, outages=self._outages)
         self._sessions = self.session_table(self.metrics, _log, mark_dirty=self._mark_dirty,
                                             engine=lambda: self._engine)
-        self._notices: PushQueue[list[Any] | None] = PushQueue()
+        self._notices: PushQueue[Push | None] = PushQueue()
         self._tick_wake = asyncio.Event()
         self._next_tick_at = 0.0  # when the tick loop will next look (monotonic)
         # Sessions with events to write; one flusher writes them all concurrently, so a busy
@@ -478,39 +464,37 @@ class Worker:
                 _log.exception("dropped a malformed notice: %r", notice,
                                extra=self._log_ids())
 
-    async def _on_notice(self, notice: list[Any] | None) -> None:
-        if notice is None:  # the subscription was re-established: catch up from Redis
-            await self._discover()
-            return
-        kind, session_id = notice[0], self._placed_here(notice[1])
-        if kind == b"c":
-            self._sessions.forget(session_id)
-        elif kind == b"o":
-            await self._adopt(session_id)
-        elif kind == b"i":
-            await self._on_input(session_id, notice)
-        elif kind == b"I":  # one input append for several sessions: {'I', sid, [part, ...]}
-            for part in notice[2]:
-                await self._on_input(self._placed_here(part[0]), [b"i", *part])
+    async def _on_notice(self, notice: Push | None) -> None:
+        match notice:
+            case InputPushed(session_id=session_id):
+                await self._on_input(self._placed_here(session_id), notice)
+            case InputBatch(parts=parts):  # one input append for several sessions
+                for part in parts:
+                    await self._on_input(self._placed_here(part.session_id), part)
+            case SessionEnded(session_id=session_id):
+                self._sessions.forget(self._placed_here(session_id))
+            case SessionPlaced(session_id=session_id):
+                await self._adopt(self._placed_here(session_id))
+            case None:  # the subscription was re-established: catch up from Redis
+                await self._discover()
 
-    def _placed_here(self, raw: bytes) -> str:
-        """The session id a notice names, checked to be one placed on this worker.
+    def _placed_here(self, session_id: str) -> str:
+        """``session_id``, checked to be a session placed on this worker.
 
         Raises:
-            ValueError, AttributeError: not a session id of this worker.
+            ValueError: not a session id of this worker.
         """
-        session_id = raw.decode()
         # ValueError: not a session id. Cached: once per relayed chunk.
         if session_keys(session_id).worker.worker_id != self.worker_id:
             raise ValueError(f"{session_id} is not placed on this worker")
         return session_id
 
-    async def _on_input(self, session_id: str, notice: list[Any]) -> None:
-        """Apply the entries of one session's input notice (``{'i', sid, first, ...}``)."""
+    async def _on_input(self, session_id: str, pushed: InputPushed) -> None:
+        """Apply the entries of one session's input push."""
         session = self._sessions.get(session_id) or await self._adopt(session_id)
         if session is not None:
             session.pushed = True
-            await self._offer(session_id, session, _notice_entries(notice))
+            await self._offer(session_id, session, pushed.entries())
 
     async def _poll_loop(self) -> None:
         while True:

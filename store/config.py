@@ -9,8 +9,8 @@ it is not ``--`` plus the field's name with dashes). Every value is checked agai
 where it was read, so a refusal names the flag or the variable it came from and says what is
 accepted, in one line; relations are checked once every field is in range
 (:func:`check_fields`, from the dataclass's ``__post_init__``). :func:`documented_range` is
-the short text the README's settings table gives each field's range, derived from the same
-rule and relation, so the table cannot drift from the code unnoticed.
+the short text the settings page's table (``docs/reference/settings.md``) gives each field's
+range, derived from the same rule and relation, so the table cannot drift from the code unnoticed.
 """
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ class Rule(abc.ABC):
 
     @abc.abstractmethod
     def summary(self) -> str:
-        """The accepted values in a few words, as the README's settings table gives them."""
+        """The accepted values in a few words, as the settings page's table gives them."""
 
     def shown(self, value: Any) -> str:
         """How a refused value is quoted (a rule may hide what could be a secret)."""
@@ -336,7 +336,7 @@ def _relation(f: dataclasses.Field[Any]) -> Relation | None:
 
 
 def documented_range(f: dataclasses.Field[Any]) -> str | None:
-    """What ``f`` accepts in a few words, as its README row ends (in parentheses); None: free.
+    """What ``f`` accepts in a few words, as its settings row ends (in parentheses); None: free.
 
     The rule's words, then the relation's, naming the other field by its variable without the
     prefix. A number without a rule of its own says "0 or more" unless a relation says more.

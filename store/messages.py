@@ -1,8 +1,8 @@
 """Typed commands (gateway -> worker) and events (worker -> gateway), and their log codec.
 
 These are the values the two logs carry. They are deliberately *not* Realtime JSON: the gateway
-alone knows the wire shapes (``gateway/protocol/codec.py``); the worker produces and consumes
-these typed values and never sees a websocket frame.
+alone knows the wire shapes (``gateway/protocol/parse.py``, ``render.py``); the worker produces
+and consumes these typed values and never sees a websocket frame.
 
 Every class is a frozen, slotted, keyword-only dataclass. At most one field is ``bytes`` (audio):
 the codec stores it raw after the JSON header instead of as base64 (DESIGN.md §5: audio is

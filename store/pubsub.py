@@ -3,7 +3,9 @@
 Pushes are an optimisation, never the truth: a consumer that misses one (reconnect, slow
 handler, Redis restart) catches up from the log. So each connection reconnects on its own,
 re-subscribes, and once Redis confirms a re-subscription, calls that channel's handlers with
-``None`` ("you may have missed something; read the log").
+``None`` ("you may have missed something; read the log"). Pushes are decoded once, here, into
+the types of ``store.pushes`` (beside the scripts that publish them); a malformed one reaches its
+handlers as ``None`` too.
 
 A channel may have several handlers in one process (a session resumed through the gateway
 that still holds its old connection: the old one must hear the lease notice that replaces
@@ -24,22 +26,22 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeAlias
 
-import msgpack  # type: ignore[import-untyped]
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError, RedisError
 
 from store.client import REDIS_ERRORS
 from store.outages import OutageLog
+from store.pushes import Push, PushDecodeError, decode_push
 from store.resp import Endpoint, PushConnection, endpoint_of
 
-__all__ = ["Notice", "NoticeHandler", "Subscriber"]
+__all__ = ["PushHandler", "Subscriber"]
 
 _log = logging.getLogger(__name__)
 
-#: A decoded push notice (a MessagePack array, see ``store/lua/``), or None after a reconnect.
-Notice: TypeAlias = "list[Any] | None"
-NoticeHandler: TypeAlias = Callable[["list[Any] | None"], None]
+#: Takes each push of a channel, decoded, or None: read the log (after a reconnect, a move, or a
+#: push that was malformed).
+PushHandler: TypeAlias = Callable[[Push | None], None]
 
 _SUBSCRIBE_TIMEOUT_S = 5.0
 _RECONNECT_DELAY_S = 0.2
@@ -139,7 +141,7 @@ class Subscriber:
     """Sharded subscriptions for one process, with confirmed subscribe and self-healing.
 
     Handlers run on the event loop and must not block: they enqueue or set an event. The
-    handlers of one channel share each decoded notice: they must not change it.
+    handlers of one channel share each decoded push: they must not change it.
     """
 
     def __init__(self, client: Redis | RedisCluster, *, outages: OutageLog | None = None) -> None:
@@ -149,7 +151,7 @@ class Subscriber:
         self.outages = outages or OutageLog(_log, _address_of(client))
         # Per channel, its handlers in the order they subscribed; a channel is listed while
         # it has at least one.
-        self._handlers: dict[bytes, list[NoticeHandler]] = {}
+        self._handlers: dict[bytes, list[PushHandler]] = {}
         # Per channel, the SSUBSCRIBE sent and not confirmed yet: True once Redis confirmed
         # it, False when its sender gave up waiting (the handlers then get None on the late
         # confirmation, as after a reconnect).
@@ -188,7 +190,7 @@ class Subscriber:
                 self._shards[name] = _Shard(lambda: endpoint_of(client), self)
         return self._shards[name]
 
-    async def subscribe(self, channel: str, handler: NoticeHandler) -> None:
+    async def subscribe(self, channel: str, handler: PushHandler) -> None:
         """Deliver ``channel`` to ``handler`` too; return once Redis confirmed the channel,
         so no later push is missed. Subscribing a handler twice delivers to it once.
 
@@ -238,7 +240,7 @@ class Subscriber:
                 # for, tells every handler to read the log.
                 confirmed.set_result(False)
 
-    async def unsubscribe(self, channel: str, handler: NoticeHandler | None = None) -> None:
+    async def unsubscribe(self, channel: str, handler: PushHandler | None = None) -> None:
         """Stop delivering ``channel`` to ``handler``, or with no handler to any; safe to call
         twice. Redis is told once the channel has no handler left.
 
@@ -337,13 +339,13 @@ class Subscriber:
         finally:
             self._following.discard(channel)
 
-    def _deliver(self, channel: bytes, notice: Notice) -> None:
+    def _deliver(self, channel: bytes, push: Push | None) -> None:
         """Call every handler of ``channel``; one that raises costs the others nothing."""
         for handler in list(self._handlers.get(channel, ())):
             try:
-                handler(notice)
+                handler(push)
             except Exception:  # a handler bug must not starve its channel's other handlers
-                _log.exception("a handler of %r failed on %r", channel, notice)
+                _log.exception("a handler of %r failed on %r", channel, push)
 
     def dispatch(self, kind: bytes, channel: bytes, data: Any) -> None:
         """Route one push from a shard's connection (called by the connections)."""
@@ -368,7 +370,15 @@ class Subscriber:
                 self._start_following(channel)
             return
         if kind == b"smessage" and channel in self._handlers:
-            self._deliver(channel, msgpack.unpackb(data, raw=True))
+            try:
+                push = decode_push(data)
+            except PushDecodeError as exc:
+                # Only our scripts publish here: a bug, logged; the handlers read the log
+                # (the truth) instead.
+                _log.error("dropped a malformed push on %r: %s", channel, exc)
+                self._deliver(channel, None)
+                return
+            self._deliver(channel, push)
 
 
 def _node_endpoint(node: ClusterNode) -> Callable[[], Awaitable[Endpoint]]:

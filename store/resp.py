@@ -2,9 +2,10 @@
 
 Per relayed chunk a gateway reads one push and makes about one script call, and so does a
 worker. Through redis-py each costs its stream reader, a timeout per read, its connection pool
-and command packer: ~70 us of client CPU per push and ~130 us per call beyond the bytes
-(``docs/performance.md``). Here the bytes go from the socket straight into hiredis's reader
-inside the protocol's ``data_received``, and each reply is handed over there.
+and command packer: client CPU per push and per call beyond the bytes, more than the relay's
+own work (``docs/performance/notes/2026-12-05-relay-cpu.md``). Here the bytes go from the socket
+straight into hiredis's reader inside the protocol's ``data_received``, and each reply is
+handed over there.
 
 Two shapes, one core (:class:`RespConnection`):
 

@@ -1,9 +1,10 @@
 """Script calls on one pipelined connection of the store's own (``store/resp.py``).
 
-redis-py spends client CPU on each call beyond the bytes (``docs/performance.md``): its
-connection pool, its stream reader and writer, its command packer. The gateway's input batches
-and the worker's output flushes are one call per relayed chunk at real-time load, so
-:class:`Scripts` sends its scripts here instead.
+redis-py spends client CPU on each call beyond the bytes
+(``docs/performance/notes/2026-12-05-relay-cpu.md``): its connection pool, its stream reader
+and writer, its command packer. The gateway's input batches and the worker's output flushes
+are one call per relayed chunk at real-time load, so :class:`Scripts` sends its scripts here
+instead.
 
 This lane is for one node or Sentinel only, and stays so: it has no slot map and follows no
 MOVED or ASK redirection. A Redis Cluster goes through redis-py's cluster client, which routes by

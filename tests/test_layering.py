@@ -95,7 +95,8 @@ def test_only_store_talks_to_redis() -> None:
 #: without its Redis half (store/__init__.py loads names on first use).
 TRANSITIVELY_PURE = (
     "gateway.protocol.connection",
-    "gateway.protocol.codec",
+    "gateway.protocol.parse",
+    "gateway.protocol.render",
     "inference_worker.conversation",
     "inference_worker.core",
     "inference_worker.audio_formats",

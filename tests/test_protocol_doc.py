@@ -2,7 +2,7 @@
 
 The code's side is derived from the code itself, never from a hand list: the client event
 types are the codec's dispatch table and the fields each parser reads (read from
-``gateway/protocol/codec.py``'s syntax tree); the server events are one instance of every typed
+``gateway/protocol/parse.py``'s syntax tree); the server events are one instance of every typed
 event a worker can write, delivered through the real :class:`ConnectionCore`, plus every gateway
 notice and error through the real renderers; the error codes are :class:`ErrorCode` and every
 code the worker's refusals name (read from ``inference_worker/``'s syntax trees); the close
@@ -35,8 +35,9 @@ from openai.types.beta.realtime.realtime_server_event import (
 from openai.types.realtime.realtime_client_event import RealtimeClientEvent
 from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 
-from gateway.protocol import codec, envelope
-from gateway.protocol.connection import ConnectionCore, SendFrame
+from gateway.protocol import envelope, parse, render
+from gateway.protocol.actions import SendFrame
+from gateway.protocol.connection import ConnectionCore
 from gateway.protocol.errors import ClientProtocolError, CloseCode, ErrorCode, InternalError
 from inference_worker import session_config
 from store import messages as m
@@ -183,7 +184,7 @@ def _fields_read(function: ast.FunctionDef) -> set[str]:
             continue
         first = node.args[0] if node.args else None
         assert isinstance(first, ast.Constant) and isinstance(first.value, str), (
-            f"codec.py:{node.lineno}: a field read by a computed name; extend this test")
+            f"parse.py:{node.lineno}: a field read by a computed name; extend this test")
         fields.add(first.value)
     return fields
 
@@ -192,7 +193,7 @@ def _fields_read(function: ast.FunctionDef) -> set[str]:
 def codec_fields() -> tuple[dict[str, set[str]], set[str]]:
     """(event type -> the fields its parser reads, the fields read for every event), from the
     codec's dispatch table ``_PARSERS`` and the functions it names."""
-    tree = ast.parse(Path(codec.__file__).read_text(encoding="utf-8"))
+    tree = ast.parse(Path(parse.__file__).read_text(encoding="utf-8"))
     functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
     table = next(node.value for node in tree.body
                  if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
@@ -248,9 +249,9 @@ def _all_rendered() -> Iterator[dict[str, Any]]:
     for cls in typing.get_args(m.Event):
         yield _delivered(_instance(cls))
     for cls in typing.get_args(envelope.Notice):
-        yield codec.render_notice(_instance(cls), event_id="event_gw_1")
-    yield codec.render_error(ClientProtocolError(ErrorCode.INVALID_JSON, "x"), "event_gw_1")
-    yield codec.render_error(InternalError("x"), "event_gw_1")
+        yield render.render_notice(_instance(cls), event_id="event_gw_1")
+    yield render.render_error(ClientProtocolError(ErrorCode.INVALID_JSON, "x"), "event_gw_1")
+    yield render.render_error(InternalError("x"), "event_gw_1")
 
 
 @cache
@@ -348,9 +349,9 @@ def test_client_event_types_are_exactly_the_ones_the_codec_dispatches_on() -> No
     """The client event table lists every type the codec parses and nothing else, and the
     refused table every type it answers with unsupported_event."""
     per_type, _ = codec_fields()
-    assert set(per_type) == codec.CLIENT_EVENT_TYPES  # the derivation reads the real table
-    assert set(doc_table("client event")) == codec.CLIENT_EVENT_TYPES
-    assert set(doc_table("refused client event")) == codec.UNSUPPORTED_CLIENT_EVENT_TYPES
+    assert set(per_type) == parse.CLIENT_EVENT_TYPES  # the derivation reads the real table
+    assert set(doc_table("client event")) == parse.CLIENT_EVENT_TYPES
+    assert set(doc_table("refused client event")) == parse.UNSUPPORTED_CLIENT_EVENT_TYPES
 
 
 def test_client_event_fields_are_exactly_the_ones_their_parsers_read() -> None:
@@ -378,10 +379,10 @@ def test_every_client_event_has_an_example_the_codec_takes_as_documented() -> No
     for example in examples:
         frame = json.dumps(example)
         if example["type"] in parsed:
-            codec.parse_client_frame(frame, max_frame_bytes=1 << 20)
+            parse.parse_client_frame(frame, max_frame_bytes=1 << 20)
             continue
         with pytest.raises(ClientProtocolError) as refusal:
-            codec.parse_client_frame(frame, max_frame_bytes=1 << 20)
+            parse.parse_client_frame(frame, max_frame_bytes=1 << 20)
         assert refusal.value.code == ErrorCode.UNSUPPORTED_EVENT
 
 

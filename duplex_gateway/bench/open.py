@@ -2,8 +2,8 @@
 
 A ``?model=`` connection (the openai SDK's every connection) opens its session at its first
 client frame that is not ``session.resume``, or after ``URL_OPEN_DELAY_S`` with no frame
-(``docs/protocol.md``, "Opening"). The bench starts an embedded Redis, one loopback worker and
-two gateways, one opening at once (``URL_OPEN_DELAY_S=0``) and one with the default, and
+(``docs/reference/protocol.md``, "Opening"). The bench starts an embedded Redis, one loopback
+worker and two gateways, one opening at once (``URL_OPEN_DELAY_S=0``) and one with the default, and
 through each, one connection after another, times three kinds of client from the start of the
 websocket handshake to their first answer:
 

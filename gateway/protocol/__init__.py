@@ -2,16 +2,6 @@
 
 from __future__ import annotations
 
-from gateway.protocol.codec import (
-    CLIENT_EVENT_TYPES,
-    MAX_SEQ,
-    UNSUPPORTED_CLIENT_EVENT_TYPES,
-    encode_frame,
-    parse_client_frame,
-    render_error,
-    render_event,
-    render_notice,
-)
 from gateway.protocol.envelope import (
     ClientEnvelope,
     EventAck,
@@ -31,6 +21,13 @@ from gateway.protocol.errors import (
     GatewayError,
     InternalError,
 )
+from gateway.protocol.parse import (
+    CLIENT_EVENT_TYPES,
+    MAX_SEQ,
+    UNSUPPORTED_CLIENT_EVENT_TYPES,
+    parse_client_frame,
+)
+from gateway.protocol.render import encode_frame, render_error, render_event, render_notice
 
 __all__ = [
     "CLIENT_EVENT_TYPES",

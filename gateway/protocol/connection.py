@@ -3,19 +3,12 @@
 The gateway holds no session state (DESIGN.md "Who owns what"): this object lives exactly as
 long as one websocket and decides, from its inputs alone, what the driver must do. Inputs are
 method calls (a client frame arrived, the store answered, log entries arrived, the lease moved,
-the socket dropped); outputs are drained with :meth:`ConnectionCore.actions_to_run`, the swap
-idiom of python-websockets. No asyncio, no Redis, no clock.
+the timer fired, the socket dropped); outputs are :mod:`~gateway.protocol.actions`, drained
+with :meth:`ConnectionCore.actions_to_run`, the swap idiom of python-websockets. No asyncio, no
+Redis, no clock: the driver says what time it is.
 
-Connection states, as data (style rule 2)::
-
-    AWAITING_FIRST --first frame: session.update / any command--> OPENING --open ok--> ATTACHED
-    AWAITING_FIRST --first frame: session.resume--> RESUMING --resume ok--> ATTACHED
-    AWAITING_FIRST --a ?model= URL, no frame for the quiet period--> OPENING
-    OPENING --that quiet open refused for now (retryable)--> AWAITING_FIRST
-    OPENING / ATTACHED --session.resume as the first client event (the quiet open of a ?model=
-                         URL is in flight or landed): that session is given up--> RESUMING
-    OPENING / RESUMING --failed--> CLOSED
-    ATTACHED --terminal event / replaced / lease lost / client close--> CLOSED
+Every state change goes through :data:`~gateway.protocol.transitions.TRANSITIONS` (drawn by
+:func:`~gateway.protocol.transitions.mermaid`).
 
 A resume never depends on capacity (DESIGN §2.7): a ``?model=`` URL (what the openai SDK sends
 on every connection, resumes included) opens its session only at the first client frame that
@@ -33,20 +26,22 @@ answered in order) and their commands queued until the lease exists.
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass
-from typing import TypeAlias
-
-from gateway.protocol.codec import (
-    encode_frame,
-    parse_client_frame,
-    render_error,
-    render_event,
-    render_notice,
+from gateway.protocol.actions import (
+    Action,
+    AppendCommands,
+    CloseConnection,
+    DetachLease,
+    EndSession,
+    FetchLog,
+    GiveUpSession,
+    OpenSession,
+    ResumeSession,
+    SendFrame,
+    TrimLog,
 )
+from gateway.protocol.delivery import OutputDelivery
 from gateway.protocol.envelope import (
     EventAck,
-    Notice,
     ResumeRequest,
     ResyncRequiredNotice,
     SessionCreatedNotice,
@@ -58,149 +53,29 @@ from gateway.protocol.errors import (
     CloseCode,
     ErrorCode,
     GatewayError,
-    InternalError,
 )
+from gateway.protocol.parse import parse_client_frame
+from gateway.protocol.render import encode_frame, render_error
+from gateway.protocol.resume import REFUSALS, ResumeAnswer
+from gateway.protocol.retention import TIMER_S, DeliveredRetention
+from gateway.protocol.transitions import ConnectionState, Trigger
+from store.answers import ResumeStatus
 from store.follower import LogFollower
 from store.messages import (
     AppendAudio,
     Command,
     JsonObject,
-    MessageDecodeError,
     UpdateSession,
-    decode_event,
-    is_terminal,
 )
+from store.reasons import CloseReason
 
-__all__ = [
-    "OUTPUT_STALLED",
-    "AppendCommands",
-    "CloseConnection",
-    "ConnectionCore",
-    "ConnectionState",
-    "DetachLease",
-    "FetchLog",
-    "GiveUpSession",
-    "OpenSession",
-    "ResumeSession",
-    "SendFrame",
-    "TrimLog",
-]
+__all__ = ["OUTPUT_STALLED", "ConnectionCore"]
 
 #: The close reason of a connection whose client took nothing for ``OUTPUT_STALL_TIMEOUT_S``.
 OUTPUT_STALLED = "output_stalled"
-#: Terminal reasons that refuse a session for want of capacity rather than end it: the
-#: connection closes 1013 (try again later), as an open refused ``resource_exhausted`` does.
-RETRY_LATER_REASONS = frozenset({"no_free_slot"})
 
 
-class ConnectionState(enum.Enum):
-    """Where one connection stands."""
-
-    AWAITING_FIRST = "awaiting_first"
-    OPENING = "opening"
-    RESUMING = "resuming"
-    ATTACHED = "attached"
-    CLOSED = "closed"
-
-
-# The only place connection transitions live: (state, trigger) -> next state.
-_TRANSITIONS: dict[tuple[ConnectionState, str], ConnectionState] = {
-    (ConnectionState.AWAITING_FIRST, "open"): ConnectionState.OPENING,
-    (ConnectionState.AWAITING_FIRST, "resume"): ConnectionState.RESUMING,
-    (ConnectionState.OPENING, "held"): ConnectionState.AWAITING_FIRST,
-    (ConnectionState.OPENING, "resume"): ConnectionState.RESUMING,
-    (ConnectionState.ATTACHED, "resume"): ConnectionState.RESUMING,
-    (ConnectionState.OPENING, "attached"): ConnectionState.ATTACHED,
-    (ConnectionState.RESUMING, "attached"): ConnectionState.ATTACHED,
-    (ConnectionState.OPENING, "fail"): ConnectionState.CLOSED,
-    (ConnectionState.RESUMING, "fail"): ConnectionState.CLOSED,
-    (ConnectionState.AWAITING_FIRST, "fail"): ConnectionState.CLOSED,
-    (ConnectionState.ATTACHED, "fail"): ConnectionState.CLOSED,
-    (ConnectionState.ATTACHED, "end"): ConnectionState.CLOSED,
-}
-
-
-# ----------------------------------------------------------------------------- actions
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SendFrame:
-    """Send one text frame to the client; ``seq`` is the ``server_event_seq`` of the log
-    event it carries (0: one of the gateway's own frames)."""
-
-    text: str
-    seq: int = 0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class CloseConnection:
-    """Close the websocket; nothing is sent after this."""
-
-    code: int
-    reason: str = ""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class OpenSession:
-    """Place a new session on a worker serving ``model`` (None: the deployment's default);
-    answer with :meth:`ConnectionCore.open_succeeded` or :meth:`ConnectionCore.open_failed`."""
-
-    model: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ResumeSession:
-    """Resume; answer with :meth:`ConnectionCore.resume_succeeded` or ``resume_failed``."""
-
-    request: ResumeRequest
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AppendCommands:
-    """Append commands to the input log under the current lease (fenced)."""
-
-    entries: tuple[tuple[int | None, Command], ...]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FetchLog:
-    """Read output entries after ``after_seq`` and feed them to ``receive_log_entries``."""
-
-    after_seq: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TrimLog:
-    """The client acknowledged every event up to ``upto_seq``: the log may drop them."""
-
-    upto_seq: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DetachLease:
-    """The client vanished without ``session.close``: start the disconnect grace (the short
-    one when it closed its socket normally, ``departed``)."""
-
-    generation: int
-    departed: bool = False
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GiveUpSession:
-    """End a session this connection opened for its URL and the client never used (it resumed
-    another instead): its slot and tenant place are released, and it gets its one terminal
-    event (``open_abandoned``)."""
-
-    session_id: str
-
-
-Action: TypeAlias = (
-    SendFrame | CloseConnection | OpenSession | ResumeSession | AppendCommands | FetchLog
-    | TrimLog | DetachLease | GiveUpSession
-)
-
-
-class ConnectionCore:
+class ConnectionCore(OutputDelivery):
     """Drives one websocket connection; see the module docstring.
 
     Args:
@@ -212,13 +87,15 @@ class ConnectionCore:
         initial_session: the session configuration of the client secret the connection
             presented; a session it opens runs it as its first ``session.update``, before any
             client command. A resume ignores it (that session is configured already).
+        delivered_retention_s: events the client took this long ago are trimmed from the
+            log (:mod:`gateway.protocol.retention`; 0: never by age).
+        now: the driver's clock at the handshake; the timer is first due one period later.
     """
 
     def __init__(self, *, max_frame_bytes: int, url_model: str | None = None,
-                 initial_session: JsonObject | None = None) -> None:
+                 initial_session: JsonObject | None = None,
+                 delivered_retention_s: float = 0.0, now: float = 0.0) -> None:
         self.state = ConnectionState.AWAITING_FIRST
-        #: True once the session's terminal event was delivered: the session is over.
-        self.ended = False
         self.session_id: str | None = None
         self.generation = 0
         self._max_frame_bytes = max_frame_bytes
@@ -237,6 +114,10 @@ class ConnectionCore:
         self._client_commands = 0  # commands the client sent (a secret's config is not one)
         self._give_up_opening = False  # the open in flight is given up when it lands
         self._held_refusal: ClientProtocolError | None = None  # a quiet open's, not answered
+        self._retention = DeliveredRetention(delivered_retention_s)
+        self._timer_at = now  # when the timer last fired
+        self._input_end = 0  # the highest input log index Redis assigned under this lease
+        self._resume_request: ResumeRequest | None = None  # the resume in flight
 
     # ------------------------------------------------------------------ outputs
 
@@ -259,11 +140,6 @@ class ConnectionCore:
     def has_actions(self) -> bool:
         """Whether actions were decided since the last :meth:`actions_to_run`."""
         return bool(self._actions)
-
-    @property
-    def delivered_seq(self) -> int:
-        """The highest ``server_event_seq`` sent to the client."""
-        return self._follower.next_index - 1
 
     # ------------------------------------------------------------------ inputs: client
 
@@ -315,9 +191,10 @@ class ConnectionCore:
                 client_event_id=request.event_id,
             ))
             return
-        self._move("resume")
+        self._move(Trigger.RESUME)
         self._pending = []  # a client secret's configuration is for new sessions only
         self._follower = LogFollower(request.last_received_server_event_seq)
+        self._resume_request = request
         self._actions.append(ResumeSession(request=request))
 
     def _url_session_unused(self) -> bool:
@@ -359,7 +236,7 @@ class ConnectionCore:
             # session and then runs as its first command.
             self._quiet_open_pending = False
             self._held_refusal = None
-            self._move("open")
+            self._move(Trigger.OPEN)
             self._actions.append(OpenSession(model=self._model_to_open()))
 
     def _model_to_open(self) -> str | None:
@@ -387,7 +264,7 @@ class ConnectionCore:
             return
         self._quiet_open_pending = False
         self._autostarted = True
-        self._move("open")
+        self._move(Trigger.OPEN)
         self._actions.append(OpenSession(model=self._url_model))
 
     def first_message_timed_out(self) -> None:
@@ -428,7 +305,7 @@ class ConnectionCore:
             return
         self.session_id = session_id
         self.generation = generation
-        self._move("attached")
+        self._move(Trigger.ATTACHED)
         announced = session
         if announced is None:
             announced = {"type": "realtime"} if model is None else {"type": "realtime",
@@ -455,7 +332,7 @@ class ConnectionCore:
                 and error.close_code == CloseCode.TRY_AGAIN_LATER):
             self._autostarted = False
             self._held_refusal = error
-            self._move("held")
+            self._move(Trigger.HELD)
             return
         self._fail(error)
 
@@ -463,6 +340,32 @@ class ConnectionCore:
         """The session could not be served (a store failure, a broken task): answer the
         error and close with its close code (1011 when it has none)."""
         self._fail(error)
+
+    def resume_answered(self, answer: ResumeAnswer, *, rotated_token: str) -> str:
+        """The store answered the resume in flight; ``rotated_token``: the token it rotated
+        to (:func:`~gateway.protocol.resume.rotated_token`). Returns the outcome as the
+        driver counts it: ``"ok"`` (attached), else the refusal's error code."""
+        request = self._resume_request
+        assert request is not None, "no resume in flight"
+        refusal = REFUSALS.get(answer.outcome)
+        if refusal is None and answer.generation is None:
+            refusal = REFUSALS[ResumeStatus.BAD_TOKEN]
+        if refusal is not None:
+            code, message = refusal
+            self.resume_failed(ClientProtocolError(code, message,
+                                                   client_event_id=request.event_id))
+            return code.value
+        assert answer.generation is not None
+        ok = answer.outcome is ResumeStatus.OK
+        self.resume_succeeded(
+            request.session_id,
+            resume_token=rotated_token if ok else request.resume_token,
+            generation=answer.generation, last_client_seq=answer.last_client_seq,
+            first_retained_seq=answer.first_retained_seq,
+            last_server_event_seq=answer.last_server_event_seq,
+            session_over=answer.outcome is ResumeStatus.CLOSED,
+            session=answer.session, capabilities=answer.capabilities)
+        return "ok"
 
     def resume_succeeded(
         self, session_id: str, *, resume_token: str, generation: int, last_client_seq: int,
@@ -476,7 +379,7 @@ class ConnectionCore:
             return
         self.session_id = session_id
         self.generation = generation
-        self._move("attached")
+        self._move(Trigger.ATTACHED)
         rewound = self.delivered_seq > last_server_event_seq
         if rewound:
             # The client holds events the log does not: the store lost acknowledged writes (a
@@ -511,41 +414,6 @@ class ConnectionCore:
         """Unknown session, wrong token or a conflicting resume: refuse and close (1008)."""
         self._fail(error, close_code=CloseCode.POLICY_VIOLATION)
 
-    def receive_log_entries(self, first_seq: int, payloads: list[bytes]) -> None:
-        """Output entries from a push or a log read; any order, duplicates allowed."""
-        if self.state is not ConnectionState.ATTACHED:
-            return
-        if first_seq < self._follower.next_index:
-            self._check_rewind(first_seq, payloads)
-        fresh, gap = self._follower.offer(first_seq, payloads)
-        if gap:
-            self._actions.append(FetchLog(after_seq=self.delivered_seq))
-        for seq, payload in fresh:
-            if not self._deliver(seq, payload):
-                return
-
-    def _check_rewind(self, first_seq: int, payloads: list[bytes]) -> None:
-        """A different event under a delivered number: the log lost what we sent (a failover
-        to a replica that lagged) and numbers on from there. Say so, then deliver again from
-        that number; the client must not drop those events as seen."""
-        seq = self._follower.rewound_at(first_seq, payloads)
-        if seq is None:
-            return
-        assert self.session_id is not None
-        self._notice(ResyncRequiredNotice(session_id=self.session_id, reason="log_rewound",
-                                          replay_from=seq))
-        self._follower.rewind(seq)
-
-    def log_rewound(self, last_seq: int) -> None:
-        """The log now ends at ``last_seq``, before what was delivered (a failover lost
-        events the client got): the next event will be ``last_seq + 1``; say so."""
-        if self.state is not ConnectionState.ATTACHED or last_seq >= self.delivered_seq:
-            return
-        assert self.session_id is not None
-        self._notice(ResyncRequiredNotice(session_id=self.session_id, reason="log_rewound",
-                                          replay_from=last_seq + 1))
-        self._follower.rewind(last_seq + 1)
-
     def lease_moved(self, generation: int) -> None:
         """A newer attach took the session (resume elsewhere, or our write was fenced)."""
         if self.state is not ConnectionState.ATTACHED or generation <= self.generation:
@@ -554,7 +422,7 @@ class ConnectionCore:
         self._notice(SessionReplacedNotice(session_id=self.session_id,
                                            lease_generation=self.generation))
         self._actions.append(CloseConnection(code=CloseCode.NORMAL, reason="session_replaced"))
-        self._move("end")
+        self._move(Trigger.REPLACED)
 
     def lease_lapsed(self) -> None:
         """The session was detached under this connection's own lease (the gateway did not
@@ -564,20 +432,54 @@ class ConnectionCore:
             return
         self._actions.append(CloseConnection(code=CloseCode.SERVICE_RESTART,
                                              reason="lease_lapsed"))
-        self.state = ConnectionState.CLOSED
+        self._move(Trigger.LEASE_LAPSED)
         self._pending = []
 
-    def log_trimmed(self, first_available_seq: int) -> None:
-        """A log read found entries missing before ``first_available_seq`` (trimmed)."""
-        # A read issued before live pushes caught up may report a "trim" below what was
-        # already delivered: nothing is missing then, and moving back would send duplicates.
-        if (self.state is not ConnectionState.ATTACHED
-                or first_available_seq <= self._follower.next_index):
+    def input_refused(self, commands: int, first_event_id: str | None) -> None:
+        """The store took none of the ``commands`` just appended: with them, the commands the
+        worker has not read yet would pass ``INPUT_LOG_MAX_ENTRIES``. Nothing more goes
+        upstream from this connection (a later command that landed would overtake the refused
+        ones, and move ``last_client_seq`` past them, so a resend would be dropped as a
+        duplicate). The client is told (``input_backpressure``) and the connection closed
+        1013; the session is detached, not ended, so the client resumes (after a pause the
+        worker can catch up in) and resends everything after
+        ``session.resumed.last_client_seq``, in order."""
+        start = f"starting with event {first_event_id} " if first_event_id else ""
+        self._fail(ClientProtocolError(
+            ErrorCode.INPUT_BACKPRESSURE,
+            f"The model worker is behind on this session's input: {commands} command(s) "
+            f"{start}were not taken, nor anything after them. Resume and resend from"
+            " last_client_seq.",
+            client_event_id=first_event_id, close_code=CloseCode.TRY_AGAIN_LATER))
+
+    def input_appended(self, first_index: int, last_index: int) -> None:
+        """The store numbered the commands just appended ``first_index`` to ``last_index``.
+
+        Under one lease the numbers only grow. A number this connection saw assigned before
+        means the input log went back (a failover lost commands the client was told were
+        taken, and the worker may never have read them): the session is ended loudly
+        (:class:`EndSession`) rather than run on without them, and its terminal event read.
+        """
+        if first_index > self._input_end or self.session_id is None:
+            self._input_end = max(self._input_end, last_index)
             return
-        assert self.session_id is not None
-        self._notice(ResyncRequiredNotice(session_id=self.session_id, reason="log_trimmed",
-                                          replay_from=first_available_seq))
-        self._follower = LogFollower(first_available_seq - 1)
+        self._actions.append(EndSession(session_id=self.session_id,
+                                        reason=CloseReason.LOG_REWOUND))
+        self.session_gone()
+
+    def next_deadline(self) -> float:
+        """When :meth:`timer_fired` is next due, on the driver's clock."""
+        return self._timer_at + TIMER_S
+
+    def timer_fired(self, now: float, *, taken_seq: int) -> None:
+        """The periodic timer: the client had taken every event up to ``taken_seq`` by
+        ``now``. Events it took long enough ago are trimmed (:mod:`gateway.protocol.retention`)."""
+        self._timer_at = now
+        if self.state is not ConnectionState.ATTACHED:
+            return
+        upto = self._retention.sample(now, taken_seq)
+        if upto is not None:
+            self._actions.append(TrimLog(upto_seq=upto))
 
     def session_gone(self) -> None:
         """A fenced write found the session closed: catch up with the log's terminal event."""
@@ -599,7 +501,7 @@ class ConnectionCore:
             self._actions.append(DetachLease(generation=self.generation))
         self._actions.append(CloseConnection(code=CloseCode.TRY_AGAIN_LATER,
                                              reason=OUTPUT_STALLED))
-        self.state = ConnectionState.CLOSED
+        self._move(Trigger.OUTPUT_STALLED)
         self._pending = []
 
     def session_lost(self) -> None:
@@ -614,49 +516,15 @@ class ConnectionCore:
         self._actions.append(CloseConnection(code=CloseCode.INTERNAL_ERROR,
                                              reason=error.code))
         # No DetachLease: there is no record left to detach.
-        self.state = ConnectionState.CLOSED
+        self._move(Trigger.SESSION_LOST)
         self._pending = []
 
     # ------------------------------------------------------------------ helpers
-
-    def _deliver(self, seq: int, payload: bytes) -> bool:
-        """Send one event; False once the stream ended (terminal event)."""
-        assert self.session_id is not None
-        try:
-            event = decode_event(payload)
-            # Deterministic ids: a replayed event carries the same event_id as the first time.
-            text = encode_frame(render_event(event, server_event_seq=seq,
-                                             event_id=f"event_{self.session_id[-12:]}_{seq}",
-                                             session_id=self.session_id))
-        except (MessageDecodeError, InternalError):
-            # A corrupt or unencodable entry (NaN from a worker) is our fault, never the
-            # client's; skipping it keeps the stream going (the seq still advances, so replay
-            # stays exact).
-            return True
-        self._actions.append(SendFrame(text=text, seq=seq))
-        if is_terminal(event):
-            reason = getattr(event, "reason", "")
-            # A session its worker had no slot for ended before it began: open again later.
-            code = (CloseCode.TRY_AGAIN_LATER if reason in RETRY_LATER_REASONS
-                    else CloseCode.NORMAL)
-            self._actions.append(CloseConnection(code=code, reason=reason))
-            self._move("end")
-            self.ended = True
-            return False
-        return True
 
     def _flush_pending(self) -> None:
         if self._pending:
             self._actions.append(AppendCommands(entries=tuple(self._pending)))
             self._pending = []
-
-    def _notice(self, notice: Notice) -> None:
-        self._actions.append(SendFrame(text=encode_frame(render_notice(
-            notice, event_id=self._next_event_id()))))
-
-    def _next_event_id(self) -> str:
-        self._event_counter += 1
-        return f"event_gw_{self._event_counter}"
 
     def _refuse(self, error: ClientProtocolError) -> None:
         """Answer a bad frame; close only when the error says so."""
@@ -693,11 +561,5 @@ class ConnectionCore:
         # its disconnect grace, resumable through any gateway (DESIGN §2.6).
         if self.state is ConnectionState.ATTACHED:
             self._actions.append(DetachLease(generation=self.generation, departed=departed))
-        self.state = ConnectionState.CLOSED
+        self._move(Trigger.FAIL)
         self._pending = []
-
-    def _move(self, trigger: str) -> None:
-        try:
-            self.state = _TRANSITIONS[(self.state, trigger)]
-        except KeyError:
-            raise AssertionError(f"can't handle {trigger} in state {self.state.value}") from None

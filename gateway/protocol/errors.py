@@ -46,7 +46,7 @@ reach the client through the output log and are not listed here.
 Every error names the client event at fault in ``error.event_id`` when the frame's ``event_id``
 could be read, and the offending field in ``error.param`` when one is to blame.
 
-The codes that :func:`gateway.protocol.codec.parse_client_frame` can raise are exactly
+The codes that :func:`gateway.protocol.parse.parse_client_frame` can raise are exactly
 :data:`PARSE_ERROR_CODES`; nothing else escapes it.
 
 Close reasons go through :func:`fit_close_reason`: a close frame carries at most 123 bytes of

@@ -1,5 +1,5 @@
 // The browser page: the microphone in, the answer out, over the same Realtime protocol as any
-// client (docs/protocol.md), with the duplex extensions: playback.ack as the answer plays,
+// client (docs/reference/protocol.md), with the duplex extensions: playback.ack as the answer plays,
 // session.resume after a lost connection, session.event_ack and session.heartbeat.
 //
 // No framework and no build step. What the page saw is kept in `window.duplexPage` (every

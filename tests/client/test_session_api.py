@@ -36,7 +36,7 @@ from duplex_client import (
     SessionUpdateEvent,
     TurnSignalEvent,
 )
-from gateway.protocol.codec import CLIENT_EVENT_ALIASES, CLIENT_EVENT_TYPES, parse_client_frame
+from gateway.protocol.parse import CLIENT_EVENT_ALIASES, CLIENT_EVENT_TYPES, parse_client_frame
 from store import messages as m
 from tests.client.scripted import (
     DEADLINE_S,

@@ -34,7 +34,8 @@ from websockets.exceptions import ConnectionClosed
 from duplex_client import DuplexClient, DuplexClientError, RealtimeEvent
 from store import create_client
 from store.keys import SessionKeys, WorkerKeys, new_session_id, new_worker_id, worker_of_session
-from store.pubsub import Notice, Subscriber
+from store.pubsub import Subscriber
+from store.pushes import LeaseMoved, Push
 from tests.cluster import Cluster, start_cluster, wait_until
 from tests.e2e.conftest import FAST_ENV
 from tests.e2e.helpers import (
@@ -534,14 +535,14 @@ async def test_subscriptions_follow_their_slots_through_failovers(
     channel's handler to read the log (None), and the next push arrives."""
     cluster, client, subscribing = subscriber
     channels = channels_on_every_primary(cluster)
-    queues: dict[int, asyncio.Queue[Notice]] = {port: asyncio.Queue() for port in channels}
+    queues: dict[int, asyncio.Queue[Push | None]] = {port: asyncio.Queue() for port in channels}
     for port, channel in channels.items():
         await subscribing.subscribe(channel, queues[port].put_nowait)
     for port, channel in channels.items():
         await asyncio.to_thread(cluster.fail_over, cluster.replica_of(port))
         assert await asyncio.wait_for(queues[port].get(), 10) is None, "dropped: read the log"
-        await publish_when_served(client, channel, [port])
-        assert await asyncio.wait_for(queues[port].get(), 10) == [port]
+        await publish_when_served(client, channel, ["r", port])
+        assert await asyncio.wait_for(queues[port].get(), 10) == LeaseMoved(port)
 
 
 async def test_subscriptions_follow_their_slot_when_its_master_dies(
@@ -553,15 +554,15 @@ async def test_subscriptions_follow_their_slot_when_its_master_dies(
     to read the log (None), and the next push arrives."""
     cluster, client, subscribing = subscriber
     primary, channel = next(iter(channels_on_every_primary(cluster).items()))
-    queue: asyncio.Queue[Notice] = asyncio.Queue()
+    queue: asyncio.Queue[Push | None] = asyncio.Queue()
     await subscribing.subscribe(channel, queue.put_nowait)
     replica = cluster.replica_of(primary)
     cluster.node(primary).process.kill()
     await asyncio.to_thread(wait_until, lambda: cluster.is_primary(replica),
                             "the Cluster to promote the replica")
     assert await asyncio.wait_for(queue.get(), 20) is None, "moved: read the log"
-    await publish_when_served(client, channel, [1])
-    assert await asyncio.wait_for(queue.get(), 10) == [1]
+    await publish_when_served(client, channel, ["r", 1])
+    assert await asyncio.wait_for(queue.get(), 10) == LeaseMoved(1)
 
 
 async def test_a_live_stream_survives_a_failover_of_its_master(

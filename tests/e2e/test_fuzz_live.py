@@ -45,8 +45,8 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, WebSocketException
 
 from duplex_client import DuplexClient, RealtimeEvent
-from gateway.protocol.codec import CLIENT_EVENT_TYPES, UNSUPPORTED_CLIENT_EVENT_TYPES
 from gateway.protocol.errors import PARSE_ERROR_CODES
+from gateway.protocol.parse import CLIENT_EVENT_TYPES, UNSUPPORTED_CLIENT_EVENT_TYPES
 from store.embedded import start_server
 from tests.e2e.bystanders import TERMINAL_TYPES, Bystanders, StreamReport, close_code_of
 from tests.e2e.conftest import FAST_ENV
@@ -201,7 +201,7 @@ VALID_EVENTS: dict[str, JsonDict] = {
                      "item_id": "item_fuzz"},
     "audio.playback_ack": {"played_ms": 0},
 }
-# The JSON type of every field the parsers in gateway/protocol/codec.py read.
+# The JSON type of every field the parsers in gateway/protocol/parse.py read.
 FIELD_KINDS: dict[str, type] = {
     "type": str, "event_id": str, "client_seq": int, "session": dict, "audio": str,
     "response": dict, "response_id": str, "reason": str, "session_id": str,

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, strategies as st
 from openai.types.realtime.client_secret_create_response import ClientSecretCreateResponse
 
+from gateway.protocol.actions import AppendCommands, OpenSession, ResumeSession
 from gateway.protocol.client_secrets import (
     CLIENT_SECRET_PREFIX,
     DEFAULT_TTL_S,
@@ -16,12 +17,7 @@ from gateway.protocol.client_secrets import (
     parse_client_secret_request,
     render_client_secret,
 )
-from gateway.protocol.connection import (
-    AppendCommands,
-    ConnectionCore,
-    OpenSession,
-    ResumeSession,
-)
+from gateway.protocol.connection import ConnectionCore
 from gateway.protocol.errors import ClientProtocolError
 from store.messages import AppendAudio, UpdateSession
 

@@ -13,21 +13,18 @@ from typing import Any
 
 import pytest
 
+from gateway.protocol.actions import AppendCommands, SendFrame
 from gateway.protocol.bounds import (
     MAX_APPEND_TEXT_CHARS,
     MAX_PLAYBACK_MS,
     MAX_SIGNAL_EVENT_CHARS,
     MAX_STRING_CHARS,
 )
-from gateway.protocol.codec import (
-    CLIENT_EVENT_ALIASES,
-    ROUTED_SIGNAL_EVENTS,
-    parse_client_frame,
-    render_event,
-)
-from gateway.protocol.connection import AppendCommands, ConnectionCore, SendFrame
+from gateway.protocol.connection import ConnectionCore
 from gateway.protocol.envelope import ParsedFrame
 from gateway.protocol.errors import PARSE_ERROR_CODES, ClientProtocolError
+from gateway.protocol.parse import CLIENT_EVENT_ALIASES, ROUTED_SIGNAL_EVENTS, parse_client_frame
+from gateway.protocol.render import render_event
 from store import messages as m
 from tests.gateway.strict import validate_server_event
 

@@ -33,7 +33,7 @@ from gateway.protocol import (
     render_event,
     render_notice,
 )
-from gateway.protocol.codec import MAX_DEPTH, MAX_INT
+from gateway.protocol.parse import MAX_DEPTH, MAX_INT
 from store import messages as m
 from tests.gateway.strict import validate_server_event
 

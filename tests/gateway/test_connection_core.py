@@ -14,11 +14,9 @@ from typing import Any
 
 import pytest
 
-from gateway.protocol.connection import (
+from gateway.protocol.actions import (
     AppendCommands,
     CloseConnection,
-    ConnectionCore,
-    ConnectionState,
     DetachLease,
     FetchLog,
     GiveUpSession,
@@ -27,8 +25,10 @@ from gateway.protocol.connection import (
     SendFrame,
     TrimLog,
 )
+from gateway.protocol.connection import ConnectionCore
 from gateway.protocol.envelope import ResumeRequest
 from gateway.protocol.errors import ClientProtocolError, CloseCode, ErrorCode, InternalError
+from gateway.protocol.transitions import ConnectionState
 from store import messages as m
 from tests.gateway.strict import validate_server_event
 

@@ -3,9 +3,11 @@
 A hypothesis :class:`RuleBasedStateMachine` plays client, store and worker at once: it sends
 random frames (valid and invalid), answers the core's store calls (sometimes after the socket
 dropped), writes events to a model of the session's output log, pushes them live with
-duplicates, reordering and lost wake-ups, trims the log, answers log reads in any order and
-late, moves the lease and drops the connection. After every step it checks what the core
-decided against the promises of DESIGN.md §2.5-§2.8.
+duplicates, reordering and lost wake-ups, trims the log, answers log reads (and the checks of
+where the log ends) in any order and late, numbers the appended input (sometimes going back, as
+after a lossy failover), fires the connection's timer, moves the lease and drops the
+connection. After every step it checks what the core decided against the promises of DESIGN.md
+§2.5-§2.8.
 """
 
 from __future__ import annotations
@@ -24,13 +26,12 @@ from hypothesis.stateful import (
     rule,
 )
 
-from gateway.protocol.codec import parse_client_frame, render_event
-from gateway.protocol.connection import (
+from gateway.protocol.actions import (
     AppendCommands,
+    CheckLogEnd,
     CloseConnection,
-    ConnectionCore,
-    ConnectionState,
     DetachLease,
+    EndSession,
     FetchLog,
     GiveUpSession,
     OpenSession,
@@ -38,12 +39,21 @@ from gateway.protocol.connection import (
     SendFrame,
     TrimLog,
 )
+from gateway.protocol.connection import ConnectionCore
 from gateway.protocol.errors import ClientProtocolError, CloseCode, ErrorCode, InternalError
+from gateway.protocol.parse import parse_client_frame
+from gateway.protocol.render import render_event
+from gateway.protocol.resume import REFUSALS, ResumeAnswer
+from gateway.protocol.retention import TIMER_S
+from gateway.protocol.transitions import ConnectionState
 from store import messages as m
+from store.answers import ResumeStatus
+from store.reasons import CloseReason
 from tests.gateway.strict import validate_server_event
 
 LIMIT = 2048
 SID = "sess_props_0123456789ab"
+RETENTION_S = 2.5  # the connection's delivered retention, in timer periods of 1 s
 TERMINAL_TYPES = frozenset({"session.closed", "session.expired"})
 
 # --------------------------------------------------------------------------- the worker's log
@@ -172,6 +182,17 @@ class ConnectionMachine(RuleBasedStateMachine):
         self.replaced = False
         self.given_up = False  # the session a ?model= URL opened was given up for a resume
         self.resumed_first = False  # the client's first event was session.resume
+        self.expected_token = ""  # the resume token session.resumed must carry
+        self.errors: list[str] = []  # the codes of the error events the client got
+        self.end_checks: list[int] = []  # CheckLogEnd actions not answered yet
+        # The input log as the store numbers it, and whether it just went back.
+        self.input_end = 0
+        self.input_rewound = False
+        self.sessions_ended = 0
+        # The connection's clock, and what the client had taken at each tick.
+        self.now = 0.0
+        self.taken: list[tuple[float, int]] = []
+        self.timer_trim = False  # the drain in progress follows a timer tick
 
     # ------------------------------------------------------------------ setup
 
@@ -181,7 +202,8 @@ class ConnectionMachine(RuleBasedStateMachine):
     def start(self, how: str, prior: list[bytes], trimmed: int, last: int, prompt: bool) -> None:
         """A connection (autostarted, resuming or awaiting a frame) and a prior session's log."""
         self.core = ConnectionCore(max_frame_bytes=LIMIT,
-                                   url_model="m" if how == "autostart" else None)
+                                   url_model="m" if how == "autostart" else None,
+                                   delivered_retention_s=RETENTION_S, now=self.now)
         self.log = list(prior)
         self.first_retained = min(trimmed, len(self.log)) + 1
         self._drain()
@@ -228,10 +250,25 @@ class ConnectionMachine(RuleBasedStateMachine):
             self.appended.extend(action.entries)
         elif isinstance(action, FetchLog):
             assert self.attach_called
+            # The log here never goes back behind what was delivered: no rewind re-read.
+            assert action.rewound_to is None
             self.fetches.append(action.after_seq)
+        elif isinstance(action, CheckLogEnd):
+            assert self.attach_called and 0 < action.after_seq <= self.core.delivered_seq
+            self.end_checks.append(action.after_seq)
         elif isinstance(action, TrimLog):
             assert 0 < action.upto_seq <= self.core.delivered_seq
+            if self.timer_trim:
+                # Only what the client had taken RETENTION_S ago, never more.
+                old = [seq for at, seq in self.taken if self.now - at >= RETENTION_S]
+                assert old and action.upto_seq <= max(old), (action, self.taken)
             self.first_retained = max(self.first_retained, action.upto_seq + 1)
+        elif isinstance(action, EndSession):
+            # Only for an input log that went back, once per rewind, for this session.
+            assert self.input_rewound and action.reason is CloseReason.LOG_REWOUND
+            assert action.session_id == SID
+            self.input_rewound = False
+            self.sessions_ended += 1
         elif isinstance(action, GiveUpSession):
             # A ?model= connection's own session, never used, given up for the client's
             # resume: from here on the connection is a resuming one.
@@ -255,6 +292,8 @@ class ConnectionMachine(RuleBasedStateMachine):
         obj = json.loads(text)
         validate_server_event(obj)
         kind = obj["type"]
+        if kind == "error":
+            self.errors.append(obj["error"]["code"])
         if kind == "error" and self.resumed_first:
             # DESIGN §2.7: a resume never depends on capacity, whatever the URL asked for.
             assert obj["error"]["code"] not in ("resource_exhausted", "rate_limit_exceeded"), obj
@@ -264,6 +303,8 @@ class ConnectionMachine(RuleBasedStateMachine):
             self.resync_pending = True
         elif kind == "session.replaced":
             self.replaced = True
+        elif kind == "session.resumed":
+            assert obj["resume_token"] == self.expected_token
         if "server_event_seq" not in obj:
             assert kind not in TERMINAL_TYPES
             return
@@ -364,26 +405,41 @@ class ConnectionMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.pending == "resume")
     @rule(last_client_seq=st.integers(0, 5))
     def resume_lands(self, last_client_seq: int) -> None:
-        """The resume CAS landed on the existing session."""
+        """The resume CAS landed on the existing session (which may have ended since)."""
         retained = self.first_retained if self.first_retained <= len(self.log) else 0
         generation, late = self._attach()
-        self.core.resume_succeeded(
-            SID, resume_token="tok1", generation=generation, last_client_seq=last_client_seq,
-            first_retained_seq=retained, last_server_event_seq=len(self.log))
+        outcome = ResumeStatus.CLOSED if self.terminal_written else ResumeStatus.OK
+        # A session that ended keeps the token the client holds; a live one rotates it.
+        self.expected_token = "tok" if self.terminal_written else "tok1"
+        counted = self.core.resume_answered(ResumeAnswer(
+            outcome=outcome, generation=generation, last_client_seq=last_client_seq,
+            first_retained_seq=retained, last_server_event_seq=len(self.log)),
+            rotated_token="tok1")
+        assert counted == "ok"
         self._drain(late_attach=late)
 
     @precondition(lambda self: self.pending is not None)
-    @rule(code=st.sampled_from([ErrorCode.RESOURCE_EXHAUSTED, ErrorCode.INVALID_RESUME_TOKEN]))
-    def store_refuses(self, code: ErrorCode) -> None:
-        """The open found no slot, or the resume was refused."""
+    @rule(code=st.sampled_from([ErrorCode.RESOURCE_EXHAUSTED, ErrorCode.INVALID_RESUME_TOKEN]),
+          outcome=st.sampled_from([*REFUSALS, ResumeStatus.OK]))
+    def store_refuses(self, code: ErrorCode, outcome: ResumeStatus) -> None:
+        """The open found no slot, or the resume was refused (for its token or its session,
+        never for capacity; an answer without a lease is a bad token)."""
         if self.pending == "open":
             self.core.open_failed(ClientProtocolError(code, "no",
                                                       close_code=CloseCode.TRY_AGAIN_LATER))
             if self.core.state is ConnectionState.AWAITING_FIRST:
                 # A quiet open refused for room is held: the next frame makes a new call.
                 self.store_calls = 0
-        else:  # a resume is refused for its token or its session, never for capacity
-            self.core.resume_failed(ClientProtocolError(ErrorCode.INVALID_RESUME_TOKEN, "no"))
+        else:
+            closed, before = self.core.state is ConnectionState.CLOSED, len(self.errors)
+            counted = self.core.resume_answered(ResumeAnswer(outcome=outcome),
+                                                rotated_token="tok1")
+            refusal, _ = REFUSALS.get(outcome, REFUSALS[ResumeStatus.BAD_TOKEN])
+            assert counted == refusal.value
+            self.pending = None
+            self._drain()
+            assert self.errors[before:] == ([] if closed else [refusal.value])
+            return
         self.pending = None
         self._drain()
 
@@ -459,14 +515,11 @@ class ConnectionMachine(RuleBasedStateMachine):
         """The log drops its oldest entries (age or size cap)."""
         self.first_retained = min(len(self.log) + 1, self.first_retained + count)
 
-    def _read(self, after: int) -> None:
+    def _read(self, after: int, *, quiet: bool = False) -> None:
         """Answer a log read the way the driver does."""
         start = max(after + 1, self.first_retained)
-        rows = self.log[start - 1:]
-        if rows and start > after + 1:
-            self.core.log_trimmed(start)
-        if rows:
-            self.core.receive_log_entries(start, rows)
+        rows = [(start + offset, entry) for offset, entry in enumerate(self.log[start - 1:])]
+        self.core.log_read(after, rows, quiet=quiet)
         self._drain()
 
     @precondition(lambda self: self.fetches)
@@ -475,10 +528,54 @@ class ConnectionMachine(RuleBasedStateMachine):
         """One of the reads the core asked for lands, in any order."""
         self._read(self.fetches.pop(data.draw(st.integers(0, len(self.fetches) - 1))))
 
-    @rule(after=st.integers(0, 12))
-    def stale_read(self, after: int) -> None:
-        """A read issued long ago (or the periodic safety read) lands now."""
-        self._read(min(after, self.core.delivered_seq))
+    @rule(after=st.integers(0, 12), quiet=st.booleans())
+    def stale_read(self, after: int, quiet: bool) -> None:
+        """A read issued long ago (or the periodic safety read of a quiet channel) lands."""
+        self._read(min(after, self.core.delivered_seq), quiet=quiet)
+
+    @precondition(lambda self: self.end_checks)
+    @rule(data=st.data())
+    def answer_an_end_check(self, data: st.DataObject) -> None:
+        """Where the log ends, as a check the core asked for finds it (never behind what
+        was delivered here: no failover loses writes in this model)."""
+        after = self.end_checks.pop(data.draw(st.integers(0, len(self.end_checks) - 1)))
+        self.core.log_end_read(after, len(self.log))
+        self._drain()
+
+    # ------------------------------------------------------------------ the input log
+
+    @precondition(lambda self: self.core.state is ConnectionState.ATTACHED)
+    @rule(count=st.integers(0, 3), back=st.integers(0, 3))
+    def input_lands(self, count: int, back: int) -> None:
+        """The store numbered an append's new commands; ``back`` > 0: the input log went back
+        that far behind numbers this connection saw (a failover lost them)."""
+        rewound = bool(self.input_end and back)
+        first = max(1, self.input_end + 1 - back) if rewound else self.input_end + 1
+        last = first + count - 1
+        self.input_rewound = rewound
+        if not rewound:
+            self.input_end = max(self.input_end, last)
+        ended = self.sessions_ended
+        self.core.input_appended(first, last)
+        self._drain()
+        assert self.sessions_ended == ended + rewound
+        assert not self.input_rewound, "the core ran on after the input log went back"
+
+    # ------------------------------------------------------------------ the timer
+
+    @rule(periods=st.integers(1, 3))
+    def timer_fires(self, periods: int) -> None:
+        """Time passes: the timer fires when the core says it is due."""
+        for _ in range(periods):
+            self.now = self.core.next_deadline()
+            self.taken.append((self.now, self.core.delivered_seq))
+            self.timer_trim = True
+            try:
+                self.core.timer_fired(self.now, taken_seq=self.core.delivered_seq)
+                self._drain()
+            finally:
+                self.timer_trim = False
+            assert self.core.next_deadline() == self.now + TIMER_S
 
     @precondition(lambda self: self.core.state is ConnectionState.ATTACHED)
     @rule()

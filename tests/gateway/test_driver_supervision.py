@@ -17,7 +17,8 @@ from starlette.websockets import WebSocketDisconnect
 
 from gateway.app import create_app
 from gateway.batcher import InputBatcher
-from gateway.connection import ConnectionDriver
+from gateway.driver import ConnectionDriver
+from gateway.input_writer import InputWriter
 from gateway.settings import GatewaySettings
 from store import Lease, Scripts, StoreUnavailable
 from store.directory import announce_worker
@@ -63,7 +64,7 @@ def test_nothing_goes_upstream_after_a_failed_append(redis_server: EmbeddedServe
     asyncio.run(register())
     first_started, queued, release = threading.Event(), threading.Event(), threading.Event()
     calls: list[int] = []
-    original_append, original_queue = InputBatcher.append, ConnectionDriver._queue_commands
+    original_append, original_queue = InputBatcher.append, InputWriter.queue
 
     async def failing_first(self: InputBatcher, lease: Lease, entries: Any) -> Any:
         calls.append(len(entries))
@@ -73,13 +74,13 @@ def test_nothing_goes_upstream_after_a_failed_append(redis_server: EmbeddedServe
         await asyncio.to_thread(release.wait, 10)
         raise StoreUnavailable("injected: Redis failed the append")
 
-    def queue_and_tell(self: ConnectionDriver, entries: Any) -> None:
+    def queue_and_tell(self: InputWriter, entries: Any) -> None:
         original_queue(self, entries)
         if first_started.is_set():
             queued.set()
 
     monkeypatch.setattr(InputBatcher, "append", failing_first)
-    monkeypatch.setattr(ConnectionDriver, "_queue_commands", queue_and_tell)
+    monkeypatch.setattr(InputWriter, "queue", queue_and_tell)
     app = create_app(GatewaySettings(redis_url=redis_server.url))
     with TestClient(app) as client, client.websocket_connect("/v1/realtime") as ws:
         ws.send_text(json.dumps({"type": "session.update", "session": {"type": "realtime"},

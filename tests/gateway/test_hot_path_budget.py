@@ -17,7 +17,8 @@ from typing import Any
 
 import gateway
 import store
-from gateway.protocol.connection import AppendCommands, ConnectionCore, SendFrame
+from gateway.protocol.actions import AppendCommands, SendFrame
+from gateway.protocol.connection import ConnectionCore
 from store import messages as m
 from tests.call_count import calls_into
 

@@ -19,18 +19,12 @@ from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 from websockets.asyncio.client import connect
 
-from gateway.connection import _transport_of
+from gateway.protocol.actions import CloseConnection, DetachLease, SendFrame
 from gateway.protocol.backlog import Backlog, OutputBacklog, OutputLimits
-from gateway.protocol.connection import (
-    OUTPUT_STALLED,
-    CloseConnection,
-    ConnectionCore,
-    ConnectionState,
-    DetachLease,
-    SendFrame,
-)
+from gateway.protocol.connection import OUTPUT_STALLED, ConnectionCore
 from gateway.protocol.errors import CloseCode
-from gateway.wsprotocol import GatewayWebSocketProtocol
+from gateway.protocol.transitions import ConnectionState
+from gateway.wsprotocol import GatewayWebSocketProtocol, transport_of
 from store import messages as m
 
 SID = "sess_0123456789abcdefghijkl"
@@ -201,7 +195,7 @@ async def test_the_driver_reaches_the_socket_of_a_websocket_served_by_uvicorn() 
 
     async def handler(websocket: WebSocket) -> None:
         await websocket.accept()
-        transport = _transport_of(websocket)
+        transport = transport_of(websocket.scope)
         if transport is None:
             reached.set_result(None)
         else:

@@ -21,7 +21,7 @@ from store import AttachmentHolder, Lease, OpenStatus, Reaped, Scripts, SessionP
 from store.keys import SessionKeys, WorkerKeys, new_session_id, new_worker_id
 from store.logs import read_output
 from store.messages import AudioDelta, Event, decode_message, encode_message, is_terminal
-from store.pubsub import Notice
+from store.pushes import Push
 
 T = TypeVar("T")
 
@@ -226,19 +226,19 @@ NOTICE_WAIT_S = 5.0
 
 
 class Notices:
-    """A handler that queues every notice, and waits for the next one."""
+    """A handler that queues every push, and waits for the next one."""
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[Notice] = asyncio.Queue()
+        self.queue: asyncio.Queue[Push | None] = asyncio.Queue()
 
-    def __call__(self, notice: Notice) -> None:
+    def __call__(self, notice: Push | None) -> None:
         self.queue.put_nowait(notice)
 
-    async def next(self) -> Notice:
+    async def next(self) -> Push | None:
         """The next notice; fails the test after NOTICE_WAIT_S."""
         return await asyncio.wait_for(self.queue.get(), NOTICE_WAIT_S)
 
-    async def next_not_none(self) -> list[Any]:
+    async def next_not_none(self) -> Push:
         """The next notice that is not a reconnect marker."""
         while True:
             notice = await self.next()

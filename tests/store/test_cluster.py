@@ -30,7 +30,8 @@ from store.keys import (
 )
 from store.logs import read_input, read_output
 from store.messages import SessionClosed, encode_message
-from store.pubsub import Notice, Subscriber
+from store.pubsub import Subscriber
+from store.pushes import OutputPushed, Push
 from store.reasons import CloseReason
 from tests.cluster import Cluster, start_cluster
 from tests.store._support import (
@@ -211,11 +212,11 @@ async def test_output_notice_through_sharded_pubsub(cluster_client: RedisCluster
     sub = Subscriber(cluster_client)
     await sub.start()
     try:
-        queues: dict[str, asyncio.Queue[Notice]] = {}
+        queues: dict[str, asyncio.Queue[Push | None]] = {}
         opened = {}
         for wid in workers:
             opened[wid] = await open_session(scripts, wid)
-            queue: asyncio.Queue[Notice] = asyncio.Queue()
+            queue: asyncio.Queue[Push | None] = asyncio.Queue()
             queues[wid] = queue
             await sub.subscribe(SessionKeys(opened[wid].session_id).output_channel,
                                 queue.put_nowait)
@@ -225,8 +226,8 @@ async def test_output_notice_through_sharded_pubsub(cluster_client: RedisCluster
         terminal = encode_message(SessionClosed(reason="client_close"))
         for wid, queue in queues.items():
             first = await asyncio.wait_for(queue.get(), 10)
-            assert first == [b"e", 1, [wid.encode()]]
-            assert await asyncio.wait_for(queue.get(), 10) == [b"e", 2, [terminal]]
+            assert first == OutputPushed(1, [wid.encode()])
+            assert await asyncio.wait_for(queue.get(), 10) == OutputPushed(2, [terminal])
     finally:
         await sub.aclose()
 
@@ -240,7 +241,7 @@ async def test_cluster_push_latency_is_not_bounded_by_the_poll_timeout(
     sub = Subscriber(cluster_client)
     await sub.start()
     try:
-        queue: asyncio.Queue[Notice] = asyncio.Queue()
+        queue: asyncio.Queue[Push | None] = asyncio.Queue()
         sessions = []
         for wid in list(workers)[:2]:  # two nodes show it; more only cost time
             opened = await open_session(scripts, wid)
@@ -267,10 +268,10 @@ async def test_subscription_follows_its_slot_to_another_node(
     sub = Subscriber(cluster_client)
     await sub.start()
     try:
-        queue: asyncio.Queue[Notice] = asyncio.Queue()
+        queue: asyncio.Queue[Push | None] = asyncio.Queue()
         await sub.subscribe(SessionKeys(sid).output_channel, queue.put_nowait)
         assert await scripts.append_output(sid, [ev(1)], first_seq=1) == 1
-        assert await asyncio.wait_for(queue.get(), 10) == [b"e", 1, [ev(1)]]
+        assert await asyncio.wait_for(queue.get(), 10) == OutputPushed(1, [ev(1)])
 
         slot = cluster_client.keyslot(SessionKeys(sid).record)
         source = int(str(node_of(cluster_client, SessionKeys(sid).record)).rsplit(":", 1)[1])
@@ -279,7 +280,7 @@ async def test_subscription_follows_its_slot_to_another_node(
 
         assert await asyncio.wait_for(queue.get(), 10) is None  # moved: read the log
         assert await scripts.append_output(sid, [ev(2)], first_seq=2) == 2
-        assert await asyncio.wait_for(queue.get(), 10) == [b"e", 2, [ev(2)]]
+        assert await asyncio.wait_for(queue.get(), 10) == OutputPushed(2, [ev(2)])
         assert [seq for seq, _ in await read_output(cluster_client, sid, 0)] == [1, 2]
         assert int(node_of(cluster_client, SessionKeys(sid).record).rsplit(":", 1)[1]) == target
     finally:

@@ -1,6 +1,6 @@
 """The store's push queue: unbounded, in order, a turn of the loop before each push of a
-backlog, a quiet timer while the consumer waits (the gateway's bounded NoticeQueue builds on
-it: tests/gateway/test_notices.py)."""
+backlog, a quiet timer while the consumer waits (the gateway's BoundedPushQueue builds on
+it: tests/gateway/test_push_queue.py)."""
 
 from __future__ import annotations
 

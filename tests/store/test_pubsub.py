@@ -1,4 +1,4 @@
-"""store.pubsub.Subscriber: confirmed sharded subscriptions, decoded notices, self-healing."""
+"""store.pubsub.Subscriber: confirmed sharded subscriptions, decoded pushes, self-healing."""
 
 from __future__ import annotations
 
@@ -12,9 +12,17 @@ from redis.asyncio import Redis
 from store import LogFollower, Scripts
 from store.embedded import EmbeddedServer
 from store.keys import SessionKeys, WorkerKeys
-from store.logs import read_output
+from store.logs import WriteToken, read_output
 from store.messages import SessionClosed, encode_message
-from store.pubsub import Notice, Subscriber
+from store.pubsub import Subscriber
+from store.pushes import (
+    InputPushed,
+    LeaseMoved,
+    OutputPushed,
+    Push,
+    SessionEnded,
+    SessionPlaced,
+)
 from store.reasons import CloseReason
 from tests.store._support import (
     EPOCH,
@@ -57,9 +65,9 @@ async def test_subscribe_is_confirmed_before_returning(
         channel = f"dg:{{t{i}}}:chan"
         await subscriber.subscribe(channel, handler)
         assert await shard_subscribers(redis_client, channel) == 1
-        assert await spublish(redis_client, channel, ["x", i]) == 1
+        assert await spublish(redis_client, channel, ["e", i, ["x"]]) == 1
     for i, handler in enumerate(handlers):
-        assert await handler.next() == [b"x", i]
+        assert await handler.next() == OutputPushed(i, [b"x"])
         handler.assert_empty()
 
 
@@ -72,10 +80,11 @@ async def test_output_notices_carry_first_seq_and_payloads(
     notices = Notices()
     await subscriber.subscribe(SessionKeys(opened.session_id).output_channel, notices)
     await scripts.append_output(opened.session_id, [b"a", b"b"])
-    assert await notices.next() == [b"e", 1, [b"a", b"b"]]
+    assert await notices.next() == OutputPushed(1, [b"a", b"b"])
     await scripts.append_output(opened.session_id, [b"c"], close_reason="client_close")
-    assert await notices.next() == [b"e", 3, [b"c"]]
-    assert await notices.next() == [b"e", 4, [encode_message(SessionClosed(reason="client_close"))]]
+    assert await notices.next() == OutputPushed(3, [b"c"])
+    assert await notices.next() == OutputPushed(
+        4, [encode_message(SessionClosed(reason="client_close"))])
     notices.assert_empty()
 
 
@@ -92,9 +101,9 @@ async def test_replaced_notice_after_resume(
     await scripts.resume(opened.session_id, tenant="tenant-a",
                          presented_digest=digest(opened.token),
                          new_digest=digest("t2"), control_id="c1")
-    assert await notices.next() == [b"r", 2]
+    assert await notices.next() == LeaseMoved(2)
     await scripts.append_output(opened.session_id, [b"z"])
-    assert await notices.next() == [b"e", 1, [b"z"]]
+    assert await notices.next() == OutputPushed(1, [b"z"])
     notices.assert_empty()
 
 
@@ -107,16 +116,18 @@ async def test_worker_notices_open_input_close(
     notices = Notices()
     await subscriber.subscribe(WorkerKeys(wid).input_channel, notices)
     opened = await open_session(scripts, wid)
-    sid = opened.session_id.encode()
-    assert await notices.next() == [b"o", sid]
+    sid = opened.session_id
+    assert await notices.next() == SessionPlaced(sid)
     await scripts.append_input(opened.lease, [(1, b"a"), (2, b"b")], max_entries=100)
-    assert await notices.next() == [b"i", sid, 1, [b"a", b"b"], EPOCH.encode(), 1]
+    assert await notices.next() == InputPushed(sid, 1, [b"a", b"b"],
+                                                 WriteToken(EPOCH, 1))
     await scripts.append_input(opened.lease, [(1, b"a"), (2, b"b")], max_entries=100)
     await scripts.append_input(opened.lease, [(2, b"b"), (3, b"c"), (None, b"d")],
                                max_entries=100)
-    assert await notices.next() == [b"i", sid, 3, [b"c", b"d"], EPOCH.encode(), 1]
+    assert await notices.next() == InputPushed(sid, 3, [b"c", b"d"],
+                                                 WriteToken(EPOCH, 1))
     await scripts.close_session(opened.session_id, CloseReason.CLIENT_CLOSE)
-    assert await notices.next() == [b"c", sid]
+    assert await notices.next() == SessionEnded(sid)
     notices.assert_empty()
 
 
@@ -132,10 +143,11 @@ async def test_worker_lost_pushes_close_notices(
     await subscriber.subscribe(SessionKeys(opened[0].session_id).output_channel, outputs)
     await expire_heartbeat(redis_client, scripts, wid)
     await reap_until_lost(scripts, wid)
-    closed = {bytes(n[1]) for n in [await notices.next() for _ in opened] if n and n[0] == b"c"}
-    assert closed == {o.session_id.encode() for o in opened}
-    assert await outputs.next() == [b"e", 1,
-                                    [encode_message(SessionClosed(reason="worker_lost"))]]
+    closed = {n.session_id for n in [await notices.next() for _ in opened]
+              if isinstance(n, SessionEnded)}
+    assert closed == {o.session_id for o in opened}
+    assert await outputs.next() == OutputPushed(
+        1, [encode_message(SessionClosed(reason="worker_lost"))])
 
 
 async def test_pushes_and_log_reads_feed_a_follower(
@@ -154,8 +166,8 @@ async def test_pushes_and_log_reads_feed_a_follower(
     await scripts.append_output(sid, [b"6"])
     while len(delivered) < 6:
         notice = await notices.next_not_none()
-        assert notice[0] == b"e"
-        fresh, gap = follower.offer(notice[1], notice[2])
+        assert isinstance(notice, OutputPushed)
+        fresh, gap = follower.offer(notice.first_seq, notice.payloads)
         if gap:
             rows = await read_output(redis_client, sid, follower.next_index - 1)
             fresh, gap = follower.offer(rows[0][0], [data for _, data in rows])
@@ -172,17 +184,17 @@ async def test_unsubscribe_stops_delivery(
     await subscriber.subscribe("dg:{a}:chan", gone)
     await subscriber.subscribe("dg:{b}:chan", kept)
     await subscriber.unsubscribe("dg:{a}:chan")
-    await spublish(redis_client, "dg:{a}:chan", ["late"])
-    await spublish(redis_client, "dg:{b}:chan", ["marker"])
+    await spublish(redis_client, "dg:{a}:chan", ["e", 1, ["late"]])
+    await spublish(redis_client, "dg:{b}:chan", ["e", 1, ["marker"]])
     # Both pushes travel on one connection in order: once the marker is here, "late" was seen.
-    assert await kept.next() == [b"marker"]
+    assert await kept.next() == OutputPushed(1, [b"marker"])
     gone.assert_empty()
     await poll_until(lambda: shard_subscribers(redis_client, "dg:{a}:chan"), lambda n: n == 0)
     await subscriber.unsubscribe("dg:{a}:chan")  # twice is fine
     await subscriber.unsubscribe("dg:{never}:chan")
     await subscriber.subscribe("dg:{a}:chan", gone)  # and back again
-    assert await spublish(redis_client, "dg:{a}:chan", ["again"]) == 1
-    assert await gone.next() == [b"again"]
+    assert await spublish(redis_client, "dg:{a}:chan", ["e", 1, ["again"]]) == 1
+    assert await gone.next() == OutputPushed(1, [b"again"])
 
 
 async def test_subscribe_right_after_unsubscribe_is_confirmed_at_once(
@@ -198,7 +210,7 @@ async def test_subscribe_right_after_unsubscribe_is_confirmed_at_once(
         # Well under the 5 s confirmation timeout that a lost confirmation would cost.
         await asyncio.wait_for(subscriber.subscribe("dg:{a}:chan", again), 1.0)
         assert await spublish(redis_client, "dg:{a}:chan", ["r", round_]) == 1
-        assert await again.next() == [b"r", round_]
+        assert await again.next() == LeaseMoved(round_)
         await subscriber.unsubscribe("dg:{a}:chan")
         again.assert_empty()
         notices.assert_empty()
@@ -214,8 +226,8 @@ async def test_a_late_unsubscribe_of_the_old_owner_keeps_the_new_subscription(
     await subscriber.subscribe("dg:{a}:chan", old)
     await subscriber.subscribe("dg:{a}:chan", new)
     await subscriber.unsubscribe("dg:{a}:chan", old)
-    assert await spublish(redis_client, "dg:{a}:chan", ["live"]) == 1
-    assert await new.next() == [b"live"]
+    assert await spublish(redis_client, "dg:{a}:chan", ["e", 1, ["live"]]) == 1
+    assert await new.next() == OutputPushed(1, [b"live"])
     old.assert_empty()
     await subscriber.unsubscribe("dg:{a}:chan", new)  # the owner's own unsubscribe works
     await poll_until(lambda: shard_subscribers(redis_client, "dg:{a}:chan"), lambda n: n == 0)
@@ -231,11 +243,11 @@ async def test_every_handler_of_a_channel_gets_each_push(
     await subscriber.subscribe("dg:{a}:chan", second)
     assert await shard_subscribers(redis_client, "dg:{a}:chan") == 1
     assert await spublish(redis_client, "dg:{a}:chan", ["r", 2]) == 1
-    assert await first.next() == [b"r", 2]
-    assert await second.next() == [b"r", 2]
-    assert await spublish(redis_client, "dg:{a}:chan", ["e", 1]) == 1
-    assert await first.next() == [b"e", 1]
-    assert await second.next() == [b"e", 1]
+    assert await first.next() == LeaseMoved(2)
+    assert await second.next() == LeaseMoved(2)
+    assert await spublish(redis_client, "dg:{a}:chan", ["e", 1, []]) == 1
+    assert await first.next() == OutputPushed(1, [])
+    assert await second.next() == OutputPushed(1, [])
     first.assert_empty()
     second.assert_empty()
 
@@ -251,8 +263,8 @@ async def test_removing_one_handler_keeps_the_others(
     await subscriber.unsubscribe("dg:{a}:chan", gone)
     await subscriber.unsubscribe("dg:{a}:chan", gone)  # twice is fine
     assert await shard_subscribers(redis_client, "dg:{a}:chan") == 1
-    assert await spublish(redis_client, "dg:{a}:chan", ["live"]) == 1
-    assert await kept.next() == [b"live"]
+    assert await spublish(redis_client, "dg:{a}:chan", ["e", 1, ["live"]]) == 1
+    assert await kept.next() == OutputPushed(1, [b"live"])
     gone.assert_empty()
     kept.assert_empty()
 
@@ -268,11 +280,11 @@ async def test_the_last_handler_leaving_unsubscribes_on_the_server(
     await subscriber.unsubscribe("dg:{a}:chan", second)
     await subscriber.unsubscribe("dg:{a}:chan", first)
     await poll_until(lambda: shard_subscribers(redis_client, "dg:{a}:chan"), lambda n: n == 0)
-    assert await spublish(redis_client, "dg:{a}:chan", ["late"]) == 0
+    assert await spublish(redis_client, "dg:{a}:chan", ["e", 1, ["late"]]) == 0
     again = Notices()
     await subscriber.subscribe("dg:{a}:chan", again)
-    assert await spublish(redis_client, "dg:{a}:chan", ["again"]) == 1
-    assert await again.next() == [b"again"]
+    assert await spublish(redis_client, "dg:{a}:chan", ["e", 1, ["again"]]) == 1
+    assert await again.next() == OutputPushed(1, [b"again"])
     first.assert_empty()
     second.assert_empty()
 
@@ -302,10 +314,10 @@ async def test_a_handler_joining_a_pending_subscription_returns_once_it_is_confi
     await asyncio.sleep(0)  # one loop turn: the first subscribe sends its SSUBSCRIBE
     assert not pending.done()
     await subscriber.subscribe("dg:{a}:chan", second)
-    assert await spublish(redis_client, "dg:{a}:chan", ["x"]) == 1
+    assert await spublish(redis_client, "dg:{a}:chan", ["e", 1, ["x"]]) == 1
     await pending
-    assert await first.next() == [b"x"]
-    assert await second.next() == [b"x"]
+    assert await first.next() == OutputPushed(1, [b"x"])
+    assert await second.next() == OutputPushed(1, [b"x"])
     first.assert_empty()
     second.assert_empty()
 
@@ -316,14 +328,14 @@ async def test_a_failing_handler_does_not_starve_the_others_on_its_channel(
 ) -> None:
     """A handler that raises loses its push alone: the channel's other handler still gets it."""
 
-    def explode(notice: Notice) -> None:
+    def explode(notice: Push | None) -> None:
         raise RuntimeError(f"handler bug on {notice!r}")
 
     notices = Notices()
     await subscriber.subscribe("dg:{a}:chan", explode)
     await subscriber.subscribe("dg:{a}:chan", notices)
-    assert await spublish(redis_client, "dg:{a}:chan", ["fine"]) == 1
-    assert await notices.next() == [b"fine"]
+    assert await spublish(redis_client, "dg:{a}:chan", ["e", 1, ["fine"]]) == 1
+    assert await notices.next() == OutputPushed(1, [b"fine"])
     notices.assert_empty()
 
 
@@ -336,8 +348,8 @@ async def test_unsubscribe_last_channel_then_subscribe_again(
     await subscriber.unsubscribe("dg:{a}:chan")
     second = Notices()
     await subscriber.subscribe("dg:{c}:chan", second)
-    assert await spublish(redis_client, "dg:{c}:chan", ["hi"]) == 1
-    assert await second.next() == [b"hi"]
+    assert await spublish(redis_client, "dg:{c}:chan", ["e", 1, ["hi"]]) == 1
+    assert await second.next() == OutputPushed(1, [b"hi"])
     first.assert_empty()
 
 
@@ -354,7 +366,7 @@ async def test_restart_resubscribes_and_signals_none(own_server: EmbeddedServer)
         await sub.subscribe(channel, notices)
         await sub.subscribe("dg:{other}:chan", other)
         await open_session(scripts, wid)
-        assert (await notices.next())[0] == b"o"  # type: ignore[index]
+        assert isinstance(await notices.next(), SessionPlaced)
 
         await asyncio.to_thread(own_server.restart)
 
@@ -368,9 +380,9 @@ async def test_restart_resubscribes_and_signals_none(own_server: EmbeddedServer)
             scripts = Scripts(fresh)
             await register_worker(scripts, worker_id=wid)
             opened = await open_session(scripts, wid)
-            assert await notices.next() == [b"o", opened.session_id.encode()]
-            assert await spublish(fresh, "dg:{other}:chan", ["still here"]) == 1
-            assert await other.next() == [b"still here"]
+            assert await notices.next() == SessionPlaced(opened.session_id)
+            assert await spublish(fresh, "dg:{other}:chan", ["e", 1, ["still here"]]) == 1
+            assert await other.next() == OutputPushed(1, [b"still here"])
         finally:
             await fresh.aclose()
     finally:
@@ -394,9 +406,9 @@ async def test_restart_tells_every_handler_of_a_channel(own_server: EmbeddedServ
         fresh = Redis.from_url(own_server.url)
         try:
             assert await shard_subscribers(fresh, "dg:{a}:chan") == 1
-            assert await spublish(fresh, "dg:{a}:chan", ["back"]) == 1
-            assert await first.next() == [b"back"]
-            assert await second.next() == [b"back"]
+            assert await spublish(fresh, "dg:{a}:chan", ["e", 1, ["back"]]) == 1
+            assert await first.next() == OutputPushed(1, [b"back"])
+            assert await second.next() == OutputPushed(1, [b"back"])
         finally:
             await fresh.aclose()
         first.assert_empty()
@@ -413,16 +425,18 @@ async def test_bad_push_or_failing_handler_does_not_stop_delivery(
     """An undecodable push and a handler that raises are dropped; later pushes still arrive."""
     notices = Notices()
 
-    def explode(notice: Notice) -> None:
+    def explode(notice: Push | None) -> None:
         raise RuntimeError(f"handler bug on {notice!r}")
 
     await subscriber.subscribe("dg:{a}:chan", notices)
     await subscriber.subscribe("dg:{b}:chan", explode)
     await spublish_raw(redis_client, "dg:{a}:chan", b"\x01\x02")  # two objects
     await spublish_raw(redis_client, "dg:{a}:chan", b"\xc1")  # never valid
-    await spublish(redis_client, "dg:{b}:chan", ["boom"])
-    await spublish(redis_client, "dg:{a}:chan", ["fine"])
-    assert await notices.next() == [b"fine"]
+    await spublish(redis_client, "dg:{b}:chan", ["e", 1, ["boom"]])
+    await spublish(redis_client, "dg:{a}:chan", ["e", 1, ["fine"]])
+    # Each push that is no script's reaches the handler as "read the log".
+    assert [await notices.next() for _ in range(2)] == [None, None]
+    assert await notices.next() == OutputPushed(1, [b"fine"])
     notices.assert_empty()
 
 
@@ -440,8 +454,8 @@ async def test_subscribe_while_redis_is_down_heals_later(own_server: EmbeddedSer
         assert await notices.next() is None
         fresh = Redis.from_url(own_server.url)
         try:
-            assert await spublish(fresh, "dg:{a}:chan", ["back"]) == 1
-            assert await notices.next() == [b"back"]
+            assert await spublish(fresh, "dg:{a}:chan", ["e", 1, ["back"]]) == 1
+            assert await notices.next() == OutputPushed(1, [b"back"])
         finally:
             await fresh.aclose()
     finally:

@@ -29,6 +29,7 @@ from redis.exceptions import (
 import store.pubsub
 from store.embedded import EmbeddedServer, free_port, start_server
 from store.pubsub import Subscriber
+from store.pushes import SessionEnded
 from store.resp import Endpoint, PushConnection, endpoint_of, pack
 from tests.faultproxy import FaultProxy
 from tests.store._support import Notices, spublish
@@ -44,7 +45,7 @@ async def delivered_through(client: Redis, publisher: Redis) -> None:
     try:
         await subscriber.subscribe(CHANNEL, notices)
         assert await spublish(publisher, CHANNEL, ["c", "s1"]) == 1
-        assert await notices.next() == [b"c", b"s1"]
+        assert await notices.next() == SessionEnded("s1")
     finally:
         await subscriber.aclose()
 
@@ -154,7 +155,7 @@ async def test_a_silent_connection_is_replaced_and_the_handler_told(
         assert await spublish(redis_client, CHANNEL, ["c", "s2"]) >= 1
         while (notice := await notices.next()) is None:
             pass
-        assert notice == [b"c", b"s2"]
+        assert notice == SessionEnded("s2")
     finally:
         await subscriber.aclose()
         await client.aclose()

@@ -1,7 +1,7 @@
 """Render worker events as the gateway does and validate them as strict clients do.
 
 The worker's tests check every event they drain this way: rendered by the gateway's own codec
-(``gateway.protocol.codec.render_event``), then held to the SDK's GA types (or, for our
+(``gateway.protocol.render.render_event``), then held to the SDK's GA types (or, for our
 extension events, to their documented shapes) by :func:`tests.gateway.strict.validate_server_event`,
 and finally checked for keys the SDK does not declare beyond the ones we send on purpose.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gateway.protocol.codec import render_event
+from gateway.protocol.render import render_event
 from store import messages as msg
 from tests.gateway.strict import EXTENSION_TYPES, STRICT, validate_server_event
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gateway.protocol.codec import render_event
+from gateway.protocol.render import render_event
 from inference_worker.conversation import MAX_ITEMS
 from inference_worker.core import ConversationCore
 from inference_worker.frames import FrameOutput

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gateway.protocol.codec import render_event
+from gateway.protocol.render import render_event
 from inference_worker.backends.fake import FakeBackend
 from inference_worker.core import ConversationCore
 from inference_worker.frames import FrameOutput

@@ -16,6 +16,7 @@ import pytest
 from redis.asyncio import Redis
 
 from store.keys import new_session_id
+from store.pushes import SessionEnded
 from tests.worker._running import running_worker
 
 pytestmark = pytest.mark.timeout(60)
@@ -30,7 +31,7 @@ async def test_a_burst_of_notices_leaves_the_loop_turns_between_them(
         notices = worker._notices  # the queue the push connection feeds
         # Close notices of sessions it never had: each is handled without suspending.
         for _ in range(BURST):
-            notices.put([b"c", new_session_id(worker.worker_id).encode()])
+            notices.put(SessionEnded(new_session_id(worker.worker_id)))
         turns = 0
         while not notices.empty():
             turns += 1

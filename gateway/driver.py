@@ -1,13 +1,14 @@
 """The asyncio driver of one websocket: feeds :class:`ConnectionCore`, runs what it decides.
 
-Three tasks per connection: the reader (client frames), the pump (pushed log entries and lease
-notices, plus a periodic safety read of the log), and the writer (input appends, coalesced:
-whatever arrives while one append is in flight goes out in the next single script call, so a
-busy session costs one Redis round trip per batch, not per frame). Actions run under one lock
-so frames reach the client in the order the core decided; a frame that decided nothing but one
-command's append (every audio chunk) has it queued for the writer without the lock when no step
-is in progress, since queuing never waits. Frames go out through the websocket protocol's
-direct send when the socket takes them at once, else through the ASGI send.
+It does the I/O and nothing else: what a frame, a push, a store answer or the time means is the
+core's to decide. Four tasks per connection: the reader (client frames), the pump (pushes,
+plus a periodic safety read of the log), the writer (:class:`~gateway.input_writer.InputWriter`:
+input appends, coalesced) and the housekeeping (the core's timer, the tenant renewal). Actions
+run under one lock so frames reach the client in the order the core decided; a frame that
+decided nothing but one command's append (every audio chunk) has it queued for the writer
+without the lock when no step is in progress, since queuing never waits. Frames go out through
+the websocket protocol's direct send when the socket takes them at once, else through the ASGI
+send.
 
 Output backpressure: a client that does not read blocks the send in flight (and with it the
 lock). Pushes are still counted as they arrive (:class:`OutputBacklog`), and when the client's
@@ -19,31 +20,25 @@ untaken output goes over its limits the writer, which never waits for that lock,
 from __future__ import annotations
 
 import asyncio
-import base64
-import collections
 import contextlib
 import hashlib
-import hmac
 import logging
 import secrets
 import socket
 import time
-from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
-from gateway.notices import NoticeQueue
+from gateway.input_writer import InputWriter
 from gateway.placement import place_session
-from gateway.protocol.backlog import OutputBacklog, OutputLimits
-from gateway.protocol.connection import (
-    OUTPUT_STALLED,
+from gateway.protocol.actions import (
     Action,
     AppendCommands,
+    CheckLogEnd,
     CloseConnection,
-    ConnectionCore,
-    ConnectionState,
     DetachLease,
+    EndSession,
     FetchLog,
     GiveUpSession,
     OpenSession,
@@ -51,6 +46,8 @@ from gateway.protocol.connection import (
     SendFrame,
     TrimLog,
 )
+from gateway.protocol.backlog import OutputBacklog, OutputLimits
+from gateway.protocol.connection import OUTPUT_STALLED, ConnectionCore
 from gateway.protocol.envelope import ResumeRequest
 from gateway.protocol.errors import (
     ClientProtocolError,
@@ -60,23 +57,16 @@ from gateway.protocol.errors import (
     fit_close_reason,
 )
 from gateway.protocol.pacing import InputPacer, PacingLimits
+from gateway.protocol.resume import ResumeAnswer, rotated_token
+from gateway.protocol.transitions import ConnectionState
+from gateway.push_queue import BoundedPushQueue
 from gateway.services import GatewayServices
-from gateway.wsprotocol import INVALID_TEXT_KEY, SEND_NOW_KEY, TRANSPORT_KEY
-from store import (
-    AppendResult,
-    CloseReason,
-    Gone,
-    Lease,
-    LeaseLost,
-    ResumeStatus,
-    SessionGone,
-    StoreError,
-    StoreUnavailable,
-)
-from store.follower import REWIND_WINDOW
+from gateway.wsprotocol import INVALID_TEXT_KEY, send_now_of, transport_of
+from store import CloseReason, Lease, StoreError, StoreUnavailable
 from store.keys import SessionKeys
 from store.logs import log_ends, read_output
-from store.messages import Command, OutputBackpressure, encode_message
+from store.messages import OutputBackpressure
+from store.pushes import LeaseMoved, OutputPushed, Push
 from store.ratelog import RateLimitedLog
 
 __all__ = ["ConnectionDriver"]
@@ -84,49 +74,10 @@ __all__ = ["ConnectionDriver"]
 _log = logging.getLogger(__name__)
 _stall_log = RateLimitedLog(_log, interval_s=10.0)
 _RESUME_ATTEMPTS = 3
-_HOUSEKEEPING_S = 1.0
-
-
-# What the driver uses of the socket's transport. Checked by its methods, not by class:
-# uvloop's transports have them all but are no asyncio.WriteTransport subclass.
-_TRANSPORT_METHODS = ("get_write_buffer_size", "get_write_buffer_limits", "get_extra_info", "abort")
-
-
-def _transport_of(websocket: WebSocket) -> asyncio.WriteTransport | None:
-    """The socket transport under ``websocket``, as the gateway's websocket protocol
-    publishes it (:data:`~gateway.wsprotocol.TRANSPORT_KEY`), asyncio's or uvloop's. Under
-    another server (a test client) this is None: the gateway then counts no write buffer,
-    sets no socket option and cannot drop a socket whose client never takes the close frame.
-    """
-    transport = websocket.scope.get("extensions", {}).get(TRANSPORT_KEY)
-    if all(callable(getattr(transport, name, None)) for name in _TRANSPORT_METHODS):
-        return cast("asyncio.WriteTransport", transport)
-    return None
-
-
-def _send_now_of(websocket: WebSocket) -> Callable[[str], bool] | None:
-    """The connection's :meth:`~gateway.wsprotocol.GatewayWebSocketProtocol.send_text_now`,
-    as the gateway's websocket protocol publishes it (:data:`~gateway.wsprotocol.SEND_NOW_KEY`);
-    None under another server, whose sends all go through ASGI."""
-    send_now = websocket.scope.get("extensions", {}).get(SEND_NOW_KEY)
-    return cast("Callable[[str], bool]", send_now) if callable(send_now) else None
 
 
 def _digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
-
-
-def _rotated_token(old_token: str, control_id: str) -> str:
-    """The token a resume rotates to, derived from the token it presents and its control id.
-
-    A retry of that resume (its answer was lost) through any gateway presents the same two and
-    so derives the same new token, whose digest the store then recognises as the one it
-    rotated to: the retry gets the same token instead of ``invalid_resume_token``. The old
-    token is the secret: only its holder can derive the new one, as only it could resume.
-    """
-    mac = hmac.new(old_token.encode(), b"session.resume\0" + control_id.encode(),
-                   hashlib.sha256)
-    return base64.urlsafe_b64encode(mac.digest()).rstrip(b"=").decode("ascii")
 
 
 class ConnectionDriver:
@@ -138,30 +89,27 @@ class ConnectionDriver:
         self._ws = websocket
         self._svc = services
         self._tenant = tenant
-        self._core = ConnectionCore(max_frame_bytes=services.settings.max_frame_bytes,
-                                    url_model=url_model, initial_session=initial_session)
+        self._core = ConnectionCore(
+            max_frame_bytes=services.settings.max_frame_bytes, url_model=url_model,
+            initial_session=initial_session,
+            delivered_retention_s=services.settings.delivered_retention_s,
+            now=asyncio.get_running_loop().time())
         self._lock = asyncio.Lock()
         self._lease: Lease | None = None
         self._channel: str | None = None
-        self._notices = NoticeQueue()
-        self._outbox: list[tuple[int | None, Command]] = []
-        self._outbox_since = 0.0  # when the oldest command in the outbox was read
-        self._relay_in = services.metrics.relay_seconds.labels("in")
+        self._pushes = BoundedPushQueue()
+        self._writer = InputWriter(self._core, services, self._store_failed)
         self._relay_out = services.metrics.relay_seconds.labels("out")
         self._resume_started: float | None = None
-        self._input_end = 0  # the highest input log index Redis assigned under this lease
-        self._outbox_ready = asyncio.Event()
-        self._write_lock = asyncio.Lock()  # one append at a time, in order
         self._held: str | None = None  # the session held under this gateway's lease
-        self._append_failed = False  # an append failed: nothing more goes upstream
         s = services.settings
         self._pacer = InputPacer(PacingLimits(frames_per_s=s.max_frames_per_s,
                                               bytes_per_s=s.max_bytes_per_s,
                                               audio_speed=s.max_audio_speed),
                                  now=asyncio.get_running_loop().time())
         self._closed = asyncio.Event()
-        self._transport = _transport_of(websocket)
-        self._send_now = _send_now_of(websocket)
+        self._transport = transport_of(websocket.scope)
+        self._send_now = send_now_of(websocket.scope)
         if s.socket_send_buffer_bytes and self._transport is not None:
             self._transport.get_extra_info("socket").setsockopt(
                 socket.SOL_SOCKET, socket.SO_SNDBUF, s.socket_send_buffer_bytes)
@@ -178,7 +126,7 @@ class ConnectionDriver:
         tasks = [
             asyncio.create_task(self._read_frames(), name="ws-reader"),
             asyncio.create_task(self._pump_log(), name="ws-pump"),
-            asyncio.create_task(self._write_commands(), name="ws-writer"),
+            asyncio.create_task(self._writer.run(self._step_if_free), name="ws-writer"),
             asyncio.create_task(self._housekeeping(), name="ws-housekeeping"),
         ]
         closed = asyncio.create_task(self._closed.wait(), name="ws-closed")
@@ -260,7 +208,7 @@ class ConnectionDriver:
                 if entries is None:
                     await self._step()
                 else:
-                    self._queue_commands(entries)
+                    self._writer.queue(entries)
                 await self._pace(len(data), self._core.audio_bytes_received - audio_before)
         except TimeoutError:
             self._core.first_message_timed_out()
@@ -285,41 +233,28 @@ class ConnectionDriver:
         while True:
             # None also after `interval` without a push: a quiet channel, so read the log in
             # case a push was lost.
-            notice = await self._notices.get(quiet_s=interval)
+            push = await self._pushes.get(quiet_s=interval)
             if self._core.state is not ConnectionState.ATTACHED:
                 continue
             taken = time.monotonic()
-            try:
-                if notice is None:
+            match push:
+                case OutputPushed(first_seq=first_seq, payloads=payloads):
+                    self._core.receive_log_entries(first_seq, payloads)
+                case LeaseMoved(generation=generation):
+                    self._core.lease_moved(generation)
+                case None:
                     await self._fetch(self._core.delivered_seq, quiet=True)
-                elif notice[0] == b"e":
-                    payloads = notice[2]
-                    if not all(isinstance(p, bytes) for p in payloads):
-                        raise TypeError("log entries must be bytes")
-                    self._core.receive_log_entries(int(notice[1]), list(payloads))
-                elif notice[0] == b"r":
-                    self._core.lease_moved(int(notice[1]))
-            except (IndexError, TypeError, ValueError, AttributeError):
-                # Only our scripts publish here; a malformed notice is dropped, and the log
-                # (the truth) is read instead.
-                _log.error("dropped a malformed notice: %r", notice,
-                           extra={"session_id": self._session_id})
-                await self._fetch(self._core.delivered_seq)
             await self._step()
-            if notice is not None:
+            if push is not None:
                 self._relay_out.observe(time.monotonic() - taken)
 
-    def _take_push(self, notice: list[Any] | None) -> None:
+    def _take_push(self, push: Push | None) -> None:
         """Every push for this connection, as it arrives, also while a send is blocked: queue
         it for the pump, and count the output it announces."""
-        self._notices.put(notice)
-        try:
-            if notice is None or notice[0] != b"e":
-                return
-            self._backlog.seen(int(notice[1]), notice[2])
-        except (IndexError, TypeError, ValueError):
-            return  # malformed: the pump drops it and reads the log instead
-        self._check_backlog()
+        self._pushes.put(push)
+        if type(push) is OutputPushed:
+            self._backlog.seen(push.first_seq, push.payloads)
+            self._check_backlog()
 
     def _check_backlog(self) -> None:
         """Once per crossing, tell the session's worker (fenced, like the client's commands)
@@ -332,45 +267,28 @@ class ConnectionDriver:
         if crossed is None:
             return
         self._svc.metrics.output_backpressure.inc()
-        self._queue_commands(((None, OutputBackpressure(pending_events=crossed.events,
-                                                        pending_bytes=crossed.bytes)),))
+        self._writer.queue(((None, OutputBackpressure(pending_events=crossed.events,
+                                                     pending_bytes=crossed.bytes)),))
 
     def _buffered_bytes(self) -> int:
         """What the transport holds that the kernel has not taken yet."""
         return 0 if self._transport is None else self._transport.get_write_buffer_size()
 
     async def _housekeeping(self) -> None:
-        """Once a second: renew the tenant reservation, trim what was delivered long ago.
+        """On the core's timer: renew the tenant reservation, and let the core trim what the
+        client took long ago (:mod:`gateway.protocol.retention`).
 
         The reservation is released by the reaper once the session ends, wherever it ends
         (``gateway/reaper.py``); a renewal never takes a released place back.
-
-        Clients that never send session.event_ack (the openai SDK) would otherwise keep the
-        whole capped log in Redis. Events sent ``delivered_retention_s`` ago on a live
-        connection count as acknowledged: a client that lost them anyway gets
-        session.resync_required on resume, never a silent gap (DESIGN §2.7, §5). Sent means
-        taken by the websocket: what waits behind a client that does not read stays in the log
-        for its resume.
         """
-        retention = self._svc.settings.delivered_retention_s
-        samples: collections.deque[tuple[float, int]] = collections.deque()
-        trimmed = 0
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(_HOUSEKEEPING_S)  # a periodic duty, not a wait for a condition
-            if self._core.state is not ConnectionState.ATTACHED or self._lease is None:
-                continue
-            await self._renew_tenant(self._lease.session_id)
-            if retention <= 0:
-                continue
-            now = loop.time()
-            samples.append((now, self._backlog.taken_seq))
-            upto = 0
-            while samples and now - samples[0][0] >= retention:
-                upto = samples.popleft()[1]
-            if upto > trimmed:
-                await self._trim(upto)
-                trimmed = upto
+            # A periodic duty, not a wait for a condition.
+            await asyncio.sleep(max(0.0, self._core.next_deadline() - loop.time()))
+            if self._core.state is ConnectionState.ATTACHED and self._lease is not None:
+                await self._renew_tenant(self._lease.session_id)
+            self._core.timer_fired(loop.time(), taken_seq=self._backlog.taken_seq)
+            await self._step_if_free()
 
     async def _renew_tenant(self, session_id: str) -> None:
         if not self._svc.settings.tenant_max_sessions:
@@ -381,93 +299,12 @@ class ConnectionDriver:
         except StoreError as exc:
             self._store_failed("tenant renewal", session_id, exc)
 
-    async def _write_commands(self) -> None:
-        while True:
-            await self._outbox_ready.wait()
-            self._outbox_ready.clear()
-            await self._write_outbox()
-            if self._core.has_actions and not self._lock.locked():
-                await self._step()
-            # Else the store's answer decided nothing (the usual case: no step to take), or
-            # the step in progress runs what it decided (it drains until nothing is left).
-            # Waiting for that step here would hold the next append behind a send the client
-            # does not take, the output backpressure command above all.
-
-    async def _write_outbox(self) -> None:
-        """Append what the outbox holds, in order after any append in flight; the core hears
-        the store's answer (run its actions with :meth:`_step`)."""
-        async with self._write_lock:
-            batch, self._outbox = self._outbox, []
-            if not batch or self._lease is None or self._append_failed:
-                # After a failed append nothing more goes upstream on this connection: a later
-                # batch landing would move last_client_seq past the failed commands, and the
-                # resuming client would never send them again.
-                return
-            since = self._outbox_since
-            entries = [(seq, encode_message(command)) for seq, command in batch]
-            try:
-                appended = await self._svc.batcher.append(self._lease, entries)
-                if appended.backlog_full:
-                    self._refuse_backlogged(batch)
-                else:
-                    self._svc.metrics.commands_appended.inc(len(entries))
-                    self._relay_in.observe(time.monotonic() - since)
-                await self._check_input_end(appended)
-            except LeaseLost as exc:
-                if exc.current_generation == self._lease.generation:
-                    # Not replaced: our attachment lapsed (this gateway could not renew in
-                    # time) and a reaper detached the session. Let the client resume it.
-                    self._core.lease_lapsed()
-                else:
-                    self._core.lease_moved(exc.current_generation)
-            except SessionGone as exc:
-                if exc.status is Gone.CLOSED:
-                    self._core.session_gone()
-                else:
-                    self._core.session_lost()
-            except StoreError as exc:
-                # Redis is failing: close 1011 so the client resumes (and resends by
-                # client_seq) once the store is back, through any gateway.
-                self._append_failed = True
-                self._store_failed("input append", self._lease.session_id, exc)
-                self._core.fail(InternalError(str(exc)))
-
-    def _refuse_backlogged(self, batch: list[tuple[int | None, Command]]) -> None:
-        """The store took none of ``batch``: with it, the commands the worker has not read
-        yet would pass ``INPUT_LOG_MAX_ENTRIES``. Nothing more goes upstream from this
-        connection: a later command that landed would overtake the refused ones (and move
-        ``last_client_seq`` past them, so a resend would be dropped as a duplicate). The
-        client is told (``input_backpressure``) and the connection closed 1013; the session
-        is detached, not ended, so the client resumes (after a pause the worker can catch up
-        in) and resends everything after ``session.resumed.last_client_seq``, in order."""
-        self._append_failed = True
-        self._svc.metrics.commands_refused.inc(len(batch))
-        first_id = getattr(batch[0][1], "event_id", None)
-        start = f"starting with event {first_id} " if first_id else ""
-        self._core.fail(ClientProtocolError(
-            ErrorCode.INPUT_BACKPRESSURE,
-            f"The model worker is behind on this session's input: {len(batch)} command(s) "
-            f"{start}were not taken, nor anything after them. Resume and resend from"
-            " last_client_seq.",
-            client_event_id=first_id, close_code=CloseCode.TRY_AGAIN_LATER))
-
-    async def _check_input_end(self, appended: AppendResult) -> None:
-        """Redis numbers the input log; under one lease the numbers only grow. A number this
-        connection saw assigned before means the log went back (a failover lost commands the
-        client was told were taken, and the worker may never have read them): end the session
-        loudly rather than run on without them."""
-        first_new = appended.last_index - appended.appended + 1
-        if first_new > self._input_end or self._lease is None:
-            self._input_end = max(self._input_end, appended.last_index)
-            return
-        session_id = self._lease.session_id
-        _log.error("the input log of %s went back to %d (lost writes); ending it", session_id,
-                   appended.last_index, extra={"session_id": session_id})
-        try:
-            await self._svc.scripts.close_session(session_id, CloseReason.LOG_REWOUND)
-        except StoreError as exc:
-            self._store_failed("close (log rewound)", session_id, exc)
-        self._core.session_gone()  # read the terminal event
+    async def _step_if_free(self) -> None:
+        """Run what the core decided, unless a step is in progress: that step runs it (it
+        drains until nothing is left), and waiting for it would hold the caller behind a send
+        the client does not take (the writer's output backpressure command above all)."""
+        if self._core.has_actions and not self._lock.locked():
+            await self._step()
 
     # ------------------------------------------------------------------ logging
 
@@ -508,31 +345,34 @@ class ConnectionDriver:
             case SendFrame(text=text, seq=seq):
                 await self._send(text, seq)
             case AppendCommands(entries=entries):
-                self._queue_commands(entries)
-            case FetchLog(after_seq=after):
-                await self._fetch(after)
-                if self._resume_started is not None:  # the replay of a resume was read
-                    self._svc.metrics.resume_seconds.observe(
-                        time.monotonic() - self._resume_started)
-                    self._resume_started = None
+                self._writer.queue(entries)
+            case FetchLog() | CheckLogEnd() | TrimLog():
+                await self._run_log_action(action)
             case OpenSession(model=model):
                 await self._open(model)
             case ResumeSession(request=request):
                 await self._resume(request)
-            case TrimLog(upto_seq=upto):
-                await self._trim(upto)
             case DetachLease(departed=departed):
                 await self._detach(departed=departed)
             case GiveUpSession(session_id=session_id):
                 await self._give_up(session_id)
+            case EndSession(session_id=session_id, reason=reason):
+                await self._end(session_id, reason)
             case CloseConnection(code=code, reason=reason):
                 await self._close(code, reason)
 
-    def _queue_commands(self, entries: tuple[tuple[int | None, Command], ...]) -> None:
-        if not self._outbox:
-            self._outbox_since = time.monotonic()
-        self._outbox.extend(entries)
-        self._outbox_ready.set()
+    async def _run_log_action(self, action: FetchLog | CheckLogEnd | TrimLog) -> None:
+        match action:
+            case FetchLog(after_seq=after, rewound_to=rewound_to):
+                await self._fetch(after, rewound_to=rewound_to)
+                if self._resume_started is not None:  # the replay of a resume was read
+                    self._svc.metrics.resume_seconds.observe(
+                        time.monotonic() - self._resume_started)
+                    self._resume_started = None
+            case CheckLogEnd(after_seq=after):
+                await self._check_log_end(after)
+            case TrimLog(upto_seq=upto):
+                await self._trim(upto)
 
     async def _send(self, text: str, seq: int) -> None:
         if self._stalled or self._ws.application_state is not WebSocketState.CONNECTED:
@@ -579,35 +419,31 @@ class ConnectionDriver:
         self._stalled = self._cut_batch = True
         self._core.output_stalled()
 
-    async def _fetch(self, after: int, *, quiet: bool = False) -> None:
-        """Read the log after ``after``; on a ``quiet`` poll that finds nothing, also check
-        that the log did not go back behind what was delivered (a lossy failover), which no
-        read after ``after`` can show."""
+    async def _fetch(self, after: int, *, quiet: bool = False,
+                     rewound_to: int | None = None) -> None:
+        """Read the log after ``after``; the core decides what the rows mean."""
         if self._lease is None:
             return
         session_id = self._lease.session_id
         try:
             rows = await read_output(self._svc.client, session_id, after)
-            if not rows and quiet and after:
-                last = (await log_ends(self._svc.client, session_id)).last_output
-                if last < after:
-                    # Re-read what the log holds now around our position: the core finds
-                    # where it differs from what was delivered, or else resumes at its end.
-                    rows = await read_output(self._svc.client, session_id,
-                                             max(0, last - REWIND_WINDOW))
-                    if rows:
-                        self._core.receive_log_entries(rows[0][0], [p for _, p in rows])
-                    self._core.log_rewound(last)
-                    return
         except StoreError as exc:
             self._store_failed("output log read", session_id, exc)
             return
-        if rows and rows[0][0] > after + 1:
-            self._core.log_trimmed(rows[0][0])
-        if rows:
-            payloads = [payload for _, payload in rows]
-            self._backlog.seen(rows[0][0], payloads)
-            self._core.receive_log_entries(rows[0][0], payloads)
+        if rows and rewound_to is None:
+            self._backlog.seen(rows[0][0], [payload for _, payload in rows])
+        self._core.log_read(after, rows, quiet=quiet, rewound_to=rewound_to)
+
+    async def _check_log_end(self, after: int) -> None:
+        if self._lease is None:
+            return
+        session_id = self._lease.session_id
+        try:
+            last = (await log_ends(self._svc.client, session_id)).last_output
+        except StoreError as exc:
+            self._store_failed("output log read", session_id, exc)
+            return
+        self._core.log_end_read(after, last)
 
     async def _subscribe(self, session_id: str) -> None:
         channel = SessionKeys(session_id).output_channel
@@ -616,7 +452,7 @@ class ConnectionDriver:
             # the one its URL opened: leave the old channel, and drop what it already pushed
             # (those entries belong to another session's log).
             await self._svc.subscriber.unsubscribe(self._channel, self._take_push)
-            self._notices.clear()
+            self._pushes.clear()
         self._channel = channel
         with contextlib.suppress(TimeoutError):
             # A missed confirmation only costs latency: the pump reads the log regardless.
@@ -644,7 +480,7 @@ class ConnectionDriver:
             return
         lease = placed.lease
         self._hold(lease.session_id)
-        self._lease = lease
+        self._lease = self._writer.lease = lease
         self._svc.metrics.sessions_opened.inc()
         self._core.open_succeeded(lease.session_id, resume_token=token,
                                   generation=lease.generation, model=placed.model,
@@ -653,21 +489,18 @@ class ConnectionDriver:
 
     async def _resume(self, request: ResumeRequest) -> None:
         started = time.monotonic()
-
-        def refuse(code: str, message: str) -> None:
-            self._svc.metrics.resumes.labels(outcome=code).inc()
-            self._svc.metrics.resume_seconds.observe(time.monotonic() - started)
-            self._core.resume_failed(ClientProtocolError(
-                code, message, client_event_id=request.event_id))
-
         try:
             SessionKeys(request.session_id)
         except ValueError:
-            refuse(ErrorCode.SESSION_RESUME_EXPIRED, "unknown session")
+            self._svc.metrics.resumes.labels(outcome=ErrorCode.SESSION_RESUME_EXPIRED).inc()
+            self._svc.metrics.resume_seconds.observe(time.monotonic() - started)
+            self._core.resume_failed(ClientProtocolError(
+                ErrorCode.SESSION_RESUME_EXPIRED, "unknown session",
+                client_event_id=request.event_id))
             return
         await self._subscribe(request.session_id)
         control_id = request.control_id or secrets.token_hex(16)
-        token = _rotated_token(request.resume_token, control_id)
+        token = rotated_token(request.resume_token, control_id)
         for attempt in range(_RESUME_ATTEMPTS):
             try:
                 result = await self._svc.scripts.resume(
@@ -682,28 +515,21 @@ class ConnectionDriver:
                     self._svc.metrics.resume_seconds.observe(time.monotonic() - started)
                     self._core.fail(InternalError(str(exc)))
                     return
-        if result.status is ResumeStatus.UNKNOWN:
-            refuse(ErrorCode.SESSION_RESUME_EXPIRED, "the session is unknown or expired")
-            return
-        if result.status is ResumeStatus.STALE:
-            refuse(ErrorCode.SESSION_RESUME_CONFLICT,
-                   "a later attempt of this resume attached the session already")
-            return
-        if result.status is ResumeStatus.BAD_TOKEN or result.lease is None:
-            refuse(ErrorCode.INVALID_RESUME_TOKEN, "the resume token is not valid")
-            return
-        self._hold(result.lease.session_id)
-        self._lease = result.lease
-        self._resume_started = started  # observed once the replay was read
-        self._svc.metrics.resumes.labels(outcome="ok").inc()
-        self._core.resume_succeeded(
-            request.session_id, resume_token=token if result.status is ResumeStatus.OK
-            else request.resume_token, generation=result.lease.generation,
+        lease = result.lease
+        outcome = self._core.resume_answered(ResumeAnswer(
+            outcome=result.status,
+            generation=None if lease is None else lease.generation,
             last_client_seq=result.last_client_seq,
             first_retained_seq=result.first_retained_seq,
             last_server_event_seq=result.last_server_event_seq,
-            session_over=result.status is ResumeStatus.CLOSED,
-            session=result.session, capabilities=result.capabilities)
+            session=result.session, capabilities=result.capabilities), rotated_token=token)
+        self._svc.metrics.resumes.labels(outcome=outcome).inc()
+        if lease is None or outcome != "ok":
+            self._svc.metrics.resume_seconds.observe(time.monotonic() - started)
+            return
+        self._hold(lease.session_id)
+        self._lease = self._writer.lease = lease
+        self._resume_started = started  # observed once the replay was read
         # Counted from where the client stands (the replay starts there).
         self._backlog = OutputBacklog(self._output_limits, taken_seq=self._core.delivered_seq)
 
@@ -730,13 +556,21 @@ class ConnectionDriver:
             # Nothing was ever sent to it: its idle TTL ends it.
             self._store_failed("abandoning an unopened session", session_id, exc)
 
+    async def _end(self, session_id: str, reason: CloseReason) -> None:
+        _log.error("the input log of %s went back (lost writes); ending it (%s)", session_id,
+                   reason, extra={"session_id": session_id})
+        try:
+            await self._svc.scripts.close_session(session_id, reason)
+        except StoreError as exc:
+            self._store_failed(f"close ({reason})", session_id, exc)
+
     async def _detach(self, *, departed: bool = False) -> None:
         if self._lease is None:
             return
         # Commands read before the socket went (a session.close sent just before closing it,
         # above all) reach the log first: a detached session refuses appends, and the writer
         # is cancelled once the connection ends.
-        await self._write_outbox()
+        await self._writer.flush()
         try:
             grace_s = self._svc.settings.departed_grace_s if departed else 0.0
             await self._svc.scripts.detach(self._lease, grace_ms=int(grace_s * 1000))

@@ -1,0 +1,102 @@
+"""One connection's input appends: fenced, in order, coalesced.
+
+Whatever the client sends while one append is in flight goes out in the next single script
+call, so a busy session costs one Redis round trip per batch, not per frame. The store's
+answer goes to the connection core (:class:`~gateway.protocol.connection.ConnectionCore`),
+whose actions the driver runs. After a failed or refused append nothing more goes upstream on
+the connection: a later batch landing would move ``last_client_seq`` past the failed commands,
+and the resuming client would never send them again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from gateway.protocol.connection import ConnectionCore
+from gateway.protocol.errors import InternalError
+from gateway.services import GatewayServices
+from store import Gone, Lease, LeaseLost, SessionGone, StoreError
+from store.messages import Command, encode_message
+
+__all__ = ["InputWriter"]
+
+#: Reports a store call that failed: (duty in plain words, session id, the error).
+StoreFailed = Callable[[str, str, StoreError], None]
+
+
+class InputWriter:
+    """The outbox of one connection and the task that appends it (:meth:`run`)."""
+
+    def __init__(self, core: ConnectionCore, services: GatewayServices,
+                 store_failed: StoreFailed) -> None:
+        self._core = core
+        self._svc = services
+        self._store_failed = store_failed
+        #: The lease appends are fenced on; None: no session yet, nothing is appended.
+        self.lease: Lease | None = None
+        self._outbox: list[tuple[int | None, Command]] = []
+        self._since = 0.0  # when the oldest command in the outbox was read
+        self._ready = asyncio.Event()
+        self._lock = asyncio.Lock()  # one append at a time, in order
+        self._failed = False  # an append failed: nothing more goes upstream
+        self._relay_in = services.metrics.relay_seconds.labels("in")
+
+    def queue(self, entries: tuple[tuple[int | None, Command], ...]) -> None:
+        """Queue commands for the next append; never waits."""
+        if not self._outbox:
+            self._since = time.monotonic()
+        self._outbox.extend(entries)
+        self._ready.set()
+
+    async def run(self, step: Callable[[], Awaitable[None]]) -> None:
+        """Append whatever is queued, batch after batch; ``step`` runs what the core decided
+        on the store's answer (the usual answer decides nothing: no step to take)."""
+        while True:
+            await self._ready.wait()
+            self._ready.clear()
+            await self.flush()
+            if self._core.has_actions:
+                await step()
+
+    async def flush(self) -> None:
+        """Append what the outbox holds, in order after any append in flight; the core hears
+        the store's answer."""
+        async with self._lock:
+            batch, self._outbox = self._outbox, []
+            lease = self.lease
+            if not batch or lease is None or self._failed:
+                return
+            since = self._since
+            entries = [(seq, encode_message(command)) for seq, command in batch]
+            try:
+                appended = await self._svc.batcher.append(lease, entries)
+                if appended.backlog_full:
+                    self._failed = True
+                    self._svc.metrics.commands_refused.inc(len(batch))
+                    self._core.input_refused(len(batch),
+                                             getattr(batch[0][1], "event_id", None))
+                else:
+                    self._svc.metrics.commands_appended.inc(len(entries))
+                    self._relay_in.observe(time.monotonic() - since)
+                self._core.input_appended(appended.last_index - appended.appended + 1,
+                                          appended.last_index)
+            except LeaseLost as exc:
+                if exc.current_generation == lease.generation:
+                    # Not replaced: our attachment lapsed (this gateway could not renew in
+                    # time) and a reaper detached the session. Let the client resume it.
+                    self._core.lease_lapsed()
+                else:
+                    self._core.lease_moved(exc.current_generation)
+            except SessionGone as exc:
+                if exc.status is Gone.CLOSED:
+                    self._core.session_gone()
+                else:
+                    self._core.session_lost()
+            except StoreError as exc:
+                # Redis is failing: close 1011 so the client resumes (and resends by
+                # client_seq) once the store is back, through any gateway.
+                self._failed = True
+                self._store_failed("input append", lease.session_id, exc)
+                self._core.fail(InternalError(str(exc)))

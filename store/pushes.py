@@ -1,0 +1,153 @@
+"""The pushes the store's scripts publish (``store/lua/``), decoded once into types.
+
+Every push is a MessagePack array whose first element names its kind; the scripts publish
+six kinds on two sorts of channel:
+
+* a session's output channel (``SessionKeys.output_channel``, the gateway listens):
+  ``{'e', first_seq, {payload, ...}}`` (:class:`OutputPushed`, ``append_events`` and
+  ``add_events``) and ``{'r', generation}`` (:class:`LeaseMoved`, ``RESUME``);
+* a worker's input channel (``WorkerKeys.input_channel``, the worker listens):
+  ``{'i', session_id, first_index, {payload, ...}, epoch, generation}`` (:class:`InputPushed`),
+  ``{'I', session_id, {{session_id, first_index, {payload, ...}, epoch, generation}, ...}}``
+  (:class:`InputBatch`, both ``APPEND_INPUT``), ``{'o', session_id}`` (:class:`SessionPlaced`,
+  ``OPEN_SESSION``) and ``{'c', session_id}`` (:class:`SessionEnded`, ``end_session``).
+
+:func:`decode_push` is the one place that reads those shapes; consumers ``match`` on the types.
+A push is a wake-up, never the truth (the logs are): a malformed one is refused here
+(:class:`PushDecodeError`) and its subscriber reads the log instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import msgpack  # type: ignore[import-untyped]
+
+from store.logs import InputEntry, WriteToken
+
+__all__ = [
+    "InputBatch",
+    "InputPushed",
+    "LeaseMoved",
+    "OutputPushed",
+    "Push",
+    "PushDecodeError",
+    "SessionEnded",
+    "SessionPlaced",
+    "decode_push",
+]
+
+
+class PushDecodeError(ValueError):
+    """A push that none of the scripts publishes in that shape."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutputPushed:
+    """Output events appended to a session's log, numbered from ``first_seq``. ``payloads``
+    is shared by every handler of the channel: read it, never change it."""
+
+    first_seq: int
+    payloads: list[bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseMoved:
+    """A resume attached the session under ``generation``: older connections are replaced."""
+
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class InputPushed:
+    """Commands appended to one session's input log, indexed from ``first_index``, all
+    written under ``token`` (None: the push names none, so it vouches for none of them)."""
+
+    session_id: str
+    first_index: int
+    payloads: list[bytes]
+    token: WriteToken | None
+
+    def entries(self) -> list[InputEntry]:
+        """The pushed commands as input log entries."""
+        first, token = self.first_index, self.token
+        return [InputEntry(first + offset, payload, token)
+                for offset, payload in enumerate(self.payloads)]
+
+
+@dataclass(frozen=True, slots=True)
+class InputBatch:
+    """One input append for several sessions of the worker: one :class:`InputPushed` each."""
+
+    parts: tuple[InputPushed, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPlaced:
+    """A session was opened on the worker."""
+
+    session_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEnded:
+    """A session of the worker ended (its terminal event is in its output log)."""
+
+    session_id: str
+
+
+Push: TypeAlias = (
+    OutputPushed | LeaseMoved | InputPushed | InputBatch | SessionPlaced | SessionEnded
+)
+
+
+def _check_payloads(value: Any) -> None:
+    if type(value) is not list:
+        raise PushDecodeError("the entries are not an array")
+    # One join checks that every entry is bytes (msgpack's raw strings are never another
+    # bytes-like type); a walk over them would cost calls per entry on the relay's path.
+    b"".join(value)
+
+
+def _input(part: list[Any]) -> InputPushed:
+    """``{session_id, first_index, {payload, ...}, epoch, generation}``, the token optional."""
+    payloads = part[2]
+    _check_payloads(payloads)
+    token = WriteToken(part[3].decode(), int(part[4])) if len(part) > 4 else None
+    return InputPushed(part[0].decode(), int(part[1]), payloads, token)
+
+
+def decode_push(data: bytes) -> Push:
+    """The push in ``data``, as a script published it.
+
+    Raises:
+        PushDecodeError: not MessagePack, or not a shape any script publishes.
+    """
+    try:
+        push = msgpack.unpackb(data, raw=True)
+        kind = push[0]
+        # The two kinds of the relay's every chunk come first, read inline: each call on
+        # this path repeats per chunk.
+        if kind == b"e":
+            payloads = push[2]
+            if type(payloads) is not list:
+                raise PushDecodeError("the entries are not an array")
+            b"".join(payloads)  # every entry is bytes (see _check_payloads)
+            return OutputPushed(int(push[1]), payloads)
+        if kind == b"i":
+            return _input(push[1:])
+        if kind == b"r":
+            return LeaseMoved(int(push[1]))
+        if kind == b"I":
+            return InputBatch(tuple(_input(part) for part in push[2]))
+        if kind == b"o":
+            return SessionPlaced(push[1].decode())
+        if kind == b"c":
+            return SessionEnded(push[1].decode())
+    except PushDecodeError:
+        raise
+    except (msgpack.UnpackException, ValueError, TypeError, IndexError, KeyError,
+            AttributeError) as exc:
+        raise PushDecodeError(f"a malformed push: {exc!r}") from None
+    raise PushDecodeError(f"unknown push kind {kind!r}")
