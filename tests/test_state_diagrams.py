@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gateway.protocol.transitions import mermaid as gateway_mermaid
 from inference_worker.states import MACHINES, mermaid
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "design" / "state-machines.md"
@@ -26,3 +27,13 @@ def test_the_worker_section_holds_no_diagram_its_table_does_not_generate() -> No
     start = page.index("## Worker session")
     end = page.index("\n## ", start + 1)
     assert page[start:end].count("```mermaid") == len(MACHINES)
+
+
+def test_the_gateway_connection_diagram_is_the_one_its_table_generates() -> None:
+    page = PAGE.read_text()
+    start = page.index("## Gateway connection")
+    end = page.find("\n## ", start + 1)
+    section = page[start:] if end == -1 else page[start:end]
+    assert section.count("```mermaid") == 1
+    assert _block(gateway_mermaid()) in section, (
+        f"regenerate the gateway diagram in {PAGE.name}:\n{_block(gateway_mermaid())}")
