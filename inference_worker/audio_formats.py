@@ -38,7 +38,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from inference_worker.refusal import Refusal
+from inference_worker.conversation.refusals import Refusal
 from inference_worker.untrusted import describe
 
 __all__ = [

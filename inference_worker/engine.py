@@ -33,8 +33,7 @@ from typing import Any, Final, Literal
 
 import numpy as np
 
-from inference_worker.backend import Backend, FrameSpec, SlotResult, SlotStep, silence
-from inference_worker.frames import (
+from inference_worker.audio_frames import (
     PCM_RATE,
     FrameOutput,
     LinearResampler,
@@ -42,6 +41,7 @@ from inference_worker.frames import (
     level,
     pcm16_to_float,
 )
+from inference_worker.backend import Backend, FrameSpec, SlotResult, SlotStep, silence
 from inference_worker.metrics import WorkerMetrics
 
 __all__ = ["Engine", "SlotHandle", "TickReport"]

@@ -29,9 +29,9 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from inference_worker.core import ConversationCore
+from inference_worker.audio_frames import FrameOutput
+from inference_worker.conversation.core import ConversationCore
 from inference_worker.engine import Engine, SlotHandle
-from inference_worker.frames import FrameOutput
 from inference_worker.metrics import WorkerMetrics
 from store import LogFollower
 from store.keys import worker_of_session

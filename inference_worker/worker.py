@@ -3,11 +3,11 @@
 It registers and heartbeats, learns of sessions placed on it from its input channel (with a
 periodic read of its session set and input logs as the safety net for lost pushes), applies
 each session's input log in order to that session's conversation core
-(:class:`~inference_worker.core.ConversationCore`, one per session whatever the backend), and
-appends what the core emits to the session's output log. Every write is fenced in Lua: once
-this worker is declared lost, its writes are refused and it stops (DESIGN §2.9). Every input
-entry is checked again here against the fencing token it was written under, so a writer that went
-around the scripts is refused at the resource too (DESIGN §2.3; see
+(:class:`~inference_worker.conversation.core.ConversationCore`, one per session whatever the
+backend), and appends what the core emits to the session's output log. Every write is fenced in
+Lua: once this worker is declared lost, its writes are refused and it stops (DESIGN §2.9). Every
+input entry is checked again here against the fencing token it was written under, so a writer that
+went around the scripts is refused at the resource too (DESIGN §2.3; see
 :func:`~inference_worker.sessions.is_current`).
 
 With a frame backend (``fake``, ``moshi``, ``cascade``) each session holds a slot of the
@@ -33,6 +33,7 @@ import time
 from typing import Any
 
 from inference_worker.backend import Backend
+from inference_worker.backends.loopback import CHUNK_SECONDS
 from inference_worker.backends.registry import (
     BackendRequest,
     backend_entry,
@@ -40,9 +41,8 @@ from inference_worker.backends.registry import (
     create_backend,
     parse_options as parse_backend_options,
 )
-from inference_worker.core import ConversationCore
+from inference_worker.conversation.core import ConversationCore
 from inference_worker.engine import Engine, TickReport
-from inference_worker.loopback import CHUNK_SECONDS
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.sessions import (
     FAILED_REASON,
@@ -52,7 +52,7 @@ from inference_worker.sessions import (
     log_ids,
 )
 from inference_worker.settings import WorkerSettings
-from inference_worker.silero_vad import detector_factory, load_weights
+from inference_worker.turn_detection.silero import detector_factory, load_weights
 from store import (
     OutputAppend,
     OutputMismatch,

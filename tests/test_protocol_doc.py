@@ -38,7 +38,7 @@ from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 from gateway.protocol import codec, envelope
 from gateway.protocol.connection import ConnectionCore, SendFrame
 from gateway.protocol.errors import ClientProtocolError, CloseCode, ErrorCode, InternalError
-from inference_worker import session_config
+from inference_worker.conversation import session_config
 from store import messages as m
 from tests.gateway.strict import validate_server_event
 

@@ -78,6 +78,7 @@ from typing import Any, Final, Literal
 import numpy as np
 import numpy.typing as npt
 
+from inference_worker.audio_frames import SincResampler, resample
 from inference_worker.backend import FrameSpec, SlotResult, SlotStep
 from inference_worker.backends.cascade_models import (
     ECHO,
@@ -92,7 +93,6 @@ from inference_worker.backends.cascade_models import (
     load_tts,
     load_vad,
 )
-from inference_worker.frames import SincResampler, resample
 
 __all__ = [
     "CascadeBackend",

@@ -3,8 +3,8 @@
 Callers ask the table (:func:`backend_entry`) instead of comparing names. A backend module is
 imported only when its entry's ``load`` runs. ``loopback`` has no frames: its sessions' model is
 the core's own paced playback, and the engine steps every other backend frame by frame. How each
-backend's sessions take turns is its :class:`~inference_worker.turns.TurnMode`, whose policy the
-conversation core follows.
+backend's sessions take turns is its :class:`~inference_worker.conversation.turns.TurnMode`, whose
+policy the conversation core follows.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from types import MappingProxyType
 from typing import Final
 
 from inference_worker.backend import Backend
-from inference_worker.session_config import LOOPBACK, SessionProfile, frame_profile
-from inference_worker.turns import POLICIES, TurnMode
+from inference_worker.conversation.session_config import LOOPBACK, SessionProfile, frame_profile
+from inference_worker.conversation.turns import POLICIES, TurnMode
 from store.messages import JsonObject
 
 __all__ = [

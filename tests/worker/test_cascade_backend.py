@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from inference_worker.audio_frames import SincResampler, resample
 from inference_worker.backend import Backend, SlotResult, SlotStep
 from inference_worker.backends import cascade_models
 from inference_worker.backends.cascade import (
@@ -38,7 +39,6 @@ from inference_worker.backends.cascade_models import (
     load_tts,
     load_vad,
 )
-from inference_worker.frames import SincResampler, resample
 
 # The test command installs the cascade extra; a missing package is a failure, not a skip.
 from tests.worker.speech import (

@@ -9,9 +9,9 @@ from typing import get_args
 
 import pytest
 
-from inference_worker.core import COMMANDS, ConversationCore
-from inference_worker.frames import FrameOutput
-from inference_worker.turns import TurnMode
+from inference_worker.audio_frames import FrameOutput
+from inference_worker.conversation.core import COMMANDS, ConversationCore
+from inference_worker.conversation.turns import TurnMode
 from store import messages as msg
 from tests.worker.feeding import feed
 from tests.worker.realtime_render import validate_strict

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from inference_worker.audio_formats import alaw_decode, ulaw_decode, ulaw_encode
-from inference_worker.core import ConversationCore
-from inference_worker.turns import TurnMode
+from inference_worker.conversation.core import ConversationCore
+from inference_worker.conversation.turns import TurnMode
 from store import messages as msg
 from tests.worker.realtime_render import validate_strict
 

@@ -20,9 +20,9 @@ import pytest
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from inference_worker.core import ConversationCore
-from inference_worker.frames import FrameOutput
-from inference_worker.turns import TurnMode
+from inference_worker.audio_frames import FrameOutput
+from inference_worker.conversation.core import ConversationCore
+from inference_worker.conversation.turns import TurnMode
 from store import messages as msg
 from tests.worker.feeding import feed
 from tests.worker.realtime_render import validate_strict

@@ -13,15 +13,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inference_worker.backend import FrameSpec, SlotResult, SlotStep
-from inference_worker.backends.fake import FakeBackend, FakeOptions
-from inference_worker.engine import Engine, SlotHandle, TickReport
-from inference_worker.frames import (
+from inference_worker.audio_frames import (
     LinearResampler,
     float_to_pcm16,
     level,
     pcm16_to_float,
 )
+from inference_worker.backend import FrameSpec, SlotResult, SlotStep
+from inference_worker.backends.fake import FakeBackend, FakeOptions
+from inference_worker.engine import Engine, SlotHandle, TickReport
 from inference_worker.metrics import WorkerMetrics
 
 FRAME = 1920  # 80 ms at 24 kHz

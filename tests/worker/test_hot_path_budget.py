@@ -18,10 +18,10 @@ import time
 
 import inference_worker
 import store
-from inference_worker.core import ConversationCore
+from inference_worker.conversation.core import ConversationCore
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.sessions import Session, SessionTable
-from inference_worker.silero_vad import detector_factory
+from inference_worker.turn_detection.silero import detector_factory
 from store import messages as m
 from store.logs import InputEntry, WriteToken
 from tests.call_count import calls_into

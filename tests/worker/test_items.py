@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 
 from gateway.protocol.codec import render_event
-from inference_worker.conversation import MAX_ITEMS
-from inference_worker.core import ConversationCore
-from inference_worker.frames import FrameOutput
-from inference_worker.items import Item
-from inference_worker.loopback import CHUNK_BYTES
-from inference_worker.turns import TurnMode
+from inference_worker.audio_frames import FrameOutput
+from inference_worker.backends.loopback import CHUNK_BYTES
+from inference_worker.conversation.core import ConversationCore
+from inference_worker.conversation.history import MAX_ITEMS
+from inference_worker.conversation.items import Item
+from inference_worker.conversation.turns import TurnMode
 from store import messages as msg
 from tests.gateway.strict import validate_server_event
 from tests.worker.feeding import feed

@@ -16,8 +16,12 @@ from inference_worker.backends.registry import (
     create_backend,
     explicit_turns,
 )
-from inference_worker.core import ConversationCore
-from inference_worker.session_config import GA_TURN_DETECTION, PCM_FORMAT, default_session
+from inference_worker.conversation.core import ConversationCore
+from inference_worker.conversation.session_config import (
+    GA_TURN_DETECTION,
+    PCM_FORMAT,
+    default_session,
+)
 from store import messages as msg
 
 

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gateway.protocol.codec import render_event
+from inference_worker.audio_frames import FrameOutput
 from inference_worker.backends.fake import FakeBackend
-from inference_worker.core import ConversationCore
-from inference_worker.frames import FrameOutput
+from inference_worker.conversation.core import ConversationCore
 from store import messages as msg
 from tests.gateway.strict import validate_server_event
 from tests.worker.feeding import feed

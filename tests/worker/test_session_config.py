@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from inference_worker.audio_formats import AudioFormat
-from inference_worker.refusal import Refusal
-from inference_worker.session_config import (
+from inference_worker.conversation.refusals import Refusal
+from inference_worker.conversation.session_config import (
     GA_TURN_DETECTION,
     LOOPBACK,
     NATIVE_RESPONSE_OPTIONS,

@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from inference_worker.audio_frames import FrameOutput
 from inference_worker.backends.fake import FakeBackend, FakeOptions
-from inference_worker.core import ConversationCore
-from inference_worker.frames import FrameOutput
+from inference_worker.conversation.core import ConversationCore
 from inference_worker.metrics import FAILURE_STAGES
 from inference_worker.sessions import Session, SessionTable
 from inference_worker.settings import WorkerSettings

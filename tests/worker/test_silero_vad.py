@@ -22,10 +22,10 @@ import numpy.typing as npt
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from inference_worker.audio_frames import float_to_pcm16
 from inference_worker.backends.cascade_models import VadState
-from inference_worker.core import ConversationCore
-from inference_worker.frames import float_to_pcm16
-from inference_worker.silero_vad import (
+from inference_worker.conversation.core import ConversationCore
+from inference_worker.turn_detection.silero import (
     HYSTERESIS,
     SILERO_MODULES,
     WINDOW_BYTES,
@@ -36,7 +36,7 @@ from inference_worker.silero_vad import (
     missing_silero_module,
     shared_model,
 )
-from inference_worker.vad import (
+from inference_worker.turn_detection.vad import (
     EnergyVad,
     SpeechStarted,
     SpeechStopped,
@@ -325,7 +325,7 @@ def test_factory_refuses_an_unknown_choice() -> None:
 def test_the_model_loads_on_the_first_detector_not_at_import() -> None:
     """In a fresh interpreter, importing the module and choosing Silero load no onnxruntime;
     the first detector does."""
-    probe = ("import json, sys; import inference_worker.silero_vad as s; "
+    probe = ("import json, sys; import inference_worker.turn_detection.silero as s; "
              "f = s.detector_factory('silero'); before = 'onnxruntime' in sys.modules; "
              "f(s.VadConfig()); print(json.dumps([before, 'onnxruntime' in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

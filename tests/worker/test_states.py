@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference_worker.states import (
+from inference_worker.conversation.states import (
     MACHINES,
     TRANSITIONS,
     GateState,

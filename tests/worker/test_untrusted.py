@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from inference_worker.core import ConversationCore
+from inference_worker.conversation.core import ConversationCore
 from inference_worker.untrusted import (
     MAX_CLOSE_REASON_BYTES,
     MAX_SESSION_DEPTH,

@@ -18,7 +18,11 @@ from redis.asyncio import Redis
 from inference_worker.backends import cascade_models
 from inference_worker.backends.cascade_models import WeightsNotFound
 from inference_worker.settings import WorkerSettings
-from inference_worker.silero_vad import SileroUnavailable, SpeechProbabilities, shared_model
+from inference_worker.turn_detection.silero import (
+    SileroUnavailable,
+    SpeechProbabilities,
+    shared_model,
+)
 from inference_worker.worker import Worker
 from store.keys import WORKER_DIRECTORY, WorkerKeys
 

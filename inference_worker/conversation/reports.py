@@ -4,7 +4,7 @@ A backend never decides an event. It reports what its model did: a tick's output
 (:class:`Output`: audio, its level, text), the user's speech starting and stopping, the
 user's transcript, that it started or ended its own turn, that it barged in, that it failed.
 The core turns reports into events. :func:`reports_of` reads one engine tick's
-:class:`~inference_worker.frames.FrameOutput`; the loopback's playback reports the same types.
+:class:`~inference_worker.audio_frames.FrameOutput`; the loopback's playback reports the same types.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
-from inference_worker.frames import FrameOutput
+from inference_worker.audio_frames import FrameOutput
 
 __all__ = [
     "AUDIBLE",

@@ -43,9 +43,9 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from inference_worker.audio_formats import AudioFormat, parse_format
-from inference_worker.refusal import Refusal
+from inference_worker.conversation.refusals import Refusal
+from inference_worker.turn_detection.vad import VadConfigError, vad_config_from_turn_detection
 from inference_worker.untrusted import MAX_SESSION_DEPTH, describe, nests_deeper_than
-from inference_worker.vad import VadConfigError, vad_config_from_turn_detection
 from store.messages import JsonObject
 
 __all__ = [

@@ -1,7 +1,7 @@
 """Realtime GA object shapes the conversation core emits (response, assistant item, parts).
 
-Built here once (:mod:`inference_worker.conversation` uses them), so every backend's sessions
-produce identical, strictly valid shapes.
+Built here once (:mod:`inference_worker.conversation.history` uses them), so every backend's
+sessions produce identical, strictly valid shapes.
 """
 
 from __future__ import annotations

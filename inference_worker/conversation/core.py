@@ -9,9 +9,10 @@ typed events to send (:meth:`ConversationCore.events_to_send`) and what the engi
 (:meth:`ConversationCore.take_input`). It imports no asyncio, Redis, Starlette or torch. It
 never emits ``session.closed`` / ``session.expired``: a store script writes the one terminal.
 
-A backend only reports what its model did (:mod:`~inference_worker.model_reports`) and obeys
-what the core tells it (:class:`~inference_worker.model_ports.ModelPort`); the core decides
-every event, following the session's :class:`~inference_worker.turns.TurnPolicy`:
+A backend only reports what its model did (:mod:`~inference_worker.conversation.reports`) and obeys
+what the core tells it (:class:`~inference_worker.conversation.model_port.ModelPort`); the core
+decides every event, following the session's
+:class:`~inference_worker.conversation.turns.TurnPolicy`:
 
 * **Input.** Appended audio goes to the model as it arrives (a duplex model hears the user
   while it talks; the loopback's model echoes it in stream mode). ``commit`` turns the audio
@@ -43,17 +44,18 @@ every event, following the session's :class:`~inference_worker.turns.TurnPolicy`
   hears the rest. Each stop advances the session's epoch, and a frame of an older epoch (its
   step ran before the engine applied the stop) is fenced. ``output.backpressure`` (the
   gateway's word that the client does not read) ends the response ``failed`` the same way.
-* **Playback.** ``playback.ack`` moves the response's ledger (:mod:`inference_worker.playback`);
-  an interrupted answer keeps only its acknowledged part in the history.
+* **Playback.** ``playback.ack`` moves the response's ledger
+  (:mod:`inference_worker.conversation.playback`); an interrupted answer keeps only its
+  acknowledged part in the history.
 * **Formats.** G.711 input is decoded at the edge (the model and the ledger see pcm16 24 kHz),
   output encoded per response.
 * **Items.** ``conversation.item.*`` keep the history (the shared
-  :class:`~inference_worker.conversation.Conversation`); where a response answers a committed
-  turn (the loopback), a created user message is the turn the next ``response.create``
+  :class:`~inference_worker.conversation.history.Conversation`); where a response answers a
+  committed turn (the loopback), a created user message is the turn the next ``response.create``
   answers.
 
 Every move of the input, response and gate machines is looked up in
-:data:`~inference_worker.states.TRANSITIONS`.
+:data:`~inference_worker.conversation.states.TRANSITIONS`.
 """
 
 from __future__ import annotations
@@ -66,7 +68,9 @@ from types import MappingProxyType
 from typing import Any, Final, Self, TypeAlias, assert_never
 
 from inference_worker.audio_formats import AudioFormat, InputDecoder
-from inference_worker.conversation import (
+from inference_worker.audio_frames import FrameOutput
+from inference_worker.backends.loopback import CHUNK_SECONDS, LoopbackModel
+from inference_worker.conversation.history import (
     Conversation,
     ItemCommand,
     OpenResponse,
@@ -75,11 +79,11 @@ from inference_worker.conversation import (
     cancel_refusal,
     commit_too_small,
 )
-from inference_worker.frames import FrameOutput
-from inference_worker.items import Item
-from inference_worker.loopback import CHUNK_SECONDS, LoopbackModel
-from inference_worker.model_ports import EngineModel, ModelPort, PendingInput
-from inference_worker.model_reports import (
+from inference_worker.conversation.items import Item
+from inference_worker.conversation.model_port import EngineModel, ModelPort, PendingInput
+from inference_worker.conversation.playback import PlaybackLedgers
+from inference_worker.conversation.refusals import Refusal
+from inference_worker.conversation.reports import (
     BargedIn,
     Failed,
     Output,
@@ -92,9 +96,7 @@ from inference_worker.model_reports import (
     UserTranscriptFailed,
     reports_of,
 )
-from inference_worker.playback import PlaybackLedgers
-from inference_worker.refusal import Refusal
-from inference_worker.session_config import (
+from inference_worker.conversation.session_config import (
     LOOPBACK,
     MAX_BUFFER_BYTES,
     MIN_COMMIT_BYTES,
@@ -105,11 +107,17 @@ from inference_worker.session_config import (
     frame_profile,
     parse_response_options,
 )
-from inference_worker.states import GateState, InputState, ResponseState, Trigger, transition
-from inference_worker.turn_detection import InputTimeline, turn_detection_of
-from inference_worker.turns import POLICIES, TurnMode, TurnPolicy
+from inference_worker.conversation.states import (
+    GateState,
+    InputState,
+    ResponseState,
+    Trigger,
+    transition,
+)
+from inference_worker.conversation.turns import POLICIES, TurnMode, TurnPolicy
+from inference_worker.turn_detection.timeline import InputTimeline, turn_detection_of
+from inference_worker.turn_detection.vad import EnergyVad, SpeechStarted, Vad, VadConfig, VadEvent
 from inference_worker.untrusted import close_reason
-from inference_worker.vad import EnergyVad, SpeechStarted, Vad, VadConfig, VadEvent
 from store import messages as msg
 from store.messages import JsonObject
 

@@ -1,6 +1,6 @@
 """The conversation's items and its responses' events, for the conversation core.
 
-The core (:class:`~inference_worker.core.ConversationCore`) decides *when* a turn is
+The core (:class:`~inference_worker.conversation.core.ConversationCore`) decides *when* a turn is
 committed or a response opens and ends; this module decides *what* that emits, once: item ids
 and their order, the user item's events, a response's opening and closing sequences (Realtime
 GA order, openai_realtime.md §2a; seed §3.4), refusals as ``error`` events. It is I/O-free
@@ -8,10 +8,10 @@ like the core: it only queues typed events for the driver to drain.
 
 Turn detection's events are built here too: :meth:`Conversation.speech_started` reserves the
 id the turn's user item will get, so ``speech_started``, ``speech_stopped`` and the commit that
-follows all name it (the detector itself: :mod:`inference_worker.turn_detection`).
+follows all name it (the detector itself: :mod:`inference_worker.turn_detection.timeline`).
 
-The conversation keeps its items in order (:class:`~inference_worker.items.Item`: id, role,
-status, content with the
+The conversation keeps its items in order (:class:`~inference_worker.conversation.items.Item`: id,
+role, status, content with the
 audio bytes left out, and for assistant audio the audio generated so far), at most
 :data:`MAX_ITEMS` of them: adding one more drops the oldest first, silently, as GA's own context
 truncation does. The client manages them with ``conversation.item.create`` / ``.retrieve`` /
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
 from inference_worker.audio_formats import AudioFormat, OutputEncoder
-from inference_worker.items import (
+from inference_worker.conversation.items import (
     FUNCTION_ITEMS,
     CreatedUserTurn,
     Item,
@@ -40,15 +40,15 @@ from inference_worker.items import (
     user_audio_content,
     user_item_object,
 )
-from inference_worker.realtime_items import (
+from inference_worker.conversation.objects import (
     assistant_item,
     content_part,
     item_content,
     response_object,
     zero_usage,
 )
-from inference_worker.refusal import Refusal
-from inference_worker.session_config import BYTES_PER_SECOND
+from inference_worker.conversation.refusals import Refusal
+from inference_worker.conversation.session_config import BYTES_PER_SECOND
 from inference_worker.untrusted import describe
 from store import messages as msg
 from store.messages import JsonObject

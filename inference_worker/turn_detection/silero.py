@@ -1,18 +1,19 @@
 """Silero voice activity detection for ``server_vad`` and ``semantic_vad`` turn detection.
 
-:class:`SileroTurnDetector` is the :class:`~inference_worker.vad.Vad` the worker uses where
-onnxruntime and the Silero weights faster-whisper ships are installed (the ``cascade`` extra,
-no torch); it hears the same pcm16 24 kHz input as :class:`~inference_worker.vad.EnergyVad` and
-keeps its timeline rules exactly (see :mod:`inference_worker.vad`): event times are
-milliseconds of audio fed, ``min_speech_ms`` of speech starts a turn, ``silence_duration_ms``
-of silence (the hangover) stops it, ``audio_start_ms`` reaches back ``prefix_padding_ms`` but
-never past 0, the last reset or the previous stop, ``audio_end_ms`` includes the hangover, a
-reset keeps the timeline counting, and any chunking of the same audio gives the same events.
-What differs is what a frame is and how it is judged:
+:class:`SileroTurnDetector` is the :class:`~inference_worker.turn_detection.vad.Vad` the worker
+uses where onnxruntime and the Silero weights faster-whisper ships are installed (the ``cascade``
+extra, no torch); it hears the same pcm16 24 kHz input as
+:class:`~inference_worker.turn_detection.vad.EnergyVad` and keeps its timeline rules exactly (see
+:mod:`inference_worker.turn_detection.vad`): event times are milliseconds of audio fed,
+``min_speech_ms`` of speech starts a turn, ``silence_duration_ms`` of silence (the hangover) stops
+it, ``audio_start_ms`` reaches back ``prefix_padding_ms`` but never past 0, the last reset or the
+previous stop, ``audio_end_ms`` includes the hangover, a reset keeps the timeline counting, and any
+chunking of the same audio gives the same events. What differs is what a frame is and how it is
+judged:
 
 **Windows.** Silero judges 32 ms windows of 512 samples at 16 kHz: 768 samples (1536 bytes) of
 the session's 24 kHz audio, counted from the first byte fed, resampled by
-:class:`~inference_worker.frames.LinearResampler`. A partial window waits for the next chunk.
+:class:`~inference_worker.audio_frames.LinearResampler`. A partial window waits for the next chunk.
 Durations round up to whole windows, at least one (``min_speech_ms`` 100 -> 4 windows,
 ``silence_duration_ms`` 500 -> 16).
 
@@ -42,8 +43,8 @@ from typing import TYPE_CHECKING, Final, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from inference_worker.frames import PCM_RATE, LinearResampler, pcm16_to_float
-from inference_worker.vad import (
+from inference_worker.audio_frames import PCM_RATE, LinearResampler, pcm16_to_float
+from inference_worker.turn_detection.vad import (
     EnergyVad,
     FramedDetector,
     Vad,

@@ -66,7 +66,7 @@ from typing import Final, Protocol, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from inference_worker.frames import PCM_RATE
+from inference_worker.audio_frames import PCM_RATE
 from inference_worker.untrusted import describe
 
 __all__ = [
