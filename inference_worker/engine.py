@@ -480,7 +480,7 @@ class Engine:
         # the step began with.
         position = self._positions.get(handle.serial)
         return FrameOutput(audio=float_to_pcm16(pcm), level=level(pcm), text=result.text,
-                           events=dict(result.events), epoch=self._epochs.get(handle.serial, 0),
+                           reports=result.reports, epoch=self._epochs.get(handle.serial, 0),
                            input_ms=None if position is None
                            else round(position * self.spec.frame_seconds * 1000))
 

@@ -94,7 +94,6 @@ from inference_worker.conversation.reports import (
     UserSpeechStopped,
     UserTranscript,
     UserTranscriptFailed,
-    reports_of,
 )
 from inference_worker.conversation.session_config import (
     LOOPBACK,
@@ -328,7 +327,7 @@ class ConversationCore:
         """
         if self._close_reason is not None:
             return
-        reports = reports_of(frame)
+        reports = frame.all_reports()
         if frame.epoch < self._model.epoch:
             reports = [r for r in reports if not isinstance(r, _MODEL_SPEECH)]
         self._model_input_ms = frame.input_ms

@@ -22,6 +22,14 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from inference_worker.audio_frames import FrameOutput
 from inference_worker.conversation.core import ConversationCore
+from inference_worker.conversation.reports import (
+    BargedIn,
+    ResponseStarted,
+    TurnEnded,
+    UserSpeechStarted,
+    UserSpeechStopped,
+    UserTranscript,
+)
 from inference_worker.conversation.turns import TurnMode
 from store import messages as msg
 from tests.worker.feeding import feed
@@ -34,13 +42,13 @@ QUIET = FrameOutput(audio=bytes(3840), level=0.0)
 # By name: a strategy over the frames themselves would print their audio in every report.
 FRAMES = {
     "loud": LOUD, "quiet": QUIET, "text": FrameOutput(audio=b"", level=0.0, text="early "),
-    "end_of_turn": FrameOutput(audio=b"\x10\x20" * 1920, level=0.1, events={"end_of_turn": True}),
+    "end_of_turn": FrameOutput(audio=b"\x10\x20" * 1920, level=0.1, reports=(TurnEnded(),)),
     "barge_in": FrameOutput(audio=b"", level=0.0,
-                            events={"speech_started": True, "barge_in": True}),
-    "speech_stopped": FrameOutput(audio=b"", level=0.0, events={"speech_stopped": True}),
-    "transcript": FrameOutput(audio=b"", level=0.0, events={"transcript": "hi"}),
-    "response_started": FrameOutput(audio=b"", level=0.0, events={"response_started": True}),
-    "response_done": FrameOutput(audio=b"", level=0.0, events={"response_done": True}),
+                            reports=(UserSpeechStarted(), BargedIn())),
+    "speech_stopped": FrameOutput(audio=b"", level=0.0, reports=(UserSpeechStopped(),)),
+    "transcript": FrameOutput(audio=b"", level=0.0, reports=(UserTranscript(text='hi'),)),
+    "response_started": FrameOutput(audio=b"", level=0.0, reports=(ResponseStarted(),)),
+    "response_done": FrameOutput(audio=b"", level=0.0, reports=(TurnEnded(),)),
 }
 _SPEECH = bytes((i * 7 + 3) % 251 for i in range(4800)) * 2  # 100 ms, loud enough for the VAD
 _TURN_DETECTION = st.sampled_from([

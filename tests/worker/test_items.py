@@ -20,6 +20,7 @@ from inference_worker.backends.loopback import CHUNK_BYTES
 from inference_worker.conversation.core import ConversationCore
 from inference_worker.conversation.history import MAX_ITEMS
 from inference_worker.conversation.items import Item
+from inference_worker.conversation.reports import BargedIn, ResponseStarted
 from inference_worker.conversation.turns import TurnMode
 from store import messages as msg
 from tests.gateway.strict import validate_server_event
@@ -326,9 +327,9 @@ def test_truncate_after_a_barge_in_never_errors() -> None:
     client's truncation at everything it got is taken and the transcript is gone."""
     runner = frame_runner(explicit=True)
     feed(runner, FrameOutput(audio=LOUD.audio, level=0.1, text="hello",
-                                events={"response_started": True}), T0)
+                                reports=(ResponseStarted(),)), T0)
     feed(runner, LOUD, T0 + FRAME_S)
-    feed(runner, FrameOutput(audio=b"", level=0.0, events={"barge_in": True}),
+    feed(runner, FrameOutput(audio=b"", level=0.0, reports=(BargedIn(),)),
                     T0 + 2 * FRAME_S)
     events = drain(runner)
     [done] = [e for e in events if isinstance(e, msg.ResponseDone)]
