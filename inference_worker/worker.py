@@ -39,6 +39,8 @@ from inference_worker.backends.registry import (
     backend_entry,
     capabilities_of,
     create_backend,
+    frame_core,
+    loopback_core,
     parse_options as parse_backend_options,
 )
 from inference_worker.conversation.core import ConversationCore
@@ -571,13 +573,11 @@ class Worker:
         return core
 
     def _unnamed_core(self, session_id: str) -> ConversationCore:
-        now, entry, engine = time.monotonic(), backend_entry(self.settings.backend), self._engine
+        entry, engine = backend_entry(self.settings.backend), self._engine
         if engine is None:
-            return ConversationCore.loopback(session_id, now=now, detector=self._detector)
-        return ConversationCore.frames(session_id, model=entry.name,
-                                       frame_seconds=engine.spec.frame_seconds, now=now,
-                                       turns=entry.turns, profile=entry.profile,
-                                       detector=self._detector)
+            return loopback_core(session_id, detector=self._detector)
+        return frame_core(session_id, model=entry.name, frame_seconds=engine.spec.frame_seconds,
+                          turns=entry.turns, profile=entry.profile, detector=self._detector)
 
     async def _catch_up(self, session_id: str, session: Session, *,
                         check_rewind: bool = False) -> None:

@@ -65,11 +65,10 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Final, Self, TypeAlias, assert_never
+from typing import Any, Final, TypeAlias, assert_never
 
 from inference_worker.audio_formats import AudioFormat, InputDecoder
 from inference_worker.audio_frames import FrameOutput
-from inference_worker.backends.loopback import CHUNK_SECONDS, LoopbackModel
 from inference_worker.conversation.history import (
     Conversation,
     ItemCommand,
@@ -80,7 +79,7 @@ from inference_worker.conversation.history import (
     commit_too_small,
 )
 from inference_worker.conversation.items import Item
-from inference_worker.conversation.model_port import EngineModel, ModelPort, PendingInput
+from inference_worker.conversation.model_port import ModelPort, PendingInput
 from inference_worker.conversation.playback import PlaybackLedgers
 from inference_worker.conversation.refusals import Refusal
 from inference_worker.conversation.reports import (
@@ -96,14 +95,12 @@ from inference_worker.conversation.reports import (
     UserTranscriptFailed,
 )
 from inference_worker.conversation.session_config import (
-    LOOPBACK,
     MAX_BUFFER_BYTES,
     MIN_COMMIT_BYTES,
     SessionProfile,
     apply_session_patch,
     check_session_patch,
     default_session,
-    frame_profile,
     parse_response_options,
 )
 from inference_worker.conversation.states import (
@@ -113,7 +110,7 @@ from inference_worker.conversation.states import (
     Trigger,
     transition,
 )
-from inference_worker.conversation.turns import POLICIES, TurnMode, TurnPolicy
+from inference_worker.conversation.turns import TurnPolicy
 from inference_worker.turn_detection.timeline import InputTimeline, turn_detection_of
 from inference_worker.turn_detection.vad import EnergyVad, SpeechStarted, Vad, VadConfig, VadEvent
 from inference_worker.untrusted import close_reason
@@ -246,28 +243,6 @@ class ConversationCore:
         # here and again on each session.update, not per output.
         self._silence_outputs = self._count_silence_outputs()
         model.configure(config)
-
-    @classmethod
-    def loopback(cls, session_id: str, *, now: float,
-                 detector: Callable[[VadConfig], Vad] = EnergyVad) -> Self:
-        """The core of a loopback session (``now`` keeps the drivers' calls uniform: the
-        loopback has no timed state at open)."""
-        del now
-        return cls(session_id, model=LoopbackModel(), profile=LOOPBACK,
-                   policy=POLICIES[TurnMode.LOOPBACK], frame_seconds=CHUNK_SECONDS,
-                   detector=detector)
-
-    @classmethod
-    def frames(cls, session_id: str, *, model: str, frame_seconds: float, now: float,
-               turns: TurnMode = TurnMode.AUDIO, profile: SessionProfile | None = None,
-               detector: Callable[[VadConfig], Vad] = EnergyVad) -> Self:
-        """The core of a session on the frame backend named ``model``, whose ticks last
-        ``frame_seconds``, whose sessions take turns as ``turns`` says and can be what
-        ``profile`` says (None: :func:`frame_profile` of ``model``)."""
-        del now
-        return cls(session_id, model=EngineModel(),
-                   profile=profile if profile is not None else frame_profile(model),
-                   policy=POLICIES[turns], frame_seconds=frame_seconds, detector=detector)
 
     def name(self, model: str) -> None:
         """Name the session's ``model`` (the name its client opened it with) before any

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from inference_worker.audio_frames import FrameOutput
+from inference_worker.backends.registry import frame_core
 from inference_worker.conversation.core import ConversationCore
 from inference_worker.conversation.reports import (
     BargedIn,
@@ -40,9 +41,9 @@ SILENCE_TICKS = 10  # 800 ms of 80 ms frames
 
 def runner(explicit: bool = False) -> ConversationCore:
     """A fresh runner for a Moshi-like model (or the cascade's event mode)."""
-    return ConversationCore.frames("sess_x", model="cascade" if explicit else "moshi",
-                                   frame_seconds=0.032 if explicit else FRAME_S, now=T0,
-                                   turns=TurnMode.EVENTS if explicit else TurnMode.AUDIO)
+    return frame_core("sess_x", model="cascade" if explicit else "moshi",
+                      frame_seconds=0.032 if explicit else FRAME_S,
+                      turns=TurnMode.EVENTS if explicit else TurnMode.AUDIO)
 
 
 def drain(r: ConversationCore) -> list[msg.Event]:

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from inference_worker.audio_frames import FrameOutput
+from inference_worker.backends.registry import frame_core, loopback_core
 from inference_worker.conversation.core import ConversationCore
 from inference_worker.conversation.reports import (
     BargedIn,
@@ -94,10 +95,10 @@ class CoreMachine(RuleBasedStateMachine):
     def start(self, mode: TurnMode) -> None:
         self.mode = mode
         if mode is TurnMode.LOOPBACK:
-            self.core = ConversationCore.loopback("sess_fuzz", now=T0)
+            self.core = loopback_core("sess_fuzz")
         else:
-            self.core = ConversationCore.frames("sess_fuzz", model="fake", now=T0,
-                                                frame_seconds=FRAME_S, turns=mode)
+            self.core = frame_core("sess_fuzz", model="fake",
+                                   frame_seconds=FRAME_S, turns=mode)
 
     def _send(self, command: msg.Command) -> None:
         assert self.core is not None

@@ -17,6 +17,7 @@ import pytest
 from gateway.protocol.codec import render_event
 from inference_worker.audio_frames import FrameOutput
 from inference_worker.backends.loopback import CHUNK_BYTES
+from inference_worker.backends.registry import frame_core, loopback_core
 from inference_worker.conversation.core import ConversationCore
 from inference_worker.conversation.history import MAX_ITEMS
 from inference_worker.conversation.items import Item
@@ -39,7 +40,7 @@ USER_TEXT = {"type": "message", "role": "user",
 def loopback() -> ConversationCore:
     """A fresh loopback runner, push-to-talk (``turn_detection: null``), as the frame
     backend's starts: these tests commit and create responses themselves."""
-    runner = ConversationCore.loopback("sess_items", now=T0)
+    runner = loopback_core("sess_items")
     runner.receive(msg.UpdateSession(session={"audio": {"input": {"turn_detection": None}}}),
                    T0)
     [updated] = runner.events_to_send()
@@ -49,8 +50,8 @@ def loopback() -> ConversationCore:
 
 def frame_runner(explicit: bool = False) -> ConversationCore:
     """A fresh runner of a Moshi-like frame backend (or the cascade's event mode)."""
-    return ConversationCore.frames("sess_items", model="moshi", frame_seconds=FRAME_S, now=T0,
-                                   turns=TurnMode.EVENTS if explicit else TurnMode.AUDIO)
+    return frame_core("sess_items", model="moshi", frame_seconds=FRAME_S,
+                      turns=TurnMode.EVENTS if explicit else TurnMode.AUDIO)
 
 
 RUNNERS: dict[str, Callable[[], ConversationCore]] = {"loopback": loopback, "frames": frame_runner}

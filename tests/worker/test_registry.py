@@ -15,8 +15,8 @@ from inference_worker.backends.registry import (
     backend_entry,
     create_backend,
     explicit_turns,
+    frame_core,
 )
-from inference_worker.conversation.core import ConversationCore
 from inference_worker.conversation.session_config import (
     GA_TURN_DETECTION,
     PCM_FORMAT,
@@ -88,8 +88,8 @@ def test_the_cascade_shows_the_turn_detection_its_vad_applies() -> None:
     assert (shown["threshold"], shown["prefix_padding_ms"], shown["silence_duration_ms"]) == (
         config.threshold, config.pre_roll_ms, config.silence_ms)
     entry = backend_entry("cascade")
-    core = ConversationCore.frames("s", model="cascade", frame_seconds=0.032, now=0.0,
-                                   turns=TurnMode.EVENTS, profile=entry.profile)
+    core = frame_core("s", model="cascade", frame_seconds=0.032,
+                      turns=TurnMode.EVENTS, profile=entry.profile)
     assert core.session["audio"]["input"]["turn_detection"] == shown
     for asked in ({"type": "semantic_vad", "eagerness": "low"}, None):
         core.receive(msg.UpdateSession(session={"audio": {"input": {"turn_detection": asked}}}),

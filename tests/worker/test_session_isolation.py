@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import struct
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,6 +22,7 @@ from redis.asyncio import Redis
 
 from inference_worker.audio_frames import FrameOutput
 from inference_worker.backends.fake import FakeBackend, FakeOptions
+from inference_worker.backends.registry import frame_core, loopback_core
 from inference_worker.conversation.core import ConversationCore
 from inference_worker.metrics import FAILURE_STAGES
 from inference_worker.sessions import Session, SessionTable
@@ -96,7 +96,8 @@ class PlantedWorker(Worker):
     def _new_session(self, session_id: str, name: str | None = None) -> Session | None:
         session = super()._new_session(session_id, name)
         if session is not None:
-            planted = PlantedLoopback.loopback(session_id, now=time.monotonic())
+            planted = loopback_core(session_id, core=PlantedLoopback)
+            assert isinstance(planted, PlantedLoopback)
             planted.stage = self.stage
             session.runner = planted
         return session
@@ -276,8 +277,8 @@ class PlantedFrameWorker(Worker):
         session = super()._new_session(session_id, name)
         engine = self.engine
         if session is not None and engine is not None:
-            session.runner = PlantedDuplex.frames(session_id, model="fake", now=time.monotonic(),
-                                                  frame_seconds=engine.spec.frame_seconds)
+            session.runner = frame_core(session_id, model="fake",
+                                        frame_seconds=engine.spec.frame_seconds, core=PlantedDuplex)
         return session
 
 

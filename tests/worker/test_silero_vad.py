@@ -24,7 +24,7 @@ from hypothesis import given, settings, strategies as st
 
 from inference_worker.audio_frames import float_to_pcm16
 from inference_worker.backends.cascade_models import VadState
-from inference_worker.conversation.core import ConversationCore
+from inference_worker.backends.registry import loopback_core
 from inference_worker.turn_detection.silero import (
     HYSTERESIS,
     SILERO_MODULES,
@@ -340,7 +340,7 @@ def test_loopback_core_with_silero_commits_a_spoken_turn() -> None:
     """A server_vad loopback session heard by Silero: speech_started and speech_stopped name
     the user item the commit adds, and the automatic answer plays the turn's audio back,
     from audio_start_ms to audio_end_ms."""
-    core = ConversationCore.loopback("sess_silero", now=T0, detector=SileroTurnDetector)
+    core = loopback_core("sess_silero", detector=SileroTurnDetector)
     update(core, {"type": "server_vad"})
     audio = spoken(SENTENCES[0])
     events = append(core, audio)
