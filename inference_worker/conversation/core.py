@@ -108,6 +108,7 @@ from inference_worker.conversation.states import (
     InputState,
     ResponseState,
     Trigger,
+    move,
     transition,
 )
 from inference_worker.conversation.turns import TurnPolicy
@@ -125,6 +126,8 @@ REPLY_TIMEOUT_S: Final = 5.0
 _DEFAULT_SILENCE_MS: Final = 800
 # Text the model produced while no response was open; bounded so silence cannot grow it.
 _MAX_HELD_TEXT: Final = 2000
+# The response states in which a response is active.
+_ACTIVE: Final = frozenset({ResponseState.OPEN, ResponseState.SPEAKING})
 # What the model says (fenced after a stop), as opposed to what it heard of the user.
 _MODEL_SPEECH: Final = (Output, ResponseStarted, TurnEnded, BargedIn)
 
@@ -269,7 +272,7 @@ class ConversationCore:
     @property
     def responding(self) -> bool:
         """Whether a response is active."""
-        return self._response is not None
+        return self._active
 
     @property
     def history(self) -> list[Item]:
@@ -368,9 +371,11 @@ class ConversationCore:
         self._check_idle(now)
 
     def _commit(self, command: msg.CommitInput, now: float) -> None:
-        if self._input.size < MIN_COMMIT_BYTES or not self._move_input(Trigger.COMMIT):
+        if (self._input.size < MIN_COMMIT_BYTES
+                or transition(self._input_state, Trigger.COMMIT) is None):
             self._refuse(command.event_id, commit_too_small(self._input.size))
             return
+        self._move_input(Trigger.COMMIT)
         audio = self._input.take_all()
         self._timeline.reset()  # a turn in progress was committed with the rest
         self._commit_turn(audio, now, respond=self._model.auto_respond)
@@ -384,7 +389,7 @@ class ConversationCore:
             self._unanswered = None if answered else _UserTurn(item_id=item_id, audio=audio)
         self._model.committed()
         self._drain_model(now)
-        if respond and self._response is None:
+        if respond and not self._active:
             self._start_response(self._config["output_modalities"] == ["audio"], None, now)
 
     def _clear(self) -> None:
@@ -484,7 +489,7 @@ class ConversationCore:
 
     def _turn_state(self) -> str:
         """``responding`` while a response is active, else ``listening``."""
-        return "responding" if self._response is not None else "listening"
+        return "responding" if self._active else "listening"
 
     # ------------------------------------------------------------------ playback ledger
 
@@ -499,13 +504,13 @@ class ConversationCore:
         self._conversation.emit(ledger.acknowledgement())
 
     def _close(self, command: msg.CloseSession) -> None:
-        if self._response is not None:
+        if self._active:
             self._end_response(Trigger.CLOSE, "cancelled", "client_cancelled")
             self._model.stop()
         else:
             self._move_response(Trigger.CLOSE)
         self._move_input(Trigger.CLOSE)
-        self._gate = transition(self._gate, Trigger.CLOSE) or self._gate
+        self._move_gate(Trigger.CLOSE)
         self._complete_user_item(None)
         self._input.clear()
         self._model.forget_input()
@@ -530,7 +535,7 @@ class ConversationCore:
         timeline = self._timeline
         audio = self._input.take_until(timeline.byte_at(self._turn_start_ms),
                                        timeline.byte_at(event.audio_end_ms), timeline.fed_bytes)
-        self._move_input(Trigger.COMMIT)
+        self._commit_taken()
         if self._input.size:
             self._move_input(Trigger.APPEND)  # what followed the turn stays buffered
         self._commit_turn(audio, now, respond=settings.create_response)
@@ -541,7 +546,7 @@ class ConversationCore:
         Measured on the input timeline: a client streams its microphone, silence included."""
         settings, start = self._timeline.settings, self._idle_from_ms
         if (settings is None or settings.idle_timeout_ms is None or start is None
-                or self._response is not None or self._timeline.speaking):
+                or self._active or self._timeline.speaking):
             return
         timeline = self._timeline
         end = timeline.fed_ms
@@ -551,7 +556,7 @@ class ConversationCore:
         self._conversation.timeout_triggered(start, end)
         audio = self._input.take_until(timeline.byte_at(start), timeline.byte_at(end),
                                        timeline.fed_bytes)
-        self._move_input(Trigger.COMMIT)
+        self._commit_taken()
         self._timeline.reset()
         self._commit_turn(audio, now, respond=True)
 
@@ -591,14 +596,14 @@ class ConversationCore:
         if isinstance(report, UserSpeechStarted):
             self._conversation.speech_started(self._heard_at_ms())
         elif isinstance(report, BargedIn):
-            if self._response is not None:
+            if self._active:
                 self._end_response(Trigger.CANCEL, "cancelled", "turn_detected")
         elif isinstance(report, UserSpeechStopped):
             self._conversation.speech_stopped(self._heard_at_ms())
             self._complete_user_item(None)
             self._user_item = self._conversation.add_user_item(done=False)
             self._input.clear()
-            self._move_input(Trigger.COMMIT)
+            self._commit_taken()
             self._anchor = now
         elif isinstance(report, UserTranscript):
             self._complete_user_item(report.text)
@@ -647,7 +652,7 @@ class ConversationCore:
     def _on_turn_end(self) -> None:
         if self._gate is GateState.MUTED:
             self._move_gate(Trigger.TURN_OVER)
-        elif self._response is not None:
+        elif self._active:
             self._end_response(Trigger.FINISH, "completed", None)
 
     def _hold_text(self, text: str) -> None:
@@ -772,20 +777,29 @@ class ConversationCore:
 
     # ------------------------------------------------------------------ helpers
 
-    def _move_input(self, trigger: Trigger) -> bool:
-        target = transition(self._input_state, trigger)
-        if target is not None:
-            self._input_state = target
-        return target is not None
+    # Every move goes through the table; an illegal one raises IllegalTransition (the
+    # session fails alone): a command the client may send out of turn is checked first.
 
-    def _move_response(self, trigger: Trigger) -> bool:
-        target = transition(self._response_state, trigger)
-        if target is not None:
-            self._response_state = target
-        return target is not None
+    def _move_input(self, trigger: Trigger) -> None:
+        self._input_state = move(self._input_state, trigger)
+
+    def _move_response(self, trigger: Trigger) -> None:
+        self._response_state = move(self._response_state, trigger)
 
     def _move_gate(self, trigger: Trigger) -> None:
-        self._gate = transition(self._gate, trigger) or self._gate
+        self._gate = move(self._gate, trigger)
+
+    @property
+    def _active(self) -> bool:
+        """Whether a response is active (opened and not ended)."""
+        return self._response_state in _ACTIVE
+
+    def _commit_taken(self) -> None:
+        """Turn detection or the model took the buffered turn: the input machine commits it
+        when it held input (a turn can end with nothing buffered: the turn before it in the
+        same append, or a clear, took the audio)."""
+        if self._input_state is InputState.BUFFERED:
+            self._move_input(Trigger.COMMIT)
 
     def _refuse(self, client_event_id: str | None, refusal: Refusal) -> None:
         self._conversation.refuse(client_event_id, refusal)
