@@ -38,7 +38,7 @@ from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 from gateway.protocol import codec, envelope
 from gateway.protocol.connection import ConnectionCore, SendFrame
 from gateway.protocol.errors import ClientProtocolError, CloseCode, ErrorCode, InternalError
-from inference_worker.conversation import session_config
+from inference_worker.conversation import session_schema
 from store import messages as m
 from tests.gateway.strict import validate_server_event
 
@@ -292,8 +292,8 @@ def _codes_at(node: ast.expr, path: Path, strings: dict[str, str]) -> set[str] |
         return {strings[node.id]}
     if isinstance(node, ast.Attribute) and node.attr == "code":
         return None  # ``ErrorEvent(code=refusal.code)``: counted where the Refusal is made
-    if isinstance(node, ast.Name) and path.name == "session_config.py" and node.id == "code":
-        return {code for _, code in session_config._LEAVES.values()}  # the session.update table
+    if isinstance(node, ast.Name) and path.name == "session_update.py" and node.id == "code":
+        return {code for _, code in session_schema.LEAVES.values()}  # the session.update table
     raise AssertionError(f"{path.name}:{node.lineno}: an error code the test cannot resolve")
 
 

@@ -81,6 +81,12 @@ from inference_worker.conversation.history import (
 from inference_worker.conversation.items import Item
 from inference_worker.conversation.model_port import ModelPort, PendingInput
 from inference_worker.conversation.playback import PlaybackLedgers
+from inference_worker.conversation.profiles import (
+    MAX_BUFFER_BYTES,
+    MIN_COMMIT_BYTES,
+    SessionProfile,
+    default_session,
+)
 from inference_worker.conversation.refusals import Refusal
 from inference_worker.conversation.reports import (
     BargedIn,
@@ -94,15 +100,8 @@ from inference_worker.conversation.reports import (
     UserTranscript,
     UserTranscriptFailed,
 )
-from inference_worker.conversation.session_config import (
-    MAX_BUFFER_BYTES,
-    MIN_COMMIT_BYTES,
-    SessionProfile,
-    apply_session_patch,
-    check_session_patch,
-    default_session,
-    parse_response_options,
-)
+from inference_worker.conversation.response_options import parse_response_options
+from inference_worker.conversation.session_update import apply_session_patch, check_session_patch
 from inference_worker.conversation.states import (
     GateState,
     InputState,

@@ -47,8 +47,8 @@ from inference_worker.conversation.objects import (
     response_object,
     zero_usage,
 )
+from inference_worker.conversation.profiles import BYTES_PER_SECOND
 from inference_worker.conversation.refusals import Refusal
-from inference_worker.conversation.session_config import BYTES_PER_SECOND
 from inference_worker.untrusted import describe
 from store import messages as msg
 from store.messages import JsonObject

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from inference_worker.audio_formats import AudioFormat, InputDecoder, parse_format
+from inference_worker.conversation.profiles import BYTES_PER_SECOND
 from inference_worker.conversation.refusals import Refusal
-from inference_worker.conversation.session_config import BYTES_PER_SECOND
 from inference_worker.untrusted import describe
 from store import messages as msg
 from store.messages import JsonObject

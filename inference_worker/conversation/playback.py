@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
+from inference_worker.conversation.profiles import BYTES_PER_SECOND
 from inference_worker.conversation.refusals import Refusal
-from inference_worker.conversation.session_config import BYTES_PER_SECOND
 from inference_worker.untrusted import describe
 from store import messages as msg
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from inference_worker.conversation.session_config import BYTES_PER_SECOND
+from inference_worker.conversation.profiles import BYTES_PER_SECOND
 from inference_worker.turn_detection.vad import (
     EnergyVad,
     SpeechStarted,

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from inference_worker.backends.loopback import CHUNK_BYTES
 from inference_worker.backends.registry import loopback_core
 from inference_worker.conversation.core import ConversationCore
-from inference_worker.conversation.session_config import MAX_BUFFER_BYTES, MIN_COMMIT_BYTES
+from inference_worker.conversation.profiles import MAX_BUFFER_BYTES, MIN_COMMIT_BYTES
 from store import messages as msg
 from tests.worker.realtime_render import validate_strict
 

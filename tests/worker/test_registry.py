@@ -17,11 +17,7 @@ from inference_worker.backends.registry import (
     explicit_turns,
     frame_core,
 )
-from inference_worker.conversation.session_config import (
-    GA_TURN_DETECTION,
-    PCM_FORMAT,
-    default_session,
-)
+from inference_worker.conversation.profiles import GA_TURN_DETECTION, PCM_FORMAT, default_session
 from store import messages as msg
 
 
