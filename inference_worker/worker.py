@@ -558,11 +558,11 @@ class Worker:
     def _new_session(self, session_id: str, name: str | None = None) -> Session | None:
         engine = self._engine
         if engine is None:
-            return Session(runner=self._new_core(session_id, name))
+            return Session(core=self._new_core(session_id, name))
         handle = engine.open(session_id)
         if handle is None:  # more placements than slots: cannot happen while capacity holds
             return None
-        return Session(runner=self._new_core(session_id, name), handle=handle)
+        return Session(core=self._new_core(session_id, name), handle=handle)
 
     def _new_core(self, session_id: str, name: str | None = None) -> ConversationCore:
         """The conversation core of a new session here (its backend's, one kind for all),

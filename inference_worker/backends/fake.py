@@ -5,7 +5,7 @@ fixed slots, one batched ``step`` per tick, per-slot state reset by ``open_slot`
 one-frame delay before the first output (a model's warm-up). Two behaviours:
 
 * ``echo`` (default): each slot returns its own input of the previous tick, so a test can
-  follow a marked frame through the engine and the runner, and a slot that gets garbage can
+  follow a marked frame through the engine and the core, and a slot that gets garbage can
   be checked for cross-talk.
 * ``tone``: each slot speaks a 440 Hz burst of ``tone_frames`` frames, then keeps quiet for
   ``gap_frames``, again and again, with ``text`` on the burst's first frame and

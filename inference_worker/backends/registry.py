@@ -146,7 +146,7 @@ class BackendEntry:
         name: what ``--backend`` / ``DUPLEX_GATEWAY_BACKEND`` calls it.
         turns: how its sessions take turns.
         profile: what its sessions can be (voices, modalities, what transcribes, ...).
-        load: builds it from a request (None: no frames, the runner serves it alone).
+        load: builds it from a request (None: no frames, its own model port serves it).
         needs_model_path: it cannot load without weights (``DUPLEX_GATEWAY_MODEL_PATH``).
     """
 

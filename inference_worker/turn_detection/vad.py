@@ -99,7 +99,7 @@ FRAME_BYTES: Final = 2 * FRAME_SAMPLES
 #: How far below the start level a frame still counts as speech once speaking.
 HYSTERESIS_DB: Final = 6.0
 #: Longest accepted duration setting. A minute of prefix padding or end-of-turn silence is far
-#: beyond any turn taking; the cap bounds the audio a runner keeps for the padding.
+#: beyond any turn taking; the cap bounds the audio a core keeps for the padding.
 MAX_DURATION_MS: Final = 60_000
 #: End-of-turn silence per ``semantic_vad`` eagerness (see the module docstring for why).
 EAGERNESS_SILENCE_MS: Final[Mapping[str, int]] = MappingProxyType({
@@ -113,7 +113,7 @@ _START_DBFS_SPAN: Final = 60.0
 
 # The keys each turn detection type takes. Those outside VadConfig (create_response,
 # interrupt_response, idle_timeout_ms) steer the conversation, not detection: they are
-# type-checked here and read by the runner.
+# type-checked here and read by the conversation core.
 _SERVER_VAD_KEYS: Final = frozenset({
     "type", "threshold", "prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms",
     "create_response", "interrupt_response",

@@ -41,7 +41,7 @@ CHUNK = m.encode_message(m.AppendAudio(audio=bytes(960)))  # 20 ms of pcm16 at 2
 def test_a_streamed_chunk_stays_within_its_budget() -> None:
     table = SessionTable(WorkerMetrics("loopback"), logging.getLogger(__name__),
                          mark_dirty=lambda session_id: None, engine=lambda: None)
-    session = Session(runner=loopback_core(SESSION_ID,
+    session = Session(core=loopback_core(SESSION_ID,
                                            detector=detector_factory("energy")))
     table.add(SESSION_ID, session)
     table.apply(SESSION_ID, session, [InputEntry(1, m.encode_message(STREAM), TOKEN)],

@@ -99,7 +99,7 @@ class PlantedWorker(Worker):
             planted = loopback_core(session_id, core=PlantedLoopback)
             assert isinstance(planted, PlantedLoopback)
             planted.stage = self.stage
-            session.runner = planted
+            session.core = planted
         return session
 
 
@@ -107,7 +107,7 @@ class UncheckedSessions(SessionTable):
     """The session table without the check of each session's close reason before the batch."""
 
     def close_reason_of(self, session_id: str, session: Session) -> str | None:
-        return "internal_error" if session.failed else session.runner.close_requested
+        return "internal_error" if session.failed else session.core.close_requested
 
 
 class UncheckedWorker(PlantedWorker):
@@ -277,7 +277,7 @@ class PlantedFrameWorker(Worker):
         session = super()._new_session(session_id, name)
         engine = self.engine
         if session is not None and engine is not None:
-            session.runner = frame_core(session_id, model="fake",
+            session.core = frame_core(session_id, model="fake",
                                         frame_seconds=engine.spec.frame_seconds, core=PlantedDuplex)
         return session
 
