@@ -84,14 +84,11 @@ from inference_worker.backends.cascade_models import (
     ECHO,
     Heard,
     Responder,
-    SileroVad,
     Synthesizer,
     Transcriber,
-    VadState,
     load_asr,
     load_responder,
     load_tts,
-    load_vad,
 )
 from inference_worker.conversation.reports import (
     BargedIn,
@@ -104,6 +101,7 @@ from inference_worker.conversation.reports import (
     UserTranscript,
     UserTranscriptFailed,
 )
+from inference_worker.turn_detection.silero import SileroVad, VadState, load_vad
 
 __all__ = [
     "CascadeBackend",

@@ -26,18 +26,13 @@ from inference_worker.backends.cascade import (
 )
 from inference_worker.backends.cascade_models import (
     CAUSAL_LM,
-    EXTRA_HINT,
     EchoResponder,
     Heard,
     PiperTts,
-    SileroVad,
-    VadState,
-    WeightsNotFound,
     WhisperAsr,
     load_asr,
     load_responder,
     load_tts,
-    load_vad,
 )
 from inference_worker.conversation.reports import (
     BargedIn,
@@ -49,6 +44,8 @@ from inference_worker.conversation.reports import (
     UserTranscript,
     UserTranscriptFailed,
 )
+from inference_worker.turn_detection.silero import SileroVad, VadState, load_vad
+from inference_worker.weights import EXTRA_HINT, PackagedWeights, WeightsNotFound
 
 # The test command installs the cascade extra; a missing package is a failure, not a skip.
 from tests.worker.speech import (
@@ -234,7 +231,7 @@ def test_directory_without_whisper_model_is_refused(tmp_path: Path) -> None:
 def test_missing_weight_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     """When the package of the default weights is absent, the error says what to install."""
     monkeypatch.setattr(cascade_models, "_DEFAULT_VOICE",
-                        cascade_models._Default("no-such-voice", "no_such_voice_pkg", "v.onnx"))
+                        PackagedWeights("no-such-voice", "no_such_voice_pkg", "v.onnx"))
     with pytest.raises(WeightsNotFound) as info:
         load_tts()
     assert "'no-such-voice'" in str(info.value) and EXTRA_HINT in str(info.value)

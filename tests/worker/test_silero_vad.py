@@ -23,7 +23,6 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from inference_worker.audio_frames import float_to_pcm16
-from inference_worker.backends.cascade_models import VadState
 from inference_worker.backends.registry import loopback_core
 from inference_worker.turn_detection.silero import (
     HYSTERESIS,
@@ -32,6 +31,7 @@ from inference_worker.turn_detection.silero import (
     WINDOW_MS,
     SileroTurnDetector,
     SileroUnavailable,
+    VadState,
     detector_factory,
     missing_silero_module,
     shared_model,
