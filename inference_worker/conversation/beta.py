@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from inference_worker.conversation.profiles import PCM_FORMAT
-from inference_worker.conversation.refusals import Refusal
+from inference_worker.conversation.refusals import Refusal, RefusalCode
 from inference_worker.conversation.session_schema import (
     TRANSCRIPTION,
     TURN_DETECTION,
@@ -70,13 +70,13 @@ def _beta_value(key: str, value: Any, root: str) -> Any:
     if key == "modalities":
         modalities = _ga_modalities(value)
         if modalities is None:
-            return Refusal(code="invalid_value", param=param,
+            return Refusal(code=RefusalCode.INVALID_VALUE, param=param,
                            message=f"unsupported value {describe(value)}: a list of 'audio' "
                                    "and 'text'")
         return modalities
     if key.endswith("_audio_format"):
         if not (isinstance(value, str) and value in _BETA_FORMATS):
-            return Refusal(code="unsupported_audio_format", param=param,
+            return Refusal(code=RefusalCode.UNSUPPORTED_AUDIO_FORMAT, param=param,
                            message=f"unsupported format {describe(value)}: use one of "
                                    f"{', '.join(_BETA_FORMATS)}")
         return dict(_BETA_FORMATS[value])

@@ -87,7 +87,7 @@ from inference_worker.conversation.profiles import (
     SessionProfile,
     default_session,
 )
-from inference_worker.conversation.refusals import Refusal
+from inference_worker.conversation.refusals import Refusal, RefusalCode
 from inference_worker.conversation.reports import (
     BargedIn,
     Failed,
@@ -422,7 +422,7 @@ class ConversationCore:
                 self._unanswered is None
                 or self._conversation.item(self._unanswered.item_id) is None):
             self._refuse(command.event_id, Refusal(
-                code="response_create_without_input",
+                code=RefusalCode.RESPONSE_CREATE_WITHOUT_INPUT,
                 message="The loopback answers a committed user turn; commit input audio first.",
             ))
         elif options.out_of_band and self._unanswered is not None:
@@ -806,12 +806,12 @@ class ConversationCore:
 
 #: An ``input_audio_buffer.append`` of pcm16 that ends inside a sample.
 _BROKEN_SAMPLE: Final = Refusal(
-    code="invalid_value", param="audio",
+    code=RefusalCode.INVALID_VALUE, param="audio",
     message="Invalid value for 'audio': pcm16 audio must be whole 2-byte samples.")
 
 #: ``input.text.append``: no backend takes text into the user's turn.
 _TEXT_INPUT_REFUSAL: Final = Refusal(
-    code="native_text_append_unsupported", param="text",
+    code=RefusalCode.NATIVE_TEXT_APPEND_UNSUPPORTED, param="text",
     message="this model takes no text in the user's turn; send a user message with"
     " conversation.item.create (an input_text part) instead")
 

@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from inference_worker.audio_formats import AudioFormat, InputDecoder, parse_format
 from inference_worker.conversation.profiles import BYTES_PER_SECOND
-from inference_worker.conversation.refusals import Refusal
+from inference_worker.conversation.refusals import Refusal, RefusalCode
 from inference_worker.untrusted import describe
 from store import messages as msg
 from store.messages import JsonObject
@@ -129,14 +129,14 @@ def user_audio_content(transcript: str | None) -> tuple[JsonObject, ...]:
 def truncate_refusal(item: Item, command: msg.TruncateItem) -> Refusal | None:
     """Why ``item`` cannot be cut to ``command.audio_end_ms`` (None: it can)."""
     if not item.truncatable:
-        return Refusal(code="invalid_value", param="item_id",
+        return Refusal(code=RefusalCode.INVALID_VALUE, param="item_id",
                        message=f"Only assistant audio items can be truncated; {item.id} is not"
                        " one.")
     if command.content_index != 0:
-        return Refusal(code="invalid_value", param="content_index",
+        return Refusal(code=RefusalCode.INVALID_VALUE, param="content_index",
                        message="Invalid value for 'content_index': audio is content part 0.")
     if command.audio_end_ms > item.audio_ms:
-        return Refusal(code="invalid_value", param="audio_end_ms",
+        return Refusal(code=RefusalCode.INVALID_VALUE, param="audio_end_ms",
                        message=f"audio_end_ms {command.audio_end_ms} is longer than the"
                        f" {item.audio_ms} ms of audio of item {item.id}.")
     return None
@@ -150,24 +150,25 @@ def parse_message(item: JsonObject,
     if isinstance(kind, Refusal):
         return kind
     if kind != "message":
-        return Refusal(code="invalid_value", param="item.type",
+        return Refusal(code=RefusalCode.INVALID_VALUE, param="item.type",
                        message=f"unsupported item type {describe(kind)}: expected 'message',"
                        " 'function_call' or 'function_call_output'")
     role = _string_field(item, "role", "item.role")
     if isinstance(role, Refusal):
         return role
     if role not in PART_TYPES:
-        return Refusal(code="invalid_value", param="item.role",
+        return Refusal(code=RefusalCode.INVALID_VALUE, param="item.role",
                        message=f"unsupported role {describe(role)}: expected one of"
                        " 'user', 'system', 'assistant'")
     parts = item.get("content")
     if parts is None:
-        return Refusal(code="missing_required_parameter", param="item.content",
+        return Refusal(code=RefusalCode.MISSING_REQUIRED_PARAMETER, param="item.content",
                        message="Missing required parameter: 'item.content'.")
     if not isinstance(parts, list):
-        return Refusal(code="invalid_type", param="item.content", message="expected an array")
+        return Refusal(code=RefusalCode.INVALID_TYPE, param="item.content",
+                       message="expected an array")
     if not parts:
-        return Refusal(code="invalid_value", param="item.content",
+        return Refusal(code=RefusalCode.INVALID_VALUE, param="item.content",
                        message="a message needs at least one content part")
     content: list[JsonObject] = []
     audio = bytearray()
@@ -184,12 +185,12 @@ def _parse_part(part: Any, allowed: tuple[str, ...], param: str,
                 fmt: AudioFormat) -> tuple[JsonObject, bytes] | Refusal:
     """One content part without its audio, and the audio; or why it is refused."""
     if not isinstance(part, dict):
-        return Refusal(code="invalid_type", param=param, message="expected an object")
+        return Refusal(code=RefusalCode.INVALID_TYPE, param=param, message="expected an object")
     kind = _string_field(part, "type", f"{param}.type")
     if isinstance(kind, Refusal):
         return kind
     if kind not in allowed:
-        return Refusal(code="invalid_value", param=f"{param}.type",
+        return Refusal(code=RefusalCode.INVALID_VALUE, param=f"{param}.type",
                        message=f"unsupported part type {describe(kind)} for this role:"
                        f" expected one of {', '.join(allowed)}")
     if kind.endswith("_text"):
@@ -197,7 +198,7 @@ def _parse_part(part: Any, allowed: tuple[str, ...], param: str,
         return text if isinstance(text, Refusal) else ({"type": kind, "text": text}, b"")
     transcript = part.get("transcript")
     if transcript is not None and not isinstance(transcript, str):
-        return Refusal(code="invalid_type", param=f"{param}.transcript",
+        return Refusal(code=RefusalCode.INVALID_TYPE, param=f"{param}.transcript",
                        message="expected a string or null")
     audio = _audio(part.get("audio"), f"{param}.audio", fmt)
     if isinstance(audio, Refusal):
@@ -210,10 +211,10 @@ def _parse_part(part: Any, allowed: tuple[str, ...], param: str,
 def _string_field(obj: JsonObject, key: str, param: str) -> str | Refusal:
     value = obj.get(key)
     if value is None:
-        return Refusal(code="missing_required_parameter", param=param,
+        return Refusal(code=RefusalCode.MISSING_REQUIRED_PARAMETER, param=param,
                        message=f"Missing required parameter: '{param}'.")
     if not isinstance(value, str):
-        return Refusal(code="invalid_type", param=param, message="expected a string")
+        return Refusal(code=RefusalCode.INVALID_TYPE, param=param, message="expected a string")
     return value
 
 
@@ -223,13 +224,14 @@ def _audio(value: Any, param: str, fmt: AudioFormat) -> bytes | Refusal:
     if value is None:
         return b""
     if not isinstance(value, str):
-        return Refusal(code="invalid_type", param=param, message="expected a base64 string")
+        return Refusal(code=RefusalCode.INVALID_TYPE, param=param,
+                       message="expected a base64 string")
     try:
         audio = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
-        return Refusal(code="invalid_value", param=param, message="not base64")
+        return Refusal(code=RefusalCode.INVALID_VALUE, param=param, message="not base64")
     if fmt is AudioFormat.PCM24K and len(audio) % 2:
-        return Refusal(code="invalid_value", param=param,
+        return Refusal(code=RefusalCode.INVALID_VALUE, param=param,
                        message="pcm16 audio must be whole 2-byte samples")
     return InputDecoder(fmt).decode(audio)
 

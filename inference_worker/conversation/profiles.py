@@ -19,7 +19,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from inference_worker.audio_formats import AudioFormat
-from inference_worker.conversation.refusals import Refusal
+from inference_worker.conversation.refusals import Refusal, RefusalCode
 from inference_worker.conversation.session_schema import is_bool, is_int
 from store.messages import JsonObject
 
@@ -143,10 +143,10 @@ def _loopback_coherence(merged: JsonObject) -> Refusal | None:
     if merged["extra_body"].get("loopback_mode") != "stream":
         return None
     if merged["output_modalities"] != ["audio"]:
-        return Refusal(code="invalid_value", param="session.extra_body.loopback_mode",
+        return Refusal(code=RefusalCode.INVALID_VALUE, param="session.extra_body.loopback_mode",
                        message="loopback stream mode needs output_modalities ['audio']")
     if merged["audio"]["input"]["turn_detection"] is not None:
-        return Refusal(code="invalid_value", param="session.audio.input.turn_detection",
+        return Refusal(code=RefusalCode.INVALID_VALUE, param="session.audio.input.turn_detection",
                        message="loopback stream mode takes no turn detection: send "
                                "audio.input.turn_detection null with it, or use turn mode")
     return None

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from inference_worker.conversation.beta import renamed_refusal, to_ga
 from inference_worker.conversation.profiles import LOOPBACK, SessionProfile
-from inference_worker.conversation.refusals import Refusal
+from inference_worker.conversation.refusals import Refusal, RefusalCode
 from inference_worker.conversation.session_schema import (
     Check,
     is_bool,
@@ -137,7 +137,8 @@ def parse_response_options(request: JsonObject | None, config: JsonObject,
     if request is None:
         request = {}
     elif not isinstance(request, dict):
-        return Refusal(code="invalid_type", param="response", message="expected an object")
+        return Refusal(code=RefusalCode.INVALID_TYPE, param="response",
+                       message="expected an object")
     refusal = too_deep(request, "response")
     if refusal is not None:
         return refusal
@@ -171,11 +172,11 @@ def _response_option_refusal(key: str, value: Any, profile: SessionProfile) -> R
         return _input_refusal(value)
     check = _RESPONSE_LEAVES.get(key)
     if check is None:
-        return Refusal(code="unknown_parameter", param=param,
+        return Refusal(code=RefusalCode.UNKNOWN_PARAMETER, param=param,
                        message=f"unknown parameter {describe(key)}")
     if check(value):
         return None
-    return Refusal(code="invalid_value", param=param,
+    return Refusal(code=RefusalCode.INVALID_VALUE, param=param,
                    message=f"unsupported value {describe(value)}")
 
 
@@ -183,16 +184,17 @@ def _response_audio_refusal(value: Any, profile: SessionProfile) -> Refusal | No
     if value is None:
         return None
     if not isinstance(value, dict):
-        return Refusal(code="invalid_type", param="response.audio", message="expected an object")
+        return Refusal(code=RefusalCode.INVALID_TYPE, param="response.audio",
+                       message="expected an object")
     for key in value:
         if key != "output":
-            return Refusal(code="unknown_parameter", param=f"response.audio.{key}",
+            return Refusal(code=RefusalCode.UNKNOWN_PARAMETER, param=f"response.audio.{key}",
                            message=f"unknown parameter {describe(key)}")
     output = value.get("output")
     if output is None:
         return None
     if not isinstance(output, dict):
-        return Refusal(code="invalid_type", param="response.audio.output",
+        return Refusal(code=RefusalCode.INVALID_TYPE, param="response.audio.output",
                        message="expected an object")
     return _response_output_refusal(output, profile)
 
@@ -201,7 +203,7 @@ def _response_output_refusal(output: JsonObject, profile: SessionProfile) -> Ref
     for key, value in output.items():
         param = f"response.audio.output.{key}"
         if key not in _RESPONSE_AUDIO_KEYS:
-            return Refusal(code="unknown_parameter", param=param,
+            return Refusal(code=RefusalCode.UNKNOWN_PARAMETER, param=param,
                            message=f"unknown parameter {describe(key)}")
         if value is None:
             continue
@@ -210,7 +212,7 @@ def _response_output_refusal(output: JsonObject, profile: SessionProfile) -> Ref
             if refusal is not None:
                 return refusal
         elif not is_voice(value):
-            return Refusal(code="invalid_value", param=param,
+            return Refusal(code=RefusalCode.INVALID_VALUE, param=param,
                            message=f"unsupported value {describe(value)}")
     return None
 
@@ -224,7 +226,7 @@ def _metadata_refusal(metadata: Any) -> Refusal | None:
                 for k, v in metadata.items())
     ):
         return None
-    return Refusal(code="invalid_value", param="response.metadata",
+    return Refusal(code=RefusalCode.INVALID_VALUE, param="response.metadata",
                    message=f"metadata must map strings to strings: at most {_METADATA_PAIRS} "
                            f"pairs, keys of at most {_METADATA_KEY_CHARS} characters, values "
                            f"of at most {_METADATA_VALUE_CHARS}")
@@ -234,10 +236,11 @@ def _input_refusal(items: Any) -> Refusal | None:
     if items is None:
         return None
     if not isinstance(items, list):
-        return Refusal(code="invalid_type", param="response.input", message="expected an array")
+        return Refusal(code=RefusalCode.INVALID_TYPE, param="response.input",
+                       message="expected an array")
     for index, item in enumerate(items):
         if not (isinstance(item, dict) and is_str(item.get("type"))):
-            return Refusal(code="invalid_value", param=f"response.input[{index}]",
+            return Refusal(code=RefusalCode.INVALID_VALUE, param=f"response.input[{index}]",
                            message="each input item is an object with a string type")
     return None
 
@@ -255,7 +258,8 @@ def _fixed_option_refusal(given: JsonObject, config: JsonObject,
         value = given[name]
         if value is None or (name != "input" and value == _session_value(name, config)):
             continue
-        return Refusal(code="unsupported_native_response_options", param=f"response.{name}",
+        return Refusal(code=RefusalCode.UNSUPPORTED_NATIVE_RESPONSE_OPTIONS,
+                       param=f"response.{name}",
                        message=f"model {describe(profile.model)} answers from what it hears "
                                f"and cannot set {name} per response: leave it out")
     return None

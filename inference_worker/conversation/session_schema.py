@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from inference_worker.conversation.refusals import RefusalCode
+
 __all__ = [
     "CONTAINERS",
     "EXTRA",
@@ -159,27 +161,27 @@ def is_voice(value: Any) -> bool:
 
 # Leaf path -> (check, error code). Every key a patch may carry is here, in CONTAINERS or
 # one of the special paths below; anything else is `unknown_parameter`.
-LEAVES: Final[Mapping[tuple[str, ...], tuple[Check, str]]] = {
-    ("type",): (lambda v: v == "realtime", "invalid_value"),
-    ("id",): (is_str, "invalid_value"),
-    ("object",): (is_str, "invalid_value"),
-    ("expires_at",): (lambda v: v is None or is_int(v, 0, 2**53), "invalid_value"),
-    ("model",): (is_optional_str, "invalid_value"),
-    ("output_modalities",): (is_modalities, "invalid_value"),
-    ("instructions",): (is_optional_str, "invalid_value"),
-    ("tools",): (is_tools, "invalid_value"),
-    ("tool_choice",): (is_tool_choice, "invalid_value"),
-    ("max_output_tokens",): (is_max_tokens, "invalid_value"),
-    ("tracing",): (_is_tracing, "invalid_value"),
-    ("truncation",): (_is_truncation, "invalid_value"),
-    ("prompt",): (is_prompt, "invalid_value"),
-    ("include",): (_is_include, "invalid_value"),
-    ("parallel_tool_calls",): (lambda v: v is None or is_bool(v), "invalid_value"),
-    ("reasoning",): (is_reasoning, "invalid_value"),
-    ("audio", "input", "transcription"): (_is_transcription, "invalid_value"),
-    ("audio", "input", "noise_reduction"): (_is_noise_reduction, "invalid_value"),
-    ("audio", "output", "voice"): (is_voice, "invalid_value"),
-    ("audio", "output", "speed"): (lambda v: is_number(v, 0.25, 1.5), "invalid_value"),
+LEAVES: Final[Mapping[tuple[str, ...], tuple[Check, RefusalCode]]] = {
+    ("type",): (lambda v: v == "realtime", RefusalCode.INVALID_VALUE),
+    ("id",): (is_str, RefusalCode.INVALID_VALUE),
+    ("object",): (is_str, RefusalCode.INVALID_VALUE),
+    ("expires_at",): (lambda v: v is None or is_int(v, 0, 2**53), RefusalCode.INVALID_VALUE),
+    ("model",): (is_optional_str, RefusalCode.INVALID_VALUE),
+    ("output_modalities",): (is_modalities, RefusalCode.INVALID_VALUE),
+    ("instructions",): (is_optional_str, RefusalCode.INVALID_VALUE),
+    ("tools",): (is_tools, RefusalCode.INVALID_VALUE),
+    ("tool_choice",): (is_tool_choice, RefusalCode.INVALID_VALUE),
+    ("max_output_tokens",): (is_max_tokens, RefusalCode.INVALID_VALUE),
+    ("tracing",): (_is_tracing, RefusalCode.INVALID_VALUE),
+    ("truncation",): (_is_truncation, RefusalCode.INVALID_VALUE),
+    ("prompt",): (is_prompt, RefusalCode.INVALID_VALUE),
+    ("include",): (_is_include, RefusalCode.INVALID_VALUE),
+    ("parallel_tool_calls",): (lambda v: v is None or is_bool(v), RefusalCode.INVALID_VALUE),
+    ("reasoning",): (is_reasoning, RefusalCode.INVALID_VALUE),
+    ("audio", "input", "transcription"): (_is_transcription, RefusalCode.INVALID_VALUE),
+    ("audio", "input", "noise_reduction"): (_is_noise_reduction, RefusalCode.INVALID_VALUE),
+    ("audio", "output", "voice"): (is_voice, RefusalCode.INVALID_VALUE),
+    ("audio", "output", "speed"): (lambda v: is_number(v, 0.25, 1.5), RefusalCode.INVALID_VALUE),
 }
 CONTAINERS: Final = frozenset({(), ("audio",), ("audio", "input"), ("audio", "output")})
 EXTRA: Final = ("extra_body",)

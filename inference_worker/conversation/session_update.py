@@ -42,7 +42,7 @@ from typing import Any
 from inference_worker.audio_formats import AudioFormat, parse_format
 from inference_worker.conversation.beta import BETA_PATHS, param_name, renamed_refusal, to_ga
 from inference_worker.conversation.profiles import IDLE_TIMEOUT_MS_RANGE, LOOPBACK, SessionProfile
-from inference_worker.conversation.refusals import Refusal
+from inference_worker.conversation.refusals import Refusal, RefusalCode
 from inference_worker.conversation.session_schema import (
     CONTAINERS,
     EXTRA,
@@ -69,7 +69,8 @@ __all__ = [
 
 def _check_level(patch: Any, path: tuple[str, ...], profile: SessionProfile) -> Refusal | None:
     if not isinstance(patch, dict):
-        return Refusal(code="invalid_type", message="expected an object", param=param_name(path))
+        return Refusal(code=RefusalCode.INVALID_TYPE, message="expected an object",
+                       param=param_name(path))
     for key, value in patch.items():
         refusal = _check_entry((*path, key), value, profile)
         if refusal is not None:
@@ -92,23 +93,24 @@ def _check_entry(sub: tuple[str, ...], value: Any, profile: SessionProfile) -> R
             return None
         return Refusal(code=code, message=f"unsupported value {describe(value)}",
                        param=param_name(sub))
-    return Refusal(code="unknown_parameter", message=f"unknown parameter {describe(sub[-1])}",
+    return Refusal(code=RefusalCode.UNKNOWN_PARAMETER,
+                   message=f"unknown parameter {describe(sub[-1])}",
                    param=param_name(sub))
 
 
 def _extra_refusal(extra: Any, profile: SessionProfile) -> Refusal | None:
     """Why ``extra_body`` cannot be ``extra`` on ``profile``'s backend (None: it can)."""
     if not isinstance(extra, dict):
-        return Refusal(code="invalid_type", message="expected an object",
+        return Refusal(code=RefusalCode.INVALID_TYPE, message="expected an object",
                        param=param_name(EXTRA))
     for key, value in extra.items():
         param = param_name((*EXTRA, key))
         knob = profile.extra_body.get(key)
         if knob is None:
-            return Refusal(code="unknown_parameter", param=param,
+            return Refusal(code=RefusalCode.UNKNOWN_PARAMETER, param=param,
                            message=f"unknown parameter {describe(key)}")
         if not knob.accepts(value):
-            return Refusal(code="invalid_value", param=param,
+            return Refusal(code=RefusalCode.INVALID_VALUE, param=param,
                            message=f"unsupported value {describe(value)}: must be "
                                    f"{knob.expected}")
     return None
@@ -122,7 +124,7 @@ def format_refusal(value: Any, param: str, profile: SessionProfile) -> Refusal |
     if parsed in profile.audio_formats:
         return None
     takes = ", ".join(sorted(fmt.value for fmt in profile.audio_formats))
-    return Refusal(code="unsupported_audio_format", param=param,
+    return Refusal(code=RefusalCode.UNSUPPORTED_AUDIO_FORMAT, param=param,
                    message=f"this model takes {takes} only, not {parsed.value}")
 
 
@@ -145,7 +147,7 @@ def _turn_detection_refusal(value: Any) -> Refusal | None:
         return None
     low, high = IDLE_TIMEOUT_MS_RANGE
     if not low <= idle <= high:
-        return Refusal(code="invalid_value", param=f"{base}.idle_timeout_ms",
+        return Refusal(code=RefusalCode.INVALID_VALUE, param=f"{base}.idle_timeout_ms",
                        message=f"idle_timeout_ms must be from {low} to {high} ms, got {idle}")
     return None
 
@@ -162,7 +164,7 @@ def _model_refusal(patch: JsonObject, current: JsonObject,
     serving = current.get("model", profile.model)
     if model is None or model == serving:
         return None
-    return Refusal(code="model_update_unsupported", param="session.model",
+    return Refusal(code=RefusalCode.MODEL_UPDATE_UNSUPPORTED, param="session.model",
                    message=f"this session is served by model {describe(serving)} and cannot "
                            f"change to {describe(model)}: send {describe(serving)} or leave "
                            "model out")
@@ -173,7 +175,7 @@ def modality_refusal(patch: JsonObject, profile: SessionProfile, root: str) -> R
     if modalities is None or modalities[0] in profile.output_modalities:
         return None
     allowed = [[kind] for kind in profile.output_modalities]
-    return Refusal(code="invalid_value", param=f"{root}.output_modalities",
+    return Refusal(code=RefusalCode.INVALID_VALUE, param=f"{root}.output_modalities",
                    message=f"this model answers in {' or '.join(profile.output_modalities)}: "
                            f"output_modalities must be {' or '.join(map(str, allowed))}")
 
@@ -221,7 +223,7 @@ def check_session_patch(patch: JsonObject, current: JsonObject,
     if refusal is not None:
         return refusal
     if not isinstance(patch, dict):
-        return Refusal(code="invalid_type", message="expected an object", param="session")
+        return Refusal(code=RefusalCode.INVALID_TYPE, message="expected an object", param="session")
     mapped = to_ga(patch, BETA_PATHS, "session")
     if isinstance(mapped, Refusal):
         return mapped
@@ -237,7 +239,7 @@ def too_deep(value: Any, param: str) -> Refusal | None:
     """The ``invalid_value`` refusal of a client value nested deeper than the worker takes."""
     if not nests_deeper_than(value, MAX_SESSION_DEPTH):
         return None
-    return Refusal(code="invalid_value", param=param,
+    return Refusal(code=RefusalCode.INVALID_VALUE, param=param,
                    message=f"nested more than {MAX_SESSION_DEPTH} levels deep")
 
 
