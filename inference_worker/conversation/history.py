@@ -37,14 +37,14 @@ from inference_worker.conversation.items import (
     format_of,
     parse_message,
     truncate_refusal,
-    user_audio_content,
-    user_item_object,
 )
 from inference_worker.conversation.objects import (
     assistant_item,
     content_part,
     item_content,
     response_object,
+    user_audio_content,
+    user_item_object,
     zero_usage,
 )
 from inference_worker.conversation.profiles import BYTES_PER_SECOND

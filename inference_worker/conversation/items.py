@@ -1,4 +1,5 @@
-"""Conversation items as the conversation keeps them, and reading the items clients send.
+"""Conversation items as the conversation keeps them, and reading the items clients send
+(the Realtime object shapes built from them are :mod:`~inference_worker.conversation.objects`).
 
 :class:`Item` is one item of a session's history (no audio bytes: their length only).
 :func:`parse_message` reads a ``message`` a client sends (``conversation.item.create``, or a
@@ -30,8 +31,6 @@ __all__ = [
     "format_of",
     "parse_message",
     "truncate_refusal",
-    "user_audio_content",
-    "user_item_object",
 ]
 
 #: Bytes of pcm16 24 kHz mono per millisecond of audio.
@@ -120,10 +119,6 @@ def cut_transcript(text: str, share: float) -> str:
     if end >= len(text):
         return text
     return text[:end].rsplit(" ", 1)[0] if " " in text[:end] else ""
-
-
-def user_audio_content(transcript: str | None) -> tuple[JsonObject, ...]:
-    return ({"type": "input_audio", "transcript": transcript},)
 
 
 def truncate_refusal(item: Item, command: msg.TruncateItem) -> Refusal | None:
@@ -241,9 +236,3 @@ def format_of(value: JsonObject) -> AudioFormat:
     parsed = parse_format(value, "format")
     assert isinstance(parsed, AudioFormat)  # the session only holds accepted formats
     return parsed
-
-
-def user_item_object(item_id: str, transcript: str | None) -> JsonObject:
-    return {"id": item_id, "object": "realtime.item", "type": "message", "role": "user",
-            "status": "completed",
-            "content": [{"type": "input_audio", "transcript": transcript}]}
