@@ -61,9 +61,8 @@ Every move of the input, response and gate machines is looked up in
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final, TypeAlias, assert_never
 
@@ -72,7 +71,6 @@ from inference_worker.audio_frames import FrameOutput
 from inference_worker.conversation.history import (
     Conversation,
     ItemCommand,
-    OpenResponse,
     UserItem,
     already_active,
     cancel_refusal,
@@ -80,10 +78,7 @@ from inference_worker.conversation.history import (
 )
 from inference_worker.conversation.items import Item
 from inference_worker.conversation.model_port import ModelPort, PendingInput
-from inference_worker.conversation.playback import PlaybackLedgers
 from inference_worker.conversation.profiles import (
-    MAX_BUFFER_BYTES,
-    MIN_COMMIT_BYTES,
     SessionProfile,
     default_session,
 )
@@ -101,46 +96,24 @@ from inference_worker.conversation.reports import (
     UserTranscriptFailed,
 )
 from inference_worker.conversation.response_options import parse_response_options
+from inference_worker.conversation.responses import Responses
 from inference_worker.conversation.session_update import apply_session_patch, check_session_patch
 from inference_worker.conversation.states import (
-    GateState,
-    InputState,
-    ResponseState,
     Trigger,
-    move,
     transition,
 )
 from inference_worker.conversation.turns import TurnPolicy
+from inference_worker.conversation.user_input import UserInput
 from inference_worker.turn_detection.timeline import InputTimeline, turn_detection_of
 from inference_worker.turn_detection.vad import EnergyVad, SpeechStarted, Vad, VadConfig, VadEvent
 from inference_worker.untrusted import close_reason
 from store import messages as msg
 from store.messages import JsonObject
 
-__all__ = ["COMMANDS", "REPLY_TIMEOUT_S", "ConversationCore"]
+__all__ = ["COMMANDS", "ConversationCore"]
 
-#: A response the model leaves silent this long completes empty (``ends_on_silence``).
-REPLY_TIMEOUT_S: Final = 5.0
-# Where a profile says nothing of it: the sustained silence that ends the model's turn.
-_DEFAULT_SILENCE_MS: Final = 800
-# Text the model produced while no response was open; bounded so silence cannot grow it.
-_MAX_HELD_TEXT: Final = 2000
-# The response states in which a response is active.
-_ACTIVE: Final = frozenset({ResponseState.OPEN, ResponseState.SPEAKING})
 # What the model says (fenced after a stop), as opposed to what it heard of the user.
 _MODEL_SPEECH: Final = (Output, ResponseStarted, TurnEnded, BargedIn)
-
-
-@dataclass(slots=True, kw_only=True)
-class _Response:
-    """The one active response and how far the model's turn has got."""
-
-    opened: OpenResponse
-    spontaneous: bool  # the model opened it (not response.create, not an automatic answer)
-    adopted: bool = False  # the model said it started its turn in it (it will end it)
-    transcript: list[str] = field(default_factory=list)
-    silent_run: int = 0  # consecutive silent outputs since the last audible one
-    age: int = 0  # outputs since it opened
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -149,53 +122,6 @@ class _UserTurn:
 
     item_id: str
     audio: bytes
-
-
-class _InputBuffer:
-    """The input appended since the last commit or clear: its bytes where the policy keeps
-    them (the newest 60 s), else only their count."""
-
-    __slots__ = ("_audio", "_keep", "_size")
-
-    def __init__(self, *, keep: bool) -> None:
-        self._keep = keep
-        self._audio = bytearray()
-        self._size = 0
-
-    @property
-    def size(self) -> int:
-        """Bytes buffered."""
-        return self._size
-
-    def append(self, audio: bytes) -> None:
-        if self._keep:
-            self._audio += audio
-            if len(self._audio) > MAX_BUFFER_BYTES:
-                del self._audio[:len(self._audio) - MAX_BUFFER_BYTES]  # keep the newest
-            self._size = len(self._audio)
-        else:
-            self._size += len(audio)
-
-    def take_all(self) -> bytes:
-        audio = bytes(self._audio)
-        self.clear()
-        return audio
-
-    def take_until(self, begin: int, end: int, fed: int) -> bytes:
-        """Cut out the turn between timeline bytes ``begin`` and ``end`` (``fed``: the
-        timeline's end): what came before it is dropped, what came after stays."""
-        start = fed - self._size  # the timeline position of the buffer's first byte
-        first = min(self._size, max(0, begin - start))
-        last = min(self._size, max(first, end - start))
-        audio = bytes(self._audio[first:last])
-        if self._keep:
-            del self._audio[:last]
-        self._size -= last
-        return audio
-
-    def clear(self) -> None:
-        self._audio.clear()
-        self._size = 0
 
 
 class ConversationCore:
@@ -219,10 +145,10 @@ class ConversationCore:
         self._model = model
         self._policy = policy
         self._frame_seconds = frame_seconds
-        self._input_state = InputState.EMPTY
-        self._response_state = ResponseState.IDLE
-        self._gate = GateState.LIVE
-        self._input = _InputBuffer(keep=policy.keeps_turn_audio)
+        self._responses = Responses(self._conversation, model, policy, frame_seconds,
+                                    on_open=lambda: self._complete_user_item(None),
+                                    on_end=self._response_ended)
+        self._input = UserInput(keep=policy.keeps_turn_audio)
         self._decoder = InputDecoder(AudioFormat.PCM24K)  # the client's audio -> pcm16 24 kHz
         self._timeline = InputTimeline(detector)
         if not policy.model_detects_speech:  # a new session may start with server_vad on
@@ -230,20 +156,11 @@ class ConversationCore:
         self._turn_start_ms = 0  # where the turn being spoken started (its speech_started)
         self._idle_from_ms: int | None = None  # the idle timeout's start, once a response ended
         self._model_input_ms: int | None = None  # the model's place on the input timeline
-        self._response: _Response | None = None
         self._unanswered: _UserTurn | None = None  # answers_turns: the turn to answer next
         self._user_item: UserItem | None = None  # added on end of speech, awaiting its transcript
-        self._mute_silence = 0
-        self._held_text = ""
-        self._held_quiet = 0  # silent outputs since the held text last grew
-        self._anchor: float | None = None  # the trigger time-to-first-audio is measured from
         self._heard_input = False
-        self._latencies: list[float] = []
-        self._ledgers = PlaybackLedgers()
         self._close_reason: str | None = None
-        # Silent outputs in a row that end the model's turn: read once per output, so counted
-        # here and again on each session.update, not per output.
-        self._silence_outputs = self._count_silence_outputs()
+        self._responses.configure(config)
         model.configure(config)
 
     def name(self, model: str) -> None:
@@ -271,7 +188,7 @@ class ConversationCore:
     @property
     def responding(self) -> bool:
         """Whether a response is active."""
-        return self._active
+        return self._responses.active
 
     @property
     def history(self) -> list[Item]:
@@ -329,8 +246,7 @@ class ConversationCore:
 
     def take_first_audio_latencies(self) -> list[float]:
         """Seconds from each turn's trigger to its first audible output, since the last call."""
-        latencies, self._latencies = self._latencies, []
-        return latencies
+        return self._responses.take_latencies()
 
     # ------------------------------------------------------------------ commands
 
@@ -346,7 +262,7 @@ class ConversationCore:
             self._decoder = InputDecoder(self._conversation.input_format)
         if not self._policy.model_detects_speech:
             self._timeline.configure(turn_detection_of(self._config))
-        self._silence_outputs = self._count_silence_outputs()
+        self._responses.configure(self._config)
         self._model.configure(self._config)
         self._conversation.session_updated()
 
@@ -359,9 +275,8 @@ class ConversationCore:
             return  # nothing to buffer or hear
         if not self._heard_input:
             self._heard_input = True
-            if self._anchor is None:
-                self._anchor = now  # the session's first words: the model's first reply
-        self._move_input(Trigger.APPEND)
+            if self._responses.anchor is None:
+                self._responses.anchor = now  # the session's first words: the model's first reply
         self._input.append(audio)
         self._model.hear(audio)
         self._drain_model(now)  # an echo answers at once, before the turn detector's events
@@ -370,37 +285,35 @@ class ConversationCore:
         self._check_idle(now)
 
     def _commit(self, command: msg.CommitInput, now: float) -> None:
-        if (self._input.size < MIN_COMMIT_BYTES
-                or transition(self._input_state, Trigger.COMMIT) is None):
+        if not self._input.committable:
             self._refuse(command.event_id, commit_too_small(self._input.size))
             return
-        self._move_input(Trigger.COMMIT)
-        audio = self._input.take_all()
+        audio = self._input.commit()
         self._timeline.reset()  # a turn in progress was committed with the rest
         self._commit_turn(audio, now, respond=self._model.auto_respond)
 
     def _commit_turn(self, audio: bytes, now: float, *, respond: bool) -> None:
         """The user item of a committed turn, then its answer when ``respond`` and idle."""
         item_id = self._conversation.add_user_item(done=True).id
-        self._anchor = now
+        self._responses.anchor = now
         if self._policy.answers_turns:
-            answered = self._response is not None and self._response.spontaneous
+            active = self._responses.current
+            answered = active is not None and active.spontaneous
             self._unanswered = None if answered else _UserTurn(item_id=item_id, audio=audio)
         self._model.committed()
         self._drain_model(now)
-        if respond and not self._active:
+        if respond and not self._responses.active:
             self._start_response(self._config["output_modalities"] == ["audio"], None, now)
 
     def _clear(self) -> None:
-        self._move_input(Trigger.CLEAR)
         self._input.clear()
         self._timeline.reset()  # the detector forgets a turn in progress with its audio
         self._model.forget_input()
         self._conversation.emit(msg.InputCleared())
 
     def _create(self, command: msg.CreateResponse, now: float) -> None:
-        active = self._response
-        if active is not None or transition(self._response_state, Trigger.CREATE) is None:
+        active = self._responses.current
+        if active is not None or transition(self._responses.state, Trigger.CREATE) is None:
             self._refuse(command.event_id,
                          already_active(active.opened.id if active is not None else "?"))
             return
@@ -433,31 +346,31 @@ class ConversationCore:
             self._start_response(options.audio, metadata, now, output)
 
     def _cancel(self, command: msg.CancelResponse) -> None:
-        active = self._cancellable()
+        active = self._responses.cancellable()
         refusal = cancel_refusal(active.id if active is not None else None, command.response_id)
         if refusal is not None:
             self._refuse(command.event_id, refusal)
             return
-        self._cancel_active("client_cancelled")
+        self._responses.cancel("client_cancelled")
 
     def _item_command(self, command: ItemCommand) -> None:
         turn = self._conversation.item_command(
-            command, active=self._cancellable(),
-            cancel_active=lambda: self._cancel_active("client_cancelled"))
+            command, active=self._responses.cancellable(),
+            cancel_active=lambda: self._responses.cancel("client_cancelled"))
         if turn is not None and self._policy.answers_turns:
             self._unanswered = _UserTurn(item_id=turn.item_id, audio=turn.audio)
 
     def _clear_output(self) -> None:
-        active = self._cancellable()
+        active = self._responses.cancellable()
         self._conversation.output_cleared(active.id if active is not None else None)
         if active is not None:
-            self._cancel_active("client_cancelled")  # unreleased audio is dropped
+            self._responses.cancel("client_cancelled")  # unreleased audio is dropped
 
     def _cancel_input(self) -> None:
         """``input.cancel``: the active response ends ``client_cancelled``, the pending input
         and an unanswered turn are dropped, and the epoch advances even when nothing ran."""
-        if self._cancellable() is not None:
-            self._cancel_active("client_cancelled")
+        if self._responses.cancellable() is not None:
+            self._responses.cancel("client_cancelled")
         else:
             self._model.stop()  # work in flight for the input (a turn being answered) stops
         self._unanswered = None
@@ -467,8 +380,8 @@ class ConversationCore:
         """``barge_in``: the client heard the user talk over the model; the active response
         ends ``turn_detected`` (as a detected speech start ends it) and the input buffered
         before the interruption is dropped."""
-        if self._cancellable() is not None:
-            self._cancel_active("turn_detected")
+        if self._responses.cancellable() is not None:
+            self._responses.cancel("turn_detected")
         self._clear()
 
     def _signal_turn(self, command: msg.SignalTurn) -> None:
@@ -481,20 +394,19 @@ class ConversationCore:
         """The client is not reading its output: the active response ends ``failed``
         (``output_backpressure``, the seed's reason) and the model stops, so the output stops
         growing; what was written stays in the log for the client to read."""
-        if self._cancellable() is None:
+        if self._responses.cancellable() is None:
             return
-        self._end_response(Trigger.CANCEL, "failed", "output_backpressure")
-        self._stop_model()
+        self._responses.end(Trigger.CANCEL, "failed", "output_backpressure")
+        self._responses.stop_model()
 
     def _turn_state(self) -> str:
         """``responding`` while a response is active, else ``listening``."""
-        return "responding" if self._active else "listening"
+        return "responding" if self._responses.active else "listening"
 
     # ------------------------------------------------------------------ playback ledger
 
     def _ack_playback(self, command: msg.AckPlayback) -> None:
-        active = self._response.opened.id if self._response is not None else None
-        ledger = self._ledgers.acknowledge(command, active)
+        ledger = self._responses.acknowledge(command)
         if isinstance(ledger, Refusal):
             self._refuse(command.event_id, ledger)
             return
@@ -503,15 +415,9 @@ class ConversationCore:
         self._conversation.emit(ledger.acknowledgement())
 
     def _close(self, command: msg.CloseSession) -> None:
-        if self._active:
-            self._end_response(Trigger.CLOSE, "cancelled", "client_cancelled")
-            self._model.stop()
-        else:
-            self._move_response(Trigger.CLOSE)
-        self._move_input(Trigger.CLOSE)
-        self._move_gate(Trigger.CLOSE)
+        self._responses.close()
+        self._input.close()
         self._complete_user_item(None)
-        self._input.clear()
         self._model.forget_input()
         self._unanswered = None
         # The store writes the reason back as session.closed: one it cannot encode is replaced.
@@ -527,16 +433,15 @@ class ConversationCore:
             self._idle_from_ms = None  # the user spoke: not idle
             # GA order: speech_started first, then the interrupted response's response.done.
             self._conversation.speech_started(event.audio_start_ms)
-            if settings.interrupt_response and self._cancellable() is not None:
-                self._cancel_active("turn_detected")
+            if settings.interrupt_response and self._responses.cancellable() is not None:
+                self._responses.cancel("turn_detected")
             return
         self._conversation.speech_stopped(event.audio_end_ms)
         timeline = self._timeline
-        audio = self._input.take_until(timeline.byte_at(self._turn_start_ms),
-                                       timeline.byte_at(event.audio_end_ms), timeline.fed_bytes)
-        self._commit_taken()
-        if self._input.size:
-            self._move_input(Trigger.APPEND)  # what followed the turn stays buffered
+        # What followed the turn stays buffered.
+        audio = self._input.take_turn(timeline.byte_at(self._turn_start_ms),
+                                      timeline.byte_at(event.audio_end_ms), timeline.fed_bytes,
+                                      rest_stays=True)
         self._commit_turn(audio, now, respond=settings.create_response)
 
     def _check_idle(self, now: float) -> None:
@@ -545,7 +450,7 @@ class ConversationCore:
         Measured on the input timeline: a client streams its microphone, silence included."""
         settings, start = self._timeline.settings, self._idle_from_ms
         if (settings is None or settings.idle_timeout_ms is None or start is None
-                or self._active or self._timeline.speaking):
+                or self._responses.active or self._timeline.speaking):
             return
         timeline = self._timeline
         end = timeline.fed_ms
@@ -553,9 +458,8 @@ class ConversationCore:
             return
         self._idle_from_ms = None
         self._conversation.timeout_triggered(start, end)
-        audio = self._input.take_until(timeline.byte_at(start), timeline.byte_at(end),
-                                       timeline.fed_bytes)
-        self._commit_taken()
+        audio = self._input.take_turn(timeline.byte_at(start), timeline.byte_at(end),
+                                      timeline.fed_bytes, rest_stays=False)
         self._timeline.reset()
         self._commit_turn(audio, now, respond=True)
 
@@ -570,18 +474,14 @@ class ConversationCore:
         for report in reports:
             match report:
                 case Output():
-                    self._on_output(report, now)
+                    self._responses.on_output(report, now)
                 case TurnEnded():
-                    self._on_turn_end()
+                    self._responses.on_turn_end()
                 case Failed():
                     self._conversation.emit(msg.ErrorEvent(
                         code="model_error", message=report.message, error_type="server_error"))
                 case ResponseStarted():
-                    self._move_gate(Trigger.CREATE)
-                    if self._response is None:
-                        self._open(audio=True, metadata=None, spontaneous=True)
-                    else:
-                        self._response.adopted = True  # the model fills the open response
+                    self._responses.model_started()
                 case (UserSpeechStarted() | UserSpeechStopped() | UserTranscript()
                       | UserTranscriptFailed() | BargedIn()):
                     if self._policy.model_detects_speech:
@@ -595,15 +495,14 @@ class ConversationCore:
         if isinstance(report, UserSpeechStarted):
             self._conversation.speech_started(self._heard_at_ms())
         elif isinstance(report, BargedIn):
-            if self._active:
-                self._end_response(Trigger.CANCEL, "cancelled", "turn_detected")
+            if self._responses.active:
+                self._responses.end(Trigger.CANCEL, "cancelled", "turn_detected")
         elif isinstance(report, UserSpeechStopped):
             self._conversation.speech_stopped(self._heard_at_ms())
             self._complete_user_item(None)
             self._user_item = self._conversation.add_user_item(done=False)
-            self._input.clear()
-            self._commit_taken()
-            self._anchor = now
+            self._input.taken_by_model()
+            self._responses.anchor = now
         elif isinstance(report, UserTranscript):
             self._complete_user_item(report.text)
         elif isinstance(report, UserTranscriptFailed):
@@ -616,77 +515,6 @@ class ConversationCore:
         fed = self._timeline.fed_ms
         heard = self._model_input_ms
         return fed if heard is None else min(heard, fed)
-
-    def _on_output(self, output: Output, now: float) -> None:
-        if self._gate is GateState.MUTED:
-            self._mute_silence = 0 if output.audible else self._mute_silence + 1
-            if self._mute_silence >= self._silence_outputs:
-                self._move_gate(Trigger.TURN_OVER)
-            return
-        response = self._response
-        if response is None:
-            if not (self._policy.opens_on_output and output.audible):
-                self._hold_text(output.text)
-                return
-            response = self._open(audio=True, metadata=None, spontaneous=True)
-        self._stream(response, output, now)
-        response.age += 1
-        response.silent_run = 0 if output.audible else response.silent_run + 1
-        if self._over(response):
-            self._end_response(Trigger.FINISH, "completed", None)
-
-    def _over(self, response: _Response) -> bool:
-        """Whether the response ends by itself: after sustained silence where the policy ends
-        turns so, or left unfilled: a response a client (or turn detection) opened that the
-        model neither spoke in nor took up within :data:`REPLY_TIMEOUT_S` completes empty,
-        so no response waits forever on a model with nothing to say (the cascade answers
-        speech only)."""
-        if self._response_state is ResponseState.SPEAKING:
-            return (self._policy.ends_on_silence
-                    and response.silent_run >= self._silence_outputs)
-        unfilled = not (response.spontaneous or response.adopted)
-        return (self._policy.frames and unfilled
-                and response.age * self._frame_seconds >= REPLY_TIMEOUT_S)
-
-    def _on_turn_end(self) -> None:
-        if self._gate is GateState.MUTED:
-            self._move_gate(Trigger.TURN_OVER)
-        elif self._active:
-            self._end_response(Trigger.FINISH, "completed", None)
-
-    def _hold_text(self, text: str) -> None:
-        if text:
-            self._held_text = (self._held_text + text)[-_MAX_HELD_TEXT:]
-            self._held_quiet = 0
-            return
-        self._held_quiet += 1
-        if self._policy.ends_on_silence and self._held_quiet >= self._silence_outputs:
-            self._held_text = ""  # text that no speech followed was not said
-
-    def _stream(self, response: _Response, output: Output, now: float) -> None:
-        rid, iid = response.opened.id, response.opened.item_id
-        text, self._held_text = self._held_text + output.text, ""
-        if output.audio:
-            self._conversation.audio_delta(response.opened, output.audio)
-            self._ledgers.generated(rid, len(output.audio))
-        if text:
-            response.transcript.append(text)
-            self._conversation.emit(msg.TranscriptDelta(response_id=rid, item_id=iid,
-                                                        output_index=0, content_index=0,
-                                                        delta=text))
-        if output.audible:
-            first = self._response_state is ResponseState.OPEN
-            self._move_response(Trigger.AUDIBLE)
-            if first and self._anchor is not None and self._policy.frames:
-                self._latencies.append(max(0.0, now - self._anchor))
-                self._anchor = None
-
-    def _count_silence_outputs(self) -> int:
-        """How many silent outputs in a row are sustained silence, by the session's
-        ``end_of_turn_silence_ms``."""
-        silence_ms: int = self._config["extra_body"].get("end_of_turn_silence_ms",
-                                                          _DEFAULT_SILENCE_MS)
-        return max(1, math.ceil(silence_ms / 1000 / self._frame_seconds))
 
     # ------------------------------------------------------------------ responses
 
@@ -707,59 +535,16 @@ class ConversationCore:
         if answer is None:
             turn, self._unanswered = self._unanswered, None
             answer = turn.audio if turn is not None else b""
-        self._move_gate(Trigger.CREATE)  # an explicit request wants to hear the model again
-        self._open(audio=audio, metadata=metadata, spontaneous=False, output=output,
-                   out_of_band=out_of_band)
-        self._anchor = now
+        # An explicit request wants to hear the model again.
+        self._responses.move_gate(Trigger.CREATE)
+        self._responses.open(audio=audio, metadata=metadata, spontaneous=False, output=output,
+                             out_of_band=out_of_band)
+        self._responses.anchor = now
         self._model.answer(answer, spoken=audio, now=now)
         self._drain_model(now)  # the first chunk is due at once
 
-    def _open(self, *, audio: bool, metadata: dict[str, str] | None, spontaneous: bool,
-              output: JsonObject | None = None, out_of_band: bool = False) -> _Response:
-        self._complete_user_item(None)
-        self._move_response(Trigger.CREATE)
-        response = _Response(
-            opened=self._conversation.open_response(audio=audio, metadata=metadata,
-                                                    output=output, out_of_band=out_of_band),
-            spontaneous=spontaneous)
-        self._response = response
-        opened = response.opened
-        self._ledgers.open(opened.id, opened.item_id)
-        return response
-
-    def _cancellable(self) -> OpenResponse | None:
-        """The active response, when it may be cancelled now."""
-        active = self._response
-        if active is None or transition(self._response_state, Trigger.CANCEL) is None:
-            return None
-        return active.opened
-
-    def _cancel_active(self, reason: str) -> None:
-        """End the active response ``cancelled`` for ``reason``, advance the epoch, and stop
-        the model (or, where it cannot stop mid-word, mute the rest of its turn)."""
-        self._end_response(Trigger.CANCEL, "cancelled", reason)
-        self._stop_model()
-
-    def _stop_model(self) -> None:
-        """Tell the model to stop its response; one that cannot stop mid-word is muted for
-        the rest of its turn."""
-        self._model.stop()
-        if self._policy.mutes_after_cancel:
-            self._move_gate(Trigger.CANCEL)
-            self._mute_silence = 0
-
-    def _end_response(self, trigger: Trigger, status: str, reason: str | None) -> None:
-        response = self._response
-        assert response is not None  # callers checked
-        self._move_response(trigger)
-        self._response = None
-        self._conversation.finish_response(response.opened, status=status, reason=reason,
-                                           transcript="".join(response.transcript))
+    def _response_ended(self) -> None:
         self._idle_from_ms = self._timeline.fed_ms  # the idle timeout counts from here
-        ledger = self._ledgers.ended(response.opened.id, interrupted=status != "completed")
-        if ledger is not None and ledger.heard_ms is not None:
-            # Only what the client acknowledged hearing stays in the history.
-            self._conversation.keep_heard(ledger.item_id, ledger.heard_ms)
 
     def _complete_user_item(self, transcript: str | None, failure: str | None = None) -> None:
         pending, self._user_item = self._user_item, None
@@ -775,30 +560,6 @@ class ConversationCore:
         return apply_session_patch(patch, self._config, self._profile)
 
     # ------------------------------------------------------------------ helpers
-
-    # Every move goes through the table; an illegal one raises IllegalTransition (the
-    # session fails alone): a command the client may send out of turn is checked first.
-
-    def _move_input(self, trigger: Trigger) -> None:
-        self._input_state = move(self._input_state, trigger)
-
-    def _move_response(self, trigger: Trigger) -> None:
-        self._response_state = move(self._response_state, trigger)
-
-    def _move_gate(self, trigger: Trigger) -> None:
-        self._gate = move(self._gate, trigger)
-
-    @property
-    def _active(self) -> bool:
-        """Whether a response is active (opened and not ended)."""
-        return self._response_state in _ACTIVE
-
-    def _commit_taken(self) -> None:
-        """Turn detection or the model took the buffered turn: the input machine commits it
-        when it held input (a turn can end with nothing buffered: the turn before it in the
-        same append, or a clear, took the audio)."""
-        if self._input_state is InputState.BUFFERED:
-            self._move_input(Trigger.COMMIT)
 
     def _refuse(self, client_event_id: str | None, refusal: Refusal) -> None:
         self._conversation.refuse(client_event_id, refusal)

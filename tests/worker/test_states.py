@@ -110,13 +110,14 @@ def test_an_illegal_move_in_the_core_raises_and_leaves_the_state() -> None:
     """The core's moves go through the table: an illegal one raises instead of being
     skipped, and the machine keeps its state."""
     core = loopback_core("sess_states")
+    responses = core._responses
     with pytest.raises(IllegalTransition):
-        core._move_response(Trigger.AUDIBLE)  # no response is open
+        responses._move(Trigger.AUDIBLE)  # no response is open
     with pytest.raises(IllegalTransition):
-        core._move_input(Trigger.COMMIT)  # nothing is buffered
+        core._input.commit()  # nothing is buffered
     with pytest.raises(IllegalTransition):
-        core._move_gate(Trigger.AUDIBLE)  # the gate has no such trigger
-    assert (core._response_state, core._input_state, core._gate) == (
+        responses.move_gate(Trigger.AUDIBLE)  # the gate has no such trigger
+    assert (responses.state, core._input.state, responses.gate) == (
         ResponseState.IDLE, InputState.EMPTY, GateState.LIVE)
     assert not core.responding
 
