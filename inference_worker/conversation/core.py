@@ -30,20 +30,16 @@ decides every event, following the session's
   interrupted. With ``idle_timeout_ms``, once a response ended, that much input without
   speech commits the silent segment and answers it.
 * **Responses.** ``response.create`` opens one at once (``response.created`` ..
-  ``response.content_part.added``, Realtime GA order); the model fills it. Where the model
-  speaks when it decides to, its first audible output outside a response opens one, and text
-  it produced before that leads the transcript. Every output inside a response is an audio
-  delta, pauses included; text is a transcript delta. The model's end of turn completes the
-  response, as does (where the policy says) sustained silence of
-  ``extra_body.end_of_turn_silence_ms``; a response the model neither speaks in nor takes up
-  within 5 s completes empty. ``response.create`` options are honoured or refused:
-  out-of-band responses (``conversation: "none"``), ``input`` items, a format per response.
+  ``response.content_part.added``, Realtime GA order); the model fills it
+  (:mod:`~inference_worker.conversation.responses`: how its output streams in, when the
+  response ends, the mute after a cancel). ``response.create`` options are honoured or
+  refused: out-of-band responses (``conversation: "none"``), ``input`` items, a format per
+  response.
 * **Cancel.** ``response.cancel``, an interrupting speech start, ``output_audio_buffer.clear``
   and a truncation of the active response's item end it ``cancelled`` and tell the model to
-  stop; a model that cannot stop mid-word is muted until its turn is over, so the client never
-  hears the rest. Each stop advances the session's epoch, and a frame of an older epoch (its
-  step ran before the engine applied the stop) is fenced. ``output.backpressure`` (the
-  gateway's word that the client does not read) ends the response ``failed`` the same way.
+  stop. Each stop advances the session's epoch, and a frame of an older epoch (its step ran
+  before the engine applied the stop) is fenced. ``output.backpressure`` (the gateway's word
+  that the client does not read) ends the response ``failed`` the same way.
 * **Playback.** ``playback.ack`` moves the response's ledger
   (:mod:`inference_worker.conversation.playback`); an interrupted answer keeps only its
   acknowledged part in the history.
@@ -54,8 +50,9 @@ decides every event, following the session's
   committed turn (the loopback), a created user message is the turn the next ``response.create``
   answers.
 
-Every move of the input, response and gate machines is looked up in
-:data:`~inference_worker.conversation.states.TRANSITIONS`.
+Every move of the input (:mod:`~inference_worker.conversation.user_input`), response and gate
+machines is looked up in :data:`~inference_worker.conversation.states.TRANSITIONS`; an illegal
+move raises :class:`~inference_worker.conversation.states.IllegalTransition`.
 """
 
 from __future__ import annotations
@@ -72,17 +69,19 @@ from inference_worker.conversation.history import (
     Conversation,
     ItemCommand,
     UserItem,
+)
+from inference_worker.conversation.items import Item
+from inference_worker.conversation.model_port import ModelPort, PendingInput
+from inference_worker.conversation.profiles import BYTES_PER_SECOND, SessionProfile, default_session
+from inference_worker.conversation.refusals import (
+    BROKEN_SAMPLE,
+    CREATE_WITHOUT_INPUT,
+    TEXT_INPUT_REFUSAL,
+    Refusal,
     already_active,
     cancel_refusal,
     commit_too_small,
 )
-from inference_worker.conversation.items import Item
-from inference_worker.conversation.model_port import ModelPort, PendingInput
-from inference_worker.conversation.profiles import (
-    SessionProfile,
-    default_session,
-)
-from inference_worker.conversation.refusals import Refusal, RefusalCode
 from inference_worker.conversation.reports import (
     BargedIn,
     Failed,
@@ -268,7 +267,7 @@ class ConversationCore:
 
     def _append(self, command: msg.AppendAudio, now: float) -> None:
         if len(command.audio) % 2 and self._conversation.input_format is AudioFormat.PCM24K:
-            self._refuse(command.event_id, _BROKEN_SAMPLE)  # and the buffer stays aligned
+            self._refuse(command.event_id, BROKEN_SAMPLE)  # and the buffer stays aligned
             return
         audio = self._decoder.decode(command.audio)  # G.711 becomes pcm16 24 kHz here
         if not audio:
@@ -286,7 +285,8 @@ class ConversationCore:
 
     def _commit(self, command: msg.CommitInput, now: float) -> None:
         if not self._input.committable:
-            self._refuse(command.event_id, commit_too_small(self._input.size))
+            buffered_ms = self._input.size * 1000 / BYTES_PER_SECOND
+            self._refuse(command.event_id, commit_too_small(buffered_ms))
             return
         audio = self._input.commit()
         self._timeline.reset()  # a turn in progress was committed with the rest
@@ -334,10 +334,7 @@ class ConversationCore:
         elif self._policy.answers_turns and (
                 self._unanswered is None
                 or self._conversation.item(self._unanswered.item_id) is None):
-            self._refuse(command.event_id, Refusal(
-                code=RefusalCode.RESPONSE_CREATE_WITHOUT_INPUT,
-                message="The loopback answers a committed user turn; commit input audio first.",
-            ))
+            self._refuse(command.event_id, CREATE_WITHOUT_INPUT)
         elif options.out_of_band and self._unanswered is not None:
             # Out of band: it answers the turn without taking it from the conversation.
             self._start_response(options.audio, metadata, now, output, out_of_band=True,
@@ -565,18 +562,6 @@ class ConversationCore:
         self._conversation.refuse(client_event_id, refusal)
 
 
-#: An ``input_audio_buffer.append`` of pcm16 that ends inside a sample.
-_BROKEN_SAMPLE: Final = Refusal(
-    code=RefusalCode.INVALID_VALUE, param="audio",
-    message="Invalid value for 'audio': pcm16 audio must be whole 2-byte samples.")
-
-#: ``input.text.append``: no backend takes text into the user's turn.
-_TEXT_INPUT_REFUSAL: Final = Refusal(
-    code=RefusalCode.NATIVE_TEXT_APPEND_UNSUPPORTED, param="text",
-    message="this model takes no text in the user's turn; send a user message with"
-    " conversation.item.create (an input_text part) instead")
-
-
 _Handler: TypeAlias = Callable[[ConversationCore, Any, float], None]
 
 #: What each command does: every command type has its entry (the tests check it).
@@ -597,7 +582,7 @@ COMMANDS: Final[Mapping[type[msg.Command], _Handler]] = MappingProxyType({
     msg.CancelInput: lambda core, command, now: core._cancel_input(),
     msg.BargeIn: lambda core, command, now: core._barge_in(),
     msg.AppendText: lambda core, command, now: core._refuse(command.event_id,
-                                                           _TEXT_INPUT_REFUSAL),
+                                                           TEXT_INPUT_REFUSAL),
     msg.SignalTurn: lambda core, command, now: core._signal_turn(command),
     msg.AckPlayback: lambda core, command, now: core._ack_playback(command),
     msg.OutputBackpressure: lambda core, command, now: core._output_backpressure(),

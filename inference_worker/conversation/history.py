@@ -59,9 +59,6 @@ __all__ = [
     "ItemCommand",
     "OpenResponse",
     "UserItem",
-    "already_active",
-    "cancel_refusal",
-    "commit_too_small",
 ]
 
 #: Bytes of pcm16 24 kHz mono per millisecond of audio.
@@ -542,37 +539,3 @@ class Conversation:
             item_id = f"item_{self._items}"
             if item_id not in self._by_id:
                 return item_id
-
-
-# --------------------------------------------------------------------------- refusals
-
-
-def commit_too_small(buffered_bytes: int) -> Refusal:
-    """``input_audio_buffer.commit`` with less than 100 ms buffered (OpenAI's wording)."""
-    buffered_ms = buffered_bytes * 1000 / BYTES_PER_SECOND
-    return Refusal(
-        code=RefusalCode.INPUT_AUDIO_BUFFER_COMMIT_EMPTY,
-        message="Error committing input audio buffer: buffer too small. Expected at least"
-        f" 100ms of audio, but buffer only has {buffered_ms:.2f}ms of audio.",
-    )
-
-
-def already_active(response_id: str) -> Refusal:
-    """``response.create`` while a response is active (OpenAI's wording)."""
-    return Refusal(
-        code=RefusalCode.CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE,
-        message=f"Conversation already has an active response in progress: {response_id}."
-        " Wait until the response is finished before creating a new one.",
-    )
-
-
-def cancel_refusal(active_id: str | None, requested_id: str | None) -> Refusal | None:
-    """Why ``response.cancel`` cannot cancel (None: it can): no response is active, or it
-    names another response than the active one."""
-    if active_id is None:
-        return Refusal(code=RefusalCode.RESPONSE_CANCEL_NOT_ACTIVE,
-                       message="Cancellation failed: no active response found")
-    if requested_id is not None and requested_id != active_id:
-        return Refusal(code=RefusalCode.RESPONSE_CANCEL_NOT_ACTIVE, param="response_id",
-                       message=f"Cancellation failed: {requested_id} is not active")
-    return None
