@@ -196,7 +196,7 @@ def convert_wav(data: bytes) -> WavAudio:
     """
     import numpy as np
 
-    from inference_worker.frames import float_to_pcm16
+    from inference_worker.audio_frames import float_to_pcm16
 
     wav, payload = parse_wav(data)
     if not wav.float and wav.bits == 16 and wav.channels == 1 and wav.rate == RATE:
@@ -206,13 +206,13 @@ def convert_wav(data: bytes) -> WavAudio:
 
 
 def _resample(mono: Any, rate: int) -> Any:
-    """``mono`` at 24 kHz: the polyphase windowed-sinc resampler of ``inference_worker.frames``,
-    its filter made longer by the decimation ratio (so 96 kHz input is as well anti-aliased as
-    48 kHz, about 80 dB), fed a second at a time (its work arrays grow with the chunk), delay
-    removed."""
+    """``mono`` at 24 kHz: the polyphase windowed-sinc resampler of
+    ``inference_worker.audio_frames``, its filter made longer by the decimation ratio (so 96 kHz
+    input is as well anti-aliased as 48 kHz, about 80 dB), fed a second at a time (its work arrays
+    grow with the chunk), delay removed."""
     import numpy as np
 
-    from inference_worker.frames import SincResampler
+    from inference_worker.audio_frames import SincResampler
 
     if rate == RATE:
         return mono

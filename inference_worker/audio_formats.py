@@ -38,7 +38,7 @@ from typing import Any, Final
 import numpy as np
 import numpy.typing as npt
 
-from inference_worker.refusal import Refusal
+from inference_worker.conversation.refusals import Refusal, RefusalCode
 from inference_worker.untrusted import describe
 
 __all__ = [
@@ -141,7 +141,7 @@ def _is_pcm_rate(rate: Any) -> bool:
 
 
 def _refusal(param: str, message: str) -> Refusal:
-    return Refusal(code="unsupported_audio_format", message=message, param=param)
+    return Refusal(code=RefusalCode.UNSUPPORTED_AUDIO_FORMAT, message=message, param=param)
 
 
 # --------------------------------------------------------------------------- G.711

@@ -14,11 +14,13 @@ slot's output (no cross-talk), which the backends' tests assert.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
+
+from inference_worker.conversation.reports import ModelReport
 
 __all__ = [
     "Backend",
@@ -73,8 +75,10 @@ class SlotResult:
     pcm: Audio
     #: Decoded text produced this tick ("" for none/padding).
     text: str = ""
-    #: Model-specific signals (e.g. ``{"speaking": True}``, ``{"end_of_turn": True}``).
-    events: dict[str, Any] = field(default_factory=dict)
+    #: What the model reported this tick besides its output, in the order it happened: the
+    #: user's speech, transcript, its own turn starting, a barge-in, a failure. A
+    #: :class:`~inference_worker.conversation.reports.TurnEnded` comes after the tick's output.
+    reports: tuple[ModelReport, ...] = ()
 
 
 @runtime_checkable

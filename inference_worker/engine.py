@@ -33,8 +33,7 @@ from typing import Any, Final, Literal
 
 import numpy as np
 
-from inference_worker.backend import Backend, FrameSpec, SlotResult, SlotStep, silence
-from inference_worker.frames import (
+from inference_worker.audio_frames import (
     PCM_RATE,
     FrameOutput,
     LinearResampler,
@@ -42,6 +41,7 @@ from inference_worker.frames import (
     level,
     pcm16_to_float,
 )
+from inference_worker.backend import Backend, FrameSpec, SlotResult, SlotStep, silence
 from inference_worker.metrics import WorkerMetrics
 
 __all__ = ["Engine", "SlotHandle", "TickReport"]
@@ -480,7 +480,7 @@ class Engine:
         # the step began with.
         position = self._positions.get(handle.serial)
         return FrameOutput(audio=float_to_pcm16(pcm), level=level(pcm), text=result.text,
-                           events=dict(result.events), epoch=self._epochs.get(handle.serial, 0),
+                           reports=result.reports, epoch=self._epochs.get(handle.serial, 0),
                            input_ms=None if position is None
                            else round(position * self.spec.frame_seconds * 1000))
 

@@ -1,8 +1,8 @@
 """The sessions one worker serves: their records, their engine slots, and every call into
-their runners, each isolated from the others.
+their conversation cores, each isolated from the others.
 
 A :class:`SessionTable` holds each session's :class:`Session` by id and, on a frame backend,
-which session holds which engine handle. The worker reaches a session's runner only through
+which session holds which engine handle. The worker reaches a session's core only through
 it: to apply its commands (:meth:`~SessionTable.apply`), feed it a model tick
 (:meth:`~SessionTable.feed`), run its timers (:meth:`~SessionTable.tick_due`), end it
 (:meth:`~SessionTable.end`) and prepare its part of a batched write
@@ -29,9 +29,9 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from inference_worker.core import ConversationCore
+from inference_worker.audio_frames import FrameOutput
+from inference_worker.conversation.core import ConversationCore
 from inference_worker.engine import Engine, SlotHandle
-from inference_worker.frames import FrameOutput
 from inference_worker.metrics import WorkerMetrics
 from store import LogFollower
 from store.keys import worker_of_session
@@ -92,9 +92,10 @@ def is_current(token: WriteToken | None, newest: WriteToken | None) -> bool:
 
 @dataclass
 class Session:
-    """One session served here: its runner, engine slot, input position and unsent output."""
+    """One session served here: its conversation core, engine slot, input position and unsent
+    output."""
 
-    runner: ConversationCore
+    core: ConversationCore
     # The engine slot of a frame backend's session (None on the loopback).
     handle: SlotHandle | None = None
     follower: LogFollower = field(default_factory=LogFollower)
@@ -118,7 +119,7 @@ class Session:
     # An input push arrived since the last poll: pushes show a rewound log themselves, so the
     # poll checks the log's end only for sessions that were quiet.
     pushed: bool = False
-    # The worker failed on this session (see SessionTable.fail): its runner is never called
+    # The worker failed on this session (see SessionTable.fail): its core is never called
     # again, and the flusher writes the events encoded before the failure, then
     # session.closed internal_error.
     failed: bool = False
@@ -184,7 +185,7 @@ class SessionTable:
         self._log.info("serving session %s", session_id, extra=log_ids(session_id))
 
     def release_slot(self, session: Session) -> None:
-        """Give the session's engine slot back (idempotent): no tick feeds its runner again."""
+        """Give the session's engine slot back (idempotent): no tick feeds its core again."""
         if session.handle is None:
             return
         self._by_serial.pop(session.handle.serial, None)
@@ -205,8 +206,8 @@ class SessionTable:
 
     # ------------------------------------------------------------------ isolation
 
-    # Every call into a runner below sits in ``try: ... except Exception as exc:
-    # self.fail(session_id, stage, exc)``: any bug, or data the runner cannot handle, ends that
+    # Every call into a core below sits in ``try: ... except Exception as exc:
+    # self.fail(session_id, stage, exc)``: any bug, or data the core cannot handle, ends that
     # session alone; a BaseException that is no Exception (a cancellation) propagates. A plain
     # try, not a context manager: it runs several times per relayed chunk, and a context
     # manager's object and its four calls cost about 0.3 us each time (a try costs nothing
@@ -228,7 +229,7 @@ class SessionTable:
         self.release_slot(session)
         self._mark_dirty(session_id)
 
-    # ------------------------------------------------------------------ runner steps
+    # ------------------------------------------------------------------ core steps
 
     def apply(self, session_id: str, session: Session, entries: Sequence[InputEntry],
               now: float) -> None:
@@ -245,7 +246,7 @@ class SessionTable:
                     self._log.error("undecodable input entry for %s; skipped", session_id,
                                     extra=log_ids(session_id))
                     continue
-                session.runner.receive(command, now)
+                session.core.receive(command, now)
             self._pump(session)
         except Exception as exc:
             self.fail(session_id, "receive", exc)
@@ -270,7 +271,7 @@ class SessionTable:
         engine, handle = self._engine(), session.handle
         if engine is None or handle is None:
             return
-        pending = session.runner.take_input()
+        pending = session.core.take_input()
         for _ in range(pending.stops):  # first: the cancelled response goes before new input
             engine.stop_response(handle)
         if pending.clear:
@@ -279,28 +280,28 @@ class SessionTable:
             engine.push_audio(handle, pending.audio)
 
     def feed(self, serial: int, frame: FrameOutput, now: float) -> None:
-        """Hand one tick's output to the runner of the session that holds handle ``serial``."""
+        """Hand one tick's output to the core of the session that holds handle ``serial``."""
         session_id = self._by_serial.get(serial)
         if session_id is None:
             return  # closed (or failed) while the tick ran
         session = self._sessions.get(session_id)
         if session is None:
             return
-        runner = session.runner
+        core = session.core
         try:
-            runner.on_frame(frame, now)
-            for latency in runner.take_first_audio_latencies():
+            core.on_frame(frame, now)
+            for latency in core.take_first_audio_latencies():
                 self._metrics.time_to_first_audio.observe(latency)
         except Exception as exc:
             self.fail(session_id, "tick", exc)
         self._mark_dirty(session_id)
 
     def deadline_of(self, session_id: str, session: Session) -> float | None:
-        """When the session's runner next needs a tick (None: never, or it failed)."""
+        """When the session's core next needs a tick (None: never, or it failed)."""
         if session.failed:
             return None
         try:
-            return session.runner.next_deadline()
+            return session.core.next_deadline()
         except Exception as exc:
             self.fail(session_id, "tick", exc)
         return None  # it raised: the session is failed now
@@ -317,19 +318,19 @@ class SessionTable:
             deadline = self.deadline_of(session_id, session)
             if deadline is not None and deadline <= now:
                 try:
-                    session.runner.tick(now)
+                    session.core.tick(now)
                 except Exception as exc:
                     self.fail(session_id, "tick", exc)
                 self._mark_dirty(session_id)
 
     def end(self, session_id: str, reason: str, now: float) -> None:
-        """Tell a session's runner to end with ``reason``; the flusher writes its last events
+        """Tell a session's core to end with ``reason``; the flusher writes its last events
         and the terminal one, then forgets the session."""
         session = self._sessions.get(session_id)
         if session is None or session.failed:
             return  # a failed session is ending already
         try:
-            session.runner.receive(CloseSession(reason=reason), now)
+            session.core.receive(CloseSession(reason=reason), now)
         except Exception as exc:
             self.fail(session_id, "receive", exc)
         self._mark_dirty(session_id)
@@ -337,12 +338,12 @@ class SessionTable:
     # ------------------------------------------------------------------ output
 
     def output_of(self, session_id: str, session: Session) -> OutputPart | None:
-        """Encode what the session's runner produced into its unsent events and pick its close
+        """Encode what the session's core produced into its unsent events and pick its close
         reason: its part of the next write, or None when it has nothing to write."""
         if not session.failed:
             events: list[Event] = []
             try:
-                events = session.runner.events_to_send()
+                events = session.core.events_to_send()
             except Exception as exc:
                 self.fail(session_id, "events", exc)
             try:
@@ -361,10 +362,10 @@ class SessionTable:
         """The reason to end the session with now, checked to be sendable."""
         if not session.failed:
             try:
-                reason = session.runner.close_requested
+                reason = session.core.close_requested
                 if reason is not None:
                     # Redis's client encodes it as strict UTF-8, and one that cannot be would
-                    # fail the whole batch. The runners replace such reasons already; this
+                    # fail the whole batch. The cores replace such reasons already; this
                     # keeps a bug in one from reaching the batch.
                     reason.encode("utf-8")
                 return reason

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inference_worker.backends.registry import BACKENDS
-from inference_worker.silero_vad import AUTO, VAD_CHOICES
+from inference_worker.turn_detection.silero import AUTO, VAD_CHOICES
 from store.config import (
     PORT,
     POSITIVE,

@@ -3,11 +3,11 @@
 It registers and heartbeats, learns of sessions placed on it from its input channel (with a
 periodic read of its session set and input logs as the safety net for lost pushes), applies
 each session's input log in order to that session's conversation core
-(:class:`~inference_worker.core.ConversationCore`, one per session whatever the backend), and
-appends what the core emits to the session's output log. Every write is fenced in Lua: once
-this worker is declared lost, its writes are refused and it stops (DESIGN §2.9). Every input
-entry is checked again here against the fencing token it was written under, so a writer that went
-around the scripts is refused at the resource too (DESIGN §2.3; see
+(:class:`~inference_worker.conversation.core.ConversationCore`, one per session whatever the
+backend), and appends what the core emits to the session's output log. Every write is fenced in
+Lua: once this worker is declared lost, its writes are refused and it stops (DESIGN §2.9). Every
+input entry is checked again here against the fencing token it was written under, so a writer that
+went around the scripts is refused at the resource too (DESIGN §2.3; see
 :func:`~inference_worker.sessions.is_current`).
 
 With a frame backend (``fake``, ``moshi``, ``cascade``) each session holds a slot of the
@@ -33,16 +33,18 @@ import time
 from typing import Any
 
 from inference_worker.backend import Backend
+from inference_worker.backends.loopback import CHUNK_SECONDS
 from inference_worker.backends.registry import (
     BackendRequest,
     backend_entry,
     capabilities_of,
     create_backend,
+    frame_core,
+    loopback_core,
     parse_options as parse_backend_options,
 )
-from inference_worker.core import ConversationCore
+from inference_worker.conversation.core import ConversationCore
 from inference_worker.engine import Engine, TickReport
-from inference_worker.loopback import CHUNK_SECONDS
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.sessions import (
     FAILED_REASON,
@@ -52,7 +54,7 @@ from inference_worker.sessions import (
     log_ids,
 )
 from inference_worker.settings import WorkerSettings
-from inference_worker.silero_vad import detector_factory, load_weights
+from inference_worker.turn_detection.silero import detector_factory, load_weights
 from store import (
     CloseReason,
     Mismatch,
@@ -543,11 +545,11 @@ class Worker:
     def _new_session(self, session_id: str, name: str | None = None) -> Session | None:
         engine = self._engine
         if engine is None:
-            return Session(runner=self._new_core(session_id, name))
+            return Session(core=self._new_core(session_id, name))
         handle = engine.open(session_id)
         if handle is None:  # more placements than slots: cannot happen while capacity holds
             return None
-        return Session(runner=self._new_core(session_id, name), handle=handle)
+        return Session(core=self._new_core(session_id, name), handle=handle)
 
     def _new_core(self, session_id: str, name: str | None = None) -> ConversationCore:
         """The conversation core of a new session here (its backend's, one kind for all),
@@ -558,13 +560,11 @@ class Worker:
         return core
 
     def _unnamed_core(self, session_id: str) -> ConversationCore:
-        now, entry, engine = time.monotonic(), backend_entry(self.settings.backend), self._engine
+        entry, engine = backend_entry(self.settings.backend), self._engine
         if engine is None:
-            return ConversationCore.loopback(session_id, now=now, detector=self._detector)
-        return ConversationCore.frames(session_id, model=entry.name,
-                                       frame_seconds=engine.spec.frame_seconds, now=now,
-                                       turns=entry.turns, profile=entry.profile,
-                                       detector=self._detector)
+            return loopback_core(session_id, detector=self._detector)
+        return frame_core(session_id, model=entry.name, frame_seconds=engine.spec.frame_seconds,
+                          turns=entry.turns, profile=entry.profile, detector=self._detector)
 
     async def _catch_up(self, session_id: str, session: Session, *,
                         check_rewind: bool = False) -> None:

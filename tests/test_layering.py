@@ -22,32 +22,23 @@ FORBIDDEN = {
                       "uvicorn", "redis"},
 }
 # I/O-free cores: no event loop, no Redis, no web framework, no clock.
+_NO_IO = frozenset({"asyncio", "redis", "time"})
+_NO_THREADS = _NO_IO | {"threading"}
+_NO_TORCH = _NO_THREADS | {"torch"}
+_NO_MODELS = _NO_TORCH | {"onnxruntime"}
 PURE = {
     "gateway/protocol": {"asyncio", "redis", "starlette", "time", "websockets"},
-    "inference_worker/core.py": {"asyncio", "redis", "time", "threading", "torch"},
-    "inference_worker/model_ports.py": {"asyncio", "redis", "time", "threading", "torch"},
-    "inference_worker/model_reports.py": {"asyncio", "redis", "time", "threading", "torch"},
-    "inference_worker/turns.py": {"asyncio", "redis", "time", "threading", "torch"},
-    "inference_worker/items.py": {"asyncio", "redis", "time", "threading", "torch"},
-    "inference_worker/playback.py": {"asyncio", "redis", "time", "threading", "torch"},
-    "inference_worker/refusal.py": {"asyncio", "redis", "time", "threading", "torch"},
-    "inference_worker/turn_detection.py": {"asyncio", "redis", "time", "threading", "torch"},
-    "inference_worker/session_config.py": {"asyncio", "redis", "time", "threading", "torch"},
-    "inference_worker/audio_formats.py": {"asyncio", "redis", "time", "threading", "torch"},
-    "inference_worker/states.py": {"asyncio", "redis", "time"},
-    "inference_worker/loopback.py": {"asyncio", "redis", "time"},
-    "inference_worker/realtime_items.py": {"asyncio", "redis", "time", "threading"},
-    "inference_worker/frames.py": {"asyncio", "redis", "time", "threading", "torch"},
+    "inference_worker/conversation": _NO_TORCH,
+    "inference_worker/turn_detection": _NO_MODELS,
+    "inference_worker/backends/loopback.py": _NO_IO,
+    "inference_worker/audio_formats.py": _NO_TORCH,
+    "inference_worker/audio_frames.py": _NO_TORCH,
+    "inference_worker/untrusted.py": _NO_THREADS,
     "store/follower.py": {"asyncio", "redis", "time"},
     "store/reasons.py": {"asyncio", "redis", "time"},
     "store/formats.py": {"asyncio", "redis", "time"},
     "store/answers.py": {"asyncio", "redis", "time"},
     "store/lua": {"asyncio", "redis", "time"},
-    "inference_worker/untrusted.py": {"asyncio", "redis", "time", "threading"},
-    "inference_worker/conversation.py": {"asyncio", "redis", "time", "threading", "torch"},
-    "inference_worker/vad.py": {"asyncio", "redis", "time", "threading", "torch", "onnxruntime"},
-    "inference_worker/silero_vad.py": {"asyncio", "redis", "time", "threading", "torch",
-                                       "onnxruntime"},
 }
 
 
@@ -97,12 +88,12 @@ TRANSITIVELY_PURE = (
     "gateway.protocol.connection",
     "gateway.protocol.parse",
     "gateway.protocol.render",
-    "inference_worker.conversation",
-    "inference_worker.core",
+    "inference_worker.conversation.history",
+    "inference_worker.conversation.core",
     "inference_worker.audio_formats",
-    "inference_worker.states",
-    "inference_worker.vad",
-    "inference_worker.silero_vad",
+    "inference_worker.conversation.states",
+    "inference_worker.turn_detection.vad",
+    "inference_worker.turn_detection.silero",
     "store.messages",
     "store.follower",
     "store.reasons",

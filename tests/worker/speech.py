@@ -13,6 +13,7 @@ from functools import cache
 import numpy as np
 import numpy.typing as npt
 
+from inference_worker.audio_frames import resample
 from inference_worker.backends.cascade_models import (
     ASR_RATE,
     PiperTts,
@@ -20,7 +21,6 @@ from inference_worker.backends.cascade_models import (
     load_asr,
     load_tts,
 )
-from inference_worker.frames import resample
 
 __all__ = [
     "frames",

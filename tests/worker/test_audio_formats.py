@@ -33,7 +33,7 @@ from inference_worker.audio_formats import (
     ulaw_decode,
     ulaw_encode,
 )
-from inference_worker.refusal import Refusal
+from inference_worker.conversation.refusals import Refusal
 
 with warnings.catch_warnings():
     # The oracle: CPython's own G.711 coder. Python 3.11 and 3.12 ship it, deprecated; from

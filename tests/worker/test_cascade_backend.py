@@ -9,11 +9,12 @@ import time
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
 
+from inference_worker.audio_frames import SincResampler, resample
 from inference_worker.backend import Backend, SlotResult, SlotStep
 from inference_worker.backends import cascade_models
 from inference_worker.backends.cascade import (
@@ -25,20 +26,26 @@ from inference_worker.backends.cascade import (
 )
 from inference_worker.backends.cascade_models import (
     CAUSAL_LM,
-    EXTRA_HINT,
     EchoResponder,
     Heard,
     PiperTts,
-    SileroVad,
-    VadState,
-    WeightsNotFound,
     WhisperAsr,
     load_asr,
     load_responder,
     load_tts,
-    load_vad,
 )
-from inference_worker.frames import SincResampler, resample
+from inference_worker.conversation.reports import (
+    BargedIn,
+    Failed,
+    ModelReport,
+    ResponseStarted,
+    TurnEnded,
+    UserSpeechStarted,
+    UserTranscript,
+    UserTranscriptFailed,
+)
+from inference_worker.turn_detection.silero import SileroVad, VadState, load_vad
+from inference_worker.weights import EXTRA_HINT, PackagedWeights, WeightsNotFound
 
 # The test command installs the cascade extra; a missing package is a failure, not a skip.
 from tests.worker.speech import (
@@ -51,6 +58,7 @@ from tests.worker.speech import (
     whisper,
 )
 
+_R = TypeVar("_R")
 RATE = 24000
 FOX = "The quick brown fox jumps over the lazy dog."
 #: The echo responder's answer to ``transcript``, whatever the time it reports.
@@ -84,32 +92,34 @@ def backend(vad: SileroVad) -> Iterator[CascadeBackend]:
 class _Trace:
     """What one slot produced while driven."""
 
-    events: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    reports: list[tuple[int, tuple[ModelReport, ...]]] = field(default_factory=list)
     #: Audio and text per response, in order.
     answers: list[list[np.ndarray]] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
 
     def record(self, tick: int, result: SlotResult) -> None:
-        if result.events:
-            self.events.append((tick, dict(result.events)))
-        if result.events.get("response_started"):
+        if result.reports:
+            self.reports.append((tick, result.reports))
+        if any(isinstance(report, ResponseStarted) for report in result.reports):
             self.answers.append([])
             self.texts.append("")
         if self.answers:
             self.answers[-1].append(result.pcm)
             self.texts[-1] += result.text
 
-    def keys(self) -> list[str]:
-        return [key for _, events in self.events for key in events]
+    def kinds(self) -> list[str]:
+        return [type(report).__name__ for _, reports in self.reports for report in reports]
 
-    def first(self, key: str) -> dict[str, Any]:
-        return next(events for _, events in self.events if key in events)
+    def first(self, kind: type[_R]) -> _R:
+        return next(report for _, reports in self.reports for report in reports
+                    if isinstance(report, kind))
 
     def answer(self, index: int) -> np.ndarray:
         return np.concatenate(self.answers[index])
 
     def done(self) -> int:
-        return sum(1 for _, events in self.events if events.get("response_done"))
+        return sum(isinstance(report, TurnEnded)
+                   for _, reports in self.reports for report in reports)
 
 
 def _drive(backend: CascadeBackend, feeds: dict[int, list[np.ndarray]],
@@ -221,7 +231,7 @@ def test_directory_without_whisper_model_is_refused(tmp_path: Path) -> None:
 def test_missing_weight_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     """When the package of the default weights is absent, the error says what to install."""
     monkeypatch.setattr(cascade_models, "_DEFAULT_VOICE",
-                        cascade_models._Default("no-such-voice", "no_such_voice_pkg", "v.onnx"))
+                        PackagedWeights("no-such-voice", "no_such_voice_pkg", "v.onnx"))
     with pytest.raises(WeightsNotFound) as info:
         load_tts()
     assert "'no-such-voice'" in str(info.value) and EXTRA_HINT in str(info.value)
@@ -299,9 +309,9 @@ def test_round_trip_answers_the_sentence(backend: CascadeBackend) -> None:
     trace = _Trace()
     feed = _utterance(FOX)
     _drive(backend, {0: feed}, {0: trace}, responses=1, max_ticks=len(feed) + 400)
-    assert trace.keys() == ["speech_started", "speech_stopped", "transcript",
-                            "response_started", "response_done"]
-    transcript = trace.first("transcript")["transcript"]
+    assert trace.kinds() == ["UserSpeechStarted", "UserSpeechStopped", "UserTranscript",
+                             "ResponseStarted", "TurnEnded"]
+    transcript = trace.first(UserTranscript).text
     assert normalize(transcript) == normalize(FOX)
     pattern = re.escape(ECHOED).replace(re.escape("{transcript}"), re.escape(transcript))
     assert re.fullmatch(pattern.replace(re.escape("{seconds}"), r"\d+\.\d"), trace.texts[0])
@@ -326,13 +336,13 @@ def test_two_slots_answer_their_own_sentences(backend: CascadeBackend) -> None:
 
 def test_barge_in_stops_the_answer_and_answers_the_new_speech(
         backend: CascadeBackend) -> None:
-    """Speech during an answer cuts it (barge_in + response_done); the new words get answered."""
+    """Speech during an answer cuts it (BargedIn + TurnEnded); the new words get answered."""
     backend.open_slot(2)
     trace = _Trace()
     first = _utterance(FOX)
     # Phase 1: speak, wait until the answer has started and its audio is synthesized.
     tick = 0
-    while "response_started" not in trace.keys():
+    while "ResponseStarted" not in trace.kinds():
         assert tick < len(first) + 400
         result = backend.step([SlotStep(slot=2, pcm=first[tick] if tick < len(first)
                                         else np.zeros(768, dtype=np.float32))])[0]
@@ -345,14 +355,17 @@ def test_barge_in_stops_the_answer_and_answers_the_new_speech(
     played_before = tick
     _drive(backend, {2: second}, {2: trace}, responses=2, max_ticks=len(second) + 500,
            tick0=tick)
-    barge = [(t, events) for t, events in trace.events if events.get("barge_in")]
+    barge = [(t, reports) for t, reports in trace.reports
+             if any(isinstance(report, BargedIn) for report in reports)]
     assert len(barge) == 1
-    barge_tick, events = barge[0]
-    assert events["speech_started"] and events["response_done"]
+    barge_tick, reports = barge[0]
+    kinds = {type(report) for report in reports}
+    assert UserSpeechStarted in kinds and TurnEnded in kinds
     assert barge_tick - played_before < 10  # detected within ~0.3 s of speech
     full_answer = len(synthesize(FOX, RATE)[0])
     assert len(trace.answer(0)) < full_answer / 2  # the rest was dropped
-    transcripts = [events["transcript"] for _, events in trace.events if "transcript" in events]
+    transcripts = [report.text for _, reports in trace.reports for report in reports
+                   if isinstance(report, UserTranscript)]
     assert [normalize(text) for text in transcripts] == [normalize(FOX), normalize(JOURNEY)]
     heard = normalize(transcribe(trace.answer(1), RATE))
     assert normalize(JOURNEY) in heard and "fox" not in heard
@@ -400,27 +413,28 @@ def test_no_answer_without_words(vad: SileroVad, heard: str | Exception,
         assert cascade.settle(SETTLE_S)
         trace.record(len(feed), cascade.step([SlotStep(slot=0, pcm=feed[-1] * 0)])[0])
         # The fake transcribes at once: the transcript may share speech_stopped's tick.
-        assert trace.keys()[:3] == ["speech_started", "speech_stopped", "transcript"]
-        assert "response_started" not in trace.keys()
-        reported = trace.first("transcript")
-        assert reported["transcript"] == ""
-        assert (error is None) == ("error" not in reported)
-        if error is not None:
-            assert error in reported["error"]
+        reported = "UserTranscript" if error is None else "UserTranscriptFailed"
+        assert trace.kinds()[:3] == ["UserSpeechStarted", "UserSpeechStopped", reported]
+        assert "ResponseStarted" not in trace.kinds()
+        if error is None:
+            assert trace.first(UserTranscript).text == ""
+        else:
+            assert error in trace.first(UserTranscriptFailed).message
         assert cascade.state(0) == SlotState.LISTENING
     finally:
         cascade.close()
 
 
 def test_responder_failure_ends_the_response_with_an_error(vad: SileroVad) -> None:
-    """What was synthesized before the failure plays; response_done then carries the error."""
+    """What was synthesized before the failure plays; the turn then ends after a Failed."""
     cascade = _fake_cascade(vad, _FixedAsr("hello"), _BrokenResponder())
     try:
         cascade.open_slot(0)
         trace = _Trace()
         feed = _utterance("Hello there.")
         _drive(cascade, {0: feed}, {0: trace}, responses=1, max_ticks=len(feed) + 400)
-        assert "responder broke" in trace.first("response_done")["error"]
+        assert "responder broke" in trace.first(Failed).message
+        assert trace.kinds()[-2:] == ["Failed", "TurnEnded"]
         assert trace.texts[0] == "Hi." and len(trace.answer(0)) > RATE // 10
     finally:
         cascade.close()
@@ -445,7 +459,7 @@ def test_close_slot_mid_answer_frees_it(backend: CascadeBackend) -> None:
     backend.open_slot(0)
     result = backend.step([SlotStep(slot=0, pcm=np.zeros(768, dtype=np.float32))])[0]
     assert backend.state(0) == SlotState.LISTENING
-    assert result.pcm.size == 0 and result.events == {} and result.text == ""
+    assert result.pcm.size == 0 and result.reports == () and result.text == ""
 
 
 # -------------------------------------------------------------------------- stopping a response
@@ -511,7 +525,7 @@ def _answer_both(cascade: CascadeBackend, stop_slot_0: bool) -> tuple[_Trace, _T
 def test_stop_while_responding_plays_nothing_more_and_leaves_the_other_slot(
         vad: SileroVad) -> None:
     """A stop during RESPONDING returns the slot to LISTENING at once: no more audio, text or
-    event of that answer (no response_done: the client asked). The other slot's answer is
+    event of that answer (no TurnEnded: the client asked). The other slot's answer is
     the same as in a run without the stop."""
     reference = _two_slot_cascade(vad, _FixedAsr(ANSWER))
     try:
@@ -528,13 +542,13 @@ def test_stop_while_responding_plays_nothing_more_and_leaves_the_other_slot(
     finally:
         cascade.close()
     assert stop_tick >= 0
-    assert stopped.keys() == ["speech_started", "speech_stopped", "transcript",
-                              "response_started"]
+    assert stopped.kinds() == ["UserSpeechStarted", "UserSpeechStopped", "UserTranscript",
+                               "ResponseStarted"]
     # One frame of the answer played: the one the stop came on; 20+ silent ticks followed.
     played = [i for i, pcm in enumerate(stopped.answers[0]) if pcm.size]
     assert len(played) == 1 and played[0] + 20 < len(stopped.answers[0])
     assert stopped.texts == ["Hello there."]  # the first chunk's text rode on that frame
-    assert other.keys() == unstopped.keys()
+    assert other.kinds() == unstopped.kinds()
     assert other.texts == unstopped.texts == [ANSWER]
     mine, theirs = other.answer(0), unstopped.answer(0)
     assert mine.shape == theirs.shape and np.allclose(mine, theirs, atol=1e-4)
@@ -563,8 +577,8 @@ def test_stop_while_transcribing_cancels_the_coming_answer(vad: SileroVad) -> No
             result = cascade.step([SlotStep(slot=0, pcm=quiet)])[0]
             trace.record(tick, result)
             assert result.pcm.size == 0 and result.text == ""
-        assert trace.keys() == ["speech_started", "speech_stopped", "transcript"]
-        assert trace.first("transcript")["transcript"] == "Hello there."
+        assert trace.kinds() == ["UserSpeechStarted", "UserSpeechStopped", "UserTranscript"]
+        assert trace.first(UserTranscript).text == "Hello there."
         assert cascade.state(0) == SlotState.LISTENING
     finally:
         asr.release.set()

@@ -9,9 +9,10 @@ from typing import get_args
 
 import pytest
 
-from inference_worker.core import COMMANDS, ConversationCore
-from inference_worker.frames import FrameOutput
-from inference_worker.turns import TurnMode
+from inference_worker.audio_frames import FrameOutput
+from inference_worker.backends.registry import frame_core, loopback_core
+from inference_worker.conversation.core import COMMANDS, ConversationCore
+from inference_worker.conversation.turns import TurnMode
 from store import messages as msg
 from tests.worker.feeding import feed
 from tests.worker.realtime_render import validate_strict
@@ -25,7 +26,7 @@ BYTES_PER_MS = 48
 def loopback() -> ConversationCore:
     """A fresh loopback session's core, push-to-talk (``turn_detection: null``), as the frame
     backend's starts: these tests commit and create responses themselves."""
-    core = ConversationCore.loopback("sess_cmd", now=T0)
+    core = loopback_core("sess_cmd")
     core.receive(msg.UpdateSession(session={"audio": {"input": {"turn_detection": None}}}), T0)
     [updated] = core.events_to_send()
     assert isinstance(updated, msg.SessionUpdated)
@@ -34,8 +35,8 @@ def loopback() -> ConversationCore:
 
 def frames() -> ConversationCore:
     """A fresh core of a Moshi-like frame backend."""
-    return ConversationCore.frames("sess_cmd", model="moshi", frame_seconds=FRAME_S, now=T0,
-                                   turns=TurnMode.AUDIO)
+    return frame_core("sess_cmd", model="moshi", frame_seconds=FRAME_S,
+                      turns=TurnMode.AUDIO)
 
 
 CORES: dict[str, Callable[[], ConversationCore]] = {"loopback": loopback, "frames": frames}

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from inference_worker.audio_formats import alaw_decode, ulaw_decode, ulaw_encode
-from inference_worker.core import ConversationCore
-from inference_worker.turns import TurnMode
+from inference_worker.backends.registry import frame_core, loopback_core
+from inference_worker.conversation.core import ConversationCore
+from inference_worker.conversation.turns import TurnMode
 from store import messages as msg
 from tests.worker.realtime_render import validate_strict
 
@@ -43,7 +44,7 @@ def formats(input_type: str, output_type: str) -> msg.UpdateSession:
 def push_to_talk() -> ConversationCore:
     """A loopback session with ``turn_detection: null``: the tests that use it commit and
     create responses themselves, with a tone the default server_vad would take for a turn."""
-    core = ConversationCore.loopback("s", now=T0)
+    core = loopback_core("s")
     core.receive(msg.UpdateSession(session={"audio": {"input": {"turn_detection": None}}}), T0)
     [updated] = drain(core)
     assert isinstance(updated, msg.SessionUpdated)
@@ -52,7 +53,7 @@ def push_to_talk() -> ConversationCore:
 
 def test_a_g711_session_is_accepted_and_shown() -> None:
     """audio/pcmu in and audio/pcma out are accepted and shown as the effective formats."""
-    core = ConversationCore.loopback("s", now=T0)
+    core = loopback_core("s")
     core.receive(formats("audio/pcmu", "audio/pcma"), T0)
     [updated] = drain(core)
     assert isinstance(updated, msg.SessionUpdated)
@@ -91,7 +92,7 @@ def test_the_loopback_answers_a_mu_law_turn_in_a_law() -> None:
 def test_a_frame_model_hears_pcm16_at_24k(turns: TurnMode) -> None:
     """On a frame backend the engine gets the converted audio: each G.711 byte becomes three
     24 kHz samples."""
-    core = ConversationCore.frames("s", model="fake", frame_seconds=0.08, now=T0, turns=turns)
+    core = frame_core("s", model="fake", frame_seconds=0.08, turns=turns)
     core.receive(formats("audio/pcmu", "audio/pcmu"), T0)
     drain(core)
     core.receive(msg.AppendAudio(audio=ulaw_encode(tone_8k(100))), T0)
@@ -103,7 +104,7 @@ def test_a_frame_model_hears_pcm16_at_24k(turns: TurnMode) -> None:
 def test_a_created_items_audio_is_read_in_the_input_format() -> None:
     """A conversation.item.create input_audio part of a mu-law session is mu-law: the loopback
     answers it with the same tone, in the output format."""
-    core = ConversationCore.loopback("s", now=T0)
+    core = loopback_core("s")
     core.receive(formats("audio/pcmu", "audio/pcmu"), T0)
     sent = ulaw_encode(tone_8k(200))
     core.receive(msg.CreateItem(item={"type": "message", "role": "user", "content": [
@@ -120,7 +121,7 @@ def test_a_created_items_audio_is_read_in_the_input_format() -> None:
 
 def test_switching_back_to_pcm_passes_audio_through() -> None:
     """After pcmu, audio/pcm again: appended bytes are pcm16 24 kHz as sent."""
-    core = ConversationCore.frames("s", model="fake", frame_seconds=0.08, now=T0)
+    core = frame_core("s", model="fake", frame_seconds=0.08)
     core.receive(formats("audio/pcmu", "audio/pcmu"), T0)
     core.receive(formats("audio/pcm", "audio/pcm"), T0)
     drain(core)
@@ -157,7 +158,7 @@ def test_a_response_may_ask_for_its_own_format() -> None:
 
 @pytest.mark.parametrize("make", [
     push_to_talk,
-    lambda: ConversationCore.frames("s", model="fake", frame_seconds=0.08, now=T0)])
+    lambda: frame_core("s", model="fake", frame_seconds=0.08)])
 def test_an_odd_pcm16_append_is_refused_and_a_g711_one_is_not(make: Any) -> None:
     """Whole samples depend on the format: an odd-length append of pcm16 is invalid_value
     (nothing of it is buffered, so the next audio stays aligned); of G.711, one byte is one

@@ -8,9 +8,20 @@ from typing import Any
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from inference_worker.core import ConversationCore
-from inference_worker.frames import FrameOutput
-from inference_worker.turns import TurnMode
+from inference_worker.audio_frames import FrameOutput
+from inference_worker.backends.registry import frame_core
+from inference_worker.conversation.core import ConversationCore
+from inference_worker.conversation.reports import (
+    BargedIn,
+    Failed,
+    ResponseStarted,
+    TurnEnded,
+    UserSpeechStarted,
+    UserSpeechStopped,
+    UserTranscript,
+    UserTranscriptFailed,
+)
+from inference_worker.conversation.turns import TurnMode
 from store import messages as msg
 from tests.worker.feeding import feed
 from tests.worker.realtime_render import validate_strict
@@ -30,9 +41,9 @@ SILENCE_TICKS = 10  # 800 ms of 80 ms frames
 
 def runner(explicit: bool = False) -> ConversationCore:
     """A fresh runner for a Moshi-like model (or the cascade's event mode)."""
-    return ConversationCore.frames("sess_x", model="cascade" if explicit else "moshi",
-                                   frame_seconds=0.032 if explicit else FRAME_S, now=T0,
-                                   turns=TurnMode.EVENTS if explicit else TurnMode.AUDIO)
+    return frame_core("sess_x", model="cascade" if explicit else "moshi",
+                      frame_seconds=0.032 if explicit else FRAME_S,
+                      turns=TurnMode.EVENTS if explicit else TurnMode.AUDIO)
 
 
 def drain(r: ConversationCore) -> list[msg.Event]:
@@ -200,10 +211,10 @@ def test_held_text_without_speech_is_forgotten() -> None:
 
 
 def test_end_of_turn_signal_completes_at_once() -> None:
-    """The model's end_of_turn ends the response after that frame's audio."""
+    """The model's TurnEnded ends the response after that frame's audio."""
     r = runner()
     frames(r, LOUD)
-    events = frames(r, FrameOutput(audio=LOUD.audio, level=0.1, events={"end_of_turn": True}))
+    events = frames(r, FrameOutput(audio=LOUD.audio, level=0.1, reports=(TurnEnded(),)))
     assert kinds(events) == ["audio.delta", *CLOSING]
     events = frames(r, LOUD)
     assert kinds(events)[:len(OPENING)] == OPENING
@@ -228,12 +239,12 @@ def test_cancel_ends_the_response_and_mutes_the_rest_of_the_turn() -> None:
 
 
 def test_cancel_mute_also_ends_on_end_of_turn() -> None:
-    """While muted, the model's end_of_turn ends the mute."""
+    """While muted, the model's TurnEnded ends the mute."""
     r = runner()
     frames(r, LOUD)
     r.receive(msg.CancelResponse(), T0)
     drain(r)
-    assert frames(r, FrameOutput(audio=LOUD.audio, level=0.1, events={"end_of_turn": True})) == []
+    assert frames(r, FrameOutput(audio=LOUD.audio, level=0.1, reports=(TurnEnded(),))) == []
     assert kinds(frames(r, LOUD))[:len(OPENING)] == OPENING
 
 
@@ -313,7 +324,7 @@ def test_time_to_first_audio_from_first_input_and_from_commit() -> None:
     assert r.take_first_audio_latencies() == [pytest.approx(0.5)]
     feed(r, LOUD, 10.6)
     assert r.take_first_audio_latencies() == []
-    feed(r, FrameOutput(audio=LOUD.audio, level=0.1, events={"end_of_turn": True}), 10.7)
+    feed(r, FrameOutput(audio=LOUD.audio, level=0.1, reports=(TurnEnded(),)), 10.7)
     r.receive(msg.AppendAudio(audio=bytes(4800)), 11.0)
     r.receive(msg.CommitInput(), 11.0)
     feed(r, LOUD, 11.25)
@@ -330,17 +341,17 @@ def test_cascade_events_drive_turns() -> None:
     response_* bound the answer."""
     r = runner(explicit=True)
     r.receive(msg.AppendAudio(audio=bytes(4800)), T0)  # 100 ms of input on the timeline
-    [started] = frames(r, FrameOutput(audio=b"", level=0.0, events={"speech_started": True}))
+    [started] = frames(r, FrameOutput(audio=b"", level=0.0, reports=(UserSpeechStarted(),)))
     assert isinstance(started, msg.InputSpeechStarted) and started.audio_start_ms == 100
-    events = frames(r, FrameOutput(audio=b"", level=0.0, events={"speech_stopped": True}))
+    events = frames(r, FrameOutput(audio=b"", level=0.0, reports=(UserSpeechStopped(),)))
     assert kinds(events) == ["input.speech_stopped", "input.committed", "item.added",
                              "item.created"]
     stopped, committed = events[0], events[1]
     assert isinstance(stopped, msg.InputSpeechStopped)
     assert isinstance(committed, msg.InputCommitted)
     assert stopped.item_id == committed.item_id == started.item_id
-    events = frames(r, FrameOutput(audio=b"", level=0.0, events={
-        "transcript": "hi there", "response_started": True}))
+    events = frames(r, FrameOutput(audio=b"", level=0.0, reports=(
+        UserTranscript(text="hi there"), ResponseStarted())))
     assert kinds(events) == ["input_transcription.completed", "item.done", *OPENING]
     transcribed, item = events[0], events[1]
     assert transcribed == msg.InputTranscriptionCompleted(
@@ -352,7 +363,7 @@ def test_cascade_events_drive_turns() -> None:
     events = frames(r, *[QUIET] * 40)  # silence does not end an event-mode response
     assert "response.done" not in kinds(events)
     events = frames(r, FrameOutput(audio=LOUD.audio, level=0.1,
-                                   events={"response_done": True}))
+                                   reports=(TurnEnded(),)))
     assert kinds(events) == ["audio.delta", *CLOSING]
     assert done_of(events)["output"][0]["content"][0]["transcript"] == "Hi."
 
@@ -362,10 +373,10 @@ def test_a_failed_transcription_is_reported_on_its_item() -> None:
     input_audio_transcription.failed names the item, which completes without a transcript;
     no model_error is raised for it."""
     r = runner(explicit=True)
-    [started] = frames(r, FrameOutput(audio=b"", level=0.0, events={"speech_started": True}))
-    frames(r, FrameOutput(audio=b"", level=0.0, events={"speech_stopped": True}))
-    events = frames(r, FrameOutput(audio=b"", level=0.0, events={
-        "transcript": "", "error": "whisper ran out of memory"}))
+    [started] = frames(r, FrameOutput(audio=b"", level=0.0, reports=(UserSpeechStarted(),)))
+    frames(r, FrameOutput(audio=b"", level=0.0, reports=(UserSpeechStopped(),)))
+    events = frames(r, FrameOutput(audio=b"", level=0.0, reports=(
+        UserTranscriptFailed(message="whisper ran out of memory"),)))
     assert kinds(events) == ["input_transcription.failed", "item.done"]
     failed, item = events
     assert isinstance(failed, msg.InputTranscriptionFailed) and isinstance(item, msg.ItemDone)
@@ -376,11 +387,11 @@ def test_a_failed_transcription_is_reported_on_its_item() -> None:
 
 
 def test_cascade_barge_in_cancels_with_turn_detected() -> None:
-    """barge_in (with speech_started and response_done) cancels as turn_detected."""
+    """BargedIn (with UserSpeechStarted and TurnEnded) cancels as turn_detected."""
     r = runner(explicit=True)
-    frames(r, FrameOutput(audio=b"", level=0.0, events={"response_started": True}))
-    events = frames(r, FrameOutput(audio=b"", level=0.0, events={
-        "speech_started": True, "barge_in": True, "response_done": True}))
+    frames(r, FrameOutput(audio=b"", level=0.0, reports=(ResponseStarted(),)))
+    events = frames(r, FrameOutput(audio=b"", level=0.0, reports=(
+        UserSpeechStarted(), BargedIn(), TurnEnded())))
     assert kinds(events) == ["input.speech_started", *CLOSING]  # GA: speech_started first
     done = done_of(events)
     assert done["status_details"] == {"type": "cancelled", "reason": "turn_detected"}
@@ -391,15 +402,15 @@ def test_cascade_errors_and_close_complete_the_pending_item() -> None:
     transcript with an error is the transcription's failure, on its item; close completes
     a pending user item."""
     r = runner(explicit=True)
-    events = frames(r, FrameOutput(audio=b"", level=0.0, events={"error": "tts failed"}))
+    events = frames(r, FrameOutput(audio=b"", level=0.0, reports=(Failed(message="tts failed"),)))
     [error] = events
     assert isinstance(error, msg.ErrorEvent)
     assert (error.code, error.error_type) == ("model_error", "server_error")
-    events = frames(r, FrameOutput(audio=b"", level=0.0, events={
-        "speech_stopped": True, "transcript": "", "error": "asr failed"}))
+    events = frames(r, FrameOutput(audio=b"", level=0.0, reports=(
+        UserSpeechStopped(), UserTranscriptFailed(message="asr failed"))))
     assert kinds(events) == ["input.speech_stopped", "input.committed", "item.added",
                              "item.created", "input_transcription.failed", "item.done"]
-    frames(r, FrameOutput(audio=b"", level=0.0, events={"speech_stopped": True}))
+    frames(r, FrameOutput(audio=b"", level=0.0, reports=(UserSpeechStopped(),)))
     r.receive(msg.CloseSession(), T0)
     assert kinds(drain(r)) == ["item.done"]
 
@@ -421,10 +432,10 @@ _COMMANDS = st.sampled_from([
 ])
 _FRAMES = st.sampled_from([
     LOUD, QUIET, EMPTY, FrameOutput(audio=LOUD.audio, level=0.1, text="a"),
-    FrameOutput(audio=b"", level=0.0, events={"end_of_turn": True}),
-    FrameOutput(audio=b"", level=0.0, events={"speech_stopped": True, "transcript": "x"}),
-    FrameOutput(audio=b"", level=0.0, events={"response_started": True}),
-    FrameOutput(audio=b"", level=0.0, events={"barge_in": True, "response_done": True}),
+    FrameOutput(audio=b"", level=0.0, reports=(TurnEnded(),)),
+    FrameOutput(audio=b"", level=0.0, reports=(UserSpeechStopped(), UserTranscript(text="x"))),
+    FrameOutput(audio=b"", level=0.0, reports=(ResponseStarted(),)),
+    FrameOutput(audio=b"", level=0.0, reports=(BargedIn(), TurnEnded())),
 ])
 
 
@@ -470,13 +481,13 @@ def test_a_response_the_cascade_never_takes_up_completes_empty() -> None:
 
 def test_a_response_the_cascade_took_up_waits_for_its_end() -> None:
     """A response the cascade started its turn in (response_started while it was open) is the
-    model's to end: a slow synthesis longer than 5 s does not end it, response_done does."""
+    model's to end: a slow synthesis longer than 5 s does not end it, TurnEnded does."""
     r = runner(explicit=True)
     r.receive(msg.CreateResponse(), T0)
     drain(r)
-    frames(r, FrameOutput(audio=b"", level=0.0, events={"response_started": True}))
+    frames(r, FrameOutput(audio=b"", level=0.0, reports=(ResponseStarted(),)))
     assert "response.done" not in kinds(frames(r, *[QUIET] * 250))  # 8 s
-    events = frames(r, LOUD, FrameOutput(audio=b"", level=0.0, events={"response_done": True}))
+    events = frames(r, LOUD, FrameOutput(audio=b"", level=0.0, reports=(TurnEnded(),)))
     assert kinds(events)[-len(CLOSING):] == CLOSING
 
 
@@ -488,9 +499,9 @@ def test_the_cascades_speech_times_are_where_the_model_heard_them() -> None:
     r.receive(msg.AppendAudio(audio=bytes(2400 * 48)), T0)  # 2.4 s appended in one go
     drain(r)
     [started] = frames(r, FrameOutput(audio=b"", level=0.0, input_ms=480,
-                                      events={"speech_started": True}))
+                                      reports=(UserSpeechStarted(),)))
     events = frames(r, FrameOutput(audio=b"", level=0.0, input_ms=1536,
-                                   events={"speech_stopped": True}))
+                                   reports=(UserSpeechStopped(),)))
     stopped = events[0]
     assert isinstance(started, msg.InputSpeechStarted) and started.audio_start_ms == 480
     assert isinstance(stopped, msg.InputSpeechStopped) and stopped.audio_end_ms == 1536

@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from inference_worker.core import ConversationCore
-from inference_worker.loopback import CHUNK_BYTES
-from inference_worker.session_config import MAX_BUFFER_BYTES, MIN_COMMIT_BYTES
+from inference_worker.backends.loopback import CHUNK_BYTES
+from inference_worker.backends.registry import loopback_core
+from inference_worker.conversation.core import ConversationCore
+from inference_worker.conversation.profiles import MAX_BUFFER_BYTES, MIN_COMMIT_BYTES
 from store import messages as msg
 from tests.worker.realtime_render import validate_strict
 
@@ -60,7 +61,7 @@ PUSH_TO_TALK = {"audio": {"input": {"turn_detection": None}}}
 def push_to_talk() -> ConversationCore:
     """A loopback session turned push-to-talk: the tests that use it commit and answer turns
     themselves, with loud audio that the default server_vad would cut into turns of its own."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = loopback_core("s")
     [event] = update(runner, PUSH_TO_TALK)
     assert isinstance(event, msg.SessionUpdated)
     return runner
@@ -81,7 +82,7 @@ COMMIT = ["input.committed", "item.added", "item.created", "item.done"]
 def test_default_session_is_a_valid_ga_session() -> None:
     """The effective session object validates as session.updated and carries GA's defaults:
     server_vad, pcm16 24 kHz both ways, voice marin."""
-    runner = ConversationCore.loopback("sess_a", now=T0)
+    runner = loopback_core("sess_a")
     [event] = update(runner, {})
     assert isinstance(event, msg.SessionUpdated)
     assert event.session == runner.session
@@ -101,7 +102,7 @@ def test_default_session_is_a_valid_ga_session() -> None:
 def test_a_new_session_answers_a_spoken_turn_without_any_update() -> None:
     """What a client that never sends session.update gets: the default server_vad hears the
     turn, commits it at the end of speech and answers it (the loopback plays it back)."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = loopback_core("s")
     speech = pcm(400)
     runner.receive(msg.AppendAudio(audio=speech), T0)
     runner.receive(msg.AppendAudio(audio=bytes(48 * 600)), T0)  # 600 ms of silence
@@ -134,7 +135,7 @@ def test_turn_detection_null_keeps_push_to_talk() -> None:
 def test_update_deep_merges_known_keys() -> None:
     """A nested patch changes only the keys it names (a voice the loopback does not have
     shows as the one it speaks with)."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = loopback_core("s")
     [event] = update(runner, {"instructions": "hi", "audio": {"output": {"voice": "ash",
                                                                          "speed": 1.25}},
                               "extra_body": {"auto_response": True}})
@@ -149,7 +150,7 @@ def test_update_deep_merges_known_keys() -> None:
 def test_update_names_the_model_once_and_ignores_read_only_keys() -> None:
     """The session's name (the model it was placed for) may be repeated (LiveKit sends it in
     every update); ``id`` is read-only; another name is model_update_unsupported."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = loopback_core("s")
     runner.name("gpt-realtime")
     [event] = update(runner, {"type": "realtime", "model": "gpt-realtime", "id": "other"})
     assert isinstance(event, msg.SessionUpdated)
@@ -188,7 +189,7 @@ def test_update_names_the_model_once_and_ignores_read_only_keys() -> None:
 )
 def test_refused_update(patch: dict[str, Any], code: str, param: str) -> None:
     """An invalid patch gets an error naming code and param, attributed to the client event."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = loopback_core("s")
     [event] = update(runner, patch)
     assert isinstance(event, msg.ErrorEvent)
     assert (event.code, event.param, event.client_event_id) == (code, param, "evt_u")
@@ -197,7 +198,7 @@ def test_refused_update(patch: dict[str, Any], code: str, param: str) -> None:
 
 def test_refused_update_changes_nothing() -> None:
     """A patch with one bad key is refused whole: its valid keys do not apply either."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = loopback_core("s")
     before = runner.session
     update(runner, {"instructions": "changed", "audio": {"input": {"format": {"type": "x"}}}})
     assert runner.session == before
@@ -205,7 +206,7 @@ def test_refused_update_changes_nothing() -> None:
 
 def test_update_accepts_every_known_key() -> None:
     """Each knob the loopback accepts round-trips into a strictly valid session object."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = loopback_core("s")
     patch = {
         "type": "realtime", "output_modalities": ["text"], "instructions": "x",
         "tools": [{"type": "function", "name": "f"}], "tool_choice": {"type": "function",
@@ -618,7 +619,7 @@ class _Checker:
 @given(steps=_STEPS)
 def test_random_sessions_keep_the_invariants(steps: list[_Step]) -> None:
     """Any command/tick sequence: no exception, valid events, one response at a time, all ended."""
-    runner = ConversationCore.loopback("s", now=T0)
+    runner = loopback_core("s")
     checker = _Checker()
     now = T0
     for step in [*steps, msg.CloseSession()]:

@@ -20,9 +20,18 @@ import pytest
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from inference_worker.core import ConversationCore
-from inference_worker.frames import FrameOutput
-from inference_worker.turns import TurnMode
+from inference_worker.audio_frames import FrameOutput
+from inference_worker.backends.registry import frame_core, loopback_core
+from inference_worker.conversation.core import ConversationCore
+from inference_worker.conversation.reports import (
+    BargedIn,
+    ResponseStarted,
+    TurnEnded,
+    UserSpeechStarted,
+    UserSpeechStopped,
+    UserTranscript,
+)
+from inference_worker.conversation.turns import TurnMode
 from store import messages as msg
 from tests.worker.feeding import feed
 from tests.worker.realtime_render import validate_strict
@@ -34,13 +43,13 @@ QUIET = FrameOutput(audio=bytes(3840), level=0.0)
 # By name: a strategy over the frames themselves would print their audio in every report.
 FRAMES = {
     "loud": LOUD, "quiet": QUIET, "text": FrameOutput(audio=b"", level=0.0, text="early "),
-    "end_of_turn": FrameOutput(audio=b"\x10\x20" * 1920, level=0.1, events={"end_of_turn": True}),
+    "end_of_turn": FrameOutput(audio=b"\x10\x20" * 1920, level=0.1, reports=(TurnEnded(),)),
     "barge_in": FrameOutput(audio=b"", level=0.0,
-                            events={"speech_started": True, "barge_in": True}),
-    "speech_stopped": FrameOutput(audio=b"", level=0.0, events={"speech_stopped": True}),
-    "transcript": FrameOutput(audio=b"", level=0.0, events={"transcript": "hi"}),
-    "response_started": FrameOutput(audio=b"", level=0.0, events={"response_started": True}),
-    "response_done": FrameOutput(audio=b"", level=0.0, events={"response_done": True}),
+                            reports=(UserSpeechStarted(), BargedIn())),
+    "speech_stopped": FrameOutput(audio=b"", level=0.0, reports=(UserSpeechStopped(),)),
+    "transcript": FrameOutput(audio=b"", level=0.0, reports=(UserTranscript(text='hi'),)),
+    "response_started": FrameOutput(audio=b"", level=0.0, reports=(ResponseStarted(),)),
+    "response_done": FrameOutput(audio=b"", level=0.0, reports=(TurnEnded(),)),
 }
 _SPEECH = bytes((i * 7 + 3) % 251 for i in range(4800)) * 2  # 100 ms, loud enough for the VAD
 _TURN_DETECTION = st.sampled_from([
@@ -86,10 +95,10 @@ class CoreMachine(RuleBasedStateMachine):
     def start(self, mode: TurnMode) -> None:
         self.mode = mode
         if mode is TurnMode.LOOPBACK:
-            self.core = ConversationCore.loopback("sess_fuzz", now=T0)
+            self.core = loopback_core("sess_fuzz")
         else:
-            self.core = ConversationCore.frames("sess_fuzz", model="fake", now=T0,
-                                                frame_seconds=FRAME_S, turns=mode)
+            self.core = frame_core("sess_fuzz", model="fake",
+                                   frame_seconds=FRAME_S, turns=mode)
 
     def _send(self, command: msg.Command) -> None:
         assert self.core is not None

@@ -13,15 +13,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inference_worker.backend import FrameSpec, SlotResult, SlotStep
-from inference_worker.backends.fake import FakeBackend, FakeOptions
-from inference_worker.engine import Engine, SlotHandle, TickReport
-from inference_worker.frames import (
+from inference_worker.audio_frames import (
     LinearResampler,
     float_to_pcm16,
     level,
     pcm16_to_float,
 )
+from inference_worker.backend import FrameSpec, SlotResult, SlotStep
+from inference_worker.backends.fake import FakeBackend, FakeOptions
+from inference_worker.conversation.reports import TurnEnded
+from inference_worker.engine import Engine, SlotHandle, TickReport
 from inference_worker.metrics import WorkerMetrics
 
 FRAME = 1920  # 80 ms at 24 kHz
@@ -507,11 +508,11 @@ def test_fake_tone_stop_ends_the_burst_at_once() -> None:
         assert report is not None
         outputs.append((report.outputs[stopped.serial], report.outputs[other.serial]))
     assert [mine.level > 0 for mine, _ in outputs] == [False, False, False, True, True]
-    assert all(mine.text == "" and not mine.events for mine, _ in outputs[:3])
+    assert all(mine.text == "" and not mine.reports for mine, _ in outputs[:3])
     assert outputs[3][0].text == "hi"
-    # Unstopped: the last two frames of its burst (end_of_turn on the last), then its gap.
+    # Unstopped: the last two frames of its burst (the end of its turn on the last), then its gap.
     assert [theirs.level > 0 for _, theirs in outputs] == [True, True, False, False, False]
-    assert outputs[1][1].events == {"end_of_turn": True}
+    assert outputs[1][1].reports == (TurnEnded(),)
 
 
 def test_fake_tone_stop_in_a_gap_or_before_speaking_keeps_it_quiet() -> None:

@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from inference_worker.core import ConversationCore
-from inference_worker.frames import FrameOutput
-from inference_worker.turns import TurnMode
+from inference_worker.audio_frames import FrameOutput
+from inference_worker.backends.registry import frame_core, loopback_core
+from inference_worker.conversation.core import ConversationCore
+from inference_worker.conversation.turns import TurnMode
 from store import messages as msg
 from tests.worker.feeding import feed
 from tests.worker.realtime_render import validate_strict
@@ -89,13 +90,13 @@ class Session:
 
 def loopback() -> Session:
     """A loopback session."""
-    return Session(ConversationCore.loopback("sess_gold", now=T0))
+    return Session(loopback_core("sess_gold"))
 
 
 def fake() -> Session:
     """A session of the fake frame backend (a full-duplex model's turns)."""
-    return Session(ConversationCore.frames("sess_gold", model="fake", frame_seconds=FRAME_S,
-                                           now=T0, turns=TurnMode.AUDIO))
+    return Session(frame_core("sess_gold", model="fake", frame_seconds=FRAME_S,
+                              turns=TurnMode.AUDIO))
 
 
 BACKENDS: dict[str, Callable[[], Session]] = {"loopback": loopback, "fake": fake}

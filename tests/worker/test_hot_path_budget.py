@@ -18,10 +18,10 @@ import time
 
 import inference_worker
 import store
-from inference_worker.core import ConversationCore
+from inference_worker.backends.registry import loopback_core
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.sessions import Session, SessionTable
-from inference_worker.silero_vad import detector_factory
+from inference_worker.turn_detection.silero import detector_factory
 from store import messages as m
 from store.logs import InputEntry, WriteToken
 from tests.call_count import calls_into
@@ -41,8 +41,8 @@ CHUNK = m.encode_message(m.AppendAudio(audio=bytes(960)))  # 20 ms of pcm16 at 2
 def test_a_streamed_chunk_stays_within_its_budget() -> None:
     table = SessionTable(WorkerMetrics("loopback"), logging.getLogger(__name__),
                          mark_dirty=lambda session_id: None, engine=lambda: None)
-    session = Session(runner=ConversationCore.loopback(SESSION_ID, now=time.monotonic(),
-                                                       detector=detector_factory("energy")))
+    session = Session(core=loopback_core(SESSION_ID,
+                                           detector=detector_factory("energy")))
     table.add(SESSION_ID, session)
     table.apply(SESSION_ID, session, [InputEntry(1, m.encode_message(STREAM), TOKEN)],
                 time.monotonic())

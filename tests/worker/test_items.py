@@ -15,12 +15,14 @@ from typing import Any
 import pytest
 
 from gateway.protocol.render import render_event
-from inference_worker.conversation import MAX_ITEMS
-from inference_worker.core import ConversationCore
-from inference_worker.frames import FrameOutput
-from inference_worker.items import Item
-from inference_worker.loopback import CHUNK_BYTES
-from inference_worker.turns import TurnMode
+from inference_worker.audio_frames import FrameOutput
+from inference_worker.backends.loopback import CHUNK_BYTES
+from inference_worker.backends.registry import frame_core, loopback_core
+from inference_worker.conversation.core import ConversationCore
+from inference_worker.conversation.history import MAX_ITEMS
+from inference_worker.conversation.items import Item
+from inference_worker.conversation.reports import BargedIn, ResponseStarted
+from inference_worker.conversation.turns import TurnMode
 from store import messages as msg
 from tests.gateway.strict import validate_server_event
 from tests.worker.feeding import feed
@@ -38,7 +40,7 @@ USER_TEXT = {"type": "message", "role": "user",
 def loopback() -> ConversationCore:
     """A fresh loopback runner, push-to-talk (``turn_detection: null``), as the frame
     backend's starts: these tests commit and create responses themselves."""
-    runner = ConversationCore.loopback("sess_items", now=T0)
+    runner = loopback_core("sess_items")
     runner.receive(msg.UpdateSession(session={"audio": {"input": {"turn_detection": None}}}),
                    T0)
     [updated] = runner.events_to_send()
@@ -48,8 +50,8 @@ def loopback() -> ConversationCore:
 
 def frame_runner(explicit: bool = False) -> ConversationCore:
     """A fresh runner of a Moshi-like frame backend (or the cascade's event mode)."""
-    return ConversationCore.frames("sess_items", model="moshi", frame_seconds=FRAME_S, now=T0,
-                                   turns=TurnMode.EVENTS if explicit else TurnMode.AUDIO)
+    return frame_core("sess_items", model="moshi", frame_seconds=FRAME_S,
+                      turns=TurnMode.EVENTS if explicit else TurnMode.AUDIO)
 
 
 RUNNERS: dict[str, Callable[[], ConversationCore]] = {"loopback": loopback, "frames": frame_runner}
@@ -326,9 +328,9 @@ def test_truncate_after_a_barge_in_never_errors() -> None:
     client's truncation at everything it got is taken and the transcript is gone."""
     runner = frame_runner(explicit=True)
     feed(runner, FrameOutput(audio=LOUD.audio, level=0.1, text="hello",
-                                events={"response_started": True}), T0)
+                                reports=(ResponseStarted(),)), T0)
     feed(runner, LOUD, T0 + FRAME_S)
-    feed(runner, FrameOutput(audio=b"", level=0.0, events={"barge_in": True}),
+    feed(runner, FrameOutput(audio=b"", level=0.0, reports=(BargedIn(),)),
                     T0 + 2 * FRAME_S)
     events = drain(runner)
     [done] = [e for e in events if isinstance(e, msg.ResponseDone)]

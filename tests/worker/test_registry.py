@@ -15,9 +15,9 @@ from inference_worker.backends.registry import (
     backend_entry,
     create_backend,
     explicit_turns,
+    frame_core,
 )
-from inference_worker.core import ConversationCore
-from inference_worker.session_config import GA_TURN_DETECTION, PCM_FORMAT, default_session
+from inference_worker.conversation.profiles import GA_TURN_DETECTION, PCM_FORMAT, default_session
 from store import messages as msg
 
 
@@ -84,8 +84,8 @@ def test_the_cascade_shows_the_turn_detection_its_vad_applies() -> None:
     assert (shown["threshold"], shown["prefix_padding_ms"], shown["silence_duration_ms"]) == (
         config.threshold, config.pre_roll_ms, config.silence_ms)
     entry = backend_entry("cascade")
-    core = ConversationCore.frames("s", model="cascade", frame_seconds=0.032, now=0.0,
-                                   turns=TurnMode.EVENTS, profile=entry.profile)
+    core = frame_core("s", model="cascade", frame_seconds=0.032,
+                      turns=TurnMode.EVENTS, profile=entry.profile)
     assert core.session["audio"]["input"]["turn_detection"] == shown
     for asked in ({"type": "semantic_vad", "eagerness": "low"}, None):
         core.receive(msg.UpdateSession(session={"audio": {"input": {"turn_detection": asked}}}),

@@ -15,9 +15,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gateway.protocol.render import render_event
+from inference_worker.audio_frames import FrameOutput
 from inference_worker.backends.fake import FakeBackend
-from inference_worker.core import ConversationCore
-from inference_worker.frames import FrameOutput
+from inference_worker.backends.registry import frame_core, loopback_core
+from inference_worker.conversation.core import ConversationCore
 from store import messages as msg
 from tests.gateway.strict import validate_server_event
 from tests.worker.feeding import feed
@@ -116,13 +117,13 @@ def play_out(runner: ConversationCore, start: float) -> list[msg.Event]:
 
 def loopback() -> ConversationCore:
     """A fresh loopback session."""
-    return ConversationCore.loopback("sess_vad", now=T0)
+    return loopback_core("sess_vad")
 
 
 def frame_runner() -> ConversationCore:
     """A fresh session of the fake frame backend, ticking at its own frame period."""
-    return ConversationCore.frames("sess_vad", model="fake", now=T0,
-                                   frame_seconds=FakeBackend(max_slots=1).spec.frame_seconds)
+    return frame_core("sess_vad", model="fake",
+                      frame_seconds=FakeBackend(max_slots=1).spec.frame_seconds)
 
 
 LOUD = FrameOutput(audio=tone(80), level=0.3)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import struct
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,9 +20,10 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from inference_worker.audio_frames import FrameOutput
 from inference_worker.backends.fake import FakeBackend, FakeOptions
-from inference_worker.core import ConversationCore
-from inference_worker.frames import FrameOutput
+from inference_worker.backends.registry import frame_core, loopback_core
+from inference_worker.conversation.core import ConversationCore
 from inference_worker.metrics import FAILURE_STAGES
 from inference_worker.sessions import Session, SessionTable
 from inference_worker.settings import WorkerSettings
@@ -96,9 +96,10 @@ class PlantedWorker(Worker):
     def _new_session(self, session_id: str, name: str | None = None) -> Session | None:
         session = super()._new_session(session_id, name)
         if session is not None:
-            planted = PlantedLoopback.loopback(session_id, now=time.monotonic())
+            planted = loopback_core(session_id, core=PlantedLoopback)
+            assert isinstance(planted, PlantedLoopback)
             planted.stage = self.stage
-            session.runner = planted
+            session.core = planted
         return session
 
 
@@ -106,7 +107,7 @@ class UncheckedSessions(SessionTable):
     """The session table without the check of each session's close reason before the batch."""
 
     def close_reason_of(self, session_id: str, session: Session) -> str | None:
-        return "internal_error" if session.failed else session.runner.close_requested
+        return "internal_error" if session.failed else session.core.close_requested
 
 
 class UncheckedWorker(PlantedWorker):
@@ -276,8 +277,8 @@ class PlantedFrameWorker(Worker):
         session = super()._new_session(session_id, name)
         engine = self.engine
         if session is not None and engine is not None:
-            session.runner = PlantedDuplex.frames(session_id, model="fake", now=time.monotonic(),
-                                                  frame_seconds=engine.spec.frame_seconds)
+            session.core = frame_core(session_id, model="fake",
+                                        frame_seconds=engine.spec.frame_seconds, core=PlantedDuplex)
         return session
 
 

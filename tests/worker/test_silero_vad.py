@@ -22,21 +22,21 @@ import numpy.typing as npt
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from inference_worker.backends.cascade_models import VadState
-from inference_worker.core import ConversationCore
-from inference_worker.frames import float_to_pcm16
-from inference_worker.silero_vad import (
+from inference_worker.audio_frames import float_to_pcm16
+from inference_worker.backends.registry import loopback_core
+from inference_worker.turn_detection.silero import (
     HYSTERESIS,
     SILERO_MODULES,
     WINDOW_BYTES,
     WINDOW_MS,
     SileroTurnDetector,
     SileroUnavailable,
+    VadState,
     detector_factory,
     missing_silero_module,
     shared_model,
 )
-from inference_worker.vad import (
+from inference_worker.turn_detection.vad import (
     EnergyVad,
     SpeechStarted,
     SpeechStopped,
@@ -325,7 +325,7 @@ def test_factory_refuses_an_unknown_choice() -> None:
 def test_the_model_loads_on_the_first_detector_not_at_import() -> None:
     """In a fresh interpreter, importing the module and choosing Silero load no onnxruntime;
     the first detector does."""
-    probe = ("import json, sys; import inference_worker.silero_vad as s; "
+    probe = ("import json, sys; import inference_worker.turn_detection.silero as s; "
              "f = s.detector_factory('silero'); before = 'onnxruntime' in sys.modules; "
              "f(s.VadConfig()); print(json.dumps([before, 'onnxruntime' in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
@@ -340,7 +340,7 @@ def test_loopback_core_with_silero_commits_a_spoken_turn() -> None:
     """A server_vad loopback session heard by Silero: speech_started and speech_stopped name
     the user item the commit adds, and the automatic answer plays the turn's audio back,
     from audio_start_ms to audio_end_ms."""
-    core = ConversationCore.loopback("sess_silero", now=T0, detector=SileroTurnDetector)
+    core = loopback_core("sess_silero", detector=SileroTurnDetector)
     update(core, {"type": "server_vad"})
     audio = spoken(SENTENCES[0])
     events = append(core, audio)

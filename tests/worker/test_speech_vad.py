@@ -17,9 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from inference_worker.backends import cascade_models
 from inference_worker.backends.cascade import speech_segments
-from inference_worker.backends.cascade_models import SileroVad, VadState, load_vad
+from inference_worker.turn_detection import silero
+from inference_worker.turn_detection.silero import SileroVad, VadState, load_vad
+from inference_worker.weights import default_path
 from tests.worker.speech import padded, synthesize
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +56,7 @@ def _windows(pcm: np.ndarray) -> list[np.ndarray]:
 def test_the_default_weights_are_faster_whispers_silero_export() -> None:
     """With no path, the VAD weights are the ONNX file faster-whisper ships; no other
     package is needed for them."""
-    path = cascade_models._default_path(cascade_models._DEFAULT_VAD)
+    path = default_path(silero._DEFAULT_VAD)
     assert path == _package_dir("faster_whisper") / "assets" / "silero_vad_v6.onnx"
 
 
@@ -63,7 +64,7 @@ def test_loading_and_judging_with_the_default_weights_imports_no_torch() -> None
     """In a fresh interpreter, loading the default VAD and judging a window loads neither
     torch nor the silero_vad package."""
     probe = ("import json, sys, numpy as np; "
-             "from inference_worker.backends.cascade_models import VadState, load_vad; "
+             "from inference_worker.turn_detection.silero import VadState, load_vad; "
              "load_vad().probabilities(np.zeros((1, 512), np.float32), [VadState()]); "
              "print(json.dumps([m for m in ('torch', 'silero_vad') if m in sys.modules]))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,

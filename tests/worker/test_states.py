@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from inference_worker.states import (
+from inference_worker.backends.registry import loopback_core
+from inference_worker.conversation.states import (
     MACHINES,
     TRANSITIONS,
     GateState,
+    IllegalTransition,
     InputState,
     ResponseState,
     State,
     Trigger,
     mermaid,
+    move,
     transition,
 )
 
@@ -56,18 +59,19 @@ def test_every_state_is_reachable(initial: State) -> None:
     assert seen == set(type(initial))
 
 
-@pytest.mark.parametrize(
-    ("state", "trigger"),
-    [
-        (ResponseState.IDLE, Trigger.CANCEL),
-        (ResponseState.IDLE, Trigger.FINISH),
-        (ResponseState.OPEN, Trigger.CREATE),
-        (ResponseState.SPEAKING, Trigger.CREATE),
-        (ResponseState.SPEAKING, Trigger.APPEND),
-        (InputState.EMPTY, Trigger.COMMIT),
-        (GateState.LIVE, Trigger.AUDIBLE),
-    ],
-)
+#: Moves the table refuses: a second response, a cancel or end while idle, an empty commit.
+ILLEGAL: list[tuple[State, Trigger]] = [
+    (ResponseState.IDLE, Trigger.CANCEL),
+    (ResponseState.IDLE, Trigger.FINISH),
+    (ResponseState.OPEN, Trigger.CREATE),
+    (ResponseState.SPEAKING, Trigger.CREATE),
+    (ResponseState.SPEAKING, Trigger.APPEND),
+    (InputState.EMPTY, Trigger.COMMIT),
+    (GateState.LIVE, Trigger.AUDIBLE),
+]
+
+
+@pytest.mark.parametrize(("state", "trigger"), ILLEGAL)
 def test_illegal_moves_are_lookup_misses(
     state: InputState | ResponseState | GateState, trigger: Trigger
 ) -> None:
@@ -85,6 +89,37 @@ def test_legal_moves() -> None:
     assert transition(ResponseState.SPEAKING, Trigger.CANCEL) is ResponseState.IDLE
     assert transition(GateState.LIVE, Trigger.CANCEL) is GateState.MUTED
     assert transition(GateState.MUTED, Trigger.TURN_OVER) is GateState.LIVE
+
+
+@pytest.mark.parametrize(("state", "trigger"), ILLEGAL)
+def test_an_illegal_move_raises(state: State, trigger: Trigger) -> None:
+    """``move`` raises for a move the table does not have, naming the state and trigger."""
+    with pytest.raises(IllegalTransition) as raised:
+        move(state, trigger)
+    assert (raised.value.state, raised.value.trigger) == (state, trigger)
+    assert trigger.value in str(raised.value) and state.value in str(raised.value)
+
+
+def test_a_legal_move_is_the_tables() -> None:
+    """``move`` answers what the table says, for every entry."""
+    for (state, trigger), target in TRANSITIONS.items():
+        assert move(state, trigger) is target
+
+
+def test_an_illegal_move_in_the_core_raises_and_leaves_the_state() -> None:
+    """The core's moves go through the table: an illegal one raises instead of being
+    skipped, and the machine keeps its state."""
+    core = loopback_core("sess_states")
+    responses = core._responses
+    with pytest.raises(IllegalTransition):
+        responses._move(Trigger.AUDIBLE)  # no response is open
+    with pytest.raises(IllegalTransition):
+        core._input.commit()  # nothing is buffered
+    with pytest.raises(IllegalTransition):
+        responses.move_gate(Trigger.AUDIBLE)  # the gate has no such trigger
+    assert (responses.state, core._input.state, responses.gate) == (
+        ResponseState.IDLE, InputState.EMPTY, GateState.LIVE)
+    assert not core.responding
 
 
 def test_table_is_read_only() -> None:

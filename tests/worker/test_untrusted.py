@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from inference_worker.core import ConversationCore
+from inference_worker.backends.registry import frame_core, loopback_core
+from inference_worker.conversation.core import ConversationCore
 from inference_worker.untrusted import (
     MAX_CLOSE_REASON_BYTES,
     MAX_SESSION_DEPTH,
@@ -52,8 +53,8 @@ def through_the_log(command: msg.Command) -> msg.Command:
 
 def runners() -> list[Runner]:
     """One runner of each kind."""
-    return [ConversationCore.loopback("sess_a", now=T0),
-            ConversationCore.frames("sess_a", model="fake", frame_seconds=0.08, now=T0)]
+    return [loopback_core("sess_a"),
+            frame_core("sess_a", model="fake", frame_seconds=0.08)]
 
 
 @pytest.fixture(params=["loopback", "duplex"])

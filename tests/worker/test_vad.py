@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from inference_worker.frames import float_to_pcm16
-from inference_worker.vad import (
+from inference_worker.audio_frames import float_to_pcm16
+from inference_worker.turn_detection.vad import (
     EAGERNESS_SILENCE_MS,
     FRAME_BYTES,
     FRAME_MS,
@@ -451,7 +451,7 @@ def test_long_client_values_are_quoted_short() -> None:
 
 def test_vad_module_imports_no_model_runtime_or_io() -> None:
     """The detector stays torch-, onnx- and I/O-free: importable and usable anywhere."""
-    path = Path(__file__).resolve().parents[2] / "inference_worker" / "vad.py"
+    path = Path(__file__).resolve().parents[2] / "inference_worker" / "turn_detection" / "vad.py"
     forbidden = {"torch", "onnxruntime", "transformers", "asyncio", "redis", "time",
                  "threading", "audioop"}
     assert imported_tops(path).isdisjoint(forbidden)

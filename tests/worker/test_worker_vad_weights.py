@@ -15,10 +15,14 @@ from collections.abc import Callable, Iterator
 import pytest
 from redis.asyncio import Redis
 
-from inference_worker.backends import cascade_models
-from inference_worker.backends.cascade_models import WeightsNotFound
 from inference_worker.settings import WorkerSettings
-from inference_worker.silero_vad import SileroUnavailable, SpeechProbabilities, shared_model
+from inference_worker.turn_detection import silero
+from inference_worker.turn_detection.silero import (
+    SileroUnavailable,
+    SpeechProbabilities,
+    shared_model,
+)
+from inference_worker.weights import WeightsNotFound
 from inference_worker.worker import Worker
 from store.keys import WORKER_DIRECTORY, WorkerKeys
 
@@ -49,7 +53,7 @@ def loads(monkeypatch: pytest.MonkeyPatch) -> Iterator[Loads]:
     next worker loads it again; the real model is loaded and cached all the same)."""
     seen = Loads()
     shared_model.cache_clear()
-    monkeypatch.setattr(cascade_models, "load_vad", seen.wrap(cascade_models.load_vad))
+    monkeypatch.setattr(silero, "load_vad", seen.wrap(silero.load_vad))
     yield seen
     shared_model.cache_clear()
 
@@ -97,7 +101,7 @@ async def test_weights_that_cannot_load_stop_the_start_with_a_named_setting(
         raise WeightsNotFound("silero_vad_v6.onnx is not where faster-whisper keeps it")
 
     shared_model.cache_clear()
-    monkeypatch.setattr(cascade_models, "load_vad", missing)
+    monkeypatch.setattr(silero, "load_vad", missing)
     worker = Worker(settings_with("silero"), redis_client)
     with pytest.raises(SileroUnavailable,
                        match=r"cannot load the Silero VAD: silero_vad_v6\.onnx .*"

@@ -9,9 +9,10 @@ typed events to send (:meth:`ConversationCore.events_to_send`) and what the engi
 (:meth:`ConversationCore.take_input`). It imports no asyncio, Redis, Starlette or torch. It
 never emits ``session.closed`` / ``session.expired``: a store script writes the one terminal.
 
-A backend only reports what its model did (:mod:`~inference_worker.model_reports`) and obeys
-what the core tells it (:class:`~inference_worker.model_ports.ModelPort`); the core decides
-every event, following the session's :class:`~inference_worker.turns.TurnPolicy`:
+A backend only reports what its model did (:mod:`~inference_worker.conversation.reports`) and obeys
+what the core tells it (:class:`~inference_worker.conversation.model_port.ModelPort`); the core
+decides every event, following the session's
+:class:`~inference_worker.conversation.turns.TurnPolicy`:
 
 * **Input.** Appended audio goes to the model as it arrives (a duplex model hears the user
   while it talks; the loopback's model echoes it in stream mode). ``commit`` turns the audio
@@ -29,57 +30,59 @@ every event, following the session's :class:`~inference_worker.turns.TurnPolicy`
   interrupted. With ``idle_timeout_ms``, once a response ended, that much input without
   speech commits the silent segment and answers it.
 * **Responses.** ``response.create`` opens one at once (``response.created`` ..
-  ``response.content_part.added``, Realtime GA order); the model fills it. Where the model
-  speaks when it decides to, its first audible output outside a response opens one, and text
-  it produced before that leads the transcript. Every output inside a response is an audio
-  delta, pauses included; text is a transcript delta. The model's end of turn completes the
-  response, as does (where the policy says) sustained silence of
-  ``extra_body.end_of_turn_silence_ms``; a response the model neither speaks in nor takes up
-  within 5 s completes empty. ``response.create`` options are honoured or refused:
-  out-of-band responses (``conversation: "none"``), ``input`` items, a format per response.
+  ``response.content_part.added``, Realtime GA order); the model fills it
+  (:mod:`~inference_worker.conversation.responses`: how its output streams in, when the
+  response ends, the mute after a cancel). ``response.create`` options are honoured or
+  refused: out-of-band responses (``conversation: "none"``), ``input`` items, a format per
+  response.
 * **Cancel.** ``response.cancel``, an interrupting speech start, ``output_audio_buffer.clear``
   and a truncation of the active response's item end it ``cancelled`` and tell the model to
-  stop; a model that cannot stop mid-word is muted until its turn is over, so the client never
-  hears the rest. Each stop advances the session's epoch, and a frame of an older epoch (its
-  step ran before the engine applied the stop) is fenced. ``output.backpressure`` (the
-  gateway's word that the client does not read) ends the response ``failed`` the same way.
-* **Playback.** ``playback.ack`` moves the response's ledger (:mod:`inference_worker.playback`);
-  an interrupted answer keeps only its acknowledged part in the history.
+  stop. Each stop advances the session's epoch, and a frame of an older epoch (its step ran
+  before the engine applied the stop) is fenced. ``output.backpressure`` (the gateway's word
+  that the client does not read) ends the response ``failed`` the same way.
+* **Playback.** ``playback.ack`` moves the response's ledger
+  (:mod:`inference_worker.conversation.playback`); an interrupted answer keeps only its
+  acknowledged part in the history.
 * **Formats.** G.711 input is decoded at the edge (the model and the ledger see pcm16 24 kHz),
   output encoded per response.
 * **Items.** ``conversation.item.*`` keep the history (the shared
-  :class:`~inference_worker.conversation.Conversation`); where a response answers a committed
-  turn (the loopback), a created user message is the turn the next ``response.create``
+  :class:`~inference_worker.conversation.history.Conversation`); where a response answers a
+  committed turn (the loopback), a created user message is the turn the next ``response.create``
   answers.
 
-Every move of the input, response and gate machines is looked up in
-:data:`~inference_worker.states.TRANSITIONS`.
+Every move of the input (:mod:`~inference_worker.conversation.user_input`), response and gate
+machines is looked up in :data:`~inference_worker.conversation.states.TRANSITIONS`; an illegal
+move raises :class:`~inference_worker.conversation.states.IllegalTransition`.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Final, Self, TypeAlias, assert_never
+from typing import Any, Final, TypeAlias, assert_never
 
 from inference_worker.audio_formats import AudioFormat, InputDecoder
-from inference_worker.conversation import (
+from inference_worker.audio_frames import FrameOutput
+from inference_worker.conversation.history import (
     Conversation,
     ItemCommand,
-    OpenResponse,
     UserItem,
+)
+from inference_worker.conversation.items import Item
+from inference_worker.conversation.model_port import ModelPort, PendingInput
+from inference_worker.conversation.profiles import BYTES_PER_SECOND, SessionProfile, default_session
+from inference_worker.conversation.refusals import (
+    BROKEN_SAMPLE,
+    CREATE_WITHOUT_INPUT,
+    TEXT_INPUT_REFUSAL,
+    Refusal,
     already_active,
     cancel_refusal,
     commit_too_small,
 )
-from inference_worker.frames import FrameOutput
-from inference_worker.items import Item
-from inference_worker.loopback import CHUNK_SECONDS, LoopbackModel
-from inference_worker.model_ports import EngineModel, ModelPort, PendingInput
-from inference_worker.model_reports import (
+from inference_worker.conversation.reports import (
     BargedIn,
     Failed,
     Output,
@@ -90,51 +93,26 @@ from inference_worker.model_reports import (
     UserSpeechStopped,
     UserTranscript,
     UserTranscriptFailed,
-    reports_of,
 )
-from inference_worker.playback import PlaybackLedgers
-from inference_worker.refusal import Refusal
-from inference_worker.session_config import (
-    LOOPBACK,
-    MAX_BUFFER_BYTES,
-    MIN_COMMIT_BYTES,
-    SessionProfile,
-    apply_session_patch,
-    check_session_patch,
-    default_session,
-    frame_profile,
-    parse_response_options,
+from inference_worker.conversation.response_options import parse_response_options
+from inference_worker.conversation.responses import Responses
+from inference_worker.conversation.session_update import apply_session_patch, check_session_patch
+from inference_worker.conversation.states import (
+    Trigger,
+    transition,
 )
-from inference_worker.states import GateState, InputState, ResponseState, Trigger, transition
-from inference_worker.turn_detection import InputTimeline, turn_detection_of
-from inference_worker.turns import POLICIES, TurnMode, TurnPolicy
+from inference_worker.conversation.turns import TurnPolicy
+from inference_worker.conversation.user_input import UserInput
+from inference_worker.turn_detection.timeline import InputTimeline, turn_detection_of
+from inference_worker.turn_detection.vad import EnergyVad, SpeechStarted, Vad, VadConfig, VadEvent
 from inference_worker.untrusted import close_reason
-from inference_worker.vad import EnergyVad, SpeechStarted, Vad, VadConfig, VadEvent
 from store import messages as msg
 from store.messages import JsonObject
 
-__all__ = ["COMMANDS", "REPLY_TIMEOUT_S", "ConversationCore"]
+__all__ = ["COMMANDS", "ConversationCore"]
 
-#: A response the model leaves silent this long completes empty (``ends_on_silence``).
-REPLY_TIMEOUT_S: Final = 5.0
-# Where a profile says nothing of it: the sustained silence that ends the model's turn.
-_DEFAULT_SILENCE_MS: Final = 800
-# Text the model produced while no response was open; bounded so silence cannot grow it.
-_MAX_HELD_TEXT: Final = 2000
 # What the model says (fenced after a stop), as opposed to what it heard of the user.
 _MODEL_SPEECH: Final = (Output, ResponseStarted, TurnEnded, BargedIn)
-
-
-@dataclass(slots=True, kw_only=True)
-class _Response:
-    """The one active response and how far the model's turn has got."""
-
-    opened: OpenResponse
-    spontaneous: bool  # the model opened it (not response.create, not an automatic answer)
-    adopted: bool = False  # the model said it started its turn in it (it will end it)
-    transcript: list[str] = field(default_factory=list)
-    silent_run: int = 0  # consecutive silent outputs since the last audible one
-    age: int = 0  # outputs since it opened
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -143,53 +121,6 @@ class _UserTurn:
 
     item_id: str
     audio: bytes
-
-
-class _InputBuffer:
-    """The input appended since the last commit or clear: its bytes where the policy keeps
-    them (the newest 60 s), else only their count."""
-
-    __slots__ = ("_audio", "_keep", "_size")
-
-    def __init__(self, *, keep: bool) -> None:
-        self._keep = keep
-        self._audio = bytearray()
-        self._size = 0
-
-    @property
-    def size(self) -> int:
-        """Bytes buffered."""
-        return self._size
-
-    def append(self, audio: bytes) -> None:
-        if self._keep:
-            self._audio += audio
-            if len(self._audio) > MAX_BUFFER_BYTES:
-                del self._audio[:len(self._audio) - MAX_BUFFER_BYTES]  # keep the newest
-            self._size = len(self._audio)
-        else:
-            self._size += len(audio)
-
-    def take_all(self) -> bytes:
-        audio = bytes(self._audio)
-        self.clear()
-        return audio
-
-    def take_until(self, begin: int, end: int, fed: int) -> bytes:
-        """Cut out the turn between timeline bytes ``begin`` and ``end`` (``fed``: the
-        timeline's end): what came before it is dropped, what came after stays."""
-        start = fed - self._size  # the timeline position of the buffer's first byte
-        first = min(self._size, max(0, begin - start))
-        last = min(self._size, max(first, end - start))
-        audio = bytes(self._audio[first:last])
-        if self._keep:
-            del self._audio[:last]
-        self._size -= last
-        return audio
-
-    def clear(self) -> None:
-        self._audio.clear()
-        self._size = 0
 
 
 class ConversationCore:
@@ -213,10 +144,10 @@ class ConversationCore:
         self._model = model
         self._policy = policy
         self._frame_seconds = frame_seconds
-        self._input_state = InputState.EMPTY
-        self._response_state = ResponseState.IDLE
-        self._gate = GateState.LIVE
-        self._input = _InputBuffer(keep=policy.keeps_turn_audio)
+        self._responses = Responses(self._conversation, model, policy, frame_seconds,
+                                    on_open=lambda: self._complete_user_item(None),
+                                    on_end=self._response_ended)
+        self._input = UserInput(keep=policy.keeps_turn_audio)
         self._decoder = InputDecoder(AudioFormat.PCM24K)  # the client's audio -> pcm16 24 kHz
         self._timeline = InputTimeline(detector)
         if not policy.model_detects_speech:  # a new session may start with server_vad on
@@ -224,43 +155,12 @@ class ConversationCore:
         self._turn_start_ms = 0  # where the turn being spoken started (its speech_started)
         self._idle_from_ms: int | None = None  # the idle timeout's start, once a response ended
         self._model_input_ms: int | None = None  # the model's place on the input timeline
-        self._response: _Response | None = None
         self._unanswered: _UserTurn | None = None  # answers_turns: the turn to answer next
         self._user_item: UserItem | None = None  # added on end of speech, awaiting its transcript
-        self._mute_silence = 0
-        self._held_text = ""
-        self._held_quiet = 0  # silent outputs since the held text last grew
-        self._anchor: float | None = None  # the trigger time-to-first-audio is measured from
         self._heard_input = False
-        self._latencies: list[float] = []
-        self._ledgers = PlaybackLedgers()
         self._close_reason: str | None = None
-        # Silent outputs in a row that end the model's turn: read once per output, so counted
-        # here and again on each session.update, not per output.
-        self._silence_outputs = self._count_silence_outputs()
+        self._responses.configure(config)
         model.configure(config)
-
-    @classmethod
-    def loopback(cls, session_id: str, *, now: float,
-                 detector: Callable[[VadConfig], Vad] = EnergyVad) -> Self:
-        """The core of a loopback session (``now`` keeps the drivers' calls uniform: the
-        loopback has no timed state at open)."""
-        del now
-        return cls(session_id, model=LoopbackModel(), profile=LOOPBACK,
-                   policy=POLICIES[TurnMode.LOOPBACK], frame_seconds=CHUNK_SECONDS,
-                   detector=detector)
-
-    @classmethod
-    def frames(cls, session_id: str, *, model: str, frame_seconds: float, now: float,
-               turns: TurnMode = TurnMode.AUDIO, profile: SessionProfile | None = None,
-               detector: Callable[[VadConfig], Vad] = EnergyVad) -> Self:
-        """The core of a session on the frame backend named ``model``, whose ticks last
-        ``frame_seconds``, whose sessions take turns as ``turns`` says and can be what
-        ``profile`` says (None: :func:`frame_profile` of ``model``)."""
-        del now
-        return cls(session_id, model=EngineModel(),
-                   profile=profile if profile is not None else frame_profile(model),
-                   policy=POLICIES[turns], frame_seconds=frame_seconds, detector=detector)
 
     def name(self, model: str) -> None:
         """Name the session's ``model`` (the name its client opened it with) before any
@@ -287,7 +187,7 @@ class ConversationCore:
     @property
     def responding(self) -> bool:
         """Whether a response is active."""
-        return self._response is not None
+        return self._responses.active
 
     @property
     def history(self) -> list[Item]:
@@ -320,7 +220,7 @@ class ConversationCore:
         """
         if self._close_reason is not None:
             return
-        reports = reports_of(frame)
+        reports = frame.all_reports()
         if frame.epoch < self._model.epoch:
             reports = [r for r in reports if not isinstance(r, _MODEL_SPEECH)]
         self._model_input_ms = frame.input_ms
@@ -345,8 +245,7 @@ class ConversationCore:
 
     def take_first_audio_latencies(self) -> list[float]:
         """Seconds from each turn's trigger to its first audible output, since the last call."""
-        latencies, self._latencies = self._latencies, []
-        return latencies
+        return self._responses.take_latencies()
 
     # ------------------------------------------------------------------ commands
 
@@ -362,22 +261,21 @@ class ConversationCore:
             self._decoder = InputDecoder(self._conversation.input_format)
         if not self._policy.model_detects_speech:
             self._timeline.configure(turn_detection_of(self._config))
-        self._silence_outputs = self._count_silence_outputs()
+        self._responses.configure(self._config)
         self._model.configure(self._config)
         self._conversation.session_updated()
 
     def _append(self, command: msg.AppendAudio, now: float) -> None:
         if len(command.audio) % 2 and self._conversation.input_format is AudioFormat.PCM24K:
-            self._refuse(command.event_id, _BROKEN_SAMPLE)  # and the buffer stays aligned
+            self._refuse(command.event_id, BROKEN_SAMPLE)  # and the buffer stays aligned
             return
         audio = self._decoder.decode(command.audio)  # G.711 becomes pcm16 24 kHz here
         if not audio:
             return  # nothing to buffer or hear
         if not self._heard_input:
             self._heard_input = True
-            if self._anchor is None:
-                self._anchor = now  # the session's first words: the model's first reply
-        self._move_input(Trigger.APPEND)
+            if self._responses.anchor is None:
+                self._responses.anchor = now  # the session's first words: the model's first reply
         self._input.append(audio)
         self._model.hear(audio)
         self._drain_model(now)  # an echo answers at once, before the turn detector's events
@@ -386,35 +284,36 @@ class ConversationCore:
         self._check_idle(now)
 
     def _commit(self, command: msg.CommitInput, now: float) -> None:
-        if self._input.size < MIN_COMMIT_BYTES or not self._move_input(Trigger.COMMIT):
-            self._refuse(command.event_id, commit_too_small(self._input.size))
+        if not self._input.committable:
+            buffered_ms = self._input.size * 1000 / BYTES_PER_SECOND
+            self._refuse(command.event_id, commit_too_small(buffered_ms))
             return
-        audio = self._input.take_all()
+        audio = self._input.commit()
         self._timeline.reset()  # a turn in progress was committed with the rest
         self._commit_turn(audio, now, respond=self._model.auto_respond)
 
     def _commit_turn(self, audio: bytes, now: float, *, respond: bool) -> None:
         """The user item of a committed turn, then its answer when ``respond`` and idle."""
         item_id = self._conversation.add_user_item(done=True).id
-        self._anchor = now
+        self._responses.anchor = now
         if self._policy.answers_turns:
-            answered = self._response is not None and self._response.spontaneous
+            active = self._responses.current
+            answered = active is not None and active.spontaneous
             self._unanswered = None if answered else _UserTurn(item_id=item_id, audio=audio)
         self._model.committed()
         self._drain_model(now)
-        if respond and self._response is None:
+        if respond and not self._responses.active:
             self._start_response(self._config["output_modalities"] == ["audio"], None, now)
 
     def _clear(self) -> None:
-        self._move_input(Trigger.CLEAR)
         self._input.clear()
         self._timeline.reset()  # the detector forgets a turn in progress with its audio
         self._model.forget_input()
         self._conversation.emit(msg.InputCleared())
 
     def _create(self, command: msg.CreateResponse, now: float) -> None:
-        active = self._response
-        if active is not None or transition(self._response_state, Trigger.CREATE) is None:
+        active = self._responses.current
+        if active is not None or transition(self._responses.state, Trigger.CREATE) is None:
             self._refuse(command.event_id,
                          already_active(active.opened.id if active is not None else "?"))
             return
@@ -435,10 +334,7 @@ class ConversationCore:
         elif self._policy.answers_turns and (
                 self._unanswered is None
                 or self._conversation.item(self._unanswered.item_id) is None):
-            self._refuse(command.event_id, Refusal(
-                code="response_create_without_input",
-                message="The loopback answers a committed user turn; commit input audio first.",
-            ))
+            self._refuse(command.event_id, CREATE_WITHOUT_INPUT)
         elif options.out_of_band and self._unanswered is not None:
             # Out of band: it answers the turn without taking it from the conversation.
             self._start_response(options.audio, metadata, now, output, out_of_band=True,
@@ -447,31 +343,31 @@ class ConversationCore:
             self._start_response(options.audio, metadata, now, output)
 
     def _cancel(self, command: msg.CancelResponse) -> None:
-        active = self._cancellable()
+        active = self._responses.cancellable()
         refusal = cancel_refusal(active.id if active is not None else None, command.response_id)
         if refusal is not None:
             self._refuse(command.event_id, refusal)
             return
-        self._cancel_active("client_cancelled")
+        self._responses.cancel("client_cancelled")
 
     def _item_command(self, command: ItemCommand) -> None:
         turn = self._conversation.item_command(
-            command, active=self._cancellable(),
-            cancel_active=lambda: self._cancel_active("client_cancelled"))
+            command, active=self._responses.cancellable(),
+            cancel_active=lambda: self._responses.cancel("client_cancelled"))
         if turn is not None and self._policy.answers_turns:
             self._unanswered = _UserTurn(item_id=turn.item_id, audio=turn.audio)
 
     def _clear_output(self) -> None:
-        active = self._cancellable()
+        active = self._responses.cancellable()
         self._conversation.output_cleared(active.id if active is not None else None)
         if active is not None:
-            self._cancel_active("client_cancelled")  # unreleased audio is dropped
+            self._responses.cancel("client_cancelled")  # unreleased audio is dropped
 
     def _cancel_input(self) -> None:
         """``input.cancel``: the active response ends ``client_cancelled``, the pending input
         and an unanswered turn are dropped, and the epoch advances even when nothing ran."""
-        if self._cancellable() is not None:
-            self._cancel_active("client_cancelled")
+        if self._responses.cancellable() is not None:
+            self._responses.cancel("client_cancelled")
         else:
             self._model.stop()  # work in flight for the input (a turn being answered) stops
         self._unanswered = None
@@ -481,8 +377,8 @@ class ConversationCore:
         """``barge_in``: the client heard the user talk over the model; the active response
         ends ``turn_detected`` (as a detected speech start ends it) and the input buffered
         before the interruption is dropped."""
-        if self._cancellable() is not None:
-            self._cancel_active("turn_detected")
+        if self._responses.cancellable() is not None:
+            self._responses.cancel("turn_detected")
         self._clear()
 
     def _signal_turn(self, command: msg.SignalTurn) -> None:
@@ -495,20 +391,19 @@ class ConversationCore:
         """The client is not reading its output: the active response ends ``failed``
         (``output_backpressure``, the seed's reason) and the model stops, so the output stops
         growing; what was written stays in the log for the client to read."""
-        if self._cancellable() is None:
+        if self._responses.cancellable() is None:
             return
-        self._end_response(Trigger.CANCEL, "failed", "output_backpressure")
-        self._stop_model()
+        self._responses.end(Trigger.CANCEL, "failed", "output_backpressure")
+        self._responses.stop_model()
 
     def _turn_state(self) -> str:
         """``responding`` while a response is active, else ``listening``."""
-        return "responding" if self._response is not None else "listening"
+        return "responding" if self._responses.active else "listening"
 
     # ------------------------------------------------------------------ playback ledger
 
     def _ack_playback(self, command: msg.AckPlayback) -> None:
-        active = self._response.opened.id if self._response is not None else None
-        ledger = self._ledgers.acknowledge(command, active)
+        ledger = self._responses.acknowledge(command)
         if isinstance(ledger, Refusal):
             self._refuse(command.event_id, ledger)
             return
@@ -517,15 +412,9 @@ class ConversationCore:
         self._conversation.emit(ledger.acknowledgement())
 
     def _close(self, command: msg.CloseSession) -> None:
-        if self._response is not None:
-            self._end_response(Trigger.CLOSE, "cancelled", "client_cancelled")
-            self._model.stop()
-        else:
-            self._move_response(Trigger.CLOSE)
-        self._move_input(Trigger.CLOSE)
-        self._gate = transition(self._gate, Trigger.CLOSE) or self._gate
+        self._responses.close()
+        self._input.close()
         self._complete_user_item(None)
-        self._input.clear()
         self._model.forget_input()
         self._unanswered = None
         # The store writes the reason back as session.closed: one it cannot encode is replaced.
@@ -541,16 +430,15 @@ class ConversationCore:
             self._idle_from_ms = None  # the user spoke: not idle
             # GA order: speech_started first, then the interrupted response's response.done.
             self._conversation.speech_started(event.audio_start_ms)
-            if settings.interrupt_response and self._cancellable() is not None:
-                self._cancel_active("turn_detected")
+            if settings.interrupt_response and self._responses.cancellable() is not None:
+                self._responses.cancel("turn_detected")
             return
         self._conversation.speech_stopped(event.audio_end_ms)
         timeline = self._timeline
-        audio = self._input.take_until(timeline.byte_at(self._turn_start_ms),
-                                       timeline.byte_at(event.audio_end_ms), timeline.fed_bytes)
-        self._move_input(Trigger.COMMIT)
-        if self._input.size:
-            self._move_input(Trigger.APPEND)  # what followed the turn stays buffered
+        # What followed the turn stays buffered.
+        audio = self._input.take_turn(timeline.byte_at(self._turn_start_ms),
+                                      timeline.byte_at(event.audio_end_ms), timeline.fed_bytes,
+                                      rest_stays=True)
         self._commit_turn(audio, now, respond=settings.create_response)
 
     def _check_idle(self, now: float) -> None:
@@ -559,7 +447,7 @@ class ConversationCore:
         Measured on the input timeline: a client streams its microphone, silence included."""
         settings, start = self._timeline.settings, self._idle_from_ms
         if (settings is None or settings.idle_timeout_ms is None or start is None
-                or self._response is not None or self._timeline.speaking):
+                or self._responses.active or self._timeline.speaking):
             return
         timeline = self._timeline
         end = timeline.fed_ms
@@ -567,9 +455,8 @@ class ConversationCore:
             return
         self._idle_from_ms = None
         self._conversation.timeout_triggered(start, end)
-        audio = self._input.take_until(timeline.byte_at(start), timeline.byte_at(end),
-                                       timeline.fed_bytes)
-        self._move_input(Trigger.COMMIT)
+        audio = self._input.take_turn(timeline.byte_at(start), timeline.byte_at(end),
+                                      timeline.fed_bytes, rest_stays=False)
         self._timeline.reset()
         self._commit_turn(audio, now, respond=True)
 
@@ -584,18 +471,14 @@ class ConversationCore:
         for report in reports:
             match report:
                 case Output():
-                    self._on_output(report, now)
+                    self._responses.on_output(report, now)
                 case TurnEnded():
-                    self._on_turn_end()
+                    self._responses.on_turn_end()
                 case Failed():
                     self._conversation.emit(msg.ErrorEvent(
                         code="model_error", message=report.message, error_type="server_error"))
                 case ResponseStarted():
-                    self._move_gate(Trigger.CREATE)
-                    if self._response is None:
-                        self._open(audio=True, metadata=None, spontaneous=True)
-                    else:
-                        self._response.adopted = True  # the model fills the open response
+                    self._responses.model_started()
                 case (UserSpeechStarted() | UserSpeechStopped() | UserTranscript()
                       | UserTranscriptFailed() | BargedIn()):
                     if self._policy.model_detects_speech:
@@ -609,15 +492,14 @@ class ConversationCore:
         if isinstance(report, UserSpeechStarted):
             self._conversation.speech_started(self._heard_at_ms())
         elif isinstance(report, BargedIn):
-            if self._response is not None:
-                self._end_response(Trigger.CANCEL, "cancelled", "turn_detected")
+            if self._responses.active:
+                self._responses.end(Trigger.CANCEL, "cancelled", "turn_detected")
         elif isinstance(report, UserSpeechStopped):
             self._conversation.speech_stopped(self._heard_at_ms())
             self._complete_user_item(None)
             self._user_item = self._conversation.add_user_item(done=False)
-            self._input.clear()
-            self._move_input(Trigger.COMMIT)
-            self._anchor = now
+            self._input.taken_by_model()
+            self._responses.anchor = now
         elif isinstance(report, UserTranscript):
             self._complete_user_item(report.text)
         elif isinstance(report, UserTranscriptFailed):
@@ -630,77 +512,6 @@ class ConversationCore:
         fed = self._timeline.fed_ms
         heard = self._model_input_ms
         return fed if heard is None else min(heard, fed)
-
-    def _on_output(self, output: Output, now: float) -> None:
-        if self._gate is GateState.MUTED:
-            self._mute_silence = 0 if output.audible else self._mute_silence + 1
-            if self._mute_silence >= self._silence_outputs:
-                self._move_gate(Trigger.TURN_OVER)
-            return
-        response = self._response
-        if response is None:
-            if not (self._policy.opens_on_output and output.audible):
-                self._hold_text(output.text)
-                return
-            response = self._open(audio=True, metadata=None, spontaneous=True)
-        self._stream(response, output, now)
-        response.age += 1
-        response.silent_run = 0 if output.audible else response.silent_run + 1
-        if self._over(response):
-            self._end_response(Trigger.FINISH, "completed", None)
-
-    def _over(self, response: _Response) -> bool:
-        """Whether the response ends by itself: after sustained silence where the policy ends
-        turns so, or left unfilled: a response a client (or turn detection) opened that the
-        model neither spoke in nor took up within :data:`REPLY_TIMEOUT_S` completes empty,
-        so no response waits forever on a model with nothing to say (the cascade answers
-        speech only)."""
-        if self._response_state is ResponseState.SPEAKING:
-            return (self._policy.ends_on_silence
-                    and response.silent_run >= self._silence_outputs)
-        unfilled = not (response.spontaneous or response.adopted)
-        return (self._policy.frames and unfilled
-                and response.age * self._frame_seconds >= REPLY_TIMEOUT_S)
-
-    def _on_turn_end(self) -> None:
-        if self._gate is GateState.MUTED:
-            self._move_gate(Trigger.TURN_OVER)
-        elif self._response is not None:
-            self._end_response(Trigger.FINISH, "completed", None)
-
-    def _hold_text(self, text: str) -> None:
-        if text:
-            self._held_text = (self._held_text + text)[-_MAX_HELD_TEXT:]
-            self._held_quiet = 0
-            return
-        self._held_quiet += 1
-        if self._policy.ends_on_silence and self._held_quiet >= self._silence_outputs:
-            self._held_text = ""  # text that no speech followed was not said
-
-    def _stream(self, response: _Response, output: Output, now: float) -> None:
-        rid, iid = response.opened.id, response.opened.item_id
-        text, self._held_text = self._held_text + output.text, ""
-        if output.audio:
-            self._conversation.audio_delta(response.opened, output.audio)
-            self._ledgers.generated(rid, len(output.audio))
-        if text:
-            response.transcript.append(text)
-            self._conversation.emit(msg.TranscriptDelta(response_id=rid, item_id=iid,
-                                                        output_index=0, content_index=0,
-                                                        delta=text))
-        if output.audible:
-            first = self._response_state is ResponseState.OPEN
-            self._move_response(Trigger.AUDIBLE)
-            if first and self._anchor is not None and self._policy.frames:
-                self._latencies.append(max(0.0, now - self._anchor))
-                self._anchor = None
-
-    def _count_silence_outputs(self) -> int:
-        """How many silent outputs in a row are sustained silence, by the session's
-        ``end_of_turn_silence_ms``."""
-        silence_ms: int = self._config["extra_body"].get("end_of_turn_silence_ms",
-                                                          _DEFAULT_SILENCE_MS)
-        return max(1, math.ceil(silence_ms / 1000 / self._frame_seconds))
 
     # ------------------------------------------------------------------ responses
 
@@ -721,59 +532,16 @@ class ConversationCore:
         if answer is None:
             turn, self._unanswered = self._unanswered, None
             answer = turn.audio if turn is not None else b""
-        self._move_gate(Trigger.CREATE)  # an explicit request wants to hear the model again
-        self._open(audio=audio, metadata=metadata, spontaneous=False, output=output,
-                   out_of_band=out_of_band)
-        self._anchor = now
+        # An explicit request wants to hear the model again.
+        self._responses.move_gate(Trigger.CREATE)
+        self._responses.open(audio=audio, metadata=metadata, spontaneous=False, output=output,
+                             out_of_band=out_of_band)
+        self._responses.anchor = now
         self._model.answer(answer, spoken=audio, now=now)
         self._drain_model(now)  # the first chunk is due at once
 
-    def _open(self, *, audio: bool, metadata: dict[str, str] | None, spontaneous: bool,
-              output: JsonObject | None = None, out_of_band: bool = False) -> _Response:
-        self._complete_user_item(None)
-        self._move_response(Trigger.CREATE)
-        response = _Response(
-            opened=self._conversation.open_response(audio=audio, metadata=metadata,
-                                                    output=output, out_of_band=out_of_band),
-            spontaneous=spontaneous)
-        self._response = response
-        opened = response.opened
-        self._ledgers.open(opened.id, opened.item_id)
-        return response
-
-    def _cancellable(self) -> OpenResponse | None:
-        """The active response, when it may be cancelled now."""
-        active = self._response
-        if active is None or transition(self._response_state, Trigger.CANCEL) is None:
-            return None
-        return active.opened
-
-    def _cancel_active(self, reason: str) -> None:
-        """End the active response ``cancelled`` for ``reason``, advance the epoch, and stop
-        the model (or, where it cannot stop mid-word, mute the rest of its turn)."""
-        self._end_response(Trigger.CANCEL, "cancelled", reason)
-        self._stop_model()
-
-    def _stop_model(self) -> None:
-        """Tell the model to stop its response; one that cannot stop mid-word is muted for
-        the rest of its turn."""
-        self._model.stop()
-        if self._policy.mutes_after_cancel:
-            self._move_gate(Trigger.CANCEL)
-            self._mute_silence = 0
-
-    def _end_response(self, trigger: Trigger, status: str, reason: str | None) -> None:
-        response = self._response
-        assert response is not None  # callers checked
-        self._move_response(trigger)
-        self._response = None
-        self._conversation.finish_response(response.opened, status=status, reason=reason,
-                                           transcript="".join(response.transcript))
+    def _response_ended(self) -> None:
         self._idle_from_ms = self._timeline.fed_ms  # the idle timeout counts from here
-        ledger = self._ledgers.ended(response.opened.id, interrupted=status != "completed")
-        if ledger is not None and ledger.heard_ms is not None:
-            # Only what the client acknowledged hearing stays in the history.
-            self._conversation.keep_heard(ledger.item_id, ledger.heard_ms)
 
     def _complete_user_item(self, transcript: str | None, failure: str | None = None) -> None:
         pending, self._user_item = self._user_item, None
@@ -790,35 +558,8 @@ class ConversationCore:
 
     # ------------------------------------------------------------------ helpers
 
-    def _move_input(self, trigger: Trigger) -> bool:
-        target = transition(self._input_state, trigger)
-        if target is not None:
-            self._input_state = target
-        return target is not None
-
-    def _move_response(self, trigger: Trigger) -> bool:
-        target = transition(self._response_state, trigger)
-        if target is not None:
-            self._response_state = target
-        return target is not None
-
-    def _move_gate(self, trigger: Trigger) -> None:
-        self._gate = transition(self._gate, trigger) or self._gate
-
     def _refuse(self, client_event_id: str | None, refusal: Refusal) -> None:
         self._conversation.refuse(client_event_id, refusal)
-
-
-#: An ``input_audio_buffer.append`` of pcm16 that ends inside a sample.
-_BROKEN_SAMPLE: Final = Refusal(
-    code="invalid_value", param="audio",
-    message="Invalid value for 'audio': pcm16 audio must be whole 2-byte samples.")
-
-#: ``input.text.append``: no backend takes text into the user's turn.
-_TEXT_INPUT_REFUSAL: Final = Refusal(
-    code="native_text_append_unsupported", param="text",
-    message="this model takes no text in the user's turn; send a user message with"
-    " conversation.item.create (an input_text part) instead")
 
 
 _Handler: TypeAlias = Callable[[ConversationCore, Any, float], None]
@@ -841,7 +582,7 @@ COMMANDS: Final[Mapping[type[msg.Command], _Handler]] = MappingProxyType({
     msg.CancelInput: lambda core, command, now: core._cancel_input(),
     msg.BargeIn: lambda core, command, now: core._barge_in(),
     msg.AppendText: lambda core, command, now: core._refuse(command.event_id,
-                                                           _TEXT_INPUT_REFUSAL),
+                                                           TEXT_INPUT_REFUSAL),
     msg.SignalTurn: lambda core, command, now: core._signal_turn(command),
     msg.AckPlayback: lambda core, command, now: core._ack_playback(command),
     msg.OutputBackpressure: lambda core, command, now: core._output_backpressure(),

@@ -2,8 +2,9 @@
 
 Sessions speak pcm16 little-endian mono at 24 kHz (the Realtime ``audio/pcm`` format); a
 backend consumes and produces float32 frames at its own rates (``FrameSpec``). The engine
-converts between the two with these helpers, and hands each session's runner a
-:class:`FrameOutput`: the tick's audio already as pcm16 24 kHz bytes, its level, text and events.
+converts between the two with these helpers, and hands each session's conversation core a
+:class:`FrameOutput`: the tick's audio already as pcm16 24 kHz bytes, its level, text and the
+model's reports.
 
 Two streaming resamplers, one home: :class:`LinearResampler` (cheap, for audio going into a
 model's own front end) and :class:`SincResampler` (polyphase windowed-sinc, for audio a person
@@ -16,11 +17,13 @@ Pure: numpy only, no clock, no threads (the engine calls it from its model threa
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Final
 
 import numpy as np
 import numpy.typing as npt
+
+from inference_worker.conversation.reports import ModelReport, Output, Report, TurnEnded
 
 __all__ = [
     "PCM_RATE",
@@ -42,7 +45,7 @@ _SCALE: Final = 32768.0
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FrameOutput:
-    """One slot's output for one tick, as the session runner consumes it."""
+    """One slot's output for one tick, as the session's conversation core consumes it."""
 
     #: pcm16 LE mono at 24 kHz; empty while the model is in its delay warm-up.
     audio: bytes
@@ -50,8 +53,8 @@ class FrameOutput:
     level: float
     #: Decoded text produced this tick ("" for none).
     text: str = ""
-    #: The backend's model-specific signals (``end_of_turn``, ``speech_started``, ...).
-    events: dict[str, Any] = field(default_factory=dict)
+    #: What the backend's model reported this tick besides its output (``SlotResult.reports``).
+    reports: tuple[ModelReport, ...] = ()
     #: How many stops (``Engine.stop_response``) the engine had applied to the session's slot
     #: before the step that produced this frame began. A frame whose epoch is below the stops
     #: the session asked for comes from a step that was already running, or already queued,
@@ -62,6 +65,14 @@ class FrameOutput:
     #: in whole frames. What the model reports of the user's speech happened there, however
     #: far ahead the client's appends are. None: not known (a frame not from an engine).
     input_ms: int | None = None
+
+    def all_reports(self) -> list[Report]:
+        """The tick's reports in the order they happened: the model's, with the tick's output
+        before the end of its turn (the output is the turn's last)."""
+        output = Output(audio=self.audio, level=self.level, text=self.text)
+        if not any(isinstance(report, TurnEnded) for report in self.reports):
+            return [*self.reports, output]
+        return [*(r for r in self.reports if not isinstance(r, TurnEnded)), output, TurnEnded()]
 
 
 def pcm16_to_float(data: bytes) -> Audio:

@@ -66,7 +66,8 @@ from typing import Final, Protocol, TypeAlias
 import numpy as np
 import numpy.typing as npt
 
-from inference_worker.frames import PCM_RATE
+from inference_worker.audio_frames import PCM_RATE
+from inference_worker.conversation.refusals import RefusalCode
 from inference_worker.untrusted import describe
 
 __all__ = [
@@ -99,7 +100,7 @@ FRAME_BYTES: Final = 2 * FRAME_SAMPLES
 #: How far below the start level a frame still counts as speech once speaking.
 HYSTERESIS_DB: Final = 6.0
 #: Longest accepted duration setting. A minute of prefix padding or end-of-turn silence is far
-#: beyond any turn taking; the cap bounds the audio a runner keeps for the padding.
+#: beyond any turn taking; the cap bounds the audio a core keeps for the padding.
 MAX_DURATION_MS: Final = 60_000
 #: End-of-turn silence per ``semantic_vad`` eagerness (see the module docstring for why).
 EAGERNESS_SILENCE_MS: Final[Mapping[str, int]] = MappingProxyType({
@@ -113,7 +114,7 @@ _START_DBFS_SPAN: Final = 60.0
 
 # The keys each turn detection type takes. Those outside VadConfig (create_response,
 # interrupt_response, idle_timeout_ms) steer the conversation, not detection: they are
-# type-checked here and read by the runner.
+# type-checked here and read by the conversation core.
 _SERVER_VAD_KEYS: Final = frozenset({
     "type", "threshold", "prefix_padding_ms", "silence_duration_ms", "idle_timeout_ms",
     "create_response", "interrupt_response",
@@ -140,7 +141,7 @@ class VadConfigError(ValueError):
     the offending key inside the ``turn_detection`` object (``""`` for the object itself).
     """
 
-    def __init__(self, code: str, param: str, message: str) -> None:
+    def __init__(self, code: RefusalCode, param: str, message: str) -> None:
         """Carry the refusal's ``code`` and ``param`` next to its message."""
         super().__init__(message)
         self.code = code
@@ -220,23 +221,24 @@ def vad_config_from_turn_detection(turn_detection: object) -> VadConfig:
             take, or a value of the wrong type or out of range.
     """
     if not isinstance(turn_detection, Mapping):
-        raise VadConfigError("invalid_type", "", "turn_detection must be an object or null")
+        raise VadConfigError(RefusalCode.INVALID_TYPE, "",
+                             "turn_detection must be an object or null")
     kind = turn_detection.get("type")
     if kind is None:
-        raise VadConfigError("missing_required_parameter", "type",
+        raise VadConfigError(RefusalCode.MISSING_REQUIRED_PARAMETER, "type",
                              "turn_detection needs a type: 'server_vad' or 'semantic_vad'")
     if not isinstance(kind, str):
-        raise VadConfigError("invalid_type", "type",
+        raise VadConfigError(RefusalCode.INVALID_TYPE, "type",
                              f"turn_detection type must be a string, got {type(kind).__name__}")
     keys = _KEYS_BY_TYPE.get(kind)
     if keys is None:
         # The seed's update-time refusal: a detector this server does not have.
-        raise VadConfigError("unsupported_turn_detection", "type",
+        raise VadConfigError(RefusalCode.UNSUPPORTED_TURN_DETECTION, "type",
                              f"unsupported turn_detection type {describe(kind)}: expected "
                              f"'server_vad' or 'semantic_vad'")
     for key in turn_detection:
         if key not in keys:
-            raise VadConfigError("unknown_parameter", str(key),
+            raise VadConfigError(RefusalCode.UNKNOWN_PARAMETER, str(key),
                                  f"{kind} does not take {describe(key)}")
     _check_conversation_keys(turn_detection)
     if kind == "semantic_vad":
@@ -253,10 +255,10 @@ def vad_config_from_turn_detection(turn_detection: object) -> VadConfig:
 def _eagerness_silence(turn_detection: Mapping[str, object]) -> int:
     eagerness = turn_detection.get("eagerness", "auto")
     if not isinstance(eagerness, str):
-        raise VadConfigError("invalid_type", "eagerness",
+        raise VadConfigError(RefusalCode.INVALID_TYPE, "eagerness",
                              f"eagerness must be a string, got {type(eagerness).__name__}")
     if eagerness not in EAGERNESS_SILENCE_MS:
-        raise VadConfigError("invalid_value", "eagerness",
+        raise VadConfigError(RefusalCode.INVALID_VALUE, "eagerness",
                              f"eagerness must be one of 'low', 'medium', 'high', 'auto', got "
                              f"{describe(eagerness)}")
     return EAGERNESS_SILENCE_MS[eagerness]
@@ -266,7 +268,7 @@ def _check_conversation_keys(turn_detection: Mapping[str, object]) -> None:
     for key in ("create_response", "interrupt_response"):
         value = turn_detection.get(key, True)
         if not isinstance(value, bool):
-            raise VadConfigError("invalid_type", key,
+            raise VadConfigError(RefusalCode.INVALID_TYPE, key,
                                  f"{key} must be a boolean, got {type(value).__name__}")
     idle = turn_detection.get("idle_timeout_ms")
     if idle is not None:
@@ -276,20 +278,21 @@ def _check_conversation_keys(turn_detection: Mapping[str, object]) -> None:
 def _check_threshold(name: str, value: object) -> None:
     # bool is an int to Python but never a threshold in JSON.
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise VadConfigError("invalid_type", name,
+        raise VadConfigError(RefusalCode.INVALID_TYPE, name,
                              f"{name} must be a number, got {type(value).__name__}")
     if not 0.0 <= value <= 1.0:  # also refuses NaN
-        raise VadConfigError("invalid_value", name,
+        raise VadConfigError(RefusalCode.INVALID_VALUE, name,
                              f"{name} must be in [0, 1], got {describe(value)}")
 
 
 def _check_duration(name: str, value: object, *, limit: int | None = MAX_DURATION_MS) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise VadConfigError("invalid_type", name,
+        raise VadConfigError(RefusalCode.INVALID_TYPE, name,
                              f"{name} must be an integer (ms), got {type(value).__name__}")
     if value < 0 or (limit is not None and value > limit):
         bound = f"in [0, {limit}]" if limit is not None else "at least 0"
-        raise VadConfigError("invalid_value", name, f"{name} must be {bound} ms, got {value}")
+        raise VadConfigError(RefusalCode.INVALID_VALUE, name,
+                             f"{name} must be {bound} ms, got {value}")
 
 
 def _whole_frames(ms: int) -> int:

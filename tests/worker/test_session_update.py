@@ -14,19 +14,20 @@ from typing import Any
 import pytest
 
 from inference_worker.audio_formats import AudioFormat
-from inference_worker.refusal import Refusal
-from inference_worker.session_config import (
+from inference_worker.conversation.profiles import (
     GA_TURN_DETECTION,
     LOOPBACK,
     NATIVE_RESPONSE_OPTIONS,
-    ResponseOptions,
     SessionProfile,
+    default_session,
+    frame_profile,
+)
+from inference_worker.conversation.refusals import Refusal
+from inference_worker.conversation.response_options import ResponseOptions, parse_response_options
+from inference_worker.conversation.session_update import (
     apply_session_patch,
     check_session_patch,
-    default_session,
     effective_turn_detection,
-    frame_profile,
-    parse_response_options,
 )
 from store import messages as msg
 from tests.worker.realtime_render import validate_strict

@@ -2,8 +2,8 @@
 
 The core tells its model what happened (input heard, input forgotten, a response opened for
 it to fill, a turn committed, a response stopped) and collects what the model did as
-:mod:`~inference_worker.model_reports`. Two ports exist: the loopback's paced playback
-(:class:`~inference_worker.loopback.LoopbackModel`, which reports on its own clock) and
+:mod:`~inference_worker.conversation.reports`. Two ports exist: the loopback's paced playback
+(:class:`~inference_worker.backends.loopback.LoopbackModel`, which reports on its own clock) and
 :class:`EngineModel`, a frame backend's slot, whose reports come with each engine tick and
 whose instructions wait for the worker's driver (:meth:`EngineModel.take_input`).
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from inference_worker.model_reports import Report
+from inference_worker.conversation.reports import Report
 from store.messages import JsonObject
 
 __all__ = ["EngineModel", "ModelPort", "PendingInput"]

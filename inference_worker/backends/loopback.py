@@ -10,8 +10,14 @@ from __future__ import annotations
 
 from typing import Final
 
-from inference_worker.model_ports import PendingInput
-from inference_worker.model_reports import AUDIBLE, Output, Report, ResponseStarted, TurnEnded
+from inference_worker.conversation.model_port import PendingInput
+from inference_worker.conversation.reports import (
+    AUDIBLE,
+    Output,
+    Report,
+    ResponseStarted,
+    TurnEnded,
+)
 from store.messages import JsonObject
 
 __all__ = ["CHUNK_BYTES", "CHUNK_SECONDS", "LoopbackModel", "PacedPlayback"]

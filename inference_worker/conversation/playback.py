@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
-from inference_worker.refusal import Refusal
-from inference_worker.session_config import BYTES_PER_SECOND
+from inference_worker.conversation.profiles import BYTES_PER_SECOND
+from inference_worker.conversation.refusals import Refusal, RefusalCode
 from inference_worker.untrusted import describe
 from store import messages as msg
 
@@ -97,12 +97,12 @@ class PlaybackLedgers:
             return ledger
         committed = command.played_ms if command.committed_ms is None else command.committed_ms
         if command.played_ms > ledger.generated_ms:
-            return Refusal(code="invalid_value", param="played_ms",
+            return Refusal(code=RefusalCode.INVALID_VALUE, param="played_ms",
                            message=f"played_ms {command.played_ms} is longer than the"
                            f" {ledger.generated_ms} ms of audio of response"
                            f" {ledger.response_id}")
         if committed > command.played_ms:
-            return Refusal(code="invalid_value", param="committed_ms",
+            return Refusal(code=RefusalCode.INVALID_VALUE, param="committed_ms",
                            message="committed_ms cannot exceed played_ms: only audio the user"
                            " heard can be committed to the conversation")
         ledger.acknowledged = True
@@ -116,11 +116,11 @@ class PlaybackLedgers:
         if command.response_id is not None:
             ledger = self._ledgers.get(command.response_id)
             if ledger is None:
-                return Refusal(code="playback_item_not_found", param="response_id",
+                return Refusal(code=RefusalCode.PLAYBACK_ITEM_NOT_FOUND, param="response_id",
                                message=f"no response {describe(command.response_id)} to"
                                " acknowledge (unknown, or too old)")
             if command.item_id is not None and command.item_id != ledger.item_id:
-                return Refusal(code="playback_item_mismatch", param="item_id",
+                return Refusal(code=RefusalCode.PLAYBACK_ITEM_MISMATCH, param="item_id",
                                message=f"item {describe(command.item_id)} is not the item of"
                                f" response {ledger.response_id} ({ledger.item_id})")
             return ledger
@@ -128,12 +128,12 @@ class PlaybackLedgers:
             for ledger in self._ledgers.values():
                 if ledger.item_id == command.item_id:
                     return ledger
-            return Refusal(code="playback_item_not_found", param="item_id",
+            return Refusal(code=RefusalCode.PLAYBACK_ITEM_NOT_FOUND, param="item_id",
                            message=f"no response item {describe(command.item_id)} to"
                            " acknowledge (unknown, or too old)")
         if active is not None and active in self._ledgers:
             return self._ledgers[active]
         if self._ledgers:
             return next(reversed(self._ledgers.values()))
-        return Refusal(code="playback_item_not_found",
+        return Refusal(code=RefusalCode.PLAYBACK_ITEM_NOT_FOUND,
                        message="no response to acknowledge playback of")

@@ -4,8 +4,9 @@ A session has a user-turn machine (:class:`InputState`, the input audio buffer),
 machine (:class:`ResponseState`: at most one response, opened, then speaking) and an output
 gate (:class:`GateState`: whether the model's output reaches the client), kept separate like
 h11's client/server pair. Every legal move of the three is one entry of :data:`TRANSITIONS`;
-a move that is not there is illegal, and the conversation core answers it with an ``error``
-event (or, where the protocol has no refusal for it, by doing nothing). The docs' diagrams
+a move that is not there is illegal: the conversation core checks (:func:`transition`) before
+a move the client may ask for out of turn and answers it with an ``error`` event, and
+:func:`move` raises :class:`IllegalTransition` for any other, a bug in the core. The docs' diagrams
 are generated from the table by :func:`mermaid`.
 """
 
@@ -20,11 +21,13 @@ __all__ = [
     "MACHINES",
     "TRANSITIONS",
     "GateState",
+    "IllegalTransition",
     "InputState",
     "ResponseState",
     "State",
     "Trigger",
     "mermaid",
+    "move",
     "transition",
 ]
 
@@ -145,6 +148,39 @@ def transition(state: State, trigger: Trigger) -> State | None:
         The next state (of the same machine), or None when the move is illegal.
     """
     return TRANSITIONS.get((state, trigger))
+
+
+class IllegalTransition(Exception):
+    """A move that :data:`TRANSITIONS` does not have was made: the core's bug, never the
+    client's (a client's out-of-turn command is refused before any move)."""
+
+    def __init__(self, state: State, trigger: Trigger) -> None:
+        super().__init__(f"{trigger.value} is not a move of {type(state).__name__}"
+                         f" {state.value}")
+        self.state = state
+        self.trigger = trigger
+
+
+@overload
+def move(state: InputState, trigger: Trigger) -> InputState: ...
+@overload
+def move(state: ResponseState, trigger: Trigger) -> ResponseState: ...
+@overload
+def move(state: GateState, trigger: Trigger) -> GateState: ...
+@overload
+def move(state: State, trigger: Trigger) -> State: ...
+
+
+def move(state: State, trigger: Trigger) -> State:
+    """Where ``trigger`` moves ``state``.
+
+    Raises:
+        IllegalTransition: the table has no such move.
+    """
+    target = TRANSITIONS.get((state, trigger))
+    if target is None:
+        raise IllegalTransition(state, trigger)
+    return target
 
 
 def mermaid(machine: type[InputState] | type[ResponseState] | type[GateState]) -> str:

@@ -1,6 +1,6 @@
 """The conversation's items and its responses' events, for the conversation core.
 
-The core (:class:`~inference_worker.core.ConversationCore`) decides *when* a turn is
+The core (:class:`~inference_worker.conversation.core.ConversationCore`) decides *when* a turn is
 committed or a response opens and ends; this module decides *what* that emits, once: item ids
 and their order, the user item's events, a response's opening and closing sequences (Realtime
 GA order, openai_realtime.md §2a; seed §3.4), refusals as ``error`` events. It is I/O-free
@@ -8,10 +8,10 @@ like the core: it only queues typed events for the driver to drain.
 
 Turn detection's events are built here too: :meth:`Conversation.speech_started` reserves the
 id the turn's user item will get, so ``speech_started``, ``speech_stopped`` and the commit that
-follows all name it (the detector itself: :mod:`inference_worker.turn_detection`).
+follows all name it (the detector itself: :mod:`inference_worker.turn_detection.timeline`).
 
-The conversation keeps its items in order (:class:`~inference_worker.items.Item`: id, role,
-status, content with the
+The conversation keeps its items in order (:class:`~inference_worker.conversation.items.Item`: id,
+role, status, content with the
 audio bytes left out, and for assistant audio the audio generated so far), at most
 :data:`MAX_ITEMS` of them: adding one more drops the oldest first, silently, as GA's own context
 truncation does. The client manages them with ``conversation.item.create`` / ``.retrieve`` /
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
 from inference_worker.audio_formats import AudioFormat, OutputEncoder
-from inference_worker.items import (
+from inference_worker.conversation.items import (
     FUNCTION_ITEMS,
     CreatedUserTurn,
     Item,
@@ -37,18 +37,18 @@ from inference_worker.items import (
     format_of,
     parse_message,
     truncate_refusal,
-    user_audio_content,
-    user_item_object,
 )
-from inference_worker.realtime_items import (
+from inference_worker.conversation.objects import (
     assistant_item,
     content_part,
     item_content,
     response_object,
+    user_audio_content,
+    user_item_object,
     zero_usage,
 )
-from inference_worker.refusal import Refusal
-from inference_worker.session_config import BYTES_PER_SECOND
+from inference_worker.conversation.profiles import BYTES_PER_SECOND
+from inference_worker.conversation.refusals import Refusal, RefusalCode
 from inference_worker.untrusted import describe
 from store import messages as msg
 from store.messages import JsonObject
@@ -59,9 +59,6 @@ __all__ = [
     "ItemCommand",
     "OpenResponse",
     "UserItem",
-    "already_active",
-    "cancel_refusal",
-    "commit_too_small",
 ]
 
 #: Bytes of pcm16 24 kHz mono per millisecond of audio.
@@ -391,7 +388,7 @@ class Conversation:
         item = self._by_id.get(item_id)
         if item is None:
             self.refuse(event_id, Refusal(
-                code="item_not_found", param=param,
+                code=RefusalCode.ITEM_NOT_FOUND, param=param,
                 message=f"Item with item_id {describe(item_id)} not found in conversation."))
         return item
 
@@ -401,7 +398,7 @@ class Conversation:
             return
         if active is not None and active.item_id == item.id:
             self.refuse(command.event_id, Refusal(
-                code="invalid_value", param="item_id",
+                code=RefusalCode.INVALID_VALUE, param="item_id",
                 message=f"Item {item.id} belongs to the active response {active.id};"
                 " cancel it (response.cancel) before deleting it."))
             return
@@ -455,25 +452,25 @@ class Conversation:
         for name in names:
             value = item.get(name, "" if name == "arguments" else None)
             if value is None:
-                return Refusal(code="missing_required_parameter", param=f"item.{name}",
+                return Refusal(code=RefusalCode.MISSING_REQUIRED_PARAMETER, param=f"item.{name}",
                                message=f"Missing required parameter: 'item.{name}'.")
             if not isinstance(value, str):
-                return Refusal(code="invalid_type", param=f"item.{name}",
+                return Refusal(code=RefusalCode.INVALID_TYPE, param=f"item.{name}",
                                message="expected a string")
             fields.append((name, value))
         call_id = dict(fields)["call_id"]
         calls = [known for known in self._by_id.values() if dict(known.fields).get("call_id")
                  == call_id]
         if kind == "function_call" and calls:
-            return Refusal(code="invalid_value", param="item.call_id",
+            return Refusal(code=RefusalCode.INVALID_VALUE, param="item.call_id",
                            message=f"a function call with call_id {describe(call_id)} exists")
         if kind == "function_call_output":
             if not any(known.kind == "function_call" for known in calls):
-                return Refusal(code="invalid_value", param="item.call_id",
+                return Refusal(code=RefusalCode.INVALID_VALUE, param="item.call_id",
                                message=f"no function_call with call_id {describe(call_id)} in"
                                " the conversation to answer")
             if any(known.kind == "function_call_output" for known in calls):
-                return Refusal(code="invalid_value", param="item.call_id",
+                return Refusal(code=RefusalCode.INVALID_VALUE, param="item.call_id",
                                message=f"the function call {describe(call_id)} is answered"
                                " already")
         return Item(id="", role="", status="completed", content=(), kind=kind,
@@ -500,12 +497,13 @@ class Conversation:
 
     def _id_refusal(self, item_id: Any) -> Refusal | None:
         if not isinstance(item_id, str):
-            return Refusal(code="invalid_type", param="item.id", message="expected a string")
+            return Refusal(code=RefusalCode.INVALID_TYPE, param="item.id",
+                           message="expected a string")
         if not 0 < len(item_id) <= _MAX_ITEM_ID_CHARS:
-            return Refusal(code="invalid_value", param="item.id",
+            return Refusal(code=RefusalCode.INVALID_VALUE, param="item.id",
                            message=f"must be 1 to {_MAX_ITEM_ID_CHARS} characters")
         if item_id in self._by_id or item_id == self._reserved_item_id:
-            return Refusal(code="invalid_value", param="item.id",
+            return Refusal(code=RefusalCode.INVALID_VALUE, param="item.id",
                            message=f"an item with id {describe(item_id)} already exists")
         return None
 
@@ -541,37 +539,3 @@ class Conversation:
             item_id = f"item_{self._items}"
             if item_id not in self._by_id:
                 return item_id
-
-
-# --------------------------------------------------------------------------- refusals
-
-
-def commit_too_small(buffered_bytes: int) -> Refusal:
-    """``input_audio_buffer.commit`` with less than 100 ms buffered (OpenAI's wording)."""
-    buffered_ms = buffered_bytes * 1000 / BYTES_PER_SECOND
-    return Refusal(
-        code="input_audio_buffer_commit_empty",
-        message="Error committing input audio buffer: buffer too small. Expected at least"
-        f" 100ms of audio, but buffer only has {buffered_ms:.2f}ms of audio.",
-    )
-
-
-def already_active(response_id: str) -> Refusal:
-    """``response.create`` while a response is active (OpenAI's wording)."""
-    return Refusal(
-        code="conversation_already_has_active_response",
-        message=f"Conversation already has an active response in progress: {response_id}."
-        " Wait until the response is finished before creating a new one.",
-    )
-
-
-def cancel_refusal(active_id: str | None, requested_id: str | None) -> Refusal | None:
-    """Why ``response.cancel`` cannot cancel (None: it can): no response is active, or it
-    names another response than the active one."""
-    if active_id is None:
-        return Refusal(code="response_cancel_not_active",
-                       message="Cancellation failed: no active response found")
-    if requested_id is not None and requested_id != active_id:
-        return Refusal(code="response_cancel_not_active", param="response_id",
-                       message=f"Cancellation failed: {requested_id} is not active")
-    return None

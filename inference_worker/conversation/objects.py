@@ -1,7 +1,8 @@
-"""Realtime GA object shapes the conversation core emits (response, assistant item, parts).
+"""Realtime GA object shapes the conversation core emits (response, user and assistant items,
+content parts, usage).
 
-Built here once (:mod:`inference_worker.conversation` uses them), so every backend's sessions
-produce identical, strictly valid shapes.
+Built here once (:mod:`inference_worker.conversation.history` uses them), so every backend's
+sessions produce identical, strictly valid shapes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ __all__ = [
     "content_part",
     "item_content",
     "response_object",
+    "user_audio_content",
+    "user_item_object",
     "zero_usage",
 ]
 
@@ -66,3 +69,13 @@ def zero_usage() -> JsonObject:
                                 "cached_tokens_details": {**tokens, "image_tokens": 0}},
         "output_token_details": dict(tokens),
     }
+
+
+def user_audio_content(transcript: str | None) -> tuple[JsonObject, ...]:
+    return ({"type": "input_audio", "transcript": transcript},)
+
+
+def user_item_object(item_id: str, transcript: str | None) -> JsonObject:
+    return {"id": item_id, "object": "realtime.item", "type": "message", "role": "user",
+            "status": "completed",
+            "content": [{"type": "input_audio", "transcript": transcript}]}

@@ -2,8 +2,8 @@
 (:class:`TurnDetection`) and the input timeline the detector hears (:class:`InputTimeline`).
 
 :class:`InputTimeline` counts a session's input audio and, while ``turn_detection`` is on,
-feeds it to a detector (:class:`~inference_worker.vad.EnergyVad`, or Silero where installed).
-Event times are milliseconds on this timeline. Pure: no I/O, no clock.
+feeds it to a detector (:class:`~inference_worker.turn_detection.vad.EnergyVad`, or Silero where
+installed). Event times are milliseconds on this timeline. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from inference_worker.session_config import BYTES_PER_SECOND
-from inference_worker.vad import (
+from inference_worker.conversation.profiles import BYTES_PER_SECOND
+from inference_worker.turn_detection.vad import (
     EnergyVad,
     SpeechStarted,
     SpeechStopped,
@@ -62,7 +62,8 @@ def turn_detection_of(config: JsonObject) -> TurnDetection | None:
 class InputTimeline:
     """A session's input audio timeline (bytes appended since it opened) and, while turn
     detection is on, the detector that hears it (``detector`` makes one for a
-    :class:`~inference_worker.vad.VadConfig`: the energy VAD, or Silero where installed).
+    :class:`~inference_worker.turn_detection.vad.VadConfig`: the energy VAD, or Silero where
+    installed).
 
     Event times are milliseconds on this timeline, whenever the detector was switched on, as
     the Realtime API counts from the start of the session's audio.

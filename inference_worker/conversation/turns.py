@@ -40,7 +40,8 @@ class TurnPolicy:
         opens_on_output: the model's audible output outside a response opens one (the model
             speaks when it decides to).
         ends_on_silence: sustained silence ends a response, and a response the model leaves
-            silent for :data:`REPLY_TIMEOUT_S` ends empty (the model says nothing else).
+            silent for :data:`~inference_worker.conversation.responses.REPLY_TIMEOUT_S` ends
+            empty (the model says nothing else).
         model_detects_speech: the model reports the user's speech and turns; the energy VAD
             of ``turn_detection`` never runs.
         mutes_after_cancel: the model cannot be stopped mid-word: a cancelled response's rest

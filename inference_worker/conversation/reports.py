@@ -3,22 +3,22 @@
 A backend never decides an event. It reports what its model did: a tick's output
 (:class:`Output`: audio, its level, text), the user's speech starting and stopping, the
 user's transcript, that it started or ended its own turn, that it barged in, that it failed.
-The core turns reports into events. :func:`reports_of` reads one engine tick's
-:class:`~inference_worker.frames.FrameOutput`; the loopback's playback reports the same types.
+The core turns reports into events. A frame backend returns them with each tick
+(``SlotResult.reports``, carried by :class:`~inference_worker.audio_frames.FrameOutput`); the
+loopback's playback reports the same types.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final, TypeAlias
-
-from inference_worker.frames import FrameOutput
+from typing import Final, TypeAlias
 
 __all__ = [
     "AUDIBLE",
     "SILENCE_LEVEL",
     "BargedIn",
     "Failed",
+    "ModelReport",
     "Output",
     "Report",
     "ResponseStarted",
@@ -27,7 +27,6 @@ __all__ = [
     "UserSpeechStopped",
     "UserTranscript",
     "UserTranscriptFailed",
-    "reports_of",
 ]
 
 #: RMS below which output counts as silence (-50 dBFS).
@@ -97,41 +96,7 @@ class Failed:
     message: str
 
 
-Report: TypeAlias = (Output | UserSpeechStarted | UserSpeechStopped | UserTranscript
-                     | UserTranscriptFailed | ResponseStarted | TurnEnded | BargedIn | Failed)
-
-# A backend's event keys, and what each reports when set.
-_EVENT_REPORTS: Final[dict[str, Report]] = {
-    "speech_started": UserSpeechStarted(),
-    "barge_in": BargedIn(),
-    "speech_stopped": UserSpeechStopped(),
-}
-
-
-def reports_of(frame: FrameOutput) -> list[Report]:
-    """One tick's reports, in the order they happened: the backend's events (in the order it
-    set them: ``speech_started`` precedes ``barge_in``) after its failure, the user's
-    transcript (or its failure: an ``error`` that comes with a ``transcript``), the start of
-    the model's turn (after the transcript: the user item it answers is complete by then),
-    the tick's output, then the end of the model's turn."""
-    reports: list[Report] = []
-    events: dict[str, Any] = frame.events
-    for key, value in events.items():
-        report = _EVENT_REPORTS.get(key)
-        if report is not None and value:
-            reports.append(report)
-    error = events.get("error")
-    failed = isinstance(error, str) and bool(error)
-    transcript = events.get("transcript")
-    if isinstance(transcript, str):
-        # A transcript that comes with an error is the transcription's failure.
-        reports.append(UserTranscriptFailed(message=str(error)) if failed
-                       else UserTranscript(text=transcript))
-    elif failed:
-        reports.insert(0, Failed(message=str(error)))
-    if events.get("response_started"):
-        reports.append(ResponseStarted())
-    reports.append(Output(audio=frame.audio, level=frame.level, text=frame.text))
-    if events.get("end_of_turn") or events.get("response_done"):
-        reports.append(TurnEnded())
-    return reports
+#: What a backend reports of its model on a tick besides the tick's output (``SlotResult``).
+ModelReport: TypeAlias = (UserSpeechStarted | UserSpeechStopped | UserTranscript
+                          | UserTranscriptFailed | ResponseStarted | TurnEnded | BargedIn | Failed)
+Report: TypeAlias = Output | ModelReport

@@ -1,4 +1,5 @@
-"""Conversation items as the conversation keeps them, and reading the items clients send.
+"""Conversation items as the conversation keeps them, and reading the items clients send
+(the Realtime object shapes built from them are :mod:`~inference_worker.conversation.objects`).
 
 :class:`Item` is one item of a session's history (no audio bytes: their length only).
 :func:`parse_message` reads a ``message`` a client sends (``conversation.item.create``, or a
@@ -15,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from inference_worker.audio_formats import AudioFormat, InputDecoder, parse_format
-from inference_worker.refusal import Refusal
-from inference_worker.session_config import BYTES_PER_SECOND
+from inference_worker.conversation.profiles import BYTES_PER_SECOND
+from inference_worker.conversation.refusals import Refusal, RefusalCode
 from inference_worker.untrusted import describe
 from store import messages as msg
 from store.messages import JsonObject
@@ -30,8 +31,6 @@ __all__ = [
     "format_of",
     "parse_message",
     "truncate_refusal",
-    "user_audio_content",
-    "user_item_object",
 ]
 
 #: Bytes of pcm16 24 kHz mono per millisecond of audio.
@@ -122,21 +121,17 @@ def cut_transcript(text: str, share: float) -> str:
     return text[:end].rsplit(" ", 1)[0] if " " in text[:end] else ""
 
 
-def user_audio_content(transcript: str | None) -> tuple[JsonObject, ...]:
-    return ({"type": "input_audio", "transcript": transcript},)
-
-
 def truncate_refusal(item: Item, command: msg.TruncateItem) -> Refusal | None:
     """Why ``item`` cannot be cut to ``command.audio_end_ms`` (None: it can)."""
     if not item.truncatable:
-        return Refusal(code="invalid_value", param="item_id",
+        return Refusal(code=RefusalCode.INVALID_VALUE, param="item_id",
                        message=f"Only assistant audio items can be truncated; {item.id} is not"
                        " one.")
     if command.content_index != 0:
-        return Refusal(code="invalid_value", param="content_index",
+        return Refusal(code=RefusalCode.INVALID_VALUE, param="content_index",
                        message="Invalid value for 'content_index': audio is content part 0.")
     if command.audio_end_ms > item.audio_ms:
-        return Refusal(code="invalid_value", param="audio_end_ms",
+        return Refusal(code=RefusalCode.INVALID_VALUE, param="audio_end_ms",
                        message=f"audio_end_ms {command.audio_end_ms} is longer than the"
                        f" {item.audio_ms} ms of audio of item {item.id}.")
     return None
@@ -150,24 +145,25 @@ def parse_message(item: JsonObject,
     if isinstance(kind, Refusal):
         return kind
     if kind != "message":
-        return Refusal(code="invalid_value", param="item.type",
+        return Refusal(code=RefusalCode.INVALID_VALUE, param="item.type",
                        message=f"unsupported item type {describe(kind)}: expected 'message',"
                        " 'function_call' or 'function_call_output'")
     role = _string_field(item, "role", "item.role")
     if isinstance(role, Refusal):
         return role
     if role not in PART_TYPES:
-        return Refusal(code="invalid_value", param="item.role",
+        return Refusal(code=RefusalCode.INVALID_VALUE, param="item.role",
                        message=f"unsupported role {describe(role)}: expected one of"
                        " 'user', 'system', 'assistant'")
     parts = item.get("content")
     if parts is None:
-        return Refusal(code="missing_required_parameter", param="item.content",
+        return Refusal(code=RefusalCode.MISSING_REQUIRED_PARAMETER, param="item.content",
                        message="Missing required parameter: 'item.content'.")
     if not isinstance(parts, list):
-        return Refusal(code="invalid_type", param="item.content", message="expected an array")
+        return Refusal(code=RefusalCode.INVALID_TYPE, param="item.content",
+                       message="expected an array")
     if not parts:
-        return Refusal(code="invalid_value", param="item.content",
+        return Refusal(code=RefusalCode.INVALID_VALUE, param="item.content",
                        message="a message needs at least one content part")
     content: list[JsonObject] = []
     audio = bytearray()
@@ -184,12 +180,12 @@ def _parse_part(part: Any, allowed: tuple[str, ...], param: str,
                 fmt: AudioFormat) -> tuple[JsonObject, bytes] | Refusal:
     """One content part without its audio, and the audio; or why it is refused."""
     if not isinstance(part, dict):
-        return Refusal(code="invalid_type", param=param, message="expected an object")
+        return Refusal(code=RefusalCode.INVALID_TYPE, param=param, message="expected an object")
     kind = _string_field(part, "type", f"{param}.type")
     if isinstance(kind, Refusal):
         return kind
     if kind not in allowed:
-        return Refusal(code="invalid_value", param=f"{param}.type",
+        return Refusal(code=RefusalCode.INVALID_VALUE, param=f"{param}.type",
                        message=f"unsupported part type {describe(kind)} for this role:"
                        f" expected one of {', '.join(allowed)}")
     if kind.endswith("_text"):
@@ -197,7 +193,7 @@ def _parse_part(part: Any, allowed: tuple[str, ...], param: str,
         return text if isinstance(text, Refusal) else ({"type": kind, "text": text}, b"")
     transcript = part.get("transcript")
     if transcript is not None and not isinstance(transcript, str):
-        return Refusal(code="invalid_type", param=f"{param}.transcript",
+        return Refusal(code=RefusalCode.INVALID_TYPE, param=f"{param}.transcript",
                        message="expected a string or null")
     audio = _audio(part.get("audio"), f"{param}.audio", fmt)
     if isinstance(audio, Refusal):
@@ -210,10 +206,10 @@ def _parse_part(part: Any, allowed: tuple[str, ...], param: str,
 def _string_field(obj: JsonObject, key: str, param: str) -> str | Refusal:
     value = obj.get(key)
     if value is None:
-        return Refusal(code="missing_required_parameter", param=param,
+        return Refusal(code=RefusalCode.MISSING_REQUIRED_PARAMETER, param=param,
                        message=f"Missing required parameter: '{param}'.")
     if not isinstance(value, str):
-        return Refusal(code="invalid_type", param=param, message="expected a string")
+        return Refusal(code=RefusalCode.INVALID_TYPE, param=param, message="expected a string")
     return value
 
 
@@ -223,13 +219,14 @@ def _audio(value: Any, param: str, fmt: AudioFormat) -> bytes | Refusal:
     if value is None:
         return b""
     if not isinstance(value, str):
-        return Refusal(code="invalid_type", param=param, message="expected a base64 string")
+        return Refusal(code=RefusalCode.INVALID_TYPE, param=param,
+                       message="expected a base64 string")
     try:
         audio = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
-        return Refusal(code="invalid_value", param=param, message="not base64")
+        return Refusal(code=RefusalCode.INVALID_VALUE, param=param, message="not base64")
     if fmt is AudioFormat.PCM24K and len(audio) % 2:
-        return Refusal(code="invalid_value", param=param,
+        return Refusal(code=RefusalCode.INVALID_VALUE, param=param,
                        message="pcm16 audio must be whole 2-byte samples")
     return InputDecoder(fmt).decode(audio)
 
@@ -239,9 +236,3 @@ def format_of(value: JsonObject) -> AudioFormat:
     parsed = parse_format(value, "format")
     assert isinstance(parsed, AudioFormat)  # the session only holds accepted formats
     return parsed
-
-
-def user_item_object(item_id: str, transcript: str | None) -> JsonObject:
-    return {"id": item_id, "object": "realtime.item", "type": "message", "role": "user",
-            "status": "completed",
-            "content": [{"type": "input_audio", "transcript": transcript}]}
