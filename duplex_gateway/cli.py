@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 
 from duplex_gateway.bench import commands as bench_commands
 from duplex_gateway.logs import JsonFormatter, LogSettings, configure_logging
-from store.config import SettingsError, env_name, from_env
-from store.embedded import free_port, start_server
-from store.heap import CollectorPauses, freeze_startup_heap
-from store.loop_errors import quiet_dropped_cluster_nodes
+from runtime.config import SettingsError, env_name, from_env
+from runtime.embedded import free_port, start_server
+from runtime.heap import CollectorPauses, freeze_startup_heap
+from runtime.loop_errors import quiet_dropped_cluster_nodes
 
 if TYPE_CHECKING:  # the processes import their own settings, and only their own
     from gateway.settings import GatewaySettings
@@ -84,7 +84,7 @@ def gateway_server_options(settings: GatewaySettings) -> dict[str, Any]:
 def keep_startup_heap_out_of_collections(observe_pause: Callable[[int, float], None],
                                          frozen: Callable[[float], None]) -> None:
     """Once a process has built what it serves with: freeze it out of the garbage collector's
-    passes and observe every pass from now on (``store/heap.py``). A process-wide policy, so
+    passes and observe every pass from now on (``runtime/heap.py``). A process-wide policy, so
     the entry points apply it, not the gateway's app or the worker (tests run many of those
     in one process)."""
     CollectorPauses(observe_pause).install()

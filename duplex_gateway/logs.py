@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from store.config import Choices, check_fields
+from runtime.config import Choices, check_fields
 
 __all__ = ["LOG_FORMATS", "LOG_LEVELS", "JsonFormatter", "LogSettings", "TextFormatter",
            "configure_logging", "formatter_class", "log_stray_failures"]

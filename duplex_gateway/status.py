@@ -56,9 +56,9 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         SettingsError: a bad ``--redis-url`` (or variable), or ``--timeout`` not above 0.
     """
+    from runtime.config import RedisUrl, SettingsError
     from store.census import take_census
     from store.client import create_client
-    from store.config import RedisUrl, SettingsError
     from store.errors import StoreUnavailable
 
     url, source = _redis_url(args)

@@ -31,11 +31,11 @@ from gateway.reaper import run_reaper
 from gateway.services import GatewayServices
 from gateway.settings import GatewaySettings
 from gateway.web_page import web_page_routes
+from runtime.loop_errors import quiet_dropped_cluster_nodes
+from runtime.loop_lag import watch_loop_lag
 from store import Scripts, create_client
 from store.client import RedisClient
 from store.directory import live_worker_count
-from store.loop_errors import quiet_dropped_cluster_nodes
-from store.loop_lag import watch_loop_lag
 from store.outages import OutageLog, RedisRefused, redis_address, wait_for_redis
 from store.pubsub import Subscriber
 

@@ -20,10 +20,10 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from runtime.ratelog import RateLimitedLog, cause_of
 from store import AppendResult, Lease, LeaseLost, Scripts, SessionGone, StoreError
 from store.keys import session_keys
 from store.outages import OutageLog
-from store.ratelog import RateLimitedLog, cause_of
 
 __all__ = ["InputBatcher"]
 

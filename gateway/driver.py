@@ -30,6 +30,8 @@ from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from contract.messages import OutputBackpressure
+from contract.reasons import CloseReason
 from gateway.input_writer import InputWriter
 from gateway.placement import place_session
 from gateway.protocol.actions import (
@@ -62,12 +64,11 @@ from gateway.protocol.transitions import ConnectionState
 from gateway.push_queue import BoundedPushQueue
 from gateway.services import GatewayServices
 from gateway.wsprotocol import INVALID_TEXT_KEY, send_now_of, transport_of
-from store import CloseReason, Lease, StoreError, StoreUnavailable
+from runtime.ratelog import RateLimitedLog
+from store import Lease, StoreError, StoreUnavailable
 from store.keys import SessionKeys
 from store.logs import log_ends, read_output
-from store.messages import OutputBackpressure
 from store.pushes import LeaseMoved, OutputPushed, Push
-from store.ratelog import RateLimitedLog
 
 __all__ = ["ConnectionDriver"]
 

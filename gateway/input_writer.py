@@ -14,11 +14,11 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
+from contract.messages import Command, encode_message
 from gateway.protocol.connection import ConnectionCore
 from gateway.protocol.errors import InternalError
 from gateway.services import GatewayServices
 from store import Gone, Lease, LeaseLost, SessionGone, StoreError
-from store.messages import Command, encode_message
 
 __all__ = ["InputWriter"]
 

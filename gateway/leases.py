@@ -16,11 +16,11 @@ import logging
 
 from prometheus_client import Counter
 
+from runtime.ratelog import RateLimitedLog
 from store import AttachmentHolder, Scripts, StoreError
 from store.errors import raise_if_cancelled
 from store.keys import worker_of_session
 from store.outages import OutageLog
-from store.ratelog import RateLimitedLog
 
 __all__ = ["AttachmentLeases"]
 

@@ -17,8 +17,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from store.heap import GENERATIONS, PAUSE_BUCKETS
-from store.loop_lag import LAG_BUCKETS, PROBE_INTERVAL_S
+from runtime.heap import GENERATIONS, PAUSE_BUCKETS
+from runtime.loop_lag import LAG_BUCKETS, PROBE_INTERVAL_S
 
 __all__ = ["GatewayMetrics", "HotCounter", "HotHistogram"]
 
@@ -158,7 +158,7 @@ class GatewayMetrics:
             f"{_NS}_resume_seconds",
             "From session.resume read to the replay read from the log (or the refusal)",
             registry=r, buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
-        # store/heap.py: the collector's passes stop every thread; what startup built is
+        # runtime/heap.py: the collector's passes stop every thread; what startup built is
         # frozen out of them.
         self.gc_pause_seconds = Histogram(
             f"{_NS}_gc_pause_seconds",
@@ -166,11 +166,11 @@ class GatewayMetrics:
             " process, by generation (2: a full pass)", ["generation"], registry=r,
             buckets=PAUSE_BUCKETS)
         # Bound now: observed from inside a pass, which may have started under the lock
-        # that labels() takes (store.heap.CollectorPauses says why that would deadlock).
+        # that labels() takes (runtime.heap.CollectorPauses says why that would deadlock).
         self._gc_pause_by_generation = tuple(
             self.gc_pause_seconds.labels(generation=str(generation))
             for generation in GENERATIONS)
-        # store/loop_lag.py: a step that holds the event loop delays every connection.
+        # runtime/loop_lag.py: a step that holds the event loop delays every connection.
         self.event_loop_lag_seconds = Histogram(
             f"{_NS}_event_loop_lag_seconds",
             f"How much later than due the event loop woke a probe due every"
@@ -184,5 +184,5 @@ class GatewayMetrics:
             buckets=(0.1, 1, 10, 60, 300, 1800, 3600))
 
     def observe_gc_pause(self, generation: int, seconds: float) -> None:
-        """One collector pass (:class:`store.heap.CollectorPauses`): no ``labels()`` here."""
+        """One collector pass (:class:`runtime.heap.CollectorPauses`): no ``labels()`` here."""
         self._gc_pause_by_generation[generation].observe(seconds)

@@ -19,12 +19,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from contract.models import is_model_name
 from gateway.auth import error_response, identify
 from gateway.settings import GatewaySettings
 from store.client import RedisClient
 from store.directory import ModelFleet, fleet_models
 from store.errors import StoreError
-from store.models import is_model_name
 
 __all__ = ["OWNED_BY", "list_models", "model_readiness", "render_model", "retrieve_model"]
 

@@ -21,6 +21,8 @@ import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from contract.messages import JsonObject
+from contract.models import is_model_name
 from gateway.protocol.errors import ClientProtocolError, CloseCode, ErrorCode
 from gateway.protocol.render import public_session
 from gateway.services import GatewayServices
@@ -34,8 +36,6 @@ from store.directory import (
     worker_loads,
 )
 from store.keys import new_session_id
-from store.messages import JsonObject
-from store.models import is_model_name
 
 __all__ = ["Placement", "place_session", "policy_of", "session_policy"]
 

@@ -4,12 +4,12 @@ A client slower than its session would otherwise grow this queue without bound. 
 limit, pushes are dropped and replaced by one ``None`` ("read the log"): the log is the truth,
 so the connection catches up from it once it drains. A :class:`~store.pushes.LeaseMoved`
 (``session.replaced``) is never dropped. Waiting, the quiet timer and the turn of the loop
-before each push of a backlog are the store's :class:`~store.fairness.PushQueue`'s.
+before each push of a backlog are the store's :class:`~runtime.fairness.PushQueue`'s.
 """
 
 from __future__ import annotations
 
-from store.fairness import PushQueue
+from runtime.fairness import PushQueue
 from store.pushes import LeaseMoved, Push
 
 __all__ = ["BoundedPushQueue"]

@@ -19,13 +19,13 @@ import statistics
 import time
 
 from gateway.metrics import GatewayMetrics
+from runtime.ratelog import RateLimitedLog
 from store import Scripts, StoreError, WorkerState
 from store.answers import DEFAULT_ATTACHMENT_LEASE_MS
 from store.client import RedisClient
 from store.directory import forget_worker, listed_workers
 from store.errors import raise_if_cancelled
 from store.outages import OutageLog
-from store.ratelog import RateLimitedLog
 from store.scripts import DEFAULT_REAP_OUTAGE_MS
 
 __all__ = ["Visits", "outage_threshold_ms", "reap_once", "run_reaper"]

@@ -2,7 +2,7 @@
 
 Every field is documented in docs/reference/settings.md; ``tests/test_settings.py`` checks
 that the table and this module agree, each row's range included. A field's ``accepts`` is its
-range and its ``relation`` how it compares with another field (``store.config``); numbers
+range and its ``relation`` how it compares with another field (``runtime.config``); numbers
 without a range accept any finite value from 0 up.
 """
 
@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from store.answers import DEFAULT_ATTACHMENT_LEASE_MS
-from store.config import (
+from runtime.config import (
     NON_NEGATIVE,
     PORT,
     POSITIVE,
@@ -23,6 +22,7 @@ from store.config import (
     RedisUrl,
     check_fields,
 )
+from store.answers import DEFAULT_ATTACHMENT_LEASE_MS
 
 __all__ = ["GatewaySettings"]
 

@@ -38,7 +38,7 @@ from websockets.frames import Frame, Opcode
 
 from gateway.protocol.errors import ClientProtocolError, ErrorCode
 from gateway.protocol.render import encode_frame, render_error
-from store.ratelog import RateLimitedLog
+from runtime.ratelog import RateLimitedLog
 
 __all__ = [
     "INVALID_TEXT_KEY",

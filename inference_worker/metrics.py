@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from store.heap import GENERATIONS, PAUSE_BUCKETS
-from store.loop_lag import LAG_BUCKETS, PROBE_INTERVAL_S
+from runtime.heap import GENERATIONS, PAUSE_BUCKETS
+from runtime.loop_lag import LAG_BUCKETS, PROBE_INTERVAL_S
 
 __all__ = ["FAILURE_STAGES", "WorkerMetrics", "serve_metrics"]
 
@@ -90,7 +90,7 @@ class WorkerMetrics:
             "Input entries refused because they were written under an older lease generation,"
             " another store epoch, or no token (a writer that went around the store's fencing)",
             label, registry=r).labels(backend)
-        # store/heap.py: the collector's passes stop every thread, the model's too; what
+        # runtime/heap.py: the collector's passes stop every thread, the model's too; what
         # startup built (the model included) is frozen out of them.
         gc_pause_seconds = Histogram(
             f"{_NS}_gc_pause_seconds",
@@ -98,10 +98,10 @@ class WorkerMetrics:
             " process (the model thread too), by generation (2: a full pass)",
             ["backend", "generation"], registry=r, buckets=PAUSE_BUCKETS)
         # Bound now: observed from inside a pass, which may have started under the lock
-        # that labels() takes (store.heap.CollectorPauses says why that would deadlock).
+        # that labels() takes (runtime.heap.CollectorPauses says why that would deadlock).
         self._gc_pause_by_generation = tuple(
             gc_pause_seconds.labels(backend, str(generation)) for generation in GENERATIONS)
-        # store/loop_lag.py: a step that holds the event loop delays every session's relay
+        # runtime/loop_lag.py: a step that holds the event loop delays every session's relay
         # (the model's steps run on their own thread and are timed apart).
         self.event_loop_lag_seconds = Histogram(
             f"{_NS}_event_loop_lag_seconds",
@@ -129,7 +129,7 @@ class WorkerMetrics:
             registry=r).labels(backend)
 
     def observe_gc_pause(self, generation: int, seconds: float) -> None:
-        """One collector pass (:class:`store.heap.CollectorPauses`): no ``labels()`` here."""
+        """One collector pass (:class:`runtime.heap.CollectorPauses`): no ``labels()`` here."""
         self._gc_pause_by_generation[generation].observe(seconds)
 
     def session_failed(self, stage: str) -> None:

@@ -29,14 +29,8 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from inference_worker.audio_frames import FrameOutput
-from inference_worker.conversation.core import ConversationCore
-from inference_worker.engine import Engine, SlotHandle
-from inference_worker.metrics import WorkerMetrics
-from store import LogFollower
-from store.keys import worker_of_session
-from store.logs import InputEntry, WriteToken
-from store.messages import (
+from contract.follower import LogFollower
+from contract.messages import (
     CloseSession,
     Event,
     JsonObject,
@@ -45,8 +39,14 @@ from store.messages import (
     decode_command,
     encode_message,
 )
-from store.ratelog import RateLimitedLog, cause_of
-from store.reasons import CloseReason
+from contract.reasons import CloseReason
+from inference_worker.audio_frames import FrameOutput
+from inference_worker.conversation.core import ConversationCore
+from inference_worker.engine import Engine, SlotHandle
+from inference_worker.metrics import WorkerMetrics
+from runtime.ratelog import RateLimitedLog, cause_of
+from store.keys import worker_of_session
+from store.logs import InputEntry, WriteToken
 
 __all__ = [
     "FAILED_REASON",

@@ -1,4 +1,4 @@
-"""The worker's settings: one frozen object, read once (see ``store/config.py``).
+"""The worker's settings: one frozen object, read once (see ``runtime/config.py``).
 
 Ranges are checked as the object is built; the torch device only once a backend that runs on
 torch is about to load (:func:`check_torch_device`), so a worker without torch never imports it.
@@ -11,7 +11,7 @@ from typing import Any
 
 from inference_worker.backends.registry import BACKENDS
 from inference_worker.turn_detection.silero import AUTO, VAD_CHOICES
-from store.config import (
+from runtime.config import (
     PORT,
     POSITIVE,
     POSITIVE_COUNT,

@@ -32,6 +32,7 @@ import logging
 import time
 from typing import Any
 
+from contract.reasons import CloseReason
 from inference_worker.backend import Backend
 from inference_worker.backends.loopback import CHUNK_SECONDS
 from inference_worker.backends.registry import (
@@ -55,8 +56,10 @@ from inference_worker.sessions import (
 )
 from inference_worker.settings import WorkerSettings
 from inference_worker.turn_detection.silero import detector_factory, load_weights
+from runtime.fairness import PushQueue
+from runtime.loop_lag import watch_loop_lag
+from runtime.ratelog import RateLimitedLog
 from store import (
-    CloseReason,
     Mismatch,
     OutputAppend,
     OutputMismatch,
@@ -69,10 +72,8 @@ from store.census import NO_ENGINE, TickTime
 from store.client import RedisClient
 from store.directory import WorkerProfile, announce_worker, sessions_of_worker
 from store.errors import raise_if_cancelled
-from store.fairness import PushQueue
 from store.keys import WorkerKeys, new_worker_id, session_keys
 from store.logs import InputEntry, WriteToken, log_ends, read_input_entries, session_start
-from store.loop_lag import watch_loop_lag
 from store.outages import (
     OutageLog,
     RedisRefused,
@@ -83,7 +84,6 @@ from store.outages import (
 )
 from store.pubsub import Subscriber
 from store.pushes import InputBatch, InputPushed, Push, SessionEnded, SessionPlaced
-from store.ratelog import RateLimitedLog
 
 __all__ = ["Worker"]
 
@@ -454,7 +454,7 @@ class Worker:
     async def _notice_loop(self) -> None:
         while True:
             raise_if_cancelled()  # see _heartbeat_loop
-            notice = await self._notices.get()  # a turn of the loop first: store.fairness
+            notice = await self._notices.get()  # a turn of the loop first: runtime.fairness
             try:
                 await self._on_notice(notice)
             except StoreError as exc:

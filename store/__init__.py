@@ -7,10 +7,11 @@ Scripts go to Redis one of two ways: over the store's own pipelined connection
 optimised lane is single-node/Sentinel only: it has no slot routing, and a Cluster pays
 redis-py's per-call cost.
 
+What the two services share without Redis is not here: the log's typed messages, the log
+follower and the end reasons are the ``contract`` package; process helpers are ``runtime``.
 The names below are loaded on first use (PEP 562), as websockets does: the I/O-free cores
-import the store's contract (``store.messages``, ``store.follower``, ``store.errors``,
-``store.reasons``) without
-loading the Redis client, and ``from store import Scripts`` still works for the drivers.
+import the store's errors and answers (``store.errors``, ``store.answers``) without loading the
+Redis client, and ``from store import Scripts`` still works for the drivers.
 """
 
 from __future__ import annotations
@@ -49,8 +50,6 @@ if TYPE_CHECKING:
         StoreUnavailable,
         WorkerFenced,
     )
-    from store.follower import LogFollower
-    from store.reasons import CloseReason
     from store.scripts import Scripts
 
 #: Where each public name lives.
@@ -64,7 +63,6 @@ _HOMES = {
     "StoreError": "store.errors",
     "StoreUnavailable": "store.errors",
     "WorkerFenced": "store.errors",
-    "LogFollower": "store.follower",
     "AppendResult": "store.answers",
     "AttachmentHolder": "store.answers",
     "EndedSession": "store.answers",
@@ -80,7 +78,6 @@ _HOMES = {
     "DetachStatus": "store.answers",
     "TrimStatus": "store.answers",
     "WorkerState": "store.answers",
-    "CloseReason": "store.reasons",
     "Gone": "store.errors",
     "Mismatch": "store.errors",
     "SessionPolicy": "store.answers",
@@ -91,14 +88,12 @@ __all__ = [
     "AbandonStatus",
     "AppendResult",
     "AttachmentHolder",
-    "CloseReason",
     "CloseStatus",
     "DetachStatus",
     "EndedSession",
     "Gone",
     "Lease",
     "LeaseLost",
-    "LogFollower",
     "Mismatch",
     "OpenStatus",
     "OutputAppend",

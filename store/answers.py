@@ -11,7 +11,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from store.messages import JsonObject
+from contract.messages import JsonObject
 
 __all__ = [
     "DEFAULT_ATTACHMENT_LEASE_MS",
@@ -201,7 +201,7 @@ class OutputAppend:
             reply, or a retry that adds events, stores each event once. 0: after whatever the
             log holds (not safe to resend).
         close_reason: end the session after the events with ``session.closed`` this reason
-            (a :class:`~store.reasons.CloseReason`, or a client's own ``session.close``
+            (a :class:`~contract.reasons.CloseReason`, or a client's own ``session.close``
             reason).
         input_applied: input log index applied so far; entries up to it are trimmed (0: none).
         session: the session object of the newest ``session.updated`` among ``events``, stored

@@ -21,12 +21,12 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
+from contract.models import decode_models
 from store.answers import WorkerState
 from store.client import store_call
 from store.directory import listed_workers, server_time_ms
 from store.formats import FORMAT_FIELD, WORKER_FORMAT
 from store.keys import SessionKeys, WorkerKeys
-from store.models import decode_models
 
 __all__ = [
     "IDLE_TICKS",

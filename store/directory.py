@@ -20,11 +20,11 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
+from contract.messages import JsonObject
+from contract.models import decode_models
 from store.client import store_call
 from store.formats import FORMAT_FIELD, WORKER_FORMAT
 from store.keys import WORKER_DIRECTORY, WorkerKeys
-from store.messages import JsonObject
-from store.models import decode_models
 
 __all__ = [
     "MAX_PROFILE_BYTES",
@@ -116,7 +116,7 @@ def decode_profile(raw: bytes | None) -> WorkerProfile | None:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class WorkerLoad:
     """One worker as placement sees it, with the profile its new sessions start with (None:
-    it published none), the model names it serves (its own first: ``store/models.py``), when
+    it published none), the model names it serves (its own first: ``contract/models.py``), when
     it registered and until when its last heartbeat holds (Redis clock, ms; 0 unknown)."""
 
     worker_id: str

@@ -32,8 +32,8 @@ from urllib.parse import urlsplit
 from redis import exceptions as redis_errors
 from redis.exceptions import RedisClusterException
 
+from runtime.config import SettingsError
 from store.client import REDIS_ERRORS, RedisClient
-from store.config import SettingsError
 
 __all__ = [
     "REDIS_START_TIMEOUT_S",
@@ -58,7 +58,7 @@ _START_RETRY_S = (0.1, 0.2, 0.5, 1.0)
 class RedisRefused(SettingsError):
     """Redis cannot be used as configured; the message is one sentence for the operator.
 
-    A :class:`~store.config.SettingsError`, so the command line ends the process with the
+    A :class:`~runtime.config.SettingsError`, so the command line ends the process with the
     sentence and exit status 2, like any other setting that cannot be used.
     """
 

@@ -29,6 +29,9 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+from contract.messages import JsonObject, SessionClosed, SessionExpired, encode_message
+from contract.models import encode_models
+from contract.reasons import CloseReason
 from store import lua
 from store.answers import (
     DEFAULT_ATTACHMENT_LEASE_MS,
@@ -72,9 +75,6 @@ from store.keys import (
     tenant_opens,
     tenant_sessions,
 )
-from store.messages import JsonObject, SessionClosed, SessionExpired, encode_message
-from store.models import encode_models
-from store.reasons import CloseReason
 from store.resp import endpoint_of
 from store.script_lane import ScriptLane
 
@@ -547,7 +547,7 @@ class Scripts:
         Raises:
             WorkerFenced: the worker was declared lost (or its record vanished).
             ValueError: ``profile`` is over :data:`store.directory.MAX_PROFILE_BYTES`, or
-                ``models`` is not a list of model names (:func:`store.models.encode_models`).
+                ``models`` is not a list of model names (:func:`contract.models.encode_models`).
         """
         published = profile.encode() if register and profile is not None else ""
         served = encode_models(models) if register and models else ""

@@ -16,7 +16,7 @@ from typing import Any
 
 from redis import Redis as SyncRedis
 
-from store.embedded import EmbeddedServer, free_port, start_server
+from runtime.embedded import EmbeddedServer, free_port, start_server
 
 __all__ = ["Cluster", "cluster_state_ok", "redis_cli", "start_cluster", "wait_until"]
 

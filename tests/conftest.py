@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from store.embedded import EmbeddedServer, start_server
+from runtime.embedded import EmbeddedServer, start_server
 from tests.e2e.stack import KNOWN_SECRETS, LOG_DIR_VARIABLE, LogWatch
 
 # tests/test_error_log_check.py runs pytest on small test files to check the fixtures below.

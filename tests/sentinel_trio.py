@@ -9,7 +9,7 @@ from typing import Any
 from redis import Redis as SyncRedis
 from redis.exceptions import ResponseError
 
-from store.embedded import EmbeddedServer, start_sentinel, start_server
+from runtime.embedded import EmbeddedServer, start_sentinel, start_server
 from tests.replication import wait_for_replica
 
 __all__ = ["SERVICE", "Trio", "start_trio"]

@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gateway.metrics import GatewayMetrics
 from inference_worker.metrics import WorkerMetrics
-from store.heap import CollectorPauses
+from runtime.heap import CollectorPauses
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,8 +1,14 @@
-"""Layers only import downward: gateway and inference_worker use store; store knows neither."""
+"""Layers only import downward.
+
+From the bottom: ``contract`` (what the services share without Redis) and ``runtime`` (process
+helpers); ``store`` (Redis); ``gateway`` and ``inference_worker``; ``duplex_gateway`` (the
+command). ``duplex_client`` stands alone.
+"""
 
 from __future__ import annotations
 
 import ast
+import graphlib
 import json
 import subprocess
 import sys
@@ -12,14 +18,28 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# package -> top-level modules it must never import
-FORBIDDEN = {
-    "store": {"gateway", "inference_worker", "duplex_gateway", "starlette", "uvicorn", "torch"},
-    "gateway": {"inference_worker", "duplex_gateway", "torch", "transformers"},
-    "inference_worker": {"gateway", "duplex_gateway", "starlette", "uvicorn"},
+#: Each package of the project and the project packages it may import: the import map. A
+#: package imports only packages below it, so the map has no upward arrow and no circle.
+LAYERS: dict[str, frozenset[str]] = {
+    "contract": frozenset(),
+    "runtime": frozenset({"contract"}),
+    "store": frozenset({"contract", "runtime"}),
+    "gateway": frozenset({"contract", "runtime", "store"}),
+    "inference_worker": frozenset({"contract", "runtime", "store"}),
     # The client library stands alone: usable without the server installed.
-    "duplex_client": {"gateway", "store", "inference_worker", "duplex_gateway", "starlette",
-                      "uvicorn", "redis"},
+    "duplex_client": frozenset(),
+    "duplex_gateway": frozenset({"contract", "runtime", "store", "gateway", "inference_worker",
+                                 "duplex_client"}),
+}
+# package -> third-party modules it must never import
+FORBIDDEN = {
+    "contract": {"redis", "asyncio", "starlette", "uvicorn", "torch"},
+    "runtime": {"redis", "starlette", "uvicorn", "torch"},
+    "store": {"starlette", "uvicorn", "torch"},
+    "gateway": {"torch", "transformers"},
+    "inference_worker": {"starlette", "uvicorn"},
+    "duplex_client": {"starlette", "uvicorn", "redis"},
+    "duplex_gateway": set(),
 }
 # I/O-free cores: no event loop, no Redis, no web framework, no clock.
 _NO_IO = frozenset({"asyncio", "redis", "time"})
@@ -34,8 +54,7 @@ PURE = {
     "inference_worker/audio_formats.py": _NO_TORCH,
     "inference_worker/audio_frames.py": _NO_TORCH,
     "inference_worker/untrusted.py": _NO_THREADS,
-    "store/follower.py": {"asyncio", "redis", "time"},
-    "store/reasons.py": {"asyncio", "redis", "time"},
+    "contract": _NO_IO,
     "store/formats.py": {"asyncio", "redis", "time"},
     "store/answers.py": {"asyncio", "redis", "time"},
     "store/lua": {"asyncio", "redis", "time"},
@@ -58,11 +77,20 @@ def files(target: str) -> list[Path]:
     return [path] if path.is_file() else sorted(path.rglob("*.py"))
 
 
-@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_the_import_map_has_every_package_and_no_circle() -> None:
+    """LAYERS names every package the project ships, and its arrows form no circle."""
+    shipped = {path.parent.name for path in ROOT.glob("*/__init__.py")} - {"tests"}
+    assert shipped == set(LAYERS)
+    graphlib.TopologicalSorter(LAYERS).static_order()  # raises CycleError on a circle
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
 def test_layers_import_downward(package: str) -> None:
-    """No module of a package imports a layer above it (or torch into the gateway)."""
+    """No module of a package imports a project package above it, or a library it must not
+    (torch into the gateway, Redis into the contract)."""
+    above = set(LAYERS) - LAYERS[package] - {package}
     for path in files(package):
-        bad = imported_tops(path) & FORBIDDEN[package]
+        bad = imported_tops(path) & (above | FORBIDDEN[package])
         assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
 
 
@@ -82,8 +110,8 @@ def test_only_store_talks_to_redis() -> None:
 
 
 #: Cores whose import, with everything it pulls in, must load no event loop, no Redis client,
-#: no web framework and no torch: the store's contract (messages, follower, errors) imports
-#: without its Redis half (store/__init__.py loads names on first use).
+#: no web framework and no torch: the contract imports no Redis at all, and the store's errors
+#: and answers import without its Redis half (store/__init__.py loads names on first use).
 TRANSITIVELY_PURE = (
     "gateway.protocol.connection",
     "gateway.protocol.parse",
@@ -94,9 +122,9 @@ TRANSITIVELY_PURE = (
     "inference_worker.conversation.states",
     "inference_worker.turn_detection.vad",
     "inference_worker.turn_detection.silero",
-    "store.messages",
-    "store.follower",
-    "store.reasons",
+    "contract.messages",
+    "contract.follower",
+    "contract.reasons",
     "store.answers",
     "store.lua",
 )

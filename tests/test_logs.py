@@ -17,7 +17,7 @@ from uvicorn.config import LOGGING_CONFIG
 
 from duplex_gateway.logs import JsonFormatter, LogSettings, TextFormatter, formatter_class
 from gateway.logredact import DropQueryStrings, log_config
-from store.config import SettingsError, from_env
+from runtime.config import SettingsError, from_env
 
 SESSION = "sess_w0123456789ab.0123456789abcdef0123456789abcdef"
 _TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")

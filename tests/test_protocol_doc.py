@@ -35,13 +35,13 @@ from openai.types.beta.realtime.realtime_server_event import (
 from openai.types.realtime.realtime_client_event import RealtimeClientEvent
 from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 
+from contract import messages as m
 from gateway.protocol import envelope, parse, render
 from gateway.protocol.actions import SendFrame
 from gateway.protocol.connection import ConnectionCore
 from gateway.protocol.errors import ClientProtocolError, CloseCode, ErrorCode, InternalError
 from inference_worker.conversation import session_schema
 from inference_worker.conversation.refusals import RefusalCode
-from store import messages as m
 from tests.gateway.strict import validate_server_event
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -13,7 +13,7 @@ import pytest
 from duplex_gateway.logs import LogSettings
 from gateway.settings import GatewaySettings
 from inference_worker.settings import WorkerSettings
-from store.config import (
+from runtime.config import (
     ENV_PREFIX,
     POSITIVE,
     POSITIVE_COUNT,
@@ -214,7 +214,7 @@ def test_settings_page_table_matches_the_settings() -> None:
 
 
 def test_each_settings_row_ends_with_the_range_its_field_accepts() -> None:
-    """A row's meaning ends with its field's range, as store.config words it, in parentheses."""
+    """A row's meaning ends with its field's range, as runtime.config words it, in parentheses."""
     meanings = {name: meaning for name, (_, meaning) in documented_rows().items()}
     assert range_mismatches(SETTINGS_CLASSES, meanings) == []
 

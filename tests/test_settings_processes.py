@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from store.embedded import free_port, start_server
+from runtime.embedded import free_port, start_server
 from store.keys import WORKER_DIRECTORY
 from tests.e2e.stack import wait_for
 
@@ -130,7 +130,7 @@ def test_dev_listens_on_the_port_its_variable_names() -> None:
         dev.communicate(timeout=60)
 
 
-# What a bind address refusal says it accepts (store.config.BindAddress).
+# What a bind address refusal says it accepts (runtime.config.BindAddress).
 BIND_ADDRESS = ("expected an IPv4 or IPv6 address, or a host name (letters, digits, hyphens,"
                 " dots), without a port")
 # TEST-NET-1 (RFC 5737): documentation only, never an address of the machine running the tests.

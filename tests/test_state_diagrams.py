@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from inference_worker.conversation.states import MACHINES, mermaid
-
 from gateway.protocol.transitions import mermaid as gateway_mermaid
+from inference_worker.conversation.states import MACHINES, mermaid
 
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "design" / "state-machines.md"
 

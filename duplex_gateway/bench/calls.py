@@ -230,7 +230,7 @@ async def _run(sessions: int, per_call: Sequence[int], seconds: float, calls: in
                ) -> tuple[list[CallRow], list[ClientRow], dict[str, Any]]:
     from redis.asyncio import Redis
 
-    from store.embedded import start_server
+    from runtime.embedded import start_server
 
     server = start_server("auto")
     client = Redis(port=server.port)

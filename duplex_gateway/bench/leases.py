@@ -377,7 +377,7 @@ def _start_gateway(stack: contextlib.ExitStack, redis_url: str,
     A port free a moment ago may be taken before the gateway binds it (other processes on
     the machine pick free ports too), so a failed start is tried again on another port.
     """
-    from store.embedded import free_port
+    from runtime.embedded import free_port
 
     def start_on(port: int) -> tuple[int, int]:
         gateway = start_http_server(stack, "gateway", [
@@ -394,7 +394,7 @@ def _start_gateway(stack: contextlib.ExitStack, redis_url: str,
 def _run_stack(counts: Sequence[int], workers: int, seconds: float,
                log_dir: Path) -> tuple[list[LeaseRow], Stopped | None, dict[str, Any]]:
     """Start Redis, the workers and the gateway; measure every count; stop them all."""
-    from store.embedded import start_server
+    from runtime.embedded import start_server
 
     slots = math.ceil(counts[-1] / workers)
     with contextlib.ExitStack() as stack:

@@ -127,7 +127,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run_open_bench(*, connections: int, output: str | os.PathLike[str] | None = None) -> int:
     """Run the bench; returns the exit status (0 every connection answered, 1 not)."""
     from gateway.settings import GatewaySettings
-    from store.embedded import free_port, start_server
+    from runtime.embedded import free_port, start_server
 
     delays = {"at-once": 0.0, "quiet": GatewaySettings().url_open_delay_s}
     out = output_path(output, "open")

@@ -416,7 +416,7 @@ def _loop_lag_counts(target: Target) -> dict[str, dict[float, float] | None]:
 
 def _loop_lag_report(window: _Window) -> dict[str, dict[str, float | None]]:
     """Per process, how late its event loop woke the probe due every 0.1 s over the window
-    (store/loop_lag.py), ms: the bucket bounds of the p99 and of the latest wake-up (None:
+    (runtime/loop_lag.py), ms: the bucket bounds of the p99 and of the latest wake-up (None:
     not read, or past the last bucket)."""
     report: dict[str, dict[str, float | None]] = {}
     for name, after in window.lag_after.items():

@@ -52,7 +52,7 @@ def _ws_url(port: int, path: str = "/v1/realtime") -> str:
 
 
 def _start_redis(stack: contextlib.ExitStack) -> Any:
-    from store.embedded import start_server
+    from runtime.embedded import start_server
 
     redis = start_server("auto")
     stack.callback(shutil.rmtree, redis.workdir, True)
@@ -73,7 +73,7 @@ def _profiled_as(name: str, args: list[str], profiles: dict[str, Path], log_dir:
 
 def _serve_echo(stack: contextlib.ExitStack, setup: Setup, log_dir: Path, *,
                 profile: bool = False) -> Target:
-    from store.embedded import free_port
+    from runtime.embedded import free_port
 
     port = free_port()
     profiles: dict[str, Path] = {}
@@ -86,7 +86,7 @@ def _serve_echo(stack: contextlib.ExitStack, setup: Setup, log_dir: Path, *,
 
 def _serve_peer(stack: contextlib.ExitStack, setup: Setup, log_dir: Path, *,
                 profile: bool = False) -> Target:
-    from store.embedded import free_port
+    from runtime.embedded import free_port
 
     redis = _start_redis(stack)
     urls, servers = [], {}
@@ -106,7 +106,7 @@ def _serve_peer(stack: contextlib.ExitStack, setup: Setup, log_dir: Path, *,
 
 def _serve_project(stack: contextlib.ExitStack, setup: Setup, sessions: int,
                    log_dir: Path, *, profile: bool = False) -> Target:
-    from store.embedded import free_port
+    from runtime.embedded import free_port
 
     redis = _start_redis(stack)
     profiles: dict[str, Path] = {}

@@ -147,7 +147,7 @@ def run_resume_bench(*, sessions: int, disconnects: int,
     if sessions < 1 or disconnects < 1:
         print("bench resume: need --sessions >= 1 and --disconnects >= 1", file=sys.stderr)
         return 2
-    from store.embedded import free_port, start_server
+    from runtime.embedded import free_port, start_server
 
     out = output_path(output, "resume")
     cuts = cuts_per_session(sessions, disconnects)

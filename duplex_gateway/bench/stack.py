@@ -99,7 +99,7 @@ def _server_env() -> dict[str, str]:
 
 def start_redis(stack: contextlib.ExitStack) -> str:
     """An embedded Redis-compatible server, stopped by ``stack``; returns its URL."""
-    from store.embedded import start_server
+    from runtime.embedded import start_server
 
     server = start_server("auto")
     stack.callback(server.stop)
@@ -170,7 +170,7 @@ def start_frame_worker(stack: contextlib.ExitStack, redis_url: str, command: Wor
 def start_gateway(stack: contextlib.ExitStack, redis_url: str, log_dir: Path) -> str:
     """Start one gateway (after the worker: it is ready once a worker is live); returns the
     websocket URL of its realtime endpoint."""
-    from store.embedded import free_port
+    from runtime.embedded import free_port
 
     port = free_port()
     start_http_server(stack, "gateway", [

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias
 
+from contract.messages import Command
+from contract.reasons import CloseReason
 from gateway.protocol.envelope import ResumeRequest
-from store.messages import Command
-from store.reasons import CloseReason
 
 __all__ = [
     "Action",

@@ -26,6 +26,14 @@ answered in order) and their commands queued until the lease exists.
 
 from __future__ import annotations
 
+from contract.follower import LogFollower
+from contract.messages import (
+    AppendAudio,
+    Command,
+    JsonObject,
+    UpdateSession,
+)
+from contract.reasons import CloseReason
 from gateway.protocol.actions import (
     Action,
     AppendCommands,
@@ -60,14 +68,6 @@ from gateway.protocol.resume import REFUSALS, ResumeAnswer
 from gateway.protocol.retention import TIMER_S, DeliveredRetention
 from gateway.protocol.transitions import ConnectionState, Trigger
 from store.answers import ResumeStatus
-from store.follower import LogFollower
-from store.messages import (
-    AppendAudio,
-    Command,
-    JsonObject,
-    UpdateSession,
-)
-from store.reasons import CloseReason
 
 __all__ = ["OUTPUT_STALLED", "ConnectionCore"]
 

@@ -1,7 +1,7 @@
 """The output half of the connection core: following the session's output log, delivering.
 
 Log entries arrive from pushes and reads in any order, duplicated or missing; the follower
-(:class:`~store.follower.LogFollower`) puts them in order, and what this half decides is what
+(:class:`~contract.follower.LogFollower`) puts them in order, and what this half decides is what
 the client sees of them: each event rendered once under its ``server_event_seq``, a
 ``session.resync_required`` whenever the log lost or trimmed events the client lacks (never a
 silent gap, DESIGN §2.7), and the close once the terminal event went out.
@@ -11,13 +11,13 @@ state this half reads.
 
 from __future__ import annotations
 
+from contract.follower import REWIND_WINDOW, LogFollower
+from contract.messages import MessageDecodeError, decode_event, is_terminal
 from gateway.protocol.actions import Action, CheckLogEnd, CloseConnection, FetchLog, SendFrame
 from gateway.protocol.envelope import Notice, ResyncRequiredNotice
 from gateway.protocol.errors import CloseCode, InternalError
 from gateway.protocol.render import encode_frame, render_event, render_notice
 from gateway.protocol.transitions import ConnectionState, Trigger, next_state
-from store.follower import REWIND_WINDOW, LogFollower
-from store.messages import MessageDecodeError, decode_event, is_terminal
 
 __all__ = ["RETRY_LATER_REASONS", "OutputDelivery"]
 

@@ -5,8 +5,8 @@ session record and the output log (DESIGN.md §2.7); server notices (``session.c
 ``session.resumed``, ``session.replaced``, ``session.resync_required``) are about the connection,
 not the conversation, so the gateway writes them itself and they carry no ``server_event_seq``.
 
-Everything else a client sends becomes a typed :data:`store.messages.Command`, and everything a
-worker says is a typed :data:`store.messages.Event`; the codec renders both kinds of server
+Everything else a client sends becomes a typed :data:`contract.messages.Command`, and everything a
+worker says is a typed :data:`contract.messages.Event`; the codec renders both kinds of server
 message as Realtime JSON.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
-from store.messages import Command
+from contract.messages import Command
 
 __all__ = [
     "ClientEnvelope",

@@ -1,7 +1,7 @@
 """The gateway's wire codec, inbound: Realtime JSON frames -> typed values, with no I/O.
 
 :func:`parse_client_frame` turns one websocket frame into a :class:`ParsedFrame` (a
-typed :data:`~store.messages.Command` for the worker, or a gateway envelope) or raises a
+typed :data:`~contract.messages.Command` for the worker, or a gateway envelope) or raises a
 :class:`ClientProtocolError` whose code is in :data:`PARSE_ERROR_CODES`; it never raises
 anything else. Checks are syntactic only (JSON, field types, base64, sizes); semantic questions
 (is a response active? may this update apply?) belong to the worker (DESIGN.md §1).
@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, NoReturn, TypeAlias, TypeVar
 
+from contract import messages as m
 from gateway.protocol import envelope as env
 from gateway.protocol.bounds import (
     MAX_APPEND_TEXT_CHARS,
@@ -40,7 +41,6 @@ from gateway.protocol.errors import (
     CloseCode,
     ErrorCode,
 )
-from store import messages as m
 
 __all__ = [
     "CLIENT_EVENT_ALIASES",

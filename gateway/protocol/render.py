@@ -19,9 +19,9 @@ from typing import Any, TypeAlias
 
 import orjson
 
+from contract import messages as m
 from gateway.protocol import envelope as env
 from gateway.protocol.errors import ClientProtocolError, ErrorCode, GatewayError, InternalError
-from store import messages as m
 
 __all__ = [
     "encode_frame",
@@ -275,7 +275,7 @@ def render_error(error: GatewayError, event_id: str) -> JsonDict:
     return {"type": "error", "event_id": event_id, "error": body}
 
 
-# store.messages.ORJSON_REFUSE: the reference encoder decides (and refuses) a dataclass or a
+# contract.messages.ORJSON_REFUSE: the reference encoder decides (and refuses) a dataclass or a
 # datetime. (orjson also writes a UUID or an Enum; neither reaches here: events come out of
 # JSON in the log.)
 

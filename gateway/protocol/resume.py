@@ -13,9 +13,9 @@ import hashlib
 import hmac
 from dataclasses import dataclass
 
+from contract.messages import JsonObject
 from gateway.protocol.errors import ErrorCode
 from store.answers import ResumeStatus
-from store.messages import JsonObject
 
 __all__ = ["REFUSALS", "ResumeAnswer", "rotated_token"]
 

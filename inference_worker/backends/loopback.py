@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from contract.messages import JsonObject
 from inference_worker.conversation.model_port import PendingInput
 from inference_worker.conversation.reports import (
     AUDIBLE,
@@ -18,7 +19,6 @@ from inference_worker.conversation.reports import (
     ResponseStarted,
     TurnEnded,
 )
-from store.messages import JsonObject
 
 __all__ = ["CHUNK_BYTES", "CHUNK_SECONDS", "LoopbackModel", "PacedPlayback"]
 

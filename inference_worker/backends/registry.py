@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final
 
+from contract.messages import JsonObject
 from inference_worker.backend import Backend
 from inference_worker.backends.loopback import CHUNK_SECONDS, LoopbackModel
 from inference_worker.conversation.core import ConversationCore
@@ -22,7 +23,6 @@ from inference_worker.conversation.model_port import EngineModel
 from inference_worker.conversation.profiles import LOOPBACK, SessionProfile, frame_profile
 from inference_worker.conversation.turns import POLICIES, TurnMode
 from inference_worker.turn_detection.vad import EnergyVad, Vad, VadConfig
-from store.messages import JsonObject
 
 __all__ = [
     "BACKENDS",

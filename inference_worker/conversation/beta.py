@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+from contract.messages import JsonObject
 from inference_worker.conversation.profiles import PCM_FORMAT
 from inference_worker.conversation.refusals import Refusal, RefusalCode
 from inference_worker.conversation.session_schema import (
@@ -21,7 +22,6 @@ from inference_worker.conversation.session_schema import (
     is_str,
 )
 from inference_worker.untrusted import describe
-from store.messages import JsonObject
 
 __all__ = [
     "BETA_PATHS",

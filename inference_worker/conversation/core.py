@@ -63,6 +63,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final, TypeAlias, assert_never
 
+from contract import messages as msg
+from contract.messages import JsonObject
 from inference_worker.audio_formats import AudioFormat, InputDecoder
 from inference_worker.audio_frames import FrameOutput
 from inference_worker.conversation.history import (
@@ -106,8 +108,6 @@ from inference_worker.conversation.user_input import UserInput
 from inference_worker.turn_detection.timeline import InputTimeline, turn_detection_of
 from inference_worker.turn_detection.vad import EnergyVad, SpeechStarted, Vad, VadConfig, VadEvent
 from inference_worker.untrusted import close_reason
-from store import messages as msg
-from store.messages import JsonObject
 
 __all__ = ["COMMANDS", "ConversationCore"]
 

@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
+from contract import messages as msg
+from contract.messages import JsonObject
 from inference_worker.audio_formats import AudioFormat, OutputEncoder
 from inference_worker.conversation.items import (
     FUNCTION_ITEMS,
@@ -50,8 +52,6 @@ from inference_worker.conversation.objects import (
 from inference_worker.conversation.profiles import BYTES_PER_SECOND
 from inference_worker.conversation.refusals import Refusal, RefusalCode
 from inference_worker.untrusted import describe
-from store import messages as msg
-from store.messages import JsonObject
 
 __all__ = [
     "MAX_ITEMS",

@@ -15,12 +15,12 @@ import binascii
 from dataclasses import dataclass
 from typing import Any, Final
 
+from contract import messages as msg
+from contract.messages import JsonObject
 from inference_worker.audio_formats import AudioFormat, InputDecoder, parse_format
 from inference_worker.conversation.profiles import BYTES_PER_SECOND
 from inference_worker.conversation.refusals import Refusal, RefusalCode
 from inference_worker.untrusted import describe
-from store import messages as msg
-from store.messages import JsonObject
 
 __all__ = [
     "FUNCTION_ITEMS",

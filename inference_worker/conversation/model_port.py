@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from contract.messages import JsonObject
 from inference_worker.conversation.reports import Report
-from store.messages import JsonObject
 
 __all__ = ["EngineModel", "ModelPort", "PendingInput"]
 

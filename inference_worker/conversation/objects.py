@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Final
 
-from store.messages import JsonObject
+from contract.messages import JsonObject
 
 __all__ = [
     "CONVERSATION_ID",

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
+from contract import messages as msg
 from inference_worker.conversation.profiles import BYTES_PER_SECOND
 from inference_worker.conversation.refusals import Refusal, RefusalCode
 from inference_worker.untrusted import describe
-from store import messages as msg
 
 __all__ = ["LEDGERS", "Ledger", "PlaybackLedgers"]
 

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
+from contract.messages import JsonObject
 from inference_worker.audio_formats import AudioFormat
 from inference_worker.conversation.refusals import Refusal, RefusalCode
 from inference_worker.conversation.session_schema import is_bool, is_int
-from store.messages import JsonObject
 
 __all__ = [
     "BYTES_PER_SECOND",

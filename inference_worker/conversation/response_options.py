@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from contract.messages import JsonObject
 from inference_worker.conversation.beta import renamed_refusal, to_ga
 from inference_worker.conversation.profiles import LOOPBACK, SessionProfile
 from inference_worker.conversation.refusals import Refusal, RefusalCode
@@ -34,7 +35,6 @@ from inference_worker.conversation.session_update import (
     too_deep,
 )
 from inference_worker.untrusted import describe
-from store.messages import JsonObject
 
 __all__ = [
     "ResponseOptions",

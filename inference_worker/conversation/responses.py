@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
+from contract import messages as msg
+from contract.messages import JsonObject
 from inference_worker.conversation.history import Conversation, OpenResponse
 from inference_worker.conversation.model_port import ModelPort
 from inference_worker.conversation.playback import Ledger, PlaybackLedgers
@@ -40,8 +42,6 @@ from inference_worker.conversation.states import (
     transition,
 )
 from inference_worker.conversation.turns import TurnPolicy
-from store import messages as msg
-from store.messages import JsonObject
 
 __all__ = ["REPLY_TIMEOUT_S", "ActiveResponse", "Responses"]
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from contract.messages import JsonObject
 from inference_worker.audio_formats import AudioFormat, parse_format
 from inference_worker.conversation.beta import BETA_PATHS, param_name, renamed_refusal, to_ga
 from inference_worker.conversation.profiles import IDLE_TIMEOUT_MS_RANGE, LOOPBACK, SessionProfile
@@ -55,7 +56,6 @@ from inference_worker.conversation.session_schema import (
 )
 from inference_worker.turn_detection.vad import VadConfigError, vad_config_from_turn_detection
 from inference_worker.untrusted import MAX_SESSION_DEPTH, describe, nests_deeper_than
-from store.messages import JsonObject
 
 __all__ = [
     "apply_session_patch",

@@ -54,7 +54,7 @@ from inference_worker.turn_detection.vad import (
     VadConfig,
 )
 from inference_worker.weights import PackagedWeights, default_path, existing, onnx_session
-from store.config import ENV_PREFIX, SettingsError
+from runtime.config import ENV_PREFIX, SettingsError
 
 __all__ = [
     "AUTO",
@@ -305,7 +305,7 @@ class SileroTurnDetector(FramedDetector):
 
 class SileroUnavailable(SettingsError):
     """``vad=silero`` on a machine without onnxruntime or the Silero weights: the worker
-    refuses to start (a :class:`~store.config.SettingsError`, reported as one)."""
+    refuses to start (a :class:`~runtime.config.SettingsError`, reported as one)."""
 
 
 def missing_silero_module(modules: Sequence[str] = SILERO_MODULES) -> str | None:

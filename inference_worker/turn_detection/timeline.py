@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
+from contract.messages import JsonObject
 from inference_worker.conversation.profiles import BYTES_PER_SECOND
 from inference_worker.turn_detection.vad import (
     EnergyVad,
@@ -22,7 +23,6 @@ from inference_worker.turn_detection.vad import (
     VadEvent,
     vad_config_from_turn_detection,
 )
-from store.messages import JsonObject
 
 __all__ = ["InputTimeline", "TurnDetection", "turn_detection_of"]
 

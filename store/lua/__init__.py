@@ -16,7 +16,7 @@ Conventions shared by all scripts:
   suffixes ``store/keys.py`` passes (see ``reap.lua``), all under the worker's tag.
 * Reasons a script writes are ``REASON.<value>`` in the source, and record formats
   ``SESSION_FORMAT`` / ``WORKER_FORMAT`` in the field ``FORMAT_FIELD``: the loader writes in
-  their values from ``store/reasons.py`` and ``store/formats.py``. Every script that reads a
+  their values from ``contract/reasons.py`` and ``store/formats.py``. Every script that reads a
   record checks its format first and answers ``other_format`` for another one, without reading
   further.
 * Push notices are MessagePack arrays (``cmsgpack`` ships with Redis and Valkey) published with
@@ -40,8 +40,8 @@ from __future__ import annotations
 import re
 from importlib import resources
 
+from contract.reasons import CloseReason
 from store.formats import FORMAT_FIELD, SESSION_FORMAT, WORKER_FORMAT
-from store.reasons import CloseReason
 
 __all__ = [
     "ABANDON_OPEN",

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
+from contract import messages as m
 from duplex_client import (
     BargeInEvent,
     ClientCommand,
@@ -37,7 +38,6 @@ from duplex_client import (
     TurnSignalEvent,
 )
 from gateway.protocol.parse import CLIENT_EVENT_ALIASES, CLIENT_EVENT_TYPES, parse_client_frame
-from store import messages as m
 from tests.client.scripted import (
     DEADLINE_S,
     Peer,

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from redis import Redis
 
-from store.embedded import EmbeddedServer, start_server
+from runtime.embedded import EmbeddedServer, start_server
 from store.keys import WORKER_DIRECTORY
 from tests.e2e.served import BACKENDS, FRAMEWORK_MODELS, Served
 from tests.e2e.stack import Stack, http_ok, new_log_path, print_tail, wait_for

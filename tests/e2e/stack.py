@@ -21,8 +21,8 @@ from urllib.parse import urlsplit, urlunsplit
 from redis import Redis
 from redis.cluster import RedisCluster
 
+from runtime.embedded import EmbeddedServer, free_port
 from store.client import is_cluster_url
-from store.embedded import EmbeddedServer, free_port
 from store.keys import WORKER_DIRECTORY
 
 DEADLINE_S = 20.0

@@ -10,7 +10,7 @@ import urllib.request
 import pytest
 
 from duplex_client import DuplexClient, DuplexClientError
-from store.embedded import free_port
+from runtime.embedded import free_port
 from tests.e2e.helpers import collect_until
 from tests.e2e.stack import NO_WORKER, READY, Stack, http_answer, http_ok, wait_for
 
@@ -78,7 +78,7 @@ async def test_relay_and_resume_latency_histograms(stack: Stack) -> None:
 
 async def test_both_processes_freeze_their_startup_heap(stack: Stack) -> None:
     """A gateway and a worker freeze what startup built out of the garbage collector's
-    passes (store/heap.py), and time each pass from then on: the full pass that precedes
+    passes (runtime/heap.py), and time each pass from then on: the full pass that precedes
     the freeze is the first one observed."""
     gateway = stack.gateway()
     worker = stack.worker(backend="fake", metrics_port=free_port())
@@ -99,7 +99,7 @@ async def test_both_processes_freeze_their_startup_heap(stack: Stack) -> None:
 
 async def test_both_processes_probe_their_event_loop(stack: Stack) -> None:
     """A gateway and a worker export how late their event loop runs a probe due every 0.1 s
-    (store/loop_lag.py), from their start."""
+    (runtime/loop_lag.py), from their start."""
     gateway = stack.gateway()
     worker = stack.worker(backend="fake", metrics_port=free_port())
     wait_for(lambda: http_answer(gateway.http_url + "/readyz") == READY, "a worker is live")

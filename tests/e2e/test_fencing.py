@@ -23,8 +23,9 @@ from redis.asyncio import Redis
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed
 
+from contract import messages as msg
 from duplex_client import DuplexClient
-from store import lua, messages as msg
+from store import lua
 from store.keys import WORKER_DIRECTORY, SessionKeys, WorkerKeys, worker_of_session
 from tests.e2e.helpers import STREAM_SESSION, chunk_index, collect_until, marked_chunk
 from tests.e2e.stack import Proc, Stack

@@ -47,7 +47,7 @@ from websockets.exceptions import ConnectionClosed, WebSocketException
 from duplex_client import DuplexClient, RealtimeEvent
 from gateway.protocol.errors import PARSE_ERROR_CODES
 from gateway.protocol.parse import CLIENT_EVENT_TYPES, UNSUPPORTED_CLIENT_EVENT_TYPES
-from store.embedded import start_server
+from runtime.embedded import start_server
 from tests.e2e.bystanders import TERMINAL_TYPES, Bystanders, StreamReport, close_code_of
 from tests.e2e.conftest import FAST_ENV
 from tests.e2e.helpers import PUSH_TO_TALK_SESSION, STREAM_SESSION, collect_until, marked_chunk

@@ -16,9 +16,9 @@ import pytest
 from openai import AsyncOpenAI, NotFoundError
 from websockets.asyncio.client import ClientConnection, connect
 
-from store.embedded import free_port
+from contract.models import decode_models
+from runtime.embedded import free_port
 from store.keys import WorkerKeys, worker_of_session
-from store.models import decode_models
 from tests.e2e.helpers import PUSH_TO_TALK_SESSION
 from tests.e2e.stack import Proc, Stack, http_answer, wait_for
 from tests.gateway.strict import validate_server_event

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from duplex_client import DuplexClient
-from store.embedded import free_port
+from runtime.embedded import free_port
 from tests.e2e.helpers import collect_until
 from tests.e2e.stack import Stack, wait_for
 

@@ -17,7 +17,7 @@ import pytest_asyncio
 from redis import Redis
 
 from duplex_client import DuplexClient
-from store.embedded import free_port
+from runtime.embedded import free_port
 from store.keys import WORKER_DIRECTORY
 from tests.e2e.helpers import STREAM_SESSION, chunk_index, collect_until, marked_chunk
 from tests.e2e.stack import DEADLINE_S, Proc, Stack, wait_for

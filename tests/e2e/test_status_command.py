@@ -17,7 +17,7 @@ from redis.cluster import RedisCluster
 
 from duplex_client import DuplexClient
 from gateway.auth import tenant_of_key
-from store.embedded import free_port
+from runtime.embedded import free_port
 from store.keys import WORKER_DIRECTORY, SessionKeys, WorkerKeys, worker_of_session
 from tests.e2e.stack import Stack, wait_for
 

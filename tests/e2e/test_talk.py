@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from duplex_gateway.talk import API_KEY_VARIABLE
-from store.embedded import free_port
+from runtime.embedded import free_port
 from tests.e2e.stack import Stack
 from tests.faultproxy import FaultProxy
 from tests.worker.speech import normalize, padded, synthesize, transcribe

@@ -20,15 +20,16 @@ from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from websockets.exceptions import ConnectionClosed
 
+from contract import messages as msg
+from contract.messages import encode_message, is_terminal
 from duplex_client import DuplexClient, RealtimeEvent
 from gateway.metrics import GatewayMetrics
 from gateway.reaper import run_reaper
 from inference_worker.settings import WorkerSettings
 from inference_worker.worker import Worker
-from store import Scripts, messages as msg
-from store.embedded import EmbeddedServer
+from runtime.embedded import EmbeddedServer
+from store import Scripts
 from store.keys import WORKER_DIRECTORY, WorkerKeys, worker_of_session
-from store.messages import encode_message, is_terminal
 from tests.e2e.helpers import STREAM_SESSION, collect_until, marked_chunk
 from tests.e2e.stack import Stack, wait_for
 from tests.store._support import assert_one_terminal, events_of, open_session

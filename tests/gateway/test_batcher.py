@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from contract.reasons import CloseReason
 from gateway.batcher import InputBatcher
 from store import Lease, LeaseLost, Scripts, SessionGone
 from store.logs import read_input
-from store.reasons import CloseReason
 from tests.store._support import open_session, register_worker, until
 
 pytestmark = pytest.mark.timeout(60)

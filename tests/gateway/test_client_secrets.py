@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, strategies as st
 from openai.types.realtime.client_secret_create_response import ClientSecretCreateResponse
 
+from contract.messages import AppendAudio, UpdateSession
 from gateway.protocol.actions import AppendCommands, OpenSession, ResumeSession
 from gateway.protocol.client_secrets import (
     CLIENT_SECRET_PREFIX,
@@ -19,7 +20,6 @@ from gateway.protocol.client_secrets import (
 )
 from gateway.protocol.connection import ConnectionCore
 from gateway.protocol.errors import ClientProtocolError
-from store.messages import AppendAudio, UpdateSession
 
 CONFIG = {"type": "realtime", "instructions": "be brief",
           "audio": {"output": {"voice": "alloy"}}}

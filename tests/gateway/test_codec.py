@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from contract import messages as m
 from gateway.metrics import GatewayMetrics
 from gateway.protocol import (
     CLIENT_EVENT_TYPES,
@@ -47,8 +48,7 @@ from gateway.protocol.parse import (
     MAX_STRING_CHARS,
     MAX_VALUES,
 )
-from store import messages as m
-from store.heap import CollectorPauses
+from runtime.heap import CollectorPauses
 from tests.gateway.strict import EXTENSION_TYPES, validate_server_event
 
 LIMIT = 1 << 20

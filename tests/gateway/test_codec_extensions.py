@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from contract import messages as m
 from gateway.protocol.actions import AppendCommands, SendFrame
 from gateway.protocol.bounds import (
     MAX_APPEND_TEXT_CHARS,
@@ -25,7 +26,6 @@ from gateway.protocol.envelope import ParsedFrame
 from gateway.protocol.errors import PARSE_ERROR_CODES, ClientProtocolError
 from gateway.protocol.parse import CLIENT_EVENT_ALIASES, ROUTED_SIGNAL_EVENTS, parse_client_frame
 from gateway.protocol.render import render_event
-from store import messages as m
 from tests.gateway.strict import validate_server_event
 
 LIMIT = 1 << 20

@@ -16,6 +16,7 @@ from typing import Any
 
 from hypothesis import given, settings, strategies as st
 
+from contract import messages as m
 from gateway.protocol import (
     CLIENT_EVENT_TYPES,
     MAX_SEQ,
@@ -34,7 +35,6 @@ from gateway.protocol import (
     render_notice,
 )
 from gateway.protocol.parse import MAX_DEPTH, MAX_INT
-from store import messages as m
 from tests.gateway.strict import validate_server_event
 
 # No example database: this tree is shared, and the seeds are cheap to rediscover.

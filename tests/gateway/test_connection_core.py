@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from contract import messages as m
 from gateway.protocol.actions import (
     AppendCommands,
     CloseConnection,
@@ -29,7 +30,6 @@ from gateway.protocol.connection import ConnectionCore
 from gateway.protocol.envelope import ResumeRequest
 from gateway.protocol.errors import ClientProtocolError, CloseCode, ErrorCode, InternalError
 from gateway.protocol.transitions import ConnectionState
-from store import messages as m
 from tests.gateway.strict import validate_server_event
 
 LIMIT = 1 << 16

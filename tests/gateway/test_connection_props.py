@@ -26,6 +26,8 @@ from hypothesis.stateful import (
     rule,
 )
 
+from contract import messages as m
+from contract.reasons import CloseReason
 from gateway.protocol.actions import (
     AppendCommands,
     CheckLogEnd,
@@ -46,9 +48,7 @@ from gateway.protocol.render import render_event
 from gateway.protocol.resume import REFUSALS, ResumeAnswer
 from gateway.protocol.retention import TIMER_S
 from gateway.protocol.transitions import ConnectionState
-from store import messages as m
 from store.answers import ResumeStatus
-from store.reasons import CloseReason
 from tests.gateway.strict import validate_server_event
 
 LIMIT = 2048

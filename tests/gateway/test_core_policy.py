@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from contract.follower import REWIND_WINDOW
+from contract.reasons import CloseReason
 from gateway.protocol.actions import (
     CheckLogEnd,
     CloseConnection,
@@ -20,8 +22,6 @@ from gateway.protocol.resume import ResumeAnswer, rotated_token
 from gateway.protocol.retention import TIMER_S
 from gateway.protocol.transitions import ConnectionState
 from store.answers import ResumeStatus
-from store.follower import REWIND_WINDOW
-from store.reasons import CloseReason
 from tests.gateway.test_connection_core import (
     LIMIT,
     SID,

@@ -20,9 +20,9 @@ from gateway.batcher import InputBatcher
 from gateway.driver import ConnectionDriver
 from gateway.input_writer import InputWriter
 from gateway.settings import GatewaySettings
+from runtime.embedded import EmbeddedServer
 from store import Lease, Scripts, StoreUnavailable
 from store.directory import announce_worker
-from store.embedded import EmbeddedServer
 from store.keys import SessionKeys, new_worker_id
 
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import gateway
 import store
+from contract import messages as m
 from gateway.protocol.actions import AppendCommands, SendFrame
 from gateway.protocol.connection import ConnectionCore
-from store import messages as m
 from tests.call_count import calls_into
 
 #: Calls into the project's code per audio append, from the frame's text to the encoded log

@@ -19,13 +19,13 @@ from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket
 from websockets.asyncio.client import connect
 
+from contract import messages as m
 from gateway.protocol.actions import CloseConnection, DetachLease, SendFrame
 from gateway.protocol.backlog import Backlog, OutputBacklog, OutputLimits
 from gateway.protocol.connection import OUTPUT_STALLED, ConnectionCore
 from gateway.protocol.errors import CloseCode
 from gateway.protocol.transitions import ConnectionState
 from gateway.wsprotocol import GatewayWebSocketProtocol, transport_of
-from store import messages as m
 
 SID = "sess_0123456789abcdefghijkl"
 ENTRY = b"x" * 300  # one log entry: 300 bytes in the log, 400 as the client gets it

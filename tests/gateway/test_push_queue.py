@@ -1,5 +1,5 @@
 """The per-connection push queue stays bounded and never drops a lease push (waiting, the
-quiet timer and the turn of the loop are the store's PushQueue's: tests/store/test_fairness.py)."""
+quiet timer and the turn of the loop are runtime's PushQueue's: tests/runtime/test_fairness.py)."""
 
 from __future__ import annotations
 

@@ -12,11 +12,11 @@ from redis.asyncio import Redis
 import gateway.reaper
 from gateway.metrics import GatewayMetrics
 from gateway.reaper import run_reaper
+from runtime.embedded import EmbeddedServer
+from runtime.ratelog import RateLimitedLog
 from store import Scripts, create_client
 from store.directory import announce_worker
-from store.embedded import EmbeddedServer
 from store.keys import SessionKeys
-from store.ratelog import RateLimitedLog
 from tests.faultproxy import FaultProxy
 from tests.store._support import (
     open_session,

@@ -20,7 +20,7 @@ import websockets
 from websockets.exceptions import ConnectionClosed
 
 from gateway.wsprotocol import SEND_NOW_KEY, GatewayWebSocketProtocol
-from store.embedded import free_port
+from runtime.embedded import free_port
 from tests.store._support import until
 
 pytestmark = pytest.mark.timeout(60)

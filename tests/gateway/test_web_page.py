@@ -13,8 +13,8 @@ from starlette.testclient import TestClient
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from gateway.web_page import WEB_PAGE_CSP
-from store.config import from_env
-from store.embedded import EmbeddedServer, start_server
+from runtime.config import from_env
+from runtime.embedded import EmbeddedServer, start_server
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -23,8 +23,8 @@ from websockets.exceptions import ConnectionClosed
 from gateway.app import create_app
 from gateway.settings import GatewaySettings
 from gateway.wsprotocol import GatewayWebSocketProtocol
-from store.embedded import EmbeddedServer, free_port
-from store.ratelog import RateLimitedLog
+from runtime.embedded import EmbeddedServer, free_port
+from runtime.ratelog import RateLimitedLog
 from tests.store._support import until
 
 pytestmark = pytest.mark.timeout(60)

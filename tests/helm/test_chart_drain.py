@@ -30,7 +30,7 @@ import pytest
 from websockets.exceptions import ConnectionClosed
 
 from duplex_client import DuplexClient, RealtimeEvent, Resumed
-from store.embedded import EmbeddedServer, free_port, start_server
+from runtime.embedded import EmbeddedServer, free_port, start_server
 from tests.e2e.helpers import STREAM_SESSION, chunk_index, marked_chunk
 from tests.e2e.stack import Proc, print_tail
 from tests.gateway.strict import validate_server_event

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from websockets.asyncio.client import connect
 
-from store.embedded import free_port, start_server
+from runtime.embedded import free_port, start_server
 from store.keys import worker_of_session
 from tests.e2e.stack import Proc, print_tail, wait_for
 from tests.gateway.strict import validate_server_event

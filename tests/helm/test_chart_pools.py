@@ -15,10 +15,10 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml  # type: ignore[import-untyped]
 
+from contract.models import MAX_MODEL_NAMES, MODEL_NAME_PATTERN
 from gateway.settings import GatewaySettings
 from inference_worker.settings import WorkerSettings
-from store.config import from_env
-from store.models import MAX_MODEL_NAMES, MODEL_NAME_PATTERN
+from runtime.config import from_env
 from tests.helm.render import CHART, POOL_LABEL, PROFILES, Rendered, container_env, render
 
 pytestmark = pytest.mark.timeout(120)

@@ -26,7 +26,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from duplex_client import DuplexClient, DuplexClientError
-from store.embedded import EmbeddedServer, free_port, start_server
+from runtime.embedded import EmbeddedServer, free_port, start_server
 from tests.e2e.stack import Proc, print_tail
 from tests.gateway.strict import validate_server_event
 from tests.helm.render import (

@@ -16,12 +16,12 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import yaml  # type: ignore[import-untyped]
 
+from contract.models import MODEL_NAME_PATTERN
 from duplex_gateway.logs import LogSettings
 from gateway.settings import GatewaySettings
 from inference_worker.settings import WorkerSettings
+from runtime.config import NON_NEGATIVE, Choices, ModelName, Range, Rule, from_env
 from store.client import parse_sentinel_url
-from store.config import NON_NEGATIVE, Choices, ModelName, Range, Rule, from_env
-from store.models import MODEL_NAME_PATTERN
 from tests.helm.render import CHART, Rendered, container_env, render
 
 VALUES = yaml.safe_load((CHART / "values.yaml").read_text())

@@ -15,12 +15,12 @@ import msgpack  # type: ignore[import-untyped]
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
+from contract.messages import AudioDelta, Event, decode_message, encode_message, is_terminal
 from gateway.placement import session_policy
 from gateway.settings import GatewaySettings
 from store import AttachmentHolder, Lease, OpenStatus, Reaped, Scripts, SessionPolicy
 from store.keys import SessionKeys, WorkerKeys, new_session_id, new_worker_id
 from store.logs import read_output
-from store.messages import AudioDelta, Event, decode_message, encode_message, is_terminal
 from store.pushes import Push
 
 T = TypeVar("T")

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from redis.asyncio import Redis
 
+from runtime.embedded import EmbeddedServer, start_server
 from store import Scripts, create_client
-from store.embedded import EmbeddedServer, start_server
 from tests.conftest import SERVER_KINDS
 from tests.faultproxy import FaultProxy
 

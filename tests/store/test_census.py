@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
+from contract.reasons import CloseReason
 from store import AttachmentHolder, OpenStatus, Scripts, WorkerFenced, WorkerState
 from store.census import (
     NO_ENGINE,
@@ -18,7 +19,6 @@ from store.census import (
 )
 from store.directory import announce_worker, worker_loads
 from store.keys import WorkerKeys, new_gateway_id, new_session_id, new_worker_id
-from store.reasons import CloseReason
 from tests.store._support import (
     LONG_POLICY,
     expire_heartbeat,

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from redis.asyncio.cluster import RedisCluster
 
+from contract.messages import SessionClosed, encode_message
+from contract.reasons import CloseReason
 from store import (
     AttachmentHolder,
     LeaseLost,
@@ -29,10 +31,8 @@ from store.keys import (
     tenant_sessions,
 )
 from store.logs import read_input, read_output
-from store.messages import SessionClosed, encode_message
 from store.pubsub import Subscriber
 from store.pushes import OutputPushed, Push
-from store.reasons import CloseReason
 from tests.cluster import Cluster, start_cluster
 from tests.store._support import (
     EPOCH,

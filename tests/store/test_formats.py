@@ -7,6 +7,7 @@ from importlib import resources
 import pytest
 from redis.asyncio import Redis
 
+from contract.reasons import CloseReason
 from store import (
     AbandonStatus,
     CloseStatus,
@@ -20,7 +21,6 @@ from store import (
 from store.formats import FORMAT_FIELD, SESSION_FORMAT, WORKER_FORMAT
 from store.keys import SessionKeys, WorkerKeys
 from store.lua import reasons_written
-from store.reasons import CloseReason
 from tests.store._support import (
     digest,
     ev,

@@ -7,10 +7,10 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from contract.messages import AppendAudio, Heartbeat, encode_message
 from store import Scripts
 from store.keys import SessionKeys
 from store.logs import InputEntry, WriteToken, read_input, read_input_entries
-from store.messages import AppendAudio, Heartbeat, encode_message
 from tests.store._support import EPOCH, digest, open_session, register_worker
 
 #: What the token may cost per entry in Redis's memory, at most (DESIGN §5: the relay is the

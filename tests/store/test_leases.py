@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from contract.reasons import CloseReason
 from store import AttachmentHolder, Scripts
 from store.keys import WorkerKeys, held_member
-from store.reasons import CloseReason
 from tests.store._support import (
     LONG_POLICY,
     assert_one_terminal,

@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from contract.reasons import CloseReason
+from runtime.embedded import EmbeddedServer
 from store import OpenStatus, ResumeStatus, Scripts, lua
-from store.embedded import EmbeddedServer
 from store.errors import raise_if_cancelled
 from store.keys import new_session_id
 from store.logs import read_input, read_output
-from store.reasons import CloseReason
 from store.scripts import _new_call_id
 from tests.faultproxy import FaultProxy
 from tests.store._support import (

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from contract.reasons import CloseReason
 from store import (
     Lease,
     OpenStatus,
@@ -30,7 +31,6 @@ from store import (
 from store.directory import MAX_PROFILE_BYTES, WorkerProfile, decode_profile, worker_loads
 from store.keys import WorkerKeys, new_session_id, new_worker_id
 from store.logs import SessionStart, session_start
-from store.reasons import CloseReason
 from tests.store._support import (
     EPOCH,
     LONG_POLICY,

@@ -9,11 +9,13 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from store import LogFollower, Scripts
-from store.embedded import EmbeddedServer
+from contract.follower import LogFollower
+from contract.messages import SessionClosed, encode_message
+from contract.reasons import CloseReason
+from runtime.embedded import EmbeddedServer
+from store import Scripts
 from store.keys import SessionKeys, WorkerKeys
 from store.logs import WriteToken, read_output
-from store.messages import SessionClosed, encode_message
 from store.pubsub import Subscriber
 from store.pushes import (
     InputPushed,
@@ -23,7 +25,6 @@ from store.pushes import (
     SessionEnded,
     SessionPlaced,
 )
-from store.reasons import CloseReason
 from tests.store._support import (
     EPOCH,
     Client,

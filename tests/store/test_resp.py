@@ -27,7 +27,7 @@ from redis.exceptions import (
 )
 
 import store.pubsub
-from store.embedded import EmbeddedServer, free_port, start_server
+from runtime.embedded import EmbeddedServer, free_port, start_server
 from store.pubsub import Subscriber
 from store.pushes import SessionEnded
 from store.resp import Endpoint, PushConnection, endpoint_of, pack

@@ -16,8 +16,8 @@ import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError, ResponseError
 
+from runtime.embedded import EmbeddedServer
 from store import Scripts, create_client
-from store.embedded import EmbeddedServer
 from store.resp import endpoint_of
 from store.script_lane import ScriptLane
 from tests.faultproxy import FaultProxy

@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from contract.messages import AudioDelta, ErrorEvent, SessionClosed, encode_message
+from contract.reasons import CloseReason
 from store import (
     Lease,
     LeaseLost,
@@ -24,8 +26,6 @@ from store import (
 from store.directory import worker_loads
 from store.keys import SessionKeys, WorkerKeys, new_session_id, new_worker_id
 from store.logs import read_input, read_output
-from store.messages import AudioDelta, ErrorEvent, SessionClosed, encode_message
-from store.reasons import CloseReason
 from store.scripts import RESUME_RETRY_WINDOW_MS
 from tests.store._support import (
     EPOCH,

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from contract.reasons import CloseReason
 from store import EndedSession, LeaseLost, ResumeStatus, Scripts, SessionGone
 from store.keys import tenant_sessions
-from store.reasons import CloseReason
 from tests.store._support import (
     LONG_POLICY,
     digest,

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
+from contract import messages as msg
+from contract.messages import encode_message
 from inference_worker.settings import WorkerSettings
 from inference_worker.worker import Worker
-from store import Lease, Scripts, messages as msg
+from store import Lease, Scripts
 from store.keys import WorkerKeys
-from store.messages import encode_message
 from tests.store._support import events_of, until
 
 HEARTBEAT = encode_message(msg.Heartbeat())

@@ -13,8 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from contract import messages as msg
 from gateway.protocol.render import render_event
-from store import messages as msg
 from tests.gateway.strict import EXTENSION_TYPES, STRICT, validate_server_event
 
 __all__ = ["ALLOWED_EXTRAS", "render", "undeclared_keys", "validate_strict"]

@@ -9,11 +9,11 @@ from typing import get_args
 
 import pytest
 
+from contract import messages as msg
 from inference_worker.audio_frames import FrameOutput
 from inference_worker.backends.registry import frame_core, loopback_core
 from inference_worker.conversation.core import COMMANDS, ConversationCore
 from inference_worker.conversation.turns import TurnMode
-from store import messages as msg
 from tests.worker.feeding import feed
 from tests.worker.realtime_render import validate_strict
 

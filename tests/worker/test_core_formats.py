@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from contract import messages as msg
 from inference_worker.audio_formats import alaw_decode, ulaw_decode, ulaw_encode
 from inference_worker.backends.registry import frame_core, loopback_core
 from inference_worker.conversation.core import ConversationCore
 from inference_worker.conversation.turns import TurnMode
-from store import messages as msg
 from tests.worker.realtime_render import validate_strict
 
 T0 = 100.0

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from contract import messages as msg
 from inference_worker.audio_frames import FrameOutput
 from inference_worker.backends.registry import frame_core
 from inference_worker.conversation.core import ConversationCore
@@ -22,7 +23,6 @@ from inference_worker.conversation.reports import (
     UserTranscriptFailed,
 )
 from inference_worker.conversation.turns import TurnMode
-from store import messages as msg
 from tests.worker.feeding import feed
 from tests.worker.realtime_render import validate_strict
 

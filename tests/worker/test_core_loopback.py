@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from contract import messages as msg
 from inference_worker.backends.loopback import CHUNK_BYTES
 from inference_worker.backends.registry import loopback_core
 from inference_worker.conversation.core import ConversationCore
 from inference_worker.conversation.profiles import MAX_BUFFER_BYTES, MIN_COMMIT_BYTES
-from store import messages as msg
 from tests.worker.realtime_render import validate_strict
 
 T0 = 100.0

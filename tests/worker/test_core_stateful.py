@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from contract import messages as msg
 from inference_worker.audio_frames import FrameOutput
 from inference_worker.backends.registry import frame_core, loopback_core
 from inference_worker.conversation.core import ConversationCore
@@ -32,7 +33,6 @@ from inference_worker.conversation.reports import (
     UserTranscript,
 )
 from inference_worker.conversation.turns import TurnMode
-from store import messages as msg
 from tests.worker.feeding import feed
 from tests.worker.realtime_render import validate_strict
 

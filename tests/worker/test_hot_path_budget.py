@@ -18,11 +18,11 @@ import time
 
 import inference_worker
 import store
+from contract import messages as m
 from inference_worker.backends.registry import loopback_core
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.sessions import Session, SessionTable
 from inference_worker.turn_detection.silero import detector_factory
-from store import messages as m
 from store.logs import InputEntry, WriteToken
 from tests.call_count import calls_into
 

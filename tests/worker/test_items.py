@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from contract import messages as msg
 from gateway.protocol.render import render_event
 from inference_worker.audio_frames import FrameOutput
 from inference_worker.backends.loopback import CHUNK_BYTES
@@ -23,7 +24,6 @@ from inference_worker.conversation.history import MAX_ITEMS
 from inference_worker.conversation.items import Item
 from inference_worker.conversation.reports import BargedIn, ResponseStarted
 from inference_worker.conversation.turns import TurnMode
-from store import messages as msg
 from tests.gateway.strict import validate_server_event
 from tests.worker.feeding import feed
 from tests.worker.realtime_render import validate_strict

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from contract import messages as msg
 from inference_worker.backends.fake import FakeBackend
 from inference_worker.backends.registry import (
     BACKENDS,
@@ -18,7 +19,6 @@ from inference_worker.backends.registry import (
     frame_core,
 )
 from inference_worker.conversation.profiles import GA_TURN_DETECTION, PCM_FORMAT, default_session
-from store import messages as msg
 
 
 def test_the_table_names_every_backend_with_its_turn_mode() -> None:

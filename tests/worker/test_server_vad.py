@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from contract import messages as msg
 from gateway.protocol.render import render_event
 from inference_worker.audio_frames import FrameOutput
 from inference_worker.backends.fake import FakeBackend
 from inference_worker.backends.registry import frame_core, loopback_core
 from inference_worker.conversation.core import ConversationCore
-from store import messages as msg
 from tests.gateway.strict import validate_server_event
 from tests.worker.feeding import feed
 from tests.worker.realtime_render import validate_strict

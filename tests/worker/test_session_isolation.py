@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from contract import messages as msg
+from contract.messages import encode_message, is_terminal
 from inference_worker.audio_frames import FrameOutput
 from inference_worker.backends.fake import FakeBackend, FakeOptions
 from inference_worker.backends.registry import frame_core, loopback_core
@@ -28,8 +30,7 @@ from inference_worker.metrics import FAILURE_STAGES
 from inference_worker.sessions import Session, SessionTable
 from inference_worker.settings import WorkerSettings
 from inference_worker.worker import Worker
-from store import Lease, Scripts, messages as msg
-from store.messages import encode_message, is_terminal
+from store import Lease, Scripts
 from tests.store._support import assert_one_terminal, events_of, open_session, until
 
 POISON = "poison"  # the event id of the heartbeat that arms a planted bug

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from contract import messages as msg
 from inference_worker.audio_formats import AudioFormat
 from inference_worker.conversation.profiles import (
     GA_TURN_DETECTION,
@@ -29,7 +30,6 @@ from inference_worker.conversation.session_update import (
     check_session_patch,
     effective_turn_detection,
 )
-from store import messages as msg
 from tests.worker.realtime_render import validate_strict
 
 PCM = {"type": "audio/pcm", "rate": 24000}

@@ -22,6 +22,7 @@ import numpy.typing as npt
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from contract import messages as msg
 from inference_worker.audio_frames import float_to_pcm16
 from inference_worker.backends.registry import loopback_core
 from inference_worker.turn_detection.silero import (
@@ -44,8 +45,7 @@ from inference_worker.turn_detection.vad import (
     VadConfig,
     VadEvent,
 )
-from store import messages as msg
-from store.config import SettingsError
+from runtime.config import SettingsError
 from tests.worker.speech import padded, synthesize
 from tests.worker.test_server_vad import append, of_type, play_out, played, update
 

@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from store import messages as msg
+from contract import messages as msg
+from contract.messages import encode_message
 from store.keys import SessionKeys, WorkerKeys
-from store.messages import encode_message
 from tests.store._support import (
     EPOCH,
     assert_one_terminal,

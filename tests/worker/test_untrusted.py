@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from contract import messages as msg
+from contract.messages import decode_command, encode_message
 from inference_worker.backends.registry import frame_core, loopback_core
 from inference_worker.conversation.core import ConversationCore
 from inference_worker.untrusted import (
@@ -17,8 +19,6 @@ from inference_worker.untrusted import (
     describe,
     nests_deeper_than,
 )
-from store import messages as msg
-from store.messages import decode_command, encode_message
 
 T0 = 100.0
 Runner = ConversationCore

@@ -17,9 +17,10 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
+from contract import messages as msg
 from inference_worker.worker import Worker
-from store import Scripts, create_client, messages as msg
-from store.embedded import EmbeddedServer
+from runtime.embedded import EmbeddedServer
+from store import Scripts, create_client
 from store.keys import SessionKeys
 from tests.faultproxy import FaultProxy
 from tests.store._support import assert_one_terminal, open_session, until

@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 from redis.asyncio import Redis
 
+from contract import messages as msg
+from contract.messages import encode_message
 from inference_worker.backend import SlotResult, SlotStep
 from inference_worker.backends.fake import FakeBackend, FakeOptions
 from inference_worker.settings import WorkerSettings
 from inference_worker.worker import Worker
-from store import Lease, Scripts, messages as msg
+from store import Lease, Scripts
 from store.keys import WorkerKeys
-from store.messages import encode_message
 from tests.store._support import events_of, open_session, spublish, spublish_raw, until
 
 AUDIBLE = b"\x00\x10" * 1920  # 80 ms, loud

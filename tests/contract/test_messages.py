@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from store.messages import (
+from contract.messages import (
     AppendAudio,
     MessageDecodeError,
     UpdateSession,

@@ -1,4 +1,4 @@
-"""store.loop_lag: the probe reports how long a step held the event loop, and about nothing
+"""runtime.loop_lag: the probe reports how long a step held the event loop, and about nothing
 while the loop keeps up."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from store.loop_lag import watch_loop_lag
+from runtime.loop_lag import watch_loop_lag
 
 pytestmark = pytest.mark.timeout(30)
 

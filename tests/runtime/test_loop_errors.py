@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from store.loop_errors import quiet_dropped_cluster_nodes
+from runtime.loop_errors import quiet_dropped_cluster_nodes
 
 
 async def test_a_dropped_cluster_node_is_a_warning_and_other_errors_pass_on(
@@ -18,7 +18,7 @@ async def test_a_dropped_cluster_node_is_a_warning_and_other_errors_pass_on(
     loop.set_exception_handler(lambda _loop, context: seen.append(context["message"]))
     try:
         quiet_dropped_cluster_nodes(loop)
-        with caplog.at_level(logging.WARNING, logger="store.loop_errors"):
+        with caplog.at_level(logging.WARNING, logger="runtime.loop_errors"):
             loop.call_exception_handler({"message": "Unclosed ClusterNode object",
                                          "client": "node 127.0.0.1:7000"})
             loop.call_exception_handler({"message": "Task exception was never retrieved"})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from store.fairness import PushQueue
+from runtime.fairness import PushQueue
 
 
 async def test_everything_put_comes_out_in_order_whatever_the_backlog() -> None:

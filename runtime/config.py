@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from store.models import MAX_MODEL_NAMES, is_model_name
+from contract.models import MAX_MODEL_NAMES, is_model_name
 
 __all__ = [
     "ENV_PREFIX",
@@ -163,7 +163,7 @@ class RedisUrl(Rule):
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ModelName(Rule):
-    """A model name (``store/models.py``), or empty where the setting says what that means."""
+    """A model name (``contract/models.py``), or empty where the setting says what that means."""
 
     def accepts(self, value: Any) -> bool:
         return value == "" or is_model_name(value)

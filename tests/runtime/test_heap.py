@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from store.heap import CollectorPauses
+from runtime.heap import CollectorPauses
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.timeout(60)
 # test's garbage for the rest of the run.
 _FREEZE = """
 import gc, json
-from store.heap import freeze_startup_heap
+from runtime.heap import freeze_startup_heap
 import store.scripts, gateway.app  # a heap of a gateway's size
 garbage = []
 garbage.append(garbage)  # a cycle nothing refers to: collected, not frozen

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from store.ratelog import RateLimitedLog, cause_of
+from runtime.ratelog import RateLimitedLog, cause_of
 
 LOGGER = "tests.store.ratelog"
 

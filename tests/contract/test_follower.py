@@ -6,8 +6,7 @@ from dataclasses import dataclass
 
 from hypothesis import given, settings, strategies as st
 
-from store import LogFollower
-from store.follower import REWIND_WINDOW
+from contract.follower import REWIND_WINDOW, LogFollower
 
 
 def entry(i: int) -> bytes:
