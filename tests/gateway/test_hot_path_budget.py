@@ -15,6 +15,7 @@ import base64
 import json
 from typing import Any
 
+import contract
 import gateway
 import store
 from contract import messages as m
@@ -58,7 +59,7 @@ def test_an_audio_append_stays_within_its_budget() -> None:
             for _, command in action.entries:  # as the driver hands them to the batcher
                 m.encode_message(command)
 
-        counts.append(calls_into((gateway, store), append))
+        counts.append(calls_into((gateway, store, contract), append))
     assert 0 < max(counts) <= INBOUND_BUDGET, counts
 
 
@@ -72,5 +73,5 @@ def test_an_output_delta_stays_within_its_budget() -> None:
             (action,) = core.actions_to_run()
             assert isinstance(action, SendFrame) and action.seq == seq
 
-        counts.append(calls_into((gateway, store), deliver))
+        counts.append(calls_into((gateway, store, contract), deliver))
     assert 0 < max(counts) <= OUTBOUND_BUDGET, counts

@@ -5,8 +5,9 @@ Python calls per chunk (``bench relay --profile``): on a shared machine a few mi
 never show in CPU time, while the calls repeat exactly. This holds the part that needs no
 Redis to the same count: a loopback session in stream mode applying an input entry (the
 fencing check, the command's decoding, the conversation core) and encoding the audio delta it
-answers with, in steady state. Only calls to the worker's and the store's own functions are
-counted (not the standard library's or a dependency's, which change with their versions). A
+answers with, in steady state. Only calls to the worker's, the store's and the contract's own
+functions are counted (not the standard library's or a dependency's, which change with their
+versions). A
 change that adds calls per chunk fails here: raise the budget knowingly, or find the calls
 elsewhere. The gateway's side: ``tests/gateway/test_hot_path_budget.py``.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 
+import contract
 import inference_worker
 import store
 from contract import messages as m
@@ -26,8 +28,8 @@ from inference_worker.turn_detection.silero import detector_factory
 from store.logs import InputEntry, WriteToken
 from tests.call_count import calls_into
 
-#: Calls into the worker's and the store's code per streamed chunk, from the input entry to
-#: the encoded output event: 42 today.
+#: Calls into the worker's, the store's and the contract's code per streamed chunk, from the
+#: input entry to the encoded output event.
 CHUNK_BUDGET = 42
 
 SESSION_ID = "sess_w1.0123456789abcdef"
@@ -55,7 +57,7 @@ def test_a_streamed_chunk_stays_within_its_budget() -> None:
                         time.monotonic())
             assert table.output_of(SESSION_ID, session) is not None
 
-        counts.append(calls_into((inference_worker, store), relay))
+        counts.append(calls_into((inference_worker, store, contract), relay))
         assert isinstance(m.decode_event(session.unsent[-1]), m.AudioDelta)  # the echo
         session.unsent = []  # as a write that landed leaves it
     # The first chunk of a turn also opens the response and its item; then steady state.
