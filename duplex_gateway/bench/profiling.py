@@ -64,7 +64,8 @@ def main(argv: list[str]) -> None:
 def _where(function: tuple[str, int, str]) -> str:
     path, line, name = function
     parts = Path(path).parts
-    for root in ("site-packages", "duplex_gateway", "gateway", "store", "inference_worker"):
+    for root in ("site-packages", "duplex_gateway", "gateway", "store", "inference_worker",
+                 "contract", "runtime"):
         if root in parts:
             at = parts.index(root) + (root == "site-packages")
             return f"{'/'.join(parts[at:])}:{line} {name}"
