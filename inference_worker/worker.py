@@ -34,22 +34,17 @@ from typing import Any
 
 from contract.reasons import CloseReason
 from inference_worker.backend import Backend
-from inference_worker.backends.loopback import CHUNK_SECONDS
 from inference_worker.backends.registry import (
     BackendRequest,
     backend_entry,
-    capabilities_of,
     create_backend,
-    frame_core,
-    loopback_core,
     parse_options as parse_backend_options,
 )
-from inference_worker.conversation.core import ConversationCore
 from inference_worker.engine import Engine, TickReport
 from inference_worker.metrics import WorkerMetrics
+from inference_worker.output_writer import REPORT_APPLIED_EVERY, OutputWriter, Pending
+from inference_worker.session_factory import SessionFactory
 from inference_worker.sessions import (
-    FAILED_REASON,
-    OutputPart,
     Session,
     SessionTable,
     log_ids,
@@ -58,13 +53,8 @@ from inference_worker.settings import WorkerSettings
 from inference_worker.turn_detection.silero import detector_factory, load_weights
 from runtime.fairness import PushQueue
 from runtime.loop_lag import watch_loop_lag
-from runtime.ratelog import RateLimitedLog
 from store import (
-    Mismatch,
-    OutputAppend,
-    OutputMismatch,
     Scripts,
-    SessionGone,
     StoreError,
     WorkerFenced,
 )
@@ -78,7 +68,6 @@ from store.outages import (
     OutageLog,
     RedisRefused,
     operator_mistake,
-    plain_reason,
     redis_address,
     wait_for_redis,
 )
@@ -88,8 +77,6 @@ from store.pushes import InputBatch, InputPushed, Push, SessionEnded, SessionPla
 __all__ = ["Worker"]
 
 _log = logging.getLogger(__name__)
-# Sessions per output script call: bounds one call's size (and its time inside Redis).
-_MAX_FLUSH_BATCH = 256
 # How long a drain lets the flusher write the sessions' last events before it writes their
 # terminal events alone.
 _CLOSE_FLUSH_S = 5.0
@@ -97,19 +84,8 @@ _CLOSE_FLUSH_S = 5.0
 # ends (a failover completes) the reapers give the worker one TTL to beat, and this keeps the
 # beat well inside it.
 _BEAT_RETRY_S = 0.1
-#: Pauses between tries of a session's close while the store is away; the last one repeats.
-_CLOSE_RETRY_S = (0.1, 0.2, 0.5, 1.0, 2.0)
-# A close that keeps failing leaves a client waiting on a session this worker no longer
-# serves: worth a line of its own (which session), at most one per 5 s for all of them.
-_close_failures = RateLimitedLog(_log, interval_s=5.0)
 #: Pauses between tries of the registration while the store is away; the last one repeats.
 _REGISTER_RETRY_S = (0.1, 0.2, 0.5, 1.0)
-# A session's input log is trimmed to what this worker applied whenever it writes for the
-# session, and the gateway refuses input once the log holds INPUT_LOG_MAX_ENTRIES. A session
-# that answers nothing for a while (audio buffered in a turn) would fill it with commands
-# applied already, so its position is also written without events every this many commands:
-# one small script call per 64 commands, and at most this many applied entries kept.
-_REPORT_APPLIED_EVERY = 64
 
 
 class Worker:
@@ -128,6 +104,7 @@ class Worker:
         self._backend = backend
         # The turn detector of every session here; a vad=silero that cannot run stops the start.
         self._detector = detector_factory(settings.vad)
+        self._factory = SessionFactory(settings, self._detector)
         self._engine: Engine | None = None
         self._background: set[asyncio.Task[None]] = set()
         self.worker_id = worker_id or new_worker_id()
@@ -139,17 +116,17 @@ class Worker:
         self._redis_address = redis_address(settings.redis_url)
         self._outages = OutageLog(_log, self._redis_address)
         self._subscriber = Subscriber(client, outages=self._outages)
-        self._sessions = self.session_table(self.metrics, _log, mark_dirty=self._mark_dirty,
+        # Sessions with something to write; one flusher writes them all concurrently, so a busy
+        # worker pays one Redis round trip per batch of sessions, not per session in turn.
+        self._pending = Pending()
+        self._sessions = self.session_table(self.metrics, _log,
+                                            mark_dirty=self._pending.mark_dirty,
                                             engine=lambda: self._engine)
+        self._writer = OutputWriter(self._scripts, self._sessions, self._pending, self._outages,
+                                    fence=self._fence, spawn=self._spawn)
         self._notices: PushQueue[Push | None] = PushQueue()
         self._tick_wake = asyncio.Event()
         self._next_tick_at = 0.0  # when the tick loop will next look (monotonic)
-        # Sessions with events to write; one flusher writes them all concurrently, so a busy
-        # worker pays one Redis round trip per batch of sessions, not per session in turn.
-        self._dirty: set[str] = set()
-        self._flush_wake = asyncio.Event()
-        # Sessions whose applied input position is due to be written even without events.
-        self._report_applied: set[str] = set()
         self._stopping = asyncio.Event()
         self._draining = False
         self.fenced = False
@@ -178,29 +155,12 @@ class Worker:
         await asyncio.to_thread(load_weights, self._detector)  # see load_weights
         await self._start_engine()
         try:
-            self._profile = self._new_session_profile()
+            self._profile = self._factory.profile(self._engine)
             if await self._redis_reached():
                 await self._serve()
         finally:
             await self._stop_engine()
             await self._scripts.aclose()
-
-    def _new_session_profile(self) -> WorkerProfile:
-        """The default session of a new session here (without its ``id``) and what sessions
-        here can do: what ``session.created`` announces before this worker sees the session.
-
-        Raises:
-            ValueError: it is too large to publish (the worker refuses to start).
-        """
-        entry, engine = backend_entry(self.settings.backend), self._engine
-        frame_seconds = CHUNK_SECONDS if engine is None else engine.spec.frame_seconds
-        core = self._new_core("")  # named after the worker's own model name
-        session = core.session
-        session.pop("id", None)
-        profile = WorkerProfile(session=session, capabilities=capabilities_of(
-            entry.name, frame_seconds=frame_seconds))
-        profile.encode()  # its size is checked here, at start, not at the first registration
-        return profile
 
     async def _redis_reached(self) -> bool:
         """Wait for Redis, bounded (a worker started before it, as a deploy that starts
@@ -246,7 +206,7 @@ class Worker:
             self._outages.failed("session discovery", exc)
         tasks = [asyncio.create_task(coro) for coro in (
             self._heartbeat_loop(), self._notice_loop(), self._tick_loop(), self._poll_loop(),
-            self._flush_loop(), watch_loop_lag(self.metrics.event_loop_lag_seconds.observe))]
+            self._writer.run(), watch_loop_lag(self.metrics.event_loop_lag_seconds.observe))]
         stopping: asyncio.Task[Any] = asyncio.create_task(self._stopping.wait())
         try:
             await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -290,7 +250,7 @@ class Worker:
     async def _start_engine(self) -> None:
         s = self.settings
         if not backend_entry(s.backend).frames:
-            return  # the runner serves it alone
+            return  # the loopback's cores play their sessions back themselves
         backend = self._backend
         if backend is None:  # loading weights takes a while: off the event loop
             request = BackendRequest(name=s.backend, slots=s.slots, model_path=s.model_path,
@@ -326,7 +286,7 @@ class Worker:
             self.settings.tick_budget_fraction)
 
     def _on_tick(self, report: TickReport) -> None:
-        """One tick's outputs, on the event loop: feed each session's runner."""
+        """One tick's outputs, on the event loop: feed each session's core."""
         now = time.monotonic()
         for serial, frame in report.outputs.items():
             self._sessions.feed(serial, frame, now)
@@ -428,7 +388,7 @@ class Worker:
                                        self.settings.drain_timeout_s)
         if not self._sessions:
             return
-        # Each runner ends its session (an active response ends cancelled) and the flusher
+        # Each core ends its session (an active response ends cancelled) and the flusher
         # writes what it has, then session.closed, in order; what it cannot write in time
         # (Redis away) gets the terminal event alone.
         self._sessions.no_sessions.clear()
@@ -437,7 +397,7 @@ class Worker:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._sessions.no_sessions.wait(), _CLOSE_FLUSH_S)
         for session_id in self._sessions.ids():
-            await self._close(session_id, CloseReason.WORKER_SHUTDOWN, retry=False)
+            await self._writer.close(session_id, CloseReason.WORKER_SHUTDOWN, retry=False)
 
     def _fence(self) -> None:
         # Fenced: a reaper declared it lost, or its record is gone (Redis lost its data).
@@ -518,10 +478,10 @@ class Worker:
             quiet, session.pushed = not session.pushed, False
             await self._catch_up(session_id, session, check_rewind=quiet)
             if quiet and session.follower.next_index - 1 > session.trimmed_to:
-                self._report_applied.add(session_id)  # see Session.trimmed_to
-                self._mark_dirty(session_id)
+                self._pending.report_applied.add(session_id)  # see Session.trimmed_to
+                self._pending.mark_dirty(session_id)
             if session.unsent:
-                self._mark_dirty(session_id)
+                self._pending.mark_dirty(session_id)
 
     async def _adopt(self, session_id: str) -> Session | None:
         if session_id in self._sessions or self.fenced:
@@ -534,7 +494,7 @@ class Worker:
             return self._sessions.get(session_id)
         session = self._new_session(session_id, start.model if start is not None else None)
         if session is None:
-            self._spawn(self._close(session_id, CloseReason.NO_FREE_SLOT))
+            self._spawn(self._writer.close(session_id, CloseReason.NO_FREE_SLOT))
             return None
         if start is not None:
             session.applied_under = WriteToken(start.epoch, 0)
@@ -543,28 +503,7 @@ class Worker:
         return session
 
     def _new_session(self, session_id: str, name: str | None = None) -> Session | None:
-        engine = self._engine
-        if engine is None:
-            return Session(core=self._new_core(session_id, name))
-        handle = engine.open(session_id)
-        if handle is None:  # more placements than slots: cannot happen while capacity holds
-            return None
-        return Session(core=self._new_core(session_id, name), handle=handle)
-
-    def _new_core(self, session_id: str, name: str | None = None) -> ConversationCore:
-        """The conversation core of a new session here (its backend's, one kind for all),
-        named ``name`` (the model its client opened it with; None: this worker's own model
-        name, the first it serves)."""
-        core = self._unnamed_core(session_id)
-        core.name(name if name is not None else self.settings.models[0])
-        return core
-
-    def _unnamed_core(self, session_id: str) -> ConversationCore:
-        entry, engine = backend_entry(self.settings.backend), self._engine
-        if engine is None:
-            return loopback_core(session_id, detector=self._detector)
-        return frame_core(session_id, model=entry.name, frame_seconds=engine.spec.frame_seconds,
-                          turns=entry.turns, profile=entry.profile, detector=self._detector)
+        return self._factory.session(session_id, self._engine, name)
 
     async def _catch_up(self, session_id: str, session: Session, *,
                         check_rewind: bool = False) -> None:
@@ -575,13 +514,12 @@ class Worker:
         if rows and rows[0].index > session.follower.next_index:
             # The commands after what this session applied are gone from its log: a failover
             # to a replica that lacked them (the log went back, and this worker's own trim to
-            # what it applied took the new commands under the reused indices), or trimmed
-            # unread (a gateway of a version that capped the log by length). Reading again
+            # what it applied took the new commands under the reused indices). Reading again
             # would find the same range missing forever, and applying what follows would run
             # the session without them: the store lost input, so the session ends log_rewound.
-            self._abandon(session_id, CloseReason.LOG_REWOUND,
-                          f"input {session.follower.next_index}-{rows[0].index - 1} is gone"
-                          " from the log before it was applied")
+            missing = f"{session.follower.next_index}-{rows[0].index - 1}"
+            self._writer.abandon(session_id, CloseReason.LOG_REWOUND,
+                                 f"input {missing} is gone from the log before it was applied")
             return
         if rows:
             await self._offer(session_id, session, rows)
@@ -589,8 +527,8 @@ class Worker:
               and (await log_ends(self._client, session_id)).last_input < applied):
             # Nothing new, and the log ends before what was applied: it went back, and the
             # commands that will reuse those indices would look applied (see _offer).
-            self._abandon(session_id, CloseReason.LOG_REWOUND,
-                          "its input log ends before what was applied (lost writes)")
+            self._writer.abandon(session_id, CloseReason.LOG_REWOUND,
+                                 "its input log ends before what was applied (lost writes)")
 
     async def _offer(self, session_id: str, session: Session,
                      entries: list[InputEntry]) -> None:
@@ -602,8 +540,8 @@ class Worker:
             # Other commands under indices already applied: a Redis failover lost input this
             # worker acted on, and the log numbers on from there. The session's state here no
             # longer matches the store's; end it loudly rather than drop the new commands.
-            self._abandon(session_id, CloseReason.LOG_REWOUND,
-                          "its input log went back (lost writes)")
+            self._writer.abandon(session_id, CloseReason.LOG_REWOUND,
+                                 "its input log went back (lost writes)")
             return
         applied_before = session.follower.next_index - 1
         fresh, gap = session.follower.offer(first, payloads)
@@ -612,9 +550,9 @@ class Worker:
             # session stands (else it ends the session), so this cannot come back here.
             await self._catch_up(session_id, session)
             return
-        if (applied_before + len(fresh)) // _REPORT_APPLIED_EVERY > (
-                applied_before // _REPORT_APPLIED_EVERY):
-            self._report_applied.add(session_id)  # apply() below marks it for the flusher
+        if (applied_before + len(fresh)) // REPORT_APPLIED_EVERY > (
+                applied_before // REPORT_APPLIED_EVERY):
+            self._pending.report_applied.add(session_id)  # apply() below marks it for the flusher
         # The follower delivers a suffix (what it had not delivered yet). Refused entries are
         # delivered too: the position moves past them, so they are never read again.
         self._sessions.apply(session_id, session, entries[len(entries) - len(fresh):],
@@ -639,147 +577,3 @@ class Worker:
             except TimeoutError:
                 pass
             self._sessions.tick_due(time.monotonic())
-
-    def _mark_dirty(self, session_id: str) -> None:
-        self._dirty.add(session_id)
-        self._flush_wake.set()
-
-    async def _flush_loop(self) -> None:
-        while True:
-            raise_if_cancelled()  # see _heartbeat_loop
-            await self._flush_wake.wait()
-            self._flush_wake.clear()
-            dirty, self._dirty = self._dirty, set()
-            report_applied, self._report_applied = self._report_applied, set()
-            sessions = [(session_id, session) for session_id in sorted(dirty)
-                        if (session := self._sessions.get(session_id)) is not None]
-            # Each session's lock keeps its server_event_seq in order against _close. They
-            # are taken and let go by hand, not through an AsyncExitStack: this runs about
-            # once per relayed chunk, and the stack cost several calls per session.
-            held: list[asyncio.Lock] = []
-            try:
-                for _, session in sessions:
-                    await session.lock.acquire()
-                    held.append(session.lock)
-                # Each session's part is encoded and checked alone, so that one session's bad
-                # data fails that session, never the whole batch.
-                batch = [part for session_id, session in sessions
-                         if (part := self._part_of(session_id, session, report_applied))
-                         is not None]
-                for start in range(0, len(batch), _MAX_FLUSH_BATCH):
-                    if not await self._write(batch[start:start + _MAX_FLUSH_BATCH]):
-                        break
-            finally:
-                for lock in reversed(held):
-                    lock.release()
-
-    def _part_of(self, session_id: str, session: Session,
-                 report_applied: set[str]) -> OutputPart | None:
-        """The session's part of the next write: its output, or, when it has none but its
-        applied input is due to be reported (see :data:`_REPORT_APPLIED_EVERY`), a part with
-        no events, which only moves the input log's trim point."""
-        part = self._sessions.output_of(session_id, session)
-        if part is None and session_id in report_applied:
-            part = (session_id, session, None)
-        return part
-
-    async def _write(self, batch: list[OutputPart]) -> bool:
-        """One script call for the output of many sessions (they share this worker's slot).
-
-        Returns False when writing must stop (fenced).
-        """
-        # What a write without events trims the input log to (see Session.trimmed_to).
-        reports = {session_id: session.follower.next_index - 1
-                   for session_id, session, _ in batch if not session.unsent}
-        try:
-            outcomes = await self._scripts.append_output_many(
-                [OutputAppend(session_id=session_id, events=session.unsent,
-                              first_seq=session.next_seq, close_reason=reason,
-                              input_applied=session.follower.next_index - 1,
-                              session=session.unsent_session)
-                 for session_id, session, reason in batch])
-        except WorkerFenced:
-            self._fence()
-            return False
-        except StoreError as exc:
-            # Kept in unsent: the next flush (tick or poll) retries them first.
-            self._outages.failed(f"output write ({len(batch)} sessions)", exc)
-            for session_id, _, _ in batch:
-                self._dirty.add(session_id)
-            return True
-        except Exception as exc:  # not Redis: a session's part could not even be sent
-            return await self._write_apart(batch, exc)
-        self._outages.succeeded()
-        for session_id, session, _ in batch:
-            if session_id in reports:
-                session.trimmed_to = max(session.trimmed_to, reports[session_id])
-        self._settle(batch, outcomes)
-        return True
-
-    async def _write_apart(self, batch: list[OutputPart],
-                           exc: Exception) -> bool:
-        """After a batch failed on its own arguments (a bug: each part is checked before),
-        write each session alone so that only the culprit fails. Resending is safe: the
-        events are numbered, so any that landed are not stored twice."""
-        if len(batch) > 1:
-            for part in batch:
-                if not await self._write([part]):
-                    return False
-            return True
-        session_id, _, _ = batch[0]
-        self._sessions.fail(session_id, "write", exc)
-        # Its output itself cannot be written: the terminal event goes alone.
-        self._sessions.forget(session_id)
-        self._spawn(self._close(session_id, FAILED_REASON))
-        return True
-
-    def _settle(self, batch: list[OutputPart],
-                outcomes: list[int | SessionGone | OutputMismatch]) -> None:
-        """Apply the outcome of a write to each of its sessions."""
-        for (session_id, session, reason), outcome in zip(batch, outcomes, strict=True):
-            if isinstance(outcome, SessionGone):
-                self._sessions.forget(session_id)
-                continue
-            if isinstance(outcome, OutputMismatch):
-                # A gap: the logs fell behind what this worker wrote or read (a failover lost
-                # acknowledged writes). A conflict: a bug. Either way, end the session loudly.
-                self._abandon(session_id,
-                              CloseReason.LOG_REWOUND if outcome.status is Mismatch.GAP
-                              else CloseReason.INTERNAL_ERROR,
-                              f"{outcome.status}: events from seq {outcome.first_seq},"
-                              f" the log ends at {outcome.last_seq}")
-                continue
-            session.next_seq += len(session.unsent)
-            session.unsent, session.unsent_session = [], None
-            if reason is not None:
-                self._sessions.forget(session_id)
-
-    def _abandon(self, session_id: str, reason: str, why: str) -> None:
-        """Stop serving a session whose state here no longer matches the store's, and end it
-        with ``reason`` (the terminal event alone: what this worker holds is not trusted)."""
-        _log.error("session %s: %s; ending it", session_id, why, extra=log_ids(session_id))
-        self._sessions.forget(session_id)
-        self._spawn(self._close(session_id, reason))
-
-    async def _close(self, session_id: str, reason: str, *, retry: bool = True) -> None:
-        """End ``session_id`` with ``session.closed`` ``reason``. A session this worker stops
-        serving must not stay open and silent, its client heartbeating into a void: while
-        the store is away (its slot failing over, say) the close is tried again, with
-        backoff, until it lands, the session is gone, or this incarnation ends (``retry``
-        False: one try, for a shutdown whose leftovers the reaper ends worker_lost)."""
-        for attempt in itertools.count():
-            try:
-                await self._scripts.append_output(session_id, [], close_reason=reason)
-                self._outages.succeeded()
-                break
-            except (SessionGone, WorkerFenced):
-                break
-            except StoreError as exc:
-                self._outages.failed(f"close of session {session_id}", exc)
-                if not retry:
-                    break
-                _close_failures.warning("close", "closing %s failed (%s); trying again",
-                                        session_id, plain_reason(exc),
-                                        extra=log_ids(session_id))
-                await asyncio.sleep(_CLOSE_RETRY_S[min(attempt, len(_CLOSE_RETRY_S) - 1)])
-        self._sessions.forget(session_id)

@@ -1,0 +1,227 @@
+"""Writing the sessions' output: what each session's conversation core emits goes to its output
+log, many sessions in one fenced script call (they share this worker's slot in the store).
+
+The writer is told which sessions have something new (:meth:`OutputWriter.mark_dirty`, from the
+session table) and writes them all concurrently when its loop wakes, so a busy worker pays one
+Redis round trip per batch of sessions, not per session in turn. It also ends sessions: with
+their last events and the terminal event in order, or, when what this worker holds is no longer
+trusted, with the terminal event alone (:meth:`OutputWriter.abandon`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from contract.reasons import CloseReason
+from inference_worker.sessions import FAILED_REASON, OutputPart, Session, SessionTable, log_ids
+from runtime.ratelog import RateLimitedLog
+from store import (
+    Mismatch,
+    OutputAppend,
+    OutputMismatch,
+    Scripts,
+    SessionGone,
+    StoreError,
+    WorkerFenced,
+)
+from store.errors import raise_if_cancelled
+from store.outages import OutageLog, plain_reason
+
+__all__ = ["REPORT_APPLIED_EVERY", "OutputWriter", "Pending"]
+
+_log = logging.getLogger("inference_worker.worker")
+# Sessions per output script call: bounds one call's size (and its time inside Redis).
+_MAX_FLUSH_BATCH = 256
+#: Pauses between tries of a session's close while the store is away; the last one repeats.
+_CLOSE_RETRY_S = (0.1, 0.2, 0.5, 1.0, 2.0)
+# A close that keeps failing leaves a client waiting on a session this worker no longer
+# serves: worth a line of its own (which session), at most one per 5 s for all of them.
+_close_failures = RateLimitedLog(_log, interval_s=5.0)
+#: A session's input log is trimmed to what this worker applied whenever it writes for the
+#: session, and the gateway refuses input once the log holds INPUT_LOG_MAX_ENTRIES. A session
+#: that answers nothing for a while (audio buffered in a turn) would fill it with commands
+#: applied already, so its position is also written without events every this many commands:
+#: one small script call per that many commands, and at most that many applied entries kept.
+REPORT_APPLIED_EVERY = 64
+
+
+class Pending:
+    """What the writer has to write next: the session table marks sessions (it is built before
+    the writer, which reads it), and the writer takes them all at once when it wakes."""
+
+    __slots__ = ("dirty", "report_applied", "wake")
+
+    def __init__(self) -> None:
+        #: Sessions with events to write.
+        self.dirty: set[str] = set()
+        #: Sessions whose applied input position is due to be written even without events.
+        self.report_applied: set[str] = set()
+        self.wake = asyncio.Event()
+
+    def mark_dirty(self, session_id: str) -> None:
+        """``session_id`` has something new to write: the next flush takes it."""
+        self.dirty.add(session_id)
+        self.wake.set()
+
+
+class OutputWriter:
+    """The flusher of one worker: batches the dirty sessions' output into script calls."""
+
+    def __init__(self, scripts: Scripts, sessions: SessionTable, pending: Pending,
+                 outages: OutageLog, *, fence: Callable[[], None],
+                 spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
+        """Write through ``scripts`` what ``pending`` names of the sessions of ``sessions``; a
+        write refused because this worker was declared lost calls ``fence``; ``spawn`` runs
+        a close in the background."""
+        self._scripts = scripts
+        self._sessions = sessions
+        self._pending = pending
+        self._outages = outages
+        self._fence = fence
+        self._spawn = spawn
+
+    async def run(self) -> None:
+        """Write what the dirty sessions hold whenever one is marked; runs until cancelled."""
+        while True:
+            raise_if_cancelled()  # see _heartbeat_loop
+            pending = self._pending
+            await pending.wake.wait()
+            pending.wake.clear()
+            dirty, pending.dirty = pending.dirty, set()
+            report_applied, pending.report_applied = pending.report_applied, set()
+            sessions = [(session_id, session) for session_id in sorted(dirty)
+                        if (session := self._sessions.get(session_id)) is not None]
+            # Each session's lock keeps its server_event_seq in order against close(). They
+            # are taken and let go by hand, not through an AsyncExitStack: this runs about
+            # once per relayed chunk, and the stack cost several calls per session.
+            held: list[asyncio.Lock] = []
+            try:
+                for _, session in sessions:
+                    await session.lock.acquire()
+                    held.append(session.lock)
+                # Each session's part is encoded and checked alone, so that one session's bad
+                # data fails that session, never the whole batch.
+                batch = [part for session_id, session in sessions
+                         if (part := self._part_of(session_id, session, report_applied))
+                         is not None]
+                for start in range(0, len(batch), _MAX_FLUSH_BATCH):
+                    if not await self._write(batch[start:start + _MAX_FLUSH_BATCH]):
+                        break
+            finally:
+                for lock in reversed(held):
+                    lock.release()
+
+    def _part_of(self, session_id: str, session: Session,
+                 report_applied: set[str]) -> OutputPart | None:
+        """The session's part of the next write: its output, or, when it has none but its
+        applied input is due to be reported (see :data:`REPORT_APPLIED_EVERY`), a part with
+        no events, which only moves the input log's trim point."""
+        part = self._sessions.output_of(session_id, session)
+        if part is None and session_id in report_applied:
+            part = (session_id, session, None)
+        return part
+
+    async def _write(self, batch: list[OutputPart]) -> bool:
+        """One script call for the output of many sessions (they share this worker's slot).
+
+        Returns False when writing must stop (fenced).
+        """
+        # What a write without events trims the input log to (see Session.trimmed_to).
+        reports = {session_id: session.follower.next_index - 1
+                   for session_id, session, _ in batch if not session.unsent}
+        try:
+            outcomes = await self._scripts.append_output_many(
+                [OutputAppend(session_id=session_id, events=session.unsent,
+                              first_seq=session.next_seq, close_reason=reason,
+                              input_applied=session.follower.next_index - 1,
+                              session=session.unsent_session)
+                 for session_id, session, reason in batch])
+        except WorkerFenced:
+            self._fence()
+            return False
+        except StoreError as exc:
+            # Kept in unsent: the next flush (tick or poll) retries them first.
+            self._outages.failed(f"output write ({len(batch)} sessions)", exc)
+            for session_id, _, _ in batch:
+                self._pending.dirty.add(session_id)
+            return True
+        except Exception as exc:  # not Redis: a session's part could not even be sent
+            return await self._write_apart(batch, exc)
+        self._outages.succeeded()
+        for session_id, session, _ in batch:
+            if session_id in reports:
+                session.trimmed_to = max(session.trimmed_to, reports[session_id])
+        self._settle(batch, outcomes)
+        return True
+
+    async def _write_apart(self, batch: list[OutputPart],
+                           exc: Exception) -> bool:
+        """After a batch failed on its own arguments (a bug: each part is checked before),
+        write each session alone so that only the culprit fails. Resending is safe: the
+        events are numbered, so any that landed are not stored twice."""
+        if len(batch) > 1:
+            for part in batch:
+                if not await self._write([part]):
+                    return False
+            return True
+        session_id, _, _ = batch[0]
+        self._sessions.fail(session_id, "write", exc)
+        # Its output itself cannot be written: the terminal event goes alone.
+        self._sessions.forget(session_id)
+        self._spawn(self.close(session_id, FAILED_REASON))
+        return True
+
+    def _settle(self, batch: list[OutputPart],
+                outcomes: list[int | SessionGone | OutputMismatch]) -> None:
+        """Apply the outcome of a write to each of its sessions."""
+        for (session_id, session, reason), outcome in zip(batch, outcomes, strict=True):
+            if isinstance(outcome, SessionGone):
+                self._sessions.forget(session_id)
+                continue
+            if isinstance(outcome, OutputMismatch):
+                # A gap: the logs fell behind what this worker wrote or read (a failover lost
+                # acknowledged writes). A conflict: a bug. Either way, end the session loudly.
+                self.abandon(session_id,
+                              CloseReason.LOG_REWOUND if outcome.status is Mismatch.GAP
+                              else CloseReason.INTERNAL_ERROR,
+                              f"{outcome.status}: events from seq {outcome.first_seq},"
+                              f" the log ends at {outcome.last_seq}")
+                continue
+            session.next_seq += len(session.unsent)
+            session.unsent, session.unsent_session = [], None
+            if reason is not None:
+                self._sessions.forget(session_id)
+
+    def abandon(self, session_id: str, reason: CloseReason, why: str) -> None:
+        """Stop serving a session whose state here no longer matches the store's, and end it
+        with ``reason`` (the terminal event alone: what this worker holds is not trusted)."""
+        _log.error("session %s: %s; ending it", session_id, why, extra=log_ids(session_id))
+        self._sessions.forget(session_id)
+        self._spawn(self.close(session_id, reason))
+
+    async def close(self, session_id: str, reason: CloseReason, *, retry: bool = True) -> None:
+        """End ``session_id`` with ``session.closed`` ``reason``. A session this worker stops
+        serving must not stay open and silent, its client heartbeating into a void: while
+        the store is away (its slot failing over, say) the close is tried again, with
+        backoff, until it lands, the session is gone, or this incarnation ends (``retry``
+        False: one try, for a shutdown whose leftovers the reaper ends worker_lost)."""
+        for attempt in itertools.count():
+            try:
+                await self._scripts.append_output(session_id, [], close_reason=reason)
+                self._outages.succeeded()
+                break
+            except (SessionGone, WorkerFenced):
+                break
+            except StoreError as exc:
+                self._outages.failed(f"close of session {session_id}", exc)
+                if not retry:
+                    break
+                _close_failures.warning("close", "closing %s failed (%s); trying again",
+                                        session_id, plain_reason(exc),
+                                        extra=log_ids(session_id))
+                await asyncio.sleep(_CLOSE_RETRY_S[min(attempt, len(_CLOSE_RETRY_S) - 1)])
+        self._sessions.forget(session_id)

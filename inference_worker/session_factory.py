@@ -1,0 +1,75 @@
+"""How a worker builds its sessions: each a conversation core of the worker's backend (one kind
+of core for every backend), named after the model its client opened it with, holding an engine
+slot on a frame backend; and the profile every new session here starts from, which the worker
+publishes so that ``session.created`` can announce it before the worker sees the session."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from inference_worker.backends.loopback import CHUNK_SECONDS
+from inference_worker.backends.registry import (
+    backend_entry,
+    capabilities_of,
+    frame_core,
+    loopback_core,
+)
+from inference_worker.conversation.core import ConversationCore
+from inference_worker.engine import Engine
+from inference_worker.sessions import Session
+from inference_worker.settings import WorkerSettings
+from inference_worker.turn_detection.vad import Vad, VadConfig
+from store.directory import WorkerProfile
+
+__all__ = ["SessionFactory"]
+
+
+class SessionFactory:
+    """The sessions of one worker's backend; ``engine`` None: the loopback, which has none."""
+
+    def __init__(self, settings: WorkerSettings,
+                 detector: Callable[[VadConfig], Vad]) -> None:
+        """Sessions of ``settings.backend``, each turn detector made by ``detector``."""
+        self._entry = backend_entry(settings.backend)
+        # A session opened without a model name is named after the first this worker serves.
+        self._own_name = settings.models[0]
+        self._detector = detector
+
+    def session(self, session_id: str, engine: Engine | None,
+                name: str | None = None) -> Session | None:
+        """A new session, named ``name`` (see :meth:`core`); None: no engine slot is free."""
+        if engine is None:
+            return Session(core=self.core(session_id, engine, name))
+        handle = engine.open(session_id)
+        if handle is None:  # more placements than slots: cannot happen while capacity holds
+            return None
+        return Session(core=self.core(session_id, engine, name), handle=handle)
+
+    def core(self, session_id: str, engine: Engine | None,
+             name: str | None = None) -> ConversationCore:
+        """The conversation core of a new session, named ``name`` (the model its client opened
+        it with; None: this worker's own model name, the first it serves)."""
+        entry = self._entry
+        if engine is None:
+            core = loopback_core(session_id, detector=self._detector)
+        else:
+            core = frame_core(session_id, model=entry.name,
+                              frame_seconds=engine.spec.frame_seconds, turns=entry.turns,
+                              profile=entry.profile, detector=self._detector)
+        core.name(name if name is not None else self._own_name)
+        return core
+
+    def profile(self, engine: Engine | None) -> WorkerProfile:
+        """The default session of a new session here (without its ``id``) and what sessions
+        here can do: what ``session.created`` announces before this worker sees the session.
+
+        Raises:
+            ValueError: it is too large to publish (the worker refuses to start).
+        """
+        frame_seconds = CHUNK_SECONDS if engine is None else engine.spec.frame_seconds
+        session = self.core("", engine).session  # named after the worker's own model name
+        session.pop("id", None)
+        profile = WorkerProfile(session=session, capabilities=capabilities_of(
+            self._entry.name, frame_seconds=frame_seconds))
+        profile.encode()  # its size is checked here, at start, not at the first registration
+        return profile
