@@ -39,13 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from duplex_gateway.bench.worker import (
-    BenchRow,
     format_table,
     largest_batch_within,
     measure_batch,
     summarize,
     write_step_chart,
 )
+from duplex_gateway.bench.worker_rows import BenchRow
 
 __all__ = ["ModeResult", "main"]
 

@@ -208,8 +208,8 @@ def test_a_relay_row_never_gives_the_main_thread_more_than_the_process() -> None
     loop thread's delta can read a tick above the whole process's (seen as a 1-in-4 flake of
     the relay phase's test): the row then splits the process's time, relay + model == all."""
     from duplex_gateway.bench.stack import ProcessCpu, StreamResult
-    from duplex_gateway.bench.worker import BenchRow
     from duplex_gateway.bench.worker_relay import _RelayWindow, relay_row
+    from duplex_gateway.bench.worker_rows import BenchRow
 
     window = _RelayWindow(
         worker_pid=7, before=ProcessCpu(total_s=1.00, by_thread={7: 0.50, 8: 0.50}),

@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,12 +60,12 @@ from duplex_gateway.bench.worker_relay import (
     run_relays,
     write_relay_chart,
 )
+from duplex_gateway.bench.worker_rows import BenchRow
 
 if TYPE_CHECKING:
     from inference_worker.backend import Backend
 
 __all__ = [
-    "BenchRow",
     "add_arguments",
     "format_table",
     "largest_batch_within",
@@ -73,20 +73,6 @@ __all__ = [
     "run_worker_bench",
     "write_step_chart",
 ]
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BenchRow:
-    """The step times of one batch size (milliseconds)."""
-
-    batch: int
-    steps: int
-    p50_ms: float
-    p99_ms: float
-    mean_ms: float
-    per_session_ms: float
-    ratio_vs_b1: float | None
-    fits_frame: bool
-
 
 def _percentile(sorted_values: Sequence[float], q: float) -> float:
     index = max(0, math.ceil(q * len(sorted_values)) - 1)

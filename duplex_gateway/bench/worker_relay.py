@@ -14,15 +14,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from duplex_gateway.bench import stack as bench_stack
 from duplex_gateway.bench.spec import CHUNK_S, BenchError
 from duplex_gateway.bench.svgplot import Chart, write_chart
-
-if TYPE_CHECKING:
-    from duplex_gateway.bench.worker import BenchRow
-
+from duplex_gateway.bench.worker_rows import BenchRow
 
 __all__ = [
     "FRAME_BACKENDS",
