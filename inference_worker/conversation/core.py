@@ -74,6 +74,7 @@ from inference_worker.conversation.history import (
 )
 from inference_worker.conversation.items import Item
 from inference_worker.conversation.model_port import ModelPort, PendingInput
+from inference_worker.conversation.objects import CancelReason, ResponseStatus
 from inference_worker.conversation.profiles import BYTES_PER_SECOND, SessionProfile, default_session
 from inference_worker.conversation.refusals import (
     BROKEN_SAMPLE,
@@ -348,12 +349,12 @@ class ConversationCore:
         if refusal is not None:
             self._refuse(command.event_id, refusal)
             return
-        self._responses.cancel("client_cancelled")
+        self._responses.cancel(CancelReason.CLIENT_CANCELLED)
 
     def _item_command(self, command: ItemCommand) -> None:
         turn = self._conversation.item_command(
             command, active=self._responses.cancellable(),
-            cancel_active=lambda: self._responses.cancel("client_cancelled"))
+            cancel_active=lambda: self._responses.cancel(CancelReason.CLIENT_CANCELLED))
         if turn is not None and self._policy.answers_turns:
             self._unanswered = _UserTurn(item_id=turn.item_id, audio=turn.audio)
 
@@ -361,13 +362,13 @@ class ConversationCore:
         active = self._responses.cancellable()
         self._conversation.output_cleared(active.id if active is not None else None)
         if active is not None:
-            self._responses.cancel("client_cancelled")  # unreleased audio is dropped
+            self._responses.cancel(CancelReason.CLIENT_CANCELLED)  # unreleased audio is dropped
 
     def _cancel_input(self) -> None:
         """``input.cancel``: the active response ends ``client_cancelled``, the pending input
         and an unanswered turn are dropped, and the epoch advances even when nothing ran."""
         if self._responses.cancellable() is not None:
-            self._responses.cancel("client_cancelled")
+            self._responses.cancel(CancelReason.CLIENT_CANCELLED)
         else:
             self._model.stop()  # work in flight for the input (a turn being answered) stops
         self._unanswered = None
@@ -378,7 +379,7 @@ class ConversationCore:
         ends ``turn_detected`` (as a detected speech start ends it) and the input buffered
         before the interruption is dropped."""
         if self._responses.cancellable() is not None:
-            self._responses.cancel("turn_detected")
+            self._responses.cancel(CancelReason.TURN_DETECTED)
         self._clear()
 
     def _signal_turn(self, command: msg.SignalTurn) -> None:
@@ -393,7 +394,7 @@ class ConversationCore:
         growing; what was written stays in the log for the client to read."""
         if self._responses.cancellable() is None:
             return
-        self._responses.end(Trigger.CANCEL, "failed", "output_backpressure")
+        self._responses.end(Trigger.CANCEL, ResponseStatus.FAILED, "output_backpressure")
         self._responses.stop_model()
 
     def _turn_state(self) -> str:
@@ -431,7 +432,7 @@ class ConversationCore:
             # GA order: speech_started first, then the interrupted response's response.done.
             self._conversation.speech_started(event.audio_start_ms)
             if settings.interrupt_response and self._responses.cancellable() is not None:
-                self._responses.cancel("turn_detected")
+                self._responses.cancel(CancelReason.TURN_DETECTED)
             return
         self._conversation.speech_stopped(event.audio_end_ms)
         timeline = self._timeline
@@ -493,7 +494,8 @@ class ConversationCore:
             self._conversation.speech_started(self._heard_at_ms())
         elif isinstance(report, BargedIn):
             if self._responses.active:
-                self._responses.end(Trigger.CANCEL, "cancelled", "turn_detected")
+                self._responses.end(Trigger.CANCEL, ResponseStatus.CANCELLED,
+                                    CancelReason.TURN_DETECTED)
         elif isinstance(report, UserSpeechStopped):
             self._conversation.speech_stopped(self._heard_at_ms())
             self._complete_user_item(None)

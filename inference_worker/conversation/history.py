@@ -41,6 +41,7 @@ from inference_worker.conversation.items import (
     truncate_refusal,
 )
 from inference_worker.conversation.objects import (
+    ResponseStatus,
     assistant_item,
     content_part,
     item_content,
@@ -260,7 +261,7 @@ class Conversation:
                                        part=content_part(audio)))
         return response
 
-    def finish_response(self, response: OpenResponse, *, status: str,
+    def finish_response(self, response: OpenResponse, *, status: ResponseStatus,
                         reason: str | None = None, transcript: str = "") -> None:
         """The closing half, the same for a completed, cancelled or failed response: the audio
         and transcript ends (audio responses), the part, the item, ``response.done``.
@@ -287,11 +288,11 @@ class Conversation:
             part, content = {**part, "text": transcript}, {**content, "text": transcript}
             self.emit(msg.TextDone(response_id=rid, item_id=iid, output_index=0,
                                    content_index=0, text=transcript))
-        item = assistant_item(iid, "completed" if status == "completed" else "incomplete",
-                              [content])
+        completed = status is ResponseStatus.COMPLETED
+        item = assistant_item(iid, "completed" if completed else "incomplete", [content])
         self._update(iid, status=item["status"], content=(dict(content),))
         details: JsonObject | None = None
-        if status == "failed":
+        if status is ResponseStatus.FAILED:
             details = {"type": "failed", "error": {"type": "server_error", "code": reason}}
         elif reason is not None:
             details = {"type": "cancelled", "reason": reason}

@@ -8,12 +8,15 @@ sessions produce identical, strictly valid shapes.
 from __future__ import annotations
 
 import copy
+import enum
 from typing import Final
 
 from contract.messages import JsonObject
 
 __all__ = [
     "CONVERSATION_ID",
+    "CancelReason",
+    "ResponseStatus",
     "assistant_item",
     "content_part",
     "item_content",
@@ -25,6 +28,24 @@ __all__ = [
 
 #: One conversation per session (the default conversation of the Realtime API).
 CONVERSATION_ID: Final = "conv_1"
+
+
+class ResponseStatus(enum.StrEnum):
+    """How a response ended (its ``status`` in ``response.done``)."""
+
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    #: Ended before its model finished, for a reason other than a cancel.
+    FAILED = "failed"
+
+
+class CancelReason(enum.StrEnum):
+    """Why a response was cancelled (``status_details.reason``)."""
+
+    #: The user spoke (turn detection, a barge-in).
+    TURN_DETECTED = "turn_detected"
+    #: The client asked (``response.cancel``, a cleared buffer, the session ending).
+    CLIENT_CANCELLED = "client_cancelled"
 
 
 def response_object(response_id: str, config: JsonObject, audio: bool,

@@ -31,6 +31,7 @@ from contract import messages as msg
 from contract.messages import JsonObject
 from inference_worker.conversation.history import Conversation, OpenResponse
 from inference_worker.conversation.model_port import ModelPort
+from inference_worker.conversation.objects import CancelReason, ResponseStatus
 from inference_worker.conversation.playback import Ledger, PlaybackLedgers
 from inference_worker.conversation.refusals import Refusal
 from inference_worker.conversation.reports import Output
@@ -160,10 +161,10 @@ class Responses:
             return None
         return active.opened
 
-    def cancel(self, reason: str) -> None:
+    def cancel(self, reason: CancelReason) -> None:
         """End the active response ``cancelled`` for ``reason``, and stop the model (or, where
         it cannot stop mid-word, mute the rest of its turn)."""
-        self.end(Trigger.CANCEL, "cancelled", reason)
+        self.end(Trigger.CANCEL, ResponseStatus.CANCELLED, reason)
         self.stop_model()
 
     def stop_model(self) -> None:
@@ -174,7 +175,7 @@ class Responses:
             self.move_gate(Trigger.CANCEL)
             self._mute_silence = 0
 
-    def end(self, trigger: Trigger, status: str, reason: str | None) -> None:
+    def end(self, trigger: Trigger, status: ResponseStatus, reason: str | None) -> None:
         """End the active response with ``status`` (``reason``: its ``status_details``)."""
         response = self.current
         assert response is not None  # callers checked
@@ -183,7 +184,8 @@ class Responses:
         self._conversation.finish_response(response.opened, status=status, reason=reason,
                                            transcript="".join(response.transcript))
         self._on_end()
-        ledger = self._ledgers.ended(response.opened.id, interrupted=status != "completed")
+        ledger = self._ledgers.ended(response.opened.id,
+                                     interrupted=status is not ResponseStatus.COMPLETED)
         if ledger is not None and ledger.heard_ms is not None:
             # Only what the client acknowledged hearing stays in the history.
             self._conversation.keep_heard(ledger.item_id, ledger.heard_ms)
@@ -191,7 +193,7 @@ class Responses:
     def close(self) -> None:
         """``session.close``: the active response ends cancelled, and both machines close."""
         if self.active:
-            self.end(Trigger.CLOSE, "cancelled", "client_cancelled")
+            self.end(Trigger.CLOSE, ResponseStatus.CANCELLED, CancelReason.CLIENT_CANCELLED)
             self._model.stop()
         else:
             self._move(Trigger.CLOSE)
@@ -222,14 +224,14 @@ class Responses:
         response.age += 1
         response.silent_run = 0 if output.audible else response.silent_run + 1
         if self._over(response):
-            self.end(Trigger.FINISH, "completed", None)
+            self.end(Trigger.FINISH, ResponseStatus.COMPLETED, None)
 
     def on_turn_end(self) -> None:
         """The model's turn is over: the mute lifts, or the active response completes."""
         if self.gate is GateState.MUTED:
             self.move_gate(Trigger.TURN_OVER)
         elif self.active:
-            self.end(Trigger.FINISH, "completed", None)
+            self.end(Trigger.FINISH, ResponseStatus.COMPLETED, None)
 
     def _over(self, response: ActiveResponse) -> bool:
         """Whether the response ends by itself: after sustained silence where the policy ends
