@@ -192,7 +192,8 @@ class DuplexClient(CommandMethods):
             self._ws = None
 
     async def aclose(self) -> None:
-        """The same as :meth:`detach` (its older name)."""
+        """The same as :meth:`detach`, under the name async resources share (for
+        :func:`contextlib.aclosing`): the connection closes, the session stays resumable."""
         await self.detach()
 
     async def __aenter__(self) -> DuplexClient:
