@@ -210,8 +210,7 @@ class SessionTable:
     # self.fail(session_id, stage, exc)``: any bug, or data the core cannot handle, ends that
     # session alone; a BaseException that is no Exception (a cancellation) propagates. A plain
     # try, not a context manager: it runs several times per relayed chunk, and a context
-    # manager's object and its four calls cost about 0.3 us each time (a try costs nothing
-    # until it catches).
+    # manager costs an object and four calls each time (a try costs nothing until it catches).
 
     def fail(self, session_id: str, stage: str, exc: Exception) -> None:
         """End one session over a failure of this worker's own at ``stage`` (one of

@@ -1,11 +1,10 @@
 """The process's startup heap, kept out of the garbage collector's full passes.
 
 CPython's cyclic collector stops every thread while it runs, and a full (generation 2) pass
-walks every container object alive: the modules, the app, the model. Measured on the test
-machine, one takes ~25 ms in a gateway, ~35-40 ms in a loopback worker, and ~270 ms once
-torch and transformers' Moshi classes are imported. Such a pass came in the middle of a
-relay benchmark (a worker's 40 ms stall: every session's output late by up to that, a frame
-backend's 80 ms budget half gone), and with a model loaded it would cost frames outright.
+walks every container object alive: the modules, the app, the model. Such a pass takes tens
+of milliseconds in a gateway or a worker, and far more once torch and a model's classes are
+imported (docs/operations/observability.md): every session's output is late by as much, and a
+frame backend's budget for the frame is gone.
 
 What startup builds lives as long as the process, so there is nothing to find in it: the
 gateway and the worker move it into the collector's permanent generation once they are

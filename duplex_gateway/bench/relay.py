@@ -23,8 +23,9 @@ absolute clock for S seconds. Sessions start over the first second (the ramp); t
 second of each point is warm-up and left out of every figure. The first 8 bytes of each chunk
 carry (session, chunk) so each returned chunk is matched to its send time: round trip =
 receive time - send time, both taken in the client process on the system-wide monotonic
-clock. The load runs in its own client processes (:func:`_default_clients`, started once with
-``spawn`` and reused for every point), whose CPU is reported with every point so the load
+clock. The load runs in its own client processes (as many as
+:func:`~duplex_gateway.bench.spec.client_count` says, started once with ``spawn`` and reused
+for every point), whose CPU is reported with every point so the load
 generator is never a hidden bottleneck.
 
 Figures per point, from the end of warm-up until every chunk is back:
@@ -77,7 +78,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import math
 import os
 import platform
 import shutil
@@ -104,14 +104,11 @@ from duplex_gateway.bench.spec import (
     DRAIN_S,
     RAMP_S,
     BenchError,
+    client_count,
 )
 
 __all__ = ["Progress", "add_arguments", "run_relay_bench"]
 
-#: Sessions one client process drives. Measured: a client process spends 100-150 us of CPU
-#: per chunk (send plus receive, mostly the loopback send syscall), so 100 sessions (5,000
-#: chunks/s) keep it at 0.5-0.75 of a core, with room to stay on its clock.
-SESSIONS_PER_CLIENT: Final = 100
 #: The default sweep: the full one.
 DEFAULT_SESSIONS: Final = (10, 25, 50, 100, 200, 400)
 DEFAULT_GATEWAYS: Final = (1, 2)
@@ -229,12 +226,6 @@ def _sweep(plan: _Plan, log_root: Path, points: list[dict[str, Any]],
         progress.show(len(points), "done")
 
 
-def _default_clients(sessions: int) -> int:
-    """One client process per :data:`SESSIONS_PER_CLIENT` sessions, at most one per CPU."""
-    cpus = os.cpu_count() or 1
-    return max(1, min(cpus, math.ceil(sessions / SESSIONS_PER_CLIENT)))
-
-
 def _keep_profiles(log_root: Path, output: Path) -> list[str]:
     """Move the profiles of a --profile run next to the results (``pstats`` reads them)."""
     written = sorted(log_root.rglob("*.prof"))
@@ -301,7 +292,7 @@ def run_relay_bench(*, sessions: Sequence[int] | int, seconds: float,
     path = output_path(output, "relay")
     path.parent.mkdir(parents=True, exist_ok=True)
     plan = _Plan(sessions=counts, gateways=servers, seconds=seconds,
-                 clients=clients or _default_clients(counts[-1]), compression=compression,
+                 clients=clients or client_count(counts[-1]), compression=compression,
                  peer_skipped=peer_unavailable(), profile=profile)
     config = _config(plan) | {"redis_server": None}
     log_root = Path(tempfile.mkdtemp(prefix="dg-bench-relay-"))

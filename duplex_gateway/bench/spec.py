@@ -8,6 +8,8 @@ none of those needs another one's internals.
 
 from __future__ import annotations
 
+import math
+import os
 from dataclasses import dataclass
 from typing import Final
 
@@ -19,6 +21,7 @@ __all__ = [
     "OPEN_TIMEOUT_S",
     "RAMP_S",
     "SCALE_SESSIONS",
+    "SESSIONS_PER_CLIENT",
     "SHARD_COMMANDS_PER_S",
     "TARGETS_NOTE",
     "TARGET_ADDED_RTT_P99_MS",
@@ -30,6 +33,7 @@ __all__ = [
     "TARGET_SESSION_MEMORY_KIB",
     "BenchError",
     "Setup",
+    "client_count",
 ]
 
 CHUNK_S: Final = 0.020
@@ -82,3 +86,13 @@ class Setup:
 
 class BenchError(Exception):
     """The benchmark could not run (a process did not start, a client failed)."""
+
+
+#: Sessions one load-client process drives: a client's send and receive per chunk is cheap
+#: next to the server's, and this many keep it well inside one core, so it stays on its clock.
+SESSIONS_PER_CLIENT: Final = 100
+
+
+def client_count(sessions: int) -> int:
+    """One client process per :data:`SESSIONS_PER_CLIENT` sessions, at most one per CPU."""
+    return max(1, min(os.cpu_count() or 1, math.ceil(sessions / SESSIONS_PER_CLIENT)))

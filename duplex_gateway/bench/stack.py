@@ -35,13 +35,11 @@ from duplex_gateway.bench.kit import receive_from_client, start_http_server, sto
 from duplex_gateway.bench.spec import CHUNK_BYTES, CHUNK_S
 
 __all__ = ["ClientRun", "ProcessCpu", "StreamResult", "StreamSpec", "WorkerCommand",
-           "client_count", "collect", "go", "read_process_cpu", "start_clients",
+           "collect", "go", "read_process_cpu", "start_clients",
            "start_frame_worker", "start_gateway", "start_redis", "window"]
 
 #: Sessions start over this long, so their opens do not all land in one tick.
 RAMP_S: Final = 0.5
-#: Sessions one client process drives (a client spends about 100-150 us per chunk).
-SESSIONS_PER_CLIENT: Final = 100
 _OPEN_TIMEOUT_S: Final = 10.0
 _CLOSE_TIMEOUT_S: Final = 5.0
 _STOP_TIMEOUT_S: Final = 10.0
@@ -321,11 +319,6 @@ def _stop_client(process: Any) -> None:
     if process.is_alive():
         process.kill()
         process.join()
-
-
-def client_count(sessions: int) -> int:
-    """One client process per :data:`SESSIONS_PER_CLIENT` sessions, at most one per CPU."""
-    return max(1, min(os.cpu_count() or 1, math.ceil(sessions / SESSIONS_PER_CLIENT)))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from duplex_gateway.bench import stack as bench_stack
-from duplex_gateway.bench.spec import CHUNK_S, BenchError
+from duplex_gateway.bench.spec import CHUNK_S, BenchError, client_count
 from duplex_gateway.bench.svgplot import Chart, write_chart
 from duplex_gateway.bench.worker_rows import BenchRow
 
@@ -112,7 +112,7 @@ def _stream_specs(url: str, model: str, sessions: int,
                   seconds: float) -> list[bench_stack.StreamSpec]:
     """The sessions spread over the client processes, interleaved (each gets a spread of
     start times)."""
-    clients = bench_stack.client_count(sessions)
+    clients = client_count(sessions)
     return [bench_stack.StreamSpec(url=url, model=model, sessions=sessions,
                                    indices=tuple(range(first, sessions, clients)),
                                    warmup_s=RELAY_WARMUP_S, seconds=seconds)
