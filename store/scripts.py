@@ -535,11 +535,12 @@ class Scripts:
             actions.append(("detach", session_id, gateway_id))
         actions += [("due", _str(sid), "") for sid in answer[4]]
         ended = detached = 0
-        for start in range(0, len(actions), max(budget, 1)):
+        batch = max(budget, 1)
+        for start in range(0, len(actions), batch):
             keys = list(worker_keys)
             args: list[Any] = [_WORKER_LOST, _GRACE_EXPIRED, _IDLE_EXPIRED, release_budget,
                                lease_ms]
-            for action, session_id, gateway_id in actions[start:start + max(budget, 1)]:
+            for action, session_id, gateway_id in actions[start:start + batch]:
                 k = session_keys(session_id)
                 if k.worker.worker_id != worker_id:
                     raise ValueError(f"session {session_id} is not worker {worker_id}'s")
