@@ -138,8 +138,7 @@ class WorkerKeys:
         #: are one lexicographic range of one key.
         self.held = f"{base}:held"
         #: what each of this worker's session keys starts with; a session's keys are this, the
-        #: random part of its id and one of :data:`SESSION_KEY_SUFFIXES` (the reaper builds
-        #: the keys of the sessions it ends from these: see ``store/lua/reap.lua``).
+        #: random part of its id and one of :data:`SESSION_KEY_SUFFIXES`.
         self.session_prefix = f"{base}:s:"
 
 

@@ -68,7 +68,6 @@ from store.errors import (
     raise_if_cancelled,
 )
 from store.keys import (
-    SESSION_KEY_SUFFIXES,
     SessionKeys,
     WorkerKeys,
     session_keys,
@@ -138,6 +137,15 @@ def _str(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _ended_sessions(entries: Sequence[Any]) -> list[EndedSession]:
+    """The ``'<tenant> <session id>'`` entries of a worker's ended list, as a reap took them."""
+    ended = []
+    for entry in entries:
+        tenant, _, session_id = _str(entry).partition(" ")
+        ended.append(EndedSession(tenant=tenant, session_id=session_id))
+    return ended
+
+
 def _json_text(value: JsonObject | None) -> str:
     """A JSON object as a script argument ('' for None)."""
     return "" if value is None else json.dumps(value, separators=(",", ":"), allow_nan=False)
@@ -182,6 +190,7 @@ class Scripts:
         self._close = register(lua.CLOSE_SESSION)
         self._abandon = register(lua.ABANDON_OPEN)
         self._reap = register(lua.REAP)
+        self._reap_sessions = register(lua.REAP_SESSIONS)
         self._heartbeat = register(lua.WORKER_HEARTBEAT)
         self._trim = register(lua.TRIM_OUTPUT)
         self._tenant = register(lua.TENANT_RESERVE)
@@ -499,10 +508,14 @@ class Scripts:
     async def reap(self, worker_id: str, *, budget: int = 100,
                    outage_ms: int = DEFAULT_REAP_OUTAGE_MS, release_budget: int = 1000,
                    lease_ms: int = DEFAULT_ATTACHMENT_LEASE_MS) -> Reaped:
-        """Declare ``worker_id`` lost if its heartbeat lapsed; else detach the sessions of
-        gateways whose attachment lease (``lease_ms`` long) lapsed, and expire its due
-        sessions. Take up to ``release_budget`` of its ended sessions, whose tenant places the
-        caller releases.
+        """Declare ``worker_id`` lost if its heartbeat lapsed, ending its sessions; else detach
+        the sessions of gateways whose attachment lease (``lease_ms`` long) lapsed, and expire
+        up to ``budget`` due sessions. Take up to ``release_budget`` of its ended sessions,
+        whose tenant places the caller releases.
+
+        One call (REAP) does the worker's part and names the sessions that need more; only
+        then, ``budget`` sessions per call, REAP_SESSIONS (whose keys name them) acts on each,
+        checking it again: a pass with nothing to do is one call.
 
         ``outage_ms``: a longer gap since any reaper last reached the worker's slot is an
         outage of that slot (a failover, a restart). The worker then gets a full heartbeat TTL
@@ -511,19 +524,34 @@ class Scripts:
         of the caller's passes (see ``gateway/reaper.py``).
         """
         w = WorkerKeys(worker_id)
-        answer = await self._run(
-            self._reap, [w.record, w.sessions, w.deadlines, w.input_channel, w.ended,
-                         w.gateways, w.held],
-            [w.session_prefix, _WORKER_LOST, _GRACE_EXPIRED, _IDLE_EXPIRED, budget, outage_ms,
-             release_budget, lease_ms, *SESSION_KEY_SUFFIXES],
-        )
-        released = []
-        for entry in answer[2]:
-            tenant, _, session_id = _str(entry).partition(" ")
-            released.append(EndedSession(tenant=tenant, session_id=session_id))
-        return Reaped(state=WorkerState(_str(answer[0])), ended=int(answer[1]),
-                      released=tuple(released),
-                      detached=int(answer[3]), outage_ms=int(answer[4]))
+        worker_keys = [w.record, w.sessions, w.deadlines, w.input_channel, w.ended, w.gateways,
+                       w.held]
+        answer = await self._run(self._reap, worker_keys,
+                                 [budget, outage_ms, release_budget, lease_ms])
+        released = _ended_sessions(answer[2])
+        actions = [("lost", _str(sid), "") for sid in answer[1]]
+        for member in answer[3]:
+            gateway_id, _, session_id = _str(member).partition(" ")
+            actions.append(("detach", session_id, gateway_id))
+        actions += [("due", _str(sid), "") for sid in answer[4]]
+        ended = detached = 0
+        batch = max(budget, 1)
+        for start in range(0, len(actions), batch):
+            keys = list(worker_keys)
+            args: list[Any] = [_WORKER_LOST, _GRACE_EXPIRED, _IDLE_EXPIRED, release_budget,
+                               lease_ms]
+            for action, session_id, gateway_id in actions[start:start + batch]:
+                k = session_keys(session_id)
+                if k.worker.worker_id != worker_id:
+                    raise ValueError(f"session {session_id} is not worker {worker_id}'s")
+                keys += [k.record, k.input_log, k.output_log, k.output_channel]
+                args += [action, session_id, gateway_id]
+            done = await self._run(self._reap_sessions, keys, args)
+            ended += int(done[0])
+            detached += int(done[1])
+            released += _ended_sessions(done[2])
+        return Reaped(state=WorkerState(_str(answer[0])), ended=ended,
+                      released=tuple(released), detached=detached, outage_ms=int(answer[5]))
 
     async def renew_attachment_lease(self, worker_id: str, holder: AttachmentHolder) -> int:
         """Renew ``holder``'s lease on every session it serves on ``worker_id``; returns when

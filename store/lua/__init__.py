@@ -11,9 +11,9 @@ Conventions shared by all scripts:
   reaper agrees on deadlines without trusting their host clocks. Redis >= 5 replicates script
   effects, so non-deterministic commands are allowed.
 * Every key a script touches is passed in ``KEYS``, named by ``store/keys.py``, and carries one
-  hash tag, so Redis Cluster keeps them in one slot. The one exception is the reaper's session
-  keys: their ids are known only inside the script, which builds them from the prefix and
-  suffixes ``store/keys.py`` passes (see ``reap.lua``), all under the worker's tag.
+  hash tag, so Redis Cluster keeps them in one slot. The reaper too: ``reap.lua`` touches only
+  the worker's keys and names the sessions that need it, whose keys ``reap_sessions.lua`` then
+  receives.
 * Reasons a script writes are ``REASON.<value>`` in the source, and record formats
   ``SESSION_FORMAT`` / ``WORKER_FORMAT`` in the field ``FORMAT_FIELD``: the loader writes in
   their values from ``contract/reasons.py`` and ``store/formats.py``. Every script that reads a
@@ -52,6 +52,7 @@ __all__ = [
     "GATEWAY_LEASE",
     "OPEN_SESSION",
     "REAP",
+    "REAP_SESSIONS",
     "RESUME",
     "TENANT_OPEN_RATE",
     "TENANT_RESERVE",
@@ -103,5 +104,6 @@ APPEND_OUTPUT = _PRELUDE + _source("append_output")
 CLOSE_SESSION = _PRELUDE + _source("close_session")
 ABANDON_OPEN = _PRELUDE + _source("abandon_open")
 REAP = _PRELUDE + _source("reap")
+REAP_SESSIONS = _PRELUDE + _source("reap_sessions")
 GATEWAY_LEASE = _PRELUDE + _source("gateway_lease")
 WORKER_HEARTBEAT = _PRELUDE + _source("worker_heartbeat")

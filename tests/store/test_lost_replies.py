@@ -31,6 +31,7 @@ from tests.store._support import (
     assert_one_terminal,
     digest,
     ev,
+    expire_heartbeat,
     open_session,
     register_worker,
     session_field,
@@ -145,6 +146,23 @@ async def test_close_writes_one_terminal(
     await lossy.close_session(sid, CloseReason.CLIENT_CLOSE)
     assert proxy.lost_replies == 1
     await assert_one_terminal(redis_client, sid, "session.closed", "client_close")
+    assert await used_slots(redis_client, wid) == 0
+
+
+async def test_reaping_a_lost_worker_ends_each_session_once(
+    scripts: Scripts, lossy: Scripts, proxy: FaultProxy, redis_client: Redis
+) -> None:
+    """A resent REAP_SESSIONS finds the lost worker's sessions closed: one worker_lost each,
+    and every slot released once."""
+    wid = await register_worker(scripts, slots=8)
+    opened = [(await open_session(scripts, wid)).session_id for _ in range(3)]
+    await expire_heartbeat(redis_client, scripts, wid)
+    await lose_reply_to(proxy, redis_client, lua.REAP_SESSIONS)
+    reaped = await lossy.reap(wid)
+    assert proxy.lost_replies == 1
+    assert reaped.state == "lost"  # its count is the resend's: the first run ended them
+    for sid in opened:
+        await assert_one_terminal(redis_client, sid, "session.closed", "worker_lost")
     assert await used_slots(redis_client, wid) == 0
 
 
