@@ -34,6 +34,7 @@ class SessionFactory:
         # A session opened without a model name is named after the first this worker serves.
         self._own_name = settings.models[0]
         self._detector = detector
+        self._slots = settings.slots
 
     def session(self, session_id: str, engine: Engine | None,
                 name: str | None = None) -> Session | None:
@@ -70,6 +71,6 @@ class SessionFactory:
         session = self.core("", engine).session  # named after the worker's own model name
         session.pop("id", None)
         profile = WorkerProfile(session=session, capabilities=capabilities_of(
-            self._entry.name, frame_seconds=frame_seconds))
+            self._entry.name, frame_seconds=frame_seconds, slots=self._slots))
         profile.encode()  # its size is checked here, at start, not at the first registration
         return profile

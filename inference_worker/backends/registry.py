@@ -97,6 +97,13 @@ def _fake(request: BackendRequest) -> Backend:
     return FakeBackend(max_slots=request.slots, options=FakeOptions.parse(request.options))
 
 
+def _recording(request: BackendRequest) -> Backend:
+    from inference_worker.backends.fake import FakeOptions
+    from inference_worker.backends.recording import RecordingBackend
+
+    return RecordingBackend(max_slots=request.slots, options=FakeOptions.parse(request.options))
+
+
 def _moshi(request: BackendRequest) -> Backend:
     # Checked before importing torch: a missing path is said at once.
     if request.options:
@@ -175,6 +182,9 @@ REGISTRY: Final[Mapping[str, BackendEntry]] = MappingProxyType({entry.name: entr
                                        transcription_model="whisper-tiny.en",
                                        turn_detection=CASCADE_TURN_DETECTION),
                  load=_cascade),
+    # A test backend: the fake's echo that sees video and says what it saw.
+    BackendEntry(name="recording", turns=TurnMode.AUDIO,
+                 profile=frame_profile("recording", sees_video=True), load=_recording),
 )})
 #: Every backend name the worker accepts.
 BACKENDS: Final = tuple(REGISTRY)
@@ -182,32 +192,80 @@ BACKENDS: Final = tuple(REGISTRY)
 FRAME_BACKENDS: Final = tuple(name for name, entry in REGISTRY.items() if entry.frames)
 
 
-def capabilities_of(name: str, *, frame_seconds: float) -> JsonObject:
-    """What sessions on backend ``name`` can do, as ``session.created`` and
-    ``session.resumed`` announce it (the seed's ``DuplexCapabilities``, the flags this server
-    can answer truthfully): clients branch on these, never on a model's name.
+#: The seed's ``input_modes``: every backend takes its input as appended audio chunks.
+_INPUT_MODES: Final = ("append_audio_chunk",)
+
+
+def capabilities_of(name: str, *, frame_seconds: float, slots: int = 1) -> JsonObject:
+    """What sessions on backend ``name`` can do, as ``session.created``, ``session.resumed``
+    and ``GET /v1/models`` announce it: every field of the seed's ``DuplexCapabilities``, each
+    answered for what this backend really does, plus this server's own flags
+    (``supports_server_vad``, ``supports_text_input_append``, ``supports_input_transcription``).
+    Clients branch on these, never on a model's name.
 
     Args:
         name: the backend.
         frame_seconds: how long one model output lasts (``chunk_period_ms``).
+        slots: the sessions one worker of it serves at once.
     """
     entry = backend_entry(name)
-    turns, policy = entry.turns, POLICIES[entry.turns]
+    turns, policy, profile = entry.turns, POLICIES[entry.turns], entry.profile
+    native = turns is not TurnMode.LOOPBACK
+    server_vad = not policy.model_detects_speech
     return {
-        "implementation_level": ("turn_based_duplex" if turns is TurnMode.LOOPBACK
-                                 else "model_native_duplex"),
-        "supports_model_native_turn_policy": turns is not TurnMode.LOOPBACK,
+        "implementation_level": "model_native_duplex" if native else "turn_based_duplex",
+        "supports_session_adapter": True,
+        "supports_model_native_turn_policy": native,
+        # commit, response.create and server VAD signal turns from outside the model
+        "supports_external_turn_signal": True,
         "supports_client_commit": True,
-        "supports_server_vad": not policy.model_detects_speech,
+        "supports_server_vad": server_vad,
+        # every backend stops its response when the user barges in (Backend.stop_response)
         "supports_barge_in": True,
         "supports_playback_ack": True,
-        "supports_audio_truncate": True,
-        "supports_session_resume": True,
-        "supports_text_only_turn": "text" in entry.profile.output_modalities,
+        # a frame model hears each append as it arrives; the loopback waits for the turn
+        "supports_input_append": policy.frames,
         "supports_text_input_append": False,
+        "supports_replace_latest_chunk": False,
+        "supports_reencode_context": False,
+        "supports_rollback_to_checkpoint": False,
+        "supports_turn_commit_only": not native,
+        "supports_kv_lease": False,
+        "supports_core_kv_lease": False,
+        # a frame model keeps its own state per slot (Moshi's caches, the cascade's turn)
+        "supports_model_internal_state": policy.frames,
+        "supports_stage_resumption": False,
+        "supports_scheduler_native_append": False,
+        "supports_core_resumable_request": False,
+        "supports_concurrent_turn_requests": False,
+        "required_input_modalities": ["audio"],
+        "optional_input_modalities": ["video"] if profile.sees_video else [],
+        "supports_stage_connector_handoff": False,
+        # a frame model hears while it speaks; the loopback plays a turn back after it
+        "supports_independent_io_streams": policy.frames,
+        "supports_realtime_endpoint": True,
+        "supports_multi_session": True,
+        "supports_multi_session_same_replica": slots > 1,
+        # leases fence a session to one worker; a resume moves it to another gateway
+        "supports_session_lease": True,
+        "supports_session_resume": True,
+        "session_admission_mode": "serving_managed",
+        "supports_audio_truncate": True,
+        "supports_image_input": False,
+        "supports_text_only_turn": "text" in profile.output_modalities,
+        "supports_chat_completions": False,
+        "text_turn_priming_units": 0,
         "supports_input_transcription": policy.model_detects_speech,
+        "requires_model_runner_kv": False,
+        "requires_native_stage_role": False,
+        "adapter_patterns": ["frame_step_batch"] if policy.frames else ["chunk_group_append"],
+        "input_modes": list(_INPUT_MODES),
+        "signal_sources": [*(["model_native"] if native else []), "client_event",
+                           *(["server_policy"] if server_vad else [])],
+        "stage_handoff_transport": None,
         "chunk_period_ms": round(frame_seconds * 1000),
-        "input_modes": ["append_audio_chunk"],
+        # not measured per backend, so none is promised
+        "target_barge_in_latency_ms": None,
     }
 
 

@@ -96,6 +96,8 @@ class SessionProfile:
             (the request is still checked); None: the session's own, as asked.
         default_turn_detection: where ``turn_detection`` is None, the turn detection a new
             session starts with (None: push-to-talk, until a client asks for one).
+        sees_video: its model takes the camera frames that ride an append (``video_frames``),
+            each with the audio of its append; otherwise the first frame is refused.
     """
 
     model: str
@@ -109,6 +111,7 @@ class SessionProfile:
     default_turn_detection: Mapping[str, Any] | None = None
     fixed_response_options: frozenset[str] = frozenset()
     coherence: Callable[[JsonObject], Refusal | None] | None = None
+    sees_video: bool = False
 
     def __post_init__(self) -> None:
         if not self.voices:
@@ -188,7 +191,7 @@ def frame_profile(model: str, *, voices: tuple[str, ...] | None = None,
                   transcription_model: str | None = None,
                   fixed_response_options: frozenset[str] = NATIVE_RESPONSE_OPTIONS,
                   turn_detection: Mapping[str, Any] | None = None,
-                  ) -> SessionProfile:
+                  sees_video: bool = False) -> SessionProfile:
     """The profile of a frame backend named ``model`` (moshi, fake, cascade).
 
     Its responses are audio only; ``extra_body`` takes ``end_of_turn_silence_ms`` (80..10000,
@@ -205,11 +208,12 @@ def frame_profile(model: str, *, voices: tuple[str, ...] | None = None,
             :attr:`SessionProfile.fixed_response_options`).
         turn_detection: the turn detection it applies itself, whatever is asked (see
             :attr:`SessionProfile.turn_detection`).
+        sees_video: its model takes camera frames (see :attr:`SessionProfile.sees_video`).
     """
     return SessionProfile(model=model, voices=voices or (model,), output_modalities=("audio",),
                           transcription_model=transcription_model, extra_body=_FRAME_EXTRA,
                           fixed_response_options=fixed_response_options,
-                          turn_detection=turn_detection)
+                          turn_detection=turn_detection, sees_video=sees_video)
 
 
 def default_session(session_id: str, profile: SessionProfile = LOOPBACK) -> JsonObject:
