@@ -96,7 +96,7 @@ _JSON_TYPES: dict[type[Any], str] = {
 class _Fields:
     """Typed access to the fields of one client frame; failures name the field and echo the id."""
 
-    __slots__ = ("obj", "event_id")
+    __slots__ = ("event_id", "obj")
 
     def __init__(self, obj: JsonDict, event_id: str | None) -> None:
         self.obj = obj
