@@ -94,7 +94,7 @@ class ConnectionDriver:
             max_frame_bytes=services.settings.max_frame_bytes, url_model=url_model,
             initial_session=initial_session,
             delivered_retention_s=services.settings.delivered_retention_s,
-            now=asyncio.get_running_loop().time())
+            now=asyncio.get_running_loop().time(), video=services.settings.video_bounds)
         self._lock = asyncio.Lock()
         self._lease: Lease | None = None
         self._channel: str | None = None
@@ -201,7 +201,7 @@ class ConnectionDriver:
                 if data is None:
                     data = message.get("bytes") or b""
                 audio_before = self._core.audio_bytes_received
-                self._core.receive_frame(data)
+                self._core.receive_frame(data, asyncio.get_running_loop().time())
                 # With no step in progress, a frame that decided one client command's append
                 # alone (every audio chunk) only has it queued for the writer, which never
                 # waits: no step, and no lock to take and hand back.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gateway.protocol.bounds import VideoBounds
 from runtime.config import (
     NON_NEGATIVE,
     PORT,
@@ -88,6 +89,16 @@ class GatewaySettings:
     max_frame_bytes: int = field(
         default=16 * 1024 * 1024,
         metadata={"help": "largest client frame; larger: close 1009", "accepts": POSITIVE_COUNT},
+    )
+    max_video_frame_bytes: int = field(
+        default=3_000_000,
+        metadata={"help": "largest camera frame (an image of an append's video_frames, decoded);"
+                          " larger: invalid_video_frames; 0: only MAX_FRAME_BYTES bounds it"},
+    )
+    max_video_frames_per_s: float = field(
+        default=4.0,
+        metadata={"help": "camera frames per second per connection (1 s burst, at least one"
+                          " append's 2); more: invalid_video_frames; 0: no limit"},
     )
     first_message_timeout_s: float = field(
         default=10.0,
@@ -206,3 +217,9 @@ class GatewaySettings:
     def __post_init__(self) -> None:
         """Refuse a value out of its field's range, or two settings that contradict."""
         check_fields(self)
+
+    @property
+    def video_bounds(self) -> VideoBounds:
+        """The bounds on camera frames these settings set."""
+        return VideoBounds(max_frame_bytes=self.max_video_frame_bytes,
+                           max_frames_per_s=self.max_video_frames_per_s)

@@ -6,7 +6,9 @@ at ``t0 + k * period``, so a slow tick never shifts the ones after it). The asyn
 queues work: :meth:`Engine.open`/:meth:`Engine.close` reserve and release slot ids at once
 and the thread applies them to the backend before its next tick, in the order they were asked
 for, with the response stops of :meth:`Engine.stop_response`; :meth:`Engine.push_audio`
-turns a session's pcm16 24 kHz audio into frames of exactly ``in_samples`` at ``in_rate``.
+turns a session's pcm16 24 kHz audio into frames of exactly ``in_samples`` at ``in_rate``;
+the camera frames that rode an append go to the backend with the frame its audio starts in
+(:attr:`~inference_worker.backend.SlotStep.video`).
 
 The clock never waits for a client: a slot with no frame queued gets silence (an underrun),
 and a frame that is the wrong length or carries NaN/inf is replaced by silence for that slot
@@ -49,6 +51,8 @@ __all__ = ["Engine", "SlotHandle", "TickReport"]
 _log = logging.getLogger(__name__)
 
 Audio = np.ndarray[Any, np.dtype[np.float32]]
+#: Camera frames (image bytes) at a byte offset into the pcm16 they arrived with.
+VideoMarks = tuple[tuple[int, tuple[bytes, ...]], ...]
 
 # Ticks judged before the rolling p99 may refuse admission (one slow first tick is no trend).
 _MIN_SAMPLES = 10
@@ -93,11 +97,15 @@ class TickReport:
 class _SlotInput:
     """One open slot's input: whole frames waiting, and the partial frame being filled."""
 
-    __slots__ = ("carry", "frames", "out_resampler", "partial", "partial_len", "passed",
-                 "resampler")
+    __slots__ = ("carry", "frames", "out_resampler", "partial", "partial_len",
+                 "partial_video", "passed", "resampler", "video")
 
     def __init__(self, spec: FrameSpec) -> None:
         self.frames: deque[Audio] = deque()
+        # Camera frames by the place on the input timeline of the frame they go with (under
+        # the lock), and those for the partial frame being filled (the event loop's).
+        self.video: deque[tuple[int, tuple[bytes, ...]]] = deque()
+        self.partial_video: tuple[bytes, ...] = ()
         # Frames of the session's input behind the model: stepped, dropped or cleared (under
         # the lock): the slot's place on the session's input timeline.
         self.passed = 0
@@ -196,8 +204,10 @@ class Engine:
             self._ops.append(("stop", handle))
         self._wake.set()
 
-    def push_audio(self, handle: SlotHandle, pcm16: bytes) -> None:
-        """Queue a session's pcm16 LE 24 kHz audio as frames of ``in_samples`` at ``in_rate``.
+    def push_audio(self, handle: SlotHandle, pcm16: bytes, video: VideoMarks = ()) -> None:
+        """Queue a session's pcm16 LE 24 kHz audio as frames of ``in_samples`` at ``in_rate``,
+        each of ``video``'s camera frames with the frame holding the sample at its byte offset
+        into ``pcm16`` (an offset at the end: the next frame to start).
 
         Only the event loop calls this (the resampler state is the loop's); whole frames are
         handed to the model thread under the lock.
@@ -205,23 +215,49 @@ class Engine:
         slot_input = self._inputs.get(handle.serial)
         if slot_input is None:
             return
+        marks: list[tuple[int, tuple[bytes, ...]]] = []
+        if video:  # resampled piece by piece, so that each frame's place is exact
+            pieces, start = [], 0
+            for offset, images in video:
+                pieces.append(self._resampled(slot_input, pcm16[start:offset]))
+                marks.append((slot_input.partial_len + sum(p.size for p in pieces), images))
+                start = offset
+            pieces.append(self._resampled(slot_input, pcm16[start:]))
+            samples = np.concatenate(pieces)
+        else:
+            samples = self._resampled(slot_input, pcm16)
+        n = self.spec.in_samples
+        if slot_input.partial_len + samples.size < n:
+            if samples.size:
+                slot_input.partial.append(samples)
+                slot_input.partial_len += samples.size
+            for _, images in marks:
+                slot_input.partial_video += images
+            return
+        joined = np.concatenate([*slot_input.partial, samples])
+        whole = joined.size // n
+        rest = joined[whole * n:]
+        slot_input.partial = [rest] if rest.size else []
+        slot_input.partial_len = rest.size
+        attached: list[tuple[int, tuple[bytes, ...]]] = []
+        if slot_input.partial_video or marks:
+            attached = [(0, slot_input.partial_video)]
+            rest_video: tuple[bytes, ...] = ()
+            for position, images in marks:
+                if position // n < whole:
+                    attached.append((position // n, images))
+                else:
+                    rest_video += images
+            slot_input.partial_video = rest_video
+        self._enqueue(handle, [joined[i * n:(i + 1) * n] for i in range(whole)], attached)
+
+    @staticmethod
+    def _resampled(slot_input: _SlotInput, pcm16: bytes) -> Audio:
+        """``pcm16`` (after the odd byte the last push left) at the backend's input rate."""
         data = slot_input.carry + pcm16
         even = len(data) & ~1
         slot_input.carry = data[even:]
-        samples = slot_input.resampler.process(pcm16_to_float(data[:even]))
-        if samples.size == 0:
-            return
-        slot_input.partial.append(samples)
-        slot_input.partial_len += samples.size
-        n = self.spec.in_samples
-        if slot_input.partial_len < n:
-            return
-        joined = np.concatenate(slot_input.partial)
-        whole = (joined.size // n) * n
-        rest = joined[whole:]
-        slot_input.partial = [rest] if rest.size else []
-        slot_input.partial_len = rest.size
-        self._enqueue(handle, [joined[i:i + n] for i in range(0, whole, n)])
+        return slot_input.resampler.process(pcm16_to_float(data[:even]))
 
     def push_frame(self, handle: SlotHandle, frame: Any) -> None:
         """Queue one ready-made input frame as is; it is checked when its tick takes it."""
@@ -235,14 +271,21 @@ class Engine:
         with self._lock:
             slot_input.passed += len(slot_input.frames)
             slot_input.frames.clear()
+            slot_input.video.clear()
         slot_input.partial, slot_input.partial_len, slot_input.carry = [], 0, b""
+        slot_input.partial_video = ()
 
-    def _enqueue(self, handle: SlotHandle, frames: list[Audio]) -> None:
+    def _enqueue(self, handle: SlotHandle, frames: list[Audio],
+                 video: list[tuple[int, tuple[bytes, ...]]] | None = None) -> None:
+        """Queue ``frames``, with ``video``'s camera frames by their frame's index in them."""
         dropped = 0
         with self._lock:
             slot_input = self._inputs.get(handle.serial)
             if slot_input is None:
                 return
+            first = slot_input.passed + len(slot_input.frames)  # the first one's place
+            slot_input.video.extend((first + index, images) for index, images in video or ()
+                                    if images)
             slot_input.frames.extend(frames)
             while len(slot_input.frames) > self._backlog:
                 slot_input.frames.popleft()  # the oldest audio goes: latency stays bounded
@@ -345,8 +388,10 @@ class Engine:
             return TickReport(index=self._next_index(), scheduled=due, seconds=0.0,
                               failed=failed)
         handles = list(self._active.values())
-        frames = self._take_frames(handles)
+        frames, video = self._take_frames(handles)
         steps = [SlotStep(slot=h.slot, pcm=f) for h, f in zip(handles, frames, strict=True)]
+        for index, images in video:
+            steps[index] = SlotStep(slot=steps[index].slot, pcm=steps[index].pcm, video=images)
         try:
             results = self._step(steps)
         except Exception as exc:  # a model failure ends this batch's sessions, not the worker
@@ -442,14 +487,22 @@ class Engine:
         except Exception:
             _log.exception("slot %d: close_slot failed", handle.slot, extra=handle.log_ids())
 
-    def _take_frames(self, handles: list[SlotHandle]) -> list[Audio]:
+    def _take_frames(self, handles: list[SlotHandle],
+                     ) -> tuple[list[Audio], list[tuple[int, tuple[bytes, ...]]]]:
+        """Each handle's next frame (silence when none is queued), and the camera frames that
+        go with them, by the handle's index."""
         raw: list[Any] = []
+        video: list[tuple[int, tuple[bytes, ...]]] = []
         with self._lock:
-            for handle in handles:
+            for index, handle in enumerate(handles):
                 slot_input = self._inputs.get(handle.serial)
                 queued = slot_input.frames if slot_input is not None else None
                 raw.append(queued.popleft() if queued else None)
                 if slot_input is not None:
+                    if slot_input.video and raw[-1] is not None:
+                        images = _video_at(slot_input.video, slot_input.passed)
+                        if images:
+                            video.append((index, images))
                     slot_input.passed += raw[-1] is not None
                     self._positions[handle.serial] = slot_input.passed
         frames: list[Audio] = []
@@ -462,7 +515,7 @@ class Engine:
         if self.metrics is not None:
             self.metrics.underruns.inc(underruns)
             self.metrics.bad_input_frames.inc(bad)
-        return frames
+        return frames, video
 
     def _convert(self, handle: SlotHandle, result: SlotResult) -> FrameOutput:
         pcm = np.asarray(result.pcm, dtype=np.float32).reshape(-1)
@@ -494,6 +547,17 @@ class Engine:
         m.real_time_factor.observe(seconds / self.spec.frame_seconds)
         m.batch_occupancy.set(batch)
         m.batch_size.observe(batch)
+
+
+def _video_at(video: deque[tuple[int, tuple[bytes, ...]]], place: int) -> tuple[bytes, ...]:
+    """The camera frames of the frame at ``place`` on the input timeline, taken off ``video``;
+    those of frames before it (dropped with their audio) are dropped too."""
+    images: tuple[bytes, ...] = ()
+    while video and video[0][0] <= place:
+        at, frames = video.popleft()
+        if at == place:
+            images += frames
+    return images
 
 
 def _checked(frame: Any, samples: int) -> Audio | None:

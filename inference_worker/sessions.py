@@ -275,8 +275,8 @@ class SessionTable:
             engine.stop_response(handle)
         if pending.clear:
             engine.clear_input(handle)
-        if pending.audio:
-            engine.push_audio(handle, pending.audio)
+        if pending.audio or pending.video:
+            engine.push_audio(handle, pending.audio, pending.video)
 
     def feed(self, serial: int, frame: FrameOutput, now: float) -> None:
         """Hand one tick's output to the core of the session that holds handle ``serial``."""

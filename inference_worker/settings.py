@@ -45,7 +45,7 @@ class WorkerSettings:
     )
     backend: str = field(
         default="loopback",
-        metadata={"help": "model backend: loopback, fake, moshi, cascade",
+        metadata={"help": "model backend: loopback, fake, moshi, cascade, recording",
                   "accepts": Choices(tuple(BACKENDS))},
     )
     served_model_names: tuple[str, ...] = field(

@@ -6,10 +6,17 @@ breaks recursive code downstream. :func:`check_bounds` catches all of these at t
 that nothing the codec accepts can fail later in the store, the worker or on the way back to
 the client. :func:`load_json` is the one way client JSON is decoded before that walk (a
 websocket frame, a client-secret request's body): safe at any depth the client nests it.
+
+Camera frames (an append's ``video_frames``) have bounds of their own, all refused with the
+seed's ``invalid_video_frames``: at most :data:`MAX_VIDEO_FRAMES_PER_APPEND` per append, each a
+JPEG or PNG image (:func:`video_frame_problem`), no larger than the gateway's
+``MAX_VIDEO_FRAME_BYTES``, and no more than ``MAX_VIDEO_FRAMES_PER_S`` per connection
+(:class:`VideoBudget`).
 """
 
 from __future__ import annotations
 
+import binascii
 import gc
 import json
 import math
@@ -27,9 +34,14 @@ __all__ = [
     "MAX_SIGNAL_EVENT_CHARS",
     "MAX_STRING_CHARS",
     "MAX_VALUES",
+    "MAX_VIDEO_FRAMES_PER_APPEND",
     "TOO_DEEP",
+    "VideoBounds",
+    "VideoBudget",
     "check_bounds",
     "load_json",
+    "video_frame_bytes",
+    "video_frame_problem",
 ]
 
 JsonDict: TypeAlias = dict[str, Any]
@@ -49,7 +61,8 @@ MAX_VALUES = 10_000
 #: Longest string anywhere in a frame, object keys included, in characters. The top-level
 #: ``audio`` of ``input_audio_buffer.append``, and of an item's ``input_audio`` part in
 #: ``conversation.item.create`` (sent directly or as a ``turn.signal``'s payload), is exempt:
-#: only the frame size bounds it.
+#: only the frame size bounds it. So are an append's ``video_frames``, which
+#: :class:`VideoBounds` bounds.
 MAX_STRING_CHARS = 65_536
 
 #: Longest ``text`` of one ``input.text.append``: a turn's worth of typed input, far below what
@@ -62,6 +75,16 @@ MAX_SIGNAL_EVENT_CHARS = 128
 #: Largest ``played_ms`` / ``committed_ms`` of a ``playback.ack``: 24 hours of audio, longer
 #: than any response; more is a client bug, not a position.
 MAX_PLAYBACK_MS = 24 * 60 * 60 * 1000
+
+
+#: Most camera frames one append may carry: the seed's contract, one frame per audio unit
+#: (about a second), optionally followed by that unit's composite of the frames inside it.
+MAX_VIDEO_FRAMES_PER_APPEND = 2
+
+# What an image starts with: JPEG's SOI marker, PNG's signature (the seed's check).
+_IMAGE_MAGIC = (b"\xff\xd8", b"\x89PNG")
+# Base64 characters enough to decode the magic: whole quads.
+_MAGIC_CHARS = 64
 
 
 # A position in a frame: the keys and indices leading to a value, from the frame's object.
@@ -174,6 +197,14 @@ def _value_problem(value: Any, *, exempt_length: bool = False) -> str | None:
 _SIGNAL_PAYLOADS = frozenset({"payload", "signal_payload"})
 
 
+def _holds_frames(path: _Path, key: Any) -> bool:
+    """Whether a string at ``(*path, key)`` is one of an append's camera frames (also in a
+    ``turn.signal``'s payload), bounded by :class:`VideoBounds` instead."""
+    if len(path) == 2 and path[0] in _SIGNAL_PAYLOADS:
+        path = path[1:]
+    return type(key) is int and path == ("video_frames",)
+
+
 def _holds_audio(path: _Path) -> bool:
     """Whether an ``audio`` member at ``path`` is client audio, bounded by the frame size
     alone: the top-level one (``input_audio_buffer.append``) or an ``input_audio`` part of a
@@ -211,7 +242,8 @@ def _scan_members(
             continue
         elif kind is not float or _isfinite(value):  # null, a boolean, a finite number
             continue
-        if problem := _value_problem(value, exempt_length=key == "audio" and _holds_audio(path)):
+        exempt = (key == "audio" and _holds_audio(path)) or _holds_frames(path, key)
+        if problem := _value_problem(value, exempt_length=exempt):
             return _Violation.at((*path, key), problem)
     return None
 
@@ -265,3 +297,77 @@ def check_bounds(frame: JsonDict) -> None:
     echo = isinstance(event_id, str) and violation.path[:1] != ("event_id",)
     raise ClientProtocolError(code, violation.message, param=_render_path(violation.path),
                               client_event_id=event_id if echo else None)
+
+
+# --------------------------------------------------------------------------- camera frames
+
+
+def video_frame_bytes(frame: str) -> int:
+    """The size of the image a strictly valid base64 ``frame`` decodes to, without decoding."""
+    return len(frame) // 4 * 3 - frame[-2:].count("=")
+
+
+def video_frame_problem(frame: str) -> str | None:
+    """What is wrong with one camera frame (strictly valid base64), or None: it must be a
+    JPEG or PNG image, as the seed checks, by its first bytes."""
+    head = binascii.a2b_base64(frame[:_MAGIC_CHARS])
+    if head.startswith(_IMAGE_MAGIC):
+        return None
+    return "expected a JPEG or PNG image"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VideoBounds:
+    """The gateway's bounds on camera frames (its settings).
+
+    Attributes:
+        max_frame_bytes: the largest image one frame may hold, decoded (0: only the frame
+            size bounds it).
+        max_frames_per_s: camera frames one connection may send per second, with one second
+            of burst (0: no limit).
+    """
+
+    max_frame_bytes: int = 3_000_000
+    max_frames_per_s: float = 4.0
+
+
+class VideoBudget:
+    """One connection's camera frames against :class:`VideoBounds`: a frame rate with one
+    second of burst, and each frame's size. No clock of its own."""
+
+    __slots__ = ("_bounds", "_burst", "_last", "_tokens")
+
+    def __init__(self, bounds: VideoBounds, now: float) -> None:
+        self._bounds = bounds
+        # One second of the rate, and never less than one full append.
+        self._burst = max(bounds.max_frames_per_s, MAX_VIDEO_FRAMES_PER_APPEND)
+        self._tokens = self._burst  # a connection starts with its full burst
+        self._last = now
+
+    def charge(self, frames: tuple[str, ...], now: float, event_id: str | None) -> None:
+        """Charge an append's ``frames`` at ``now`` (a refused append charges nothing).
+
+        Raises:
+            ClientProtocolError: ``invalid_video_frames``: a frame larger than the bound, or
+                more frames than the rate allows; ``event_id`` is echoed.
+        """
+        bounds = self._bounds
+        for index, frame in enumerate(frames):
+            if bounds.max_frame_bytes and video_frame_bytes(frame) > bounds.max_frame_bytes:
+                param = f"video_frames[{index}]"
+                raise ClientProtocolError(
+                    ErrorCode.INVALID_VIDEO_FRAMES,
+                    f"Invalid value for '{param}': an image larger than "
+                    f"{bounds.max_frame_bytes} bytes; lower the capture resolution or quality.",
+                    param=param, client_event_id=event_id)
+        rate = bounds.max_frames_per_s
+        if rate <= 0 or not frames:
+            return
+        tokens = min(self._burst, self._tokens + (now - self._last) * rate)
+        self._last = now
+        self._tokens = tokens if tokens < len(frames) else tokens - len(frames)
+        if tokens < len(frames):
+            raise ClientProtocolError(
+                ErrorCode.INVALID_VIDEO_FRAMES,
+                f"More than {rate:g} camera frames per second on this connection; send about "
+                "one frame per second of audio.", param="video_frames", client_event_id=event_id)

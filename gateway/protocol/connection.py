@@ -47,6 +47,7 @@ from gateway.protocol.actions import (
     SendFrame,
     TrimLog,
 )
+from gateway.protocol.bounds import VideoBounds, VideoBudget
 from gateway.protocol.delivery import OutputDelivery
 from gateway.protocol.envelope import (
     EventAck,
@@ -90,11 +91,13 @@ class ConnectionCore(OutputDelivery):
         delivered_retention_s: events the client took this long ago are trimmed from the
             log (:mod:`gateway.protocol.retention`; 0: never by age).
         now: the driver's clock at the handshake; the timer is first due one period later.
+        video: the bounds on camera frames (None: the defaults).
     """
 
     def __init__(self, *, max_frame_bytes: int, url_model: str | None = None,
                  initial_session: JsonObject | None = None,
-                 delivered_retention_s: float = 0.0, now: float = 0.0) -> None:
+                 delivered_retention_s: float = 0.0, now: float = 0.0,
+                 video: VideoBounds | None = None) -> None:
         self.state = ConnectionState.AWAITING_FIRST
         self.session_id: str | None = None
         self.generation = 0
@@ -116,6 +119,7 @@ class ConnectionCore(OutputDelivery):
         self._held_refusal: ClientProtocolError | None = None  # a quiet open's, not answered
         self._retention = DeliveredRetention(delivered_retention_s)
         self._timer_at = now  # when the timer last fired
+        self._video = VideoBudget(video or VideoBounds(), now)
         self._input_end = 0  # the highest input log index Redis assigned under this lease
         self._resume_request: ResumeRequest | None = None  # the resume in flight
 
@@ -143,8 +147,8 @@ class ConnectionCore(OutputDelivery):
 
     # ------------------------------------------------------------------ inputs: client
 
-    def receive_frame(self, data: str | bytes) -> None:
-        """A frame from the client."""
+    def receive_frame(self, data: str | bytes, now: float | None = None) -> None:
+        """A frame from the client, read at ``now`` (None: the timer's last time)."""
         if self.state is ConnectionState.CLOSED:
             return
         try:
@@ -159,6 +163,14 @@ class ConnectionCore(OutputDelivery):
         else:
             assert frame.command is not None  # a ParsedFrame holds exactly one of the two
             if isinstance(frame.command, AppendAudio):
+                if frame.command.video_frames:
+                    try:
+                        self._video.charge(frame.command.video_frames,
+                                           self._timer_at if now is None else now,
+                                           frame.command.event_id)
+                    except ClientProtocolError as exc:
+                        self._refuse(exc)
+                        return
                 self.audio_bytes_received += len(frame.command.audio)
             self._receive_command(frame.client_seq, frame.command)
 

@@ -101,6 +101,7 @@ class ErrorCode(StrEnum):
     MISSING_REQUIRED_PARAMETER = "missing_required_parameter"
     INVALID_TYPE = "invalid_type"
     INVALID_VALUE = "invalid_value"
+    INVALID_VIDEO_FRAMES = "invalid_video_frames"
     INVALID_SESSION_RESUME = "invalid_session_resume"
     UNSUPPORTED_SESSION_RESUME = "unsupported_session_resume"
     SESSION_RESUME_EXPIRED = "session_resume_expired"
@@ -127,6 +128,7 @@ PARSE_ERROR_CODES: frozenset[str] = frozenset(
         ErrorCode.MISSING_REQUIRED_PARAMETER,
         ErrorCode.INVALID_TYPE,
         ErrorCode.INVALID_VALUE,
+        ErrorCode.INVALID_VIDEO_FRAMES,
         ErrorCode.INVALID_SESSION_RESUME,
     }
 )

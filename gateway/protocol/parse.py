@@ -33,8 +33,10 @@ from gateway.protocol.bounds import (
     MAX_SIGNAL_EVENT_CHARS,
     MAX_STRING_CHARS,
     MAX_VALUES,
+    MAX_VIDEO_FRAMES_PER_APPEND,
     check_bounds,
     load_json,
+    video_frame_problem,
 )
 from gateway.protocol.errors import (
     ClientProtocolError,
@@ -218,21 +220,31 @@ def _audio_append(f: _Fields) -> m.Command:
 
 
 def _video_frames(f: _Fields, raw: list[Any] | None) -> tuple[str, ...]:
-    """``video_frames``: each a string of strict base64, a data URL's prefix stripped. What a
-    frame may be (an image, how large, how many) is checked past the parse."""
+    """``video_frames``: at most two, each a string of strict base64 (a data URL's prefix
+    stripped) holding a JPEG or PNG image, else the seed's ``invalid_video_frames``. How large
+    a frame may be, and how many a second, the connection checks."""
     if not raw:
         return ()
+    if len(raw) > MAX_VIDEO_FRAMES_PER_APPEND:
+        f.fail(ErrorCode.INVALID_VIDEO_FRAMES,
+               f"Invalid value for 'video_frames': more than {MAX_VIDEO_FRAMES_PER_APPEND} "
+               "frames in one append; send about one frame per second of audio.",
+               "video_frames")
     frames = []
     for index, frame in enumerate(raw):
         param = f"video_frames[{index}]"
         if type(frame) is not str or not frame:
-            f.fail(ErrorCode.INVALID_VALUE,
+            f.fail(ErrorCode.INVALID_VIDEO_FRAMES,
                    f"Invalid value for '{param}': expected a non-empty base64 string.", param)
         bare = frame.partition(_DATA_URL_MARK)[2] if frame.startswith("data:") else frame
         try:
             binascii.a2b_base64(bare, strict_mode=True)
         except (binascii.Error, ValueError):
-            f.fail(ErrorCode.INVALID_VALUE, f"Invalid value for '{param}': not base64.", param)
+            f.fail(ErrorCode.INVALID_VIDEO_FRAMES, f"Invalid value for '{param}': not base64.",
+                   param)
+        if problem := video_frame_problem(bare):
+            f.fail(ErrorCode.INVALID_VIDEO_FRAMES, f"Invalid value for '{param}': {problem}.",
+                   param)
         frames.append(bare)
     return tuple(frames)
 

@@ -101,9 +101,10 @@ class LoopbackModel:
         self._stream = extra["loopback_mode"] == "stream"
         self._auto = bool(extra["auto_response"])
 
-    def hear(self, audio: bytes) -> None:
-        """Stream mode: echo ``audio``, opening the echo's turn with its first chunk."""
-        if not self._stream or self._playback is not None:
+    def hear(self, audio: bytes, video: tuple[bytes, ...] = ()) -> None:
+        """Stream mode: echo ``audio``, opening the echo's turn with its first chunk. It sees
+        no video (its profile says so: the core refuses frames before they get here)."""
+        if not audio or not self._stream or self._playback is not None:
             return  # a played-back turn owns the output
         if not self._streaming:
             self._streaming = True

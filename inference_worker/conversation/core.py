@@ -105,7 +105,7 @@ from inference_worker.conversation.states import (
     transition,
 )
 from inference_worker.conversation.turns import TurnPolicy
-from inference_worker.conversation.user_input import UserInput
+from inference_worker.conversation.user_input import UserInput, VideoGate
 from inference_worker.turn_detection.timeline import InputTimeline, turn_detection_of
 from inference_worker.turn_detection.vad import EnergyVad, SpeechStarted, Vad, VadConfig, VadEvent
 from inference_worker.untrusted import close_reason
@@ -159,6 +159,7 @@ class ConversationCore:
         self._unanswered: _UserTurn | None = None  # answers_turns: the turn to answer next
         self._user_item: UserItem | None = None  # added on end of speech, awaiting its transcript
         self._heard_input = False
+        self._video = VideoGate(sees=profile.sees_video)
         self._close_reason: str | None = None
         self._responses.configure(config)
         model.configure(config)
@@ -270,15 +271,20 @@ class ConversationCore:
         if len(command.audio) % 2 and self._conversation.input_format is AudioFormat.PCM24K:
             self._refuse(command.event_id, BROKEN_SAMPLE)  # and the buffer stays aligned
             return
+        video, refusal = self._video.admit(command.video_frames)
+        if refusal is not None:
+            self._refuse(command.event_id, refusal)
         audio = self._decoder.decode(command.audio)  # G.711 becomes pcm16 24 kHz here
         if not audio:
-            return  # nothing to buffer or hear
+            if video:
+                self._model.hear(b"", video)  # frames alone go with the audio that follows
+            return
         if not self._heard_input:
             self._heard_input = True
             if self._responses.anchor is None:
                 self._responses.anchor = now  # the session's first words: the model's first reply
         self._input.append(audio)
-        self._model.hear(audio)
+        self._model.hear(audio, video)
         self._drain_model(now)  # an echo answers at once, before the turn detector's events
         for event in self._timeline.feed(audio):
             self._on_speech(event, now)

@@ -23,11 +23,12 @@ __all__ = ["EngineModel", "ModelPort", "PendingInput"]
 class PendingInput:
     """What the engine must do for a session's slot: stop the model's response (once per stop
     asked for: the engine counts them into each frame's epoch), clear queued input, then queue
-    audio."""
+    audio, with the camera frames that rode it (each at a byte offset into ``audio``)."""
 
     clear: bool = False
     audio: bytes = b""
     stops: int = 0
+    video: tuple[tuple[int, tuple[bytes, ...]], ...] = ()
 
 
 class ModelPort(Protocol):
@@ -48,8 +49,9 @@ class ModelPort(Protocol):
     def configure(self, config: JsonObject) -> None:
         """The session's effective configuration changed to ``config``."""
 
-    def hear(self, audio: bytes) -> None:
-        """The user's input audio (pcm16 24 kHz), in order."""
+    def hear(self, audio: bytes, video: tuple[bytes, ...] = ()) -> None:
+        """The user's input audio (pcm16 24 kHz), in order, with the camera frames of its
+        append (only for a profile that sees video; ``audio`` may then be empty)."""
 
     def forget_input(self) -> None:
         """Drop the input the model has not consumed yet."""
@@ -84,10 +86,11 @@ class EngineModel:
     :meth:`committed` tell it nothing; it hears the user's audio as it arrives.
     """
 
-    __slots__ = ("_audio", "_clear", "_epoch", "_stops")
+    __slots__ = ("_audio", "_clear", "_epoch", "_stops", "_video")
 
     def __init__(self) -> None:
         self._audio = bytearray()
+        self._video: list[tuple[int, tuple[bytes, ...]]] = []
         self._clear = False
         self._stops = 0  # asked for since the last take_input
         self._epoch = 0
@@ -105,13 +108,16 @@ class EngineModel:
     def configure(self, config: JsonObject) -> None:
         """Nothing to do: the model takes no session settings."""
 
-    def hear(self, audio: bytes) -> None:
-        """Queue ``audio`` for the engine."""
+    def hear(self, audio: bytes, video: tuple[bytes, ...] = ()) -> None:
+        """Queue ``audio`` for the engine, ``video`` where it starts."""
+        if video:
+            self._video.append((len(self._audio), video))
         self._audio += audio
 
     def forget_input(self) -> None:
         """Drop the queued audio, and have the engine drop what it holds too."""
         self._audio.clear()
+        self._video.clear()
         self._clear = True
 
     def answer(self, audio: bytes, *, spoken: bool, now: float) -> None:
@@ -135,7 +141,9 @@ class EngineModel:
 
     def take_input(self) -> PendingInput:
         """The stop, clear and audio queued since the last call; forgets them."""
-        pending = PendingInput(clear=self._clear, audio=bytes(self._audio), stops=self._stops)
+        pending = PendingInput(clear=self._clear, audio=bytes(self._audio), stops=self._stops,
+                               video=tuple(self._video))
         self._audio.clear()
+        self._video.clear()
         self._clear, self._stops = False, 0
         return pending

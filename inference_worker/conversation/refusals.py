@@ -35,6 +35,7 @@ class RefusalCode(StrEnum):
     UNSUPPORTED_TURN_DETECTION = "unsupported_turn_detection"
     UNSUPPORTED_NATIVE_RESPONSE_OPTIONS = "unsupported_native_response_options"
     NATIVE_TEXT_APPEND_UNSUPPORTED = "native_text_append_unsupported"
+    INVALID_INPUT_MODALITY = "invalid_input_modality"
     MODEL_UPDATE_UNSUPPORTED = "model_update_unsupported"
     # The conversation's state.
     INPUT_AUDIO_BUFFER_COMMIT_EMPTY = "input_audio_buffer_commit_empty"
@@ -100,6 +101,13 @@ TEXT_INPUT_REFUSAL: Final = Refusal(
     message="this model takes no text in the user's turn; send a user message with"
     " conversation.item.create (an input_text part) instead")
 
+
+#: The first ``video_frames`` of a session whose model sees no video (once per session: the
+#: frames of later appends are dropped without another error, their audio heard).
+VIDEO_REFUSAL: Final = Refusal(
+    code=RefusalCode.INVALID_INPUT_MODALITY, param="video_frames",
+    message="This model does not accept video_frames: its capabilities'"
+    " optional_input_modalities has no 'video'. The audio is heard; frames are dropped.")
 
 #: ``response.create`` on the loopback with no committed turn to answer.
 CREATE_WITHOUT_INPUT: Final = Refusal(

@@ -3,15 +3,46 @@
 
 :class:`UserInput` keeps the audio appended since the last commit or clear (its bytes where
 the policy keeps them, the newest 60 s; else only their count) and moves the input machine
-with every change, through the table (an illegal move raises). Pure: no I/O, no clock.
+with every change, through the table (an illegal move raises). :class:`VideoGate` decides
+what becomes of the camera frames that ride an append. Pure: no I/O, no clock.
 """
 
 from __future__ import annotations
 
+import binascii
+
 from inference_worker.conversation.profiles import MAX_BUFFER_BYTES, MIN_COMMIT_BYTES
+from inference_worker.conversation.refusals import VIDEO_REFUSAL, Refusal
 from inference_worker.conversation.states import InputState, Trigger, move, transition
 
-__all__ = ["UserInput"]
+__all__ = ["UserInput", "VideoGate"]
+
+
+class VideoGate:
+    """The camera frames of a session's appends: decoded for a model that sees video; for one
+    that does not, refused once (the session's first frame), then dropped.
+
+    Args:
+        sees: the session's model takes video (its profile's ``sees_video``).
+    """
+
+    __slots__ = ("_refused", "_sees")
+
+    def __init__(self, *, sees: bool) -> None:
+        self._sees = sees
+        self._refused = False
+
+    def admit(self, frames: tuple[str, ...]) -> tuple[tuple[bytes, ...], Refusal | None]:
+        """The images of an append's ``frames`` (base64, checked at the gateway) for the
+        model, and the refusal to answer with (None: none)."""
+        if not frames:
+            return (), None
+        if self._sees:
+            return tuple(binascii.a2b_base64(frame) for frame in frames), None
+        if self._refused:
+            return (), None
+        self._refused = True
+        return (), VIDEO_REFUSAL
 
 
 class UserInput:

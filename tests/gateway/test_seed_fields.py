@@ -52,9 +52,9 @@ def test_an_append_of_frames_alone_has_no_audio() -> None:
 
 
 @pytest.mark.parametrize(("extra", "code", "param"), [
-    ({"video_frames": ["not base64!"]}, "invalid_value", "video_frames[0]"),
-    ({"video_frames": [""]}, "invalid_value", "video_frames[0]"),
-    ({"video_frames": [7]}, "invalid_value", "video_frames[0]"),
+    ({"video_frames": ["not base64!"]}, "invalid_video_frames", "video_frames[0]"),
+    ({"video_frames": [""]}, "invalid_video_frames", "video_frames[0]"),
+    ({"video_frames": [7]}, "invalid_video_frames", "video_frames[0]"),
     ({"video_frames": "x"}, "invalid_type", "video_frames"),
     ({"sample_rate_hz": 0}, "invalid_value", "sample_rate_hz"),
     ({"sample_rate_hz": 16000.5}, "invalid_type", "sample_rate_hz"),

@@ -22,12 +22,12 @@ from inference_worker.conversation.profiles import GA_TURN_DETECTION, PCM_FORMAT
 
 
 def test_the_table_names_every_backend_with_its_turn_mode() -> None:
-    """Four backends; only loopback has no frames; only the cascade signals its own turns."""
-    assert BACKENDS == ("loopback", "fake", "moshi", "cascade")
-    assert FRAME_BACKENDS == ("fake", "moshi", "cascade")
+    """Five backends; only loopback has no frames; only the cascade signals its own turns."""
+    assert BACKENDS == ("loopback", "fake", "moshi", "cascade", "recording")
+    assert FRAME_BACKENDS == ("fake", "moshi", "cascade", "recording")
     assert {name: entry.turns for name, entry in REGISTRY.items()} == {
         "loopback": TurnMode.LOOPBACK, "fake": TurnMode.AUDIO, "moshi": TurnMode.AUDIO,
-        "cascade": TurnMode.EVENTS}
+        "cascade": TurnMode.EVENTS, "recording": TurnMode.AUDIO}
     assert [name for name in BACKENDS if explicit_turns(name)] == ["cascade"]
     assert [name for name in BACKENDS if backend_entry(name).needs_model_path] == ["moshi"]
 
