@@ -104,7 +104,7 @@ def test_frames_of_audio_dropped_for_the_backlog_are_dropped_with_it() -> None:
 def test_the_recording_backend_says_what_it_saw_with_the_echo_of_that_audio() -> None:
     """The echo of the model frame a camera frame came with carries its description, and
     steps without frames say nothing (the fake's echo otherwise)."""
-    eng, backend = engine()
+    eng, _ = engine()
     handle = eng.open()
     assert handle is not None
     eng.push_audio(handle, unit(100) + unit(200), ((FRAME * 2, (JPEG,)),))
@@ -136,7 +136,7 @@ def test_the_gate_decodes_for_eyes_and_refuses_once_without() -> None:
     assert blind.admit((b64(PNG),)) == ((), None)
 
 
-def errors(events: list[msg.Event]) -> list[msg.Event]:
+def errors(events: list[msg.Event]) -> list[msg.ErrorEvent]:
     return [e for e in events if isinstance(e, msg.ErrorEvent)]
 
 
