@@ -31,7 +31,7 @@ from store import (
 from store.errors import raise_if_cancelled
 from store.outages import OutageLog, plain_reason
 
-__all__ = ["REPORT_APPLIED_EVERY", "OutputWriter", "Pending"]
+__all__ = ["REPORT_APPLIED_BYTES", "REPORT_APPLIED_EVERY", "OutputWriter", "Pending"]
 
 _log = logging.getLogger("inference_worker.worker")
 # Sessions per output script call: bounds one call's size (and its time inside Redis).
@@ -47,6 +47,10 @@ _close_failures = RateLimitedLog(_log, interval_s=5.0)
 #: applied already, so its position is also written without events every this many commands:
 #: one small script call per that many commands, and at most that many applied entries kept.
 REPORT_APPLIED_EVERY = 64
+#: The same by size: large commands (camera frames ride appends, up to megabytes each) kept
+#: after they were applied would take the room INPUT_LOG_MAX_BYTES leaves unread input, so
+#: the position is also written once this many bytes of commands were applied since.
+REPORT_APPLIED_BYTES = 512 * 1024
 
 
 class Pending:

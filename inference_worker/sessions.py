@@ -116,6 +116,8 @@ class Session:
     # events trims to the position it reports; one with events only every 16 commands): a
     # session gone quiet past it gets one such write from the poll, so nothing applied stays.
     trimmed_to: int = 0
+    # Bytes of commands applied since the position was last due to be reported by size.
+    unreported_bytes: int = 0
     # An input push arrived since the last poll: pushes show a rewound log themselves, so the
     # poll checks the log's end only for sessions that were quiet.
     pushed: bool = False

@@ -42,7 +42,12 @@ from inference_worker.backends.registry import (
 )
 from inference_worker.engine import Engine, TickReport
 from inference_worker.metrics import WorkerMetrics
-from inference_worker.output_writer import REPORT_APPLIED_EVERY, OutputWriter, Pending
+from inference_worker.output_writer import (
+    REPORT_APPLIED_BYTES,
+    REPORT_APPLIED_EVERY,
+    OutputWriter,
+    Pending,
+)
 from inference_worker.session_factory import SessionFactory
 from inference_worker.sessions import (
     Session,
@@ -550,8 +555,11 @@ class Worker:
             # session stands (else it ends the session), so this cannot come back here.
             await self._catch_up(session_id, session)
             return
+        session.unreported_bytes += sum(len(payload) for _, payload in fresh)
         if (applied_before + len(fresh)) // REPORT_APPLIED_EVERY > (
-                applied_before // REPORT_APPLIED_EVERY):
+                applied_before // REPORT_APPLIED_EVERY
+                ) or session.unreported_bytes >= REPORT_APPLIED_BYTES:
+            session.unreported_bytes = 0
             self._pending.report_applied.add(session_id)  # apply() below marks it for the flusher
         # The follower delivers a suffix (what it had not delivered yet). Refused entries are
         # delivered too: the position moves past them, so they are never read again.

@@ -47,10 +47,25 @@ def _worker(args: argparse.Namespace) -> int:
     return run_worker_bench(args)
 
 
+def _video(args: argparse.Namespace) -> int:
+    from duplex_gateway.bench.video import run_video_bench
+
+    return run_video_bench(sessions=args.sessions, seconds=args.seconds,
+                           frame_bytes=args.frame_bytes, output=args.output)
+
+
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``bench relay|resume|leases|worker|calls|open``: each bench module declares its own
-    flags."""
-    from duplex_gateway.bench import calls, leases, open as open_bench, relay, resume, worker
+    """``bench relay|resume|leases|worker|calls|open|video``: each bench module declares its
+    own flags."""
+    from duplex_gateway.bench import (
+        calls,
+        leases,
+        open as open_bench,
+        relay,
+        resume,
+        video,
+        worker,
+    )
 
     parser = sub.add_parser("bench", help="benchmarks (each starts the processes it measures)",
                             description="Benchmarks. Each prints a table and writes its "
@@ -67,6 +82,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
          " per call", calls.add_arguments, _calls),
         ("open", "time to the first answer of ?model= connections, by client and quiet"
          " period", open_bench.add_arguments, _open),
+        ("video", "Redis memory per session streaming camera frames, second by second",
+         video.add_arguments, _video),
     )
     for name, summary, add_arguments, run in commands:
         command = bench_sub.add_parser(name, help=summary, description=summary)

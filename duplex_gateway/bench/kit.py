@@ -234,13 +234,13 @@ def start_http_server(stack: contextlib.ExitStack, name: str, module_args: list[
 
 def start_worker(stack: contextlib.ExitStack, redis_url: str, slots: int,
                   log_dir: Path, *, profile_to: Path | None = None,
-                  metrics_port: int | None = None) -> Server:
+                  metrics_port: int | None = None, backend: str = "loopback") -> Server:
     from redis import Redis
 
     from store.keys import WORKER_DIRECTORY
 
     args = ["duplex_gateway", "--log-level", "warning", "worker", "--redis-url", redis_url,
-            "--backend", "loopback", "--slots", str(slots)]
+            "--backend", backend, "--slots", str(slots)]
     if metrics_port is not None:
         args += ["--metrics-port", str(metrics_port)]
     server = spawn("worker", args if profile_to is None else profiled(args, profile_to),

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 
 from duplex_client import DuplexClient, RealtimeEvent
+from inference_worker.output_writer import REPORT_APPLIED_BYTES
+from store.keys import SessionKeys
 from tests.e2e.helpers import PUSH_TO_TALK_SESSION, collect_until, next_event
 from tests.e2e.stack import Stack
 
@@ -124,3 +126,36 @@ async def test_frames_out_of_bounds_are_refused_at_the_gateway(stack: Stack) -> 
             "invalid_video_frames", "fast")
         await client.send_raw(json.dumps({"type": "session.heartbeat"}))
         assert (await next_event(client)).type == "session.heartbeat_ack"
+
+
+async def test_a_sessions_input_log_stays_small_however_much_video_it_carried(
+        stack: Stack) -> None:
+    """Twenty-four appends of a 150 kB camera frame each (3.6 MB of video), each sent once
+    the model saw the one before: the session's input log never holds more than
+    REPORT_APPLIED_BYTES and the append that crossed it (MEMORY USAGE), not the video it
+    carried, though the events the echo writes would trim it only every 16 commands."""
+    stack.env["DUPLEX_GATEWAY_MAX_VIDEO_FRAMES_PER_S"] = "0"
+    url = stack.gateway().ws_url
+    stack.worker(backend="recording")
+    sent, largest = 0, 0
+    async with await DuplexClient.connect(url, session=PUSH_TO_TALK_SESSION) as client:
+        await collect_until(client, "session.updated", [])
+        assert client.session_id is not None
+        keys = SessionKeys(client.session_id)
+        reader = stack.reader()
+        said = ""
+        for i in range(24):
+            frame = image(i) + bytes(150_000)
+            data = append(unit_audio(i)[:MODEL_FRAME * 2 * 2], [frame], f"a{i}")
+            sent += len(data)
+            await client.send_raw(data)
+            while digest(frame) not in said:  # the model stepped it: applied, nothing unread
+                event = await next_event(client)
+                assert event.type != "error", event.data
+                if event.type == "response.output_audio_transcript.delta":
+                    said += event.data["delta"]
+            memory = reader.memory_usage(keys.input_log)
+            largest = max(largest, int(memory or 0))  # type: ignore[arg-type]
+        reader.close()
+    bound = REPORT_APPLIED_BYTES + len(data) + 64 * 1024  # and the stream's own overhead
+    assert largest < bound < sent / 4
