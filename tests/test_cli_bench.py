@@ -26,7 +26,7 @@ from duplex_gateway.bench.resume import cuts_per_session
 from duplex_gateway.cli import _parser
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ("relay", "resume", "leases", "worker", "calls", "open")
+BENCHES = ("relay", "resume", "leases", "worker", "calls", "open", "video")
 
 # (command line after `bench`, the flag argparse names, what its message says)
 BAD_ARGUMENTS = [
@@ -39,6 +39,7 @@ BAD_ARGUMENTS = [
     (["worker", "--threads", "two"], "--threads", "'two' is not a whole number"),
     (["worker", "--backend", "loopback"], "--backend", "invalid choice: 'loopback'"),
     (["resume", "--sessions", "0"], "--sessions", "must be at least 1, got 0"),
+    (["video", "--frame-bytes", "0"], "--frame-bytes", "must be at least 1, got 0"),
     (["resume", "--disconnects", "0"], "--disconnects", "must be at least 1, got 0"),
     (["resume", "--disconnects", "1e3"], "--disconnects", "'1e3' is not a whole number"),
     (["relay", "--sessions", "-5"], "--sessions", "must be at least 1, got -5"),

@@ -155,7 +155,7 @@ async def test_a_sessions_input_log_stays_small_however_much_video_it_carried(
                 if event.type == "response.output_audio_transcript.delta":
                     said += event.data["delta"]
             memory = reader.memory_usage(keys.input_log)
-            largest = max(largest, int(memory or 0))  # type: ignore[arg-type]
+            largest = max(largest, int(memory or 0))
         reader.close()
     bound = REPORT_APPLIED_BYTES + len(data) + 64 * 1024  # and the stream's own overhead
     assert largest < bound < sent / 4
