@@ -29,6 +29,7 @@ reach the client through the output log and are not listed here.
 | `missing_required_parameter` | invalid_request_error | - | a required field is absent |
 | `invalid_type` | invalid_request_error | - | a field has the wrong JSON type |
 | `invalid_value` | invalid_request_error | - | bad `audio` or `client_seq`; a value out of bounds |
+| `invalid_video_frames` | invalid_request_error | - | an append's camera frames out of bounds |
 | `invalid_session_resume` | invalid_request_error | - | `session.resume` malformed or too long |
 | `unsupported_session_resume` | invalid_request_error | - | `session.resume` not sent first |
 | `session_resume_expired` | invalid_request_error | 1008 | resumed session unknown or ended |
