@@ -65,8 +65,7 @@ class SlotStep:
     #: float32 ``[in_samples]``; zeros when the client was late (the clock never waits).
     pcm: Audio
     #: The camera frames (JPEG or PNG bytes, in order) of the append whose audio starts in
-    #: this frame (a frames-only append: the frame its audio would have started in). Only a
-    #: backend whose profile sees video gets any; empty on almost every step.
+    #: this frame. Only a backend whose profile sees video gets any; empty on most steps.
     video: tuple[bytes, ...] = ()
 
 

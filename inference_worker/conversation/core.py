@@ -271,14 +271,12 @@ class ConversationCore:
         if len(command.audio) % 2 and self._conversation.input_format is AudioFormat.PCM24K:
             self._refuse(command.event_id, BROKEN_SAMPLE)  # and the buffer stays aligned
             return
-        video, refusal = self._video.admit(command.video_frames)
+        video, refusal = self._video.admit(command.video_frames, with_audio=bool(command.audio))
         if refusal is not None:
             self._refuse(command.event_id, refusal)
         audio = self._decoder.decode(command.audio)  # G.711 becomes pcm16 24 kHz here
         if not audio:
-            if video:
-                self._model.hear(b"", video)  # frames alone go with the audio that follows
-            return
+            return  # nothing to buffer or hear
         if not self._heard_input:
             self._heard_input = True
             if self._responses.anchor is None:

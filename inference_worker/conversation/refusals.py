@@ -109,6 +109,13 @@ VIDEO_REFUSAL: Final = Refusal(
     message="This model does not accept video_frames: its capabilities'"
     " optional_input_modalities has no 'video'. The audio is heard; frames are dropped.")
 
+#: An append of camera frames without audio to a model that sees video: its frames ride an
+#: audio unit (the seed's audio-primary contract), so the append does nothing.
+VIDEO_ONLY_REFUSAL: Final = Refusal(
+    code=RefusalCode.INVALID_INPUT_MODALITY, param="audio",
+    message="This model requires audio; an append of video_frames alone is not allowed:"
+    " send each frame with the audio of its unit.")
+
 #: ``response.create`` on the loopback with no committed turn to answer.
 CREATE_WITHOUT_INPUT: Final = Refusal(
     code=RefusalCode.RESPONSE_CREATE_WITHOUT_INPUT,

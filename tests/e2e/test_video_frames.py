@@ -109,18 +109,19 @@ async def test_frames_out_of_bounds_are_refused_at_the_gateway(stack: Stack) -> 
     stack.worker(backend="recording")
     async with await DuplexClient.connect(url, session=PUSH_TO_TALK_SESSION) as client:
         await collect_until(client, "session.updated", [])
+        audio = bytes(MODEL_FRAME * 2)
         bad = [
-            (append(b"", [b"GIF89a" + bytes(20)], "gif"), "video_frames[0]"),
-            (append(b"", [image(0)] * 3, "three"), "video_frames"),
-            (append(b"", [b"\xff\xd8" + bytes(2000)], "large"), "video_frames[0]"),
+            (append(audio, [b"GIF89a" + bytes(20)], "gif"), "video_frames[0]"),
+            (append(audio, [image(0)] * 3, "three"), "video_frames"),
+            (append(audio, [b"\xff\xd8" + bytes(2000)], "large"), "video_frames[0]"),
         ]
         for frame, param in bad:
             await client.send_raw(frame)
             error = await next_event(client)
             assert (error.data["error"]["code"], error.data["error"]["param"]) == (
                 "invalid_video_frames", param)
-        await client.send_raw(append(b"", [image(0), image(1)], "burst"))
-        await client.send_raw(append(b"", [image(2)], "fast"))
+        await client.send_raw(append(audio, [image(0), image(1)], "burst"))
+        await client.send_raw(append(audio, [image(2)], "fast"))
         error = await next_event(client)
         assert (error.data["error"]["code"], error.data["error"]["event_id"]) == (
             "invalid_video_frames", "fast")

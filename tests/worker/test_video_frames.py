@@ -127,13 +127,20 @@ def test_the_recording_backend_echoes_only() -> None:
 def test_the_gate_decodes_for_eyes_and_refuses_once_without() -> None:
     """A model that sees video gets the images; one that does not refuses the session's
     first frame and drops the rest without another error."""
-    assert VideoGate(sees=True).admit((b64(JPEG), b64(PNG))) == ((JPEG, PNG), None)
-    assert VideoGate(sees=True).admit(()) == ((), None)
+    eyes = VideoGate(sees=True)
+    assert eyes.admit((b64(JPEG), b64(PNG)), with_audio=True) == ((JPEG, PNG), None)
+    assert eyes.admit((), with_audio=False) == ((), None)
+    for _ in range(2):  # frames without audio: refused each time (audio is required)
+        images, refusal = eyes.admit((b64(JPEG),), with_audio=False)
+        assert images == () and refusal is not None
+        assert (refusal.code, refusal.param) == ("invalid_input_modality", "audio")
     blind = VideoGate(sees=False)
-    assert blind.admit(()) == ((), None)
-    images, refusal = blind.admit((b64(JPEG),))
-    assert images == () and refusal is not None and refusal.code == "invalid_input_modality"
-    assert blind.admit((b64(PNG),)) == ((), None)
+    assert blind.admit((), with_audio=True) == ((), None)
+    images, refusal = blind.admit((b64(JPEG),), with_audio=True)
+    assert images == () and refusal is not None
+    assert (refusal.code, refusal.param) == ("invalid_input_modality", "video_frames")
+    assert blind.admit((b64(PNG),), with_audio=True) == ((), None)
+    assert blind.admit((b64(PNG),), with_audio=False) == ((), None)
 
 
 def errors(events: list[msg.Event]) -> list[msg.ErrorEvent]:
@@ -142,8 +149,8 @@ def errors(events: list[msg.Event]) -> list[msg.ErrorEvent]:
 
 def test_a_blind_backend_hears_the_audio_and_refuses_the_first_frame_once() -> None:
     """The loopback (and fake, moshi, cascade) sees no video: the first append with frames is
-    answered invalid_input_modality naming video_frames, its audio still heard; later frames
-    are dropped silently."""
+    answered invalid_input_modality naming video_frames, its audio still heard; later frames,
+    with audio or alone, are dropped silently."""
     for core in (loopback_core("s"), frame_core("s", model="fake", frame_seconds=0.08)):
         core.receive(msg.AppendAudio(audio=unit(100), video_frames=(b64(JPEG),),
                                      event_id="e1"), 0.0)
@@ -158,16 +165,19 @@ def test_a_blind_backend_hears_the_audio_and_refuses_the_first_frame_once() -> N
 
 def test_a_seeing_backend_gets_each_appends_frames_at_its_audio() -> None:
     """The recording backend's sessions queue each append's images at the byte where its
-    audio starts, frames-only appends at the audio that follows."""
+    audio starts; an append of frames alone is refused (audio is required) and queues
+    nothing."""
     core = frame_core("s", model="recording", frame_seconds=0.1,
                       profile=backend_entry("recording").profile)
     core.receive(msg.AppendAudio(audio=unit(100), video_frames=(b64(JPEG),)), 0.0)
-    core.receive(msg.AppendAudio(audio=b"", video_frames=(b64(PNG),)), 0.0)
-    core.receive(msg.AppendAudio(audio=unit(200)), 0.0)
-    assert errors(core.events_to_send()) == []
+    core.receive(msg.AppendAudio(audio=b"", video_frames=(b64(JPEG),), event_id="alone"),
+                 0.0)
+    core.receive(msg.AppendAudio(audio=unit(200), video_frames=(b64(PNG), b64(JPEG))), 0.0)
+    assert [(e.code, e.param, e.client_event_id) for e in errors(core.events_to_send())] == [
+        ("invalid_input_modality", "audio", "alone")]
     pending = core.take_input()
     assert pending.audio == unit(100) + unit(200)
-    assert pending.video == ((0, (JPEG,)), (FRAME * 2, (PNG,)))
+    assert pending.video == ((0, (JPEG,)), (FRAME * 2, (PNG, JPEG)))
     core.receive(msg.AppendAudio(audio=unit(300), video_frames=(b64(JPEG),)), 0.0)
     core.receive(msg.ClearInput(), 0.0)
     assert core.take_input().video == ()
