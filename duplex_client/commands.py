@@ -129,7 +129,9 @@ class InputAudioBufferAppendEvent(ClientCommand):
             raise ValueError(f"given both as an argument and in hints: {sorted(twice)}")
 
     def _fields(self) -> dict[str, Any]:
-        fields: dict[str, Any] = {"audio": base64.b64encode(self.audio).decode()}
+        fields: dict[str, Any] = {}
+        if self.audio or not self.video_frames:  # frames alone go without an empty audio
+            fields["audio"] = base64.b64encode(self.audio).decode()
         fields.update(_present(format=self.format, sample_rate_hz=self.sample_rate_hz,
                                is_speech=self.is_speech))
         if self.video_frames:

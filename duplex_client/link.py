@@ -203,10 +203,10 @@ class SessionLink:
             self.last_seq = marker.replay_from - 1
         self._last_error_code = None
         async with self._upstream.lock:
-            # Without last_client_seq (the seed keeps no input numbers) nothing is resent, as
-            # the seed's own client does.
+            # Without last_client_seq (the seed keeps no input numbers) what a socket took
+            # counts as delivered, as for the seed's own client; what none took goes now.
             confirmed = marker.last_client_seq
-            self._confirm(self._upstream.buffer.client_seq if confirmed is None else confirmed,
+            self._confirm(self._upstream.last_sent if confirmed is None else confirmed,
                           connected.ws)
             self._ws = connected.ws
             await self._upstream.resend(connected.ws)
