@@ -27,10 +27,6 @@ class Readers:
         # Per task, its events() iterators paused at their yield: that task's own caller runs.
         self._parked: dict[asyncio.Task[Any] | None, int] = {}
 
-    def busy(self) -> bool:
-        """Whether someone reads already (a caller, or a drain)."""
-        return bool(self.count) or self.drain is not None
-
     def busy_elsewhere(self) -> bool:
         """Whether someone other than the running task reads: its own events() loops, paused
         while it runs, read nothing until it returns to them."""
