@@ -122,7 +122,10 @@ class InputAudioBufferAppendEvent(ClientCommand):
     def __post_init__(self) -> None:
         unknown = set(self.hints or ()) - APPEND_HINT_KEYS
         if unknown:
-            raise ValueError(f"not a hint the gateway knows: {sorted(unknown)}")
+            # is_speech has its own field on the wire: a hint of that name would be read as
+            # nothing at all, so it is refused like any other unknown key.
+            raise ValueError(f"not a hint the gateway knows: {sorted(unknown)} (hints:"
+                             f" {sorted(APPEND_HINT_KEYS)}; is_speech is an argument)")
         given = {"duration_ms": self.duration_ms, "audio_end_ms": self.audio_end_ms}
         twice = {key for key, value in given.items() if value is not None} & set(self.hints or ())
         if twice:

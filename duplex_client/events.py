@@ -67,6 +67,8 @@ class RealtimeEvent:
     @property
     def audio(self) -> bytes:
         """The decoded audio of a ``response.output_audio.delta`` (empty for other events)."""
+        if self.type != "response.output_audio.delta":
+            return b""
         return base64.b64decode(self.data.get("delta") or "")
 
     @property

@@ -49,6 +49,8 @@ _SESSION_OBJECT_EVENTS = frozenset({"session.created", "session.updated", "sessi
 _FATAL_RESUME_CODES = frozenset({
     "session_resume_expired", "invalid_resume_token", "invalid_session_resume",
     "unsupported_session_resume", "session_resume_conflict",
+    # The seed's: its engine refused the lease (a newer attach won), or the session is gone.
+    "runtime_resume_failed", "session_closed", "unknown_session",
 })
 _REPLACED_CLOSE_CODE = 1000
 

@@ -170,3 +170,36 @@ async def test_a_seed_refusal_of_the_open_in_its_flat_shape(gateway_factory: Fac
         await DuplexClient.connect(gateway.url, settings=FAST, dialect="duplex")
     assert refused.value.code == "unsupported"
     assert gateway.frames(0)[0]["session"] == {}  # the duplex default: no GA "type"
+
+
+async def test_the_seeds_resume_codes_retry_or_end_as_they_mean(gateway_factory: Factory) -> None:
+    """A resume the seed refuses with ``engine_backpressure`` (its engine is busy: later) is
+    tried again; one refused with ``runtime_resume_failed`` (a newer attach holds the lease)
+    is final."""
+    def refuse_with(code: str) -> Callable[[Peer], Awaitable[None]]:
+        async def refuse(peer: Peer) -> None:
+            await peer.expect("session.resume")
+            await peer.send({"type": "error", "error": {"type": "invalid_request_error",
+                                                        "code": code, "message": code}})
+            await peer.close(1008)
+        return refuse
+
+    async def resume(peer: Peer) -> None:
+        await peer.expect("session.resume")
+        await peer.send(SEED["event_r"], SEED["event_10"])
+
+    gateway = await gateway_factory(refuse_with("engine_backpressure"), resume,
+                                    refuse_with("runtime_resume_failed"))
+    async with asyncio.timeout(DEADLINE_S):
+        client = await DuplexClient.resume_session(
+            gateway.url, session_id=SEED_SESSION_ID, resume_token="tok-1", settings=FAST,
+            jitter=seeded_jitter(), dialect="duplex")
+        assert client.generation == 2
+        assert await client.wait_closed() == "client_close"
+        with pytest.raises(DuplexClientError) as final:
+            await DuplexClient.resume_session(
+                gateway.url, session_id=SEED_SESSION_ID, resume_token="tok-2", settings=FAST,
+                jitter=seeded_jitter(), dialect="duplex")
+    assert final.value.code == "runtime_resume_failed"
+    assert DuplexClient.is_fatal_resume_error(final.value)
+    assert len(gateway.peers) == 3
