@@ -119,3 +119,22 @@ async def test_resume_session_takes_a_session_over_from_its_id_and_token(stack: 
     assert played == sent
     seqs = [e.server_event_seq for e in [*first, *rest] if e.server_event_seq is not None]
     assert seqs == list(range(1, len(seqs) + 1))
+
+
+async def test_the_duplex_dialect_opens_resumes_and_closes(stack: Stack) -> None:
+    """dialect="duplex" dials ?duplex=1&autostart=0, opens with its own session.update, and
+    reads the answer in whichever shape the gateway gives it (the GA one, or the seed's once
+    the gateway speaks that dialect): the id, the token, the generation, the capabilities;
+    a resume moves the generation on; close() ends the session."""
+    gateway = stack.gateway()
+    stack.worker()
+    async with asyncio.timeout(DEADLINE_S):
+        client = await DuplexClient.connect(gateway.ws_url, dialect="duplex")
+        assert client.session_id and client.resume_token and client.generation == 1
+        assert client.capabilities.get("supports_session_resume") is True
+        await client.drop_connection()
+        await client.resume()
+        assert client.generation == 2
+        await client.heartbeat()
+        assert await client.close() == "client_close"
+    await client.detach()
