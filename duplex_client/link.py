@@ -116,6 +116,11 @@ class SessionLink:
         was opened."""
         return MappingProxyType(self._session_object)
 
+    @property
+    def public_session(self) -> Mapping[str, Any]:
+        """:attr:`session`, under the seed handle's name."""
+        return self.session
+
     def _connection_gone(self) -> bool:
         return self._ws is None or self._ws.state is not State.OPEN
 

@@ -119,6 +119,7 @@ async def test_a_duplex_session_reads_the_seeds_shapes_through_a_resume(
     assert (client.generation, client.resume_token) == (1, "tok-1")
     assert client.capabilities["chunk_period_ms"] == 1000
     assert client.capabilities["optional_input_modalities"] == ["video"]
+    assert client.public_session["model"] == "openbmb/MiniCPM-o-4_5"  # the seed's name
     await client.commit()
     events: list[RealtimeEvent] = []
     async with asyncio.timeout(DEADLINE_S):
