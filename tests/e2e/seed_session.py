@@ -6,6 +6,8 @@ The seed's client itself comes from the released wheel (``tests/seed_client.py``
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import re
 import struct
@@ -28,6 +30,7 @@ __all__ = [
     "duration_ms",
     "encode",
     "frame_reports",
+    "names_frame",
     "png",
     "seed_stack",
     "seq_numbers",
@@ -88,14 +91,16 @@ def seq_numbers(events: Sequence[dict[str, Any]]) -> list[int]:
     return [e["server_event_seq"] for e in events if isinstance(e.get("server_event_seq"), int)]
 
 
-# A frame report: its sha256 (hex) and the unit it rode with, in either order.
-_DIGEST_THEN_UNIT: Final = re.compile(r"([0-9a-f]{64})[^0-9a-f]{0,80}?unit\W{0,3}(\d+)")
-_UNIT_THEN_DIGEST: Final = re.compile(r"unit\W{0,3}(\d+)[^0-9a-f]{0,80}?([0-9a-f]{64})")
+# A frame report: a sha256 (hex, whole or its first 8 digits at least) and the unit the frame
+# rode with, in either order.
+_DIGEST: Final = r"\b(?=[0-9]*[a-f])([0-9a-f]{8,64})\b"  # hex, not a plain number
+_DIGEST_THEN_UNIT: Final = re.compile(_DIGEST + r"[^\n]{0,80}?\bunit\W{0,3}(\d+)")
+_UNIT_THEN_DIGEST: Final = re.compile(r"\bunit\W{0,3}(\d+)[^\n]{0,80}?" + _DIGEST)
 
 
 def frame_reports(events: Sequence[dict[str, Any]]) -> list[tuple[str, int]]:
-    """``(sha256 hex, unit)`` of each camera frame a recording backend reported, in order of
-    first report: read from the text it output (its deltas joined), else from any event."""
+    """``(digest, unit)`` of each camera frame a recording backend reported, in order of first
+    report: read from the text it output (its deltas joined), else from any event."""
     text = "".join(str(e.get("delta") or "") for e in events if e.get("type") in _TEXT_DELTAS)
     for source in (text, "\n".join(json.dumps(e) for e in events)):
         pairs = [(m.group(1), int(m.group(2))) for m in _DIGEST_THEN_UNIT.finditer(source)]
@@ -107,6 +112,13 @@ def frame_reports(events: Sequence[dict[str, Any]]) -> list[tuple[str, int]]:
                 first.setdefault(digest, unit)
             return list(first.items())
     return []
+
+
+def names_frame(digest: str, frame: bytes) -> bool:
+    """Whether a reported ``digest`` is the sha256 of ``frame`` (its bytes, or the bare base64
+    the wire carried), whole or its beginning."""
+    wire = base64.b64encode(frame)
+    return any(hashlib.sha256(data).hexdigest().startswith(digest) for data in (frame, wire))
 
 
 @dataclass(frozen=True, slots=True)

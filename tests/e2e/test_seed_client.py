@@ -8,10 +8,11 @@ wheel with pip (pinned by version and sha256, cached in ``.deps/seed-client/``),
 module objects for ``vllm_omni`` and its subpackages in ``sys.modules``, and executes
 ``clients/utils.py``, ``clients/duplex.py`` and the presets from the zip with ``importlib``.
 
-Camera frames go to the ``recording`` backend: a test backend that sees video and reports,
-for each frame it received, the sha256 of the frame's bytes and the unit (of its audio) the
-frame came with, in its output (text, or any event field: :func:`frame_reports` reads
-``<sha256 hex> ... unit <n>`` in either order).
+Camera frames go to the ``recording`` backend (written against that name before it exists: a
+test backend that sees video, added beside this test): it reports, for each frame it received,
+the sha256 of the frame (of its bytes or of its base64 text, whole or its first hex digits) and
+the unit (of its audio) the frame came with, in its output: text deltas or any event field,
+``<sha256 hex> ... unit <n>`` in either order (:func:`~tests.e2e.seed_session.frame_reports`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from tests.e2e.seed_session import (
     duration_ms,
     encode,
     frame_reports,
+    names_frame,
     png,
     seed_stack,
     seq_numbers,
@@ -138,7 +140,6 @@ async def test_camera_frames_reach_the_recording_backend_with_their_units(
     duplex = seed.duplex
     config = duplex.SessionConfig()
     frames = [png(200, 0, 0), png(0, 200, 0), png(0, 0, 200)]
-    digests = [hashlib.sha256(frame).hexdigest() for frame in frames]
     audio = encode(speech(config.input_audio.sample_rate_hz, min_ms=3400), "pcm16")
     collector = duplex.EventCollector()
     async with asyncio.timeout(90):
@@ -154,7 +155,9 @@ async def test_camera_frames_reach_the_recording_backend_with_their_units(
         await asyncio.wait_for(consumer, 20)
     assert collector.errors() == [], collector.errors()
     reports = frame_reports(collector.events)
-    assert [digest for digest, _ in reports] == digests, reports
+    assert len(reports) == len(frames), reports
+    assert all(names_frame(digest, frame)
+               for (digest, _), frame in zip(reports, frames, strict=True)), reports
     units = [unit for _, unit in reports]
     steps = {later - earlier for earlier, later in itertools.pairwise(units)}
     assert len(steps) == 1 and steps.pop() > 0, f"one frame per unit, a second apart: {units}"
