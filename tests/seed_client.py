@@ -7,7 +7,7 @@ already has, unmodified, against the gateway. Nothing of the wheel is kept in th
   index pip is configured with, pinned by version and by the wheel's sha256 (pip checks the
   hash with ``--require-hashes``, and so does :func:`wheel`), into ``.deps/seed-client/``
   (ignored by git). A wheel already there with the right hash is used as it is: CI fetches
-  it once before the suite (``.ci/run`` runs ``python -m tests.seed_client``), and a
+  it once before the suite (``scripts/test`` runs ``python -m tests.seed_client``), and a
   developer's first test run fetches it through the same function.
 * **Loaded without the package's ``__init__``.** ``vllm_omni/__init__.py`` imports vllm (a GPU
   serving stack); the client modules import only the standard library and ``pybase64``, and
