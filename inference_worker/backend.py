@@ -27,6 +27,7 @@ __all__ = [
     "FrameSpec",
     "SlotResult",
     "SlotStep",
+    "VideoFrame",
     "silence",
 ]
 
@@ -58,15 +59,26 @@ class FrameSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class VideoFrame:
+    """One camera frame, with the audio unit it rode."""
+
+    #: The image: JPEG or PNG bytes.
+    image: bytes
+    #: Where its append's audio starts on the session's input timeline, in milliseconds of
+    #: the audio the model heard (0: its first sample); inside the step it comes with.
+    at_ms: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class SlotStep:
     """One slot's input for one tick."""
 
     slot: int
     #: float32 ``[in_samples]``; zeros when the client was late (the clock never waits).
     pcm: Audio
-    #: The camera frames (JPEG or PNG bytes, in order) of the append whose audio starts in
-    #: this frame. Only a backend whose profile sees video gets any; empty on most steps.
-    video: tuple[bytes, ...] = ()
+    #: The camera frames (in order) of the appends whose audio starts in this frame. Only a
+    #: backend whose profile sees video gets any; empty on most steps.
+    video: tuple[VideoFrame, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

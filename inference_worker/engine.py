@@ -43,7 +43,14 @@ from inference_worker.audio_frames import (
     level,
     pcm16_to_float,
 )
-from inference_worker.backend import Backend, FrameSpec, SlotResult, SlotStep, silence
+from inference_worker.backend import (
+    Backend,
+    FrameSpec,
+    SlotResult,
+    SlotStep,
+    VideoFrame,
+    silence,
+)
 from inference_worker.metrics import WorkerMetrics
 
 __all__ = ["Engine", "SlotHandle", "TickReport"]
@@ -53,6 +60,8 @@ _log = logging.getLogger(__name__)
 Audio = np.ndarray[Any, np.dtype[np.float32]]
 #: Camera frames (image bytes) at a byte offset into the pcm16 they arrived with.
 VideoMarks = tuple[tuple[int, tuple[bytes, ...]], ...]
+# Camera frames at a sample position (at the backend's rate) from some frame's start.
+_Marks = list[tuple[int, tuple[bytes, ...]]]
 
 # Ticks judged before the rolling p99 may refuse admission (one slow first tick is no trend).
 _MIN_SAMPLES = 10
@@ -102,10 +111,11 @@ class _SlotInput:
 
     def __init__(self, spec: FrameSpec) -> None:
         self.frames: deque[Audio] = deque()
-        # Camera frames by the place on the input timeline of the frame they go with (under
-        # the lock), and those for the partial frame being filled (the event loop's).
-        self.video: deque[tuple[int, tuple[bytes, ...]]] = deque()
-        self.partial_video: tuple[bytes, ...] = ()
+        # Camera frames by the place on the input timeline of the frame they go with, and the
+        # sample their append's audio starts at (under the lock); and those for the partial
+        # frame being filled, by their sample in it (the event loop's).
+        self.video: deque[tuple[int, int, tuple[bytes, ...]]] = deque()
+        self.partial_video: _Marks = []
         # Frames of the session's input behind the model: stepped, dropped or cleared (under
         # the lock): the slot's place on the session's input timeline.
         self.passed = 0
@@ -215,9 +225,9 @@ class Engine:
         slot_input = self._inputs.get(handle.serial)
         if slot_input is None:
             return
-        marks: list[tuple[int, tuple[bytes, ...]]] = []
+        marks = slot_input.partial_video  # each by its sample from the partial frame's start
         if video:  # resampled piece by piece, so that each frame's place is exact
-            pieces, start = [], 0
+            marks, pieces, start = [*marks], [], 0
             for offset, images in video:
                 pieces.append(self._resampled(slot_input, pcm16[start:offset]))
                 marks.append((slot_input.partial_len + sum(p.size for p in pieces), images))
@@ -231,24 +241,18 @@ class Engine:
             if samples.size:
                 slot_input.partial.append(samples)
                 slot_input.partial_len += samples.size
-            for _, images in marks:
-                slot_input.partial_video += images
+            slot_input.partial_video = marks
             return
         joined = np.concatenate([*slot_input.partial, samples])
         whole = joined.size // n
         rest = joined[whole * n:]
         slot_input.partial = [rest] if rest.size else []
         slot_input.partial_len = rest.size
-        attached: list[tuple[int, tuple[bytes, ...]]] = []
-        if slot_input.partial_video or marks:
-            attached = [(0, slot_input.partial_video)]
-            rest_video: tuple[bytes, ...] = ()
-            for position, images in marks:
-                if position // n < whole:
-                    attached.append((position // n, images))
-                else:
-                    rest_video += images
-            slot_input.partial_video = rest_video
+        attached: _Marks = []
+        if marks:
+            attached = [(position, images) for position, images in marks if position < whole * n]
+            slot_input.partial_video = [(position - whole * n, images)
+                                        for position, images in marks if position >= whole * n]
         self._enqueue(handle, [joined[i * n:(i + 1) * n] for i in range(whole)], attached)
 
     @staticmethod
@@ -273,19 +277,21 @@ class Engine:
             slot_input.frames.clear()
             slot_input.video.clear()
         slot_input.partial, slot_input.partial_len, slot_input.carry = [], 0, b""
-        slot_input.partial_video = ()
+        slot_input.partial_video = []
 
     def _enqueue(self, handle: SlotHandle, frames: list[Audio],
-                 video: list[tuple[int, tuple[bytes, ...]]] | None = None) -> None:
-        """Queue ``frames``, with ``video``'s camera frames by their frame's index in them."""
+                 video: _Marks | None = None) -> None:
+        """Queue ``frames``, with ``video``'s camera frames by their sample from the first
+        frame's start."""
         dropped = 0
         with self._lock:
             slot_input = self._inputs.get(handle.serial)
             if slot_input is None:
                 return
             first = slot_input.passed + len(slot_input.frames)  # the first one's place
-            slot_input.video.extend((first + index, images) for index, images in video or ()
-                                    if images)
+            n = self.spec.in_samples
+            slot_input.video.extend((first + position // n, first * n + position, images)
+                                    for position, images in video or ())
             slot_input.frames.extend(frames)
             while len(slot_input.frames) > self._backlog:
                 slot_input.frames.popleft()  # the oldest audio goes: latency stays bounded
@@ -390,8 +396,8 @@ class Engine:
         handles = list(self._active.values())
         frames, video = self._take_frames(handles)
         steps = [SlotStep(slot=h.slot, pcm=f) for h, f in zip(handles, frames, strict=True)]
-        for index, images in video:
-            steps[index] = SlotStep(slot=steps[index].slot, pcm=steps[index].pcm, video=images)
+        for index, seen in video:
+            steps[index] = SlotStep(slot=steps[index].slot, pcm=steps[index].pcm, video=seen)
         try:
             results = self._step(steps)
         except Exception as exc:  # a model failure ends this batch's sessions, not the worker
@@ -488,11 +494,11 @@ class Engine:
             _log.exception("slot %d: close_slot failed", handle.slot, extra=handle.log_ids())
 
     def _take_frames(self, handles: list[SlotHandle],
-                     ) -> tuple[list[Audio], list[tuple[int, tuple[bytes, ...]]]]:
+                     ) -> tuple[list[Audio], list[tuple[int, tuple[VideoFrame, ...]]]]:
         """Each handle's next frame (silence when none is queued), and the camera frames that
         go with them, by the handle's index."""
         raw: list[Any] = []
-        video: list[tuple[int, tuple[bytes, ...]]] = []
+        video: list[tuple[int, tuple[VideoFrame, ...]]] = []
         with self._lock:
             for index, handle in enumerate(handles):
                 slot_input = self._inputs.get(handle.serial)
@@ -500,9 +506,9 @@ class Engine:
                 raw.append(queued.popleft() if queued else None)
                 if slot_input is not None:
                     if slot_input.video and raw[-1] is not None:
-                        images = _video_at(slot_input.video, slot_input.passed)
-                        if images:
-                            video.append((index, images))
+                        seen = self._video_at(slot_input.video, slot_input.passed)
+                        if seen:
+                            video.append((index, seen))
                     slot_input.passed += raw[-1] is not None
                     self._positions[handle.serial] = slot_input.passed
         frames: list[Audio] = []
@@ -516,6 +522,18 @@ class Engine:
             self.metrics.underruns.inc(underruns)
             self.metrics.bad_input_frames.inc(bad)
         return frames, video
+
+    def _video_at(self, video: deque[tuple[int, int, tuple[bytes, ...]]],
+                  place: int) -> tuple[VideoFrame, ...]:
+        """The camera frames of the frame at ``place`` on the input timeline, taken off
+        ``video``; those of frames before it (dropped with their audio) are dropped too."""
+        seen: list[VideoFrame] = []
+        while video and video[0][0] <= place:
+            at, sample, images = video.popleft()
+            if at == place:
+                at_ms = sample * 1000 / self.spec.in_rate
+                seen += [VideoFrame(image=image, at_ms=at_ms) for image in images]
+        return tuple(seen)
 
     def _convert(self, handle: SlotHandle, result: SlotResult) -> FrameOutput:
         pcm = np.asarray(result.pcm, dtype=np.float32).reshape(-1)
@@ -547,17 +565,6 @@ class Engine:
         m.real_time_factor.observe(seconds / self.spec.frame_seconds)
         m.batch_occupancy.set(batch)
         m.batch_size.observe(batch)
-
-
-def _video_at(video: deque[tuple[int, tuple[bytes, ...]]], place: int) -> tuple[bytes, ...]:
-    """The camera frames of the frame at ``place`` on the input timeline, taken off ``video``;
-    those of frames before it (dropped with their audio) are dropped too."""
-    images: tuple[bytes, ...] = ()
-    while video and video[0][0] <= place:
-        at, frames = video.popleft()
-        if at == place:
-            images += frames
-    return images
 
 
 def _checked(frame: Any, samples: int) -> Audio | None:

@@ -5,10 +5,10 @@ slot returns its previous tick's input) and takes the camera frames that ride an
 (:attr:`~inference_worker.backend.SlotStep.video`). It records every frame it received, in
 order, with the audio frame it came with (:attr:`RecordingBackend.received`), and says so on
 the wire: the echo of that audio frame carries the text ``<frame F unit U>`` for each of its
-camera frames, where ``F`` is the first 16 hex digits of the image's SHA-256 and ``U`` those
-of the pcm16 the model heard with it. A client sees the text in the response's transcript,
-so a test through the gateway can check that every frame arrived, in order, paired with the
-audio of the append it rode.
+camera frames, where ``F`` is the first 16 hex digits of the image's SHA-256 and ``U`` where
+the audio of the append it rode starts in the session's input, in whole milliseconds. A
+client sees the text in the response's transcript, so a test through the gateway can check
+that every frame arrived, in order, paired with the audio unit of its append.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Final
 
 import numpy as np
 
-from inference_worker.backend import SlotResult, SlotStep
+from inference_worker.backend import SlotResult, SlotStep, VideoFrame
 from inference_worker.backends.fake import FakeBackend, FakeOptions
 
 __all__ = ["RecordingBackend", "Seen", "describe"]
@@ -34,9 +34,9 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:_DIGEST_HEX]
 
 
-def describe(image: bytes, pcm16: bytes) -> str:
-    """The text that names one camera frame and the audio it came with."""
-    return f"<frame {_digest(image)} unit {_digest(pcm16)}>"
+def describe(frame: VideoFrame) -> str:
+    """The text that names one camera frame and where its audio unit starts."""
+    return f"<frame {_digest(frame.image)} unit {round(frame.at_ms)}>"
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,7 +44,7 @@ class Seen:
     """One camera frame a slot received, with the audio frame it was stepped with."""
 
     slot: int
-    image: bytes
+    frame: VideoFrame
     #: The pcm16 LE of the step's audio frame, as the model heard it.
     unit: bytes
 
@@ -91,6 +91,6 @@ class RecordingBackend(FakeBackend):
             return ""
         unit = np.round(np.clip(step.pcm, -1.0, 1.0) * 32768.0).clip(-32768, 32767)
         pcm16 = unit.astype("<i2").tobytes()
-        self.received.extend(Seen(slot=step.slot, image=image, unit=pcm16)
-                             for image in step.video)
-        return "".join(describe(image, pcm16) for image in step.video)
+        self.received.extend(Seen(slot=step.slot, frame=frame, unit=pcm16)
+                             for frame in step.video)
+        return "".join(describe(frame) for frame in step.video)

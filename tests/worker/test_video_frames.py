@@ -12,6 +12,7 @@ import pytest
 
 from contract import messages as msg
 from inference_worker.audio_frames import float_to_pcm16
+from inference_worker.backend import VideoFrame
 from inference_worker.backends.fake import FakeOptions
 from inference_worker.backends.recording import RecordingBackend, describe
 from inference_worker.backends.registry import backend_entry, frame_core, loopback_core
@@ -38,9 +39,11 @@ def engine(slots: int = 2) -> tuple[Engine, RecordingBackend]:
     return Engine(backend), backend
 
 
-def seen(backend: RecordingBackend) -> list[tuple[bytes, int]]:
-    """Each recorded frame with the first sample of the audio it was stepped with."""
-    return [(s.image, int(np.frombuffer(s.unit, dtype="<i2")[0])) for s in backend.received]
+def seen(backend: RecordingBackend) -> list[tuple[bytes, int, float]]:
+    """Each recorded frame with the first sample of the audio frame it was stepped with, and
+    where its append's audio starts (ms)."""
+    return [(s.frame.image, int(np.frombuffer(s.unit, dtype="<i2")[0]), s.frame.at_ms)
+            for s in backend.received]
 
 
 def test_each_frame_is_stepped_with_the_frame_its_appends_audio_starts_in() -> None:
@@ -58,8 +61,10 @@ def test_each_frame_is_stepped_with_the_frame_its_appends_audio_starts_in() -> N
     eng.push_audio(handle, unit(300), ())
     for _ in range(5):
         eng.tick_once()
-    assert seen(backend) == [(JPEG, 100), (PNG, 100), (JPEG, 100), (PNG, 300)]
-    # frame 1 starts with the 100s and holds the 200 append's start: that is the one paired
+    # frame 1 starts with the 100s and holds the 200 append's start (150 ms): it carries
+    # the frames, each with the place of its append's first sample
+    assert seen(backend) == [(JPEG, 100, 0.0), (PNG, 100, 150.0), (JPEG, 100, 150.0),
+                             (PNG, 300, 300.0)]
 
 
 def test_an_offset_inside_a_push_places_each_frame_exactly() -> None:
@@ -72,7 +77,7 @@ def test_an_offset_inside_a_push_places_each_frame_exactly() -> None:
     eng.push_audio(handle, audio, ((0, (JPEG,)), (FRAME * 4, (PNG,))))
     for _ in range(3):
         eng.tick_once()
-    assert seen(backend) == [(JPEG, 100), (PNG, 200)]
+    assert seen(backend) == [(JPEG, 100, 0.0), (PNG, 200, 200.0)]
 
 
 def test_cleared_input_takes_its_frames_with_it() -> None:
@@ -84,7 +89,7 @@ def test_cleared_input_takes_its_frames_with_it() -> None:
     eng.clear_input(handle)
     eng.push_audio(handle, unit(200), ((0, (PNG,)),))
     eng.tick_once()
-    assert seen(backend) == [(PNG, 200)]
+    assert seen(backend) == [(PNG, 200, 0.0)]  # the cleared half frame never was input
 
 
 def test_frames_of_audio_dropped_for_the_backlog_are_dropped_with_it() -> None:
@@ -98,7 +103,7 @@ def test_frames_of_audio_dropped_for_the_backlog_are_dropped_with_it() -> None:
         eng.push_audio(handle, unit(value), ((0, (image,)),))
     for _ in range(3):
         eng.tick_once()
-    assert seen(backend) == [(PNG, 200), (JPEG, 300)]
+    assert seen(backend) == [(PNG, 200, 100.0), (JPEG, 300, 200.0)]
 
 
 def test_the_recording_backend_says_what_it_saw_with_the_echo_of_that_audio() -> None:
@@ -113,10 +118,9 @@ def test_the_recording_backend_says_what_it_saw_with_the_echo_of_that_audio() ->
         report = eng.tick_once()
         assert report is not None
         texts.append(report.outputs[handle.serial].text)
-    assert texts == ["", "", describe(JPEG, unit(200))]
-    assert describe(JPEG, unit(200)) == (
-        f"<frame {hashlib.sha256(JPEG).hexdigest()[:16]} "
-        f"unit {hashlib.sha256(unit(200)).hexdigest()[:16]}>")
+    assert texts == ["", "", f"<frame {hashlib.sha256(JPEG).hexdigest()[:16]} unit 100>"]
+    assert describe(VideoFrame(image=PNG, at_ms=1799.6)) == (
+        f"<frame {hashlib.sha256(PNG).hexdigest()[:16]} unit 1800>")
 
 
 def test_the_recording_backend_echoes_only() -> None:
