@@ -101,8 +101,9 @@ def parse_handshake(path: str, query: Mapping[str, str]) -> Handshake:
 
 # --------------------------------------------------------------------------- codes and reasons
 
-#: The seed's error code for ours, where they differ: ``(code, param)`` first, then
-#: ``(code, None)`` for every other param. Applied to every error a duplex connection gets.
+#: The seed's error code for ours, where they differ: ``(code, param)`` first (an indexed
+#: param, ``video_frames[2]``, by its name), then ``(code, None)`` for every other param.
+#: Applied to every error a duplex connection gets, the gateway's and the worker's.
 SEED_ERROR_CODES: Mapping[tuple[str, str | None], str] = MappingProxyType({
     ("invalid_event", None): "bad_event",
     ("invalid_type", None): "bad_event",
@@ -111,6 +112,8 @@ SEED_ERROR_CODES: Mapping[tuple[str, str | None], str] = MappingProxyType({
     ("invalid_value", "audio"): "bad_audio",
     ("invalid_value", "delta"): "bad_audio",
     ("invalid_value", "item.call_id"): "invalid_function_call_output",
+    ("invalid_value", "video_frames"): "invalid_video_frames",
+    ("invalid_value", "sample_rate_hz"): "bad_event",
     ("input_audio_buffer_commit_empty", None): "input_audio_buffer_empty",
     ("conversation_already_has_active_response", None): "response_already_active",
     ("response_cancel_not_active", None): "response_not_active",
@@ -119,7 +122,7 @@ SEED_ERROR_CODES: Mapping[tuple[str, str | None], str] = MappingProxyType({
 
 def seed_error_code(code: str, param: str | None) -> str:
     """The code a duplex connection gets for the error ``code`` about ``param``."""
-    seed = SEED_ERROR_CODES.get((code, param))
+    seed = None if param is None else SEED_ERROR_CODES.get((code, param.partition("[")[0]))
     if seed is None:
         seed = SEED_ERROR_CODES.get((code, None), code)
     return seed
