@@ -52,7 +52,8 @@ def output_audio_of(session: Mapping[str, Any]) -> tuple[str, int] | None:
     fmt = output.get("format") if isinstance(output, dict) else None
     if not isinstance(fmt, dict):
         return None
-    known = _ENCODINGS.get(fmt.get("type"))  # type: ignore[arg-type]
+    kind = fmt.get("type")
+    known = _ENCODINGS.get(kind) if isinstance(kind, str) else None
     if known is None:
         return None
     encoding, fixed_rate = known
