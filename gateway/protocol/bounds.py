@@ -22,8 +22,9 @@ import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, NoReturn, TypeAlias
 
+from contract.messages import AppendAudio
 from gateway.protocol.errors import ClientProtocolError, ErrorCode
 
 __all__ = [
@@ -42,6 +43,7 @@ __all__ = [
     "load_json",
     "video_frame_bytes",
     "video_frame_problem",
+    "video_frames_of",
 ]
 
 JsonDict: TypeAlias = dict[str, Any]
@@ -316,6 +318,44 @@ def video_frame_problem(frame: str) -> str | None:
     return "expected a JPEG or PNG image"
 
 
+# A camera frame may arrive as a data URL; the log carries bare base64.
+_DATA_URL_MARK = ";base64,"
+
+
+def video_frames_of(raw: list[Any] | None, event_id: str | None) -> tuple[str, ...]:
+    """An append's ``video_frames``: at most :data:`MAX_VIDEO_FRAMES_PER_APPEND`, each a
+    string of strict base64 (a data URL's prefix stripped) holding a JPEG or PNG image. How
+    large a frame may be, and how many a second, :class:`VideoBudget` checks.
+
+    Raises:
+        ClientProtocolError: the seed's ``invalid_video_frames``, naming the frame at fault.
+    """
+    def fail(param: str, problem: str) -> NoReturn:
+        raise ClientProtocolError(ErrorCode.INVALID_VIDEO_FRAMES,
+                                  f"Invalid value for '{param}': {problem}.", param=param,
+                                  client_event_id=event_id)
+
+    if not raw:
+        return ()
+    if len(raw) > MAX_VIDEO_FRAMES_PER_APPEND:
+        fail("video_frames", f"more than {MAX_VIDEO_FRAMES_PER_APPEND} frames in one append;"
+             " send about one frame per second of audio")
+    frames = []
+    for index, frame in enumerate(raw):
+        param = f"video_frames[{index}]"
+        if type(frame) is not str or not frame:
+            fail(param, "expected a non-empty base64 string")
+        bare = frame.partition(_DATA_URL_MARK)[2] if frame.startswith("data:") else frame
+        try:
+            binascii.a2b_base64(bare, strict_mode=True)
+        except (binascii.Error, ValueError):
+            fail(param, "not base64")
+        if problem := video_frame_problem(bare):
+            fail(param, problem)
+        frames.append(bare)
+    return tuple(frames)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class VideoBounds:
     """The gateway's bounds on camera frames (its settings).
@@ -344,8 +384,18 @@ class VideoBudget:
         self._tokens = self._burst  # a connection starts with its full burst
         self._last = now
 
+    def refusal(self, append: AppendAudio, now: float) -> ClientProtocolError | None:
+        """Charge an append's frames at ``now``; None when they are within bounds, else the
+        refusal to answer (``invalid_video_frames``: a frame larger than the bound, or more
+        frames than the rate allows). A refused append charges nothing."""
+        try:
+            self.charge(append.video_frames, now, append.event_id)
+        except ClientProtocolError as exc:
+            return exc
+        return None
+
     def charge(self, frames: tuple[str, ...], now: float, event_id: str | None) -> None:
-        """Charge an append's ``frames`` at ``now`` (a refused append charges nothing).
+        """Charge ``frames`` at ``now`` (a refused append charges nothing).
 
         Raises:
             ClientProtocolError: ``invalid_video_frames``: a frame larger than the bound, or

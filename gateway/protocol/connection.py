@@ -185,14 +185,10 @@ class ConnectionCore(OutputDelivery):
         else:
             assert frame.command is not None  # a ParsedFrame holds exactly one of the two
             if isinstance(frame.command, AppendAudio):
-                if frame.command.video_frames:
-                    try:
-                        self._video.charge(frame.command.video_frames,
-                                           self._timer_at if now is None else now,
-                                           frame.command.event_id)
-                    except ClientProtocolError as exc:
-                        self._refuse(exc)
-                        return
+                if frame.command.video_frames and (refused := self._video.refusal(
+                        frame.command, self._timer_at if now is None else now)):
+                    self._refuse(refused)
+                    return
                 self.audio_bytes_received += len(frame.command.audio)
             self._receive_command(frame.client_seq, frame.command)
 

@@ -34,10 +34,9 @@ from gateway.protocol.bounds import (
     MAX_SIGNAL_EVENT_CHARS,
     MAX_STRING_CHARS,
     MAX_VALUES,
-    MAX_VIDEO_FRAMES_PER_APPEND,
     check_bounds,
     load_json,
-    video_frame_problem,
+    video_frames_of,
 )
 from gateway.protocol.dialect import Dialect
 from gateway.protocol.errors import (
@@ -191,8 +190,6 @@ def _session_update(f: _Fields) -> m.Command:
 # The keys of GA's append (and our ``client_seq``): an append holding no other key takes the
 # short path, one call, as every append of a GA client does.
 _GA_APPEND_KEYS: frozenset[str] = frozenset({"type", "event_id", "audio", "client_seq"})
-# A camera frame may arrive as a data URL; the log carries bare base64.
-_DATA_URL_MARK = ";base64,"
 # Sorted, so that the hints of one append are always in one order.
 _HINT_KEYS: tuple[str, ...] = tuple(sorted(m.APPEND_HINT_KEYS))
 
@@ -202,7 +199,7 @@ def _audio_append(f: _Fields) -> m.Command:
         return m.AppendAudio(audio=f.audio("audio"), event_id=f.event_id)
     # The seed's fields: its encoding and rate, camera frames and hints; and its other names
     # for the same fields (``delta``, ``input_audio_format``, ``sample_rate``).
-    frames = _video_frames(f, f.optional("video_frames", list))
+    frames = video_frames_of(f.optional("video_frames", list), f.event_id)
     if "audio" in f.keys() or not ("delta" in f.keys() or frames):
         audio = f.audio("audio")
     else:
@@ -221,36 +218,6 @@ def _audio_append(f: _Fields) -> m.Command:
         audio=audio, format=None if encoding is None else f.bounded("format", encoding, cap=64),
         sample_rate_hz=rate, is_speech=f.optional("is_speech", bool), hints=hints or None,
         video_frames=frames, event_id=f.event_id)
-
-
-def _video_frames(f: _Fields, raw: list[Any] | None) -> tuple[str, ...]:
-    """``video_frames``: at most two, each a string of strict base64 (a data URL's prefix
-    stripped) holding a JPEG or PNG image, else the seed's ``invalid_video_frames``. How large
-    a frame may be, and how many a second, the connection checks."""
-    if not raw:
-        return ()
-    if len(raw) > MAX_VIDEO_FRAMES_PER_APPEND:
-        f.fail(ErrorCode.INVALID_VIDEO_FRAMES,
-               f"Invalid value for 'video_frames': more than {MAX_VIDEO_FRAMES_PER_APPEND} "
-               "frames in one append; send about one frame per second of audio.",
-               "video_frames")
-    frames = []
-    for index, frame in enumerate(raw):
-        param = f"video_frames[{index}]"
-        if type(frame) is not str or not frame:
-            f.fail(ErrorCode.INVALID_VIDEO_FRAMES,
-                   f"Invalid value for '{param}': expected a non-empty base64 string.", param)
-        bare = frame.partition(_DATA_URL_MARK)[2] if frame.startswith("data:") else frame
-        try:
-            binascii.a2b_base64(bare, strict_mode=True)
-        except (binascii.Error, ValueError):
-            f.fail(ErrorCode.INVALID_VIDEO_FRAMES, f"Invalid value for '{param}': not base64.",
-                   param)
-        if problem := video_frame_problem(bare):
-            f.fail(ErrorCode.INVALID_VIDEO_FRAMES, f"Invalid value for '{param}': {problem}.",
-                   param)
-        frames.append(bare)
-    return tuple(frames)
 
 
 def _audio_commit(f: _Fields) -> m.Command:
