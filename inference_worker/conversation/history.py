@@ -262,7 +262,8 @@ class Conversation:
         return response
 
     def finish_response(self, response: OpenResponse, *, status: ResponseStatus,
-                        reason: str | None = None, transcript: str = "") -> None:
+                        reason: str | None = None, transcript: str = "",
+                        seed_reason: str | None = None) -> None:
         """The closing half, the same for a completed, cancelled or failed response: the audio
         and transcript ends (audio responses), the part, the item, ``response.done``.
 
@@ -272,6 +273,7 @@ class Conversation:
             reason: why it was cancelled (``status_details.reason``) or failed (the code of
                 ``status_details.error``); None when completed.
             transcript: what the model said in it.
+            seed_reason: the seed's reason for the cancel where it differs from ``reason``.
         """
         rid, iid, audio = response.id, response.item_id, response.audio
         part, content = content_part(audio), item_content(audio)
@@ -305,7 +307,7 @@ class Conversation:
                                    previous_item_id=response.previous_item_id))
         self.emit(
             msg.OutputItemDone(response_id=rid, output_index=0, item=copy.deepcopy(item)),
-            msg.ResponseDone(response=done),
+            msg.ResponseDone(response=done, seed_reason=seed_reason),
             # GA follows every response.done with the limits in force: none are enforced here.
             msg.RateLimitsUpdated(rate_limits=[]),
         )
