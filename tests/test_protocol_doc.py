@@ -205,6 +205,8 @@ def codec_fields() -> tuple[dict[str, set[str]], set[str]]:
         assert isinstance(key, ast.Constant) and isinstance(key.value, str)
         assert isinstance(value, ast.Name)
         per_type[key.value] = _fields_read(functions[value.id])
+    # The seed's append hints are read by name from the contract's list, not one call each.
+    per_type["input_audio_buffer.append"] |= m.APPEND_HINT_KEYS
     parsers = {value.id for value in table.values if isinstance(value, ast.Name)}
     common = set().union(*(_fields_read(function) for name, function in functions.items()
                            if name not in parsers))

@@ -12,6 +12,7 @@ stored as bytes), which saves a third of the log's memory and all the base64 wor
 from __future__ import annotations
 
 from contract.messages.commands import (
+    APPEND_HINT_KEYS,
     AckPlayback,
     AppendAudio,
     AppendText,
@@ -89,6 +90,7 @@ from contract.messages.wire import (
 )
 
 __all__ = [
+    "APPEND_HINT_KEYS",
     "ORJSON_REFUSE",
     "TERMINAL_KINDS",
     "AckPlayback",

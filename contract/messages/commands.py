@@ -22,18 +22,48 @@ class UpdateSession:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AppendAudio:
-    """``input_audio_buffer.append``: pcm16 little-endian mono at the session's input rate."""
+    """``input_audio_buffer.append``: audio in the session's input format unless the append
+    names its own, plus the seed's optional camera frames and hints.
+
+    ``format`` is the append's encoding name exactly as sent (the seed's ``pcm16``,
+    ``pcm_f32le``, ... or a GA type such as ``audio/pcm``) and ``sample_rate_hz`` its rate;
+    None leaves each to the session. ``hints`` holds the seed's other per-append keys as sent
+    (:data:`APPEND_HINT_KEYS`), None when there are none. ``video_frames`` are images as bare
+    base64 (strictly valid), in capture order; an append may carry frames and no audio.
+    """
 
     KIND: ClassVar[str] = "append"
     audio: bytes
+    format: str | None = None
+    sample_rate_hz: int | None = None
+    is_speech: bool | None = None
+    hints: JsonObject | None = None
+    video_frames: tuple[str, ...] = ()
     event_id: str | None = None
+
+
+#: The seed's per-append hints other than ``is_speech``: keys its clients attach to an append,
+#: each of which a server may use or ignore (seed_behaviour.md §4.5).
+APPEND_HINT_KEYS: frozenset[str] = frozenset({
+    "duration_ms", "audio_duration_ms", "audio_start_ms", "audio_end_ms", "speech",
+    "speech_probability", "vad", "overlap_action", "overlap", "force_barge_in", "force_listen",
+    "text", "transcript",
+})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CommitInput:
-    """``input_audio_buffer.commit``."""
+    """``input_audio_buffer.commit``, with the seed's options.
+
+    ``final``: the user's turn ends here (the seed's default). ``create_response``: answer
+    the commit or not whatever the session's turn setting says (None: the session decides).
+    ``is_speech``: the client's own verdict on the committed audio (False: a silent commit).
+    """
 
     KIND: ClassVar[str] = "commit"
+    final: bool = True
+    create_response: bool | None = None
+    is_speech: bool | None = None
     event_id: str | None = None
 
 
@@ -123,9 +153,11 @@ class TruncateItem:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClearOutputAudio:
-    """``output_audio_buffer.clear``: drop the active response's audio not yet sent."""
+    """``output_audio_buffer.clear``: drop the active response's audio not yet sent.
+    ``response_id`` (the seed's): the response the client means; None, the active one."""
 
     KIND: ClassVar[str] = "output.clear"
+    response_id: str | None = None
     event_id: str | None = None
 
 

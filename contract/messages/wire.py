@@ -25,6 +25,12 @@ _BYTES_FIELD: dict[type[Any], str | None] = {
     for cls in _CLASSES
 }
 TERMINAL_KINDS = frozenset({SessionClosed.KIND, SessionExpired.KIND})
+# The tuple fields of each class: JSON reads them back as lists, and a list would make two
+# equal messages compare unequal.
+_TUPLE_FIELDS: dict[type[Any], tuple[str, ...]] = {
+    cls: tuple(f.name for f in dataclasses.fields(cls) if str(f.type).startswith("tuple"))
+    for cls in _CLASSES
+}
 
 # Each class's fields with their defaults, found once, not per message (dataclasses.fields
 # builds its tuple on every call).
@@ -115,6 +121,9 @@ def decode_message(data: bytes) -> Command | Event:
         blob_field = _BYTES_FIELD[cls]
         if blob_field is not None:
             header[blob_field] = blob
+        for name in _TUPLE_FIELDS[cls]:
+            if name in header:
+                header[name] = tuple(header[name])
         message: Command | Event = cls(**header)
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
         # AttributeError: a JSON header that is not an object; RecursionError: absurd nesting.

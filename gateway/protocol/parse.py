@@ -96,22 +96,22 @@ _JSON_TYPES: dict[type[Any], str] = {
 class _Fields:
     """Typed access to the fields of one client frame; failures name the field and echo the id."""
 
-    __slots__ = ("_obj", "event_id")
+    __slots__ = ("event_id", "obj")
 
     def __init__(self, obj: JsonDict, event_id: str | None) -> None:
-        self._obj = obj
+        self.obj = obj
         self.event_id = event_id
 
     def fail(self, code: str, message: str, param: str | None = None) -> NoReturn:
         raise ClientProtocolError(code, message, param=param, client_event_id=self.event_id)
 
     def _get(self, key: str, kind: type[Any], *, required: bool) -> Any:
-        if key not in self._obj:
+        if key not in self.obj:
             if required:
                 msg = f"Missing required parameter: '{key}'."
                 self.fail(ErrorCode.MISSING_REQUIRED_PARAMETER, msg, key)
             return None
-        value = self._obj[key]
+        value = self.obj[key]
         # An explicit null means "absent" for optional fields (the SDK keeps None-valued keys).
         if value is None and not required:
             return None
@@ -121,6 +121,14 @@ class _Fields:
             msg = f"Invalid type for '{key}': expected {_JSON_TYPES[kind]}, but got {got}."
             self.fail(ErrorCode.INVALID_TYPE, msg, key)
         return value
+
+    def keys(self) -> Any:
+        """The frame's keys (a set-like view)."""
+        return self.obj.keys()
+
+    def value(self, key: str) -> Any:
+        """The raw value of ``key``, which the caller knows is present (bounded, any type)."""
+        return self.obj[key]
 
     def require(self, key: str, kind: type[_T]) -> _T:
         value: _T = self._get(key, kind, required=True)
@@ -174,12 +182,69 @@ def _session_update(f: _Fields) -> m.Command:
     return m.UpdateSession(session=f.require("session", dict), event_id=f.event_id)
 
 
+# The keys of GA's append (and our ``client_seq``): an append holding no other key takes the
+# short path, one call, as every append of a GA client does.
+_GA_APPEND_KEYS: frozenset[str] = frozenset({"type", "event_id", "audio", "client_seq"})
+# A camera frame may arrive as a data URL; the log carries bare base64.
+_DATA_URL_MARK = ";base64,"
+# Sorted, so that the hints of one append are always in one order.
+_HINT_KEYS: tuple[str, ...] = tuple(sorted(m.APPEND_HINT_KEYS))
+
+
 def _audio_append(f: _Fields) -> m.Command:
-    return m.AppendAudio(audio=f.audio("audio"), event_id=f.event_id)
+    if f.obj.keys() <= _GA_APPEND_KEYS:
+        return m.AppendAudio(audio=f.audio("audio"), event_id=f.event_id)
+    # The seed's fields: its encoding and rate, camera frames and hints; and its other names
+    # for the same fields (``delta``, ``input_audio_format``, ``sample_rate``).
+    frames = _video_frames(f, f.optional("video_frames", list))
+    if "audio" in f.keys() or not ("delta" in f.keys() or frames):
+        audio = f.audio("audio")
+    else:
+        audio = f.audio("delta") if "delta" in f.keys() else b""
+    encoding = f.optional("format", str)
+    if encoding is None:
+        encoding = f.optional("input_audio_format", str)
+    rate = f.optional("sample_rate_hz", int)
+    if rate is None:
+        rate = f.optional("sample_rate", int)
+    if rate is not None and rate <= 0:
+        f.fail(ErrorCode.INVALID_VALUE,
+               "Invalid value for 'sample_rate_hz': expected a positive integer.", "sample_rate_hz")
+    hints = {name: f.value(name) for name in _HINT_KEYS if name in f.keys()}
+    return m.AppendAudio(
+        audio=audio, format=None if encoding is None else f.bounded("format", encoding, cap=64),
+        sample_rate_hz=rate, is_speech=f.optional("is_speech", bool), hints=hints or None,
+        video_frames=frames, event_id=f.event_id)
+
+
+def _video_frames(f: _Fields, raw: list[Any] | None) -> tuple[str, ...]:
+    """``video_frames``: each a string of strict base64, a data URL's prefix stripped. What a
+    frame may be (an image, how large, how many) is checked past the parse."""
+    if not raw:
+        return ()
+    frames = []
+    for index, frame in enumerate(raw):
+        param = f"video_frames[{index}]"
+        if type(frame) is not str or not frame:
+            f.fail(ErrorCode.INVALID_VALUE,
+                   f"Invalid value for '{param}': expected a non-empty base64 string.", param)
+        bare = frame.partition(_DATA_URL_MARK)[2] if frame.startswith("data:") else frame
+        try:
+            binascii.a2b_base64(bare, strict_mode=True)
+        except (binascii.Error, ValueError):
+            f.fail(ErrorCode.INVALID_VALUE, f"Invalid value for '{param}': not base64.", param)
+        frames.append(bare)
+    return tuple(frames)
 
 
 def _audio_commit(f: _Fields) -> m.Command:
-    return m.CommitInput(event_id=f.event_id)
+    # ``response_create`` is the seed's wire name, ``create_response`` its Python API's.
+    create = f.optional("response_create", bool)
+    if create is None:
+        create = f.optional("create_response", bool)
+    final = f.optional("final", bool)
+    return m.CommitInput(final=True if final is None else final, create_response=create,
+                         is_speech=f.optional("is_speech", bool), event_id=f.event_id)
 
 
 def _audio_clear(f: _Fields) -> m.Command:
@@ -217,7 +282,7 @@ def _item_truncate(f: _Fields) -> m.Command:
 
 
 def _output_audio_clear(f: _Fields) -> m.Command:
-    return m.ClearOutputAudio(event_id=f.event_id)
+    return m.ClearOutputAudio(response_id=f.optional("response_id", str), event_id=f.event_id)
 
 
 def _heartbeat(f: _Fields) -> m.Command:
