@@ -194,19 +194,22 @@ class Conversation:
 
     # ------------------------------------------------------------------ items
 
-    def add_user_item(self, *, done: bool) -> UserItem:
+    def add_user_item(self, *, done: bool, silent: bool = False,
+                      transcript: str | None = None) -> UserItem:
         """A committed user turn: ``input_audio_buffer.committed`` ->
-        ``conversation.item.added`` [-> ``conversation.item.done``, when ``done``; else the
-        caller completes it with :meth:`complete_user_item` once its transcript is known].
-        Its id is the one a ``speech_started`` announced, when one did."""
+        ``conversation.item.added`` [-> ``conversation.item.done``, when ``done``, with its
+        ``transcript`` if known; else the caller completes it with :meth:`complete_user_item`
+        once its transcript is known]. Its id is the one a ``speech_started`` announced, when
+        one did. A ``silent`` turn's commit says so (the client declared its audio silence)."""
         item = UserItem(id=self._next_user_item_id(), previous_item_id=self._last_item_id)
         self._reserved_item_id = None
         self._insert(Item(id=item.id, role="user", status="completed",
                           content=user_audio_content(None)), None)
-        self.emit(msg.InputCommitted(item_id=item.id, previous_item_id=item.previous_item_id))
+        self.emit(msg.InputCommitted(item_id=item.id, previous_item_id=item.previous_item_id,
+                                     silent=silent))
         self._added(user_item_object(item.id, None), item.previous_item_id)
         if done:
-            self.complete_user_item(item, None)
+            self.complete_user_item(item, transcript)
         return item
 
     def complete_user_item(self, item: UserItem, transcript: str | None,
@@ -337,6 +340,10 @@ class Conversation:
         content = tuple({**part, "transcript": cut_transcript(part.get("transcript") or "", share)}
                         if part["type"] == "output_audio" else part for part in item.content)
         self._update(item_id, content=content, audio_bytes=heard)
+
+    def listen(self, reason: str, epoch: int, response_id: str | None = None) -> None:
+        """``response.listen``: the seed's decision that the turn gets no spoken answer."""
+        self.emit(msg.ResponseListen(reason=reason, epoch=epoch, response_id=response_id))
 
     def output_cleared(self, response_id: str | None) -> None:
         """``output_audio_buffer.cleared``, naming the response whose audio was dropped, or

@@ -36,7 +36,7 @@ from inference_worker.conversation.history import Conversation, OpenResponse
 from inference_worker.conversation.model_port import ModelPort
 from inference_worker.conversation.objects import CancelReason, ResponseStatus
 from inference_worker.conversation.playback import Ledger, PlaybackLedgers
-from inference_worker.conversation.refusals import Refusal
+from inference_worker.conversation.refusals import Refusal, RefusalCode
 from inference_worker.conversation.reports import Output
 from inference_worker.conversation.states import (
     GateState,
@@ -46,6 +46,7 @@ from inference_worker.conversation.states import (
     transition,
 )
 from inference_worker.conversation.turns import ListenReason, TurnPolicy, TurnState
+from inference_worker.untrusted import describe
 
 __all__ = ["REPLY_TIMEOUT_S", "ActiveResponse", "Responses"]
 
@@ -190,9 +191,8 @@ class Responses:
         assert response is not None  # callers checked
         if status is ResponseStatus.COMPLETED and self.state is ResponseState.OPEN:
             # The model never made a sound in it: the seed's listen decision ends it.
-            self._conversation.emit(msg.ResponseListen(
-                reason=ListenReason.WITHOUT_OUTPUT, epoch=self._model.epoch,
-                response_id=response.opened.id))
+            self._conversation.listen(ListenReason.WITHOUT_OUTPUT, self._model.epoch,
+                                      response.opened.id)
         self._move(trigger)
         self.current = None
         self.turn = TurnState.BARGE_IN if status is ResponseStatus.CANCELLED else TurnState.IDLE
@@ -215,6 +215,17 @@ class Responses:
             self._move(Trigger.CLOSE)
         self.move_gate(Trigger.CLOSE)
         self.turn = TurnState.IDLE
+
+    def clear_refusal(self, response_id: str | None) -> Refusal | None:
+        """Why ``output_audio_buffer.clear`` naming ``response_id`` is refused (None: it is
+        not): it must name the response playing, or with none active the newest one (whose
+        audio the client may still be playing)."""
+        active = self.current.opened.id if self.current is not None else None
+        if response_id is None or response_id == (active or self._conversation.last_response_id):
+            return None
+        return Refusal(code=RefusalCode.RESPONSE_CANCEL_NOT_ACTIVE, param="response_id",
+                       message=f"Clearing failed: {describe(response_id)} is not the response"
+                       " playing")
 
     def acknowledge(self, command: msg.AckPlayback) -> Ledger | Refusal:
         """``playback.ack``: move the response's ledger (a refusal when it cannot)."""
