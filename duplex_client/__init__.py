@@ -3,10 +3,14 @@
 It needs only ``websockets``: nothing of the server (its web framework, its Redis client) is
 imported with it.
 
-Method names follow the seed's ``DuplexSessionHandle`` (``append_audio``, ``append_text``,
-``commit``, ``create_response``, ``cancel_input``, ``cancel_response``, ``barge_in``,
-``signal_turn``, ``ack_playback``, ``close``, ``events()``); each is :meth:`DuplexClient.submit`
-of one typed command of :mod:`duplex_client.commands`.
+Method names and arguments follow the seed's ``DuplexSessionHandle`` (``append_audio``,
+``append_text``, ``commit``, ``create_response``, ``cancel_input``, ``cancel_response``,
+``barge_in``, ``signal_turn``, ``ack_playback``, ``close``, ``events()``); each command is
+:meth:`DuplexClient.submit` of one typed command of :mod:`duplex_client.commands`, and a
+command after the session ended raises :class:`SessionClosedError` (``session_closed``). Events
+are typed by their ``type`` (:mod:`duplex_client.events`: ``isinstance(event, AudioDelta)``).
+``dialect="duplex"`` speaks the seed's ``?duplex=1`` contract (:mod:`duplex_client.dialect`);
+:meth:`DuplexClient.resume_session` takes a session over from ``(session_id, resume_token)``.
 
 Exactly once, both directions, across lost connections:
 
@@ -28,8 +32,8 @@ Two ways to read:
 * :meth:`DuplexClient.recv` is the low-level call: the next event of the current connection,
   raising ``ConnectionClosed`` when it drops; :meth:`DuplexClient.resume` is then one resume.
 
-Ending: :meth:`DuplexClient.close` asks the session to end and :meth:`DuplexClient.wait_closed`
-waits for its terminal event (see there for who reads the events meanwhile);
+Ending: :meth:`DuplexClient.close` ends the session and returns once its terminal event came
+(see there for who reads the events meanwhile); :meth:`DuplexClient.wait_closed` only waits;
 :meth:`DuplexClient.detach` only closes the connection, leaving the session resumable. Leaving
 ``async with`` closes the session, as the seed's handle does.
 
@@ -46,7 +50,7 @@ client)::
         async for event in client.events():
             if isinstance(event, Resumed):
                 continue  # nothing lost: the events go on where they stopped
-            if event.type == "response.done":
+            if isinstance(event, ResponseDone):
                 break
     # here the session is closed: session.close went out and session.closed came back
 """
@@ -55,6 +59,7 @@ from __future__ import annotations
 
 from duplex_client.client import DuplexClient
 from duplex_client.commands import (
+    APPEND_HINT_KEYS,
     BargeInEvent,
     ClientCommand,
     CommandMethods,
@@ -77,16 +82,41 @@ from duplex_client.commands import (
     SessionUpdateEvent,
     TurnSignalEvent,
 )
+from duplex_client.dialect import Dialect
 from duplex_client.errors import (
     DuplexClientError,
     ResumeRefused,
     RetriesExhausted,
+    SessionClosedError,
     SessionReplaced,
 )
-from duplex_client.events import RealtimeEvent, Resumed
+from duplex_client.events import (
+    AudioDelta,
+    ErrorEvent,
+    InputCommitted,
+    ListenDecision,
+    PlaybackAcknowledged,
+    RealtimeEvent,
+    ResponseCreated,
+    ResponseDone,
+    Resumed,
+    SessionClosed,
+    SessionCreated,
+    SessionExpired,
+    SessionResyncRequired,
+    SessionUpdated,
+    SpeakDecision,
+    SpeechStarted,
+    SpeechStopped,
+    TextDelta,
+    TranscriptDelta,
+    TurnEvent,
+)
 from duplex_client.retry import ClientSettings
 
 __all__ = [
+    "APPEND_HINT_KEYS",
+    "AudioDelta",
     "BargeInEvent",
     "ClientCommand",
     "ClientSettings",
@@ -95,25 +125,44 @@ __all__ = [
     "ConversationItemDeleteEvent",
     "ConversationItemRetrieveEvent",
     "ConversationItemTruncateEvent",
+    "Dialect",
     "DuplexClient",
     "DuplexClientError",
+    "ErrorEvent",
     "InputAudioBufferAppendEvent",
     "InputAudioBufferClearEvent",
     "InputAudioBufferCommitEvent",
     "InputCancelEvent",
+    "InputCommitted",
     "InputTextAppendEvent",
+    "ListenDecision",
     "OutputAudioBufferClearEvent",
     "PlaybackAckEvent",
+    "PlaybackAcknowledged",
     "RealtimeEvent",
     "ResponseCancelEvent",
     "ResponseCreateEvent",
+    "ResponseCreated",
+    "ResponseDone",
     "ResumeRefused",
     "Resumed",
     "RetriesExhausted",
     "SessionCloseEvent",
+    "SessionClosed",
+    "SessionClosedError",
+    "SessionCreated",
     "SessionEventAckEvent",
+    "SessionExpired",
     "SessionHeartbeatEvent",
     "SessionReplaced",
+    "SessionResyncRequired",
     "SessionUpdateEvent",
+    "SessionUpdated",
+    "SpeakDecision",
+    "SpeechStarted",
+    "SpeechStopped",
+    "TextDelta",
+    "TranscriptDelta",
+    "TurnEvent",
     "TurnSignalEvent",
 ]

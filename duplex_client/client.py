@@ -5,49 +5,37 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import random
 import secrets
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
-from types import MappingProxyType, TracebackType
+from collections.abc import AsyncGenerator, Callable, Sequence
+from types import TracebackType
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection
-from websockets.exceptions import ConnectionClosed
-from websockets.protocol import State
 
-from duplex_client.commands import ClientCommand, CommandMethods, SessionEventAckEvent
-from duplex_client.dial import dial, dial_and_open, dial_and_resume, recv_json
-from duplex_client.errors import DuplexClientError, SessionReplaced
+from duplex_client.commands import (
+    ClientCommand,
+    CommandMethods,
+    SessionCloseEvent,
+    SessionEventAckEvent,
+)
+from duplex_client.dialect import Dialect
+from duplex_client.errors import DuplexClientError, SessionClosedError
 from duplex_client.events import RealtimeEvent, Resumed
-from duplex_client.readers import Readers
+from duplex_client.link import SessionLink
 from duplex_client.retry import (
     ATTEMPT_ERRORS,
-    Attempt,
-    ClientClosing,
     ClientSettings,
     Connected,
-    Failure,
     as_client_error,
     failure_of,
     open_may_retry,
     resume_may_retry,
-    retrying,
 )
-from duplex_client.upstream import Upstream
 
 __all__ = ["DuplexClient"]
 
-_TERMINAL = frozenset({"session.closed", "session.expired"})
-#: The events whose ``session`` is the session object :attr:`DuplexClient.session` shows.
-_SESSION_OBJECT_EVENTS = frozenset({"session.created", "session.updated", "session.resumed"})
-_FATAL_RESUME_CODES = frozenset({
-    "session_resume_expired", "invalid_resume_token", "invalid_session_resume",
-    "unsupported_session_resume", "session_resume_conflict",
-})
-_REPLACED_CLOSE_CODE = 1000
 
-
-class DuplexClient(CommandMethods):
+class DuplexClient(SessionLink, CommandMethods):
     """One session, possibly spanning several websocket connections.
 
     Args:
@@ -59,67 +47,21 @@ class DuplexClient(CommandMethods):
         settings: retries, backoff and heartbeats (:class:`ClientSettings`).
         jitter: the backoff's random source, a callable returning a float in [0, 1)
             (default :func:`random.random`); a test passes a seeded one.
+        dialect: ``"ga"`` (the default) or ``"duplex"``, the seed's contract
+            (:mod:`duplex_client.dialect`): every connection dials with ``duplex=1`` and
+            ``autostart=0``.
+        model: on the duplex dialect, the ``model`` query parameter (when the URL has none).
     """
-
-    def __init__(self, url: str | Sequence[str], *, api_key: str | None = None,
-                 resend_buffer: int = 4096, settings: ClientSettings | None = None,
-                 jitter: Callable[[], float] | None = None) -> None:
-        self.urls: tuple[str, ...] = (url,) if isinstance(url, str) else tuple(url)
-        if not self.urls:
-            raise ValueError("at least one gateway URL is needed")
-        #: The URL of the current (or last) connection.
-        self.url = self.urls[0]
-        self.api_key = api_key
-        self.settings = settings or ClientSettings()
-        self.session_id: str | None = None
-        self.resume_token: str | None = None
-        self.generation = 0
-        #: The highest server_event_seq handed to the caller.
-        self.last_seq = 0
-        #: The session's terminal event (``session.closed`` / ``.expired``) was received.
-        self.closed = False
-        self._ws: ClientConnection | None = None
-        self._url_index = 0
-        self._jitter = jitter or random.random
-        self._upstream = Upstream(resend_buffer, lambda: self._ws)
-        self._last_error_code: str | None = None
-        self._closing = False
-        self._terminal: DuplexClientError | None = None
-        self._close_reason: str | None = None
-        self._session_object: dict[str, Any] = {}
-        self._capabilities: dict[str, Any] = {}
-        self._readers = Readers()
-
-    @property
-    def close_reason(self) -> str | None:
-        """The ``reason`` of the session's terminal event (``session.closed`` /
-        ``.expired``); None while it has not been received."""
-        return self._close_reason
-
-    @property
-    def capabilities(self) -> Mapping[str, Any]:
-        """What the session can do (the seed's ``DuplexCapabilities``: ``supports_barge_in``,
-        ``supports_playback_ack``, ``chunk_period_ms``, ...), as ``session.created`` and
-        ``session.resumed`` announce it: branch on these, not on a model's name. A read-only
-        view; empty before the session was opened, or when its worker announced none."""
-        return MappingProxyType(self._capabilities)
-
-    @property
-    def session(self) -> Mapping[str, Any]:
-        """The session object of the last ``session.updated`` (or, before one, of
-        ``session.created`` / ``.resumed``), with every default filled in (``audio``,
-        ``turn_detection``, ``extra_body``, ...). A read-only view; empty before the session
-        was opened."""
-        return MappingProxyType(self._session_object)
-
-    # ------------------------------------------------------------------ connecting
 
     @classmethod
     async def connect(cls, url: str | Sequence[str], *, session: dict[str, Any] | None = None,
                       api_key: str | None = None, retry_open: bool = False,
                       settings: ClientSettings | None = None,
-                      jitter: Callable[[], float] | None = None) -> DuplexClient:
-        """Open a new session; ``session`` is the initial ``session.update`` payload.
+                      jitter: Callable[[], float] | None = None,
+                      dialect: Dialect | str = Dialect.GA,
+                      model: str | None = None) -> DuplexClient:
+        """Open a new session; ``session`` is the initial ``session.update`` payload (default:
+        ``{"type": "realtime"}``; on the duplex dialect ``{"model": model}``, or ``{}``).
 
         ``retry_open``: when the gateway is unreachable, answers 5xx, or refuses with 1013
         (``resource_exhausted``, ``rate_limit_exceeded``), try again (the next URL, with
@@ -130,8 +72,9 @@ class DuplexClient(CommandMethods):
             DuplexClientError: the open was refused (``code``), or every retry failed
                 (:class:`RetriesExhausted`).
         """
-        client = cls(url, api_key=api_key, settings=settings, jitter=jitter)
-        payload = session or {"type": "realtime"}
+        client = cls(url, api_key=api_key, settings=settings, jitter=jitter, dialect=dialect,
+                     model=model)
+        payload = session if session is not None else client._default_session()
 
         async def open_at(target: str, timeout: float,
                           ) -> tuple[ClientConnection, dict[str, Any]]:
@@ -143,6 +86,43 @@ class DuplexClient(CommandMethods):
             ws, answer = await open_at(client.url, client.settings.attempt_timeout_s)
             connected = Connected(ws, answer, client.url, 1)
         client._adopt_created(connected)
+        return client
+
+    def _default_session(self) -> dict[str, Any]:
+        if self.dialect is Dialect.DUPLEX:
+            return {} if self.model is None else {"model": self.model}
+        return {"type": "realtime"}
+
+    @classmethod
+    async def resume_session(cls, url: str | Sequence[str], *, session_id: str,
+                             resume_token: str, last_received_server_event_seq: int = 0,
+                             api_key: str | None = None, settings: ClientSettings | None = None,
+                             jitter: Callable[[], float] | None = None,
+                             dialect: Dialect | str = Dialect.GA,
+                             model: str | None = None) -> DuplexClient:
+        """A client for a session another client (another process) opened: it resumes from
+        ``(session_id, resume_token)``, retrying as :meth:`events` does. The events after
+        ``last_received_server_event_seq`` are replayed in :meth:`events` / :meth:`recv`;
+        commands go on numbered after the input log's last one. The token presented is void
+        afterwards: the new one is :attr:`resume_token`.
+
+        Raises:
+            ResumeRefused: the session ended or is unknown, or the token was refused.
+            RetriesExhausted: no attempt got through.
+        """
+        client = cls(url, api_key=api_key, settings=settings, jitter=jitter, dialect=dialect,
+                     model=model)
+        client.session_id, client.resume_token = session_id, resume_token
+        client.last_seq = last_received_server_event_seq
+        control_id = secrets.token_hex(8)
+        attempts = itertools.count(1)
+
+        async def resume_at(target: str, timeout: float,
+                            ) -> tuple[ClientConnection, dict[str, Any]]:
+            return await client._dial_and_resume(target, control_id, next(attempts), timeout)
+
+        connected = await client._retrying(resume_at, resume_may_retry, rotate_first=False)
+        await client._adopt_resumed(connected, after="")
         return client
 
     async def resume(self, url: str | None = None) -> Resumed:
@@ -225,19 +205,45 @@ class DuplexClient(CommandMethods):
     async def _close_session_on_exit(self) -> None:
         if self.closed or self._terminal is not None or self._closing:
             return
-        await self.close()  # numbered and buffered: a resume resends it
-        timeout = self.settings.close_timeout_s
-        try:
-            async with asyncio.timeout(timeout):
-                if self._connection_gone():
-                    await self._resume_once()
-                await self.wait_closed()
-        except TimeoutError:
-            raise DuplexClientError(f"no terminal event within {timeout} s of session.close",
-                                    code="close_timeout") from None
+        await self.close()
 
-    def _connection_gone(self) -> bool:
-        return self._ws is None or self._ws.state is not State.OPEN
+    async def close(self, reason: str = "client_close", *,
+                    timeout: float | None = None) -> str | None:
+        """End the session, as the seed's handle does: ``session.close`` goes out and this
+        returns once the terminal event was received (its ``reason``, also
+        :attr:`close_reason`). A no-op once the session ended.
+
+        Who reads meanwhile: as for :meth:`wait_closed`, except that what this reads itself
+        is kept, not dropped: :meth:`recv` and :meth:`events` hand those events out next,
+        the terminal one last. So a loop over :meth:`events` may call it (its next events are
+        the rest, up to ``session.closed``), and so may a caller that then reads on with
+        :meth:`recv`. A connection already gone is resumed once (through the next URL) to
+        deliver the close when no one else reads.
+
+        Args:
+            timeout: how long to wait for the terminal event (default
+                ``settings.close_timeout_s``).
+
+        Raises:
+            DuplexClientError: ``close_timeout`` when no terminal event came in time (the
+                ``session.close`` stays buffered, resent by a later resume), or what ended the
+                session for this client (:class:`SessionReplaced`, :class:`ResumeRefused`,
+                ...).
+        """
+        if self.closed:
+            return self._close_reason
+        if self._terminal is not None:
+            raise self._terminal
+        limit = self.settings.close_timeout_s if timeout is None else timeout
+        await self.submit(SessionCloseEvent(reason))  # numbered and buffered: resent on resume
+        try:
+            async with asyncio.timeout(limit):
+                if self._connection_gone() and not self._readers.busy_elsewhere():
+                    await self._resume_once()
+                return await self._wait_outcome(hold=True)
+        except TimeoutError:
+            raise DuplexClientError(f"no terminal event within {limit} s of session.close",
+                                    code="close_timeout") from None
 
     async def _resume_once(self) -> None:
         """One resume attempt, through the next URL (the current one may be what failed)."""
@@ -266,151 +272,7 @@ class DuplexClient(CommandMethods):
                 :class:`RetriesExhausted`, ...), or ``client_detached`` after :meth:`detach`.
         """
         async with asyncio.timeout(timeout):
-            while not self._outcome_known():
-                changed = self._readers.changed
-                if self._readers.busy():
-                    await changed.wait()
-                else:
-                    await self._readers.drain_with(self._read_until_outcome)
-        if self.closed:
-            return self._close_reason
-        if self._terminal is not None:
-            raise self._terminal
-        raise DuplexClientError("the client detached before the session ended",
-                                code="client_detached")
-
-    def _outcome_known(self) -> bool:
-        return self.closed or self._terminal is not None or self._closing
-
-    async def _read_until_outcome(self) -> None:
-        self._upstream.start_heartbeats(self.settings.heartbeat_interval_s)
-        try:
-            while not self._outcome_known():
-                await self._next_event_resuming()
-        finally:
-            self._upstream.stop_heartbeats()
-
-    async def _dial(self, url: str | None = None,
-                    timeout: float | None = None) -> ClientConnection:
-        return await dial(url or self.url, api_key=self.api_key,
-                          timeout=timeout or self.settings.attempt_timeout_s)
-
-    async def _dial_and_open(self, url: str, session: dict[str, Any], timeout: float,
-                             ) -> tuple[ClientConnection, dict[str, Any]]:
-        return await dial_and_open(url, api_key=self.api_key, session=session, timeout=timeout)
-
-    async def _dial_and_resume(self, url: str, control_id: str, attempt: int, timeout: float,
-                               ) -> tuple[ClientConnection, dict[str, Any]]:
-        """One resume attempt (``attempt`` counts the tries of ``control_id``)."""
-        return await dial_and_resume(url, api_key=self.api_key, timeout=timeout, resume={
-            "type": "session.resume", "session_id": self.session_id,
-            "resume_token": self.resume_token,
-            "last_received_server_event_seq": self.last_seq,
-            "control_id": control_id, "attempt": attempt,
-        })
-
-    def _adopt_created(self, connected: Connected) -> None:
-        created = connected.answer
-        self.session_id = created["session_id"]
-        self.resume_token = created["resume_token"]
-        self.generation = created["lease_generation"]
-        self._adopt_session(created)
-        self.url = connected.url
-        self._ws = connected.ws
-        self._upstream.mark_sent()
-
-    async def _adopt_resumed(self, connected: Connected, *, after: str) -> Resumed:
-        """Take over a resumed connection: the new token and position, then the resends."""
-        answer = connected.answer
-        self.resume_token = answer["resume_token"]
-        self.generation = answer["lease_generation"]
-        self._adopt_session(answer)
-        self.url = connected.url
-        # Where the server's replay starts. Below our position only when the store lost events
-        # we had (session.resync_required log_rewound follows): the next events reuse those
-        # numbers and must not be dropped as seen.
-        self.last_seq = int(answer["replay_from"]) - 1
-        self._last_error_code = None
-        async with self._upstream.lock:
-            self._confirm(int(answer["last_client_seq"]), connected.ws)
-            self._ws = connected.ws
-            await self._upstream.resend(connected.ws)
-        return Resumed("session.resumed", None, answer, url=connected.url,
-                       attempts=connected.attempts, after=after)
-
-    def _confirm(self, confirmed: int, ws: ClientConnection) -> None:
-        """Forget the commands the input log holds; refuse to go on over a hole in the rest."""
-        hole = self._upstream.buffer.confirm(confirmed)
-        if hole is not None:
-            ws.transport.abort()
-            raise self._end(DuplexClientError(
-                f"commands {hole[0]}..{hole[1]} fell out of the resend buffer before the "
-                "gateway had them", code="resend_buffer_overflow"))
-
-    # ------------------------------------------------------------------ retrying
-
-    def _next_url(self) -> str:
-        self._url_index = (self._url_index + 1) % len(self.urls)
-        return self.urls[self._url_index]
-
-    async def _retrying(self, attempt: Attempt, may_retry: Callable[[Failure], bool], *,
-                        rotate_first: bool) -> Connected:
-        return await retrying(attempt, may_retry, settings=self.settings, jitter=self._jitter,
-                              first_url=None if rotate_first else self.url,
-                              next_url=self._next_url, closing=lambda: self._closing)
-
-    async def _recover(self, lost: Exception | None) -> Resumed:
-        """The connection is gone (``lost`` says how; None: there was none): resume, or raise
-        the terminal outcome."""
-        self._readers.recovering = True
-        try:
-            return await self._resume_after(lost)
-        finally:
-            self._readers.recovering = False
-            self._readers.notify()
-
-    async def _resume_after(self, lost: Exception | None) -> Resumed:
-        failure = failure_of(lost) if lost is not None else None
-        if failure is not None and not resume_may_retry(failure):
-            raise self._end(DuplexClientError(
-                f"the connection ended for good: {failure.reason}",
-                code=self._last_error_code, close_code=failure.close_code))
-        if self.session_id is None or self.resume_token is None:
-            raise self._end(DuplexClientError("nothing to resume: the session was never opened"))
-        self._forget_connection()
-        # One id for this resume, kept across its retries: if an attempt landed but its answer
-        # was lost, the gateway answers the retry as it answered the lost one. The tries are
-        # numbered, so that an abandoned try which lands late (its gateway waited out a
-        # failover) cannot take the session from a later one.
-        control_id = secrets.token_hex(8)
-        attempts = itertools.count(1)
-
-        async def resume_at(url: str, timeout: float,
-                            ) -> tuple[ClientConnection, dict[str, Any]]:
-            return await self._dial_and_resume(url, control_id, next(attempts), timeout)
-
-        try:
-            connected = await self._retrying(resume_at, resume_may_retry, rotate_first=True)
-        except DuplexClientError as exc:
-            self._end(exc)
-            raise
-        # Shielded: a reader cancelled here (a timeout around events() or wait_closed()) must
-        # not leave the new connection adopted with only part of the resends sent.
-        return await asyncio.shield(self._adopt_resumed(
-            connected, after=failure.reason if failure is not None else "no connection"))
-
-    def _forget_connection(self) -> None:
-        ws, self._ws = self._ws, None
-        if ws is not None:
-            ws.transport.abort()
-
-    def _end(self, error: DuplexClientError) -> DuplexClientError:
-        """Remember the terminal outcome: :meth:`events` raises it from now on."""
-        self._terminal = error
-        self._readers.notify()
-        return error
-
-    # ------------------------------------------------------------------ commands
+            return await self._wait_outcome(hold=False)
 
     async def submit(self, command: ClientCommand) -> None:
         """Send any command (:mod:`duplex_client.commands`), in call order.
@@ -420,7 +282,19 @@ class DuplexClient(CommandMethods):
         resume's resends. ``session.heartbeat`` and ``session.event_ack`` are sent once, and
         dropped while disconnected. Refusals come back later as ``error`` events whose
         ``error.event_id`` is the command's ``event_id``.
+
+        Raises:
+            SessionClosedError: (``code`` ``session_closed``) the session ended, or ended for
+                this client (its terminal event came, or :meth:`events` raised); an ack or a
+                heartbeat then has nothing left to do and is dropped instead.
         """
+        if self.closed or self._terminal is not None:
+            if not command.sequenced:
+                return
+            why = f"ended ({self._close_reason})" if self.closed else \
+                f"is over for this client: {self._terminal}"
+            raise SessionClosedError(f"session {self.session_id} {why}; {command.type} not sent",
+                                     code="session_closed") from self._terminal
         if command.sequenced:
             await self._upstream.sequenced(command.to_wire())
         else:
@@ -438,12 +312,6 @@ class DuplexClient(CommandMethods):
         assert self._ws is not None
         await self._ws.send(data)
 
-    # ------------------------------------------------------------------ events
-
-    async def _recv_raw(self) -> dict[str, Any]:
-        assert self._ws is not None
-        return await recv_json(self._ws)
-
     async def recv(self) -> RealtimeEvent:
         """The next event not seen before, from the current connection (no resume).
 
@@ -451,45 +319,15 @@ class DuplexClient(CommandMethods):
             websockets.exceptions.ConnectionClosed: the connection dropped; call
                 :meth:`resume` and go on (or read with :meth:`events`, which does).
         """
+        while self._held:
+            event = self._held.popleft()
+            if not isinstance(event, Resumed):  # recv() hands out the server's events only
+                return event
         try:
             await self._readers.enter()
             return await self._recv_event()
         finally:
             self._readers.leave()
-
-    async def _recv_event(self) -> RealtimeEvent:
-        while True:
-            data = await self._recv_raw()
-            seq = data.get("server_event_seq")
-            if isinstance(seq, int):
-                if seq <= self.last_seq:
-                    continue  # already delivered before a reconnect
-                self.last_seq = seq
-            if data.get("type") == "session.resync_required":
-                # The next event's number: past a trim, or below ours after a rewound log.
-                self.last_seq = int(data["replay_from"]) - 1
-            event = RealtimeEvent(str(data.get("type")), seq, data)
-            self._track(event)
-            return event
-
-    def _adopt_session(self, event: dict[str, Any]) -> None:
-        """Remember the session object and capabilities an event carries."""
-        session = event.get("session")
-        if isinstance(session, dict):
-            self._session_object = session
-        capabilities = event.get("capabilities")
-        if isinstance(capabilities, dict):
-            self._capabilities = capabilities
-
-    def _track(self, event: RealtimeEvent) -> None:
-        """What the client remembers of the session from its events."""
-        if event.type in _SESSION_OBJECT_EVENTS:
-            self._adopt_session(event.data)
-        elif event.type in _TERMINAL:
-            reason = event.data.get("reason")
-            self._close_reason = reason if isinstance(reason, str) else None
-            self.closed = True
-            self._readers.notify()
 
     async def events(self) -> AsyncGenerator[RealtimeEvent, None]:
         """Every event once, in order, until the terminal one (which is yielded last), across
@@ -511,46 +349,17 @@ class DuplexClient(CommandMethods):
         try:
             await self._readers.enter()
             self._upstream.start_heartbeats(self.settings.heartbeat_interval_s)
-            while not self.closed:
-                event = await self._next_event_resuming()
+            while self._held or not self.closed:
+                event = self._held.popleft() if self._held else await self._next_event_resuming()
                 if event is None:
                     return
-                yield event
+                # Paused in the caller's task: a close() it calls now reads by itself.
+                parked = self._readers.park()
+                try:
+                    yield event
+                finally:
+                    self._readers.unpark(parked)
         finally:
             self._upstream.stop_heartbeats()
             self._readers.leave()
 
-    async def _next_event_resuming(self) -> RealtimeEvent | None:
-        """The next event, resuming first when the connection is gone; None once the caller
-        closed the client."""
-        if self._terminal is not None:
-            raise self._terminal
-        if self._closing and self._ws is None:
-            return None
-        try:
-            if self._ws is None:
-                return await self._recover(None)
-            try:
-                event = await self._recv_event()
-            except (ConnectionClosed, OSError) as exc:
-                if self._closing:
-                    return None
-                return await self._recover(exc)
-        except ClientClosing:
-            return None
-        self._note(event)
-        return event
-
-    def _note(self, event: RealtimeEvent) -> None:
-        if event.type == "error":
-            self._last_error_code = event.data.get("error", {}).get("code")
-        elif event.type == "session.replaced":
-            self._forget_connection()
-            raise self._end(SessionReplaced(
-                "another connection resumed this session", code="session_replaced",
-                close_code=_REPLACED_CLOSE_CODE))
-
-    @staticmethod
-    def is_fatal_resume_error(error: DuplexClientError) -> bool:
-        """Whether retrying the resume cannot help."""
-        return error.code in _FATAL_RESUME_CODES

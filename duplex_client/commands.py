@@ -20,11 +20,12 @@ next ack covers it).
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, ClassVar
 
 __all__ = [
+    "APPEND_HINT_KEYS",
     "BargeInEvent",
     "ClientCommand",
     "CommandMethods",
@@ -85,22 +86,87 @@ class SessionUpdateEvent(ClientCommand):
         return {"session": dict(self.session)}
 
 
+#: The seed's per-append hint keys: they ride at the append's top level, as the seed sends them.
+APPEND_HINT_KEYS = frozenset({
+    "duration_ms", "audio_duration_ms", "audio_start_ms", "audio_end_ms", "speech",
+    "speech_probability", "vad", "overlap_action", "overlap", "force_barge_in", "force_listen",
+    "text", "transcript",
+})
+
+
 @dataclass(frozen=True, slots=True)
 class InputAudioBufferAppendEvent(ClientCommand):
-    """``input_audio_buffer.append``: pcm16 LE mono 24 kHz, raw bytes (base64 on the wire)."""
+    """``input_audio_buffer.append``: raw bytes (base64 on the wire) with the seed's
+    per-append fields, each sent only when given.
+
+    ``format`` (``pcm16``, ``pcm_f32le``, ``g711_ulaw``, or a GA type such as ``audio/pcm``)
+    and ``sample_rate_hz`` say how ``audio`` is encoded (None: as the session's input);
+    ``is_speech`` is the client's own speech classification; ``video_frames`` are base64
+    JPEG/PNG frames (a data URL's prefix is stripped: the wire carries bare base64), in
+    capture order, paired with this audio; ``duration_ms``, ``audio_end_ms`` and ``hints``
+    (the seed's other hint keys, :data:`APPEND_HINT_KEYS`) ride at the append's top level.
+    ``audio`` may be empty when the append carries only frames.
+    """
 
     type: ClassVar[str] = "input_audio_buffer.append"
     audio: bytes
+    _: KW_ONLY
+    format: str | None = None
+    sample_rate_hz: int | None = None
+    is_speech: bool | None = None
+    video_frames: tuple[str, ...] = ()
+    duration_ms: int | None = None
+    audio_end_ms: int | None = None
+    hints: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        unknown = set(self.hints or ()) - APPEND_HINT_KEYS
+        if unknown:
+            # is_speech has its own field on the wire: a hint of that name would be read as
+            # nothing at all, so it is refused like any other unknown key.
+            raise ValueError(f"not a hint the gateway knows: {sorted(unknown)} (hints:"
+                             f" {sorted(APPEND_HINT_KEYS)}; is_speech is an argument)")
+        given = {"duration_ms": self.duration_ms, "audio_end_ms": self.audio_end_ms}
+        twice = {key for key, value in given.items() if value is not None} & set(self.hints or ())
+        if twice:
+            raise ValueError(f"given both as an argument and in hints: {sorted(twice)}")
 
     def _fields(self) -> dict[str, Any]:
-        return {"audio": base64.b64encode(self.audio).decode()}
+        fields: dict[str, Any] = {}
+        if self.audio or not self.video_frames:  # frames alone go without an empty audio
+            fields["audio"] = base64.b64encode(self.audio).decode()
+        fields.update(_present(format=self.format, sample_rate_hz=self.sample_rate_hz,
+                               is_speech=self.is_speech))
+        if self.video_frames:
+            fields["video_frames"] = [_bare_base64(frame) for frame in self.video_frames]
+        fields.update(dict(self.hints or {}))
+        fields.update(_present(duration_ms=self.duration_ms, audio_end_ms=self.audio_end_ms))
+        return fields
+
+
+def _bare_base64(frame: str) -> str:
+    """A frame as bare base64: a data URL's ``data:image/jpeg;base64,`` prefix is cut."""
+    if frame.startswith("data:"):
+        _, _, frame = frame.partition(",")
+    return frame
 
 
 @dataclass(frozen=True, slots=True)
 class InputAudioBufferCommitEvent(ClientCommand):
-    """``input_audio_buffer.commit``."""
+    """``input_audio_buffer.commit``, with the seed's fields, each sent only when it says
+    something: ``final=False`` (more of this turn follows), ``create_response`` (sent as
+    ``response_create``, the seed's wire name: answer the turn, or not, whatever the session's
+    default), ``is_speech`` (False: a silent commit, which gets no answer)."""
 
     type: ClassVar[str] = "input_audio_buffer.commit"
+    _: KW_ONLY
+    final: bool = True
+    create_response: bool | None = None
+    is_speech: bool | None = None
+
+    def _fields(self) -> dict[str, Any]:
+        return {**({} if self.final else {"final": False}),
+                **_present(response_create=self.create_response, is_speech=self.is_speech)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,9 +248,14 @@ class ConversationItemTruncateEvent(ClientCommand):
 
 @dataclass(frozen=True, slots=True)
 class OutputAudioBufferClearEvent(ClientCommand):
-    """``output_audio_buffer.clear``: stop the response audio being played."""
+    """``output_audio_buffer.clear``: stop the response audio being played (the one named,
+    or whichever plays)."""
 
     type: ClassVar[str] = "output_audio_buffer.clear"
+    response_id: str | None = None
+
+    def _fields(self) -> dict[str, Any]:
+        return _present(response_id=self.response_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,17 +356,30 @@ class CommandMethods:
         """Send ``command``."""
         raise NotImplementedError
 
-    async def append_audio(self, pcm16: bytes) -> None:
-        """``input_audio_buffer.append`` (pcm16 LE mono 24 kHz)."""
-        await self.submit(InputAudioBufferAppendEvent(pcm16))
+    async def append_audio(self, audio: bytes, *, format: str | None = None,
+                           sample_rate_hz: int | None = None, is_speech: bool | None = None,
+                           video_frames: Sequence[str] | None = None,
+                           duration_ms: int | None = None, audio_end_ms: int | None = None,
+                           hints: Mapping[str, Any] | None = None) -> None:
+        """``input_audio_buffer.append``, with the seed handle's arguments (see
+        :class:`InputAudioBufferAppendEvent`). ``format`` None means the session's input
+        format (the seed's handle says ``pcm16``, its own session default), so a GA session in
+        G.711 is not misread."""
+        await self.submit(InputAudioBufferAppendEvent(
+            audio, format=format, sample_rate_hz=sample_rate_hz, is_speech=is_speech,
+            video_frames=tuple(video_frames or ()), duration_ms=duration_ms,
+            audio_end_ms=audio_end_ms, hints=hints))
 
     async def append_text(self, text: str) -> None:
         """``input.text.append``: text for the user's turn (at most 4096 characters)."""
         await self.submit(InputTextAppendEvent(text))
 
-    async def commit(self) -> None:
-        """``input_audio_buffer.commit``."""
-        await self.submit(InputAudioBufferCommitEvent())
+    async def commit(self, *, final: bool = True, create_response: bool | None = None,
+                     is_speech: bool | None = None) -> None:
+        """``input_audio_buffer.commit``, with the seed handle's arguments (see
+        :class:`InputAudioBufferCommitEvent`)."""
+        await self.submit(InputAudioBufferCommitEvent(
+            final=final, create_response=create_response, is_speech=is_speech))
 
     async def clear_input(self) -> None:
         """``input_audio_buffer.clear``."""
@@ -317,9 +401,9 @@ class CommandMethods:
         """``barge_in``: interrupt the active response at once."""
         await self.submit(BargeInEvent())
 
-    async def clear_output_audio(self) -> None:
-        """``output_audio_buffer.clear``."""
-        await self.submit(OutputAudioBufferClearEvent())
+    async def clear_output_audio(self, response_id: str | None = None) -> None:
+        """``output_audio_buffer.clear``: the response named, or whichever plays."""
+        await self.submit(OutputAudioBufferClearEvent(response_id))
 
     async def signal_turn(self, event: str, payload: Mapping[str, Any] | None = None) -> None:
         """``turn.signal``: the turn transition ``event``; one that names a client event
@@ -360,9 +444,3 @@ class CommandMethods:
     async def heartbeat(self) -> None:
         """``session.heartbeat`` (unsequenced: dropped while disconnected)."""
         await self.submit(SessionHeartbeatEvent())
-
-    async def close(self, reason: str = "client_close") -> None:
-        """``session.close``: the session ends with ``session.closed``; read it from
-        :meth:`DuplexClient.events`, or wait for it with
-        :meth:`DuplexClient.wait_closed`."""
-        await self.submit(SessionCloseEvent(reason))

@@ -10,6 +10,7 @@ import websockets
 from websockets.asyncio.client import ClientConnection
 
 from duplex_client.errors import DuplexClientError, ResumeRefused
+from duplex_client.events import ErrorEvent
 from duplex_client.retry import RETRYABLE_RESUME_CODES, NoAnswer
 
 __all__ = ["dial", "dial_and_open", "dial_and_resume", "recv_json"]
@@ -44,7 +45,7 @@ async def _first_answer(ws: ClientConnection, first: dict[str, Any],
 
 def _refusal(answer: dict[str, Any], what: str) -> DuplexClientError:
     """The exception for an answer that is not the one hoped for (an ``error`` event)."""
-    code = answer.get("error", {}).get("code")
+    code = ErrorEvent("error", None, answer).code  # the Realtime shape or the seed's flat one
     if what == "resume" and code not in RETRYABLE_RESUME_CODES:
         return ResumeRefused(f"resume refused: {answer}", code=code)
     return DuplexClientError(f"{what} refused: {answer}", code=code)

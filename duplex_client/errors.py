@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["DuplexClientError", "ResumeRefused", "RetriesExhausted", "SessionReplaced"]
+__all__ = [
+    "DuplexClientError",
+    "ResumeRefused",
+    "RetriesExhausted",
+    "SessionClosedError",
+    "SessionReplaced",
+]
 
 
 class DuplexClientError(Exception):
@@ -26,6 +32,12 @@ class ResumeRefused(DuplexClientError):
     """The gateway refused a resume for good: the session ended or is unknown
     (``session_resume_expired``), the token is void (``invalid_resume_token``), or the request
     is malformed (``invalid_session_resume``)."""
+
+
+class SessionClosedError(DuplexClientError):
+    """A command was submitted after the session ended (``code`` ``session_closed``, as the
+    seed's handle raises it); ``__cause__`` is what ended it for this client, if not its
+    terminal event."""
 
 
 class SessionReplaced(DuplexClientError):

@@ -24,10 +24,29 @@ class Readers:
         self.drain: asyncio.Task[None] | None = None
         #: A resume is under way: not a point at which reading can be handed over.
         self.recovering = False
+        # Per task, its events() iterators paused at their yield: that task's own caller runs.
+        self._parked: dict[asyncio.Task[Any] | None, int] = {}
 
-    def busy(self) -> bool:
-        """Whether someone reads already (a caller, or a drain)."""
-        return bool(self.count) or self.drain is not None
+    def busy_elsewhere(self) -> bool:
+        """Whether someone other than the running task reads: its own events() loops, paused
+        while it runs, read nothing until it returns to them."""
+        mine = self._parked.get(asyncio.current_task(), 0)
+        return self.count > mine or self.drain is not None
+
+    def park(self) -> asyncio.Task[Any] | None:
+        """An events() iterator of the running task hands an event out (it pauses); returns
+        the task, for :meth:`unpark` (which may run in another task: a generator finalised
+        by the event loop)."""
+        task = asyncio.current_task()
+        self._parked[task] = self._parked.get(task, 0) + 1
+        return task
+
+    def unpark(self, task: asyncio.Task[Any] | None) -> None:
+        left = self._parked.get(task, 0) - 1
+        if left > 0:
+            self._parked[task] = left
+        else:
+            self._parked.pop(task, None)
 
     def notify(self) -> None:
         """Wake every wait_closed() waiting on the readers or the outcome."""

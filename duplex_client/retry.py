@@ -34,7 +34,8 @@ __all__ = [
 #: (1011), a draining gateway (1012), try again later (1013).
 _RETRYABLE_CLOSE_CODES = frozenset({1011, 1012, 1013})
 #: Refusals of an open that say "later", not "no": nothing was opened, so opening again is safe.
-_TRY_LATER_CODES = frozenset({"resource_exhausted", "rate_limit_exceeded"})
+#: ``engine_backpressure`` is the seed's (its engine's mailbox was full).
+_TRY_LATER_CODES = frozenset({"resource_exhausted", "rate_limit_exceeded", "engine_backpressure"})
 #: Error answers to a resume that another attempt can cure; every other code is final.
 RETRYABLE_RESUME_CODES = _TRY_LATER_CODES | {"internal_error"}
 

@@ -62,6 +62,9 @@ class Upstream:
         self.lock = asyncio.Lock()
         self._connection = connection
         self._last_sent_at = 0.0
+        #: The ``client_seq`` of the last command a socket took: what a resume that does not
+        #: say what the log holds (the seed's dialect) counts as delivered.
+        self.last_sent = 0
         self._heartbeats: asyncio.Task[None] | None = None
 
     async def sequenced(self, message: dict[str, Any]) -> None:
@@ -74,7 +77,8 @@ class Upstream:
                 try:
                     await ws.send(text)
                 except ConnectionClosed:
-                    pass  # kept in the resend buffer; the next resume sends it again
+                    return  # kept in the resend buffer; the next resume sends it again
+                self.last_sent = self.buffer.client_seq
 
     async def unsequenced(self, message: dict[str, Any]) -> None:
         """A frame that is not worth resending (an ack, a heartbeat): dropped when the
@@ -97,6 +101,7 @@ class Upstream:
                 await ws.send(text)
             except ConnectionClosed:
                 return  # the reader sees the drop and resumes again; the buffer keeps them
+        self.last_sent = self.buffer.client_seq
         self.mark_sent()
 
     def mark_sent(self) -> None:

@@ -185,8 +185,11 @@ class _Talk:
     async def _close(self, reader: asyncio.Task[None]) -> None:
         """Acknowledge nothing more, close the session, and give its ``session.closed`` the
         client's close timeout to arrive (it is read by ``reader``)."""
+        from duplex_client import DuplexClientError
+
         self.closing = True
-        await self.client.close()
+        with contextlib.suppress(DuplexClientError):  # no close in time: the notice below says so
+            await self.client.close()
         timeout = self.client.settings.close_timeout_s
         done, _ = await asyncio.wait({reader}, timeout=timeout)
         if not done and self.failure is None:

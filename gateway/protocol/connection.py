@@ -115,6 +115,11 @@ class ConnectionCore(OutputDelivery):
         self._give_up_opening = False  # the open in flight is given up when it lands
         self._held_refusal: ClientProtocolError | None = None  # a quiet open's, not answered
         self._retention = DeliveredRetention(delivered_retention_s)
+        # The highest seq the client acknowledged under this lease, and the highest trimmed:
+        # acks are trimmed on the timer, once for all of them, since the seed's client acks
+        # every event and a trim per ack would be a store call per event.
+        self._acked_seq = 0
+        self._trimmed_seq = 0
         self._timer_at = now  # when the timer last fired
         self._input_end = 0  # the highest input log index Redis assigned under this lease
         self._resume_request: ResumeRequest | None = None  # the resume in flight
@@ -221,8 +226,8 @@ class ConnectionCore(OutputDelivery):
                 f"server_event_seq {ack.server_event_seq} was never sent",
                 param="server_event_seq", client_event_id=ack.event_id,
             ))
-        elif self.state is ConnectionState.ATTACHED and ack.server_event_seq > 0:
-            self._actions.append(TrimLog(upto_seq=ack.server_event_seq))
+        elif self.state is ConnectionState.ATTACHED:
+            self._acked_seq = max(self._acked_seq, ack.server_event_seq)
 
     def _receive_command(self, client_seq: int | None, command: Command) -> None:
         self._client_commands += 1
@@ -473,12 +478,14 @@ class ConnectionCore(OutputDelivery):
 
     def timer_fired(self, now: float, *, taken_seq: int) -> None:
         """The periodic timer: the client had taken every event up to ``taken_seq`` by
-        ``now``. Events it took long enough ago are trimmed (:mod:`gateway.protocol.retention`)."""
+        ``now``. Events it acknowledged, or took long enough ago, are trimmed
+        (:mod:`gateway.protocol.retention`)."""
         self._timer_at = now
         if self.state is not ConnectionState.ATTACHED:
             return
-        upto = self._retention.sample(now, taken_seq)
-        if upto is not None:
+        upto = max(self._retention.sample(now, taken_seq) or 0, self._acked_seq)
+        if upto > self._trimmed_seq:
+            self._trimmed_seq = upto
             self._actions.append(TrimLog(upto_seq=upto))
 
     def session_gone(self) -> None:

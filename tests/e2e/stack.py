@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -283,3 +285,73 @@ class Stack:
         for proc in self.procs:
             if proc.log is not None:
                 print_tail(proc.name, proc.log)
+
+
+class Balancer:
+    """A TCP load balancer in front of gateways, as a deployment puts one: each new connection
+    goes to the next gateway in turn, skipping one that refuses it (a dead one), and is relayed
+    both ways until either side closes. Runs in the test's event loop."""
+
+    def __init__(self, upstreams: Sequence[Proc]) -> None:
+        self._ports = [proc.port for proc in upstreams]
+        self._turn = 0
+        self._server: asyncio.Server | None = None
+        self._relays: set[asyncio.Task[None]] = set()
+        #: The upstream port of each connection relayed so far, in order.
+        self.picks: list[int] = []
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+
+    @property
+    def url(self) -> str:
+        """``ws://HOST:PORT``: the base URL a client is given."""
+        assert self._server is not None
+        return f"ws://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def aclose(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for relay in list(self._relays):
+            relay.cancel()
+        await asyncio.gather(*self._relays, return_exceptions=True)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        relay = asyncio.current_task()
+        assert relay is not None
+        self._relays.add(relay)
+        try:
+            for _ in self._ports:
+                port = self._ports[self._turn % len(self._ports)]
+                self._turn += 1
+                try:
+                    up_reader, up_writer = await asyncio.open_connection("127.0.0.1", port)
+                except OSError:
+                    continue
+                self.picks.append(port)
+                await _pump_both(reader, writer, up_reader, up_writer)
+                return
+        finally:
+            writer.close()
+            self._relays.discard(relay)
+
+
+async def _pump_both(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                     up_reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter) -> None:
+    """Relay bytes both ways until one side ends; then close both."""
+
+    async def pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError):
+            while data := await source.read(65536):
+                sink.write(data)
+                await sink.drain()
+
+    pumps = [asyncio.create_task(pump(reader, up_writer)),
+             asyncio.create_task(pump(up_reader, writer))]
+    try:
+        await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in pumps:
+            task.cancel()
+        await asyncio.gather(*pumps, return_exceptions=True)
+        up_writer.close()

@@ -54,7 +54,7 @@ async def test_events_resume_through_the_other_gateway_after_a_sigkill(stack: St
     seqs = [e.server_event_seq for e in events if e.server_event_seq is not None]
     echoed = [chunk_index(e.audio) for e in events if e.type == ECHO]
     print(f"events={len(events)} numbered={len(seqs)} echoes={len(echoed)} "
-          f"resumes={len(markers)} resend_from={[m.last_client_seq + 1 for m in markers]}")
+          f"resumes={len(markers)} resent_after={[m.last_client_seq for m in markers]}")
     assert len(markers) == 1 and markers[0].url == gateway_b.ws_url, markers
     assert client.generation == 2
     assert seqs == list(range(1, len(seqs) + 1)), seqs

@@ -880,13 +880,19 @@ def test_ack_of_nothing_needs_no_action() -> None:
 
 
 @pytest.mark.parametrize("seq", [1, 2])
-def test_valid_ack_trims_the_log_up_to_it(seq: int) -> None:
-    """Acknowledging delivered events lets the log drop them, and nothing else."""
+def test_valid_ack_trims_the_log_up_to_it_on_the_timer(seq: int) -> None:
+    """Acknowledging delivered events lets the log drop them, and nothing else: once per timer
+    for every ack since the last (the seed's client acks each event), not once per ack."""
     core = opened()
     core.receive_log_entries(1, hb(2))
     core.actions_to_run()
+    core.receive_frame(frame("session.event_ack", server_event_seq=1))
     core.receive_frame(frame("session.event_ack", server_event_seq=seq))
+    assert core.actions_to_run() == []
+    core.timer_fired(core.next_deadline(), taken_seq=2)
     assert core.actions_to_run() == [TrimLog(upto_seq=seq)]
+    core.timer_fired(core.next_deadline(), taken_seq=2)
+    assert core.actions_to_run() == [], "nothing new acknowledged: nothing to trim"
     assert core.state is ConnectionState.ATTACHED
 
 

@@ -193,6 +193,7 @@ class ConnectionMachine(RuleBasedStateMachine):
         self.now = 0.0
         self.taken: list[tuple[float, int]] = []
         self.timer_trim = False  # the drain in progress follows a timer tick
+        self.acked = 0  # the highest valid ack under the current lease
 
     # ------------------------------------------------------------------ setup
 
@@ -258,10 +259,11 @@ class ConnectionMachine(RuleBasedStateMachine):
             self.end_checks.append(action.after_seq)
         elif isinstance(action, TrimLog):
             assert 0 < action.upto_seq <= self.core.delivered_seq
-            if self.timer_trim:
-                # Only what the client had taken RETENTION_S ago, never more.
-                old = [seq for at, seq in self.taken if self.now - at >= RETENTION_S]
-                assert old and action.upto_seq <= max(old), (action, self.taken)
+            # Only on the timer, and only what the client acknowledged or had taken
+            # RETENTION_S ago, never more.
+            assert self.timer_trim, action
+            old = [seq for at, seq in self.taken if self.now - at >= RETENTION_S]
+            assert action.upto_seq <= max([*old, self.acked]), (action, self.taken, self.acked)
             self.first_retained = max(self.first_retained, action.upto_seq + 1)
         elif isinstance(action, EndSession):
             # Only for an input log that went back, once per rewind, for this session.
@@ -378,7 +380,11 @@ class ConnectionMachine(RuleBasedStateMachine):
     @rule(seq=st.integers(0, 12))
     def send_ack(self, seq: int) -> None:
         """session.event_ack, valid or beyond what was delivered."""
+        valid = (self.core.state is ConnectionState.ATTACHED
+                 and seq <= self.core.delivered_seq)
         self.core.receive_frame(json.dumps({"type": "session.event_ack", "server_event_seq": seq}))
+        if valid:
+            self.acked = max(self.acked, seq)
         self._drain()
 
     # ------------------------------------------------------------------ store answers
