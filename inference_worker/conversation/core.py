@@ -329,7 +329,11 @@ class ConversationCore:
         elif respond and not self._responses.active:
             self._start_response(self._config["output_modalities"] == ["audio"], None, now)
 
-    def _clear(self) -> None:
+    def _clear(self, *, idle: bool = False) -> None:
+        """Drop the input (``idle``: ``input_audio_buffer.clear``, which idles the seed's
+        turn state too)."""
+        if idle:
+            self._responses.turn = TurnState.IDLE
         self._input.clear()
         self._timeline.reset()  # the detector forgets a turn in progress with its audio
         self._model.forget_input()
@@ -574,7 +578,7 @@ COMMANDS: Final[Mapping[type[msg.Command], _Handler]] = MappingProxyType({
     msg.UpdateSession: lambda core, command, now: core._update(command),
     msg.AppendAudio: lambda core, command, now: core._append(command, now),
     msg.CommitInput: lambda core, command, now: core._commit(command, now),
-    msg.ClearInput: lambda core, command, now: core._clear(),
+    msg.ClearInput: lambda core, command, now: core._clear(idle=True),
     msg.CreateResponse: lambda core, command, now: core._create(command, now),
     msg.CancelResponse: lambda core, command, now: core._cancel(command),
     msg.Heartbeat: lambda core, command, now: core._conversation.emit(msg.HeartbeatAck()),

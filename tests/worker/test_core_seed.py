@@ -369,6 +369,16 @@ def test_each_step_of_a_turn_sets_the_seeds_turn_state(
     assert core.epoch >= 1
 
 
+def test_clearing_the_input_idles_the_turn() -> None:
+    """input_audio_buffer.clear drops the user's turn: the turn state goes idle (the seed's
+    cancel of pending input)."""
+    core = loopback()
+    core.receive(msg.AppendAudio(audio=TURN), T0)
+    assert turn_state(core)[0] == "user_speaking"
+    send(core, msg.ClearInput())
+    assert turn_state(core)[0] == "idle"
+
+
 def test_a_completed_answer_leaves_the_turn_idle() -> None:
     core = loopback()
     speak(core)
