@@ -28,7 +28,15 @@ decides every event, following the session's
   says (placed where the model was on the input timeline), the stop commits a user item that
   its transcript completes, and the backend decides when it answers and when it is
   interrupted. With ``idle_timeout_ms``, once a response ended, that much input without
-  speech commits the silent segment and answers it.
+  speech commits the silent segment and answers it
+  (:mod:`~inference_worker.conversation.server_turns`,
+  :mod:`~inference_worker.conversation.model_turns`).
+* **The seed's options.** A commit's ``create_response`` answers it or not whatever the
+  session says; ``is_speech: false`` (or appends that all said so) is a silent commit, answered
+  by ``response.listen``; an append's hints are read by
+  :mod:`~inference_worker.conversation.user_input`. ``response.speak`` / ``response.listen``
+  report whether a turn is answered aloud, ``turn.event`` the seed's turn state and epoch, and
+  a cancel's ``response.done`` the seed's reason beside GA's.
 * **Responses.** ``response.create`` opens one at once (``response.created`` ..
   ``response.content_part.added``, Realtime GA order); the model fills it
   (:mod:`~inference_worker.conversation.responses`: how its output streams in, when the
@@ -96,6 +104,7 @@ from inference_worker.conversation.reports import (
 )
 from inference_worker.conversation.response_options import parse_response_options
 from inference_worker.conversation.responses import Responses
+from inference_worker.conversation.server_turns import ServerTurns
 from inference_worker.conversation.session_update import apply_session_patch, check_session_patch
 from inference_worker.conversation.states import Trigger, transition
 from inference_worker.conversation.turns import (
@@ -108,7 +117,7 @@ from inference_worker.conversation.turns import (
 )
 from inference_worker.conversation.user_input import UserInput, UserTurn
 from inference_worker.turn_detection.timeline import InputTimeline, turn_detection_of
-from inference_worker.turn_detection.vad import EnergyVad, SpeechStarted, Vad, VadConfig, VadEvent
+from inference_worker.turn_detection.vad import EnergyVad, Vad, VadConfig
 from inference_worker.untrusted import close_reason
 
 __all__ = ["COMMANDS", "ConversationCore"]
@@ -140,7 +149,7 @@ class ConversationCore:
         self._frame_seconds = frame_seconds
         self._responses = Responses(self._conversation, model, policy, frame_seconds,
                                     on_open=lambda: self._model_turns.complete(None),
-                                    on_end=self._response_ended)
+                                    on_end=lambda: self._server_turns.response_ended())
         self._input = UserInput(keep=policy.keeps_turn_audio)
         self._decoder = InputDecoder(AudioFormat.PCM24K)  # the client's audio -> pcm16 24 kHz
         self._timeline = InputTimeline(detector)
@@ -148,8 +157,9 @@ class ConversationCore:
                                        self._timeline)
         if not policy.model_detects_speech:  # a new session may start with server_vad on
             self._timeline.configure(turn_detection_of(config))
-        self._turn_start_ms = 0  # where the turn being spoken started (its speech_started)
-        self._idle_from_ms: int | None = None  # the idle timeout's start, once a response ended
+        self._server_turns = ServerTurns(
+            self._conversation, self._responses, self._input, self._timeline,
+            lambda audio, now, respond: self._commit_turn(audio, now, respond=respond))
         self._unanswered: UserTurn | None = None  # answers_turns: the turn to answer next
         self._heard_input = False
         self._close_reason: str | None = None
@@ -278,9 +288,7 @@ class ConversationCore:
             self._responses.turn = TurnState.USER_SPEAKING
         self._model.hear(audio)
         self._drain_model(now)  # an echo answers at once, before the turn detector's events
-        for event in self._timeline.feed(audio):
-            self._on_speech(event, now)
-        self._check_idle(now)
+        self._server_turns.hear(audio, now)
 
     def _commit(self, command: msg.CommitInput, now: float) -> None:
         """``is_speech: false``, or appends that all said so, make a silent commit;
@@ -297,7 +305,7 @@ class ConversationCore:
         self._timeline.reset()  # a turn in progress was committed with the rest
         asked = command.create_response
         self._commit_turn(audio, now, respond=self._model.auto_respond if asked is None else asked,
-                          asked=asked is True)
+                          asked=command if asked else None)
 
     def _silent_commit(self) -> None:
         """A turn the client declared silence: its audio is dropped, its user item's commit
@@ -309,10 +317,12 @@ class ConversationCore:
         self._conversation.listen(ListenReason.SILENCE_OR_NOISE, self.epoch)
 
     def _commit_turn(self, audio: bytes, now: float, *, respond: bool,
-                     asked: bool = False) -> None:
+                     asked: msg.CommitInput | None = None) -> None:
         """The user item of a committed turn (with the transcript its appends gave), then its
         answer when ``respond`` and idle, unless its appends said ``force_listen`` and the
-        commit did not ask for one (``asked``): the seed's listen decision instead."""
+        commit did not ask for one (``asked``): the seed's listen decision instead. A commit
+        that asked while a response is active is refused its answer as ``response.create``
+        would be (the turn stays committed)."""
         marks = self._input.taken
         item_id = self._conversation.add_user_item(done=True,
                                                    transcript=marks.transcript or None).id
@@ -324,10 +334,13 @@ class ConversationCore:
             self._unanswered = None if answered else UserTurn(item_id=item_id, audio=audio)
         self._model.committed()
         self._drain_model(now)
-        if marks.force_listen and not asked:
+        active = self._responses.current
+        if marks.force_listen and asked is None:
             self._conversation.listen(ListenReason.MODEL_LISTEN, self.epoch)
-        elif respond and not self._responses.active:
+        elif respond and active is None:
             self._start_response(self._config["output_modalities"] == ["audio"], None, now)
+        elif asked is not None and active is not None:
+            self._refuse(asked.event_id, already_active(active.opened.id))
 
     def _clear(self, *, idle: bool = False) -> None:
         """Drop the input (``idle``: ``input_audio_buffer.clear``, which idles the seed's
@@ -461,46 +474,6 @@ class ConversationCore:
         # The store writes the reason back as session.closed: one it cannot encode is replaced.
         self._close_reason = close_reason(command.reason)
 
-    # ------------------------------------------------------------------ turn detection
-
-    def _on_speech(self, event: VadEvent, now: float) -> None:
-        settings = self._timeline.settings
-        assert settings is not None  # only a detector makes events
-        if isinstance(event, SpeechStarted):
-            self._turn_start_ms = event.audio_start_ms
-            self._idle_from_ms = None  # the user spoke: not idle
-            # GA order: speech_started first, then the interrupted response's response.done.
-            self._conversation.speech_started(event.audio_start_ms)
-            if settings.interrupt_response and self._responses.cancellable() is not None:
-                self._responses.cancel(CancelReason.TURN_DETECTED)
-            return
-        self._conversation.speech_stopped(event.audio_end_ms)
-        timeline = self._timeline
-        # What followed the turn stays buffered.
-        audio = self._input.take_turn(timeline.byte_at(self._turn_start_ms),
-                                      timeline.byte_at(event.audio_end_ms), timeline.fed_bytes,
-                                      rest_stays=True)
-        self._commit_turn(audio, now, respond=settings.create_response)
-
-    def _check_idle(self, now: float) -> None:
-        """``idle_timeout_ms``: once a response ended, that much input without speech commits
-        the silent segment and answers it, after ``input_audio_buffer.timeout_triggered``.
-        Measured on the input timeline: a client streams its microphone, silence included."""
-        settings, start = self._timeline.settings, self._idle_from_ms
-        if (settings is None or settings.idle_timeout_ms is None or start is None
-                or self._responses.active or self._timeline.speaking):
-            return
-        timeline = self._timeline
-        end = timeline.fed_ms
-        if end - start < settings.idle_timeout_ms:
-            return
-        self._idle_from_ms = None
-        self._conversation.timeout_triggered(start, end)
-        audio = self._input.take_turn(timeline.byte_at(start), timeline.byte_at(end),
-                                      timeline.fed_bytes, rest_stays=False)
-        self._timeline.reset()
-        self._commit_turn(audio, now, respond=True)
-
     # ------------------------------------------------------------------ model reports
 
     def _drain_model(self, now: float) -> None:
@@ -553,9 +526,6 @@ class ConversationCore:
         self._responses.anchor = now
         self._model.answer(answer, spoken=audio, now=now)
         self._drain_model(now)  # the first chunk is due at once
-
-    def _response_ended(self) -> None:
-        self._idle_from_ms = self._timeline.fed_ms  # the idle timeout counts from here
 
     # ------------------------------------------------------------------ session.update
 

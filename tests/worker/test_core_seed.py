@@ -82,6 +82,22 @@ def test_create_response_absent_lets_the_session_decide() -> None:
     assert "response.created" in kinds(commit(auto_loopback(), msg.CommitInput()))
 
 
+@pytest.mark.parametrize("make", CORES.values(), ids=CORES.keys())
+def test_create_response_true_during_an_answer_is_refused_its_answer(
+        make: Callable[[], ConversationCore]) -> None:
+    """While a response is active the commit stands, and its request for an answer is
+    refused as response.create would be: never dropped in silence."""
+    core = make()
+    speak(core)
+    core.receive(msg.AppendAudio(audio=TURN), T0 + 0.1)
+    events = send(core, msg.CommitInput(create_response=True, event_id="c"), T0 + 0.1)
+    assert kinds(events)[:len(USER_TURN)] == USER_TURN
+    [error] = of_type(events, msg.ErrorEvent)
+    assert (error.code, error.client_event_id) == ("conversation_already_has_active_response",
+                                                   "c")
+    assert len(of_type(events, msg.ResponseCreated)) == 0
+
+
 def test_create_response_true_opens_a_response_a_frame_model_fills() -> None:
     """On a full-duplex model a commit that asks for a response opens one for the model."""
     core = frames()
