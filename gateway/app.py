@@ -21,12 +21,13 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from gateway.auth import error_response, identify
+from gateway.auth import Caller, error_response, identify
 from gateway.client_secrets import mint_client_secret
 from gateway.driver import ConnectionDriver
 from gateway.metrics import GatewayMetrics
 from gateway.models_api import list_models, model_readiness, retrieve_model
-from gateway.protocol.errors import CloseCode
+from gateway.protocol.dialect import DUPLEX_PATH, Handshake, parse_handshake
+from gateway.protocol.errors import ClientProtocolError, CloseCode
 from gateway.reaper import run_reaper
 from gateway.services import GatewayServices
 from gateway.settings import GatewaySettings
@@ -122,6 +123,22 @@ async def _readiness(services: GatewayServices | None, request: Request) -> Resp
     return PlainTextResponse("ready")
 
 
+async def _admit(settings: GatewaySettings, services: GatewayServices,
+                 websocket: WebSocket) -> tuple[Caller, Handshake] | None:
+    """Who calls and what its URL asks for (:mod:`gateway.protocol.dialect`); None: refused
+    before the upgrade (a wrong key; a query parameter it cannot mean anything by, 400)."""
+    caller = await identify(settings, services.client, websocket)
+    if isinstance(caller, JSONResponse):
+        await websocket.send_denial_response(caller)
+        return None
+    try:
+        return caller, parse_handshake(websocket.url.path, websocket.query_params)
+    except ClientProtocolError as exc:
+        await websocket.send_denial_response(
+            error_response(400, exc.code, exc.message, param=exc.param))
+        return None
+
+
 def _model_routes(settings: GatewaySettings, state: dict[str, GatewayServices]) -> list[Route]:
     """``GET /v1/models`` and ``GET /v1/models/{model}`` (names may hold ``/``)."""
 
@@ -178,19 +195,17 @@ def create_app(settings: GatewaySettings, metrics: GatewayMetrics | None = None)
         if services.draining:
             await websocket.close(CloseCode.TRY_AGAIN_LATER)
             return
-        caller = await identify(settings, services.client, websocket)
-        if isinstance(caller, JSONResponse):
-            await websocket.send_denial_response(caller)
+        admitted = await _admit(settings, services, websocket)
+        if admitted is None:
             return
+        caller, handshake = admitted
         offered = websocket.scope.get("subprotocols", [])
         await websocket.accept(subprotocol="realtime" if "realtime" in offered else None)
-        # ?resume=1: the client will resume; the URL's model opens nothing (the session it
-        # resumes has its own).
-        model = websocket.query_params.get("model", "")
-        resuming = websocket.query_params.get("resume") in ("1", "true")
-        driver = ConnectionDriver(websocket, services,
-                                  url_model=model if model and not resuming else None,
-                                  tenant=caller.tenant, initial_session=caller.initial_session)
+        # ?resume=1 or ?autostart=0: the URL's model opens nothing before the first client
+        # event (a resume's session has its own model; a session.update may name one).
+        driver = ConnectionDriver(websocket, services, url_model=handshake.model,
+                                  tenant=caller.tenant, initial_session=caller.initial_session,
+                                  handshake=handshake)
         metrics.connections.inc()
         started = time.monotonic()
         try:
@@ -218,6 +233,7 @@ def create_app(settings: GatewaySettings, metrics: GatewayMetrics | None = None)
     return Starlette(
         routes=[
             WebSocketRoute("/v1/realtime", realtime),
+            WebSocketRoute(DUPLEX_PATH, realtime),  # the seed's alias of ?duplex=1
             Route("/v1/realtime/client_secrets", client_secrets, methods=["POST"]),
             *_model_routes(settings, state),
             Route("/healthz", healthz),

@@ -50,6 +50,7 @@ from gateway.protocol.actions import (
 )
 from gateway.protocol.backlog import OutputBacklog, OutputLimits
 from gateway.protocol.connection import OUTPUT_STALLED, ConnectionCore
+from gateway.protocol.dialect import Handshake
 from gateway.protocol.envelope import ResumeRequest
 from gateway.protocol.errors import (
     ClientProtocolError,
@@ -86,13 +87,15 @@ class ConnectionDriver:
 
     def __init__(self, websocket: WebSocket, services: GatewayServices, *,
                  url_model: str | None, tenant: str = "anonymous",
-                 initial_session: dict[str, Any] | None = None) -> None:
+                 initial_session: dict[str, Any] | None = None,
+                 handshake: Handshake | None = None) -> None:
         self._ws = websocket
         self._svc = services
         self._tenant = tenant
+        hs = handshake or Handshake()
         self._core = ConnectionCore(
             max_frame_bytes=services.settings.max_frame_bytes, url_model=url_model,
-            initial_session=initial_session,
+            autostart=hs.autostart, dialect=hs.dialect, initial_session=initial_session,
             delivered_retention_s=services.settings.delivered_retention_s,
             now=asyncio.get_running_loop().time())
         self._lock = asyncio.Lock()

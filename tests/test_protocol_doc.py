@@ -36,10 +36,12 @@ from openai.types.realtime.realtime_client_event import RealtimeClientEvent
 from openai.types.realtime.realtime_server_event import RealtimeServerEvent
 
 from contract import messages as m
-from gateway.protocol import envelope, parse, render
+from gateway.protocol import dialect, envelope, parse, render
 from gateway.protocol.actions import SendFrame
 from gateway.protocol.connection import ConnectionCore
+from gateway.protocol.dialect import Dialect
 from gateway.protocol.errors import ClientProtocolError, CloseCode, ErrorCode, InternalError
+from gateway.protocol.render_duplex import DuplexRenderer
 from inference_worker.conversation import session_schema
 from inference_worker.conversation.refusals import RefusalCode
 from tests.gateway.strict import validate_server_event
@@ -235,34 +237,47 @@ def _instance(cls: type[Any]) -> Any:
     return cls(**{f.name: _sample(hints[f.name]) for f in dataclasses.fields(cls)})
 
 
-def _delivered(event: m.Event) -> dict[str, Any]:
-    """What a client receives for ``event`` written to its session's log: the real core."""
-    core = ConnectionCore(max_frame_bytes=1 << 20, url_model="loopback")
+def _delivered(event: m.Event, dialect: Dialect = Dialect.GA) -> dict[str, Any] | None:
+    """What a client of ``dialect`` receives for ``event`` written to its session's log: the
+    real core (None: nothing, an event the dialect lacks)."""
+    core = ConnectionCore(max_frame_bytes=1 << 20, url_model="loopback", dialect=dialect)
     core.quiet_period_over()
-    core.open_succeeded(SID, resume_token="token", generation=1, model="loopback")
+    core.open_succeeded(SID, resume_token="token", generation=1, model="loopback",
+                        capabilities={"chunk_period_ms": 40})
     core.actions_to_run()
     core.receive_log_entries(1, [m.encode_message(event)])
     frames = [action.text for action in core.actions_to_run() if isinstance(action, SendFrame)]
-    assert len(frames) == 1, f"{type(event).__name__} was delivered as {frames}"
-    sent: dict[str, Any] = json.loads(frames[0])
-    return sent
+    assert len(frames) <= 1, f"{type(event).__name__} was delivered as {frames}"
+    return json.loads(frames[0]) if frames else None
 
 
-def _all_rendered() -> Iterator[dict[str, Any]]:
+def _all_rendered(dialect: Dialect = Dialect.GA) -> Iterator[dict[str, Any]]:
+    duplex = DuplexRenderer()
+    render_notice = render.render_notice if dialect is Dialect.GA else duplex.notice
+    render_error = render.render_error if dialect is Dialect.GA else duplex.error
     for cls in typing.get_args(m.Event):
-        yield _delivered(_instance(cls))
+        sent = _delivered(_instance(cls), dialect)
+        assert sent is not None or dialect is Dialect.GA, f"{cls.__name__} was not delivered"
+        if sent is not None:
+            yield sent
     for cls in typing.get_args(envelope.Notice):
-        yield render.render_notice(_instance(cls), event_id="event_gw_1")
-    yield render.render_error(ClientProtocolError(ErrorCode.INVALID_JSON, "x"), "event_gw_1")
-    yield render.render_error(InternalError("x"), "event_gw_1")
+        yield render_notice(_instance(cls), event_id="event_gw_1")
+    yield render_error(ClientProtocolError(ErrorCode.INVALID_JSON, "x"), "event_gw_1")
+    yield render_error(InternalError("x"), "event_gw_1")
 
 
 @cache
-def server_fields() -> dict[str, set[str]]:
+def samples(dialect: Dialect = Dialect.GA) -> dict[str, dict[str, Any]]:
+    """Server event type -> one instance as a client of ``dialect`` gets it."""
+    return {sent["type"]: sent for sent in _all_rendered(dialect)}
+
+
+@cache
+def server_fields(dialect: Dialect = Dialect.GA) -> dict[str, set[str]]:
     """Server event type -> every top-level field the code sends on it (type and event_id
     apart), over one instance of each event, notice and error."""
     by_type: dict[str, set[str]] = {}
-    for sent in _all_rendered():
+    for sent in _all_rendered(dialect):
         assert ALWAYS <= sent.keys(), f"{sent['type']} lacks type or event_id"
         by_type.setdefault(sent["type"], set()).update(sent.keys() - ALWAYS)
     return by_type
@@ -499,3 +514,131 @@ def test_close_codes_are_exactly_the_ones_the_gateway_sends() -> None:
     """The close code table lists every CloseCode value and nothing else."""
     assert set(doc_table("close code")) == {str(int(code)) for code in CloseCode}
     kinds_of("close code")
+
+
+# --------------------------------------------------------------------------- tests: duplex dialect
+
+
+def test_the_url_table_lists_what_the_handshake_reads() -> None:
+    """The URL table names the duplex path and every query parameter parse_handshake reads."""
+    tree = ast.parse(Path(dialect.__file__).read_text(encoding="utf-8"))
+    function = next(node for node in tree.body if isinstance(node, ast.FunctionDef)
+                    and node.name == "parse_handshake")
+    read: set[str] = set()
+    for node in ast.walk(function):
+        if isinstance(node, ast.Call) and _callee(node) in {"_flag", "get"}:
+            name = node.args[1 if _callee(node) == "_flag" else 0]
+            assert isinstance(name, ast.Constant) and isinstance(name.value, str)
+            read.add(name.value)
+    assert read and set(doc_table("URL")) == read | {dialect.DUPLEX_PATH}
+    kinds_of("URL")
+
+
+def test_duplex_client_events_are_the_duplex_parsers_aliases() -> None:
+    """Each listed alias is one the codec takes on duplex connections only, standing for the
+    event the table says, reading that event's fields; its example parses as that event on a
+    duplex connection and is unknown_event on a GA one."""
+    per_type, _ = codec_fields()
+    rows = doc_table("duplex client event")
+    stands = column("duplex client event", "stands for")
+    assert set(rows) == parse.DUPLEX_CLIENT_EVENT_TYPES
+    for name, row in rows.items():
+        target = parse.DUPLEX_CLIENT_EVENT_ALIASES[name]
+        assert ticked(row.cells[stands]) == [target], f"line {row.line}"
+        assert fields_of("duplex client event", "fields")[name] == per_type[target]
+    kinds_of("duplex client event")
+    examples = doc_examples("duplex-client-events")
+    assert {example["type"] for example in examples} == set(rows)
+    for example in examples:
+        text = json.dumps(example)
+        parsed = parse.parse_client_frame(text, max_frame_bytes=1 << 20, dialect=Dialect.DUPLEX)
+        plain = parse.parse_client_frame(json.dumps(
+            {**example, "type": parse.DUPLEX_CLIENT_EVENT_ALIASES[example["type"]]}),
+            max_frame_bytes=1 << 20)
+        assert type(parsed.command) is type(plain.command)
+        with pytest.raises(ClientProtocolError) as refusal:
+            parse.parse_client_frame(text, max_frame_bytes=1 << 20)
+        assert refusal.value.code == ErrorCode.UNKNOWN_EVENT
+
+
+def test_duplex_only_events_are_the_listed_ones() -> None:
+    """The events a duplex connection gets and a GA one never does are the renderer's
+    duplex-only set and the table's rows, with the fields it lists."""
+    ga, duplex = server_fields(), server_fields(Dialect.DUPLEX)
+    only = set(duplex) - set(ga)
+    assert only == render.DUPLEX_ONLY_EVENT_TYPES == set(doc_table("duplex-only event"))
+    documented = fields_of("duplex-only event", "top-level fields")
+    assert documented == {event_type: duplex[event_type] for event_type in only}
+
+
+def test_dialect_fields_are_exactly_the_ones_that_differ() -> None:
+    """Every top-level field a duplex connection gets on an event a GA one gets without it,
+    and the reverse, is in the dialect field table; nested rows are checked in place."""
+    ga, duplex = server_fields(), server_fields(Dialect.DUPLEX)
+    gained = {(f, t) for t in ga for f in duplex[t] - ga[t]}
+    lost = {(f, t) for t in ga for f in ga[t] - duplex[t]}
+    on, ga_column = column("dialect field", "on"), column("dialect field", "GA")
+    rows = doc_table("dialect field")
+    listed = {(name, t) for name, row in rows.items() if "." not in name
+              for t in ticked(row.cells[on])}
+    replaced = {(f, t) for row in rows.values() for t in ticked(row.cells[on])
+                for f in ticked(row.cells[ga_column]) if f in ga[t]}
+    assert listed == gained and replaced == lost
+    for row in rows.values():
+        assert all(any(f in ga[t] for t in ticked(row.cells[on]))
+                   for f in ticked(row.cells[ga_column])), f"line {row.line}"
+    for t in ticked(rows["session.capabilities"].cells[on]):
+        assert "capabilities" in samples(Dialect.DUPLEX)[t]["session"], t
+        assert "capabilities" not in samples()[t]["session"], t
+
+
+def test_a_seed_reason_is_the_documented_status_details_reason() -> None:
+    """The response.status_details.reason row: a response-end event naming the seed's reason
+    shows it there on duplex connections."""
+    assert "response.status_details.reason" in doc_table("dialect field")
+
+    @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+    class WithSeedReason(m.ResponseDone):
+        seed_reason: str | None = None
+
+    event = WithSeedReason(response={"id": "resp_1", "status": "cancelled"}, seed_reason="barge_in")
+    rendered = DuplexRenderer()._patches[m.ResponseDone]({}, event)
+    assert rendered["response"]["status_details"]["reason"] == "barge_in"
+
+
+def test_duplex_examples_carry_exactly_the_fields_a_duplex_connection_gets() -> None:
+    duplex = server_fields(Dialect.DUPLEX)
+    for example in doc_examples("duplex-server-events"):
+        assert example.keys() - ALWAYS == duplex[example["type"]], example["type"]
+
+
+def _rows(first_header: str) -> list[tuple[str, ...]]:
+    """A table's rows, names repeated allowed: the backticked words of each cell (``any``:
+    none)."""
+    lines = doc_lines()
+    start = next(i for i, line in enumerate(lines) if _cells(line)[:1] == [first_header])
+    rows: list[tuple[str, ...]] = []
+    for line in lines[start + 2:]:
+        cells = _cells(line)
+        if not cells:
+            return rows
+        rows.append(tuple(" ".join(ticked(cell)) for cell in cells))
+    return rows
+
+
+def test_dialect_error_codes_are_the_code_table() -> None:
+    """Each row is one entry of the GA -> seed code table, and every entry has a row."""
+    documented = {(code, param or None): seed for code, param, seed in _rows("dialect error code")}
+    assert documented == dict(dialect.SEED_ERROR_CODES)
+
+
+def test_dialect_resync_reasons_are_every_reason_and_its_seed_name() -> None:
+    """Every resync reason the core sends has a row, its duplex name the code's."""
+    sources = [(ROOT / "gateway" / "protocol" / name).read_text(encoding="utf-8")
+               for name in ("connection.py", "delivery.py")]
+    sent = {reason for text in sources
+            for reason in re.findall(r'ResyncRequiredNotice\([^)]*reason="(\w+)"', text)}
+    rows = {name: (ga, duplex.split()[0]) for name, ga, duplex in _rows("dialect resync reason")}
+    assert set(rows) == sent and sent
+    for reason, (ga, duplex) in rows.items():
+        assert ga == reason and duplex == dialect.SEED_RESYNC_REASONS.get(reason, reason)

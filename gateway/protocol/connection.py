@@ -48,6 +48,7 @@ from gateway.protocol.actions import (
     TrimLog,
 )
 from gateway.protocol.delivery import OutputDelivery
+from gateway.protocol.dialect import Dialect
 from gateway.protocol.envelope import (
     EventAck,
     ResumeRequest,
@@ -63,7 +64,8 @@ from gateway.protocol.errors import (
     GatewayError,
 )
 from gateway.protocol.parse import parse_client_frame
-from gateway.protocol.render import encode_frame, render_error
+from gateway.protocol.render import encode_frame, render_error, render_event, render_notice
+from gateway.protocol.render_duplex import DuplexRenderer
 from gateway.protocol.resume import REFUSALS, ResumeAnswer
 from gateway.protocol.retention import TIMER_S, DeliveredRetention
 from gateway.protocol.transitions import ConnectionState, Trigger
@@ -84,6 +86,10 @@ class ConnectionCore(OutputDelivery):
             without waiting for a command, once the quiet period is over
             (:meth:`quiet_period_over`), as the OpenAI server opens one at once. None: the
             first command opens the session.
+        autostart: False (the URL said ``resume=1`` or ``autostart=0``): nothing is opened
+            before the first client event; a session it opens is for the model its
+            ``session.update`` names, else ``url_model``.
+        dialect: what the connection speaks (:mod:`gateway.protocol.dialect`).
         initial_session: the session configuration of the client secret the connection
             presented; a session it opens runs it as its first ``session.update``, before any
             client command. A resume ignores it (that session is configured already).
@@ -93,9 +99,18 @@ class ConnectionCore(OutputDelivery):
     """
 
     def __init__(self, *, max_frame_bytes: int, url_model: str | None = None,
+                 autostart: bool = True, dialect: Dialect = Dialect.GA,
                  initial_session: JsonObject | None = None,
                  delivered_retention_s: float = 0.0, now: float = 0.0) -> None:
         self.state = ConnectionState.AWAITING_FIRST
+        self.dialect = dialect
+        if dialect is Dialect.DUPLEX:
+            renderer = DuplexRenderer()
+            self._render_event, self._render_notice = renderer.event, renderer.notice
+            self._render_error = renderer.error
+        else:
+            self._render_event, self._render_notice = render_event, render_notice
+            self._render_error = render_error
         self.session_id: str | None = None
         self.generation = 0
         self._max_frame_bytes = max_frame_bytes
@@ -108,8 +123,9 @@ class ConnectionCore(OutputDelivery):
         #: Bytes of input audio in the frames received so far (the driver paces on it).
         self.audio_bytes_received = 0
         self._url_model = url_model
+        self._autostart = autostart
         # The URL's session is opened after the quiet period (None: no such open pending).
-        self._quiet_open_pending = url_model is not None
+        self._quiet_open_pending = url_model is not None and autostart
         self._autostarted = False  # the open in flight or landed is the URL's quiet open
         self._client_commands = 0  # commands the client sent (a secret's config is not one)
         self._give_up_opening = False  # the open in flight is given up when it lands
@@ -153,7 +169,8 @@ class ConnectionCore(OutputDelivery):
         if self.state is ConnectionState.CLOSED:
             return
         try:
-            frame = parse_client_frame(data, max_frame_bytes=self._max_frame_bytes)
+            frame = parse_client_frame(data, max_frame_bytes=self._max_frame_bytes,
+                                       dialect=self.dialect)
         except ClientProtocolError as exc:
             self._refuse(exc)
             return
@@ -245,17 +262,17 @@ class ConnectionCore(OutputDelivery):
             self._actions.append(OpenSession(model=self._model_to_open()))
 
     def _model_to_open(self) -> str | None:
-        """The model a session opened now asks for: the URL's, else the first one a queued
-        ``session.update`` names (a client secret's configuration, then the client's first
-        command); None: the deployment's default."""
-        if self._url_model is not None:
+        """The model a session opened now asks for: the URL's (when it may autostart), else
+        the first one a queued ``session.update`` names (a client secret's configuration,
+        then the client's first command), else the URL's; None: the deployment's default."""
+        if self._url_model is not None and self._autostart:
             return self._url_model
         for _, command in self._pending:
             if isinstance(command, UpdateSession):
                 model = command.session.get("model")
                 if isinstance(model, str) and model:
                     return model
-        return None
+        return self._url_model
 
     @property
     def awaits_quiet_period(self) -> bool:
@@ -518,7 +535,7 @@ class ConnectionCore(OutputDelivery):
             return
         error = ClientProtocolError(
             ErrorCode.SESSION_LOST, "the store lost this session's state; open a new session")
-        self._actions.append(SendFrame(text=encode_frame(render_error(
+        self._actions.append(SendFrame(text=encode_frame(self._render_error(
             error, self._next_event_id()))))
         self._actions.append(CloseConnection(code=CloseCode.INTERNAL_ERROR,
                                              reason=error.code))
@@ -535,7 +552,7 @@ class ConnectionCore(OutputDelivery):
 
     def _refuse(self, error: ClientProtocolError) -> None:
         """Answer a bad frame; close only when the error says so."""
-        self._actions.append(SendFrame(text=encode_frame(render_error(
+        self._actions.append(SendFrame(text=encode_frame(self._render_error(
             error, self._next_event_id()))))
         if error.close_code is not None:
             self._actions.append(CloseConnection(code=error.close_code, reason=error.code))
@@ -544,7 +561,7 @@ class ConnectionCore(OutputDelivery):
     def _fail(self, error: GatewayError, close_code: int | None = None) -> None:
         if self.state is ConnectionState.CLOSED:
             return  # e.g. a store call that failed after the socket dropped
-        self._actions.append(SendFrame(text=encode_frame(render_error(
+        self._actions.append(SendFrame(text=encode_frame(self._render_error(
             error, self._next_event_id()))))
         code = close_code or error.close_code or CloseCode.INTERNAL_ERROR
         self._actions.append(CloseConnection(code=code, reason=getattr(error, "code", "")))

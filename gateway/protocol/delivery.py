@@ -11,12 +11,15 @@ state this half reads.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from contract.follower import REWIND_WINDOW, LogFollower
 from contract.messages import MessageDecodeError, decode_event, is_terminal
 from gateway.protocol.actions import Action, CheckLogEnd, CloseConnection, FetchLog, SendFrame
 from gateway.protocol.envelope import Notice, ResyncRequiredNotice
 from gateway.protocol.errors import CloseCode, InternalError
-from gateway.protocol.render import encode_frame, render_event, render_notice
+from gateway.protocol.render import EventNotInDialect, encode_frame
 from gateway.protocol.transitions import ConnectionState, Trigger, next_state
 
 __all__ = ["RETRY_LATER_REASONS", "OutputDelivery"]
@@ -34,6 +37,9 @@ class OutputDelivery:
     _follower: LogFollower
     _actions: list[Action]
     _event_counter: int
+    # The connection's dialect's renderers (render_event and render_notice's signatures).
+    _render_event: Callable[..., dict[str, Any]]
+    _render_notice: Callable[..., dict[str, Any]]
 
     @property
     def delivered_seq(self) -> int:
@@ -123,13 +129,13 @@ class OutputDelivery:
         try:
             event = decode_event(payload)
             # Deterministic ids: a replayed event carries the same event_id as the first time.
-            text = encode_frame(render_event(event, server_event_seq=seq,
-                                             event_id=f"event_{self.session_id[-12:]}_{seq}",
-                                             session_id=self.session_id))
-        except (MessageDecodeError, InternalError):
+            text = encode_frame(self._render_event(
+                event, server_event_seq=seq, event_id=f"event_{self.session_id[-12:]}_{seq}",
+                session_id=self.session_id))
+        except (MessageDecodeError, InternalError, EventNotInDialect):
             # A corrupt or unencodable entry (NaN from a worker) is our fault, never the
             # client's; skipping it keeps the stream going (the seq still advances, so replay
-            # stays exact).
+            # stays exact). An event the connection's dialect lacks is passed over the same way.
             return True
         self._actions.append(SendFrame(text=text, seq=seq))
         if is_terminal(event):
@@ -143,7 +149,7 @@ class OutputDelivery:
         return True
 
     def _notice(self, notice: Notice) -> None:
-        self._actions.append(SendFrame(text=encode_frame(render_notice(
+        self._actions.append(SendFrame(text=encode_frame(self._render_notice(
             notice, event_id=self._next_event_id()))))
 
     def _next_event_id(self) -> str:

@@ -18,6 +18,7 @@ Outbound is :mod:`gateway.protocol.render`. Both directions dispatch through a t
 from __future__ import annotations
 
 import binascii
+import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
@@ -36,6 +37,7 @@ from gateway.protocol.bounds import (
     check_bounds,
     load_json,
 )
+from gateway.protocol.dialect import Dialect
 from gateway.protocol.errors import (
     ClientProtocolError,
     CloseCode,
@@ -45,6 +47,8 @@ from gateway.protocol.errors import (
 __all__ = [
     "CLIENT_EVENT_ALIASES",
     "CLIENT_EVENT_TYPES",
+    "DUPLEX_CLIENT_EVENT_ALIASES",
+    "DUPLEX_CLIENT_EVENT_TYPES",
     "MAX_CLOSE_REASON_CHARS",
     "MAX_CONTROL_ID_CHARS",
     "MAX_DEPTH",
@@ -436,6 +440,35 @@ CLIENT_EVENT_ALIASES: Mapping[str, str] = MappingProxyType({
     "audio.playback_ack": "playback.ack",
 })
 
+# The seed's ``input.commit``: a commit that asks for a response unless it says otherwise.
+def _input_commit(f: _Fields) -> m.Command:
+    commit = _audio_commit(f)
+    assert isinstance(commit, m.CommitInput)
+    if commit.create_response is None:
+        return dataclasses.replace(commit, create_response=True)
+    return commit
+
+
+# The seed's aliases that only duplex connections take (GA clients get unknown_event).
+_DUPLEX_ONLY_PARSERS: dict[str, Callable[[_Fields], m.Command | env.ClientEnvelope]] = {
+    "input.commit": _input_commit,
+    "close": _session_close,
+    "close_session": _session_close,
+}
+
+_DUPLEX_PARSERS = {**_PARSERS, **_DUPLEX_ONLY_PARSERS}
+_DUPLEX = Dialect.DUPLEX  # a module global: read once per frame
+
+#: Every client event type a duplex connection takes besides :data:`CLIENT_EVENT_TYPES`.
+DUPLEX_CLIENT_EVENT_TYPES: frozenset[str] = frozenset(_DUPLEX_ONLY_PARSERS)
+
+#: The seed's spellings only duplex connections take: alias -> the event type it stands for.
+DUPLEX_CLIENT_EVENT_ALIASES: Mapping[str, str] = MappingProxyType({
+    "input.commit": "input_audio_buffer.commit",
+    "close": "session.close",
+    "close_session": "session.close",
+})
+
 #: Realtime client events (GA, plus beta's ``transcription_session.update``) that exist upstream
 #: but are not implemented yet: refused with ``unsupported_event`` so the session survives.
 UNSUPPORTED_CLIENT_EVENT_TYPES: frozenset[str] = frozenset(
@@ -499,8 +532,9 @@ def _event_type(f: _Fields, obj: JsonDict) -> str:
     return type_
 
 
-def _parser_for(f: _Fields, type_: str) -> Callable[[_Fields], m.Command | env.ClientEnvelope]:
-    parser = _PARSERS.get(type_)
+def _parser_for(f: _Fields, type_: str, parsers: Mapping[str, Callable[[_Fields], m.Command |
+                env.ClientEnvelope]]) -> Callable[[_Fields], m.Command | env.ClientEnvelope]:
+    parser = parsers.get(type_)
     if parser is not None:
         return parser
     if type_ in UNSUPPORTED_CLIENT_EVENT_TYPES:
@@ -511,7 +545,7 @@ def _parser_for(f: _Fields, type_: str) -> Callable[[_Fields], m.Command | env.C
         )
     f.fail(
         ErrorCode.UNKNOWN_EVENT,
-        f"Invalid value: {_quote(type_)}. Supported values are: {', '.join(sorted(_PARSERS))}.",
+        f"Invalid value: {_quote(type_)}. Supported values are: {', '.join(sorted(parsers))}.",
         "type",
     )
 
@@ -524,7 +558,8 @@ def _client_seq(f: _Fields) -> int | None:
         f.fail(ErrorCode.INVALID_VALUE, exc.message, "client_seq")
 
 
-def parse_client_frame(data: str | bytes, *, max_frame_bytes: int) -> env.ParsedFrame:
+def parse_client_frame(data: str | bytes, *, max_frame_bytes: int,
+                       dialect: Dialect = Dialect.GA) -> env.ParsedFrame:
     """Parse one client websocket frame (text or binary) into a typed value.
 
     Unknown fields are ignored, as the Realtime API's clients expect of additive extensions.
@@ -532,6 +567,8 @@ def parse_client_frame(data: str | bytes, *, max_frame_bytes: int) -> env.Parsed
     Args:
         data: the frame's payload: ``str`` for a text frame, ``bytes`` for a binary one.
         max_frame_bytes: the largest frame accepted, in UTF-8 bytes.
+        dialect: the connection's; a duplex one also takes the seed's aliases
+            (:data:`DUPLEX_CLIENT_EVENT_ALIASES`).
 
     Returns:
         The command or gateway envelope the frame holds, with its optional ``client_seq``.
@@ -545,7 +582,8 @@ def parse_client_frame(data: str | bytes, *, max_frame_bytes: int) -> env.Parsed
     check_bounds(obj)
     f = _Fields(obj, None)
     f.event_id = f.optional("event_id", str)
-    parser = _parser_for(f, _event_type(f, obj))
+    parsers = _DUPLEX_PARSERS if dialect is _DUPLEX else _PARSERS
+    parser = _parser_for(f, _event_type(f, obj), parsers)
     client_seq = _client_seq(f)
     message = parser(f)
     if isinstance(message, env.ResumeRequest | env.EventAck):

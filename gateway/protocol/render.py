@@ -24,10 +24,13 @@ from gateway.protocol import envelope as env
 from gateway.protocol.errors import ClientProtocolError, ErrorCode, GatewayError, InternalError
 
 __all__ = [
+    "DUPLEX_ONLY_EVENT_TYPES",
+    "EventNotInDialect",
     "encode_frame",
     "public_session",
     "render_error",
     "render_event",
+    "render_event_any_dialect",
     "render_notice",
 ]
 
@@ -160,6 +163,19 @@ _CARRIES_SESSION_ID = frozenset(
      "response.listen"}
 )
 
+#: Server event types that exist only in the seed's duplex dialect: GA connections never get
+#: them (:func:`render_event` raises :class:`EventNotInDialect`, and the event is skipped).
+DUPLEX_ONLY_EVENT_TYPES: frozenset[str] = frozenset()
+
+# What a GA connection is sent: every renderer but the duplex-only ones.
+_GA_RENDERERS = {cls: entry for cls, entry in _EVENT_RENDERERS.items()
+                 if entry[0] not in DUPLEX_ONLY_EVENT_TYPES}
+
+
+class EventNotInDialect(Exception):
+    """The event has no form in the connection's dialect: it is not sent, and its
+    ``server_event_seq`` is passed over as if it had been."""
+
 
 def render_event(
     event: m.Event, *, server_event_seq: int, event_id: str, session_id: str | None = None
@@ -180,8 +196,27 @@ def render_event(
         The event's JSON object, with ``type``, ``event_id`` and ``server_event_seq``.
 
     Raises:
+        EventNotInDialect: ``event`` exists only in the duplex dialect.
         InternalError: ``event`` is of a class without a renderer (a gateway bug).
     """
+    entry = _GA_RENDERERS.get(type(event))
+    if entry is None:
+        if type(event) in _EVENT_RENDERERS:
+            raise EventNotInDialect(_EVENT_RENDERERS[type(event)][0])
+        raise InternalError(f"no renderer for {type(event).__name__}")
+    wire_type, render = entry
+    rendered: JsonDict = {"type": wire_type, "event_id": event_id, **render(event)}
+    if session_id is not None and wire_type in _CARRIES_SESSION_ID:
+        rendered["session_id"] = session_id
+    rendered["server_event_seq"] = server_event_seq
+    return rendered
+
+
+def render_event_any_dialect(
+    event: m.Event, *, server_event_seq: int, event_id: str, session_id: str | None = None
+) -> JsonDict:
+    """:func:`render_event` for a connection of any dialect: duplex-only events included
+    (what differs in the duplex dialect is :mod:`gateway.protocol.render_duplex`'s part)."""
     entry = _EVENT_RENDERERS.get(type(event))
     if entry is None:
         raise InternalError(f"no renderer for {type(event).__name__}")
