@@ -165,7 +165,7 @@ _CARRIES_SESSION_ID = frozenset(
 
 #: Server event types that exist only in the seed's duplex dialect: GA connections never get
 #: them (:func:`render_event` raises :class:`EventNotInDialect`, and the event is skipped).
-DUPLEX_ONLY_EVENT_TYPES: frozenset[str] = frozenset()
+DUPLEX_ONLY_EVENT_TYPES: frozenset[str] = frozenset({"response.listen", "response.speak"})
 
 # What a GA connection is sent: every renderer but the duplex-only ones.
 _GA_RENDERERS = {cls: entry for cls, entry in _EVENT_RENDERERS.items()

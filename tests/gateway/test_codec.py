@@ -48,6 +48,11 @@ from gateway.protocol.parse import (
     MAX_STRING_CHARS,
     MAX_VALUES,
 )
+from gateway.protocol.render import (
+    DUPLEX_ONLY_EVENT_TYPES,
+    EventNotInDialect,
+    render_event_any_dialect,
+)
 from runtime.heap import CollectorPauses
 from tests.gateway.strict import EXTENSION_TYPES, validate_server_event
 
@@ -859,8 +864,14 @@ EVENTS: list[tuple[m.Event, dict[str, Any]]] = [
 
 @pytest.mark.parametrize(("event", "expected"), EVENTS, ids=[type(e).__name__ for e, _ in EVENTS])
 def test_render_event(event: m.Event, expected: dict[str, Any]) -> None:
-    """Each worker event renders to its Realtime GA shape and validates strictly."""
-    rendered = render_event(event, server_event_seq=42, event_id="event_42")
+    """Each worker event renders to its Realtime GA shape and validates strictly; a
+    duplex-only one is never rendered for a GA connection."""
+    if expected["type"] in DUPLEX_ONLY_EVENT_TYPES:
+        with pytest.raises(EventNotInDialect):
+            render_event(event, server_event_seq=42, event_id="event_42")
+        rendered = render_event_any_dialect(event, server_event_seq=42, event_id="event_42")
+    else:
+        rendered = render_event(event, server_event_seq=42, event_id="event_42")
     assert rendered == {**expected, "event_id": "event_42", "server_event_seq": 42}
     assert list(rendered)[:2] == ["type", "event_id"]
     validate_server_event(rendered)
