@@ -224,7 +224,7 @@ def _sample(hint: Any) -> Any:
         return _sample(next(arg for arg in typing.get_args(hint) if arg is not type(None)))
     if hint is list or typing.get_origin(hint) is list:
         return []
-    samples: dict[Any, Any] = {str: "x", int: 1, bytes: b"\x00\x00"}
+    samples: dict[Any, Any] = {str: "x", int: 1, bytes: b"\x00\x00", bool: True}
     if hint in samples:
         return samples[hint]
     if hint is dict or typing.get_origin(hint) is dict:

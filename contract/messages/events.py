@@ -43,6 +43,9 @@ class InputCommitted:
     KIND: ClassVar[str] = "input.committed"
     item_id: str
     previous_item_id: str | None = None
+    #: A silent commit (``is_speech: false``): the turn was silence, its audio dropped and no
+    #: response follows (the seed's ``empty`` / ``no_response`` commit).
+    silent: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,6 +154,9 @@ class ResponseDone:
 
     KIND: ClassVar[str] = "response.done"
     response: JsonObject
+    #: The seed's cancel reason where it differs from GA's ``status_details.reason``
+    #: (``barge_in``, ``output_audio_buffer_clear``); None where the two agree.
+    seed_reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -358,16 +364,47 @@ class PlaybackAcknowledged:
     sent_ms: int
     played_ms: int
     committed_ms: int
+    #: The ack cut the response's history hard (the seed's ``truncate``; its wire never asks).
+    truncate: bool = False
+    #: The conversation's item now holds the acknowledged ``committed_ms`` of the response's
+    #: audio (an interrupted answer cut to what was heard): the seed's ``history_committed``.
+    history_committed: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TurnEvent:
-    """A turn transition (``turn.signal``) the worker applied, and the turn state after it."""
+    """A turn transition (``turn.signal``) the worker applied, the turn state after it (one
+    of the seed's six: ``idle``, ``user_speaking``, ``user_committed``,
+    ``assistant_generating``, ``assistant_playing``, ``barge_in``) and the session's epoch."""
 
     KIND: ClassVar[str] = "turn.event"
     event: str
     turn_state: str
     payload: JsonObject = dataclasses.field(default_factory=dict)
+    epoch: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseListen:
+    """The seed's listen decision: no spoken answer for this turn. With ``response_id`` it
+    ends that response (its ``response.done`` follows); without, it answers a turn that
+    opened none (a silent commit, a turn told to listen)."""
+
+    KIND: ClassVar[str] = "response.listen"
+    reason: str
+    epoch: int
+    response_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseSpeak:
+    """The seed's speak decision: the response's model speaks; once per response, just
+    before its first audible output."""
+
+    KIND: ClassVar[str] = "response.speak"
+    response_id: str
+    item_id: str
+    epoch: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -422,6 +459,8 @@ Event: TypeAlias = (
     | RateLimitsUpdated
     | PlaybackAcknowledged
     | TurnEvent
+    | ResponseListen
+    | ResponseSpeak
     | SessionClosed
     | SessionExpired
 )

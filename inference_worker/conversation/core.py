@@ -28,7 +28,15 @@ decides every event, following the session's
   says (placed where the model was on the input timeline), the stop commits a user item that
   its transcript completes, and the backend decides when it answers and when it is
   interrupted. With ``idle_timeout_ms``, once a response ended, that much input without
-  speech commits the silent segment and answers it.
+  speech commits the silent segment and answers it
+  (:mod:`~inference_worker.conversation.server_turns`,
+  :mod:`~inference_worker.conversation.model_turns`).
+* **The seed's options.** A commit's ``create_response`` answers it or not whatever the
+  session says; ``is_speech: false`` (or appends that all said so) is a silent commit, answered
+  by ``response.listen``; an append's hints are read by
+  :mod:`~inference_worker.conversation.user_input`. ``response.speak`` / ``response.listen``
+  report whether a turn is answered aloud, ``turn.event`` the seed's turn state and epoch, and
+  a cancel's ``response.done`` the seed's reason beside GA's.
 * **Responses.** ``response.create`` opens one at once (``response.created`` ..
   ``response.content_part.added``, Realtime GA order); the model fills it
   (:mod:`~inference_worker.conversation.responses`: how its output streams in, when the
@@ -59,7 +67,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final, TypeAlias, assert_never
 
@@ -67,14 +74,12 @@ from contract import messages as msg
 from contract.messages import JsonObject
 from inference_worker.audio_formats import AudioFormat, InputDecoder
 from inference_worker.audio_frames import FrameOutput
-from inference_worker.conversation.history import (
-    Conversation,
-    ItemCommand,
-    UserItem,
-)
+from inference_worker.conversation.history import Conversation, ItemCommand
 from inference_worker.conversation.items import Item
 from inference_worker.conversation.model_port import ModelPort, PendingInput
+from inference_worker.conversation.model_turns import ModelTurns
 from inference_worker.conversation.objects import CancelReason, ResponseStatus
+from inference_worker.conversation.playback import signalled_ack
 from inference_worker.conversation.profiles import BYTES_PER_SECOND, SessionProfile, default_session
 from inference_worker.conversation.refusals import (
     BROKEN_SAMPLE,
@@ -99,29 +104,27 @@ from inference_worker.conversation.reports import (
 )
 from inference_worker.conversation.response_options import parse_response_options
 from inference_worker.conversation.responses import Responses
+from inference_worker.conversation.server_turns import ServerTurns
 from inference_worker.conversation.session_update import apply_session_patch, check_session_patch
-from inference_worker.conversation.states import (
-    Trigger,
-    transition,
+from inference_worker.conversation.states import Trigger, transition
+from inference_worker.conversation.turns import (
+    SIGNALLED,
+    ListenReason,
+    SeedReason,
+    TurnPolicy,
+    TurnSignal,
+    TurnState,
 )
-from inference_worker.conversation.turns import TurnPolicy
-from inference_worker.conversation.user_input import UserInput, VideoGate
+from inference_worker.conversation.user_input import UserInput, UserTurn
+from inference_worker.conversation.video import VideoGate
 from inference_worker.turn_detection.timeline import InputTimeline, turn_detection_of
-from inference_worker.turn_detection.vad import EnergyVad, SpeechStarted, Vad, VadConfig, VadEvent
+from inference_worker.turn_detection.vad import EnergyVad, Vad, VadConfig
 from inference_worker.untrusted import close_reason
 
 __all__ = ["COMMANDS", "ConversationCore"]
 
 # What the model says (fenced after a stop), as opposed to what it heard of the user.
 _MODEL_SPEECH: Final = (Output, ResponseStarted, TurnEnded, BargedIn)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _UserTurn:
-    """A committed user item that no response has answered yet, and its audio."""
-
-    item_id: str
-    audio: bytes
 
 
 class ConversationCore:
@@ -146,18 +149,19 @@ class ConversationCore:
         self._policy = policy
         self._frame_seconds = frame_seconds
         self._responses = Responses(self._conversation, model, policy, frame_seconds,
-                                    on_open=lambda: self._complete_user_item(None),
-                                    on_end=self._response_ended)
+                                    on_open=lambda: self._model_turns.complete(None),
+                                    on_end=lambda: self._server_turns.response_ended())
         self._input = UserInput(keep=policy.keeps_turn_audio)
         self._decoder = InputDecoder(AudioFormat.PCM24K)  # the client's audio -> pcm16 24 kHz
         self._timeline = InputTimeline(detector)
+        self._model_turns = ModelTurns(self._conversation, self._responses, self._input,
+                                       self._timeline)
         if not policy.model_detects_speech:  # a new session may start with server_vad on
             self._timeline.configure(turn_detection_of(config))
-        self._turn_start_ms = 0  # where the turn being spoken started (its speech_started)
-        self._idle_from_ms: int | None = None  # the idle timeout's start, once a response ended
-        self._model_input_ms: int | None = None  # the model's place on the input timeline
-        self._unanswered: _UserTurn | None = None  # answers_turns: the turn to answer next
-        self._user_item: UserItem | None = None  # added on end of speech, awaiting its transcript
+        self._server_turns = ServerTurns(
+            self._conversation, self._responses, self._input, self._timeline,
+            lambda audio, now, respond: self._commit_turn(audio, now, respond=respond))
+        self._unanswered: UserTurn | None = None  # answers_turns: the turn to answer next
         self._heard_input = False
         self._video = VideoGate(sees=profile.sees_video)
         self._close_reason: str | None = None
@@ -225,7 +229,7 @@ class ConversationCore:
         reports = frame.all_reports()
         if frame.epoch < self._model.epoch:
             reports = [r for r in reports if not isinstance(r, _MODEL_SPEECH)]
-        self._model_input_ms = frame.input_ms
+        self._model_turns.input_ms = frame.input_ms
         self._on_reports(reports, now)
 
     def tick(self, now: float) -> None:
@@ -271,9 +275,12 @@ class ConversationCore:
         if len(command.audio) % 2 and self._conversation.input_format is AudioFormat.PCM24K:
             self._refuse(command.event_id, BROKEN_SAMPLE)  # and the buffer stays aligned
             return
-        video, refusal = self._video.admit(command.video_frames, with_audio=bool(command.audio))
-        if refusal is not None:
-            self._refuse(command.event_id, refusal)
+        video: tuple[bytes, ...] = ()
+        if command.video_frames:  # most appends carry none: no call for them
+            video, refusal = self._video.admit(command.video_frames,
+                                               with_audio=bool(command.audio))
+            if refusal is not None:
+                self._refuse(command.event_id, refusal)
         audio = self._decoder.decode(command.audio)  # G.711 becomes pcm16 24 kHz here
         if not audio:
             return  # nothing to buffer or hear
@@ -281,36 +288,73 @@ class ConversationCore:
             self._heard_input = True
             if self._responses.anchor is None:
                 self._responses.anchor = now  # the session's first words: the model's first reply
-        self._input.append(audio)
+        meaning = self._input.append(audio, command)
+        if meaning.barge_in and self._responses.cancellable() is not None:
+            # The client says its user talks over the answer: the seed's overlap barge-in.
+            self._responses.cancel(CancelReason.TURN_DETECTED, SeedReason.BARGE_IN)
+        if meaning.speech is not False:
+            self._responses.turn = TurnState.USER_SPEAKING
         self._model.hear(audio, video)
         self._drain_model(now)  # an echo answers at once, before the turn detector's events
-        for event in self._timeline.feed(audio):
-            self._on_speech(event, now)
-        self._check_idle(now)
+        self._server_turns.hear(audio, now)
 
     def _commit(self, command: msg.CommitInput, now: float) -> None:
+        """``is_speech: false``, or appends that all said so, make a silent commit;
+        ``create_response`` answers the turn or not whatever the session says. ``final`` is
+        the seed's: its released server seals the turn on every commit, and so does this."""
+        if self._input.silent(command.is_speech):
+            self._silent_commit()
+            return
         if not self._input.committable:
             buffered_ms = self._input.size * 1000 / BYTES_PER_SECOND
             self._refuse(command.event_id, commit_too_small(buffered_ms))
             return
         audio = self._input.commit()
         self._timeline.reset()  # a turn in progress was committed with the rest
-        self._commit_turn(audio, now, respond=self._model.auto_respond)
+        asked = command.create_response
+        self._commit_turn(audio, now, respond=self._model.auto_respond if asked is None else asked,
+                          asked=command if asked else None)
 
-    def _commit_turn(self, audio: bytes, now: float, *, respond: bool) -> None:
-        """The user item of a committed turn, then its answer when ``respond`` and idle."""
-        item_id = self._conversation.add_user_item(done=True).id
+    def _silent_commit(self) -> None:
+        """A turn the client declared silence: its audio is dropped, its user item's commit
+        says so, and no response follows: the seed's listen decision instead."""
+        self._input.clear()
+        self._timeline.reset()
+        self._model.forget_input()
+        self._conversation.add_user_item(done=True, silent=True)
+        self._conversation.listen(ListenReason.SILENCE_OR_NOISE, self.epoch)
+
+    def _commit_turn(self, audio: bytes, now: float, *, respond: bool,
+                     asked: msg.CommitInput | None = None) -> None:
+        """The user item of a committed turn (with the transcript its appends gave), then its
+        answer when ``respond`` and idle, unless its appends said ``force_listen`` and the
+        commit did not ask for one (``asked``): the seed's listen decision instead. A commit
+        that asked while a response is active is refused its answer as ``response.create``
+        would be (the turn stays committed)."""
+        marks = self._input.taken
+        item_id = self._conversation.add_user_item(done=True,
+                                                   transcript=marks.transcript or None).id
+        self._responses.turn = TurnState.USER_COMMITTED
         self._responses.anchor = now
         if self._policy.answers_turns:
             active = self._responses.current
             answered = active is not None and active.spontaneous
-            self._unanswered = None if answered else _UserTurn(item_id=item_id, audio=audio)
+            self._unanswered = None if answered else UserTurn(item_id=item_id, audio=audio)
         self._model.committed()
         self._drain_model(now)
-        if respond and not self._responses.active:
+        active = self._responses.current
+        if marks.force_listen and asked is None:
+            self._conversation.listen(ListenReason.MODEL_LISTEN, self.epoch)
+        elif respond and active is None:
             self._start_response(self._config["output_modalities"] == ["audio"], None, now)
+        elif asked is not None and active is not None:
+            self._refuse(asked.event_id, already_active(active.opened.id))
 
-    def _clear(self) -> None:
+    def _clear(self, *, idle: bool = False) -> None:
+        """Drop the input (``idle``: ``input_audio_buffer.clear``, which idles the seed's
+        turn state too)."""
+        if idle:
+            self._responses.turn = TurnState.IDLE
         self._input.clear()
         self._timeline.reset()  # the detector forgets a turn in progress with its audio
         self._model.forget_input()
@@ -360,37 +404,54 @@ class ConversationCore:
             command, active=self._responses.cancellable(),
             cancel_active=lambda: self._responses.cancel(CancelReason.CLIENT_CANCELLED))
         if turn is not None and self._policy.answers_turns:
-            self._unanswered = _UserTurn(item_id=turn.item_id, audio=turn.audio)
+            self._unanswered = UserTurn(item_id=turn.item_id, audio=turn.audio)
 
-    def _clear_output(self) -> None:
+    def _clear_output(self, command: msg.ClearOutputAudio) -> None:
+        refusal = self._responses.clear_refusal(command.response_id)
+        if refusal is not None:
+            self._refuse(command.event_id, refusal)
+            return
         active = self._responses.cancellable()
         self._conversation.output_cleared(active.id if active is not None else None)
-        if active is not None:
-            self._responses.cancel(CancelReason.CLIENT_CANCELLED)  # unreleased audio is dropped
+        if active is not None:  # unreleased audio is dropped
+            self._responses.cancel(CancelReason.CLIENT_CANCELLED,
+                                   SeedReason.OUTPUT_AUDIO_BUFFER_CLEAR)
 
     def _cancel_input(self) -> None:
         """``input.cancel``: the active response ends ``client_cancelled``, the pending input
         and an unanswered turn are dropped, and the epoch advances even when nothing ran."""
         if self._responses.cancellable() is not None:
-            self._responses.cancel(CancelReason.CLIENT_CANCELLED)
+            self._responses.cancel(CancelReason.CLIENT_CANCELLED, SeedReason.BARGE_IN)
         else:
             self._model.stop()  # work in flight for the input (a turn being answered) stops
+            self._responses.turn = TurnState.IDLE
         self._unanswered = None
         self._clear()
 
     def _barge_in(self) -> None:
         """``barge_in``: the client heard the user talk over the model; the active response
-        ends ``turn_detected`` (as a detected speech start ends it) and the input buffered
-        before the interruption is dropped."""
+        ends ``turn_detected`` (as a detected speech start ends it; the seed's ``barge_in``)
+        and the input buffered before the interruption is dropped."""
         if self._responses.cancellable() is not None:
-            self._responses.cancel(CancelReason.TURN_DETECTED)
+            self._responses.cancel(CancelReason.TURN_DETECTED, SeedReason.BARGE_IN)
+        else:
+            self._responses.turn = TurnState.IDLE
         self._clear()
 
     def _signal_turn(self, command: msg.SignalTurn) -> None:
-        """``turn.signal`` with an event no command stands for: echoed as ``turn.event`` with
-        the turn's state, for the client's own turn logic."""
-        self._conversation.emit(msg.TurnEvent(event=command.event, turn_state=self._turn_state(),
-                                              payload=command.payload))
+        """``turn.signal`` with an event no command stands for: the seed's turn-event names
+        set the turn state (``playback_ack`` acknowledges playback first); every signal is
+        echoed as ``turn.event`` with the turn state after it and the epoch."""
+        if command.event == TurnSignal.PLAYBACK_ACK:
+            ack = signalled_ack(command.payload, command.event_id)
+            if isinstance(ack, Refusal):
+                self._refuse(command.event_id, ack)
+                return
+            self._ack_playback(ack)
+        self._responses.turn = SIGNALLED.get(command.event, self._responses.turn)
+        self._conversation.emit(msg.TurnEvent(
+            event=command.event, turn_state=self._responses.turn.value, payload=command.payload,
+            epoch=self.epoch))
 
     def _output_backpressure(self) -> None:
         """The client is not reading its output: the active response ends ``failed``
@@ -400,10 +461,6 @@ class ConversationCore:
             return
         self._responses.end(Trigger.CANCEL, ResponseStatus.FAILED, "output_backpressure")
         self._responses.stop_model()
-
-    def _turn_state(self) -> str:
-        """``responding`` while a response is active, else ``listening``."""
-        return "responding" if self._responses.active else "listening"
 
     # ------------------------------------------------------------------ playback ledger
 
@@ -419,51 +476,11 @@ class ConversationCore:
     def _close(self, command: msg.CloseSession) -> None:
         self._responses.close()
         self._input.close()
-        self._complete_user_item(None)
+        self._model_turns.complete(None)
         self._model.forget_input()
         self._unanswered = None
         # The store writes the reason back as session.closed: one it cannot encode is replaced.
         self._close_reason = close_reason(command.reason)
-
-    # ------------------------------------------------------------------ turn detection
-
-    def _on_speech(self, event: VadEvent, now: float) -> None:
-        settings = self._timeline.settings
-        assert settings is not None  # only a detector makes events
-        if isinstance(event, SpeechStarted):
-            self._turn_start_ms = event.audio_start_ms
-            self._idle_from_ms = None  # the user spoke: not idle
-            # GA order: speech_started first, then the interrupted response's response.done.
-            self._conversation.speech_started(event.audio_start_ms)
-            if settings.interrupt_response and self._responses.cancellable() is not None:
-                self._responses.cancel(CancelReason.TURN_DETECTED)
-            return
-        self._conversation.speech_stopped(event.audio_end_ms)
-        timeline = self._timeline
-        # What followed the turn stays buffered.
-        audio = self._input.take_turn(timeline.byte_at(self._turn_start_ms),
-                                      timeline.byte_at(event.audio_end_ms), timeline.fed_bytes,
-                                      rest_stays=True)
-        self._commit_turn(audio, now, respond=settings.create_response)
-
-    def _check_idle(self, now: float) -> None:
-        """``idle_timeout_ms``: once a response ended, that much input without speech commits
-        the silent segment and answers it, after ``input_audio_buffer.timeout_triggered``.
-        Measured on the input timeline: a client streams its microphone, silence included."""
-        settings, start = self._timeline.settings, self._idle_from_ms
-        if (settings is None or settings.idle_timeout_ms is None or start is None
-                or self._responses.active or self._timeline.speaking):
-            return
-        timeline = self._timeline
-        end = timeline.fed_ms
-        if end - start < settings.idle_timeout_ms:
-            return
-        self._idle_from_ms = None
-        self._conversation.timeout_triggered(start, end)
-        audio = self._input.take_turn(timeline.byte_at(start), timeline.byte_at(end),
-                                      timeline.fed_bytes, rest_stays=False)
-        self._timeline.reset()
-        self._commit_turn(audio, now, respond=True)
 
     # ------------------------------------------------------------------ model reports
 
@@ -487,37 +504,9 @@ class ConversationCore:
                 case (UserSpeechStarted() | UserSpeechStopped() | UserTranscript()
                       | UserTranscriptFailed() | BargedIn()):
                     if self._policy.model_detects_speech:
-                        self._on_model_turn_taking(report, now)
+                        self._model_turns.on_report(report, now)
                 case _:
                     assert_never(report)
-
-    def _on_model_turn_taking(self, report: Report, now: float) -> None:
-        """A backend that detects speech itself said the user spoke, stopped, said something
-        or interrupted it."""
-        if isinstance(report, UserSpeechStarted):
-            self._conversation.speech_started(self._heard_at_ms())
-        elif isinstance(report, BargedIn):
-            if self._responses.active:
-                self._responses.end(Trigger.CANCEL, ResponseStatus.CANCELLED,
-                                    CancelReason.TURN_DETECTED)
-        elif isinstance(report, UserSpeechStopped):
-            self._conversation.speech_stopped(self._heard_at_ms())
-            self._complete_user_item(None)
-            self._user_item = self._conversation.add_user_item(done=False)
-            self._input.taken_by_model()
-            self._responses.anchor = now
-        elif isinstance(report, UserTranscript):
-            self._complete_user_item(report.text)
-        elif isinstance(report, UserTranscriptFailed):
-            self._complete_user_item(None, failure=report.message)
-
-    def _heard_at_ms(self) -> int:
-        """Where on the input timeline the model heard what it reports now: its own place
-        (the engine's count of the input it consumed), never past what was appended; the
-        input appended so far when that is not known."""
-        fed = self._timeline.fed_ms
-        heard = self._model_input_ms
-        return fed if heard is None else min(heard, fed)
 
     # ------------------------------------------------------------------ responses
 
@@ -546,14 +535,6 @@ class ConversationCore:
         self._model.answer(answer, spoken=audio, now=now)
         self._drain_model(now)  # the first chunk is due at once
 
-    def _response_ended(self) -> None:
-        self._idle_from_ms = self._timeline.fed_ms  # the idle timeout counts from here
-
-    def _complete_user_item(self, transcript: str | None, failure: str | None = None) -> None:
-        pending, self._user_item = self._user_item, None
-        if pending is not None:
-            self._conversation.complete_user_item(pending, transcript, failure)
-
     # ------------------------------------------------------------------ session.update
 
     def _patch_refusal(self, patch: JsonObject) -> Refusal | None:
@@ -575,7 +556,7 @@ COMMANDS: Final[Mapping[type[msg.Command], _Handler]] = MappingProxyType({
     msg.UpdateSession: lambda core, command, now: core._update(command),
     msg.AppendAudio: lambda core, command, now: core._append(command, now),
     msg.CommitInput: lambda core, command, now: core._commit(command, now),
-    msg.ClearInput: lambda core, command, now: core._clear(),
+    msg.ClearInput: lambda core, command, now: core._clear(idle=True),
     msg.CreateResponse: lambda core, command, now: core._create(command, now),
     msg.CancelResponse: lambda core, command, now: core._cancel(command),
     msg.Heartbeat: lambda core, command, now: core._conversation.emit(msg.HeartbeatAck()),
@@ -584,7 +565,7 @@ COMMANDS: Final[Mapping[type[msg.Command], _Handler]] = MappingProxyType({
     msg.RetrieveItem: lambda core, command, now: core._item_command(command),
     msg.DeleteItem: lambda core, command, now: core._item_command(command),
     msg.TruncateItem: lambda core, command, now: core._item_command(command),
-    msg.ClearOutputAudio: lambda core, command, now: core._clear_output(),
+    msg.ClearOutputAudio: lambda core, command, now: core._clear_output(command),
     msg.CancelInput: lambda core, command, now: core._cancel_input(),
     msg.BargeIn: lambda core, command, now: core._barge_in(),
     msg.AppendText: lambda core, command, now: core._refuse(command.event_id,

@@ -194,19 +194,22 @@ class Conversation:
 
     # ------------------------------------------------------------------ items
 
-    def add_user_item(self, *, done: bool) -> UserItem:
+    def add_user_item(self, *, done: bool, silent: bool = False,
+                      transcript: str | None = None) -> UserItem:
         """A committed user turn: ``input_audio_buffer.committed`` ->
-        ``conversation.item.added`` [-> ``conversation.item.done``, when ``done``; else the
-        caller completes it with :meth:`complete_user_item` once its transcript is known].
-        Its id is the one a ``speech_started`` announced, when one did."""
+        ``conversation.item.added`` [-> ``conversation.item.done``, when ``done``, with its
+        ``transcript`` if known; else the caller completes it with :meth:`complete_user_item`
+        once its transcript is known]. Its id is the one a ``speech_started`` announced, when
+        one did. A ``silent`` turn's commit says so (the client declared its audio silence)."""
         item = UserItem(id=self._next_user_item_id(), previous_item_id=self._last_item_id)
         self._reserved_item_id = None
         self._insert(Item(id=item.id, role="user", status="completed",
                           content=user_audio_content(None)), None)
-        self.emit(msg.InputCommitted(item_id=item.id, previous_item_id=item.previous_item_id))
+        self.emit(msg.InputCommitted(item_id=item.id, previous_item_id=item.previous_item_id,
+                                     silent=silent))
         self._added(user_item_object(item.id, None), item.previous_item_id)
         if done:
-            self.complete_user_item(item, None)
+            self.complete_user_item(item, transcript)
         return item
 
     def complete_user_item(self, item: UserItem, transcript: str | None,
@@ -262,7 +265,8 @@ class Conversation:
         return response
 
     def finish_response(self, response: OpenResponse, *, status: ResponseStatus,
-                        reason: str | None = None, transcript: str = "") -> None:
+                        reason: str | None = None, transcript: str = "",
+                        seed_reason: str | None = None) -> None:
         """The closing half, the same for a completed, cancelled or failed response: the audio
         and transcript ends (audio responses), the part, the item, ``response.done``.
 
@@ -272,6 +276,7 @@ class Conversation:
             reason: why it was cancelled (``status_details.reason``) or failed (the code of
                 ``status_details.error``); None when completed.
             transcript: what the model said in it.
+            seed_reason: the seed's reason for the cancel where it differs from ``reason``.
         """
         rid, iid, audio = response.id, response.item_id, response.audio
         part, content = content_part(audio), item_content(audio)
@@ -305,7 +310,7 @@ class Conversation:
                                    previous_item_id=response.previous_item_id))
         self.emit(
             msg.OutputItemDone(response_id=rid, output_index=0, item=copy.deepcopy(item)),
-            msg.ResponseDone(response=done),
+            msg.ResponseDone(response=done, seed_reason=seed_reason),
             # GA follows every response.done with the limits in force: none are enforced here.
             msg.RateLimitsUpdated(rate_limits=[]),
         )
@@ -335,6 +340,10 @@ class Conversation:
         content = tuple({**part, "transcript": cut_transcript(part.get("transcript") or "", share)}
                         if part["type"] == "output_audio" else part for part in item.content)
         self._update(item_id, content=content, audio_bytes=heard)
+
+    def listen(self, reason: str, epoch: int, response_id: str | None = None) -> None:
+        """``response.listen``: the seed's decision that the turn gets no spoken answer."""
+        self.emit(msg.ResponseListen(reason=reason, epoch=epoch, response_id=response_id))
 
     def output_cleared(self, response_id: str | None) -> None:
         """``output_audio_buffer.cleared``, naming the response whose audio was dropped, or

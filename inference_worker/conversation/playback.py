@@ -15,14 +15,17 @@ from dataclasses import dataclass
 from typing import Final
 
 from contract import messages as msg
+from contract.messages import JsonObject
 from inference_worker.conversation.profiles import BYTES_PER_SECOND
 from inference_worker.conversation.refusals import Refusal, RefusalCode
 from inference_worker.untrusted import describe
 
-__all__ = ["LEDGERS", "Ledger", "PlaybackLedgers"]
+__all__ = ["LEDGERS", "Ledger", "PlaybackLedgers", "signalled_ack"]
 
 #: The ledgers of this many newest responses are kept: an ack for an older one is refused.
 LEDGERS: Final = 16
+#: The longest position an ack may name (24 hours of audio, as ``playback.ack``'s bound).
+_MAX_MS: Final = 86_400_000
 _BYTES_PER_MS: Final = BYTES_PER_SECOND // 1000
 
 
@@ -52,11 +55,15 @@ class Ledger:
         return self.committed_ms if self.interrupted and self.acknowledged else None
 
     def acknowledgement(self) -> msg.PlaybackAcknowledged:
-        """``playback.acknowledged`` with this ledger."""
+        """``playback.acknowledged`` with this ledger; ``history_committed`` when the
+        conversation's item holds what was acknowledged (an interrupted answer, cut to its
+        committed part; a completed one stays whole, whatever was played). ``truncate`` stays
+        false: no ack asks to cut a whole answer (the seed's wire never carries it)."""
         return msg.PlaybackAcknowledged(
             response_id=self.response_id, item_id=self.item_id,
             generated_ms=self.generated_ms, sent_ms=self.generated_ms,
-            played_ms=self.played_ms, committed_ms=self.committed_ms)
+            played_ms=self.played_ms, committed_ms=self.committed_ms,
+            history_committed=self.heard_ms is not None)
 
 
 class PlaybackLedgers:
@@ -137,3 +144,32 @@ class PlaybackLedgers:
             return next(reversed(self._ledgers.values()))
         return Refusal(code=RefusalCode.PLAYBACK_ITEM_NOT_FOUND,
                        message="no response to acknowledge playback of")
+
+
+def signalled_ack(payload: JsonObject, event_id: str | None) -> msg.AckPlayback | Refusal:
+    """The ``playback.ack`` a ``turn.signal`` ``playback_ack`` stands for: the seed applies
+    its payload's ``played_ms`` (required) and ``committed_ms``, ``response_id``, ``item_id``
+    (optional) as an ack; a value of the wrong kind is refused, naming it in the payload."""
+    positions: dict[str, int | None] = {}
+    for name in ("played_ms", "committed_ms"):
+        value = payload.get(name)
+        if value is None and name == "committed_ms":
+            positions[name] = None
+        elif isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_MS:
+            positions[name] = value
+        else:
+            return Refusal(code=RefusalCode.INVALID_VALUE, param=f"payload.{name}",
+                           message=f"Invalid value for 'payload.{name}': an integer from 0 to"
+                           f" {_MAX_MS} is required.")
+    ids: dict[str, str | None] = {}
+    for name in ("response_id", "item_id"):
+        value = payload.get(name)
+        if value is not None and not isinstance(value, str):
+            return Refusal(code=RefusalCode.INVALID_TYPE, param=f"payload.{name}",
+                           message=f"Invalid type for 'payload.{name}': a string is required.")
+        ids[name] = value
+    played = positions["played_ms"]
+    assert played is not None  # required above
+    return msg.AckPlayback(played_ms=played, committed_ms=positions["committed_ms"],
+                           response_id=ids["response_id"], item_id=ids["item_id"],
+                           event_id=event_id)

@@ -14,6 +14,9 @@ model's output does to it, the same for every backend, following the session's
   takes up within :data:`REPLY_TIMEOUT_S` completes empty.
 * A model that cannot stop mid-word is muted when its response is cancelled, until its turn
   is over: the client never hears the rest.
+* The seed's decisions: ``response.speak`` just before a response's first audible output;
+  ``response.listen`` naming a response that completes without a sound (its ``response.done``
+  follows). The seed's turn state (:attr:`Responses.turn`) follows the response's steps.
 
 Every move of the response machine and the gate goes through
 :data:`~inference_worker.conversation.states.TRANSITIONS` (an illegal one raises). Pure: no
@@ -33,7 +36,7 @@ from inference_worker.conversation.history import Conversation, OpenResponse
 from inference_worker.conversation.model_port import ModelPort
 from inference_worker.conversation.objects import CancelReason, ResponseStatus
 from inference_worker.conversation.playback import Ledger, PlaybackLedgers
-from inference_worker.conversation.refusals import Refusal
+from inference_worker.conversation.refusals import Refusal, RefusalCode
 from inference_worker.conversation.reports import Output
 from inference_worker.conversation.states import (
     GateState,
@@ -42,7 +45,8 @@ from inference_worker.conversation.states import (
     move,
     transition,
 )
-from inference_worker.conversation.turns import TurnPolicy
+from inference_worker.conversation.turns import ListenReason, TurnPolicy, TurnState
+from inference_worker.untrusted import describe
 
 __all__ = ["REPLY_TIMEOUT_S", "ActiveResponse", "Responses"]
 
@@ -82,7 +86,7 @@ class Responses:
 
     __slots__ = ("_conversation", "_frame_seconds", "_held_quiet", "_held_text", "_latencies",
                  "_ledgers", "_model", "_mute_silence", "_on_end", "_on_open", "_policy",
-                 "_silence_outputs", "anchor", "current", "gate", "state")
+                 "_silence_outputs", "anchor", "current", "gate", "state", "turn")
 
     def __init__(self, conversation: Conversation, model: ModelPort, policy: TurnPolicy,
                  frame_seconds: float, *, on_open: Callable[[], None],
@@ -96,6 +100,8 @@ class Responses:
         self.state = ResponseState.IDLE
         self.gate = GateState.LIVE
         self.current: ActiveResponse | None = None
+        #: The seed's turn state: set here by the response's steps, by the core by the user's.
+        self.turn = TurnState.IDLE
         #: The trigger time-to-first-audio is measured from (None: nothing to measure).
         self.anchor: float | None = None
         self._mute_silence = 0
@@ -144,6 +150,7 @@ class Responses:
         self.current = response
         opened = response.opened
         self._ledgers.open(opened.id, opened.item_id)
+        self.turn = TurnState.ASSISTANT_GENERATING
         return response
 
     def model_started(self) -> None:
@@ -161,10 +168,11 @@ class Responses:
             return None
         return active.opened
 
-    def cancel(self, reason: CancelReason) -> None:
-        """End the active response ``cancelled`` for ``reason``, and stop the model (or, where
-        it cannot stop mid-word, mute the rest of its turn)."""
-        self.end(Trigger.CANCEL, ResponseStatus.CANCELLED, reason)
+    def cancel(self, reason: CancelReason, seed_reason: str | None = None) -> None:
+        """End the active response ``cancelled`` for ``reason`` (``seed_reason``: the seed's
+        name for it, where it differs), and stop the model (or, where it cannot stop
+        mid-word, mute the rest of its turn)."""
+        self.end(Trigger.CANCEL, ResponseStatus.CANCELLED, reason, seed_reason)
         self.stop_model()
 
     def stop_model(self) -> None:
@@ -175,14 +183,22 @@ class Responses:
             self.move_gate(Trigger.CANCEL)
             self._mute_silence = 0
 
-    def end(self, trigger: Trigger, status: ResponseStatus, reason: str | None) -> None:
-        """End the active response with ``status`` (``reason``: its ``status_details``)."""
+    def end(self, trigger: Trigger, status: ResponseStatus, reason: str | None,
+            seed_reason: str | None = None) -> None:
+        """End the active response with ``status`` (``reason``: its ``status_details``;
+        ``seed_reason``: the seed's name for a cancel's, where it differs)."""
         response = self.current
         assert response is not None  # callers checked
+        if status is ResponseStatus.COMPLETED and self.state is ResponseState.OPEN:
+            # The model never made a sound in it: the seed's listen decision ends it.
+            self._conversation.listen(ListenReason.WITHOUT_OUTPUT, self._model.epoch,
+                                      response.opened.id)
         self._move(trigger)
         self.current = None
+        self.turn = TurnState.BARGE_IN if status is ResponseStatus.CANCELLED else TurnState.IDLE
         self._conversation.finish_response(response.opened, status=status, reason=reason,
-                                           transcript="".join(response.transcript))
+                                           transcript="".join(response.transcript),
+                                           seed_reason=seed_reason)
         self._on_end()
         ledger = self._ledgers.ended(response.opened.id,
                                      interrupted=status is not ResponseStatus.COMPLETED)
@@ -198,6 +214,18 @@ class Responses:
         else:
             self._move(Trigger.CLOSE)
         self.move_gate(Trigger.CLOSE)
+        self.turn = TurnState.IDLE
+
+    def clear_refusal(self, response_id: str | None) -> Refusal | None:
+        """Why ``output_audio_buffer.clear`` naming ``response_id`` is refused (None: it is
+        not): it must name the response playing, or with none active the newest one (whose
+        audio the client may still be playing)."""
+        active = self.current.opened.id if self.current is not None else None
+        if response_id is None or response_id == (active or self._conversation.last_response_id):
+            return None
+        return Refusal(code=RefusalCode.RESPONSE_CANCEL_NOT_ACTIVE, param="response_id",
+                       message=f"Clearing failed: {describe(response_id)} is not the response"
+                       " playing")
 
     def acknowledge(self, command: msg.AckPlayback) -> Ledger | Refusal:
         """``playback.ack``: move the response's ledger (a refusal when it cannot)."""
@@ -258,6 +286,11 @@ class Responses:
     def _stream(self, response: ActiveResponse, output: Output, now: float) -> None:
         rid, iid = response.opened.id, response.opened.item_id
         text, self._held_text = self._held_text + output.text, ""
+        if output.audible and self.state is ResponseState.OPEN:
+            # The seed's speak decision comes before the first audible audio.
+            self._conversation.emit(msg.ResponseSpeak(response_id=rid, item_id=iid,
+                                                      epoch=self._model.epoch))
+            self.turn = TurnState.ASSISTANT_PLAYING
         if output.audio:
             self._conversation.audio_delta(response.opened, output.audio)
             self._ledgers.generated(rid, len(output.audio))

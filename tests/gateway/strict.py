@@ -58,8 +58,17 @@ _EXTENSIONS: dict[str, tuple[dict[str, type], dict[str, type]]] = {
         {**_SEQ},
     ),
     "turn.event": (
-        {"event_id": str, "event": str, "turn_state": str, "payload": dict},
+        {"event_id": str, "event": str, "turn_state": str, "payload": dict, "epoch": int},
         {**_SEQ, "session_id": str},
+    ),
+    "response.listen": (
+        {"event_id": str, "epoch": int, "response": dict},
+        {**_SEQ, "session_id": str, "response_id": str},
+    ),
+    "response.speak": (
+        {"event_id": str, "response_id": str, "item_id": str, "output_index": int,
+         "content_index": int, "metadata": dict},
+        {**_SEQ},
     ),
 }
 
@@ -67,6 +76,7 @@ _EXTENSIONS: dict[str, tuple[dict[str, type], dict[str, type]]] = {
 _NESTED: dict[tuple[str, str], dict[str, type]] = {
     ("playback.acknowledged", "playback"): {
         "generated_ms": int, "sent_ms": int, "played_ms": int, "committed_ms": int},
+    ("response.speak", "metadata"): {"epoch": int, "model_speak": bool},
 }
 
 #: Server event types that are our extensions (seed_behaviour.md §4.7), not in the SDK union.

@@ -48,6 +48,11 @@ from gateway.protocol.parse import (
     MAX_STRING_CHARS,
     MAX_VALUES,
 )
+from gateway.protocol.render import (
+    DUPLEX_ONLY_EVENT_TYPES,
+    EventNotInDialect,
+    render_event_any_dialect,
+)
 from runtime.heap import CollectorPauses
 from tests.gateway.strict import EXTENSION_TYPES, validate_server_event
 
@@ -829,9 +834,28 @@ EVENTS: list[tuple[m.Event, dict[str, Any]]] = [
                       "committed_ms": 640}},
     ),
     (
-        m.TurnEvent(event="user.typing", turn_state="listening", payload={"n": 1}),
-        {"type": "turn.event", "event": "user.typing", "turn_state": "listening",
-         "payload": {"n": 1}},
+        m.TurnEvent(event="user.typing", turn_state="idle", payload={"n": 1}, epoch=2),
+        {"type": "turn.event", "event": "user.typing", "turn_state": "idle",
+         "payload": {"n": 1}, "epoch": 2},
+    ),
+    (
+        m.ResponseListen(reason="silence_or_noise", epoch=1),
+        {"type": "response.listen", "epoch": 1,
+         "response": {"object": "realtime.response", "status": "listening",
+                      "metadata": {"reason": "silence_or_noise", "epoch": 1}}},
+    ),
+    (
+        m.ResponseListen(reason="model_turn_completed_without_output", epoch=0,
+                         response_id="resp_1"),
+        {"type": "response.listen", "epoch": 0, "response_id": "resp_1",
+         "response": {"object": "realtime.response", "status": "listening", "id": "resp_1",
+                      "metadata": {"reason": "model_turn_completed_without_output",
+                                   "epoch": 0}}},
+    ),
+    (
+        m.ResponseSpeak(response_id="resp_1", item_id="item_2", epoch=3),
+        {"type": "response.speak", "response_id": "resp_1", "item_id": "item_2",
+         "output_index": 0, "content_index": 0, "metadata": {"epoch": 3, "model_speak": True}},
     ),
     (m.SessionClosed(reason="worker_lost"), {"type": "session.closed", "reason": "worker_lost"}),
     (m.SessionExpired(reason="idle"), {"type": "session.expired", "reason": "idle"}),
@@ -840,8 +864,14 @@ EVENTS: list[tuple[m.Event, dict[str, Any]]] = [
 
 @pytest.mark.parametrize(("event", "expected"), EVENTS, ids=[type(e).__name__ for e, _ in EVENTS])
 def test_render_event(event: m.Event, expected: dict[str, Any]) -> None:
-    """Each worker event renders to its Realtime GA shape and validates strictly."""
-    rendered = render_event(event, server_event_seq=42, event_id="event_42")
+    """Each worker event renders to its Realtime GA shape and validates strictly; a
+    duplex-only one is never rendered for a GA connection."""
+    if expected["type"] in DUPLEX_ONLY_EVENT_TYPES:
+        with pytest.raises(EventNotInDialect):
+            render_event(event, server_event_seq=42, event_id="event_42")
+        rendered = render_event_any_dialect(event, server_event_seq=42, event_id="event_42")
+    else:
+        rendered = render_event(event, server_event_seq=42, event_id="event_42")
     assert rendered == {**expected, "event_id": "event_42", "server_event_seq": 42}
     assert list(rendered)[:2] == ["type", "event_id"]
     validate_server_event(rendered)

@@ -179,14 +179,16 @@ def test_barge_in_with_nothing_active_only_clears_input() -> None:
 
 @pytest.mark.parametrize("make", CORES.values(), ids=CORES.keys())
 def test_turn_signal_is_echoed_with_the_turn_state(make: Callable[[], ConversationCore]) -> None:
-    """A turn.signal no command stands for comes back as turn.event with its payload and the
-    turn's state: listening while idle, responding during a response."""
+    """A turn.signal no command stands for comes back as turn.event with its payload, the
+    seed's turn state and the epoch: idle at first, assistant_playing while the answer
+    sounds."""
     core = make()
     [event] = send(core, msg.SignalTurn(event="user.typing", payload={"n": 1}))
-    assert event == msg.TurnEvent(event="user.typing", turn_state="listening", payload={"n": 1})
+    assert event == msg.TurnEvent(event="user.typing", turn_state="idle", payload={"n": 1},
+                                  epoch=0)
     speak(core)
     [event] = send(core, msg.SignalTurn(event="user.typing"), T0 + 0.1)
-    assert isinstance(event, msg.TurnEvent) and event.turn_state == "responding"
+    assert isinstance(event, msg.TurnEvent) and event.turn_state == "assistant_playing"
 
 
 # ------------------------------------------------------------------------- input.text.append
@@ -310,7 +312,8 @@ def test_an_out_of_band_response_answers_without_joining_the_conversation() -> N
     core.tick(T0 + 1)
     events = drain(core)
     assert kinds(events) == ["response.created", "output_item.added", "content_part.added",
-                             *["audio.delta"] * 3, "audio.done", "transcript.done",
+                             "response.speak", *["audio.delta"] * 3, "audio.done",
+                             "transcript.done",
                              "content_part.done", "output_item.done", "response.done",
                              "rate_limits.updated"]
     done = done_of(events).response

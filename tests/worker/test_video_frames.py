@@ -16,7 +16,7 @@ from inference_worker.backend import VideoFrame
 from inference_worker.backends.fake import FakeOptions
 from inference_worker.backends.recording import RecordingBackend, describe
 from inference_worker.backends.registry import backend_entry, frame_core, loopback_core
-from inference_worker.conversation.user_input import VideoGate
+from inference_worker.conversation.video import VideoGate
 from inference_worker.engine import Engine
 
 JPEG = b"\xff\xd8\xff\xe0" + b"jpeg one"
