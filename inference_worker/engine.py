@@ -7,7 +7,8 @@ queues work: :meth:`Engine.open`/:meth:`Engine.close` reserve and release slot i
 and the thread applies them to the backend before its next tick, in the order they were asked
 for, with the response stops of :meth:`Engine.stop_response` and the new slot configurations
 of :meth:`Engine.configure` (a slot opens with its session's configuration);
-:meth:`Engine.push_audio` turns a session's pcm16 24 kHz audio into frames of exactly ``in_samples`` at ``in_rate``.
+:meth:`Engine.push_audio` turns a session's pcm16 24 kHz audio into frames of exactly
+``in_samples`` at ``in_rate``.
 
 The clock never waits for a client: a slot with no frame queued gets silence (an underrun),
 and a frame that is the wrong length or carries NaN/inf is replaced by silence for that slot
