@@ -34,6 +34,7 @@ from inference_worker.conversation.seed_settings import (
 )
 from inference_worker.engine import Engine
 from tests.worker.feeding import feed
+from tests.worker.test_core_commands import FRAME_S, done_of, drain, frames, speak
 from tests.worker.realtime_render import validate_strict
 
 T0 = 100.0
@@ -271,6 +272,25 @@ def test_force_listen_count_leaves_the_first_turns_unanswered() -> None:
         core.receive(msg.CommitInput(), T0 + turn)
         created = [e for e in core.events_to_send() if isinstance(e, msg.ResponseCreated)]
         assert len(created) == turn  # none for the first, one for the second
+
+
+@pytest.mark.parametrize(("policy", "kept_ms"), [("ack_only", 80),
+                                                 ("commit_all_on_done", 400 + 800)])
+def test_ack_only_keeps_only_what_was_acknowledged(policy: str, kept_ms: int) -> None:
+    """playback_commit_policy ack_only: a completed answer keeps what the client acknowledged
+    playing; commit_all_on_done keeps it whole."""
+    core = frames()
+    core.receive(msg.UpdateSession(session={"playback_commit_policy": policy}), T0)
+    drain(core)
+    speak(core, 400)
+    core.receive(msg.AckPlayback(played_ms=80), T0 + 0.5)
+    quiet = FrameOutput(audio=bytes(3840), level=0.0)
+    for n in range(10):
+        feed(core, quiet, T0 + 0.5 + n * FRAME_S)
+    done = done_of(drain(core)).response
+    assert done["status"] == "completed"
+    item = core.history_item(done["output"][0]["id"])
+    assert item is not None and item.audio_ms == kept_ms
 
 
 # ------------------------------------------------------------------------- per-backend refusals
