@@ -34,8 +34,8 @@ from inference_worker.conversation.seed_settings import (
 )
 from inference_worker.engine import Engine
 from tests.worker.feeding import feed
-from tests.worker.test_core_commands import FRAME_S, done_of, drain, frames, speak
 from tests.worker.realtime_render import validate_strict
+from tests.worker.test_core_commands import FRAME_S, done_of, drain, frames, speak
 
 T0 = 100.0
 WAV = b"RIFF\x24\x00\x00\x00WAVEfmt " + bytes(28)
