@@ -42,6 +42,7 @@ class RefusalCode(StrEnum):
     VOICE_UPDATE_AFTER_AUDIO_UNSUPPORTED = "voice_update_after_audio_unsupported"
     REF_AUDIO_REQUIRED = "ref_audio_required"
     REF_AUDIO_UPDATE_UNSUPPORTED = "ref_audio_update_unsupported"
+    TEXT_ONLY_TURN_UNSUPPORTED = "text_only_turn_unsupported"
     # The conversation's state.
     INPUT_AUDIO_BUFFER_COMMIT_EMPTY = "input_audio_buffer_commit_empty"
     CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE = "conversation_already_has_active_response"

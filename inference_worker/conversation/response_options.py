@@ -53,6 +53,7 @@ _RESPONSE_BETA_PATHS: Final[Mapping[str, tuple[str, ...]]] = {
     "voice": ("audio", "output", "voice"),
     "output_audio_format": ("audio", "output", "format"),
     "max_response_output_tokens": ("max_output_tokens",),
+    "max_tokens": ("max_output_tokens",),  # the seed's spelling
     "speed": ("audio", "output", "speed"),
 }
 # GA response option -> its check (the refusal is `invalid_value`). `audio`, `input` and

@@ -24,6 +24,11 @@ The keys, each honoured (none is ignored):
   it from the session object the worker stores with ``session.updated``.
 * ``session_id``: a session object the seed's client echoes may carry it; ignored, as the
   seed does.
+* ``metadata``: kept and echoed (the seed echoes it too), at most 16 string pairs.
+* Refused, since no backend here can do what they ask (:data:`UNSUPPORTED_KEYS`):
+  ``initial_user_text`` (``text_only_turn_unsupported``: every backend here answers speech),
+  ``overlap_short_ack_ms``, ``overlap_barge_in_ms``, ``overlap_silence_rms`` and
+  ``use_tts_template`` (``invalid_duplex_runtime_config``: no overlap tuning, no TTS template).
 
 The per-backend refusals, from the backend's :class:`ConfigSupport`:
 ``instructions_update_unsupported``, ``voice_update_after_audio_unsupported``,
@@ -56,12 +61,14 @@ __all__ = [
     "OVERLAP_POLICIES",
     "PLAYBACK_COMMIT_POLICIES",
     "TEMPERATURE_RANGE",
+    "UNSUPPORTED_KEYS",
     "Applies",
     "ConfigSupport",
     "SeedSettings",
     "SlotConfig",
     "VoicePrompt",
     "is_idle_timeout",
+    "is_metadata",
     "is_overlap_policy",
     "is_playback_commit_policy",
     "is_ref_audio",
@@ -81,6 +88,23 @@ IDLE_TIMEOUT_S_RANGE: Final = (10.0, 3600.0)
 TEMPERATURE_RANGE: Final = (0.0, 2.0)
 OVERLAP_POLICIES: Final = ("listen_only", "barge_in_on_speech")
 PLAYBACK_COMMIT_POLICIES: Final = ("commit_all_on_done", "ack_only")
+_NO_OVERLAP_TUNING: Final = ("this server has no overlap tuning: overlap_policy and the turn "
+                              "detection decide")
+#: The seed's session keys no backend here applies: each with its refusal.
+UNSUPPORTED_KEYS: Final[Mapping[str, Refusal]] = MappingProxyType({
+    "initial_user_text": Refusal(
+        code=RefusalCode.TEXT_ONLY_TURN_UNSUPPORTED, param="session.initial_user_text",
+        message="this model answers speech input only: speak, or send a user message with "
+                "conversation.item.create"),
+    **{key: Refusal(code=RefusalCode.INVALID_DUPLEX_RUNTIME_CONFIG, param=f"session.{key}",
+                    message=_NO_OVERLAP_TUNING)
+       for key in ("overlap_short_ack_ms", "overlap_barge_in_ms", "overlap_silence_rms")},
+    "use_tts_template": Refusal(
+        code=RefusalCode.INVALID_DUPLEX_RUNTIME_CONFIG, param="session.use_tts_template",
+        message="no backend here has a TTS template"),
+})
+_METADATA_PAIRS: Final = 16
+_METADATA_CHARS: Final = 512
 _DATA_URL: Final = re.compile(r"data:(audio/[A-Za-z0-9.+-]+)(?:;[^,;]*)*;base64,", re.ASCII)
 _TURN_DETECTION: Final = ("audio", "input", "turn_detection")
 
@@ -104,6 +128,13 @@ def is_overlap_policy(value: Any) -> bool:
 
 def is_playback_commit_policy(value: Any) -> bool:
     return value in PLAYBACK_COMMIT_POLICIES
+
+
+def is_metadata(value: Any) -> bool:
+    return value is None or (
+        isinstance(value, dict) and len(value) <= _METADATA_PAIRS
+        and all(isinstance(k, str) and len(k) <= _METADATA_CHARS and isinstance(v, str)
+                and len(v) <= _METADATA_CHARS for k, v in value.items()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,7 +293,8 @@ class SeedSettings:
             getattr(item, "role", None) == "assistant" and getattr(item, "audio_bytes", 0)
             for item in history)
         opening = not self._opened and not heard
-        return (self._temperature_refusal(patch, merged)
+        return (_unsupported_refusal(patch)
+                or self._temperature_refusal(patch, merged)
                 or self._ref_audio_refusal(patch, merged, opening)
                 or self._instructions_refusal(current, merged, opening)
                 or self._voice_refusal(current, merged)
@@ -323,6 +355,13 @@ class SeedSettings:
                        param="session.audio.output.voice",
                        message="session.update cannot change voice after audio output has "
                                "started")
+
+
+def _unsupported_refusal(patch: JsonObject) -> Refusal | None:
+    for key in sorted(UNSUPPORTED_KEYS.keys() & patch.keys()):
+        if patch[key] is not None:
+            return UNSUPPORTED_KEYS[key]
+    return None
 
 
 def _overlap_refusal(asked: Any, merged: JsonObject) -> Refusal | None:

@@ -12,7 +12,9 @@ from typing import Any, Final
 
 from inference_worker.conversation.refusals import RefusalCode
 from inference_worker.conversation.seed_settings import (
+    UNSUPPORTED_KEYS,
     is_idle_timeout,
+    is_metadata,
     is_overlap_policy,
     is_playback_commit_policy,
     is_ref_audio,
@@ -197,6 +199,9 @@ LEAVES: Final[Mapping[tuple[str, ...], tuple[Check, RefusalCode]]] = {
     ("overlap_policy",): (is_overlap_policy, RefusalCode.INVALID_VALUE),
     ("playback_commit_policy",): (is_playback_commit_policy, RefusalCode.INVALID_VALUE),
     ("idle_timeout_s",): (is_idle_timeout, RefusalCode.INVALID_VALUE),
+    ("metadata",): (is_metadata, RefusalCode.INVALID_VALUE),
+    # Refused by seed_settings with the seed's code; any value is read.
+    **{(key,): ((lambda v: True), RefusalCode.INVALID_VALUE) for key in UNSUPPORTED_KEYS},
 }
 CONTAINERS: Final = frozenset({(), ("audio",), ("audio", "input"), ("audio", "output")})
 EXTRA: Final = ("extra_body",)
@@ -210,6 +215,7 @@ TRANSCRIPTION: Final = ("audio", "input", "transcription")
 # accepted, never applied. `model` is refused
 # when it names another model (see _model_refusal).
 READ_ONLY: Final = frozenset({"id", "object", "model", "expires_at", "session_id"})
-# Applied but never stored in the session object: a voice prompt is carried to the backend
-# (seed_settings.py), and its size would ride every session.updated.
-WRITE_ONLY: Final = frozenset({"ref_audio"})
+# Never stored in the session object: a voice prompt is carried to the backend
+# (seed_settings.py), and its size would ride every session.updated; the keys no backend
+# applies are refused unless null (left out).
+WRITE_ONLY: Final = frozenset({"ref_audio", *UNSUPPORTED_KEYS})

@@ -26,6 +26,7 @@ __all__ = ["ALLOWED_EXTRAS", "render", "undeclared_keys", "validate_strict"]
 ALLOWED_EXTRAS = frozenset({"session.id", "session.object", "session.extra_body",
                             "session.idle_timeout_s", "session.overlap_policy",
                             "session.playback_commit_policy", "session.temperature",
+                            "session.metadata",
                             "server_event_seq"})
 
 

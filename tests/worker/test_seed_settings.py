@@ -217,6 +217,16 @@ def test_a_voice_prompt_is_read_as_sent() -> None:
      "session.extra_body.force_listen_count"),
     ({"extra_body": {"duplex_initial_user_text": "hi"}}, "invalid_duplex_runtime_config",
      "session.extra_body.duplex_initial_user_text"),
+    ({"initial_user_text": "Hello?"}, "text_only_turn_unsupported", "session.initial_user_text"),
+    ({"overlap_short_ack_ms": 700}, "invalid_duplex_runtime_config",
+     "session.overlap_short_ack_ms"),
+    ({"overlap_barge_in_ms": 1200}, "invalid_duplex_runtime_config",
+     "session.overlap_barge_in_ms"),
+    ({"overlap_silence_rms": 0.003}, "invalid_duplex_runtime_config",
+     "session.overlap_silence_rms"),
+    ({"use_tts_template": True}, "invalid_duplex_runtime_config", "session.use_tts_template"),
+    ({"metadata": {"k": 1}}, "invalid_value", "session.metadata"),
+    ({"max_tokens": 0}, "invalid_value", "session.max_tokens"),
 ])
 def test_a_seed_key_is_refused_with_its_code(patch: dict[str, Any], code: str,
                                              param: str) -> None:
@@ -243,6 +253,16 @@ def test_the_seed_keys_are_honoured_and_shown() -> None:
     event = update(core, {"turn_detection": {"type": "server_vad", "interrupt_response": False},
                           "overlap_policy": "listen_only"})
     assert isinstance(event, msg.SessionUpdated)
+
+
+def test_the_seeds_other_spellings_are_read() -> None:
+    """max_tokens is max_output_tokens; metadata is kept and echoed; a null for a key no
+    backend applies is a key left out."""
+    event = update(loopback_core("s"), {"max_tokens": 64, "metadata": {"user": "u1"},
+                                        "initial_user_text": None})
+    assert isinstance(event, msg.SessionUpdated)
+    assert (event.session["max_output_tokens"], event.session["metadata"]) == (64, {"user": "u1"})
+    assert "initial_user_text" not in event.session and "max_tokens" not in event.session
 
 
 def test_a_ga_session_shows_none_of_the_seed_keys() -> None:
