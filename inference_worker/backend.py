@@ -21,13 +21,17 @@ import numpy as np
 import numpy.typing as npt
 
 from inference_worker.conversation.reports import ModelReport
+from inference_worker.conversation.seed_settings import NO_SLOT_CONFIG, SlotConfig, VoicePrompt
 
 __all__ = [
+    "NO_SLOT_CONFIG",
     "Backend",
     "FrameSpec",
+    "SlotConfig",
     "SlotResult",
     "SlotStep",
     "VideoFrame",
+    "VoicePrompt",
     "silence",
 ]
 
@@ -102,8 +106,17 @@ class Backend(Protocol):
 
     spec: FrameSpec
 
-    def open_slot(self, slot: int) -> None:
-        """Reset ``slot``'s state for a new session (other slots are untouched)."""
+    def open_slot(self, slot: int, config: SlotConfig = NO_SLOT_CONFIG) -> None:
+        """Reset ``slot``'s state for a new session (other slots are untouched), configured
+        as ``config`` says (the session's instructions, voice, voice prompt, temperature and
+        the ``extra_body`` knobs the backend declares)."""
+
+    def configure_slot(self, slot: int, config: SlotConfig) -> None:
+        """The open ``slot``'s session accepted a ``session.update``: apply ``config`` from
+        the next step on. What a backend cannot apply was refused before it got here (its
+        profile's :class:`~inference_worker.conversation.seed_settings.ConfigSupport`), so this
+        refuses nothing; a backend that raises fails that slot alone. Runs on the model
+        thread, between steps."""
 
     def close_slot(self, slot: int) -> None:
         """Free ``slot``; its state may be garbage until the next ``open_slot``."""

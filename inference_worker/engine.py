@@ -5,10 +5,11 @@ One dedicated thread owns the backend: it opens and closes slots and runs one ba
 at ``t0 + k * period``, so a slow tick never shifts the ones after it). The asyncio side only
 queues work: :meth:`Engine.open`/:meth:`Engine.close` reserve and release slot ids at once
 and the thread applies them to the backend before its next tick, in the order they were asked
-for, with the response stops of :meth:`Engine.stop_response`; :meth:`Engine.push_audio`
-turns a session's pcm16 24 kHz audio into frames of exactly ``in_samples`` at ``in_rate``;
-the camera frames that rode an append go to the backend with the frame its audio starts in
-(:attr:`~inference_worker.backend.SlotStep.video`).
+for, with the response stops of :meth:`Engine.stop_response` and the new slot configurations
+of :meth:`Engine.configure` (a slot opens with its session's configuration);
+:meth:`Engine.push_audio` turns a session's pcm16 24 kHz audio into frames of exactly
+``in_samples`` at ``in_rate``; the camera frames that rode an append go to the backend with
+the frame its audio starts in (:attr:`~inference_worker.backend.SlotStep.video`).
 
 The clock never waits for a client: a slot with no frame queued gets silence (an underrun),
 and a frame that is the wrong length or carries NaN/inf is replaced by silence for that slot
@@ -44,8 +45,10 @@ from inference_worker.audio_frames import (
     pcm16_to_float,
 )
 from inference_worker.backend import (
+    NO_SLOT_CONFIG,
     Backend,
     FrameSpec,
+    SlotConfig,
     SlotResult,
     SlotStep,
     VideoFrame,
@@ -69,9 +72,10 @@ _MIN_SAMPLES = 10
 _MAX_LAG_FRAMES = 2
 
 # What the model thread does to a slot between ticks, and the backend call that does it.
-_OpKind = Literal["open", "close", "stop"]
+_OpKind = Literal["open", "close", "stop", "configure"]
 _BACKEND_CALL: Final[dict[_OpKind, str]] = {
-    "open": "open_slot", "close": "close_slot", "stop": "stop_response"}
+    "open": "open_slot", "close": "close_slot", "stop": "stop_response",
+    "configure": "configure_slot"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +154,8 @@ class Engine:
         self._free = list(range(self.spec.max_slots))  # a heap: the lowest free slot first
         self._serial = 0
         self._inputs: dict[int, _SlotInput] = {}  # every handle not yet closed, by serial
-        self._ops: list[tuple[_OpKind, SlotHandle]] = []  # for the thread, in order
+        # for the thread, in order; an open or configure carries the slot's configuration
+        self._ops: list[tuple[_OpKind, SlotHandle, SlotConfig | None]] = []
         self._active: dict[int, SlotHandle] = {}  # model thread only: opened in the backend
         self._epochs: dict[int, int] = {}  # model thread only: stops applied, by active serial
         # model thread only: each stepped handle's place on its input timeline, in frames
@@ -178,25 +183,46 @@ class Engine:
         with self._lock:
             return len(self._inputs)
 
-    def open(self, session_id: str = "") -> SlotHandle | None:
+    def open(self, session_id: str = "",
+             config: SlotConfig = NO_SLOT_CONFIG) -> SlotHandle | None:
         """Reserve the lowest free slot for session ``session_id`` (named in the log lines
-        about its slot); None when every slot is held."""
+        about its slot), which the backend opens with ``config``; None when every slot is
+        held."""
         with self._lock:
             if not self._free:
                 return None
             self._serial += 1
             handle = SlotHandle(self._serial, heapq.heappop(self._free), session_id)
             self._inputs[handle.serial] = _SlotInput(self.spec)
-            self._ops.append(("open", handle))
+            self._ops.append(("open", handle, config))
         self._wake.set()
         return handle
+
+    def configure(self, handle: SlotHandle, config: SlotConfig) -> None:
+        """Give ``handle``'s slot a new configuration (its session accepted a
+        ``session.update``); any thread, like :meth:`close`.
+
+        While the slot's open is still queued, the open takes ``config`` instead (a backend
+        opens a session with its opening ``session.update``); else the thread applies it
+        before its next tick, in order with the other slot changes. A configuration for a
+        closed handle does nothing; a backend that raises fails that slot alone.
+        """
+        with self._lock:
+            if handle.serial not in self._inputs:
+                return
+            for index, (kind, queued, _) in enumerate(self._ops):
+                if kind == "open" and queued.serial == handle.serial:
+                    self._ops[index] = ("open", handle, config)
+                    return
+            self._ops.append(("configure", handle, config))
+        self._wake.set()
 
     def close(self, handle: SlotHandle) -> None:
         """Release ``handle``'s slot (idempotent); the thread closes it before its next tick."""
         with self._lock:
             if self._inputs.pop(handle.serial, None) is None:
                 return
-            self._ops.append(("close", handle))
+            self._ops.append(("close", handle, None))
             heapq.heappush(self._free, handle.slot)
         self._wake.set()
 
@@ -211,7 +237,7 @@ class Engine:
         with self._lock:
             if handle.serial not in self._inputs:
                 return  # closed: its slot may be someone else's already
-            self._ops.append(("stop", handle))
+            self._ops.append(("stop", handle, None))
         self._wake.set()
 
     def push_audio(self, handle: SlotHandle, pcm16: bytes, video: VideoMarks = ()) -> None:
@@ -443,9 +469,9 @@ class Engine:
     def _apply_ops(self) -> None:
         with self._lock:
             ops, self._ops = self._ops, []
-        for kind, handle in ops:
+        for kind, handle, config in ops:
             try:
-                self._apply(kind, handle)
+                self._apply(kind, handle, config)
             except Exception:
                 _log.exception("slot %d: %s failed", handle.slot, _BACKEND_CALL[kind],
                                extra=handle.log_ids())
@@ -455,12 +481,15 @@ class Engine:
             with self._lock:
                 self._durations.clear()  # an idle engine has no recent tick time to judge
 
-    def _apply(self, kind: _OpKind, handle: SlotHandle) -> None:
+    def _apply(self, kind: _OpKind, handle: SlotHandle, config: SlotConfig | None) -> None:
         """Apply one queued slot change to the backend (model thread)."""
         if kind == "open":
-            self.backend.open_slot(handle.slot)
+            self.backend.open_slot(handle.slot, config or NO_SLOT_CONFIG)
             self._active[handle.serial] = handle
             self._epochs[handle.serial] = 0
+        elif kind == "configure":
+            if handle.serial in self._active and config is not None:
+                self.backend.configure_slot(handle.slot, config)
         elif kind == "close":
             self._epochs.pop(handle.serial, None)
             self._positions.pop(handle.serial, None)

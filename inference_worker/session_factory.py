@@ -15,6 +15,7 @@ from inference_worker.backends.registry import (
     loopback_core,
 )
 from inference_worker.conversation.core import ConversationCore
+from inference_worker.conversation.seed_settings import slot_config_of
 from inference_worker.engine import Engine
 from inference_worker.sessions import Session
 from inference_worker.settings import WorkerSettings
@@ -39,12 +40,15 @@ class SessionFactory:
     def session(self, session_id: str, engine: Engine | None,
                 name: str | None = None) -> Session | None:
         """A new session, named ``name`` (see :meth:`core`); None: no engine slot is free."""
+        core = self.core(session_id, engine, name)
         if engine is None:
-            return Session(core=self.core(session_id, engine, name))
-        handle = engine.open(session_id)
+            return Session(core=core)
+        # The slot opens with the new session's settings; a session.update applied before the
+        # engine thread opened it rides the open (Engine.configure).
+        handle = engine.open(session_id, slot_config_of(core.session))
         if handle is None:  # more placements than slots: cannot happen while capacity holds
             return None
-        return Session(core=self.core(session_id, engine, name), handle=handle)
+        return Session(core=core, handle=handle)
 
     def core(self, session_id: str, engine: Engine | None,
              name: str | None = None) -> ConversationCore:

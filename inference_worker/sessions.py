@@ -267,12 +267,14 @@ class SessionTable:
         return False
 
     def _pump(self, session: Session) -> None:
-        """Hand the engine what the session's commands asked of it: stop the model's
-        cancelled response, drop queued input, take new input."""
+        """Hand the engine what the session's commands asked of it: configure the slot, stop
+        the model's cancelled response, drop queued input, take new input."""
         engine, handle = self._engine(), session.handle
         if engine is None or handle is None:
             return
         pending = session.core.take_input()
+        if pending.config is not None:  # before the input that follows the update
+            engine.configure(handle, pending.config)
         for _ in range(pending.stops):  # first: the cancelled response goes before new input
             engine.stop_response(handle)
         if pending.clear:

@@ -64,7 +64,8 @@ MAX_VALUES = 10_000
 #: ``audio`` of ``input_audio_buffer.append``, and of an item's ``input_audio`` part in
 #: ``conversation.item.create`` (sent directly or as a ``turn.signal``'s payload), is exempt:
 #: only the frame size bounds it. So are an append's ``video_frames``, which
-#: :class:`VideoBounds` bounds.
+#: :class:`VideoBounds` bounds, and a ``session.update``'s voice prompt
+#: (``session.ref_audio``), which the worker bounds itself.
 MAX_STRING_CHARS = 65_536
 
 #: Longest ``text`` of one ``input.text.append``: a turn's worth of typed input, far below what
@@ -244,7 +245,8 @@ def _scan_members(
             continue
         elif kind is not float or _isfinite(value):  # null, a boolean, a finite number
             continue
-        exempt = (key == "audio" and _holds_audio(path)) or _holds_frames(path, key)
+        exempt = ((key == "audio" and _holds_audio(path)) or _holds_frames(path, key)
+                  or (key == "ref_audio" and path == ("session",)))
         if problem := _value_problem(value, exempt_length=exempt):
             return _Violation.at((*path, key), problem)
     return None

@@ -79,7 +79,7 @@ import numpy as np
 import numpy.typing as npt
 
 from inference_worker.audio_frames import SincResampler, resample
-from inference_worker.backend import FrameSpec, SlotResult, SlotStep
+from inference_worker.backend import NO_SLOT_CONFIG, FrameSpec, SlotConfig, SlotResult, SlotStep
 from inference_worker.backends.cascade_models import (
     ECHO,
     Heard,
@@ -366,8 +366,10 @@ class CascadeBackend:
 
     # ------------------------------------------------------------------- Backend interface
 
-    def open_slot(self, slot: int) -> None:
-        """Start ``slot`` afresh in LISTENING (whatever it held is dropped)."""
+    def open_slot(self, slot: int, config: SlotConfig = NO_SLOT_CONFIG) -> None:
+        """Start ``slot`` afresh in LISTENING (whatever it held is dropped). Of ``config`` it
+        uses nothing: its responder's prompt and its voice are fixed when it loads, and its
+        profile refuses a voice prompt and a temperature."""
         if not 0 <= slot < self.spec.max_slots:
             raise ValueError(f"slot {slot} out of range 0..{self.spec.max_slots - 1}")
         self.close_slot(slot)
@@ -377,6 +379,11 @@ class CascadeBackend:
             detector=_detector(cfg),
             pre_roll=deque(maxlen=cfg.windows(cfg.pre_roll_ms + cfg.min_speech_ms)),
         )
+
+    def configure_slot(self, slot: int, config: SlotConfig) -> None:
+        """Nothing to apply (see :meth:`open_slot`)."""
+        if not 0 <= slot < self.spec.max_slots:
+            raise ValueError(f"slot {slot} out of range 0..{self.spec.max_slots - 1}")
 
     def close_slot(self, slot: int) -> None:
         """Free ``slot``: cancel its answer; pending transcriptions finish and are discarded."""

@@ -27,7 +27,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from inference_worker.backend import FrameSpec, SlotResult, SlotStep
+from inference_worker.backend import NO_SLOT_CONFIG, FrameSpec, SlotConfig, SlotResult, SlotStep
 from inference_worker.conversation.reports import TurnEnded
 
 __all__ = ["FakeBackend", "FakeOptions"]
@@ -90,12 +90,22 @@ class FakeBackend:
         self._tone = (_TONE_AMPLITUDE * np.sin(phase)).astype(np.float32)
         #: Every ``step`` call's slot list, newest last (tests check the batching).
         self.batches: list[list[int]] = []
+        #: Each slot's configurations since its last open, the open's first (tests check
+        #: what a session's settings gave the backend).
+        self.slot_configs: dict[int, list[SlotConfig]] = {}
 
-    def open_slot(self, slot: int) -> None:
+    def open_slot(self, slot: int, config: SlotConfig = NO_SLOT_CONFIG) -> None:
         """Reset ``slot``: it is silent for one tick, then echoes or speaks from the start."""
+        self.slot_configs[slot] = [config]
         self._open[slot] = True
         self._ticks[slot] = 0
         self._previous[slot] = 0.0
+
+    def configure_slot(self, slot: int, config: SlotConfig) -> None:
+        """Record ``config``: the fake's sound does not depend on it."""
+        if not self._open[slot]:
+            raise RuntimeError(f"slot {slot} configured while closed")
+        self.slot_configs[slot].append(config)
 
     def close_slot(self, slot: int) -> None:
         """Free ``slot``."""

@@ -19,6 +19,7 @@ from inference_worker.conversation.reports import (
     ResponseStarted,
     TurnEnded,
 )
+from inference_worker.conversation.seed_settings import SlotConfig
 
 __all__ = ["CHUNK_BYTES", "CHUNK_SECONDS", "LoopbackModel", "PacedPlayback"]
 
@@ -75,11 +76,17 @@ class LoopbackModel:
     (turn mode), or echoes each appended chunk at once (``extra_body.loopback_mode`` stream:
     the relay-latency path, no buffering, no pacing; the commit ends the echo's turn)."""
 
-    __slots__ = ("_auto", "_epoch", "_playback", "_queued", "_stream", "_streaming")
+    __slots__ = ("_auto", "_commits", "_epoch", "_listen_for", "_playback", "_queued",
+                 "_stream", "_streaming", "slot_config")
 
     def __init__(self) -> None:
         self._stream = False
         self._auto = False
+        self._listen_for = 0  # extra_body.force_listen_count
+        self._commits = 0  # committed turns so far
+        #: What the session's last accepted session.update gave the model (the voice prompt
+        #: included); the loopback speaks with the caller's voice, so it only keeps it.
+        self.slot_config = SlotConfig()
         self._streaming = False  # an echo turn is open
         self._playback: PacedPlayback | None = None
         self._queued: list[Report] = []
@@ -87,8 +94,9 @@ class LoopbackModel:
 
     @property
     def auto_respond(self) -> bool:
-        """``extra_body.auto_response`` in turn mode: every commit is answered at once."""
-        return self._auto and not self._stream
+        """``extra_body.auto_response`` in turn mode: every commit is answered at once, but
+        the first ``extra_body.force_listen_count`` (the seed's forced listening)."""
+        return self._auto and not self._stream and self._commits >= self._listen_for
 
     @property
     def epoch(self) -> int:
@@ -96,10 +104,15 @@ class LoopbackModel:
         return self._epoch
 
     def configure(self, config: JsonObject) -> None:
-        """Read the mode and ``auto_response`` of ``extra_body``."""
+        """Read the mode, ``auto_response`` and ``force_listen_count`` of ``extra_body``."""
         extra = config["extra_body"]
         self._stream = extra["loopback_mode"] == "stream"
         self._auto = bool(extra["auto_response"])
+        self._listen_for = int(extra.get("force_listen_count", 0))
+
+    def configure_slot(self, config: SlotConfig) -> None:
+        """Keep ``config``: the loopback's voice is the caller's."""
+        self.slot_config = config
 
     def hear(self, audio: bytes, video: tuple[bytes, ...] = ()) -> None:
         """Stream mode: echo ``audio``, opening the echo's turn with its first chunk. It sees
@@ -123,6 +136,7 @@ class LoopbackModel:
 
     def committed(self) -> None:
         """The commit ends an echo's turn: the echo answered it."""
+        self._commits += 1
         if self._streaming:
             self._streaming = False
             self._queued.append(TurnEnded())

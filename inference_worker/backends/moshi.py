@@ -42,7 +42,14 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from inference_worker.backend import Audio, FrameSpec, SlotResult, SlotStep
+from inference_worker.backend import (
+    NO_SLOT_CONFIG,
+    Audio,
+    FrameSpec,
+    SlotConfig,
+    SlotResult,
+    SlotStep,
+)
 from inference_worker.backends.mimi_stream import MimiStreamer
 from inference_worker.backends.moshi_cache import SlotRingCache
 from inference_worker.backends.moshi_graphs import compile_transformers, require_cuda
@@ -316,8 +323,10 @@ class MoshiBackend:
         total = self._kv.nbytes + self.mimi.state_bytes + self._ring.nbytes
         return total // self.spec.max_slots
 
-    def open_slot(self, slot: int, *, seed: int | None = None) -> None:
-        """Reset ``slot`` for a new session; ``seed`` fixes its sampling (else one is drawn)."""
+    def open_slot(self, slot: int, config: SlotConfig = NO_SLOT_CONFIG, *,
+                  seed: int | None = None) -> None:
+        """Reset ``slot`` for a new session; ``seed`` fixes its sampling (else one is drawn).
+        Of ``config`` it uses nothing: Moshi takes no text or voice prompt (see its profile)."""
         self._check_slot(slot)
         self.mimi.reset(slot)
         self._kv.reset_slot(slot)
@@ -332,6 +341,10 @@ class MoshiBackend:
         self._text[slot] = _TextStream(self.tokenizer, self.text_pad_ids)
         self._muted[slot] = 0
         self.last_tokens[slot] = None
+
+    def configure_slot(self, slot: int, config: SlotConfig) -> None:
+        """Nothing to apply (see :meth:`open_slot`)."""
+        self._check_slot(slot)
 
     def close_slot(self, slot: int) -> None:
         """Free ``slot``; its state is left as it is until the next :meth:`open_slot`."""

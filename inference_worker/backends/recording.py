@@ -20,7 +20,7 @@ from typing import Final
 
 import numpy as np
 
-from inference_worker.backend import SlotResult, SlotStep, VideoFrame
+from inference_worker.backend import NO_SLOT_CONFIG, SlotConfig, SlotResult, SlotStep, VideoFrame
 from inference_worker.backends.fake import FakeBackend, FakeOptions
 
 __all__ = ["RecordingBackend", "Seen", "describe"]
@@ -66,9 +66,9 @@ class RecordingBackend(FakeBackend):
         # The text each slot says with its next echoed frame: what it saw with that audio.
         self._said = [""] * max_slots
 
-    def open_slot(self, slot: int) -> None:
+    def open_slot(self, slot: int, config: SlotConfig = NO_SLOT_CONFIG) -> None:
         """Reset ``slot``, forgetting what it saw."""
-        super().open_slot(slot)
+        super().open_slot(slot, config)
         self._said[slot] = ""
 
     def stop_response(self, slot: int) -> None:

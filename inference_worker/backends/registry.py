@@ -21,6 +21,7 @@ from inference_worker.backends.loopback import CHUNK_SECONDS, LoopbackModel
 from inference_worker.conversation.core import ConversationCore
 from inference_worker.conversation.model_port import EngineModel
 from inference_worker.conversation.profiles import LOOPBACK, SessionProfile, frame_profile
+from inference_worker.conversation.seed_settings import Applies, ConfigSupport
 from inference_worker.conversation.turns import POLICIES, TurnMode
 from inference_worker.turn_detection.vad import EnergyVad, Vad, VadConfig
 
@@ -147,6 +148,11 @@ CASCADE_TURN_DETECTION: Final[Mapping[str, object]] = MappingProxyType({
 })
 
 
+#: A backend that speaks with a voice of its own (Moshi's weights, the cascade's Piper voice):
+#: a voice prompt is refused. The loopback and the fake take one (the fake records it).
+_OWN_VOICE: Final = ConfigSupport(ref_audio=Applies.NEVER)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BackendEntry:
     """One backend: how its sessions take turns, and how to build it.
@@ -175,12 +181,14 @@ class BackendEntry:
 REGISTRY: Final[Mapping[str, BackendEntry]] = MappingProxyType({entry.name: entry for entry in (
     BackendEntry(name="loopback", turns=TurnMode.LOOPBACK, profile=LOOPBACK, load=None),
     BackendEntry(name="fake", turns=TurnMode.AUDIO, profile=frame_profile("fake"), load=_fake),
-    BackendEntry(name="moshi", turns=TurnMode.AUDIO, profile=frame_profile("moshi"),
+    BackendEntry(name="moshi", turns=TurnMode.AUDIO,
+                 profile=frame_profile("moshi", config=_OWN_VOICE),
                  load=_moshi, needs_model_path=True),
     BackendEntry(name="cascade", turns=TurnMode.EVENTS,
                  profile=frame_profile("cascade", voices=("en_US-joe-medium",),
                                        transcription_model="whisper-tiny.en",
-                                       turn_detection=CASCADE_TURN_DETECTION),
+                                       turn_detection=CASCADE_TURN_DETECTION,
+                                       config=_OWN_VOICE),
                  load=_cascade),
     # A test backend: the fake's echo that sees video and says what it saw.
     BackendEntry(name="recording", turns=TurnMode.AUDIO,

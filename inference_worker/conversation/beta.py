@@ -41,6 +41,7 @@ BETA_PATHS: Final[Mapping[str, tuple[str, ...]]] = {
     "input_audio_noise_reduction": ("audio", "input", "noise_reduction"),
     "speed": ("audio", "output", "speed"),
     "max_response_output_tokens": ("max_output_tokens",),
+    "max_tokens": ("max_output_tokens",),  # the seed's DuplexSessionConfig spelling
 }
 # Beta's format names and their GA objects.
 _BETA_FORMATS: Final[Mapping[str, Mapping[str, Any]]] = {

@@ -104,6 +104,7 @@ from inference_worker.conversation.reports import (
 )
 from inference_worker.conversation.response_options import parse_response_options
 from inference_worker.conversation.responses import Responses
+from inference_worker.conversation.seed_settings import SeedSettings
 from inference_worker.conversation.server_turns import ServerTurns
 from inference_worker.conversation.session_update import apply_session_patch, check_session_patch
 from inference_worker.conversation.states import Trigger, transition
@@ -165,6 +166,7 @@ class ConversationCore:
         self._heard_input = False
         self._video = VideoGate(sees=profile.sees_video)
         self._close_reason: str | None = None
+        self._seed = SeedSettings(profile.config)  # the seed's settings and refusals
         self._responses.configure(config)
         model.configure(config)
 
@@ -267,8 +269,10 @@ class ConversationCore:
             self._decoder = InputDecoder(self._conversation.input_format)
         if not self._policy.model_detects_speech:
             self._timeline.configure(turn_detection_of(self._config))
+        slot_config = self._seed.applied(command.session, self._config)
         self._responses.configure(self._config)
         self._model.configure(self._config)
+        self._model.configure_slot(slot_config)
         self._conversation.session_updated()
 
     def _append(self, command: msg.AppendAudio, now: float) -> None:
@@ -538,7 +542,11 @@ class ConversationCore:
     # ------------------------------------------------------------------ session.update
 
     def _patch_refusal(self, patch: JsonObject) -> Refusal | None:
-        return check_session_patch(patch, self._config, self._profile)
+        refusal = check_session_patch(patch, self._config, self._profile)
+        if refusal is not None:
+            return refusal
+        return self._seed.refusal(patch, self._config, self._patched(patch),
+                                  heard=self._heard_input, history=self.history)
 
     def _patched(self, patch: JsonObject) -> JsonObject:
         return apply_session_patch(patch, self._config, self._profile)

@@ -15,20 +15,24 @@ from typing import Protocol
 
 from contract.messages import JsonObject
 from inference_worker.conversation.reports import Report
+from inference_worker.conversation.seed_settings import SlotConfig
 
 __all__ = ["EngineModel", "ModelPort", "PendingInput"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PendingInput:
-    """What the engine must do for a session's slot: stop the model's response (once per stop
-    asked for: the engine counts them into each frame's epoch), clear queued input, then queue
-    audio, with the camera frames that rode it (each at a byte offset into ``audio``)."""
+    """What the engine must do for a session's slot: apply a new slot configuration, stop the
+    model's response (once per stop asked for: the engine counts them into each frame's
+    epoch), clear queued input, then queue audio, with the camera frames that rode it (each at
+    a byte offset into ``audio``)."""
 
     clear: bool = False
     audio: bytes = b""
     stops: int = 0
     video: tuple[tuple[int, tuple[bytes, ...]], ...] = ()
+    #: The slot's new configuration (None: unchanged).
+    config: SlotConfig | None = None
 
 
 class ModelPort(Protocol):
@@ -48,6 +52,10 @@ class ModelPort(Protocol):
 
     def configure(self, config: JsonObject) -> None:
         """The session's effective configuration changed to ``config``."""
+
+    def configure_slot(self, config: SlotConfig) -> None:
+        """An accepted ``session.update`` gave the backend this slot configuration (what it
+        needs of the session: instructions, voice, voice prompt, temperature, its knobs)."""
 
     def hear(self, audio: bytes, video: tuple[bytes, ...] = ()) -> None:
         """The user's input audio (pcm16 24 kHz), in order, with the camera frames of its
@@ -86,11 +94,12 @@ class EngineModel:
     :meth:`committed` tell it nothing; it hears the user's audio as it arrives.
     """
 
-    __slots__ = ("_audio", "_clear", "_epoch", "_stops", "_video")
+    __slots__ = ("_audio", "_clear", "_config", "_epoch", "_stops", "_video")
 
     def __init__(self) -> None:
         self._audio = bytearray()
         self._video: list[tuple[int, tuple[bytes, ...]]] = []
+        self._config: SlotConfig | None = None  # for the engine, since the last take_input
         self._clear = False
         self._stops = 0  # asked for since the last take_input
         self._epoch = 0
@@ -106,7 +115,11 @@ class EngineModel:
         return self._epoch
 
     def configure(self, config: JsonObject) -> None:
-        """Nothing to do: the model takes no session settings."""
+        """Nothing to do: the slot's settings come typed (:meth:`configure_slot`)."""
+
+    def configure_slot(self, config: SlotConfig) -> None:
+        """Hand ``config`` to the engine with the slot's next input (the newest wins)."""
+        self._config = config
 
     def hear(self, audio: bytes, video: tuple[bytes, ...] = ()) -> None:
         """Queue ``audio`` for the engine, ``video`` where it starts."""
@@ -140,10 +153,10 @@ class EngineModel:
         return None
 
     def take_input(self) -> PendingInput:
-        """The stop, clear and audio queued since the last call; forgets them."""
+        """The configuration, stop, clear and audio queued since the last call; forgets them."""
         pending = PendingInput(clear=self._clear, audio=bytes(self._audio), stops=self._stops,
-                               video=tuple(self._video))
+                               video=tuple(self._video), config=self._config)
         self._audio.clear()
         self._video.clear()
-        self._clear, self._stops = False, 0
+        self._clear, self._stops, self._config = False, 0, None
         return pending

@@ -21,6 +21,7 @@ from typing import Any, Final
 from contract.messages import JsonObject
 from inference_worker.audio_formats import AudioFormat
 from inference_worker.conversation.refusals import Refusal, RefusalCode
+from inference_worker.conversation.seed_settings import APPLIES_ALL, ConfigSupport
 from inference_worker.conversation.session_schema import is_bool, is_int
 
 __all__ = [
@@ -62,7 +63,10 @@ GA_TURN_DETECTION: Final[Mapping[str, Any]] = MappingProxyType({
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ExtraSetting:
-    """One ``session.extra_body`` knob of a backend: its default and the values it takes."""
+    """One ``session.extra_body`` knob of a backend: its default and the values it takes.
+
+    A knob whose default is None is not in a new session's ``extra_body`` (the seed's knobs:
+    a session shows them once its client set them)."""
 
     default: Any
     accepts: Callable[[Any], bool]
@@ -98,6 +102,8 @@ class SessionProfile:
             session starts with (None: push-to-talk, until a client asks for one).
         sees_video: its model takes the camera frames that ride an append (``video_frames``),
             each with the audio of its append; otherwise the first frame is refused.
+        config: what it does with the seed's session settings (instructions, voice, a voice
+            prompt), and so which of the seed's refusals its sessions get.
     """
 
     model: str
@@ -112,6 +118,7 @@ class SessionProfile:
     fixed_response_options: frozenset[str] = frozenset()
     coherence: Callable[[JsonObject], Refusal | None] | None = None
     sees_video: bool = False
+    config: ConfigSupport = APPLIES_ALL
 
     def __post_init__(self) -> None:
         if not self.voices:
@@ -137,7 +144,8 @@ class SessionProfile:
 
     def extra_defaults(self) -> JsonObject:
         """The ``extra_body`` of a new session."""
-        return {name: copy.deepcopy(knob.default) for name, knob in self.extra_body.items()}
+        return {name: copy.deepcopy(knob.default) for name, knob in self.extra_body.items()
+                if knob.default is not None}
 
 
 def _loopback_coherence(merged: JsonObject) -> Refusal | None:
@@ -167,6 +175,9 @@ LOOPBACK: Final = SessionProfile(
         "loopback_mode": ExtraSetting(default="turn", accepts=lambda v: v in ("turn", "stream"),
                                       expected="'turn' or 'stream'"),
         "auto_response": ExtraSetting(default=False, accepts=is_bool, expected="a boolean"),
+        # The seed's MiniCPM-o knob: the first N committed turns get no automatic answer.
+        "force_listen_count": ExtraSetting(default=None, accepts=lambda v: is_int(v, 0, 1_000_000),
+                                           expected="an integer from 0 to 1000000"),
     }),
     coherence=_loopback_coherence,
 )
@@ -184,6 +195,11 @@ _FRAME_EXTRA: Final[Mapping[str, ExtraSetting]] = MappingProxyType({
     "end_of_turn_silence_ms": ExtraSetting(
         default=800, accepts=lambda v: is_int(v, *_SILENCE_MS),
         expected=f"an integer from {_SILENCE_MS[0]} to {_SILENCE_MS[1]}"),
+    # The seed's auto_response: a model-native backend answers when it decides, without a
+    # response.create, so true is what it does and false is beyond it.
+    "auto_response": ExtraSetting(
+        default=None, accepts=lambda v: v is True,
+        expected="true: this model answers when it decides, without response.create"),
 })
 
 
@@ -191,11 +207,13 @@ def frame_profile(model: str, *, voices: tuple[str, ...] | None = None,
                   transcription_model: str | None = None,
                   fixed_response_options: frozenset[str] = NATIVE_RESPONSE_OPTIONS,
                   turn_detection: Mapping[str, Any] | None = None,
-                  sees_video: bool = False) -> SessionProfile:
+                  sees_video: bool = False, config: ConfigSupport = APPLIES_ALL,
+                  ) -> SessionProfile:
     """The profile of a frame backend named ``model`` (moshi, fake, cascade).
 
     Its responses are audio only; ``extra_body`` takes ``end_of_turn_silence_ms`` (80..10000,
-    default 800: the sustained silence that ends the model's turn). Its model takes turns
+    default 800: the sustained silence that ends the model's turn) and ``auto_response``
+    (``true`` only: the model answers when it decides). Its model takes turns
     itself, so a new session has no turn detection of the worker's (``turn_detection`` null,
     unless the backend applies its own).
 
@@ -209,11 +227,12 @@ def frame_profile(model: str, *, voices: tuple[str, ...] | None = None,
         turn_detection: the turn detection it applies itself, whatever is asked (see
             :attr:`SessionProfile.turn_detection`).
         sees_video: its model takes camera frames (see :attr:`SessionProfile.sees_video`).
+        config: what it does with the seed's session settings.
     """
     return SessionProfile(model=model, voices=voices or (model,), output_modalities=("audio",),
                           transcription_model=transcription_model, extra_body=_FRAME_EXTRA,
                           fixed_response_options=fixed_response_options,
-                          turn_detection=turn_detection, sees_video=sees_video)
+                          turn_detection=turn_detection, sees_video=sees_video, config=config)
 
 
 def default_session(session_id: str, profile: SessionProfile = LOOPBACK) -> JsonObject:

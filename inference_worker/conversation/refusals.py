@@ -37,6 +37,13 @@ class RefusalCode(StrEnum):
     NATIVE_TEXT_APPEND_UNSUPPORTED = "native_text_append_unsupported"
     INVALID_INPUT_MODALITY = "invalid_input_modality"
     MODEL_UPDATE_UNSUPPORTED = "model_update_unsupported"
+    # The seed's per-backend session refusals (conversation/seed_settings.py).
+    INVALID_DUPLEX_RUNTIME_CONFIG = "invalid_duplex_runtime_config"
+    INSTRUCTIONS_UPDATE_UNSUPPORTED = "instructions_update_unsupported"
+    VOICE_UPDATE_AFTER_AUDIO_UNSUPPORTED = "voice_update_after_audio_unsupported"
+    REF_AUDIO_REQUIRED = "ref_audio_required"
+    REF_AUDIO_UPDATE_UNSUPPORTED = "ref_audio_update_unsupported"
+    TEXT_ONLY_TURN_UNSUPPORTED = "text_only_turn_unsupported"
     # The conversation's state.
     INPUT_AUDIO_BUFFER_COMMIT_EMPTY = "input_audio_buffer_commit_empty"
     CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE = "conversation_already_has_active_response"

@@ -15,11 +15,13 @@ from contract.messages import JsonObject
 from inference_worker.conversation.beta import renamed_refusal, to_ga
 from inference_worker.conversation.profiles import LOOPBACK, SessionProfile
 from inference_worker.conversation.refusals import Refusal, RefusalCode
+from inference_worker.conversation.seed_settings import response_refusal
 from inference_worker.conversation.session_schema import (
     Check,
     is_bool,
     is_max_tokens,
     is_modalities,
+    is_number,
     is_optional_str,
     is_prompt,
     is_reasoning,
@@ -51,6 +53,8 @@ _RESPONSE_BETA_PATHS: Final[Mapping[str, tuple[str, ...]]] = {
     "voice": ("audio", "output", "voice"),
     "output_audio_format": ("audio", "output", "format"),
     "max_response_output_tokens": ("max_output_tokens",),
+    "max_tokens": ("max_output_tokens",),  # the seed's spelling
+    "speed": ("audio", "output", "speed"),
 }
 # GA response option -> its check (the refusal is `invalid_value`). `audio`, `input` and
 # `metadata` have checks of their own.
@@ -65,7 +69,9 @@ _RESPONSE_LEAVES: Final[Mapping[str, Check]] = {
     "reasoning": is_reasoning,
     "parallel_tool_calls": lambda v: v is None or is_bool(v),
 }
-_RESPONSE_AUDIO_KEYS: Final = frozenset({"format", "voice"})
+_RESPONSE_AUDIO_KEYS: Final = frozenset({"format", "voice", "speed"})
+# The seed's per-response options, read by seed_settings.response_refusal.
+_SEED_OPTIONS: Final = frozenset({"temperature", "extra_body"})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,7 +165,9 @@ def _response_refusal(given: JsonObject, config: JsonObject,
         if refusal is not None:
             return refusal
     return (modality_refusal(given, profile, "response")
-            or _fixed_option_refusal(given, config, profile))
+            or _fixed_option_refusal(given, config, profile)
+            or response_refusal(given, config, profile.config, tuple(profile.extra_body),
+                                native=bool(profile.fixed_response_options)))
 
 
 def _response_option_refusal(key: str, value: Any, profile: SessionProfile) -> Refusal | None:
@@ -170,6 +178,8 @@ def _response_option_refusal(key: str, value: Any, profile: SessionProfile) -> R
         return _metadata_refusal(value)
     if key == "input":
         return _input_refusal(value)
+    if key in _SEED_OPTIONS:
+        return None
     check = _RESPONSE_LEAVES.get(key)
     if check is None:
         return Refusal(code=RefusalCode.UNKNOWN_PARAMETER, param=param,
@@ -211,6 +221,10 @@ def _response_output_refusal(output: JsonObject, profile: SessionProfile) -> Ref
             refusal = format_refusal(value, param, profile)
             if refusal is not None:
                 return refusal
+        elif key == "speed":
+            if not is_number(value, 0.25, 1.5):
+                return Refusal(code=RefusalCode.INVALID_VALUE, param=param,
+                               message=f"unsupported value {describe(value)}")
         elif not is_voice(value):
             return Refusal(code=RefusalCode.INVALID_VALUE, param=param,
                            message=f"unsupported value {describe(value)}")

@@ -84,9 +84,9 @@ class Responses:
         on_end: called after a response ended (the core starts the idle timeout).
     """
 
-    __slots__ = ("_conversation", "_frame_seconds", "_held_quiet", "_held_text", "_latencies",
-                 "_ledgers", "_model", "_mute_silence", "_on_end", "_on_open", "_policy",
-                 "_silence_outputs", "anchor", "current", "gate", "state", "turn")
+    __slots__ = ("_ack_only", "_conversation", "_frame_seconds", "_held_quiet", "_held_text",
+                 "_latencies", "_ledgers", "_model", "_mute_silence", "_on_end", "_on_open",
+                 "_policy", "_silence_outputs", "anchor", "current", "gate", "state", "turn")
 
     def __init__(self, conversation: Conversation, model: ModelPort, policy: TurnPolicy,
                  frame_seconds: float, *, on_open: Callable[[], None],
@@ -112,6 +112,7 @@ class Responses:
         # Silent outputs in a row that end the model's turn: read once per output, so counted
         # on each configure, not per output.
         self._silence_outputs = 1
+        self._ack_only = False  # playback_commit_policy ack_only
 
     @property
     def active(self) -> bool:
@@ -123,6 +124,7 @@ class Responses:
         ``end_of_turn_silence_ms``."""
         silence_ms: int = config["extra_body"].get("end_of_turn_silence_ms", _DEFAULT_SILENCE_MS)
         self._silence_outputs = max(1, math.ceil(silence_ms / 1000 / self._frame_seconds))
+        self._ack_only = config.get("playback_commit_policy") == "ack_only"
 
     def take_latencies(self) -> list[float]:
         """Seconds from each turn's trigger to its first audible output, since the last call."""
@@ -200,8 +202,11 @@ class Responses:
                                            transcript="".join(response.transcript),
                                            seed_reason=seed_reason)
         self._on_end()
+        # ack_only (the seed's playback_commit_policy): a completed answer too keeps only what
+        # the client acknowledged, as an interrupted one does.
         ledger = self._ledgers.ended(response.opened.id,
-                                     interrupted=status is not ResponseStatus.COMPLETED)
+                                     interrupted=status is not ResponseStatus.COMPLETED
+                                     or self._ack_only)
         if ledger is not None and ledger.heard_ms is not None:
             # Only what the client acknowledged hearing stays in the history.
             self._conversation.keep_heard(ledger.item_id, ledger.heard_ms)

@@ -11,6 +11,15 @@ from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from inference_worker.conversation.refusals import RefusalCode
+from inference_worker.conversation.seed_settings import (
+    UNSUPPORTED_KEYS,
+    is_idle_timeout,
+    is_metadata,
+    is_overlap_policy,
+    is_playback_commit_policy,
+    is_ref_audio,
+    is_temperature,
+)
 
 __all__ = [
     "CONTAINERS",
@@ -21,6 +30,7 @@ __all__ = [
     "TRANSCRIPTION",
     "TURN_DETECTION",
     "VOICE",
+    "WRITE_ONLY",
     "Check",
     "is_bool",
     "is_int",
@@ -182,6 +192,16 @@ LEAVES: Final[Mapping[tuple[str, ...], tuple[Check, RefusalCode]]] = {
     ("audio", "input", "noise_reduction"): (_is_noise_reduction, RefusalCode.INVALID_VALUE),
     ("audio", "output", "voice"): (is_voice, RefusalCode.INVALID_VALUE),
     ("audio", "output", "speed"): (lambda v: is_number(v, 0.25, 1.5), RefusalCode.INVALID_VALUE),
+    # The seed's session settings (conversation/seed_settings.py).
+    ("session_id",): (is_str, RefusalCode.INVALID_VALUE),
+    ("ref_audio",): (is_ref_audio, RefusalCode.INVALID_VALUE),
+    ("temperature",): (is_temperature, RefusalCode.INVALID_VALUE),
+    ("overlap_policy",): (is_overlap_policy, RefusalCode.INVALID_VALUE),
+    ("playback_commit_policy",): (is_playback_commit_policy, RefusalCode.INVALID_VALUE),
+    ("idle_timeout_s",): (is_idle_timeout, RefusalCode.INVALID_VALUE),
+    ("metadata",): (is_metadata, RefusalCode.INVALID_VALUE),
+    # Refused by seed_settings with the seed's code; any value is read.
+    **{(key,): ((lambda v: True), RefusalCode.INVALID_VALUE) for key in UNSUPPORTED_KEYS},
 }
 CONTAINERS: Final = frozenset({(), ("audio",), ("audio", "input"), ("audio", "output")})
 EXTRA: Final = ("extra_body",)
@@ -191,6 +211,11 @@ FORMATS: Final = frozenset({("audio", "input", "format"), ("audio", "output", "f
 VOICE: Final = ("audio", "output", "voice")
 TRANSCRIPTION: Final = ("audio", "input", "transcription")
 # Fields of the session object that clients echo back (LiveKit sends `model` in every update,
-# pipecat may send what session.updated said): accepted, never applied. `model` is refused
+# pipecat may send what session.updated said; the seed's client may send `session_id`):
+# accepted, never applied. `model` is refused
 # when it names another model (see _model_refusal).
-READ_ONLY: Final = frozenset({"id", "object", "model", "expires_at"})
+READ_ONLY: Final = frozenset({"id", "object", "model", "expires_at", "session_id"})
+# Never stored in the session object: a voice prompt is carried to the backend
+# (seed_settings.py), and its size would ride every session.updated; the keys no backend
+# applies are refused unless null (left out).
+WRITE_ONLY: Final = frozenset({"ref_audio", *UNSUPPORTED_KEYS})

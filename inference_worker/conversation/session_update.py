@@ -53,6 +53,7 @@ from inference_worker.conversation.session_schema import (
     TRANSCRIPTION,
     TURN_DETECTION,
     VOICE,
+    WRITE_ONLY,
 )
 from inference_worker.turn_detection.vad import VadConfigError, vad_config_from_turn_detection
 from inference_worker.untrusted import MAX_SESSION_DEPTH, describe, nests_deeper_than
@@ -106,9 +107,10 @@ def _extra_refusal(extra: Any, profile: SessionProfile) -> Refusal | None:
     for key, value in extra.items():
         param = param_name((*EXTRA, key))
         knob = profile.extra_body.get(key)
-        if knob is None:
-            return Refusal(code=RefusalCode.UNKNOWN_PARAMETER, param=param,
-                           message=f"unknown parameter {describe(key)}")
+        if knob is None:  # the seed's code: a model knob this backend does not declare
+            return Refusal(code=RefusalCode.INVALID_DUPLEX_RUNTIME_CONFIG, param=param,
+                           message=f"model {describe(profile.model)} takes no extra_body "
+                                   f"key {describe(key)}")
         if not knob.accepts(value):
             return Refusal(code=RefusalCode.INVALID_VALUE, param=param,
                            message=f"unsupported value {describe(value)}: must be "
@@ -279,7 +281,7 @@ def _merge_into(target: JsonObject, patch: JsonObject, path: tuple[str, ...],
         if sub in CONTAINERS or sub == EXTRA:
             inner = target.setdefault(key, {})
             _merge_into(inner, value, sub, profile)
-        elif path or key not in READ_ONLY:
+        elif path or key not in READ_ONLY | WRITE_ONLY:
             target[key] = effective_value(sub, value, profile)
         elif key == "model" and isinstance(value, str):
             target[key] = value  # the session's name (see _model_refusal)

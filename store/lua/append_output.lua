@@ -3,7 +3,9 @@
 -- resource: a worker that was declared lost is refused whole, a session that is closed or
 -- unknown is refused alone (§2.3, §2.9). With a terminal payload a session ends after its
 -- events, exactly once. A session object (the newest session.updated among the events) is
--- stored in the record with them, so a resume through any gateway announces it.
+-- stored in the record with them, so a resume through any gateway announces it; its
+-- 'idle_timeout_s' (the seed's session setting, which the worker checked) becomes the
+-- session's idle TTL, its deadline moved to match.
 -- KEYS[1] worker record  KEYS[2] worker session set  KEYS[3] worker deadlines
 -- KEYS[4] worker channel  KEYS[5] worker ended list  KEYS[6] worker gateways
 -- KEYS[7] worker held set (see attach_to)
@@ -73,8 +75,17 @@ local function append_one(sid, keys, terminal, reason, applied, first, session, 
     if first == 0 then first = appended end
   end
   -- Stored again by a resend: the same object, so nothing changes.
-  if session ~= '' then changes[#changes + 1], changes[#changes + 2] = 'session', session end
+  local idle_moved = false
+  if session ~= '' then
+    changes[#changes + 1], changes[#changes + 2] = 'session', session
+    local idle_s = cjson.decode(session)['idle_timeout_s']
+    if type(idle_s) == 'number' and idle_s > 0 then
+      changes[#changes + 1], changes[#changes + 2] = 'idle_ms', math.floor(idle_s * 1000)
+      idle_moved = true
+    end
+  end
   if #changes > 0 then redis.call('HSET', rec, unpack(changes)) end
+  if idle_moved then redis.call('ZADD', wk.deadlines, next_deadline(rec), sid) end
   if terminal ~= '' then
     terminate(sid, keys, wk, terminal, reason)
   end

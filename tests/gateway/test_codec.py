@@ -508,6 +508,12 @@ def test_long_strings_are_refused_except_audio() -> None:
                  "content": [{"type": "input_text", "text": "x" * (MAX_STRING_CHARS + 1)}]}
     text_error = refusal(f("conversation.item.create", item=long_text))
     assert (text_error.code, text_error.param) == (VALUE, "item.content[0].text")
+    # A session.update's voice prompt is audio too (the worker bounds it); elsewhere a key of
+    # that name is not.
+    voice = {"ref_audio": "data:audio/wav;base64," + audio}
+    assert parse(f(UPDATE, session=voice)).command == m.UpdateSession(session=voice)
+    stray = refusal(f(UPDATE, session={"extra_body": {"ref_audio": "x" * (MAX_STRING_CHARS + 1)}}))
+    assert stray.param == "session.extra_body.ref_audio"
 
 
 def test_value_count_is_bounded() -> None:

@@ -20,9 +20,13 @@ from tests.gateway.strict import EXTENSION_TYPES, STRICT, validate_server_event
 __all__ = ["ALLOWED_EXTRAS", "render", "undeclared_keys", "validate_strict"]
 
 # Keys the SDK types do not declare but allow (extra="allow"), which the worker sends on purpose:
-# the response form of the session object (openai_realtime.md §1a), our extension knobs and the
-# log position the gateway stamps on every logged event.
+# the response form of the session object (openai_realtime.md §1a), our extension knobs, the
+# seed's session settings (shown only once a client set them) and the log position the gateway
+# stamps on every logged event.
 ALLOWED_EXTRAS = frozenset({"session.id", "session.object", "session.extra_body",
+                            "session.idle_timeout_s", "session.overlap_policy",
+                            "session.playback_commit_policy", "session.temperature",
+                            "session.metadata",
                             "server_event_seq"})
 
 

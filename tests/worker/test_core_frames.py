@@ -88,7 +88,7 @@ def test_default_session_names_the_model_and_validates() -> None:
 
 
 @pytest.mark.parametrize(("patch", "code", "param"), [
-    ({"extra_body": {"loopback_mode": "stream"}}, "unknown_parameter",
+    ({"extra_body": {"loopback_mode": "stream"}}, "invalid_duplex_runtime_config",
      "session.extra_body.loopback_mode"),
     ({"extra_body": {"end_of_turn_silence_ms": 5}}, "invalid_value",
      "session.extra_body.end_of_turn_silence_ms"),

@@ -175,7 +175,7 @@ def test_update_names_the_model_once_and_ignores_read_only_keys() -> None:
         ({"extra_body": {"loopback_mode": "duplex"}}, "invalid_value",
          "session.extra_body.loopback_mode"),
         ({"extra_body": {"auto_response": 1}}, "invalid_value", "session.extra_body.auto_response"),
-        ({"temperature": 0.8}, "unknown_parameter", "session.temperature"),
+        ({"temperature": 0.8}, "invalid_duplex_runtime_config", "session.temperature"),
         ({"audio": {"input": {"vad": None}}}, "unknown_parameter", "session.audio.input.vad"),
         ({"audio": []}, "invalid_type", "session.audio"),
         ({"audio": {"output": {"speed": 3}}}, "invalid_value", "session.audio.output.speed"),

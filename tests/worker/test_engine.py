@@ -19,7 +19,7 @@ from inference_worker.audio_frames import (
     level,
     pcm16_to_float,
 )
-from inference_worker.backend import FrameSpec, SlotResult, SlotStep
+from inference_worker.backend import NO_SLOT_CONFIG, FrameSpec, SlotConfig, SlotResult, SlotStep
 from inference_worker.backends.fake import FakeBackend, FakeOptions
 from inference_worker.conversation.reports import TurnEnded
 from inference_worker.engine import Engine, SlotHandle, TickReport
@@ -74,10 +74,17 @@ class Recorder:
         self.refuse_stop: set[int] = set()  # slots whose stop_response raises
         self.output: Any = None
         self.during_step: Callable[[], None] | None = None  # run inside the next step
+        #: Every configuration a slot got (at open, then on configure), in order.
+        self.configs: list[tuple[int, SlotConfig]] = []
 
-    def open_slot(self, slot: int) -> None:
+    def open_slot(self, slot: int, config: SlotConfig = NO_SLOT_CONFIG) -> None:
         self.opened.append(slot)
         self.calls.append(("open", slot))
+        self.configs.append((slot, config))
+
+    def configure_slot(self, slot: int, config: SlotConfig) -> None:
+        self.calls.append(("configure", slot))
+        self.configs.append((slot, config))
 
     def close_slot(self, slot: int) -> None:
         self.closed.append(slot)
@@ -361,7 +368,7 @@ def test_open_slot_failure_is_reported() -> None:
     clock = FakeClock()
     backend = Recorder(clock)
 
-    def refuse(slot: int) -> None:
+    def refuse(slot: int, config: SlotConfig = NO_SLOT_CONFIG) -> None:
         raise RuntimeError("no memory")
 
     backend.open_slot = refuse  # type: ignore[method-assign]

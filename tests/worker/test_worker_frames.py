@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -12,12 +13,12 @@ from redis.asyncio import Redis
 
 from contract import messages as msg
 from contract.messages import encode_message
-from inference_worker.backend import SlotResult, SlotStep
+from inference_worker.backend import SlotConfig, SlotResult, SlotStep, VoicePrompt
 from inference_worker.backends.fake import FakeBackend, FakeOptions
 from inference_worker.settings import WorkerSettings
 from inference_worker.worker import Worker
 from store import Lease, Scripts
-from store.keys import WorkerKeys
+from store.keys import SessionKeys, WorkerKeys
 from tests.store._support import events_of, open_session, spublish, spublish_raw, until
 
 AUDIBLE = b"\x00\x10" * 1920  # 80 ms, loud
@@ -263,3 +264,32 @@ async def test_drain_ends_an_active_response_before_the_session(redis_client: Re
     assert done.response["status"] == "cancelled"
     assert isinstance(limits, msg.RateLimitsUpdated)
     assert isinstance(closed, msg.SessionClosed) and closed.reason == "worker_shutdown"
+
+
+async def test_a_session_update_reaches_the_backend_and_the_store(running: Running) -> None:
+    """The seed's settings end to end in the worker: the slot's configuration (instructions,
+    the decoded voice prompt) reaches the backend, and idle_timeout_s becomes the record's idle
+    TTL once session.updated is stored."""
+    opened = await open_session(running.scripts, running.worker.worker_id)
+    prompt = b"RIFF voice prompt"
+    session = {"instructions": "Be brief.", "idle_timeout_s": 42,
+               "ref_audio": "data:audio/wav;base64," + base64.b64encode(prompt).decode()}
+    await append(running, opened.lease, msg.UpdateSession(session=session),
+                 msg.AppendAudio(audio=AUDIBLE))
+
+    def configs() -> list[SlotConfig]:
+        return [c for seen in running.backend.slot_configs.values() for c in seen]
+
+    async def configured() -> bool:
+        return any(c.ref_audio is not None for c in configs())
+
+    await until(configured, "the voice prompt at the backend")
+    [config] = [c for c in configs() if c.ref_audio is not None]
+    assert config.ref_audio == VoicePrompt("audio/wav", prompt)
+    assert (config.instructions, config.voice) == ("Be brief.", "fake")
+
+    async def stored() -> bool:
+        idle = await running.client.hget(SessionKeys(opened.session_id).record, "idle_ms")
+        return idle == b"42000"
+
+    await until(stored, "the session's idle TTL in its record")
