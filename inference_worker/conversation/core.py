@@ -65,7 +65,7 @@ from typing import Any, Final, TypeAlias, assert_never
 
 from contract import messages as msg
 from contract.messages import JsonObject
-from inference_worker.audio_formats import AudioFormat, InputDecoder
+from inference_worker.audio_formats import AppendDecoder
 from inference_worker.audio_frames import FrameOutput
 from inference_worker.conversation.history import (
     Conversation,
@@ -77,7 +77,6 @@ from inference_worker.conversation.model_port import ModelPort, PendingInput
 from inference_worker.conversation.objects import CancelReason, ResponseStatus
 from inference_worker.conversation.profiles import BYTES_PER_SECOND, SessionProfile, default_session
 from inference_worker.conversation.refusals import (
-    BROKEN_SAMPLE,
     CREATE_WITHOUT_INPUT,
     TEXT_INPUT_REFUSAL,
     Refusal,
@@ -149,7 +148,8 @@ class ConversationCore:
                                     on_open=lambda: self._complete_user_item(None),
                                     on_end=self._response_ended)
         self._input = UserInput(keep=policy.keeps_turn_audio)
-        self._decoder = InputDecoder(AudioFormat.PCM24K)  # the client's audio -> pcm16 24 kHz
+        # The client's audio -> pcm16 24 kHz.
+        self._decoder = AppendDecoder(self._conversation.input_format)
         self._timeline = InputTimeline(detector)
         if not policy.model_detects_speech:  # a new session may start with server_vad on
             self._timeline.configure(turn_detection_of(config))
@@ -256,10 +256,8 @@ class ConversationCore:
         if refusal is not None:
             self._refuse(command.event_id, refusal)
             return
-        before = self._conversation.input_format
         self._conversation.config = self._patched(command.session)
-        if self._conversation.input_format is not before:
-            self._decoder = InputDecoder(self._conversation.input_format)
+        self._decoder.configure(self._conversation.input_format)
         if not self._policy.model_detects_speech:
             self._timeline.configure(turn_detection_of(self._config))
         self._responses.configure(self._config)
@@ -267,10 +265,10 @@ class ConversationCore:
         self._conversation.session_updated()
 
     def _append(self, command: msg.AppendAudio, now: float) -> None:
-        if len(command.audio) % 2 and self._conversation.input_format is AudioFormat.PCM24K:
-            self._refuse(command.event_id, BROKEN_SAMPLE)  # and the buffer stays aligned
+        audio = self._decoder.decode(command.audio, command.format, command.sample_rate_hz)
+        if isinstance(audio, Refusal):
+            self._refuse(command.event_id, audio)
             return
-        audio = self._decoder.decode(command.audio)  # G.711 becomes pcm16 24 kHz here
         if not audio:
             return  # nothing to buffer or hear
         if not self._heard_input:

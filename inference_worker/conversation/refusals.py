@@ -36,6 +36,9 @@ class RefusalCode(StrEnum):
     UNSUPPORTED_NATIVE_RESPONSE_OPTIONS = "unsupported_native_response_options"
     NATIVE_TEXT_APPEND_UNSUPPORTED = "native_text_append_unsupported"
     MODEL_UPDATE_UNSUPPORTED = "model_update_unsupported"
+    # Audio the seed's codes name: samples cut short, a rate out of range.
+    BAD_AUDIO = "bad_audio"
+    BAD_EVENT = "bad_event"
     # The conversation's state.
     INPUT_AUDIO_BUFFER_COMMIT_EMPTY = "input_audio_buffer_commit_empty"
     CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE = "conversation_already_has_active_response"
