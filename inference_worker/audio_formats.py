@@ -310,13 +310,18 @@ class InputDecoder:
     not a copy. For G.711 at 8 kHz every input byte gives exactly three output samples.
     """
 
-    __slots__ = ("_format", "_previous", "_resampler")
+    __slots__ = ("_format", "_g711_8k", "_previous", "_resampler", "identity", "sample_bytes")
 
     def __init__(self, fmt: AudioFormat) -> None:
         """Decode from ``fmt``, the session's (or an append's) input format."""
         self._format = fmt
+        #: Whether chunks come back as they are (``audio/pcm`` at 24 kHz).
+        self.identity = fmt == AudioFormat.PCM24K
+        #: Bytes one sample of the format takes: a chunk is whole samples.
+        self.sample_bytes = fmt.bytes_per_sample
+        self._g711_8k = _g711_8k(fmt)
         self._previous = 0  # G.711 8 kHz: the last sample decoded, the next interpolates from
-        self._resampler = (None if fmt.rate == PCM_RATE or _g711_8k(fmt)
+        self._resampler = (None if fmt.rate == PCM_RATE or self._g711_8k
                            else SincResampler(fmt.rate, PCM_RATE))
 
     @property
@@ -331,9 +336,9 @@ class InputDecoder:
 
     def decode(self, data: bytes) -> bytes:
         """The pcm16 24 kHz samples of the client's next chunk."""
-        if self._format == AudioFormat.PCM24K or not data:
+        if self.identity or not data:
             return data
-        if _g711_8k(self._format):
+        if self._g711_8k:
             levels = _DECODE[self._format.encoding][np.frombuffer(data, dtype=np.uint8)]
             wide = levels.astype(np.int32)
             out = _upsample(wide, self._previous)
@@ -357,13 +362,15 @@ class OutputEncoder:
     ``audio/pcm`` at 24 kHz the delta itself is returned, not a copy.
     """
 
-    __slots__ = ("_format", "_pending", "_resampler")
+    __slots__ = ("_format", "_g711_8k", "_identity", "_pending", "_resampler")
 
     def __init__(self, fmt: AudioFormat) -> None:
         """Encode to ``fmt``, the session's (or one response's) output format."""
         self._format = fmt
+        self._identity = fmt == AudioFormat.PCM24K
+        self._g711_8k = _g711_8k(fmt)
         self._pending = b""  # under one sample (or one 8 kHz group), carried to the next delta
-        self._resampler = (None if fmt.rate == PCM_RATE or _g711_8k(fmt)
+        self._resampler = (None if fmt.rate == PCM_RATE or self._g711_8k
                            else SincResampler(PCM_RATE, fmt.rate))
 
     @property
@@ -378,14 +385,14 @@ class OutputEncoder:
 
     def encode(self, pcm24k: bytes) -> bytes:
         """The client's bytes for the next output delta (``b""`` while under one sample)."""
-        if self._format == AudioFormat.PCM24K:
+        if self._identity:
             return pcm24k
         data = self._pending + pcm24k if self._pending else pcm24k
-        group = _GROUP_BYTES if _g711_8k(self._format) else _PCM_SAMPLE_BYTES
+        group = _GROUP_BYTES if self._g711_8k else _PCM_SAMPLE_BYTES
         whole = len(data) - len(data) % group
         self._pending = data[whole:]
         samples = np.frombuffer(data, dtype="<i2", count=whole // _PCM_SAMPLE_BYTES)
-        if _g711_8k(self._format):
+        if self._g711_8k:
             return self._compand(_downsample(samples.astype(np.int32)))
         audio = (samples.astype(np.float32) / _SCALE).astype(np.float32)
         if self._resampler is not None:
@@ -405,7 +412,7 @@ class OutputEncoder:
         model made, or skip it and lose 125 us at most.
         """
         count = len(self._pending) // _PCM_SAMPLE_BYTES
-        if count == 0 or not _g711_8k(self._format):
+        if count == 0 or not self._g711_8k:
             self._pending = b""
             return b""
         samples = np.frombuffer(self._pending, dtype="<i2", count=count).astype(np.int32)
@@ -439,7 +446,8 @@ class AppendDecoder:
 
     def configure(self, session: AudioFormat) -> None:
         """The session's input format is now ``session``."""
-        self._session = session
+        if session != self._session:  # the same one stays the same object: see decode
+            self._session = session
 
     def decode(self, audio: bytes, name: str | None, rate: int | None) -> bytes | Refusal:
         """The pcm16 24 kHz samples of one append, or why it is refused: the seed's
@@ -447,9 +455,15 @@ class AppendDecoder:
         audio that ends inside a sample its ``bad_audio``, or GA's ``invalid_value`` where
         the append is GA's (no format or rate of its own, in a GA ``audio/pcm`` session).
         A refused append changes nothing: the stream stays aligned on whole samples."""
+        decoder = self._decoder
+        if (name is None and rate is None and decoder.format is self._session
+                and not len(audio) % decoder.sample_bytes):
+            # Every GA append: in the session's format, streaming on, in one call.
+            return audio if decoder.identity else decoder.decode(audio)
         if not audio:
             return audio
-        fmt = append_format(name, rate, self._session)
+        fmt = self._session if name is None and rate is None else append_format(
+            name, rate, self._session)
         if isinstance(fmt, Refusal):
             return fmt
         if len(audio) % fmt.bytes_per_sample:
