@@ -1,30 +1,30 @@
-"""Session audio formats, converted at the worker's edge: GA ``audio/pcm`` and G.711.
+"""Session audio formats, converted once at the worker's edge: an encoding at a rate.
 
-A session may speak ``audio/pcm`` (pcm16 LE mono at 24 kHz) or, as telephony bridges do,
-``audio/pcmu`` / ``audio/pcma`` (G.711 mu-law / A-law, one byte a sample at 8 kHz), each
-direction on its own. The conversation core works in pcm16 24 kHz only, so a session's
-:class:`InputDecoder` turns what the client sends into it and its :class:`OutputEncoder`
-turns the core's output deltas back into the client's format. For ``audio/pcm`` both are the
-identity and copy nothing.
+A session's input and output each have a format: pcm16 LE mono (GA ``audio/pcm``), float32
+LE mono (``audio/pcm_f32le``, the seed's), or G.711 mu-law / A-law (``audio/pcmu`` /
+``audio/pcma``, one byte a sample, as telephony bridges send), at any whole rate from
+:data:`MIN_RATE` to :data:`MAX_RATE` Hz. GA's own are ``audio/pcm`` at 24 kHz and G.711 at
+8 kHz; the seed names its encodings (``pcm16``, ``pcm_f32le``, ``g711_ulaw``, ...) and gives
+the rate apart (``sample_rate_hz``), on the session or on one append. The conversation core
+works in pcm16 24 kHz only, so a session's :class:`InputDecoder` turns what the client sends
+into it and its :class:`OutputEncoder` turns the core's output deltas into the client's
+format. For ``audio/pcm`` at 24 kHz both are the identity and copy nothing.
 
-Companding follows ITU-T G.711 exactly, as the classic reference coder does: mu-law
-quantises the top 14 bits of a pcm16 sample, A-law the top 13; decoding gives each code's
-reconstruction level as pcm16. Both run through lookup tables built once at import (256
-entries to decode, 65,536 to encode), so a chunk costs one numpy indexing pass.
+Both stream: chunks split anywhere (on whole samples, for input, which the caller checks;
+anywhere at all, for output) give the same samples as one big chunk, and nothing drifts,
+since every rate change counts its phase in integers.
 
-Rates change by exactly 3 in integer arithmetic, so chunks split anywhere give the same
-samples as one big chunk, and nothing drifts:
-
-* 8 kHz -> 24 kHz (input) interpolates linearly between neighbouring samples: every input
-  sample gives exactly three output samples, the last of which is the sample itself, so the
-  stream lags by two 24 kHz samples (83 us). Silence is assumed before the first sample, so
-  a stream starts with a two-sample ramp rather than a click.
-* 24 kHz -> 8 kHz (output) averages each group of three samples into one. The 3-tap box
-  filter is the light anti-alias: it has its nulls at 8 and 16 kHz, where the worst aliases
-  would fold onto the low frequencies of speech, and it costs 3.5 dB at 4 kHz, the top of
-  the telephone band. Up to two samples (and a half-sample byte) wait for the next delta.
-
-Neither is a hi-fi converter: telephone audio is band-limited to 300-3400 Hz anyway.
+* G.711 at 8 kHz keeps its exact integer 3:1 converters. Input interpolates linearly between
+  neighbouring samples: every code gives exactly three output samples, the last of which is
+  the sample itself, so the stream lags by two 24 kHz samples (83 us); silence is assumed
+  before the first sample, so a stream starts with a two-sample ramp rather than a click.
+  Output averages each group of three samples into one: the 3-tap box filter has its nulls at
+  8 and 16 kHz, where the worst aliases would fold onto the low frequencies of speech, and
+  costs 3.5 dB at 4 kHz, the top of the telephone band. Up to two samples (and a half-sample
+  byte) wait for the next delta.
+* Every other rate goes through the project's polyphase windowed-sinc resampler
+  (:class:`~inference_worker.audio_frames.SincResampler`), which lags by half its filter
+  (twelve samples of the lower rate) and gives ``ceil(n * to / from)`` samples for ``n``.
 
 Pure: numpy only, no I/O, no clock; importing it loads neither torch nor Redis.
 """
@@ -33,83 +33,165 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Mapping
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
 
 import numpy as np
 import numpy.typing as npt
 
-from inference_worker.conversation.refusals import Refusal, RefusalCode
+from inference_worker.audio_frames import PCM_RATE, SincResampler, float_to_pcm16
+from inference_worker.conversation.refusals import BROKEN_SAMPLE, Refusal, RefusalCode
+from inference_worker.g711 import (
+    ALAW_DECODE,
+    ALAW_ENCODE,
+    ULAW_DECODE,
+    ULAW_ENCODE,
+    alaw_decode,
+    alaw_encode,
+    ulaw_decode,
+    ulaw_encode,
+)
 from inference_worker.untrusted import describe
 
 __all__ = [
+    "MAX_RATE",
+    "MIN_RATE",
+    "AppendDecoder",
     "AudioFormat",
+    "Encoding",
     "InputDecoder",
     "OutputEncoder",
     "alaw_decode",
     "alaw_encode",
+    "append_format",
+    "encoding_named",
+    "is_rate",
     "parse_format",
     "ulaw_decode",
     "ulaw_encode",
 ]
 
 _Samples = npt.NDArray[np.int32]
-_Codes = npt.NDArray[np.uint8]
+_Audio = npt.NDArray[np.float32]
 
-#: The conversation core's rate: GA ``audio/pcm`` supports 24 kHz only.
-_PCM_RATE: Final = 24000
-#: G.711's rate.
+#: The rates a format may have (the seed's bounds).
+MIN_RATE: Final = 8000
+MAX_RATE: Final = 192000
+#: G.711's own rate, and the rate of a G.711 format that names none.
 _G711_RATE: Final = 8000
-_RATIO: Final = _PCM_RATE // _G711_RATE
+_RATIO: Final = PCM_RATE // _G711_RATE
 _PCM_SAMPLE_BYTES: Final = 2
+_SCALE: Final = 32768.0
 
 
-class AudioFormat(enum.Enum):
-    """A session direction's audio format, named by its GA ``type``."""
+class Encoding(enum.Enum):
+    """How a format's samples are written, named by its GA-shaped ``type``."""
 
-    PCM24K = "audio/pcm"
+    PCM16 = "audio/pcm"
     PCMU = "audio/pcmu"
     PCMA = "audio/pcma"
-
-    @property
-    def rate(self) -> int:
-        """Samples a second."""
-        return _PCM_RATE if self is AudioFormat.PCM24K else _G711_RATE
+    PCM_F32LE = "audio/pcm_f32le"
 
     @property
     def bytes_per_sample(self) -> int:
         """Bytes one sample takes on the wire."""
-        return _PCM_SAMPLE_BYTES if self is AudioFormat.PCM24K else 1
+        return _SAMPLE_BYTES[self]
 
     @property
-    def bytes_per_ms(self) -> int:
+    def default_rate(self) -> int:
+        """The rate of a format of this encoding that names none (GA's: 24 kHz, G.711 8 kHz)."""
+        return _G711_RATE if self in _G711 else PCM_RATE
+
+
+_SAMPLE_BYTES: Final = {Encoding.PCM16: 2, Encoding.PCMU: 1, Encoding.PCMA: 1,
+                        Encoding.PCM_F32LE: 4}
+_G711: Final = frozenset({Encoding.PCMU, Encoding.PCMA})
+
+# Every name a client may give an encoding (lower-cased first): GA's types, the seed's names
+# and the spellings its codec reads. `wav` (whole files per delta) is none of them.
+_NAMES: Final[Mapping[str, Encoding]] = {
+    **dict.fromkeys(("audio/pcm", "pcm", "audio/pcm16", "pcm16", "pcm_s16le", "s16le"),
+                    Encoding.PCM16),
+    **dict.fromkeys(("audio/pcm_f32le", "pcm_f32le", "f32le"), Encoding.PCM_F32LE),
+    **dict.fromkeys(("audio/pcmu", "audio/g711_ulaw", "g711_ulaw", "g711-ulaw", "ulaw",
+                     "mulaw"), Encoding.PCMU),
+    **dict.fromkeys(("audio/pcma", "audio/g711_alaw", "g711_alaw", "g711-alaw", "alaw"),
+                    Encoding.PCMA),
+}
+_ACCEPTED: Final = "pcm16, pcm_f32le, g711_ulaw, g711_alaw (or audio/pcm, audio/pcm_f32le, " \
+                   "audio/pcmu, audio/pcma)"
+
+
+@dataclass(frozen=True, slots=True)
+class AudioFormat:
+    """One direction's format: an encoding at a rate (mono, little-endian)."""
+
+    encoding: Encoding
+    rate: int
+
+    #: GA's ``audio/pcm`` (24 kHz), ``audio/pcmu`` and ``audio/pcma`` (8 kHz).
+    PCM24K: ClassVar[AudioFormat]
+    PCMU: ClassVar[AudioFormat]
+    PCMA: ClassVar[AudioFormat]
+
+    @property
+    def value(self) -> str:
+        """The GA-shaped ``type`` of its encoding."""
+        return self.encoding.value
+
+    @property
+    def bytes_per_sample(self) -> int:
+        """Bytes one sample takes on the wire."""
+        return self.encoding.bytes_per_sample
+
+    @property
+    def bytes_per_ms(self) -> float:
         """Bytes one millisecond takes on the wire (48 for pcm16 24 kHz, 8 for G.711)."""
-        return self.rate // 1000 * self.bytes_per_sample
+        return self.rate * self.bytes_per_sample / 1000
 
     def as_object(self) -> dict[str, Any]:
-        """The effective GA format object (a new dict each call, for the session object)."""
-        if self is AudioFormat.PCM24K:
-            return {"type": self.value, "rate": _PCM_RATE}
-        return {"type": self.value}
+        """The effective format object (a new dict each call, for the session object): GA's
+        own for GA's formats, which give G.711 no rate."""
+        if self.encoding in _G711 and self.rate == _G711_RATE:
+            return {"type": self.value}
+        return {"type": self.value, "rate": self.rate}
+
+
+AudioFormat.PCM24K = AudioFormat(Encoding.PCM16, PCM_RATE)
+AudioFormat.PCMU = AudioFormat(Encoding.PCMU, _G711_RATE)
+AudioFormat.PCMA = AudioFormat(Encoding.PCMA, _G711_RATE)
 
 
 # --------------------------------------------------------------------------- parsing
 
-# The keys GA's format objects have, by type (the SDK's `RealtimeAudioFormats`). Every key
-# is optional there; `type` is required here, since without it nothing says what the bytes are.
-_KEYS: Final[Mapping[str, frozenset[str]]] = {
-    AudioFormat.PCM24K.value: frozenset({"type", "rate"}),
-    AudioFormat.PCMU.value: frozenset({"type"}),
-    AudioFormat.PCMA.value: frozenset({"type"}),
-}
-_TYPES: Final = ", ".join(sorted(_KEYS))
+
+def encoding_named(name: Any) -> Encoding | None:
+    """The encoding a client's name means (any case), or None for none the worker takes."""
+    return _NAMES.get(name.lower()) if isinstance(name, str) else None
+
+
+def is_rate(value: Any) -> bool:
+    """Whether ``value`` is a rate a format may have: a whole number of Hz in range."""
+    # `type` rather than isinstance: `True` is an int, and never a rate. 24000.0 is what some
+    # JSON encoders write for 24000.
+    # The range comes first: it rules out inf and nan, which int() cannot take.
+    return (type(value) in (int, float) and MIN_RATE <= value <= MAX_RATE
+            and value == int(value))
+
+
+# The keys a format object may have: GA's `type` and `rate`, and the seed's spellings of the
+# rate.
+_RATE_KEYS: Final = ("rate", "sample_rate_hz", "sample_rate")
 
 
 def parse_format(value: Any, param: str) -> AudioFormat | Refusal:
-    """Read a GA audio format object, as ``session.audio.{input,output}.format`` carries it.
+    """Read a format object, as ``session.audio.{input,output}.format`` carries it.
 
-    Accepted: ``{"type": "audio/pcm"}`` with an optional ``"rate": 24000``,
-    ``{"type": "audio/pcmu"}`` and ``{"type": "audio/pcma"}``. A ``null`` rate counts as
-    absent (a pydantic ``model_dump()`` of the SDK's ``AudioPCM`` sends one).
+    Accepted: ``{"type": T}`` with an optional ``"rate": R`` (the seed also writes
+    ``sample_rate_hz``), where ``T`` names an encoding (``audio/pcm``, ``audio/pcm_f32le``,
+    ``audio/pcmu``, ``audio/pcma`` or a seed name) and ``R`` is a whole number of Hz from
+    :data:`MIN_RATE` to :data:`MAX_RATE`. A ``null`` rate counts as absent (a pydantic
+    ``model_dump()`` of the SDK's ``AudioPCM`` sends one): the encoding's default rate.
 
     Args:
         value: the client's value, untrusted.
@@ -122,123 +204,59 @@ def parse_format(value: Any, param: str) -> AudioFormat | Refusal:
     if not isinstance(value, Mapping):
         return _refusal(param, f"expected a format object, got {describe(value)}")
     kind = value.get("type")
-    if not isinstance(kind, str) or kind not in _KEYS:
-        return _refusal(f"{param}.type", f"unsupported type {describe(kind)}: use one of {_TYPES}")
-    for key in value:
-        if key not in _KEYS[kind]:
+    encoding = encoding_named(kind)
+    if encoding is None:
+        return _refusal(f"{param}.type", f"unsupported type {describe(kind)}: use one of "
+                                         f"{_ACCEPTED}")
+    rate: Any = None
+    for key, given in value.items():
+        if key != "type" and key not in _RATE_KEYS:
             return _refusal(f"{param}.{key}", f"{kind} takes no {describe(key)}")
-    rate = value.get("rate")
-    if rate is not None and not _is_pcm_rate(rate):
-        return _refusal(f"{param}.rate",
-                        f"unsupported rate {describe(rate)}: {kind} is {_PCM_RATE} Hz only")
-    return AudioFormat(kind)
+        if key in _RATE_KEYS and given is not None:
+            if not is_rate(given):
+                return _refusal(f"{param}.{key}",
+                                f"unsupported rate {describe(given)}: a whole number of Hz "
+                                f"from {MIN_RATE} to {MAX_RATE}")
+            rate = rate or int(given)
+    return AudioFormat(encoding, rate or encoding.default_rate)
 
 
-def _is_pcm_rate(rate: Any) -> bool:
-    # `type` rather than isinstance: `True` is an int, and never a rate. 24000.0 is what some
-    # JSON encoders write for 24000.
-    return type(rate) in (int, float) and rate == _PCM_RATE
+def append_format(name: str | None, rate: int | None,
+                  session: AudioFormat) -> AudioFormat | Refusal:
+    """The format of one append: its own ``format`` and ``sample_rate_hz``, each falling back
+    to the session's input format.
+
+    A named encoding other than the session's, with no rate, takes G.711's 8 kHz for G.711
+    and the session's rate otherwise (the seed's rule for linear encodings).
+
+    Returns:
+        The format, or the seed's refusal: ``unsupported_audio_format`` for a name it does
+        not take, ``bad_event`` for a rate out of range.
+    """
+    encoding = session.encoding
+    if name is not None:
+        named = encoding_named(name)
+        if named is None:
+            return Refusal(code=RefusalCode.UNSUPPORTED_AUDIO_FORMAT, param="format",
+                           message=f"unsupported input audio format {describe(name)}: use "
+                                   f"one of {_ACCEPTED}")
+        encoding = named
+    if rate is not None:
+        if not is_rate(rate):
+            return Refusal(code=RefusalCode.BAD_EVENT, param="sample_rate_hz",
+                           message=f"sample_rate_hz must be a whole number of Hz from "
+                                   f"{MIN_RATE} to {MAX_RATE}, got {describe(rate)}")
+        return AudioFormat(encoding, int(rate))
+    if encoding is session.encoding or encoding not in _G711:
+        return AudioFormat(encoding, session.rate)
+    return AudioFormat(encoding, _G711_RATE)
 
 
 def _refusal(param: str, message: str) -> Refusal:
     return Refusal(code=RefusalCode.UNSUPPORTED_AUDIO_FORMAT, message=message, param=param)
 
 
-# --------------------------------------------------------------------------- G.711
-
-#: Every pcm16 value, in the order of its bit pattern read as uint16 (the encode tables' index).
-_EVERY_PCM16: Final[_Samples] = np.arange(1 << 16, dtype=np.uint16).view(np.int16).astype(np.int32)
-_EVERY_CODE: Final[_Samples] = np.arange(256, dtype=np.int32)
-
-# mu-law: 14-bit magnitudes, biased by 33 so that every segment starts at a power of two.
-_ULAW_BIAS: Final = 33
-_ULAW_MAX: Final = 0x1FFF
-_ULAW_SEGMENT_ENDS: Final = np.array([0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF, 0x1FFF])
-# A-law: 13-bit magnitudes; the two lowest segments share one step size.
-_ALAW_SEGMENT_ENDS: Final = np.array([0x1F, 0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF])
-# A-law inverts the even bits of every code (and mu-law all of them) so that silence, the
-# commonest value, is not a run of zero bits on a line.
-_ALAW_EVEN_BITS: Final = 0x55
-
-
-def _ulaw_codes(pcm: _Samples) -> _Codes:
-    """The G.711 mu-law code of each pcm16 value."""
-    scaled = pcm >> 2
-    negative = scaled < 0
-    magnitude = np.minimum(np.abs(scaled) + _ULAW_BIAS, _ULAW_MAX)
-    segment = np.searchsorted(_ULAW_SEGMENT_ENDS, magnitude)
-    mantissa = (magnitude >> (segment + 1)) & 0xF
-    sign = np.where(negative, 0x80, 0)  # before the complement: mu-law inverts every bit
-    codes: _Codes = (~(sign | (segment << 4) | mantissa) & 0xFF).astype(np.uint8)
-    return codes
-
-
-def _ulaw_levels(codes: _Samples) -> npt.NDArray[np.int16]:
-    """The pcm16 reconstruction level of each mu-law code."""
-    bits = ~codes & 0xFF
-    segment = (bits >> 4) & 0x7
-    magnitude = ((((bits & 0xF) << 3) + (_ULAW_BIAS << 2)) << segment) - (_ULAW_BIAS << 2)
-    levels: npt.NDArray[np.int16] = np.where(bits & 0x80, -magnitude, magnitude).astype(np.int16)
-    return levels
-
-
-def _alaw_codes(pcm: _Samples) -> _Codes:
-    """The G.711 A-law code of each pcm16 value."""
-    scaled = pcm >> 3
-    negative = scaled < 0
-    # Negative values are coded by their ones' complement, so -8..-1 take the lowest negative
-    # step as 0..7 take the lowest positive one: A-law has no level at zero.
-    magnitude = np.where(negative, -scaled - 1, scaled)
-    segment = np.searchsorted(_ALAW_SEGMENT_ENDS, magnitude)
-    mantissa = (magnitude >> np.maximum(segment, 1)) & 0xF
-    sign = np.where(negative, 0, 0x80)
-    codes: _Codes = ((sign | (segment << 4) | mantissa) ^ _ALAW_EVEN_BITS).astype(np.uint8)
-    return codes
-
-
-def _alaw_levels(codes: _Samples) -> npt.NDArray[np.int16]:
-    """The pcm16 reconstruction level of each A-law code."""
-    bits = codes ^ _ALAW_EVEN_BITS
-    segment = (bits >> 4) & 0x7
-    # Each level sits in the middle of its step: half a step (8, in pcm16 units) above the
-    # step's start; segments 1..7 start at 256 << (segment - 1).
-    steps = ((bits & 0xF) << 4) + np.where(segment == 0, 8, 0x108)
-    magnitude = steps << np.maximum(segment - 1, 0)
-    levels: npt.NDArray[np.int16] = np.where(bits & 0x80, magnitude, -magnitude).astype(np.int16)
-    return levels
-
-
-_ULAW_ENCODE: Final = _ulaw_codes(_EVERY_PCM16)
-_ALAW_ENCODE: Final = _alaw_codes(_EVERY_PCM16)
-_ULAW_DECODE: Final = _ulaw_levels(_EVERY_CODE).astype("<i2")
-_ALAW_DECODE: Final = _alaw_levels(_EVERY_CODE).astype("<i2")
-
-
-def ulaw_encode(pcm16: bytes) -> bytes:
-    """G.711 mu-law codes of pcm16 LE samples (an even number of bytes)."""
-    return _compand(pcm16, _ULAW_ENCODE)
-
-
-def ulaw_decode(codes: bytes) -> bytes:
-    """pcm16 LE samples of G.711 mu-law codes."""
-    return bytes(_ULAW_DECODE[np.frombuffer(codes, dtype=np.uint8)].tobytes())
-
-
-def alaw_encode(pcm16: bytes) -> bytes:
-    """G.711 A-law codes of pcm16 LE samples (an even number of bytes)."""
-    return _compand(pcm16, _ALAW_ENCODE)
-
-
-def alaw_decode(codes: bytes) -> bytes:
-    """pcm16 LE samples of G.711 A-law codes."""
-    return bytes(_ALAW_DECODE[np.frombuffer(codes, dtype=np.uint8)].tobytes())
-
-
-def _compand(pcm16: bytes, table: _Codes) -> bytes:
-    return bytes(table[np.frombuffer(pcm16, dtype="<u2")].tobytes())
-
-
-# --------------------------------------------------------------------------- resampling
+# --------------------------------------------------------------------------- G.711 at 8 kHz
 
 
 def _third(total: _Samples) -> _Samples:
@@ -264,46 +282,68 @@ def _downsample(samples: _Samples) -> _Samples:
 
 # --------------------------------------------------------------------------- sessions
 
-_DECODE: Final = {AudioFormat.PCMU: _ULAW_DECODE, AudioFormat.PCMA: _ALAW_DECODE}
-_ENCODE: Final = {AudioFormat.PCMU: _ULAW_ENCODE, AudioFormat.PCMA: _ALAW_ENCODE}
+_DECODE: Final = {Encoding.PCMU: ULAW_DECODE, Encoding.PCMA: ALAW_DECODE}
+_ENCODE: Final = {Encoding.PCMU: ULAW_ENCODE, Encoding.PCMA: ALAW_ENCODE}
 #: pcm16 24 kHz bytes that make one 8 kHz sample.
 _GROUP_BYTES: Final = _RATIO * _PCM_SAMPLE_BYTES
+
+
+def _g711_8k(fmt: AudioFormat) -> bool:
+    return fmt.encoding in _G711 and fmt.rate == _G711_RATE
+
+
+def _floats(data: bytes, encoding: Encoding) -> _Audio:
+    """Whole samples of ``encoding`` as float32 in [-1, 1) (pcm16's scale)."""
+    if encoding is Encoding.PCM_F32LE:
+        return np.frombuffer(data, dtype="<f4").astype(np.float32)
+    if encoding in _G711:
+        levels = _DECODE[encoding][np.frombuffer(data, dtype=np.uint8)]
+        return (levels.astype(np.float32) / _SCALE).astype(np.float32)
+    return (np.frombuffer(data, dtype="<i2").astype(np.float32) / _SCALE).astype(np.float32)
 
 
 class InputDecoder:
     """One session's client audio, chunk by chunk, as pcm16 LE mono 24 kHz.
 
-    For G.711, every input byte gives exactly three output samples (six bytes), whatever the
-    chunking, so the caller's byte accounting stays exact. For ``audio/pcm`` the chunk itself
-    is returned, not a copy, and is not looked into: an odd-length chunk comes back odd (the
-    caller refuses those before they get here; this module does not guess a half sample).
+    Chunks must be whole samples of the format (the caller refuses others: this module does
+    not guess a part of a sample). For ``audio/pcm`` at 24 kHz the chunk itself is returned,
+    not a copy. For G.711 at 8 kHz every input byte gives exactly three output samples.
     """
 
-    __slots__ = ("_format", "_previous")
+    __slots__ = ("_g711_8k", "_previous", "_resampler", "format", "identity", "sample_bytes")
 
     def __init__(self, fmt: AudioFormat) -> None:
-        """Decode from ``fmt``, the session's ``audio.input.format``."""
-        self._format = fmt
-        self._previous = 0  # the last 8 kHz sample decoded: the next one interpolates from it
+        """Decode from ``fmt``, the session's (or an append's) input format."""
+        #: The client's format (an attribute, not a property: read on every append).
+        self.format = fmt
+        #: Whether chunks come back as they are (``audio/pcm`` at 24 kHz).
+        self.identity = fmt == AudioFormat.PCM24K
+        #: Bytes one sample of the format takes: a chunk is whole samples.
+        self.sample_bytes = fmt.bytes_per_sample
+        self._g711_8k = _g711_8k(fmt)
+        self._previous = 0  # G.711 8 kHz: the last sample decoded, the next interpolates from
+        self._resampler = (None if fmt.rate == PCM_RATE or self._g711_8k
+                           else SincResampler(fmt.rate, PCM_RATE))
 
     @property
-    def format(self) -> AudioFormat:
-        """The client's format."""
-        return self._format
-
-    @property
-    def bytes_per_ms(self) -> int:
+    def bytes_per_ms(self) -> float:
         """Client bytes one millisecond takes (8 for G.711, 48 for pcm16 24 kHz)."""
-        return self._format.bytes_per_ms
+        return self.format.bytes_per_ms
 
     def decode(self, data: bytes) -> bytes:
         """The pcm16 24 kHz samples of the client's next chunk."""
-        if self._format is AudioFormat.PCM24K or not data:
+        if self.identity or not data:
             return data
-        levels = _DECODE[self._format][np.frombuffer(data, dtype=np.uint8)].astype(np.int32)
-        out = _upsample(levels, self._previous)
-        self._previous = int(levels[-1])
-        return bytes(out.astype("<i2").tobytes())
+        if self._g711_8k:
+            levels = _DECODE[self.format.encoding][np.frombuffer(data, dtype=np.uint8)]
+            wide = levels.astype(np.int32)
+            out = _upsample(wide, self._previous)
+            self._previous = int(wide[-1])
+            return bytes(out.astype("<i2").tobytes())
+        audio = _floats(data, self.format.encoding)
+        if self._resampler is not None:
+            audio = self._resampler.process(audio)
+        return float_to_pcm16(audio)
 
     def reset(self) -> None:
         """Forget the carried sample (the input buffer was cleared or committed)."""
@@ -313,17 +353,21 @@ class InputDecoder:
 class OutputEncoder:
     """One session's output deltas, pcm16 LE mono 24 kHz in, the client's format out.
 
-    For G.711 each three input samples give one code byte; up to two samples (and an odd
-    byte) wait for the next delta, so deltas split anywhere, even inside a sample, give the
-    same codes as one delta. For ``audio/pcm`` the delta itself is returned, not a copy.
+    Deltas split anywhere, even inside a sample, give the same bytes as one delta: an odd
+    byte waits for the next delta, and so do up to two samples for G.711 at 8 kHz. For
+    ``audio/pcm`` at 24 kHz the delta itself is returned, not a copy.
     """
 
-    __slots__ = ("_format", "_pending")
+    __slots__ = ("_format", "_g711_8k", "_identity", "_pending", "_resampler")
 
     def __init__(self, fmt: AudioFormat) -> None:
-        """Encode to ``fmt``, the session's ``audio.output.format``."""
+        """Encode to ``fmt``, the session's (or one response's) output format."""
         self._format = fmt
-        self._pending = b""  # under one group's bytes, carried to the next delta
+        self._identity = fmt == AudioFormat.PCM24K
+        self._g711_8k = _g711_8k(fmt)
+        self._pending = b""  # under one sample (or one 8 kHz group), carried to the next delta
+        self._resampler = (None if fmt.rate == PCM_RATE or self._g711_8k
+                           else SincResampler(PCM_RATE, fmt.rate))
 
     @property
     def format(self) -> AudioFormat:
@@ -331,28 +375,40 @@ class OutputEncoder:
         return self._format
 
     @property
-    def bytes_per_ms(self) -> int:
+    def bytes_per_ms(self) -> float:
         """Client bytes one millisecond takes (8 for G.711, 48 for pcm16 24 kHz)."""
         return self._format.bytes_per_ms
 
     def encode(self, pcm24k: bytes) -> bytes:
         """The client's bytes for the next output delta (``b""`` while under one sample)."""
-        if self._format is AudioFormat.PCM24K:
+        if self._identity:
             return pcm24k
         data = self._pending + pcm24k if self._pending else pcm24k
-        whole = len(data) - len(data) % _GROUP_BYTES
+        group = _GROUP_BYTES if self._g711_8k else _PCM_SAMPLE_BYTES
+        whole = len(data) - len(data) % group
         self._pending = data[whole:]
         samples = np.frombuffer(data, dtype="<i2", count=whole // _PCM_SAMPLE_BYTES)
-        return self._compand(_downsample(samples.astype(np.int32)))
+        if self._g711_8k:
+            return self._compand(_downsample(samples.astype(np.int32)))
+        audio = (samples.astype(np.float32) / _SCALE).astype(np.float32)
+        if self._resampler is not None:
+            audio = self._resampler.process(audio)
+        if self._format.encoding is Encoding.PCM_F32LE:
+            return bytes(np.clip(audio, -1.0, 1.0).astype("<f4").tobytes())
+        pcm = float_to_pcm16(audio)
+        if self._format.encoding in _G711:
+            return self._compand(np.frombuffer(pcm, dtype="<i2").astype(np.int32))
+        return pcm
 
     def flush(self) -> bytes:
-        """The code of the last, partial group (the mean of its one or two samples), if any.
+        """For G.711 at 8 kHz, the code of the last, partial group (the mean of its one or two
+        samples), if any; nothing for other formats, whose carry is under one sample.
 
         At most one 8 kHz sample: call it at a response's end to send every sample the
         model made, or skip it and lose 125 us at most.
         """
         count = len(self._pending) // _PCM_SAMPLE_BYTES
-        if count == 0:
+        if count == 0 or not self._g711_8k:
             self._pending = b""
             return b""
         samples = np.frombuffer(self._pending, dtype="<i2", count=count).astype(np.int32)
@@ -365,4 +421,54 @@ class OutputEncoder:
         self._pending = b""
 
     def _compand(self, samples: _Samples) -> bytes:
-        return bytes(_ENCODE[self._format][samples.astype(np.int16).view(np.uint16)].tobytes())
+        table = _ENCODE[self._format.encoding]
+        return bytes(table[samples.astype(np.int16).view(np.uint16)].tobytes())
+
+
+class AppendDecoder:
+    """A session's appends as pcm16 24 kHz: each in its own format where it names one (the
+    seed's per-append ``format`` and ``sample_rate_hz``), else in the session's.
+
+    One :class:`InputDecoder` streams while the appends' format stays the same; another
+    format starts a new one (its filter starts from silence).
+    """
+
+    __slots__ = ("_decoder", "_session")
+
+    def __init__(self, session: AudioFormat) -> None:
+        """Decode appends that name no format from ``session``, the session's input format."""
+        self._session = session
+        self._decoder = InputDecoder(session)
+
+    def configure(self, session: AudioFormat) -> None:
+        """The session's input format is now ``session``."""
+        if session != self._session:  # the same one stays the same object: see decode
+            self._session = session
+
+    def decode(self, audio: bytes, name: str | None, rate: int | None) -> bytes | Refusal:
+        """The pcm16 24 kHz samples of one append, or why it is refused: the seed's
+        ``unsupported_audio_format`` and ``bad_event`` (see :func:`append_format`), and for
+        audio that ends inside a sample its ``bad_audio``, or GA's ``invalid_value`` where
+        the append is GA's (no format or rate of its own, in a GA ``audio/pcm`` session).
+        A refused append changes nothing: the stream stays aligned on whole samples."""
+        decoder = self._decoder
+        if (name is None and rate is None and decoder.format is self._session
+                and not len(audio) % decoder.sample_bytes):
+            # Every GA append: in the session's format, streaming on, in one call.
+            return audio if decoder.identity else decoder.decode(audio)
+        if not audio:
+            return audio
+        fmt = self._session if name is None and rate is None else append_format(
+            name, rate, self._session)
+        if isinstance(fmt, Refusal):
+            return fmt
+        if len(audio) % fmt.bytes_per_sample:
+            if name is None and rate is None and fmt == AudioFormat.PCM24K:
+                return BROKEN_SAMPLE
+            return Refusal(code=RefusalCode.BAD_AUDIO, param="audio",
+                           message=f"{fmt.encoding.name.lower()} audio must be whole "
+                                   f"{fmt.bytes_per_sample}-byte samples, got {len(audio)} "
+                                   "bytes")
+        if fmt != self._decoder.format:
+            self._decoder = InputDecoder(fmt)
+        return self._decoder.decode(audio)

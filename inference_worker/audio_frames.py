@@ -16,6 +16,7 @@ Pure: numpy only, no clock, no threads (the engine calls it from its model threa
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Final
@@ -156,19 +157,8 @@ class SincResampler:
         self.up = dst_rate // gcd
         self.down = src_rate // gcd
         self.taps = taps_per_phase
-        length = taps_per_phase * self.up
-        # Low-pass at 92% of the lower Nyquist, in cycles per sample of the upsampled signal.
-        cutoff = 0.46 / max(self.up, self.down)
-        #: The group delay in output samples, for whole-buffer use. The sinc is centred on a
-        #: multiple of ``down`` so that the delay is a whole number of output samples.
-        self.delay = round((length - 1) / 2 / self.down)
-        n = np.arange(length) - self.delay * self.down
-        h = np.sinc(2 * cutoff * n) * np.kaiser(length, 8.0)
-        h *= self.up / h.sum()
-        # bank[p, j] multiplies the window x[n0 - taps + 1 + j], for output phase p.
-        self._bank = np.ascontiguousarray(
-            h.reshape(taps_per_phase, self.up).T[:, ::-1], dtype=np.float32
-        )
+        #: The group delay in output samples, for whole-buffer use.
+        self.delay, self._bank = _filter_bank(self.up, self.down, taps_per_phase)
         self._history = np.zeros(taps_per_phase - 1, dtype=np.float32)
         self._consumed = 0
         self._produced = 0
@@ -177,6 +167,8 @@ class SincResampler:
         """Resample the next ``chunk``; returns every output sample it makes available."""
         if self.up == self.down:
             return chunk.astype(np.float32, copy=True)
+        if not len(chunk):  # nothing new: and the history alone is shorter than a window
+            return np.zeros(0, dtype=np.float32)
         buffer = np.concatenate([self._history, chunk.astype(np.float32, copy=False)])
         consumed = self._consumed + len(chunk)
         # Output m needs input n0 = m * down // up; produce every m whose n0 has arrived.
@@ -189,6 +181,28 @@ class SincResampler:
         self._history = buffer[len(buffer) - (self.taps - 1):].copy()
         self._consumed, self._produced = consumed, end
         return out.astype(np.float32, copy=False)
+
+
+@functools.lru_cache(maxsize=32)
+def _filter_bank(up: int, down: int, taps: int) -> tuple[int, Audio]:
+    """The group delay and the read-only polyphase bank of ``up / down`` resampling.
+
+    Cached: every session converting between the same two rates shares one bank, and a rate
+    pair with a large reduced ratio (44100 -> 24000 has 80 phases) is built once.
+    """
+    length = taps * up
+    # Low-pass at 92% of the lower Nyquist, in cycles per sample of the upsampled signal.
+    cutoff = 0.46 / max(up, down)
+    # The sinc is centred on a multiple of ``down`` so that the delay is a whole number of
+    # output samples.
+    delay = round((length - 1) / 2 / down)
+    n = np.arange(length) - delay * down
+    h = np.sinc(2 * cutoff * n) * np.kaiser(length, 8.0)
+    h *= up / h.sum()
+    # bank[p, j] multiplies the window x[n0 - taps + 1 + j], for output phase p.
+    bank = np.ascontiguousarray(h.reshape(taps, up).T[:, ::-1], dtype=np.float32)
+    bank.setflags(write=False)
+    return delay, bank
 
 
 def resample(pcm: Audio, src_rate: int, dst_rate: int) -> Audio:

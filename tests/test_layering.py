@@ -53,6 +53,7 @@ PURE = {
     "inference_worker/backends/loopback.py": _NO_IO,
     "inference_worker/audio_formats.py": _NO_TORCH,
     "inference_worker/audio_frames.py": _NO_TORCH,
+    "inference_worker/g711.py": _NO_TORCH,
     "inference_worker/untrusted.py": _NO_THREADS,
     "contract": _NO_IO,
     "store/formats.py": {"asyncio", "redis", "time"},

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from contract.messages import JsonObject
-from inference_worker.conversation.profiles import PCM_FORMAT
+from inference_worker.audio_formats import AudioFormat, encoding_named
 from inference_worker.conversation.refusals import Refusal, RefusalCode
 from inference_worker.conversation.session_schema import (
     TRANSCRIPTION,
@@ -36,6 +36,7 @@ BETA_PATHS: Final[Mapping[str, tuple[str, ...]]] = {
     "voice": VOICE,
     "input_audio_format": ("audio", "input", "format"),
     "output_audio_format": ("audio", "output", "format"),
+    "response_format": ("audio", "output", "format"),  # the seed's name for the same
     "turn_detection": TURN_DETECTION,
     "input_audio_transcription": TRANSCRIPTION,
     "input_audio_noise_reduction": ("audio", "input", "noise_reduction"),
@@ -43,10 +44,8 @@ BETA_PATHS: Final[Mapping[str, tuple[str, ...]]] = {
     "max_response_output_tokens": ("max_output_tokens",),
     "max_tokens": ("max_output_tokens",),  # the seed's DuplexSessionConfig spelling
 }
-# Beta's format names and their GA objects.
-_BETA_FORMATS: Final[Mapping[str, Mapping[str, Any]]] = {
-    "pcm16": PCM_FORMAT, "g711_ulaw": {"type": "audio/pcmu"}, "g711_alaw": {"type": "audio/pcma"},
-}
+# Beta's format names (the seed's too), for the refusal of another.
+_BETA_FORMATS: Final = "pcm16, g711_ulaw, g711_alaw, pcm_f32le"
 
 
 def param_name(path: tuple[str, ...], root: str = "session") -> str:
@@ -75,12 +74,16 @@ def _beta_value(key: str, value: Any, root: str) -> Any:
                            message=f"unsupported value {describe(value)}: a list of 'audio' "
                                    "and 'text'")
         return modalities
-    if key.endswith("_audio_format"):
-        if not (isinstance(value, str) and value in _BETA_FORMATS):
+    if key.endswith("_format"):
+        if isinstance(value, dict):  # the seed also takes a format object here
+            return value
+        encoding = encoding_named(value)
+        if encoding is None:
             return Refusal(code=RefusalCode.UNSUPPORTED_AUDIO_FORMAT, param=param,
                            message=f"unsupported format {describe(value)}: use one of "
-                                   f"{', '.join(_BETA_FORMATS)}")
-        return dict(_BETA_FORMATS[value])
+                                   f"{_BETA_FORMATS}")
+        # At the encoding's GA rate: the seed's rate keys, folded in next, may change it.
+        return AudioFormat(encoding, encoding.default_rate).as_object()
     return value
 
 

@@ -72,7 +72,7 @@ from typing import Any, Final, TypeAlias, assert_never
 
 from contract import messages as msg
 from contract.messages import JsonObject
-from inference_worker.audio_formats import AudioFormat, InputDecoder
+from inference_worker.audio_formats import AppendDecoder
 from inference_worker.audio_frames import FrameOutput
 from inference_worker.conversation.history import Conversation, ItemCommand
 from inference_worker.conversation.items import Item
@@ -82,7 +82,6 @@ from inference_worker.conversation.objects import CancelReason, ResponseStatus
 from inference_worker.conversation.playback import signalled_ack
 from inference_worker.conversation.profiles import BYTES_PER_SECOND, SessionProfile, default_session
 from inference_worker.conversation.refusals import (
-    BROKEN_SAMPLE,
     CREATE_WITHOUT_INPUT,
     TEXT_INPUT_REFUSAL,
     Refusal,
@@ -153,7 +152,8 @@ class ConversationCore:
                                     on_open=lambda: self._model_turns.complete(None),
                                     on_end=lambda: self._server_turns.response_ended())
         self._input = UserInput(keep=policy.keeps_turn_audio)
-        self._decoder = InputDecoder(AudioFormat.PCM24K)  # the client's audio -> pcm16 24 kHz
+        # The client's audio -> pcm16 24 kHz.
+        self._decoder = AppendDecoder(self._conversation.input_format)
         self._timeline = InputTimeline(detector)
         self._model_turns = ModelTurns(self._conversation, self._responses, self._input,
                                        self._timeline)
@@ -263,10 +263,8 @@ class ConversationCore:
         if refusal is not None:
             self._refuse(command.event_id, refusal)
             return
-        before = self._conversation.input_format
         self._conversation.config = self._patched(command.session)
-        if self._conversation.input_format is not before:
-            self._decoder = InputDecoder(self._conversation.input_format)
+        self._decoder.configure(self._conversation.input_format)
         if not self._policy.model_detects_speech:
             self._timeline.configure(turn_detection_of(self._config))
         slot_config = self._seed.applied(command.session, self._config)
@@ -276,8 +274,9 @@ class ConversationCore:
         self._conversation.session_updated()
 
     def _append(self, command: msg.AppendAudio, now: float) -> None:
-        if len(command.audio) % 2 and self._conversation.input_format is AudioFormat.PCM24K:
-            self._refuse(command.event_id, BROKEN_SAMPLE)  # and the buffer stays aligned
+        audio = self._decoder.decode(command.audio, command.format, command.sample_rate_hz)
+        if isinstance(audio, Refusal):
+            self._refuse(command.event_id, audio)
             return
         video: tuple[bytes, ...] = ()
         if command.video_frames:  # most appends carry none: no call for them
@@ -285,7 +284,6 @@ class ConversationCore:
                                                with_audio=bool(command.audio))
             if refusal is not None:
                 self._refuse(command.event_id, refusal)
-        audio = self._decoder.decode(command.audio)  # G.711 becomes pcm16 24 kHz here
         if not audio:
             return  # nothing to buffer or hear
         if not self._heard_input:

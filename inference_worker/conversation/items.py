@@ -225,9 +225,9 @@ def _audio(value: Any, param: str, fmt: AudioFormat) -> bytes | Refusal:
         audio = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         return Refusal(code=RefusalCode.INVALID_VALUE, param=param, message="not base64")
-    if fmt is AudioFormat.PCM24K and len(audio) % 2:
+    if len(audio) % fmt.bytes_per_sample:
         return Refusal(code=RefusalCode.INVALID_VALUE, param=param,
-                       message="pcm16 audio must be whole 2-byte samples")
+                       message=f"audio must be whole {fmt.bytes_per_sample}-byte samples")
     return InputDecoder(fmt).decode(audio)
 
 

@@ -19,7 +19,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from contract.messages import JsonObject
-from inference_worker.audio_formats import AudioFormat
+from inference_worker.audio_formats import Encoding
 from inference_worker.conversation.refusals import Refusal, RefusalCode
 from inference_worker.conversation.seed_settings import APPLIES_ALL, ConfigSupport
 from inference_worker.conversation.session_schema import is_bool, is_int
@@ -88,8 +88,8 @@ class SessionProfile:
             ``audio.input.transcription.model`` once a client turns transcription on; None:
             nothing does, and ``transcription`` stays ``null`` whatever the client asks.
         extra_body: its extension knobs (``session.extra_body``), by name.
-        audio_formats: the formats its sessions take, in each direction (every one by
-            default: the conversation core converts G.711 at its edge, so the model only ever
+        audio_formats: the encodings its sessions take, in each direction, at any rate (every
+            one by default: the conversation core converts at its edge, so the model only ever
             sees pcm16 24 kHz).
         fixed_response_options: the ``response.create`` options it cannot set per response
             (a model-native backend answers from what it heard); asking one for a value other
@@ -112,7 +112,7 @@ class SessionProfile:
     transcription_model: str | None = None
     extra_body: Mapping[str, ExtraSetting] = field(
         default_factory=lambda: MappingProxyType({}))
-    audio_formats: frozenset[AudioFormat] = frozenset(AudioFormat)
+    audio_formats: frozenset[Encoding] = frozenset(Encoding)
     turn_detection: Mapping[str, Any] | None = None
     default_turn_detection: Mapping[str, Any] | None = None
     fixed_response_options: frozenset[str] = frozenset()

@@ -44,6 +44,9 @@ class RefusalCode(StrEnum):
     REF_AUDIO_REQUIRED = "ref_audio_required"
     REF_AUDIO_UPDATE_UNSUPPORTED = "ref_audio_update_unsupported"
     TEXT_ONLY_TURN_UNSUPPORTED = "text_only_turn_unsupported"
+    # Audio the seed's codes name: samples cut short, a rate out of range.
+    BAD_AUDIO = "bad_audio"
+    BAD_EVENT = "bad_event"
     # The conversation's state.
     INPUT_AUDIO_BUFFER_COMMIT_EMPTY = "input_audio_buffer_commit_empty"
     CONVERSATION_ALREADY_HAS_ACTIVE_RESPONSE = "conversation_already_has_active_response"

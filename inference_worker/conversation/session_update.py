@@ -44,6 +44,7 @@ from inference_worker.audio_formats import AudioFormat, parse_format
 from inference_worker.conversation.beta import BETA_PATHS, param_name, renamed_refusal, to_ga
 from inference_worker.conversation.profiles import IDLE_TIMEOUT_MS_RANGE, LOOPBACK, SessionProfile
 from inference_worker.conversation.refusals import Refusal, RefusalCode
+from inference_worker.conversation.seed_audio import fold_rates
 from inference_worker.conversation.session_schema import (
     CONTAINERS,
     EXTRA,
@@ -123,9 +124,9 @@ def format_refusal(value: Any, param: str, profile: SessionProfile) -> Refusal |
     parsed = parse_format(value, param)
     if isinstance(parsed, Refusal):
         return parsed
-    if parsed in profile.audio_formats:
+    if parsed.encoding in profile.audio_formats:
         return None
-    takes = ", ".join(sorted(fmt.value for fmt in profile.audio_formats))
+    takes = ", ".join(sorted(encoding.value for encoding in profile.audio_formats))
     return Refusal(code=RefusalCode.UNSUPPORTED_AUDIO_FORMAT, param=param,
                    message=f"this model takes {takes} only, not {parsed.value}")
 
@@ -229,7 +230,10 @@ def check_session_patch(patch: JsonObject, current: JsonObject,
     mapped = to_ga(patch, BETA_PATHS, "session")
     if isinstance(mapped, Refusal):
         return mapped
-    ga, renamed = mapped
+    folded = fold_rates(mapped[0], current)
+    if isinstance(folded, Refusal):
+        return folded
+    ga, renamed = folded, mapped[1]
     refusal = (_check_level(ga, (), profile) or _model_refusal(ga, current, profile)
                or modality_refusal(ga, profile, "session"))
     if refusal is None and profile.coherence is not None:
@@ -263,9 +267,10 @@ def apply_session_patch(patch: JsonObject, current: JsonObject,
         ValueError: ``patch`` has a beta value that maps to nothing (it was not accepted).
     """
     mapped = to_ga(patch, BETA_PATHS, "session")
-    if isinstance(mapped, Refusal):
-        raise ValueError(f"a refused patch cannot apply: {mapped.message}")
-    return _merged(mapped[0], current, profile)
+    ga = mapped if isinstance(mapped, Refusal) else fold_rates(mapped[0], current)
+    if isinstance(ga, Refusal):
+        raise ValueError(f"a refused patch cannot apply: {ga.message}")
+    return _merged(ga, current, profile)
 
 
 def _merged(ga: JsonObject, current: JsonObject, profile: SessionProfile) -> JsonObject:

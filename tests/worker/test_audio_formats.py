@@ -44,6 +44,7 @@ with warnings.catch_warnings():
 ROOT = Path(__file__).resolve().parents[2]
 PARAM = "session.audio.input.format"
 G711 = (AudioFormat.PCMU, AudioFormat.PCMA)
+GA = (AudioFormat.PCM24K, *G711)
 EVERY_CODE = bytes(range(256))
 EVERY_PCM16 = np.arange(-32768, 32768, dtype="<i2").tobytes()
 SPLITS = settings(max_examples=150, deadline=None, database=None)
@@ -89,10 +90,10 @@ def pieces(data: bytes, cuts: list[int]) -> list[bytes]:
 ])
 def test_every_ga_shape_of_a_format_parses(value: Any, expected: AudioFormat) -> None:
     """Each GA format object, optional keys left out or null, parses to its format."""
-    assert parse_format(value, PARAM) is expected
+    assert parse_format(value, PARAM) == expected
 
 
-@pytest.mark.parametrize("fmt", list(AudioFormat))
+@pytest.mark.parametrize("fmt", GA)
 def test_the_effective_object_is_ga_and_parses_back(fmt: AudioFormat) -> None:
     """``as_object`` is the SDK's GA format type with every key it has, and parses to itself."""
     kind = {AudioFormat.PCM24K: AudioPCM, AudioFormat.PCMU: AudioPCMU,
@@ -100,7 +101,7 @@ def test_the_effective_object_is_ga_and_parses_back(fmt: AudioFormat) -> None:
     model = _SDK_FORMATS.validate_python(fmt.as_object(), strict=True)
     assert type(model) is kind
     assert model.model_dump() == fmt.as_object()
-    assert parse_format(fmt.as_object(), PARAM) is fmt
+    assert parse_format(fmt.as_object(), PARAM) == fmt
 
 
 def test_the_effective_object_is_a_fresh_copy() -> None:
@@ -120,15 +121,16 @@ def test_the_effective_object_is_a_fresh_copy() -> None:
     ({"type": None}, f"{PARAM}.type"),
     ({"type": 1}, f"{PARAM}.type"),
     ({"type": "audio/wav"}, f"{PARAM}.type"),
-    ({"type": "AUDIO/PCM"}, f"{PARAM}.type"),
-    ({"type": "audio/pcm", "rate": 16000}, f"{PARAM}.rate"),
-    ({"type": "audio/pcm", "rate": 8000}, f"{PARAM}.rate"),
     ({"type": "audio/pcm", "rate": "24000"}, f"{PARAM}.rate"),
     ({"type": "audio/pcm", "rate": True}, f"{PARAM}.rate"),
     ({"type": "audio/pcm", "rate": 24000.5}, f"{PARAM}.rate"),
+    ({"type": "audio/pcm", "rate": 7999}, f"{PARAM}.rate"),
+    ({"type": "audio/pcm", "rate": 192001}, f"{PARAM}.rate"),
+    ({"type": "audio/pcm", "rate": float("inf")}, f"{PARAM}.rate"),
+    ({"type": "audio/pcm", "rate": float("nan")}, f"{PARAM}.rate"),
+    ({"type": "audio/pcmu", "sample_rate_hz": 0}, f"{PARAM}.sample_rate_hz"),
+    ({"type": "wav"}, f"{PARAM}.type"),
     ({"type": "audio/pcm", "channels": 1}, f"{PARAM}.channels"),
-    ({"type": "audio/pcmu", "rate": 8000}, f"{PARAM}.rate"),
-    ({"type": "audio/pcma", "rate": None}, f"{PARAM}.rate"),
     ({"type": "audio/pcma", "law": "a"}, f"{PARAM}.law"),
 ])
 def test_a_bad_format_is_refused_naming_what_is_wrong(value: Any, param: str) -> None:

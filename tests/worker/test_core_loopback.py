@@ -167,7 +167,7 @@ def test_update_names_the_model_once_and_ignores_read_only_keys() -> None:
         ({"type": "transcription"}, "invalid_value", "session.type"),
         ({"audio": {"input": {"format": {"type": "audio/opus"}}}}, "unsupported_audio_format",
          "session.audio.input.format.type"),
-        ({"audio": {"output": {"format": {"type": "audio/pcm", "rate": 16000}}}},
+        ({"audio": {"output": {"format": {"type": "audio/pcm", "rate": 4000}}}},
          "unsupported_audio_format", "session.audio.output.format.rate"),
         ({"output_modalities": ["audio", "text"]}, "invalid_value", "session.output_modalities"),
         ({"audio": {"input": {"turn_detection": {"type": "server_vad", "idle_timeout_ms": 4999}}}},
