@@ -302,9 +302,9 @@ def test_full_turn_in_ga_order_at_real_time_pace() -> None:
     committed(runner, audio)
     runner.receive(msg.CreateResponse(response={"metadata": {"client_event_id": "lk"}}), T0)
     opening = drain(runner)
-    assert kinds(opening) == [*OPENING, "response.speak", "audio.delta"]
-    created, added, item_added, _item_created, part_added, speak, delta = opening
-    assert speak == msg.ResponseSpeak(response_id="resp_1", item_id="item_2", epoch=0)
+    assert kinds(opening) == [*OPENING, "audio.delta"]
+    created, added, item_added, _item_created, part_added, delta = opening
+    assert isinstance(delta, msg.AudioDelta) and delta.speak_epoch == 0
     assert isinstance(created, msg.ResponseCreated)
     assert created.response["status"] == "in_progress"
     assert created.response["output"] == []
@@ -403,12 +403,11 @@ def test_text_response_completes_at_once() -> None:
     committed(runner, pcm(100))
     runner.receive(msg.CreateResponse(response={"output_modalities": ["text"]}), T0)
     events = drain(runner)
-    # Nothing sounded in it: the seed's listen decision names it before its closing half.
-    assert kinds(events) == [*OPENING, "response.listen", *TEXT_CLOSING]
-    assert events[len(OPENING)] == msg.ResponseListen(
-        reason="model_turn_completed_without_output", epoch=0, response_id="resp_1")
+    # Nothing sounded in it: its response.done carries the seed's listen decision.
+    assert kinds(events) == [*OPENING, *TEXT_CLOSING]
     done = events[-2]
     assert isinstance(done, msg.ResponseDone)
+    assert (done.listen, done.listen_epoch) == ("model_turn_completed_without_output", 0)
     assert done.response["output"][0]["content"] == [{"type": "output_text", "text": ""}]
     assert runner.next_deadline() is None
 

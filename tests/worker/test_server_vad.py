@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from contract import messages as msg
-from gateway.protocol.render import render_event_any_dialect
+from gateway.protocol.render import render_event
 from inference_worker.audio_frames import FrameOutput
 from inference_worker.backends.fake import FakeBackend
 from inference_worker.backends.registry import frame_core, loopback_core
@@ -65,7 +65,7 @@ def drain(runner: ConversationCore) -> list[msg.Event]:
     events = runner.events_to_send()
     for n, event in enumerate(events):
         validate_strict(event)
-        validate_server_event(render_event_any_dialect(event, server_event_seq=n + 1,
+        validate_server_event(render_event(event, server_event_seq=n + 1,
                                                        event_id=f"e{n}"))
     return events
 
