@@ -285,6 +285,7 @@ class Conversation:
             listen: the seed's listen decision that ends it (it made no sound), taken in
                 ``listen_epoch``; its ``response.done`` carries both.
         """
+        self._speak_epoch = None  # a decision no delta carried ends with its response
         rid, iid, audio = response.id, response.item_id, response.audio
         part, content = content_part(audio), item_content(audio)
         if audio:
