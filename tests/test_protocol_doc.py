@@ -41,7 +41,7 @@ from gateway.protocol.actions import SendFrame
 from gateway.protocol.connection import ConnectionCore
 from gateway.protocol.dialect import Dialect
 from gateway.protocol.errors import ClientProtocolError, CloseCode, ErrorCode, InternalError
-from gateway.protocol.render_duplex import DuplexRenderer
+from gateway.protocol.render_duplex import DECISION_EVENT_TYPES, DuplexRenderer
 from inference_worker.conversation import session_schema
 from inference_worker.conversation.refusals import RefusalCode
 from tests.gateway.strict import validate_server_event
@@ -237,9 +237,9 @@ def _instance(cls: type[Any]) -> Any:
     return cls(**{f.name: _sample(hints[f.name]) for f in dataclasses.fields(cls)})
 
 
-def _delivered(event: m.Event, dialect: Dialect = Dialect.GA) -> dict[str, Any] | None:
+def _delivered(event: m.Event, dialect: Dialect = Dialect.GA) -> list[dict[str, Any]]:
     """What a client of ``dialect`` receives for ``event`` written to its session's log: the
-    real core (None: nothing, an event the dialect lacks)."""
+    real core (a duplex one: with the decision frames derived from it)."""
     core = ConnectionCore(max_frame_bytes=1 << 20, url_model="loopback", dialect=dialect)
     core.quiet_period_over()
     core.open_succeeded(SID, resume_token="token", generation=1, model="loopback",
@@ -247,19 +247,19 @@ def _delivered(event: m.Event, dialect: Dialect = Dialect.GA) -> dict[str, Any] 
     core.actions_to_run()
     core.receive_log_entries(1, [m.encode_message(event)])
     frames = [action.text for action in core.actions_to_run() if isinstance(action, SendFrame)]
-    assert len(frames) <= 1, f"{type(event).__name__} was delivered as {frames}"
-    return json.loads(frames[0]) if frames else None
+    assert frames, f"{type(event).__name__} was not delivered"
+    assert len(frames) == 1 or dialect is Dialect.DUPLEX, f"{type(event).__name__}: {frames}"
+    return [json.loads(frame) for frame in frames]
 
 
 def _all_rendered(dialect: Dialect = Dialect.GA) -> Iterator[dict[str, Any]]:
-    duplex = DuplexRenderer()
+    duplex = DuplexRenderer([])
     render_notice = render.render_notice if dialect is Dialect.GA else duplex.notice
     render_error = render.render_error if dialect is Dialect.GA else duplex.error
     for cls in typing.get_args(m.Event):
-        sent = _delivered(_instance(cls), dialect)
-        assert sent is not None or dialect is Dialect.GA, f"{cls.__name__} was not delivered"
-        if sent is not None:
-            yield sent
+        yield from _delivered(_instance(cls), dialect)
+    # A listen decision that ends a response names it.
+    yield from _delivered(m.ResponseDone(response={"id": "resp_1"}, listen="x"), dialect)
     for cls in typing.get_args(envelope.Notice):
         yield render_notice(_instance(cls), event_id="event_gw_1")
     yield render_error(ClientProtocolError(ErrorCode.INVALID_JSON, "x"), "event_gw_1")
@@ -563,10 +563,11 @@ def test_duplex_client_events_are_the_duplex_parsers_aliases() -> None:
 
 def test_duplex_only_events_are_the_listed_ones() -> None:
     """The events a duplex connection gets and a GA one never does are the renderer's
-    duplex-only set and the table's rows, with the fields it lists."""
+    decision frames and the table's rows, with the fields it lists (no server_event_seq:
+    they are derived from the event they ride, no log entries)."""
     ga, duplex = server_fields(), server_fields(Dialect.DUPLEX)
     only = set(duplex) - set(ga)
-    assert only == render.DUPLEX_ONLY_EVENT_TYPES == set(doc_table("duplex-only event"))
+    assert only == DECISION_EVENT_TYPES == set(doc_table("duplex-only event"))
     documented = fields_of("duplex-only event", "top-level fields")
     assert documented == {event_type: duplex[event_type] for event_type in only}
 
@@ -602,7 +603,7 @@ def test_a_seed_reason_is_the_documented_status_details_reason() -> None:
         seed_reason: str | None = None
 
     event = WithSeedReason(response={"id": "resp_1", "status": "cancelled"}, seed_reason="barge_in")
-    rendered = DuplexRenderer()._patches[m.ResponseDone]({}, event)
+    rendered = DuplexRenderer([])._patches[m.ResponseDone]({}, event)
     assert rendered["response"]["status_details"]["reason"] == "barge_in"
 
 

@@ -46,6 +46,11 @@ class InputCommitted:
     #: A silent commit (``is_speech: false``): the turn was silence, its audio dropped and no
     #: response follows (the seed's ``empty`` / ``no_response`` commit).
     silent: bool = False
+    #: The seed's listen decision this commit carries (``silence_or_noise``, ``model_listen``):
+    #: the turn gets no spoken answer; None when it may get one.
+    listen: str | None = None
+    #: The session's epoch at that decision (0 without one).
+    listen_epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -157,6 +162,11 @@ class ResponseDone:
     #: The seed's cancel reason where it differs from GA's ``status_details.reason``
     #: (``barge_in``, ``output_audio_buffer_clear``); None where the two agree.
     seed_reason: str | None = None
+    #: The seed's listen decision that ended this response
+    #: (``model_turn_completed_without_output``: it never made a sound); None otherwise.
+    listen: str | None = None
+    #: The session's epoch at that decision (0 without one).
+    listen_epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -213,6 +223,9 @@ class AudioDelta:
     output_index: int
     content_index: int
     audio: bytes
+    #: The seed's speak decision, on the response's first audible delta: the session's epoch
+    #: then; None on every other delta.
+    speak_epoch: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -385,29 +398,6 @@ class TurnEvent:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ResponseListen:
-    """The seed's listen decision: no spoken answer for this turn. With ``response_id`` it
-    ends that response (its ``response.done`` follows); without, it answers a turn that
-    opened none (a silent commit, a turn told to listen)."""
-
-    KIND: ClassVar[str] = "response.listen"
-    reason: str
-    epoch: int
-    response_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ResponseSpeak:
-    """The seed's speak decision: the response's model speaks; once per response, just
-    before its first audible output."""
-
-    KIND: ClassVar[str] = "response.speak"
-    response_id: str
-    item_id: str
-    epoch: int
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class SessionClosed:
     """Terminal: a deliberate end (client close, runtime failure, worker loss)."""
 
@@ -459,8 +449,6 @@ Event: TypeAlias = (
     | RateLimitsUpdated
     | PlaybackAcknowledged
     | TurnEvent
-    | ResponseListen
-    | ResponseSpeak
     | SessionClosed
     | SessionExpired
 )

@@ -66,7 +66,7 @@ from gateway.protocol.errors import (
 )
 from gateway.protocol.parse import parse_client_frame
 from gateway.protocol.render import encode_frame, render_error, render_event, render_notice
-from gateway.protocol.render_duplex import DuplexRenderer
+from gateway.protocol.render_duplex import DuplexRenderer, ExtraFrames
 from gateway.protocol.resume import REFUSALS, ResumeAnswer
 from gateway.protocol.retention import TIMER_S, DeliveredRetention
 from gateway.protocol.transitions import ConnectionState, Trigger
@@ -107,8 +107,9 @@ class ConnectionCore(OutputDelivery):
                  video: VideoBounds | None = None) -> None:
         self.state = ConnectionState.AWAITING_FIRST
         self.dialect = dialect
+        self._extra_frames: ExtraFrames = []
         if dialect is Dialect.DUPLEX:
-            renderer = DuplexRenderer()
+            renderer = DuplexRenderer(self._extra_frames)
             self._render_event, self._render_notice = renderer.event, renderer.notice
             self._render_error = renderer.error
         else:

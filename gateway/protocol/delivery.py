@@ -19,7 +19,7 @@ from contract.messages import MessageDecodeError, decode_event, is_terminal
 from gateway.protocol.actions import Action, CheckLogEnd, CloseConnection, FetchLog, SendFrame
 from gateway.protocol.envelope import Notice, ResyncRequiredNotice
 from gateway.protocol.errors import CloseCode, InternalError
-from gateway.protocol.render import EventNotInDialect, encode_frame
+from gateway.protocol.render import encode_frame
 from gateway.protocol.transitions import ConnectionState, Trigger, next_state
 
 __all__ = ["RETRY_LATER_REASONS", "OutputDelivery"]
@@ -40,6 +40,8 @@ class OutputDelivery:
     # The connection's dialect's renderers (render_event and render_notice's signatures).
     _render_event: Callable[..., dict[str, Any]]
     _render_notice: Callable[..., dict[str, Any]]
+    # Frames the duplex renderer derived from the event it rendered last: (before it, frame).
+    _extra_frames: list[tuple[bool, dict[str, Any]]]
 
     @property
     def delivered_seq(self) -> int:
@@ -132,12 +134,16 @@ class OutputDelivery:
             text = encode_frame(self._render_event(
                 event, server_event_seq=seq, event_id=f"event_{self.session_id[-12:]}_{seq}",
                 session_id=self.session_id))
-        except (MessageDecodeError, InternalError, EventNotInDialect):
+        except (MessageDecodeError, InternalError):
             # A corrupt or unencodable entry (NaN from a worker) is our fault, never the
             # client's; skipping it keeps the stream going (the seq still advances, so replay
-            # stays exact). An event the connection's dialect lacks is passed over the same way.
+            # stays exact).
+            self._extra_frames.clear()
             return True
-        self._actions.append(SendFrame(text=text, seq=seq))
+        if self._extra_frames:
+            self._send_extra(text, seq)
+        else:
+            self._actions.append(SendFrame(text=text, seq=seq))
         if is_terminal(event):
             reason = getattr(event, "reason", "")
             # A session its worker had no slot for ended before it began: open again later.
@@ -147,6 +153,21 @@ class OutputDelivery:
             self._move(Trigger.TERMINAL_EVENT)
             return False
         return True
+
+    def _send_extra(self, text: str, seq: int) -> None:
+        """The event's frame with the duplex decision frames derived from it around it; they
+        are no log entries, so carry no ``seq``."""
+        extra = list(self._extra_frames)
+        self._extra_frames.clear()
+        for before, frame in extra:
+            if before:
+                frame["event_id"] = self._next_event_id()
+                self._actions.append(SendFrame(text=encode_frame(frame)))
+        self._actions.append(SendFrame(text=text, seq=seq))
+        for before, frame in extra:
+            if not before:
+                frame["event_id"] = self._next_event_id()
+                self._actions.append(SendFrame(text=encode_frame(frame)))
 
     def _notice(self, notice: Notice) -> None:
         self._actions.append(SendFrame(text=encode_frame(self._render_notice(

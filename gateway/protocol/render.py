@@ -24,13 +24,10 @@ from gateway.protocol import envelope as env
 from gateway.protocol.errors import ClientProtocolError, ErrorCode, GatewayError, InternalError
 
 __all__ = [
-    "DUPLEX_ONLY_EVENT_TYPES",
-    "EventNotInDialect",
     "encode_frame",
     "public_session",
     "render_error",
     "render_event",
-    "render_event_any_dialect",
     "render_notice",
 ]
 
@@ -85,23 +82,6 @@ def _playback_acknowledged(e: m.PlaybackAcknowledged) -> JsonDict:
             "committed_ms": e.committed_ms, "playback": ledger}
 
 
-def _listen(e: m.ResponseListen) -> JsonDict:
-    # The seed's shape: a response object whose status is the decision, the reason in its
-    # metadata; the id only where the decision ends that response.
-    response: JsonDict = {"object": "realtime.response", "status": "listening",
-                          "metadata": {"reason": e.reason, "epoch": e.epoch}}
-    rendered: JsonDict = {"epoch": e.epoch, "response": response}
-    if e.response_id is not None:
-        response["id"] = e.response_id
-        rendered["response_id"] = e.response_id
-    return rendered
-
-
-def _speak(e: m.ResponseSpeak) -> JsonDict:
-    return {"response_id": e.response_id, "item_id": e.item_id, "output_index": 0,
-            "content_index": 0, "metadata": {"epoch": e.epoch, "model_speak": True}}
-
-
 # Every event addressed to one content part of one output item starts with these.
 _PART = ("response_id", "item_id", "output_index", "content_index")
 # And every event addressed to one function call output item.
@@ -151,31 +131,14 @@ _EVENT_RENDERERS: dict[type[Any], tuple[str, Callable[[Any], JsonDict]]] = {
     m.RateLimitsUpdated: ("rate_limits.updated", _copy("rate_limits")),
     m.PlaybackAcknowledged: ("playback.acknowledged", _playback_acknowledged),
     m.TurnEvent: ("turn.event", _copy("event", "turn_state", "payload", "epoch")),
-    m.ResponseListen: ("response.listen", _listen),
-    m.ResponseSpeak: ("response.speak", _speak),
     m.SessionClosed: ("session.closed", _copy("reason")),
     m.SessionExpired: ("session.expired", _copy("reason")),
 }
 
 # Our session-level extensions name their session, as the seed's do (seed_behaviour.md §3.1).
 _CARRIES_SESSION_ID = frozenset(
-    {"session.heartbeat_ack", "session.closed", "session.expired", "turn.event",
-     "response.listen"}
+    {"session.heartbeat_ack", "session.closed", "session.expired", "turn.event"}
 )
-
-#: Server event types that exist only in the seed's duplex dialect: GA connections never get
-#: them (:func:`render_event` raises :class:`EventNotInDialect`, and the event is skipped).
-DUPLEX_ONLY_EVENT_TYPES: frozenset[str] = frozenset({"response.listen", "response.speak"})
-
-# What a GA connection is sent: every renderer but the duplex-only ones.
-_GA_RENDERERS = {cls: entry for cls, entry in _EVENT_RENDERERS.items()
-                 if entry[0] not in DUPLEX_ONLY_EVENT_TYPES}
-
-
-class EventNotInDialect(Exception):
-    """The event has no form in the connection's dialect: it is not sent, and its
-    ``server_event_seq`` is passed over as if it had been."""
-
 
 def render_event(
     event: m.Event, *, server_event_seq: int, event_id: str, session_id: str | None = None
@@ -189,34 +152,15 @@ def render_event(
         event: the typed event.
         server_event_seq: its position in the session's output log (1, 2, 3, ...).
         event_id: the server ``event_id`` to stamp (unique per rendered event).
-        session_id: added to ``session.heartbeat_ack``/``.closed``/``.expired``, ``turn.event``
-            and ``response.listen`` when given.
+        session_id: added to ``session.heartbeat_ack``/``.closed``/``.expired`` and
+            ``turn.event`` when given.
 
     Returns:
         The event's JSON object, with ``type``, ``event_id`` and ``server_event_seq``.
 
     Raises:
-        EventNotInDialect: ``event`` exists only in the duplex dialect.
         InternalError: ``event`` is of a class without a renderer (a gateway bug).
     """
-    entry = _GA_RENDERERS.get(type(event))
-    if entry is None:
-        if type(event) in _EVENT_RENDERERS:
-            raise EventNotInDialect(_EVENT_RENDERERS[type(event)][0])
-        raise InternalError(f"no renderer for {type(event).__name__}")
-    wire_type, render = entry
-    rendered: JsonDict = {"type": wire_type, "event_id": event_id, **render(event)}
-    if session_id is not None and wire_type in _CARRIES_SESSION_ID:
-        rendered["session_id"] = session_id
-    rendered["server_event_seq"] = server_event_seq
-    return rendered
-
-
-def render_event_any_dialect(
-    event: m.Event, *, server_event_seq: int, event_id: str, session_id: str | None = None
-) -> JsonDict:
-    """:func:`render_event` for a connection of any dialect: duplex-only events included
-    (what differs in the duplex dialect is :mod:`gateway.protocol.render_duplex`'s part)."""
     entry = _EVENT_RENDERERS.get(type(event))
     if entry is None:
         raise InternalError(f"no renderer for {type(event).__name__}")

@@ -8,6 +8,12 @@ dialect"): its names (``attachment_generation``; the resync reasons and error co
 ``sample_rate_hz`` on every audio delta, the cancel reason it names) and its shapes
 (``playback.acknowledged`` nested under ``event``), plus the events only it has.
 
+The seed's listen and speak decisions ride events every dialect gets (a user item's commit,
+a ``response.done``, an audio delta): GA ignores them, so its ``server_event_seq`` numbers
+stay 1, 2, 3, ...; here each becomes a frame of its own (``response.listen``,
+``response.speak``), put into the connection's extra-frame list for the delivery code to
+send around the event's frame, without a ``server_event_seq`` (no log entry of its own).
+
 One :class:`DuplexRenderer` per connection: the audio deltas' format follows the session
 object the connection last announced or delivered, so the renderer keeps it.
 """
@@ -24,13 +30,22 @@ from gateway.protocol.dialect import SEED_RESYNC_REASONS, seed_error_code
 from gateway.protocol.errors import GatewayError
 from gateway.protocol.render import (
     render_error,
-    render_event_any_dialect,
+    render_event,
     render_notice,
 )
 
-__all__ = ["DEFAULT_OUTPUT_AUDIO", "DuplexRenderer", "output_audio_of"]
+__all__ = ["DECISION_EVENT_TYPES", "DEFAULT_OUTPUT_AUDIO", "DuplexRenderer", "ExtraFrames",
+           "output_audio_of"]
 
 JsonDict: TypeAlias = dict[str, Any]
+
+#: Frames derived from the event they ride: (whether it goes before that event's frame, the
+#: frame without its ``event_id``, which the sender stamps).
+ExtraFrames: TypeAlias = list[tuple[bool, JsonDict]]
+
+#: The server event types only the duplex dialect has: the seed's decisions, each a frame
+#: derived from the event it rides, never a log entry.
+DECISION_EVENT_TYPES: frozenset[str] = frozenset({"response.listen", "response.speak"})
 
 #: A session object that names no output format plays pcm16 at 24 kHz (GA's default).
 DEFAULT_OUTPUT_AUDIO = ("pcm16", 24000)
@@ -77,16 +92,23 @@ class DuplexRenderer:
     :func:`~gateway.protocol.render.render_notice` and
     :func:`~gateway.protocol.render.render_error`, so the connection core calls whichever
     dialect's without a branch.
+
+    Args:
+        extra: where the decision frames derived from an event go (see :data:`ExtraFrames`);
+            the sender empties it after each event.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, extra: ExtraFrames) -> None:
+        self._extra = extra
         self.audio_format, self.sample_rate_hz = DEFAULT_OUTPUT_AUDIO
         self._capabilities: JsonDict | None = None
+        self._session_id: str | None = None
         self._patches: dict[type[Any], Callable[[JsonDict, Any], JsonDict]] = {
             m.SessionUpdated: self._session_updated,
             m.AudioDelta: self._audio_delta,
             m.ResponseCreated: _response_created,
-            m.ResponseDone: _response_done,
+            m.ResponseDone: self._response_done,
+            m.InputCommitted: self._input_committed,
             m.PlaybackAcknowledged: _playback_acknowledged,
             m.ErrorEvent: _error_event,
         }
@@ -96,10 +118,13 @@ class DuplexRenderer:
     def event(self, event: m.Event, *, server_event_seq: int, event_id: str,
               session_id: str | None = None) -> JsonDict:
         """A worker event as the seed's server sends it."""
-        rendered = render_event_any_dialect(event, server_event_seq=server_event_seq,
-                                            event_id=event_id, session_id=session_id)
+        rendered = render_event(event, server_event_seq=server_event_seq,
+                                event_id=event_id, session_id=session_id)
         patch = self._patches.get(type(event))
-        return rendered if patch is None else patch(rendered, event)
+        if patch is None:
+            return rendered
+        self._session_id = session_id
+        return patch(rendered, event)
 
     def _session(self, session: Mapping[str, Any]) -> JsonDict:
         """The session object with the capabilities the connection knows inside it, and the
@@ -116,8 +141,36 @@ class DuplexRenderer:
         return rendered
 
     def _audio_delta(self, rendered: JsonDict, event: m.AudioDelta) -> JsonDict:
+        if event.speak_epoch is not None:
+            self._extra.append((True, _speak(event.response_id, event.item_id,
+                                             event.speak_epoch)))
         rendered["format"] = self.audio_format
         rendered["sample_rate_hz"] = self.sample_rate_hz
+        return rendered
+
+    def _input_committed(self, rendered: JsonDict, event: m.InputCommitted) -> JsonDict:
+        if event.listen is not None:
+            self._extra.append((False, self._listen(event.listen, event.listen_epoch, None)))
+        return rendered
+
+    def _response_done(self, rendered: JsonDict, event: m.ResponseDone) -> JsonDict:
+        if event.listen is not None:
+            self._extra.append((True, self._listen(event.listen, event.listen_epoch,
+                                                   event.response.get("id"))))
+        return _response_done(rendered, event)
+
+    def _listen(self, reason: str, epoch: int, response_id: str | None) -> JsonDict:
+        # The seed's shape: a response object whose status is the decision, the reason in its
+        # metadata; the id only where the decision ends that response.
+        response: JsonDict = {"object": "realtime.response", "status": "listening",
+                              "metadata": {"reason": reason, "epoch": epoch}}
+        rendered: JsonDict = {"type": "response.listen", "event_id": "", "epoch": epoch,
+                              "response": response}
+        if response_id is not None:
+            response["id"] = response_id
+            rendered["response_id"] = response_id
+        if self._session_id is not None:
+            rendered["session_id"] = self._session_id
         return rendered
 
     # ------------------------------------------------------------------ notices
@@ -143,6 +196,12 @@ class DuplexRenderer:
         rendered = render_error(error, event_id)
         rendered["error"] = _seed_error(rendered["error"])
         return rendered
+
+
+def _speak(response_id: str, item_id: str, epoch: int) -> JsonDict:
+    return {"type": "response.speak", "event_id": "", "response_id": response_id,
+            "item_id": item_id, "output_index": 0, "content_index": 0,
+            "metadata": {"epoch": epoch, "model_speak": True}}
 
 
 def _error_event(rendered: JsonDict, event: m.ErrorEvent) -> JsonDict:

@@ -323,8 +323,9 @@ class ConversationCore:
         self._input.clear()
         self._timeline.reset()
         self._model.forget_input()
-        self._conversation.add_user_item(done=True, silent=True)
-        self._conversation.listen(ListenReason.SILENCE_OR_NOISE, self.epoch)
+        self._conversation.add_user_item(done=True, silent=True,
+                                         listen=ListenReason.SILENCE_OR_NOISE,
+                                         listen_epoch=self.epoch)
 
     def _commit_turn(self, audio: bytes, now: float, *, respond: bool,
                      asked: msg.CommitInput | None = None) -> None:
@@ -334,8 +335,11 @@ class ConversationCore:
         that asked while a response is active is refused its answer as ``response.create``
         would be (the turn stays committed)."""
         marks = self._input.taken
-        item_id = self._conversation.add_user_item(done=True,
-                                                   transcript=marks.transcript or None).id
+        listen = marks.force_listen and asked is None
+        item_id = self._conversation.add_user_item(
+            done=True, transcript=marks.transcript or None,
+            listen=ListenReason.MODEL_LISTEN if listen else None,
+            listen_epoch=self.epoch if listen else 0).id
         self._responses.turn = TurnState.USER_COMMITTED
         self._responses.anchor = now
         if self._policy.answers_turns:
@@ -345,9 +349,7 @@ class ConversationCore:
         self._model.committed()
         self._drain_model(now)
         active = self._responses.current
-        if marks.force_listen and asked is None:
-            self._conversation.listen(ListenReason.MODEL_LISTEN, self.epoch)
-        elif respond and active is None:
+        if respond and active is None and not listen:
             self._start_response(self._config["output_modalities"] == ["audio"], None, now)
         elif asked is not None and active is not None:
             self._refuse(asked.event_id, already_active(active.opened.id))

@@ -108,6 +108,7 @@ class Conversation:
     def __init__(self, config: JsonObject) -> None:
         self.config = config
         self._encoder = OutputEncoder(AudioFormat.PCM24K)
+        self._speak_epoch: int | None = None  # a speak decision no delta has carried yet
         self._events: list[msg.Event] = []
         self._order: list[str] = []  # item ids, oldest first
         self._by_id: dict[str, Item] = {}
@@ -195,18 +196,21 @@ class Conversation:
     # ------------------------------------------------------------------ items
 
     def add_user_item(self, *, done: bool, silent: bool = False,
-                      transcript: str | None = None) -> UserItem:
+                      transcript: str | None = None, listen: str | None = None,
+                      listen_epoch: int = 0) -> UserItem:
         """A committed user turn: ``input_audio_buffer.committed`` ->
         ``conversation.item.added`` [-> ``conversation.item.done``, when ``done``, with its
         ``transcript`` if known; else the caller completes it with :meth:`complete_user_item`
         once its transcript is known]. Its id is the one a ``speech_started`` announced, when
-        one did. A ``silent`` turn's commit says so (the client declared its audio silence)."""
+        one did. A ``silent`` turn's commit says so (the client declared its audio silence), and
+        a turn that gets no spoken answer carries the seed's ``listen`` decision (its reason)
+        and the epoch it was taken in."""
         item = UserItem(id=self._next_user_item_id(), previous_item_id=self._last_item_id)
         self._reserved_item_id = None
         self._insert(Item(id=item.id, role="user", status="completed",
                           content=user_audio_content(None)), None)
         self.emit(msg.InputCommitted(item_id=item.id, previous_item_id=item.previous_item_id,
-                                     silent=silent))
+                                     silent=silent, listen=listen, listen_epoch=listen_epoch))
         self._added(user_item_object(item.id, None), item.previous_item_id)
         if done:
             self.complete_user_item(item, transcript)
@@ -266,7 +270,8 @@ class Conversation:
 
     def finish_response(self, response: OpenResponse, *, status: ResponseStatus,
                         reason: str | None = None, transcript: str = "",
-                        seed_reason: str | None = None) -> None:
+                        seed_reason: str | None = None, listen: str | None = None,
+                        listen_epoch: int = 0) -> None:
         """The closing half, the same for a completed, cancelled or failed response: the audio
         and transcript ends (audio responses), the part, the item, ``response.done``.
 
@@ -277,7 +282,10 @@ class Conversation:
                 ``status_details.error``); None when completed.
             transcript: what the model said in it.
             seed_reason: the seed's reason for the cancel where it differs from ``reason``.
+            listen: the seed's listen decision that ends it (it made no sound), taken in
+                ``listen_epoch``; its ``response.done`` carries both.
         """
+        self._speak_epoch = None  # a decision no delta carried ends with its response
         rid, iid, audio = response.id, response.item_id, response.audio
         part, content = content_part(audio), item_content(audio)
         if audio:
@@ -310,18 +318,25 @@ class Conversation:
                                    previous_item_id=response.previous_item_id))
         self.emit(
             msg.OutputItemDone(response_id=rid, output_index=0, item=copy.deepcopy(item)),
-            msg.ResponseDone(response=done, seed_reason=seed_reason),
+            msg.ResponseDone(response=done, seed_reason=seed_reason, listen=listen,
+                             listen_epoch=listen_epoch),
             # GA follows every response.done with the limits in force: none are enforced here.
             msg.RateLimitsUpdated(rate_limits=[]),
         )
 
-    def audio_delta(self, response: OpenResponse, audio: bytes) -> None:
+    def audio_delta(self, response: OpenResponse, audio: bytes,
+                    speak_epoch: int | None = None) -> None:
         """``response.output_audio.delta`` of ``audio`` (pcm16 24 kHz) in the session's output
-        format; the response's item counts the audio generated."""
+        format; the response's item counts the audio generated. ``speak_epoch``: the seed's
+        speak decision, taken in that epoch, rides this delta (or the next one emitted)."""
+        if speak_epoch is not None:
+            self._speak_epoch = speak_epoch
         encoded = self._encoder.encode(audio)
         if encoded:  # G.711 carries a sample or two over to the next delta
             self.emit(msg.AudioDelta(response_id=response.id, item_id=response.item_id,
-                                     output_index=0, content_index=0, audio=encoded))
+                                     output_index=0, content_index=0, audio=encoded,
+                                     speak_epoch=self._speak_epoch))
+            self._speak_epoch = None
         item = self._by_id.get(response.item_id)
         if item is not None:  # not dropped by the bound or deleted (see _update)
             self._by_id[item.id] = item.with_audio_bytes(item.audio_bytes + len(audio))
@@ -340,10 +355,6 @@ class Conversation:
         content = tuple({**part, "transcript": cut_transcript(part.get("transcript") or "", share)}
                         if part["type"] == "output_audio" else part for part in item.content)
         self._update(item_id, content=content, audio_bytes=heard)
-
-    def listen(self, reason: str, epoch: int, response_id: str | None = None) -> None:
-        """``response.listen``: the seed's decision that the turn gets no spoken answer."""
-        self.emit(msg.ResponseListen(reason=reason, epoch=epoch, response_id=response_id))
 
     def output_cleared(self, response_id: str | None) -> None:
         """``output_audio_buffer.cleared``, naming the response whose audio was dropped, or

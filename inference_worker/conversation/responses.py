@@ -191,16 +191,17 @@ class Responses:
         ``seed_reason``: the seed's name for a cancel's, where it differs)."""
         response = self.current
         assert response is not None  # callers checked
-        if status is ResponseStatus.COMPLETED and self.state is ResponseState.OPEN:
-            # The model never made a sound in it: the seed's listen decision ends it.
-            self._conversation.listen(ListenReason.WITHOUT_OUTPUT, self._model.epoch,
-                                      response.opened.id)
+        # The model never made a sound in it: the seed's listen decision ends it.
+        listen = (ListenReason.WITHOUT_OUTPUT
+                  if status is ResponseStatus.COMPLETED and self.state is ResponseState.OPEN
+                  else None)
         self._move(trigger)
         self.current = None
         self.turn = TurnState.BARGE_IN if status is ResponseStatus.CANCELLED else TurnState.IDLE
         self._conversation.finish_response(response.opened, status=status, reason=reason,
                                            transcript="".join(response.transcript),
-                                           seed_reason=seed_reason)
+                                           seed_reason=seed_reason, listen=listen,
+                                           listen_epoch=self._model.epoch if listen else 0)
         self._on_end()
         # ack_only (the seed's playback_commit_policy): a completed answer too keeps only what
         # the client acknowledged, as an interrupted one does.
@@ -291,13 +292,13 @@ class Responses:
     def _stream(self, response: ActiveResponse, output: Output, now: float) -> None:
         rid, iid = response.opened.id, response.opened.item_id
         text, self._held_text = self._held_text + output.text, ""
+        speak_epoch: int | None = None
         if output.audible and self.state is ResponseState.OPEN:
-            # The seed's speak decision comes before the first audible audio.
-            self._conversation.emit(msg.ResponseSpeak(response_id=rid, item_id=iid,
-                                                      epoch=self._model.epoch))
+            # The seed's speak decision rides the first audible audio.
+            speak_epoch = self._model.epoch
             self.turn = TurnState.ASSISTANT_PLAYING
         if output.audio:
-            self._conversation.audio_delta(response.opened, output.audio)
+            self._conversation.audio_delta(response.opened, output.audio, speak_epoch)
             self._ledgers.generated(rid, len(output.audio))
         if text:
             response.transcript.append(text)

@@ -48,11 +48,6 @@ from gateway.protocol.parse import (
     MAX_STRING_CHARS,
     MAX_VALUES,
 )
-from gateway.protocol.render import (
-    DUPLEX_ONLY_EVENT_TYPES,
-    EventNotInDialect,
-    render_event_any_dialect,
-)
 from runtime.heap import CollectorPauses
 from tests.gateway.strict import EXTENSION_TYPES, validate_server_event
 
@@ -844,25 +839,6 @@ EVENTS: list[tuple[m.Event, dict[str, Any]]] = [
         {"type": "turn.event", "event": "user.typing", "turn_state": "idle",
          "payload": {"n": 1}, "epoch": 2},
     ),
-    (
-        m.ResponseListen(reason="silence_or_noise", epoch=1),
-        {"type": "response.listen", "epoch": 1,
-         "response": {"object": "realtime.response", "status": "listening",
-                      "metadata": {"reason": "silence_or_noise", "epoch": 1}}},
-    ),
-    (
-        m.ResponseListen(reason="model_turn_completed_without_output", epoch=0,
-                         response_id="resp_1"),
-        {"type": "response.listen", "epoch": 0, "response_id": "resp_1",
-         "response": {"object": "realtime.response", "status": "listening", "id": "resp_1",
-                      "metadata": {"reason": "model_turn_completed_without_output",
-                                   "epoch": 0}}},
-    ),
-    (
-        m.ResponseSpeak(response_id="resp_1", item_id="item_2", epoch=3),
-        {"type": "response.speak", "response_id": "resp_1", "item_id": "item_2",
-         "output_index": 0, "content_index": 0, "metadata": {"epoch": 3, "model_speak": True}},
-    ),
     (m.SessionClosed(reason="worker_lost"), {"type": "session.closed", "reason": "worker_lost"}),
     (m.SessionExpired(reason="idle"), {"type": "session.expired", "reason": "idle"}),
 ]
@@ -870,14 +846,8 @@ EVENTS: list[tuple[m.Event, dict[str, Any]]] = [
 
 @pytest.mark.parametrize(("event", "expected"), EVENTS, ids=[type(e).__name__ for e, _ in EVENTS])
 def test_render_event(event: m.Event, expected: dict[str, Any]) -> None:
-    """Each worker event renders to its Realtime GA shape and validates strictly; a
-    duplex-only one is never rendered for a GA connection."""
-    if expected["type"] in DUPLEX_ONLY_EVENT_TYPES:
-        with pytest.raises(EventNotInDialect):
-            render_event(event, server_event_seq=42, event_id="event_42")
-        rendered = render_event_any_dialect(event, server_event_seq=42, event_id="event_42")
-    else:
-        rendered = render_event(event, server_event_seq=42, event_id="event_42")
+    """Each worker event renders to its Realtime GA shape and validates strictly."""
+    rendered = render_event(event, server_event_seq=42, event_id="event_42")
     assert rendered == {**expected, "event_id": "event_42", "server_event_seq": 42}
     assert list(rendered)[:2] == ["type", "event_id"]
     validate_server_event(rendered)
@@ -1217,3 +1187,23 @@ def test_validator_is_strict(event: dict[str, Any]) -> None:
     """The strict helper refuses what a strict client would, extensions included."""
     with pytest.raises((AssertionError, ValueError)):
         validate_server_event(event)
+
+
+DECIDED = [
+    (m.InputCommitted(item_id="item_1", listen="silence_or_noise", listen_epoch=2),
+     m.InputCommitted(item_id="item_1")),
+    (m.ResponseDone(response={"id": "resp_1"}, listen="model_turn_completed_without_output",
+                    listen_epoch=1),
+     m.ResponseDone(response={"id": "resp_1"})),
+    (m.AudioDelta(response_id="resp_1", item_id="item_2", output_index=0, content_index=0,
+                  audio=b"\x01\x02", speak_epoch=3),
+     m.AudioDelta(response_id="resp_1", item_id="item_2", output_index=0, content_index=0,
+                  audio=b"\x01\x02")),
+]
+
+
+@pytest.mark.parametrize(("decided", "plain"), DECIDED, ids=[type(e).__name__ for e, _ in DECIDED])
+def test_ga_ignores_the_seed_decisions(decided: m.Event, plain: m.Event) -> None:
+    """The listen/speak decisions riding an event change nothing in its GA frame."""
+    assert (render_event(decided, server_event_seq=7, event_id="event_7")
+            == render_event(plain, server_event_seq=7, event_id="event_7"))

@@ -46,7 +46,7 @@ def test_duplex_frames_parse_or_fail_with_a_parse_code(obj: dict[str, Any]) -> N
 @given(st.lists(EVENTS, max_size=4), TEXT)
 def test_every_event_renders_to_a_frame_on_duplex_connections(
         events: list[m.Event], event_id: str) -> None:
-    renderer = DuplexRenderer()
+    renderer = DuplexRenderer([])
     for seq, event in enumerate(events, start=1):
         rendered = renderer.event(event, server_event_seq=seq, event_id=event_id,
                                   session_id="sess_1")

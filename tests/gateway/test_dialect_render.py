@@ -157,7 +157,7 @@ def test_audio_deltas_name_the_format_the_connection_last_saw() -> None:
 
 
 def test_a_default_session_plays_pcm16_at_24khz() -> None:
-    renderer = DuplexRenderer()
+    renderer = DuplexRenderer([])
     assert (renderer.audio_format, renderer.sample_rate_hz) == ("pcm16", 24000)
 
 
@@ -197,22 +197,57 @@ def test_a_seed_reason_becomes_the_status_details_reason() -> None:
 
     details = {"type": "cancelled", "reason": "turn_detected"}
     cancelled = {**RESPONSE, "status": "cancelled", "status_details": details}
-    rendered = DuplexRenderer()._patches[m.ResponseDone](
+    rendered = DuplexRenderer([])._patches[m.ResponseDone](
         {"response": cancelled}, WithSeedReason(response=cancelled, seed_reason="barge_in"))
     assert rendered["response"]["status_details"] == {"type": "cancelled", "reason": "barge_in"}
     assert rendered["response_id"] == "resp_1"
     assert details["reason"] == "turn_detected"  # not mutated
 
 
-def test_duplex_only_events_are_passed_over_on_ga_connections(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """An event whose type is duplex-only reaches duplex connections; a GA one skips it and
-    numbers on (here turn.event stands in for one)."""
-    only = {k: v for k, v in render._GA_RENDERERS.items() if k is not m.TurnEvent}
-    monkeypatch.setattr(render, "_GA_RENDERERS", only)
-    turn = m.TurnEvent(event="user.typing", turn_state="listening")
+def test_duplex_decisions_become_frames_of_their_own() -> None:
+    """The listen/speak decisions an event carries: on a duplex connection a frame of the
+    seed's shape around that event's (speak and a response's listen before it, a commit's
+    listen after it), with a gateway event id and no server_event_seq; a GA connection gets
+    only the events, numbered 1, 2, 3 without holes."""
+    events: list[m.Event] = [
+        m.InputCommitted(item_id="item_1", listen="silence_or_noise", listen_epoch=1),
+        m.AudioDelta(response_id="resp_1", item_id="item_2", output_index=0, content_index=0,
+                     audio=b"\x00\x01", speak_epoch=3),
+        m.ResponseDone(response={"id": "resp_1", "status": "completed"},
+                       listen="model_turn_completed_without_output", listen_epoch=0),
+    ]
     core, _ = attached(Dialect.GA)
-    assert [e["server_event_seq"] for e in delivered(core, turn, m.InputCleared())] == [2]
-    assert core.delivered_seq == 2
+    ga = delivered(core, *events)
+    assert [e["type"] for e in ga] == ["input_audio_buffer.committed",
+                                       "response.output_audio.delta", "response.done"]
+    assert [e["server_event_seq"] for e in ga] == [1, 2, 3]
     core, _ = attached(Dialect.DUPLEX)
-    assert [e["type"] for e in delivered(core, turn)] == ["turn.event"]
+    core.receive_log_entries(1, [m.encode_message(e) for e in events])
+    actions = [a for a in core.actions_to_run() if isinstance(a, SendFrame)]
+    frames = [json.loads(a.text) for a in actions]
+    assert [f["type"] for f in frames] == [
+        "input_audio_buffer.committed", "response.listen", "response.speak",
+        "response.output_audio.delta", "response.listen", "response.done"]
+    assert [a.seq for a in actions] == [1, 0, 0, 2, 0, 3]
+    assert [f.get("server_event_seq") for f in frames] == [1, None, None, 2, None, 3]
+    extra = [frames[i] for i in (1, 2, 4)]
+    assert all(f["event_id"].startswith("event_gw_") for f in extra)
+    assert len({f["event_id"] for f in frames}) == len(frames)
+    assert {k: v for k, v in frames[1].items() if k != "event_id"} == {
+        "type": "response.listen", "epoch": 1, "session_id": SID,
+        "response": {"object": "realtime.response", "status": "listening",
+                     "metadata": {"reason": "silence_or_noise", "epoch": 1}}}
+    assert {k: v for k, v in frames[2].items() if k != "event_id"} == {
+        "type": "response.speak", "response_id": "resp_1", "item_id": "item_2",
+        "output_index": 0, "content_index": 0, "metadata": {"epoch": 3, "model_speak": True}}
+    assert {k: v for k, v in frames[4].items() if k != "event_id"} == {
+        "type": "response.listen", "epoch": 0, "response_id": "resp_1", "session_id": SID,
+        "response": {"object": "realtime.response", "status": "listening", "id": "resp_1",
+                     "metadata": {"reason": "model_turn_completed_without_output",
+                                  "epoch": 0}}}
+    # Without a decision, the same events bring no extra frame.
+    core, _ = attached(Dialect.DUPLEX)
+    plain: list[m.Event] = [m.InputCommitted(item_id="item_1"),
+             m.ResponseDone(response={"id": "resp_1", "status": "completed"})]
+    assert [f["type"] for f in delivered(core, *plain)] == [
+        "input_audio_buffer.committed", "response.done"]

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from contract import messages as msg
-from gateway.protocol.render import render_event_any_dialect
+from gateway.protocol.render import render_event
 from tests.gateway.strict import EXTENSION_TYPES, STRICT, validate_server_event
 
 __all__ = ["ALLOWED_EXTRAS", "render", "undeclared_keys", "validate_strict"]
@@ -34,7 +34,7 @@ def render(event: msg.Event, event_id: str = "e1") -> dict[str, Any]:
     """Render ``event`` as the Realtime JSON object the gateway sends (after a JSON round
     trip, so what is checked is what a client parses); a duplex-only event as a duplex
     connection's renderer starts it."""
-    wire = render_event_any_dialect(event, server_event_seq=1, event_id=event_id,
+    wire = render_event(event, server_event_seq=1, event_id=event_id,
                                     session_id="sess_test")
     loaded: dict[str, Any] = json.loads(json.dumps(wire))
     return loaded

@@ -176,7 +176,7 @@ def test_silence_is_dropped_and_speech_opens_a_response() -> None:
     r = runner()
     assert frames(r, EMPTY, QUIET, QUIET) == []
     events = frames(r, LOUD)
-    assert kinds(events) == [*OPENING, "response.speak", "audio.delta"]
+    assert kinds(events) == [*OPENING, "audio.delta"]
     delta = events[-1]
     assert isinstance(delta, msg.AudioDelta) and delta.audio == LOUD.audio
     assert r.responding
@@ -187,7 +187,7 @@ def test_sustained_silence_completes_the_response_with_its_transcript() -> None:
     r = runner()
     frames(r, FrameOutput(audio=bytes(10), level=0.0, text="Hel"))
     events = frames(r, FrameOutput(audio=LOUD.audio, level=0.1, text="lo"))
-    assert kinds(events) == [*OPENING, "response.speak", "audio.delta", "transcript.delta"]
+    assert kinds(events) == [*OPENING, "audio.delta", "transcript.delta"]
     delta = events[-1]
     assert isinstance(delta, msg.TranscriptDelta) and delta.delta == "Hello"
     events = frames(r, *[QUIET] * (SILENCE_TICKS - 1))
@@ -268,7 +268,7 @@ def test_create_opens_a_response_the_model_fills() -> None:
     assert kinds(events) == OPENING
     created = events[0]
     assert isinstance(created, msg.ResponseCreated) and created.response["metadata"] == {"k": "v"}
-    assert kinds(frames(r, QUIET, LOUD)) == ["audio.delta", "response.speak", "audio.delta"]
+    assert kinds(frames(r, QUIET, LOUD)) == ["audio.delta", "audio.delta"]
     r.receive(msg.CreateResponse(event_id="again"), T0)
     [error] = drain(r)
     assert isinstance(error, msg.ErrorEvent)
@@ -359,7 +359,7 @@ def test_cascade_events_drive_turns() -> None:
     assert isinstance(item, msg.ItemDone)
     assert item.item["content"][0]["transcript"] == "hi there"
     events = frames(r, QUIET, FrameOutput(audio=LOUD.audio, level=0.1, text="Hi."))
-    assert kinds(events) == ["audio.delta", "response.speak", "audio.delta",
+    assert kinds(events) == ["audio.delta", "audio.delta",
                              "transcript.delta"]
     events = frames(r, *[QUIET] * 40)  # silence does not end an event-mode response
     assert "response.done" not in kinds(events)
@@ -421,7 +421,7 @@ def test_cascade_audio_without_a_start_signal_still_opens() -> None:
     r = runner(explicit=True)
     frames(r, FrameOutput(audio=b"", level=0.0, text="early "))
     events = frames(r, LOUD)
-    assert kinds(events) == [*OPENING, "response.speak", "audio.delta", "transcript.delta"]
+    assert kinds(events) == [*OPENING, "audio.delta", "transcript.delta"]
 
 
 # ------------------------------------------------------------------------- property

@@ -302,9 +302,9 @@ def test_full_turn_in_ga_order_at_real_time_pace() -> None:
     committed(runner, audio)
     runner.receive(msg.CreateResponse(response={"metadata": {"client_event_id": "lk"}}), T0)
     opening = drain(runner)
-    assert kinds(opening) == [*OPENING, "response.speak", "audio.delta"]
-    created, added, item_added, _item_created, part_added, speak, delta = opening
-    assert speak == msg.ResponseSpeak(response_id="resp_1", item_id="item_2", epoch=0)
+    assert kinds(opening) == [*OPENING, "audio.delta"]
+    created, added, item_added, _item_created, part_added, delta = opening
+    assert isinstance(delta, msg.AudioDelta) and delta.speak_epoch == 0
     assert isinstance(created, msg.ResponseCreated)
     assert created.response["status"] == "in_progress"
     assert created.response["output"] == []
@@ -403,12 +403,11 @@ def test_text_response_completes_at_once() -> None:
     committed(runner, pcm(100))
     runner.receive(msg.CreateResponse(response={"output_modalities": ["text"]}), T0)
     events = drain(runner)
-    # Nothing sounded in it: the seed's listen decision names it before its closing half.
-    assert kinds(events) == [*OPENING, "response.listen", *TEXT_CLOSING]
-    assert events[len(OPENING)] == msg.ResponseListen(
-        reason="model_turn_completed_without_output", epoch=0, response_id="resp_1")
+    # Nothing sounded in it: its response.done carries the seed's listen decision.
+    assert kinds(events) == [*OPENING, *TEXT_CLOSING]
     done = events[-2]
     assert isinstance(done, msg.ResponseDone)
+    assert (done.listen, done.listen_epoch) == ("model_turn_completed_without_output", 0)
     assert done.response["output"][0]["content"] == [{"type": "output_text", "text": ""}]
     assert runner.next_deadline() is None
 
@@ -419,7 +418,7 @@ def test_auto_response_answers_each_commit() -> None:
     update(runner, {"extra_body": {"auto_response": True}})
     runner.receive(msg.AppendAudio(audio=pcm(100)), T0)
     runner.receive(msg.CommitInput(), T0)
-    assert kinds(drain(runner)) == [*COMMIT, *OPENING, "response.speak", "audio.delta"]
+    assert kinds(drain(runner)) == [*COMMIT, *OPENING, "audio.delta"]
 
 
 # ------------------------------------------------------------------------- cancel
@@ -471,7 +470,7 @@ def test_stream_mode_echoes_each_append_at_once() -> None:
     update(runner, {"extra_body": {"loopback_mode": "stream"}})
     runner.receive(msg.AppendAudio(audio=pcm(20, seed=1)), T0)
     first = drain(runner)
-    assert kinds(first) == [*OPENING, "response.speak", "audio.delta"]
+    assert kinds(first) == [*OPENING, "audio.delta"]
     assert audio_of(first) == pcm(20, seed=1)
     runner.receive(msg.AppendAudio(audio=pcm(100, seed=2)), T0)
     second = drain(runner)
@@ -578,15 +577,14 @@ _TURN = st.tuples(st.just(msg.AppendAudio(audio=pcm(100))), _APPEND, _COMMIT, _C
 _STEPS = st.lists(st.one_of(_TURN, st.tuples(_SINGLE)), min_size=1, max_size=30).map(
     lambda groups: [step for group in groups for step in group])
 
-_AUDIO_RE = re.compile(r"^(?:created added item icreated content)(?: speak(?: delta)+)?"
-                       r" (?:listen )?(?:adone tdone |xdone )"
+_AUDIO_RE = re.compile(r"^(?:created added item icreated content)(?: delta)*"
+                       r" (?:adone tdone |xdone )"
                        r"pdone idone odone done$")
 _SHORT = {"response.created": "created", "output_item.added": "added", "item.added": "item",
           "item.created": "icreated", "content_part.added": "content", "audio.delta": "delta",
           "audio.done": "adone",
           "transcript.done": "tdone", "content_part.done": "pdone", "item.done": "idone",
-          "output_item.done": "odone", "response.done": "done", "text.done": "xdone",
-          "response.speak": "speak", "response.listen": "listen"}
+          "output_item.done": "odone", "response.done": "done", "text.done": "xdone"}
 
 
 class _Checker:

@@ -104,7 +104,7 @@ def test_create_response_true_opens_a_response_a_frame_model_fills() -> None:
     events = commit(core, msg.CommitInput(create_response=True))
     assert "response.created" in kinds(events) and core.responding
     feed(core, LOUD, T0 + 0.1)
-    assert kinds(drain(core))[:2] == ["response.speak", "audio.delta"]
+    assert kinds(drain(core))[:1] == ["audio.delta"]
 
 
 @pytest.mark.parametrize("make", CORES.values(), ids=CORES.keys())
@@ -122,13 +122,13 @@ def test_final_false_still_ends_the_turn(make: Callable[[], ConversationCore]) -
 @pytest.mark.parametrize("make", CORES.values(), ids=CORES.keys())
 def test_is_speech_false_is_a_silent_commit(make: Callable[[], ConversationCore]) -> None:
     """is_speech false: the user item is committed marked silent, no response opens even on
-    an answering session, the seed's listen decision follows, and the audio is gone."""
+    an answering session, the seed's listen decision rides the commit, and the audio is gone."""
     core = make()
     events = commit(core, msg.CommitInput(is_speech=False, event_id="c"))
-    assert kinds(events) == [*USER_TURN, "response.listen"]
+    assert kinds(events) == USER_TURN
     [committed] = of_type(events, msg.InputCommitted)
     assert committed.silent
-    assert events[-1] == msg.ResponseListen(reason="silence_or_noise", epoch=core.epoch)
+    assert (committed.listen, committed.listen_epoch) == ("silence_or_noise", core.epoch)
     assert not core.responding
     assert refusal(send(core, msg.CommitInput()))[0] == "input_audio_buffer_commit_empty"
 
@@ -137,7 +137,7 @@ def test_a_silent_commit_is_never_too_small() -> None:
     """With nothing buffered a silent commit is still answered (the seed's silent commit),
     not refused input_audio_buffer_commit_empty."""
     events = send(auto_loopback(), msg.CommitInput(is_speech=False))
-    assert kinds(events) == [*USER_TURN, "response.listen"]
+    assert kinds(events) == USER_TURN
 
 
 def test_a_silent_commit_overrides_the_sessions_answer() -> None:
@@ -152,8 +152,7 @@ def test_appends_that_all_said_silence_make_a_silent_commit() -> None:
     silent; one append of speech among them makes it a turn."""
     core = auto_loopback()
     core.receive(msg.AppendAudio(audio=TURN, is_speech=False), T0)
-    assert kinds(commit(core, msg.CommitInput(), is_speech=False)) == [*USER_TURN,
-                                                                       "response.listen"]
+    assert kinds(commit(core, msg.CommitInput(), is_speech=False)) == USER_TURN
     core.receive(msg.AppendAudio(audio=TURN, is_speech=False), T0)
     events = commit(core, msg.CommitInput())  # this append said nothing: speech
     assert "response.created" in kinds(events)
@@ -166,7 +165,7 @@ def test_appends_that_all_said_silence_make_a_silent_commit() -> None:
 def test_the_seeds_speech_hints_are_the_appends_verdict(hints: msg.JsonObject) -> None:
     """The seed's other ways to say an append is not speech count as is_speech false."""
     events = commit(auto_loopback(), msg.CommitInput(), hints=hints)
-    assert kinds(events) == [*USER_TURN, "response.listen"]
+    assert kinds(events) == USER_TURN
 
 
 def test_an_explicit_verdict_wins_over_the_hints() -> None:
@@ -181,18 +180,20 @@ def test_an_explicit_verdict_wins_over_the_hints() -> None:
 
 def test_force_listen_leaves_the_turn_unanswered() -> None:
     """An append that says force_listen: its turn is committed without a response, on an
-    answering session, and the listen decision says why."""
+    answering session, and the listen decision its commit carries says why."""
     core = auto_loopback()
     events = commit(core, msg.CommitInput(), hints={"force_listen": True})
-    assert kinds(events) == [*USER_TURN, "response.listen"]
-    assert events[-1] == msg.ResponseListen(reason="model_listen", epoch=core.epoch)
+    assert kinds(events) == USER_TURN
+    [committed] = of_type(events, msg.InputCommitted)
+    assert (committed.listen, committed.listen_epoch) == ("model_listen", core.epoch)
     assert not core.responding
 
 
 def test_a_commit_that_asks_for_a_response_overrides_force_listen() -> None:
     events = commit(loopback(), msg.CommitInput(create_response=True),
                     hints={"force_listen": True})
-    assert "response.created" in kinds(events) and "response.listen" not in kinds(events)
+    assert "response.created" in kinds(events)
+    assert all(c.listen is None for c in of_type(events, msg.InputCommitted))
 
 
 @pytest.mark.parametrize("hints", [{"force_barge_in": True}, {"overlap_action": "interrupt"},
@@ -308,8 +309,7 @@ def test_cancel_reasons_stay_ga_and_carry_the_seeds(
 @pytest.mark.parametrize("make", CORES.values(), ids=CORES.keys())
 def test_speak_comes_once_before_the_first_audible_audio(
         make: Callable[[], ConversationCore]) -> None:
-    """response.speak names the response and its item, once, just before its first audible
-    audio delta."""
+    """The speak decision rides the response's first audible audio delta, once."""
     core = make()
     core.receive(msg.AppendAudio(audio=TURN), T0)
     core.receive(msg.CommitInput(), T0)
@@ -319,25 +319,25 @@ def test_speak_comes_once_before_the_first_audible_audio(
     core.tick(T0 + 0.3)
     events += drain(core)
     [created] = of_type(events, msg.ResponseCreated)
-    [speak_event] = of_type(events, msg.ResponseSpeak)
-    assert (speak_event.response_id, speak_event.epoch) == (created.response["id"], core.epoch)
-    first_delta = next(i for i, e in enumerate(events) if isinstance(e, msg.AudioDelta))
-    assert events.index(speak_event) == first_delta - 1
+    deltas = of_type(events, msg.AudioDelta)
+    [speak_event] = [d for d in deltas if d.speak_epoch is not None]
+    assert (speak_event.response_id, speak_event.speak_epoch) == (created.response["id"],
+                                                                  core.epoch)
+    assert speak_event is deltas[0]
 
 
 def test_a_response_that_never_sounds_ends_with_listen() -> None:
-    """A response the model leaves silent completes empty: the listen decision names it
-    before its closing events, and no speak was sent."""
+    """A response the model leaves silent completes empty: its response.done carries the
+    listen decision, and no delta carries a speak."""
     core = frames()
     send(core, msg.CreateResponse())
     for n in range(int(5.0 / FRAME_S) + 1):
         feed(core, QUIET, T0 + n * FRAME_S)
     events = drain(core)
-    [listen] = of_type(events, msg.ResponseListen)
     done = done_of(events)
-    assert listen == msg.ResponseListen(reason="model_turn_completed_without_output",
-                                        epoch=core.epoch, response_id=done.response["id"])
-    assert events.index(listen) < events.index(done) and not of_type(events, msg.ResponseSpeak)
+    assert (done.listen, done.listen_epoch) == ("model_turn_completed_without_output",
+                                                core.epoch)
+    assert all(d.speak_epoch is None for d in of_type(events, msg.AudioDelta))
 
 
 def test_a_cancelled_response_gets_no_listen() -> None:
@@ -347,7 +347,9 @@ def test_a_cancelled_response_gets_no_listen() -> None:
     core.receive(msg.CommitInput(), T0)
     core.receive(msg.CreateResponse(response={"output_modalities": ["audio"]}), T0)
     core.receive(msg.CancelResponse(), T0)
-    assert not of_type(drain(core), msg.ResponseListen)
+    events = drain(core)
+    assert done_of(events).listen is None
+    assert all(c.listen is None for c in of_type(events, msg.InputCommitted))
 
 
 # ------------------------------------------------------------------------- turn states
@@ -477,7 +479,8 @@ def test_the_new_events_survive_the_log() -> None:
     events += send(core, msg.BargeIn(), T0 + 0.5)
     events += send(core, msg.SignalTurn(event="user_started"), T0 + 0.5)
     seeds = [e for e in events if isinstance(
-        e, msg.ResponseListen | msg.TurnEvent | msg.ResponseDone | msg.InputCommitted)]
+        e, msg.AudioDelta | msg.TurnEvent | msg.ResponseDone | msg.InputCommitted)]
     assert any(isinstance(e, msg.ResponseDone) and e.seed_reason for e in seeds)
+    assert any(isinstance(e, msg.InputCommitted) and e.listen for e in seeds)
     for event in seeds:
         assert msg.decode_event(msg.encode_message(event)) == event

@@ -42,9 +42,6 @@ AUDIO_CLOSING = ["response.output_audio.done", "response.output_audio_transcript
                  "response.output_item.done", "response.done", "rate_limits.updated"]
 USER_TURN = ["input_audio_buffer.committed", *ITEM]
 DELTA = "response.output_audio.delta"
-#: The seed's decisions: before a response's first audible audio, and ending a silent one.
-SPEAK = "response.speak"
-LISTEN = "response.listen"
 TRANSCRIPT = "response.output_audio_transcript.delta"
 
 
@@ -124,11 +121,11 @@ def test_push_to_talk_turn(name: str) -> None:
     assert s.send(msg.CommitInput()) == USER_TURN
     opened = s.send(msg.CreateResponse())
     if name == "loopback":  # the first 40 ms chunk is due at once
-        assert opened == [*OPENING, SPEAK, DELTA]
+        assert opened == [*OPENING, DELTA]
         assert answer(s, name) == [DELTA] * 4 + AUDIO_CLOSING
     else:
         assert opened == OPENING
-        assert answer(s, name) == [SPEAK] + [DELTA, TRANSCRIPT] * 3 \
+        assert answer(s, name) == [DELTA, TRANSCRIPT] * 3 \
             + [DELTA] * SILENCE_FRAMES + AUDIO_CLOSING
 
 
@@ -141,7 +138,7 @@ def test_server_vad_turn_with_an_automatic_response(name: str) -> None:
     heard = s.append(silence(500) + tone(600) + silence(400))
     expected = ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
                 *USER_TURN, *OPENING]
-    assert heard == ([*expected, SPEAK, DELTA] if name == "loopback" else expected)
+    assert heard == ([*expected, DELTA] if name == "loopback" else expected)
 
 
 @pytest.mark.parametrize("name", BACKENDS)
@@ -219,7 +216,7 @@ def test_text_turn_in_and_out() -> None:
     assert s.send(msg.CreateItem(item={"type": "message", "role": "user", "content": [
         {"type": "input_text", "text": "hello"}]})) == ITEM
     assert s.send(msg.CreateResponse(response={"output_modalities": ["text"]})) == [
-        *OPENING, LISTEN, "response.output_text.done", "response.content_part.done",
+        *OPENING, "response.output_text.done", "response.content_part.done",
         "conversation.item.done", "response.output_item.done", "response.done",
         "rate_limits.updated"]
 
@@ -231,7 +228,7 @@ def test_out_of_band_response() -> None:
     s.send(msg.CommitInput())
     assert s.send(msg.CreateResponse(response={"conversation": "none"})) == [
         "response.created", "response.output_item.added", "response.content_part.added",
-        SPEAK, DELTA]
+        DELTA]
     assert s.play(1.0) == [DELTA, DELTA, "response.output_audio.done",
                            "response.output_audio_transcript.done",
                            "response.content_part.done", "response.output_item.done",

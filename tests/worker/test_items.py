@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from contract import messages as msg
-from gateway.protocol.render import render_event_any_dialect
+from gateway.protocol.render import render_event
 from inference_worker.audio_frames import FrameOutput
 from inference_worker.backends.loopback import CHUNK_BYTES
 from inference_worker.backends.registry import frame_core, loopback_core
@@ -63,7 +63,7 @@ def drain(runner: ConversationCore) -> list[msg.Event]:
     events = runner.events_to_send()
     for seq, event in enumerate(events, start=1):
         validate_strict(event)
-        validate_server_event(render_event_any_dialect(event, server_event_seq=seq,
+        validate_server_event(render_event(event, server_event_seq=seq,
                                                        event_id=f"e{seq}"))
     return events
 

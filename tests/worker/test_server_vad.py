@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from contract import messages as msg
-from gateway.protocol.render import render_event_any_dialect
+from gateway.protocol.render import render_event
 from inference_worker.audio_frames import FrameOutput
 from inference_worker.backends.fake import FakeBackend
 from inference_worker.backends.registry import frame_core, loopback_core
@@ -65,7 +65,7 @@ def drain(runner: ConversationCore) -> list[msg.Event]:
     events = runner.events_to_send()
     for n, event in enumerate(events):
         validate_strict(event)
-        validate_server_event(render_event_any_dialect(event, server_event_seq=n + 1,
+        validate_server_event(render_event(event, server_event_seq=n + 1,
                                                        event_id=f"e{n}"))
     return events
 
@@ -238,7 +238,7 @@ def test_loopback_server_vad_turn_is_committed_and_answered() -> None:
     audio = utterance()
     events = append(runner, audio)
     assert kinds(events) == ["input.speech_started", "input.speech_stopped", *USER_TURN,
-                             *OPENING, "response.speak", "audio.delta"]
+                             *OPENING, "audio.delta"]
     started, stopped, committed = events[0], events[1], events[2]
     assert isinstance(started, msg.InputSpeechStarted)
     assert isinstance(stopped, msg.InputSpeechStopped)
@@ -297,7 +297,7 @@ def test_loopback_barge_in_cancels_the_playing_response() -> None:
     assert done.response["status"] == "cancelled"
     assert done.response["status_details"] == {"type": "cancelled", "reason": "turn_detected"}
     events = append(runner, silence(600))
-    assert kinds(events) == ["input.speech_stopped", *USER_TURN, *OPENING, "response.speak",
+    assert kinds(events) == ["input.speech_stopped", *USER_TURN, *OPENING,
                              "audio.delta"]
 
 
@@ -388,7 +388,7 @@ def test_frame_runner_server_vad_turn_opens_a_response_the_model_fills() -> None
     assert (started.audio_start_ms, stopped.audio_end_ms) == (700, 2500)
     assert runner.take_input().audio == audio  # the model heard all of it, as it arrived
     feed(runner, LOUD, T0 + 1)
-    assert kinds(drain(runner)) == ["response.speak", "audio.delta"]
+    assert kinds(drain(runner)) == ["audio.delta"]
     for n in range(10):  # 800 ms of quiet ends the model's turn
         feed(runner, QUIET, T0 + 1.1 + n * 0.1)
     assert kinds(drain(runner))[-len(CLOSING):] == CLOSING
@@ -412,7 +412,7 @@ def test_frame_runner_barge_in_cancels_and_mutes_the_model() -> None:
     events = append(runner, silence(600), T0 + 1.3)
     assert kinds(events) == ["input.speech_stopped", *USER_TURN, *OPENING]
     feed(runner, LOUD, T0 + 1.4)
-    assert kinds(drain(runner)) == ["response.speak", "audio.delta"]
+    assert kinds(drain(runner)) == ["audio.delta"]
 
 
 def test_frame_runner_create_response_false_leaves_answering_to_the_model() -> None:
