@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -31,9 +31,11 @@ __all__ = [
     "FrameOutput",
     "LinearResampler",
     "SincResampler",
+    "checked_input",
     "float_to_pcm16",
     "level",
     "pcm16_to_float",
+    "repaired_output",
     "resample",
 ]
 
@@ -93,6 +95,31 @@ def level(audio: Audio) -> float:
     if audio.size == 0:
         return 0.0
     return float(np.sqrt(np.mean(np.square(audio, dtype=np.float64))))
+
+
+def checked_input(frame: Any, samples: int) -> Audio | None:
+    """``frame`` as float32 in [-1, 1] if it is a finite 1-D frame of ``samples``, else None:
+    an input frame a caller queued as is, checked before a model steps on it."""
+    if not isinstance(frame, np.ndarray) or frame.shape != (samples,):
+        return None
+    if frame.dtype.kind not in "fiu":  # real numbers only (no complex, bool or object)
+        return None
+    audio = frame.astype(np.float32, copy=False)
+    if not np.isfinite(audio).all():
+        return None
+    return np.clip(audio, -1.0, 1.0)
+
+
+def repaired_output(pcm: Any, samples: int) -> tuple[Audio, bool]:
+    """A model's output frame as flat float32 of at most ``samples``, non-finite values
+    silenced, and whether it needed either repair."""
+    audio = np.asarray(pcm, dtype=np.float32).reshape(-1)
+    repaired = False
+    if audio.size > samples:
+        audio, repaired = audio[:samples], True
+    if not np.isfinite(audio).all():
+        audio, repaired = np.nan_to_num(audio, nan=0.0, posinf=0.0, neginf=0.0), True
+    return audio, repaired
 
 
 class LinearResampler:

@@ -40,9 +40,11 @@ from inference_worker.audio_frames import (
     PCM_RATE,
     FrameOutput,
     LinearResampler,
+    checked_input,
     float_to_pcm16,
     level,
     pcm16_to_float,
+    repaired_output,
 )
 from inference_worker.backend import (
     NO_SLOT_CONFIG,
@@ -543,7 +545,7 @@ class Engine:
         frames: list[Audio] = []
         underruns = bad = 0
         for frame in raw:
-            checked = None if frame is None else _checked(frame, self.spec.in_samples)
+            checked = None if frame is None else checked_input(frame, self.spec.in_samples)
             underruns += frame is None
             bad += frame is not None and checked is None
             frames.append(checked if checked is not None else silence(self.spec.in_samples))
@@ -565,12 +567,7 @@ class Engine:
         return tuple(seen)
 
     def _convert(self, handle: SlotHandle, result: SlotResult) -> FrameOutput:
-        pcm = np.asarray(result.pcm, dtype=np.float32).reshape(-1)
-        repaired = False
-        if pcm.size > self.spec.out_samples:
-            pcm, repaired = pcm[: self.spec.out_samples], True
-        if not np.isfinite(pcm).all():
-            pcm, repaired = np.nan_to_num(pcm, nan=0.0, posinf=0.0, neginf=0.0), True
+        pcm, repaired = repaired_output(result.pcm, self.spec.out_samples)
         if repaired and self.metrics is not None:
             self.metrics.bad_output_frames.inc()
         slot_input = self._inputs.get(handle.serial)
@@ -595,14 +592,3 @@ class Engine:
         m.batch_occupancy.set(batch)
         m.batch_size.observe(batch)
 
-
-def _checked(frame: Any, samples: int) -> Audio | None:
-    """``frame`` as float32 in [-1, 1] if it is a finite 1-D frame of ``samples``, else None."""
-    if not isinstance(frame, np.ndarray) or frame.shape != (samples,):
-        return None
-    if frame.dtype.kind not in "fiu":  # real numbers only (no complex, bool or object)
-        return None
-    audio = frame.astype(np.float32, copy=False)
-    if not np.isfinite(audio).all():
-        return None
-    return np.clip(audio, -1.0, 1.0)

@@ -53,6 +53,7 @@ from inference_worker.backend import (
 from inference_worker.backends.mimi_stream import MimiStreamer
 from inference_worker.backends.moshi_cache import SlotRingCache
 from inference_worker.backends.moshi_graphs import compile_transformers, require_cuda
+from inference_worker.backends.moshi_text import TextStream
 
 __all__ = [
     "MoshiBackend",
@@ -142,37 +143,6 @@ class _Frames:
     frame: torch.Tensor  # [n, 1 + K]: text token and K audio codes of that frame
 
 
-class _TextStream:
-    """Turns a slot's text tokens into transcript deltas.
-
-    With a tokenizer, a token's delta is ``decode(context + [token])`` minus ``decode(context)``
-    over the last few non-pad tokens, which gets SentencePiece's leading spaces and multi-token
-    characters right. Without one (tiny random test models), a non-pad token renders as
-    ``"<id>"``. Padding tokens always render as ``""``.
-    """
-
-    _CONTEXT = 4
-
-    def __init__(self, tokenizer: PreTrainedTokenizerBase | None, pad_ids: Iterable[int]) -> None:
-        self.tokenizer = tokenizer
-        self.pad_ids = frozenset(pad_ids)
-        self.context: list[int] = []
-
-    def delta(self, token: int) -> str:
-        if token in self.pad_ids:
-            return ""
-        if self.tokenizer is None:
-            return f"<{token}>"
-        before = self._decode(self.context)
-        after = self._decode([*self.context, token])
-        self.context = [*self.context, token][-self._CONTEXT :]
-        return after[len(before) :] if after.startswith(before) else self._decode([token])
-
-    def _decode(self, ids: list[int]) -> str:
-        assert self.tokenizer is not None
-        return str(self.tokenizer.decode(ids, skip_special_tokens=True)) if ids else ""
-
-
 class MoshiBackend:
     """Moshi on HF transformers, many sessions in lockstep (implements ``Backend``).
 
@@ -248,7 +218,7 @@ class MoshiBackend:
         self._offsets = torch.zeros(max_slots, dtype=torch.long, device=self.device)
         self._generators: dict[int, torch.Generator] = {}
         self._seeds = torch.Generator().manual_seed(seed)
-        self._text: dict[int, _TextStream] = {}
+        self._text: dict[int, TextStream] = {}
         # Per open slot: frames still to come out silent, their tokens sampled before a stop.
         self._muted: dict[int, int] = {}
         #: Each open slot's tokens of the frame it emitted in the last tick that listed it.
@@ -338,7 +308,7 @@ class MoshiBackend:
         if generator is None:
             generator = self._generators[slot] = torch.Generator(device=self.device)
         generator.manual_seed(seed)
-        self._text[slot] = _TextStream(self.tokenizer, self.text_pad_ids)
+        self._text[slot] = TextStream(self.tokenizer, self.text_pad_ids)
         self._muted[slot] = 0
         self.last_tokens[slot] = None
 
@@ -372,7 +342,7 @@ class MoshiBackend:
             raise ValueError(f"slot {slot} is not open")
         pending = min(self.max_delay, int(self._offsets[slot]))  # fewer during the warm-up
         self._muted[slot] = pending
-        self._text[slot] = _TextStream(self.tokenizer, self.text_pad_ids)
+        self._text[slot] = TextStream(self.tokenizer, self.text_pad_ids)
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.spec.max_slots:

@@ -155,7 +155,8 @@ def test_an_unknown_backend_is_refused_in_one_line() -> None:
                           timeout=60, check=False)
     assert done.returncode == 2, done.stderr
     assert done.stderr.strip().splitlines() == [
-        "duplex-gateway: --backend tensorrt: expected one of loopback, fake, moshi, cascade"]
+        "duplex-gateway: --backend tensorrt: expected one of loopback, fake, moshi, cascade,"
+        " recording"]
 
 
 def _dev_args(*flags: str) -> argparse.Namespace:
