@@ -1,18 +1,17 @@
 """The asyncio driver of one websocket: feeds :class:`ConnectionCore`, runs what it decides.
 
 It does the I/O and nothing else: what a frame, a push, a store answer or the time means is the
-core's to decide. Four tasks per connection: the reader (client frames), the pump (pushes,
-plus a periodic safety read of the log), the writer (:class:`~gateway.input_writer.InputWriter`:
-input appends, coalesced) and the housekeeping (the core's timer, the tenant renewal). Actions
-run under one lock so frames reach the client in the order the core decided; a frame that
-decided nothing but one command's append (every audio chunk) has it queued for the writer
-without the lock when no step is in progress, since queuing never waits. Frames go out through
-the websocket protocol's direct send when the socket takes them at once, else through the ASGI
-send.
+core's to decide. Four tasks per connection: the reader (client frames), the pump (pushes, plus a
+periodic safety read of the log), the writer (:class:`~gateway.input_writer.InputWriter`: input
+appends, coalesced) and the housekeeping (the core's timer, the tenant renewal). Actions run under
+one lock so frames reach the client in the order the core decided; a frame that decided nothing but
+one command's append (every audio chunk) has it queued for the writer without the lock when no step
+is in progress, since queuing never waits. Frames go out through the websocket protocol's direct
+send when the socket takes them at once, else through the ASGI send.
 
-Output backpressure: a client that does not read blocks the send in flight (and with it the
-lock). Pushes are still counted as they arrive (:class:`OutputBacklog`), and when the client's
-untaken output goes over its limits the writer, which never waits for that lock, appends one
+Output backpressure: a client that does not read blocks the send in flight (and with it the lock).
+Pushes are still counted as they arrive (:class:`OutputBacklog`), and when the client's untaken
+output goes over its limits the writer, which never waits for that lock, appends one
 ``output.backpressure`` command: the worker ends the active response. A send blocked for
 ``OUTPUT_STALL_TIMEOUT_S`` detaches the session and closes the connection 1013.
 """
@@ -381,8 +380,7 @@ class ConnectionDriver:
     async def _send(self, text: str, seq: int) -> None:
         if self._stalled or self._ws.application_state is not WebSocketState.CONNECTED:
             return
-        # The hot path: written at once when the socket takes it. Else (writes paused behind
-        # a client that does not read, a connection closing) the ASGI send waits or refuses.
+        # The hot path: written at once when the socket takes it; else the ASGI send waits.
         if self._send_now is None or not self._send_now(text):
             limit = self._send_limit()
             try:
@@ -429,8 +427,10 @@ class ConnectionDriver:
         if self._lease is None:
             return
         session_id = self._lease.session_id
+        # One entry of overlap: the core checks the log still holds the last one it delivered.
+        start = after - 1 if after and rewound_to is None else after
         try:
-            rows = await read_output(self._svc.client, session_id, after)
+            rows = await read_output(self._svc.client, session_id, start)
         except StoreError as exc:
             self._store_failed("output log read", session_id, exc)
             return
@@ -443,11 +443,11 @@ class ConnectionDriver:
             return
         session_id = self._lease.session_id
         try:
-            last = (await log_ends(self._svc.client, session_id)).last_output
+            ends = await log_ends(self._svc.client, session_id)
         except StoreError as exc:
             self._store_failed("output log read", session_id, exc)
             return
-        self._core.log_end_read(after, last)
+        self._core.log_end_read(after, ends.last_output)
 
     async def _subscribe(self, session_id: str) -> None:
         channel = SessionKeys(session_id).output_channel

@@ -48,12 +48,16 @@ class OutputDelivery:
         """The highest ``server_event_seq`` sent to the client."""
         return self._follower.next_index - 1
 
-    def receive_log_entries(self, first_seq: int, payloads: list[bytes]) -> None:
-        """Output entries from a push or a log read; any order, duplicates allowed."""
+    def receive_log_entries(self, first_seq: int, payloads: list[bytes], *,
+                            read_after: int | None = None) -> None:
+        """Output entries from a push or a log read; any order, duplicates allowed.
+        ``read_after``: they are a read of the entries from ``read_after`` on (the driver's
+        reads overlap the last entry delivered by one)."""
         if self.state is not ConnectionState.ATTACHED:
             return
-        if first_seq < self._follower.next_index:
-            self._check_rewind(first_seq, payloads)
+        if first_seq < self._follower.next_index and not self._check_rewind(
+                first_seq, payloads, read_after):
+            return
         fresh, gap = self._follower.offer(first_seq, payloads)
         if gap:
             self._actions.append(FetchLog(after_seq=self.delivered_seq))
@@ -61,21 +65,32 @@ class OutputDelivery:
             if not self._deliver(seq, payload):
                 return
 
-    def _check_rewind(self, first_seq: int, payloads: list[bytes]) -> None:
+    def _check_rewind(self, first_seq: int, payloads: list[bytes], read_after: int | None,
+                      ) -> bool:
         """A different event under a delivered number: the log lost what we sent (a failover
         to a replica that lagged) and numbers on from there. Say so, then deliver again from
-        that number; the client must not drop those events as seen."""
+        that number; the client must not drop those events as seen. False: deliver none of
+        these entries yet."""
         seq = self._follower.rewound_at(first_seq, payloads)
         if seq is None:
-            return
+            return True
+        if seq == first_seq == read_after:
+            # The read's overlap, the last entry it did not need, changed: the log went back
+            # to there or before and was numbered past it again, which entries after it
+            # cannot show. Read back from before it to find where the log differs.
+            self._actions.append(FetchLog(after_seq=max(0, seq - 1 - REWIND_WINDOW)))
+            return False
         assert self.session_id is not None
         self._notice(ResyncRequiredNotice(session_id=self.session_id, reason="log_rewound",
                                           replay_from=seq))
         self._follower.rewind(seq)
+        return True
 
     def log_read(self, after_seq: int, rows: list[tuple[int, bytes]], *, quiet: bool = False,
                  rewound_to: int | None = None) -> None:
-        """A read of the output log after ``after_seq`` (a :class:`FetchLog`) found ``rows``.
+        """A read of the output log after ``after_seq`` (a :class:`FetchLog`) found ``rows``;
+        unless ``rewound_to`` is given, they may begin with the entry at ``after_seq`` itself,
+        read again to check that the log still holds it.
 
         ``quiet``: the read was the periodic poll of a quiet channel; one that finds nothing
         also checks where the log ends (:class:`CheckLogEnd`). ``rewound_to``: the read of
@@ -92,7 +107,8 @@ class OutputDelivery:
             return
         if rows[0][0] > after_seq + 1:
             self.log_trimmed(rows[0][0])
-        self.receive_log_entries(rows[0][0], [payload for _, payload in rows])
+        self.receive_log_entries(rows[0][0], [payload for _, payload in rows],
+                                 read_after=after_seq)
 
     def log_end_read(self, after_seq: int, last_output: int) -> None:
         """The output log ends at ``last_output`` (a :class:`CheckLogEnd` after

@@ -605,6 +605,25 @@ async def groups_on_two_masters(cluster: Cluster, stack: Stack, gateway: Proc) -
     return groups
 
 
+async def stream_once_admitted(gateway: Proc) -> Stream:
+    """A new stream-mode session, opened as a client does after an outage: an open refused
+    ``resource_exhausted`` ("retry later": the promoted replica holds the workers'
+    heartbeats as they were before the outage until each beats again) is tried again, within
+    a deadline."""
+    opened: list[Stream] = []
+
+    async def opens() -> bool:
+        try:
+            opened.append(Stream(*await stream_session(gateway)))
+        except DuplexClientError as exc:
+            if exc.code != "resource_exhausted":
+                raise
+        return bool(opened)
+
+    await until(opens, "a worker to admit a new session", timeout=20)
+    return opened[0]
+
+
 async def echo_chunks(n: int, stream: Stream, count: int) -> None:
     """Send ``count`` more marked chunks and read events until each is echoed."""
     for _ in range(count):
@@ -701,7 +720,7 @@ async def test_a_dead_master_ends_or_rewinds_its_sessions_never_silently(
         assert stream.log[-1].data["reason"] == "client_close"
         assert (n, event_faults(stream.log)) == (n, NO_FAULTS)
         assert (n, echo_faults(stream.log, stream.sent)) == (n, NO_FAULTS)
-    fresh = Stream(*await stream_session(gateway))
+    fresh = await stream_once_admitted(gateway)
     await echo_chunks(0, fresh, 3)
     await close_and_collect(fresh.client, fresh.log)
     assert event_faults(fresh.log) == NO_FAULTS

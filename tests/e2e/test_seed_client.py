@@ -8,11 +8,11 @@ wheel with pip (pinned by version and sha256, cached in ``.deps/seed-client/``),
 module objects for ``vllm_omni`` and its subpackages in ``sys.modules``, and executes
 ``clients/utils.py``, ``clients/duplex.py`` and the presets from the zip with ``importlib``.
 
-Camera frames go to the ``recording`` backend (written against that name before it exists: a
-test backend that sees video, added beside this test): it reports, for each frame it received,
-the sha256 of the frame (of its bytes or of its base64 text, whole or its first hex digits) and
-the unit (of its audio) the frame came with, in its output: text deltas or any event field,
-``<sha256 hex> ... unit <n>`` in either order (:func:`~tests.e2e.seed_session.frame_reports`).
+Camera frames go to the ``recording`` backend (the test backend that sees video): it reports,
+for each frame it received, the sha256 of the frame (of its bytes or of its base64 text, whole
+or its first hex digits) and the unit (of its audio) the frame came with, in its output: text
+deltas or any event field, ``<sha256 hex> ... unit <n>`` in either order
+(:func:`~tests.e2e.seed_session.frame_reports`).
 """
 
 from __future__ import annotations

@@ -547,6 +547,26 @@ def test_a_log_that_ends_before_what_was_delivered_is_a_rewound_log() -> None:
     assert seqs(core.actions_to_run()) == [5]
 
 
+def test_a_read_whose_overlap_changed_reads_back_to_where_the_log_differs() -> None:
+    """A lossy failover took the log back to 3 and the worker numbered past 6 again before a
+    read after 6: the entries after 6 look new, only the read's overlap (the entry at 6) shows
+    the log changed. Nothing is delivered until a read from further back finds the first
+    different entry; then resync_required log_rewound from there, every entry once."""
+    core = opened()
+    core.receive_log_entries(1, hb(6))
+    assert seqs(core.actions_to_run()) == [1, 2, 3, 4, 5, 6]
+    rewound = payloads(*[m.InputCleared()] * 5)  # what the log holds at 4, 5, 6, 7, 8 now
+    core.log_read(6, [(6, rewound[2]), (7, rewound[3]), (8, rewound[4])])
+    assert core.actions_to_run() == [FetchLog(after_seq=0)]
+    assert core.delivered_seq == 6
+    core.log_read(0, list(enumerate([*hb(3), *rewound], start=1)))
+    frames = sent(core.actions_to_run())
+    assert (frames[0]["reason"], frames[0]["replay_from"]) == ("log_rewound", 4)
+    assert [f.get("server_event_seq") for f in frames[1:]] == [4, 5, 6, 7, 8]
+    core.log_read(8, [(8, rewound[4]), (9, hb(1)[0])])  # an overlap that holds: reads on
+    assert seqs(core.actions_to_run()) == [9]
+
+
 def test_rewind_detection_remembers_a_bounded_window() -> None:
     """Numbers older than the window are not compared (a rewind is far shorter)."""
     core = opened()
