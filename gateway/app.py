@@ -29,6 +29,7 @@ from gateway.models_api import list_models, model_readiness, retrieve_model
 from gateway.protocol.dialect import DUPLEX_PATH, Handshake, parse_handshake
 from gateway.protocol.errors import ClientProtocolError, CloseCode
 from gateway.reaper import run_reaper
+from gateway.reaper_share import ReaperShare
 from gateway.services import GatewayServices
 from gateway.settings import GatewaySettings
 from gateway.web_page import web_page_routes
@@ -175,7 +176,8 @@ def create_app(settings: GatewaySettings, metrics: GatewayMetrics | None = None)
         state["services"] = services
         reaper = asyncio.create_task(run_reaper(
             client, services.scripts, metrics, settings.reaper_interval_s,
-            lease_ms=services.holder.lease_ms, outages=outages))
+            lease_ms=services.holder.lease_ms, outages=outages,
+            share=ReaperShare(services.holder.gateway_id, settings.reapers_per_worker)))
         leases = asyncio.create_task(services.leases.run())
         lag = asyncio.create_task(watch_loop_lag(metrics.event_loop_lag_seconds.observe))
         try:

@@ -134,6 +134,10 @@ class GatewayMetrics:
             " OUTPUT_STALL_TIMEOUT_S (the session is detached, resumable)", registry=r)
         self.reaped = Counter(f"{_NS}_sessions_reaped", "Sessions ended by this reaper",
                               registry=r)
+        self.worker_reaps = Counter(
+            f"{_NS}_worker_reaps",
+            "Reaps of one worker this reaper ran (only the workers of its share:"
+            " REAPERS_PER_WORKER of the live gateways reap each)", registry=r)
         self.lease_renewals = Counter(
             f"{_NS}_lease_renewals",
             "Attachment lease renewals sent (one per worker this gateway serves, per round)",

@@ -1,7 +1,9 @@
 """The expiry reaper every gateway runs: grace and idle expiry, and worker loss (DESIGN §2.6).
 
 Any number of gateways may reap at once: each session's end is a compare-and-set in Lua, so
-exactly one reaper wins and exactly one terminal event is written.
+exactly one reaper wins and exactly one terminal event is written. Each worker is reaped by a
+few of the live gateways, not all (:mod:`gateway.reaper_share`), so the reaping grows with the
+workers only.
 
 A worker cannot heartbeat while its slot is out of reach (Redis restarting, a Cluster master
 failing over), so a lapsed heartbeat right after such an outage is no proof of death. The REAP
@@ -19,6 +21,7 @@ import statistics
 import time
 
 from gateway.metrics import GatewayMetrics
+from gateway.reaper_share import ReaperShare
 from runtime.ratelog import RateLimitedLog
 from store import Scripts, StoreError, WorkerState
 from store.answers import DEFAULT_ATTACHMENT_LEASE_MS
@@ -28,7 +31,7 @@ from store.errors import raise_if_cancelled
 from store.outages import OutageLog
 from store.scripts import DEFAULT_REAP_OUTAGE_MS
 
-__all__ = ["Visits", "outage_threshold_ms", "reap_once", "run_reaper"]
+__all__ = ["Visits", "listing_ttl_ms", "outage_threshold_ms", "reap_once", "run_reaper"]
 
 _log = logging.getLogger(__name__)
 # Lines a pass can repeat every interval (a slot outage per worker, a refused script): one per
@@ -52,11 +55,21 @@ class Visits:
         self.failed = False  # the last pass failed: a gap after it may be an outage
 
 
+def listing_ttl_ms(interval_s: float) -> int:
+    """How long one pass keeps its gateway listed live: four passes' spacing (a second at
+    least), so a pass that runs late never drops it, and a dead gateway's workers go to the
+    others within that much."""
+    return int(1000 * max(4 * interval_s, 1.0))
+
+
 async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetrics, *,
                     outage_ms: int = DEFAULT_REAP_OUTAGE_MS,
                     lease_ms: int = DEFAULT_ATTACHMENT_LEASE_MS,
-                    visits: Visits | None = None) -> int:
-    """One pass over every listed worker; returns how many sessions ended.
+                    visits: Visits | None = None, share: ReaperShare | None = None,
+                    ttl_ms: int = 1000) -> int:
+    """One pass over the listed workers (``share``: those of its share, after listing this
+    gateway live for ``ttl_ms`` and reading who else is; none: every one); returns how
+    many sessions ended.
 
     Each worker's reap also hands back the sessions that ended on it since the last pass,
     wherever they ended (client close, worker, expiry, loss): this is the one place their
@@ -68,11 +81,18 @@ async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetri
     gap is told as a possible outage.
     """
     ended = 0
+    if share is not None:
+        share.live(await scripts.announce_gateway(share.gateway_id, ttl_ms=ttl_ms))
     # Every listed worker, however long ago it last beat: only a reap that finds it lost (or
     # its record gone) removes it, so one that died during a long outage is still declared
     # lost afterwards.
     for worker_id in await listed_workers(client):
+        if share is not None and not share.is_mine(worker_id):
+            if visits is not None:  # another gateway's now: a later return is a first visit
+                visits.sent.pop(worker_id, None)
+            continue
         sent = time.monotonic()
+        metrics.worker_reaps.inc()
         reaped = await scripts.reap(worker_id, outage_ms=outage_ms, lease_ms=lease_ms)
         ended += reaped.ended
         metrics.lapsed_detached.inc(reaped.detached)
@@ -87,6 +107,8 @@ async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetri
             await forget_worker(client, worker_id)
             if visits is not None:
                 visits.sent.pop(worker_id, None)
+            if share is not None:
+                share.forget(worker_id)
     metrics.reaped.inc(ended)
     return ended
 
@@ -124,10 +146,13 @@ def _tell_gap(worker_id: str, gap_ms: int, visits: Visits | None, sent: float) -
 async def run_reaper(client: RedisClient, scripts: Scripts, metrics: GatewayMetrics,
                      interval_s: float, *,
                      lease_ms: int = DEFAULT_ATTACHMENT_LEASE_MS,
-                     outages: OutageLog | None = None) -> None:
+                     outages: OutageLog | None = None, share: ReaperShare | None = None,
+                     ) -> None:
     """Reap forever, every ``interval_s``; failures are retried. Redis not answering is told
     once per outage by ``outages`` (the process's, shared with its other loops; by default
-    its own); a refusal (a script's error) is a WARNING, at most one per cause per 10 s."""
+    its own); a refusal (a script's error) is a WARNING, at most one per cause per 10 s.
+    ``share``: this gateway's share of the workers (see :mod:`gateway.reaper_share`); none:
+    it reaps every worker."""
     outages = outages or OutageLog(_log)
     # The median of the last passes: one pass that waited out a failover inside the client
     # must not raise the outage threshold for the next ones.
@@ -138,7 +163,8 @@ async def run_reaper(client: RedisClient, scripts: Scripts, metrics: GatewayMetr
         try:
             await reap_once(client, scripts, metrics,
                             outage_ms=outage_threshold_ms(interval_s, statistics.median(passes_s)),
-                            lease_ms=lease_ms, visits=visits)
+                            lease_ms=lease_ms, visits=visits, share=share,
+                            ttl_ms=listing_ttl_ms(interval_s))
             passes_s.append(time.monotonic() - started)
         except (StoreError, OSError) as exc:
             visits.failed = True

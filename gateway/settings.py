@@ -196,6 +196,13 @@ class GatewaySettings:
         default=0.25,
         metadata={"help": "how often this gateway runs the expiry reaper", "accepts": POSITIVE},
     )
+    # Three: a gateway that dies leaves each of its workers two reapers while its listing
+    # runs out, so worker loss is still seen within one pass.
+    reapers_per_worker: int = field(
+        default=3,
+        metadata={"help": "how many of the live gateways reap each worker",
+                  "accepts": POSITIVE_COUNT},
+    )
     log_poll_interval_s: float = field(
         default=1.0,
         metadata={"help": "safety read of the output log when pushes are quiet",

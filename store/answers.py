@@ -223,6 +223,17 @@ class EndedSession:
     tenant: str
     session_id: str
 
+    @classmethod
+    def parse_all(cls, entries: Sequence[object]) -> list[EndedSession]:
+        """The ``'<tenant> <session id>'`` entries of a worker's ended list, as a reap took
+        them."""
+        ended = []
+        for entry in entries:
+            text = entry.decode() if isinstance(entry, bytes) else str(entry)
+            tenant, _, session_id = text.partition(" ")
+            ended.append(cls(tenant=tenant, session_id=session_id))
+        return ended
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Reaped:

@@ -18,6 +18,7 @@ import re
 import secrets
 
 __all__ = [
+    "GATEWAY_DIRECTORY",
     "SESSION_KEY_SUFFIXES",
     "WORKER_DIRECTORY",
     "SessionKeys",
@@ -36,6 +37,9 @@ __all__ = [
 _PREFIX = "dg"
 #: The worker directory: member = worker id, score = heartbeat deadline (ms, Redis clock).
 WORKER_DIRECTORY = f"{_PREFIX}:workers"
+#: The gateway directory: member = gateway id, score = the end of its listing (ms, Redis
+#: clock), renewed by each pass of its reaper; the reapers share the workers out among these.
+GATEWAY_DIRECTORY = f"{_PREFIX}:gateways"
 
 _WORKER_ID = re.compile(r"^w[0-9a-f]{12}$")
 _GATEWAY_ID = re.compile(r"^g[0-9a-f]{12}$")

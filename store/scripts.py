@@ -68,6 +68,7 @@ from store.errors import (
     raise_if_cancelled,
 )
 from store.keys import (
+    GATEWAY_DIRECTORY,
     SessionKeys,
     WorkerKeys,
     session_keys,
@@ -137,15 +138,6 @@ def _str(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _ended_sessions(entries: Sequence[Any]) -> list[EndedSession]:
-    """The ``'<tenant> <session id>'`` entries of a worker's ended list, as a reap took them."""
-    ended = []
-    for entry in entries:
-        tenant, _, session_id = _str(entry).partition(" ")
-        ended.append(EndedSession(tenant=tenant, session_id=session_id))
-    return ended
-
-
 def _json_text(value: JsonObject | None) -> str:
     """A JSON object as a script argument ('' for None)."""
     return "" if value is None else json.dumps(value, separators=(",", ":"), allow_nan=False)
@@ -196,6 +188,7 @@ class Scripts:
         self._tenant = register(lua.TENANT_RESERVE)
         self._tenant_opens = register(lua.TENANT_OPEN_RATE)
         self._gateway_lease = register(lua.GATEWAY_LEASE)
+        self._gateway_announce = register(lua.GATEWAY_ANNOUNCE)
 
     async def _run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Run ``script``, sending it again after a transient error (:data:`_TRANSIENT_ERRORS`).
@@ -528,7 +521,7 @@ class Scripts:
                        w.held]
         answer = await self._run(self._reap, worker_keys,
                                  [budget, outage_ms, release_budget, lease_ms])
-        released = _ended_sessions(answer[2])
+        released = EndedSession.parse_all(answer[2])
         actions = [("lost", _str(sid), "") for sid in answer[1]]
         for member in answer[3]:
             gateway_id, _, session_id = _str(member).partition(" ")
@@ -549,9 +542,16 @@ class Scripts:
             done = await self._run(self._reap_sessions, keys, args)
             ended += int(done[0])
             detached += int(done[1])
-            released += _ended_sessions(done[2])
+            released += EndedSession.parse_all(done[2])
         return Reaped(state=WorkerState(_str(answer[0])), ended=ended,
                       released=tuple(released), detached=detached, outage_ms=int(answer[5]))
+
+    async def announce_gateway(self, gateway_id: str, *, ttl_ms: int) -> tuple[str, ...]:
+        """List ``gateway_id`` among the live gateways for ``ttl_ms``; returns every gateway
+        listed live now (this one included), the reapers share the workers out among."""
+        answer = await self._run(self._gateway_announce, [GATEWAY_DIRECTORY],
+                                 [gateway_id, ttl_ms])
+        return tuple(sorted(_str(member) for member in answer))
 
     async def renew_attachment_lease(self, worker_id: str, holder: AttachmentHolder) -> int:
         """Renew ``holder``'s lease on every session it serves on ``worker_id``; returns when

@@ -49,6 +49,7 @@ __all__ = [
     "APPEND_OUTPUT",
     "CLOSE_SESSION",
     "DETACH",
+    "GATEWAY_ANNOUNCE",
     "GATEWAY_LEASE",
     "OPEN_SESSION",
     "REAP",
@@ -106,4 +107,5 @@ ABANDON_OPEN = _PRELUDE + _source("abandon_open")
 REAP = _PRELUDE + _source("reap")
 REAP_SESSIONS = _PRELUDE + _source("reap_sessions")
 GATEWAY_LEASE = _PRELUDE + _source("gateway_lease")
+GATEWAY_ANNOUNCE = _PRELUDE + _source("gateway_announce")
 WORKER_HEARTBEAT = _PRELUDE + _source("worker_heartbeat")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 
 import pytest
@@ -10,9 +11,9 @@ from redis import Redis
 from websockets.exceptions import ConnectionClosed
 
 from duplex_client import DuplexClient, RealtimeEvent
-from store.keys import WorkerKeys, worker_of_session
+from store.keys import GATEWAY_DIRECTORY, WorkerKeys, worker_of_session
 from tests.e2e.helpers import STREAM_SESSION, chunk_index, collect_until, marked_chunk, next_event
-from tests.e2e.stack import Stack, wait_for
+from tests.e2e.stack import Proc, Stack, http_answer, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -86,6 +87,45 @@ async def test_worker_sigkill_closes_sessions_worker_lost(stack: Stack) -> None:
     redis = Redis.from_url(stack.redis.url)
     wait_for(lambda: redis.hget(record, "used") == b"0", "slots released")
     assert redis.hget(record, "state") == b"lost"
+    redis.close()
+
+
+def worker_reaps(gateway: Proc) -> int:
+    """The gateway's ``duplex_gateway_worker_reaps_total``, from its /metrics."""
+    answer = http_answer(gateway.http_url + "/metrics")
+    assert answer is not None and answer[0] == 200
+    found = re.search(r"^duplex_gateway_worker_reaps_total (\S+)$", answer[1], re.MULTILINE)
+    assert found is not None, "the gateway counts its worker reaps"
+    return int(float(found.group(1)))
+
+
+async def test_one_reaper_per_worker_of_three_gateways_still_sees_it_die(stack: Stack) -> None:
+    """With REAPERS_PER_WORKER=1, once the three gateways list one another one of them alone
+    reaps the worker (the others' counts stand still), and a SIGKILLed worker's sessions,
+    opened through another gateway, still end worker_lost."""
+    stack.env["DUPLEX_GATEWAY_REAPERS_PER_WORKER"] = "1"
+    gateways = [stack.gateway() for _ in range(3)]
+    worker = stack.worker(slots=2)
+    clients = [await DuplexClient.connect(gateways[0].ws_url, session=STREAM_SESSION)
+               for _ in range(2)]
+    for client in clients:
+        await collect_until(client, "session.updated", [])
+    redis = Redis.from_url(stack.redis.url)
+    wait_for(lambda: redis.zcard(GATEWAY_DIRECTORY) == 3, "the gateways to list one another")
+    counts = [worker_reaps(gateway) for gateway in gateways]
+    # A pass that read the list before its last gateway joined may still be running: let
+    # every gateway make several more before counting.
+    wait_for(lambda: sum(map(worker_reaps, gateways)) >= sum(counts) + 10, "more reaps")
+    counts = [worker_reaps(gateway) for gateway in gateways]
+    wait_for(lambda: sum(map(worker_reaps, gateways)) >= sum(counts) + 10, "more reaps")
+    grew = [worker_reaps(gateway) > count for gateway, count in zip(gateways, counts,
+                                                                    strict=True)]
+    assert sorted(grew) == [False, False, True], grew
+    worker.kill()
+    for client in clients:
+        closed = await collect_until(client, "session.closed", [], timeout=20)
+        assert closed.data["reason"] == "worker_lost"
+        await client.aclose()
     redis.close()
 
 
