@@ -83,6 +83,12 @@ async def test_after_an_outage_a_lapsed_worker_gets_one_ttl(
             await until(lost, "the worker declared lost a TTL after the outage")
             assert await redis_now_ms(redis_client) >= back + TTL_MS
             record = SessionKeys(opened.session_id).record
+
+            async def ended() -> bool:
+                # The worker is marked lost by one script and its sessions ended by the next.
+                return await redis_client.hget(record, "state") == b"closed"
+
+            await until(ended, "the lost worker's session ended")
             assert await redis_client.hget(record, "reason") == b"worker_lost"
     finally:
         reaper.cancel()
