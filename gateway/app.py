@@ -35,9 +35,9 @@ from gateway.settings import GatewaySettings
 from gateway.web_page import web_page_routes
 from runtime.loop_errors import quiet_dropped_cluster_nodes
 from runtime.loop_lag import watch_loop_lag
-from store import Scripts, create_client
+from store import Scripts, StoreError, create_client
 from store.client import RedisClient
-from store.directory import live_worker_count
+from store.directory import live_worker_count, unlist_gateway
 from store.outages import OutageLog, RedisRefused, redis_address, wait_for_redis
 from store.pubsub import Subscriber
 
@@ -187,6 +187,10 @@ def create_app(settings: GatewaySettings, metrics: GatewayMetrics | None = None)
             for task in (reaper, leases, lag):
                 task.cancel()
             await asyncio.gather(reaper, leases, lag, return_exceptions=True)
+            # Best effort: a gateway that cannot unlist itself lapses from the directory.
+            with contextlib.suppress(StoreError, OSError, TimeoutError):
+                async with asyncio.timeout(1.0):
+                    await unlist_gateway(client, services.holder.gateway_id)
             await services.batcher.aclose()
             await subscriber.aclose()
             await scripts.aclose()

@@ -24,7 +24,7 @@ from contract.messages import JsonObject
 from contract.models import decode_models
 from store.client import store_call
 from store.formats import FORMAT_FIELD, WORKER_FORMAT
-from store.keys import WORKER_DIRECTORY, WorkerKeys
+from store.keys import GATEWAY_DIRECTORY, WORKER_DIRECTORY, WorkerKeys
 
 __all__ = [
     "MAX_PROFILE_BYTES",
@@ -41,6 +41,7 @@ __all__ = [
     "models_of_fleet",
     "server_time_ms",
     "sessions_of_worker",
+    "unlist_gateway",
     "worker_loads",
 ]
 
@@ -146,6 +147,13 @@ async def forget_worker(client: Redis | RedisCluster, worker_id: str) -> None:
     """Remove a worker from the directory, once a reap reported it lost or unknown."""
     with store_call("ZREM directory"):
         await client.zrem(WORKER_DIRECTORY, worker_id)
+
+
+async def unlist_gateway(client: Redis | RedisCluster, gateway_id: str) -> None:
+    """Drop a gateway that stops from the gateway directory, so that the other reapers take
+    its share of the workers at their next pass, not once its listing runs out."""
+    with store_call("ZREM gateway directory"):
+        await client.zrem(GATEWAY_DIRECTORY, gateway_id)
 
 
 async def sessions_of_worker(client: Redis | RedisCluster, worker_id: str) -> list[str]:

@@ -145,6 +145,10 @@ async def test_gateway_sigterm_closes_1012_and_sessions_survive(stack: Stack) ->
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
     # uvicorn re-raises the signal after its graceful shutdown; anything else is a crash.
     assert gateway_a.process.wait(timeout=30) in (0, -signal.SIGTERM)
+    # Its reaping share goes to the others at once: it left the gateway directory as it
+    # stopped, well before its listing would have run out.
+    with Redis.from_url(stack.redis.url) as redis:
+        assert redis.zcard(GATEWAY_DIRECTORY) == 1, "the stopped gateway unlisted itself"
     await client.resume(gateway_b.ws_url)
     await client.append_audio(marked_chunk(0, 1))
     echo = await collect_until(client, "response.output_audio.delta", log)
