@@ -61,10 +61,23 @@ class ReaperShare:
         """Whether this gateway reaps ``worker_id``."""
         mine = self._mine.get(worker_id)
         if mine is None:
-            mine = (len(self.gateways) <= self.count
-                    or self.gateway_id in reapers_of(worker_id, self.gateways, self.count))
+            mine = len(self.gateways) <= self.count or self._ranks_high(worker_id)
             self._mine[worker_id] = mine
         return mine
+
+    def _ranks_high(self, worker_id: str) -> bool:
+        """Whether fewer than ``count`` gateways outrank this one for ``worker_id`` (as
+        :func:`reapers_of` orders them). The scan stops at the ``count``-th that does, so a
+        gateway that is not a reaper of the worker, most of them, weighs a few, not all: the
+        pass after the live list changes stays short on the event loop."""
+        own = (_weight(self.gateway_id, worker_id), self.gateway_id)
+        higher = 0
+        for gateway_id in self.gateways:
+            if (_weight(gateway_id, worker_id), gateway_id) > own:
+                higher += 1
+                if higher == self.count:
+                    return False
+        return True
 
     def forget(self, worker_id: str) -> None:
         """``worker_id`` left the directory: drop what was kept about it."""
