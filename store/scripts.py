@@ -3,7 +3,7 @@
 Each wrapper builds the keys from ``store/keys.py``, runs the script once (EVALSHA with a
 NOSCRIPT fallback), and turns its small answer into a typed value of ``store/answers.py`` or
 one of ``store/errors.py``'s exceptions. The scripts go through redis-py's ``AsyncScript``, or with
-``own_connection`` over the store's own pipelined connection (``store/script_lane.py``).
+``own_connection`` over the store's own pipelined connections (``store/*_lane.py``).
 """
 
 from __future__ import annotations
