@@ -198,7 +198,7 @@ class ClusterLane:
     async def _refresh_quietly(self) -> None:
         try:
             await self._refresh(again=True)
-        except REDIS_ERRORS as exc:  # the next call reads it again (the map stays stale)
+        except (*REDIS_ERRORS, OSError) as exc:  # the next call reads it again (it stays stale)
             _log.debug("refreshing the Cluster's slot map failed: %s", exc)
 
 
