@@ -37,9 +37,14 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection
 from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.exceptions import (
+    AskError,
     AuthenticationError,
     BusyLoadingError,
+    ClusterCrossSlotError,
+    ClusterDownError,
     ConnectionError as RedisConnectionError,
+    MasterDownError,
+    MovedError,
     NoPermissionError,
     NoScriptError,
     ReadOnlyError,
@@ -102,25 +107,32 @@ async def endpoint_of(client: Redis) -> Endpoint:
 
 
 # Redis's error prefixes as redis-py's exceptions, so that callers (store/scripts.py's resends)
-# treat an error the same whichever client carried the command.
-_ERRORS: tuple[tuple[str, type[RedisError]], ...] = (
-    ("NOSCRIPT", NoScriptError),
-    ("READONLY", ReadOnlyError),
-    ("LOADING", BusyLoadingError),
-    ("TRYAGAIN", TryAgainError),
-    ("NOAUTH", AuthenticationError),
-    ("WRONGPASS", AuthenticationError),
-    ("NOPERM", NoPermissionError),
-)
+# treat an error the same whichever client carried the command. A Cluster's redirections
+# carry their slot and node after the prefix, which their exceptions parse.
+_ERRORS: dict[str, type[RedisError]] = {
+    "NOSCRIPT": NoScriptError,
+    "READONLY": ReadOnlyError,
+    "LOADING": BusyLoadingError,
+    "TRYAGAIN": TryAgainError,
+    "NOAUTH": AuthenticationError,
+    "WRONGPASS": AuthenticationError,
+    "NOPERM": NoPermissionError,
+    "CLUSTERDOWN": ClusterDownError,
+    "MASTERDOWN": MasterDownError,
+    "CROSSSLOT": ClusterCrossSlotError,
+}
 
 
 def error_of(reply: hiredis.ReplyError) -> RedisError:
     """An error reply as the exception redis-py would raise for it."""
     text = str(reply)
-    for prefix, kind in _ERRORS:
-        if text.startswith(prefix):
-            return kind(text)
-    return ResponseError(text)
+    code, _, rest = text.partition(" ")
+    if code in ("MOVED", "ASK"):
+        try:
+            return (MovedError if code == "MOVED" else AskError)(rest)
+        except ValueError:  # no "slot host:port": not a redirection we can follow
+            return ResponseError(text)
+    return _ERRORS.get(code, ResponseError)(text)
 
 
 def pack(parts: Sequence[bytes | str | int | float]) -> bytes:

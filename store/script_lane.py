@@ -6,10 +6,10 @@ and writer, its command packer. The gateway's input batches and the worker's out
 are one call per relayed chunk at real-time load, so :class:`Scripts` sends its scripts here
 instead.
 
-This lane is for one node or Sentinel only, and stays so: it has no slot map and follows no
-MOVED or ASK redirection. A Redis Cluster goes through redis-py's cluster client, which routes by
-slot and follows redirections; ``Scripts`` picks redis-py whenever its client is a Cluster. So
-the optimised path is the single-node/Sentinel one, and a Cluster pays redis-py's per-call cost.
+This lane is one connection to one node: a single Redis, the master Sentinel names, or one node
+of a Cluster. A Cluster gets one lane per node from ``store/cluster_lane.py``, which routes
+each call by its keys' slot and follows MOVED and ASK; so one node, Sentinel and Cluster all
+take this path.
 
 What redis-py did for these calls, done here:
 
@@ -58,8 +58,10 @@ class ScriptLane:
         self._closed = False
 
     async def evalsha(self, sha: str, source: str | bytes, keys: Sequence[str],
-                      args: Sequence[Any]) -> Any:
+                      args: Sequence[Any], *, asking: bool = False) -> Any:
         """Run the script whose SHA1 is ``sha`` (``source`` if Redis does not hold it).
+        ``asking``: send ASKING just before it, on the same connection (a Cluster node
+        importing the keys' slot takes the call only so).
 
         Raises:
             redis.exceptions.ConnectionError: the connection failed or stalled; whether the
@@ -68,9 +70,11 @@ class ScriptLane:
         """
         connection = await self._connected()
         try:
-            return await self._request(connection, ["EVALSHA", sha, len(keys), *keys, *args])
+            return await self._request(connection, ["EVALSHA", sha, len(keys), *keys, *args],
+                                       asking)
         except NoScriptError:
-            return await self._request(connection, ["EVAL", source, len(keys), *keys, *args])
+            return await self._request(connection, ["EVAL", source, len(keys), *keys, *args],
+                                       asking)
         except ReadOnlyError as exc:
             connection.abort(exc)  # the next call asks where the master is now
             raise
@@ -85,7 +89,13 @@ class ScriptLane:
             self._connection.abort(RedisConnectionError("the script lane closed"))
             self._connection = None
 
-    async def _request(self, connection: RespConnection, parts: list[Any]) -> Any:
+    async def _request(self, connection: RespConnection, parts: list[Any],
+                       asking: bool = False) -> Any:
+        if asking:
+            # Written before the call with no await between: ASKING holds for the next
+            # command on its connection. Its own reply tells nothing the call's does not: a
+            # node that did not take it redirects the call again.
+            connection.request(["ASKING"]).add_done_callback(_ignore_reply)
         reply = connection.request(parts)
         if self._watchdog is None:
             self._watchdog = asyncio.get_running_loop().call_later(self._stall_s / 2,
@@ -128,3 +138,8 @@ class ScriptLane:
             return
         self._watchdog = asyncio.get_running_loop().call_later(self._stall_s / 2,
                                                                self._check_stall)
+
+
+def _ignore_reply(reply: asyncio.Future[Any]) -> None:
+    if not reply.cancelled():
+        reply.exception()  # retrieved, so asyncio does not log it as never retrieved

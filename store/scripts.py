@@ -3,7 +3,7 @@
 Each wrapper builds the keys from ``store/keys.py``, runs the script once (EVALSHA with a
 NOSCRIPT fallback), and turns its small answer into a typed value of ``store/answers.py`` or
 one of ``store/errors.py``'s exceptions. The scripts go through redis-py's ``AsyncScript``, or with
-``own_connection`` over the store's own pipelined connection (``store/script_lane.py``).
+``own_connection`` over the store's own pipelined connections (``store/*_lane.py``).
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from store.answers import (
 )
 from store.census import NO_ENGINE, TickTime, encode_tick
 from store.client import REDIS_ERRORS
+from store.cluster_lane import ClusterLane
 from store.directory import WorkerProfile
 from store.errors import (
     Gone,
@@ -158,18 +159,17 @@ def _json_object(value: Any) -> JsonObject | None:
 class Scripts:
     """Every script, registered once per client.
 
-    ``own_connection``: send the scripts over one pipelined connection of the store's own
-    instead of redis-py's pool (``store/script_lane.py``: less client CPU per call), for one
-    node or Sentinel only; a Cluster client keeps redis-py, which routes by slot (the lane
-    does not). Call :meth:`aclose` when done.
+    ``own_connection``: send the scripts over pipelined connections of the store's own
+    instead of redis-py's pool (``store/script_lane.py``: less client CPU per call), one per
+    Cluster node (``store/cluster_lane.py``). Call :meth:`aclose` when done.
     """
 
     def __init__(self, client: Redis | RedisCluster, *, own_connection: bool = False) -> None:
         self._client = client
-        self._lane: ScriptLane | None = None
-        if own_connection and isinstance(client, Redis):
-            plain = client
-            self._lane = ScriptLane(lambda: endpoint_of(plain))
+        self._lane: ScriptLane | ClusterLane | None = None
+        if own_connection:
+            self._lane = (ClusterLane(client) if isinstance(client, RedisCluster)
+                          else ScriptLane(lambda: endpoint_of(client)))
 
         def register(source: str) -> AsyncScript:
             return client.register_script(source)

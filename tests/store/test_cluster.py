@@ -48,6 +48,7 @@ from tests.store._support import (
     register_worker,
     used_slots,
 )
+from tests.store.conftest import CONNECTIONS
 
 NODES = 3
 
@@ -68,6 +69,16 @@ async def cluster_client(cluster: Cluster) -> AsyncIterator[RedisCluster]:
     await client.flushall(target_nodes=RedisCluster.PRIMARIES)
     yield client
     await client.aclose()
+
+
+@pytest.fixture(params=CONNECTIONS)
+async def scripts(cluster_client: RedisCluster, request: pytest.FixtureRequest,
+                  ) -> AsyncIterator[Scripts]:
+    """The store's scripts on the Cluster: through redis-py's cluster client, and through the
+    store's own connections, one per node (``store/cluster_lane.py``)."""
+    registered = Scripts(cluster_client, own_connection=request.param == "own")
+    yield registered
+    await registered.aclose()
 
 
 def node_of(client: RedisCluster, key: str) -> str:
@@ -104,9 +115,10 @@ async def test_every_key_of_a_session_shares_one_slot(cluster_client: RedisClust
         cluster_client.keyslot(keys.worker.record)}
 
 
-async def test_session_lifecycle_on_every_node(cluster_client: RedisCluster) -> None:
+async def test_session_lifecycle_on_every_node(
+    cluster_client: RedisCluster, scripts: Scripts,
+) -> None:
     """open/append/resume/detach/append_output/reap/close succeed on each node (no CROSSSLOT)."""
-    scripts = Scripts(cluster_client)
     workers = await workers_on_every_node(cluster_client, scripts)
     assert len(set(workers.values())) == NODES
     for wid in workers:
@@ -143,9 +155,8 @@ async def test_session_lifecycle_on_every_node(cluster_client: RedisCluster) -> 
         assert await used_slots(cluster_client, wid) == 0
 
 
-async def test_worker_lost_on_every_node(cluster_client: RedisCluster) -> None:
+async def test_worker_lost_on_every_node(cluster_client: RedisCluster, scripts: Scripts) -> None:
     """The reaper declares workers lost on each node and ends their sessions once."""
-    scripts = Scripts(cluster_client)
     workers = await workers_on_every_node(cluster_client, scripts)
     sessions = {wid: [await open_session(scripts, wid) for _ in range(2)] for wid in workers}
     for wid in workers:
@@ -159,9 +170,8 @@ async def test_worker_lost_on_every_node(cluster_client: RedisCluster) -> None:
                                       "worker_lost")
 
 
-async def test_directory_spans_nodes(cluster_client: RedisCluster) -> None:
+async def test_directory_spans_nodes(cluster_client: RedisCluster, scripts: Scripts) -> None:
     """The worker directory and worker_loads read workers served by different nodes."""
-    scripts = Scripts(cluster_client)
     workers = await workers_on_every_node(cluster_client, scripts)
     busy = next(iter(workers))
     await open_session(scripts, busy)
@@ -176,11 +186,12 @@ async def test_directory_spans_nodes(cluster_client: RedisCluster) -> None:
     assert all(load.slots == 4 and load.state == "live" for load in loads)
 
 
-async def test_profiles_and_session_objects_on_every_node(cluster_client: RedisCluster) -> None:
+async def test_profiles_and_session_objects_on_every_node(
+    cluster_client: RedisCluster, scripts: Scripts,
+) -> None:
     """On each node a registration publishes the worker's profile, placement's pipelined read
     decodes every one, the open stores the session object, an output write replaces it, and
     a resume hands back the newest (all single-slot: no CROSSSLOT)."""
-    scripts = Scripts(cluster_client)
     workers = await workers_on_every_node(cluster_client, scripts)
     profiles = {wid: WorkerProfile(session={"type": "realtime", "model": wid},
                                    capabilities={"chunk_period_ms": 80}) for wid in workers}
@@ -205,9 +216,10 @@ async def test_profiles_and_session_objects_on_every_node(cluster_client: RedisC
         assert (resumed.session, resumed.capabilities) == (updated, profile.capabilities)
 
 
-async def test_output_notice_through_sharded_pubsub(cluster_client: RedisCluster) -> None:
+async def test_output_notice_through_sharded_pubsub(
+    cluster_client: RedisCluster, scripts: Scripts,
+) -> None:
     """The subscriber receives output and worker notices from sessions on every node."""
-    scripts = Scripts(cluster_client)
     workers = await workers_on_every_node(cluster_client, scripts)
     sub = Subscriber(cluster_client)
     await sub.start()
@@ -233,10 +245,9 @@ async def test_output_notice_through_sharded_pubsub(cluster_client: RedisCluster
 
 
 async def test_cluster_push_latency_is_not_bounded_by_the_poll_timeout(
-    cluster_client: RedisCluster,
+    cluster_client: RedisCluster, scripts: Scripts,
 ) -> None:
     """A push from any node reaches an idle subscriber well within the 1 s poll timeout."""
-    scripts = Scripts(cluster_client)
     workers = await workers_on_every_node(cluster_client, scripts)
     sub = Subscriber(cluster_client)
     await sub.start()
@@ -257,11 +268,10 @@ async def test_cluster_push_latency_is_not_bounded_by_the_poll_timeout(
 
 # Last in the module: it changes which node serves a slot for the tests after it.
 async def test_subscription_follows_its_slot_to_another_node(
-    cluster: Cluster, cluster_client: RedisCluster,
+    cluster: Cluster, cluster_client: RedisCluster, scripts: Scripts,
 ) -> None:
     """Resharding moves a session's slot: the subscriber is told to re-read (None), then
     gets pushes from the slot's new node; the session's scripts carry on there."""
-    scripts = Scripts(cluster_client)
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
     sid = opened.session_id
@@ -288,11 +298,10 @@ async def test_subscription_follows_its_slot_to_another_node(
 
 
 async def test_tenant_places_of_ended_sessions_are_released_across_nodes(
-    cluster_client: RedisCluster,
+    cluster_client: RedisCluster, scripts: Scripts,
 ) -> None:
     """Sessions of tenants whose keys live on different nodes end on every node; one reap per
     worker hands them back and one pipelined release frees every place (no CROSSSLOT)."""
-    scripts = Scripts(cluster_client)
     workers = await workers_on_every_node(cluster_client, scripts)
     tenants = [f"tenant-{n}" for n in range(12)]
     assert len({node_of(cluster_client, tenant_sessions(t)) for t in tenants}) > 1
@@ -329,10 +338,11 @@ def worker_ids_on_every_node(client: RedisCluster) -> list[str]:
     raise AssertionError(f"worker ids never covered every node: {by_node}")
 
 
-async def test_census_reads_workers_on_every_node(cluster_client: RedisCluster) -> None:
+async def test_census_reads_workers_on_every_node(
+    cluster_client: RedisCluster, scripts: Scripts,
+) -> None:
     """A worker on each node, each with sessions of its own count (one detached), read in
     small SSCAN batches: every worker, backend and session is counted where it is."""
-    scripts = Scripts(cluster_client)
     holder = AttachmentHolder(gateway_id=new_gateway_id(), lease_ms=HOUR_MS)
     worker_ids = worker_ids_on_every_node(cluster_client)
     for count, worker_id in enumerate(worker_ids, start=2):
