@@ -808,6 +808,38 @@ async def test_the_terminal_event_stays_last_whoever_writes_after_it(
                               "client_close" if ending == "close" else "worker_lost")
 
 
+async def test_appends_racing_a_close_never_bring_its_keys_back(
+    scripts: Scripts, redis_client: Redis
+) -> None:
+    """Appends in flight on several connections while the session closes: whichever land
+    after the close are refused (SessionGone), the input log is not created again, and every
+    key of the session left in Redis expires (its retention), none is kept for ever."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+
+    async def append(i: int) -> str:
+        try:
+            await scripts.append_input(opened.lease, [(i, cmd(str(i)))], max_entries=1000)
+        except SessionGone:
+            return "gone"
+        return "ok"
+
+    answers = await asyncio.gather(
+        *(append(i) for i in range(1, 41)),
+        scripts.close_session(opened.session_id, CloseReason.CLIENT_CLOSE),
+        *(append(i) for i in range(41, 81)))
+    assert answers[40] == "ok"
+    keys = SessionKeys(opened.session_id)
+    assert await redis_client.exists(keys.input_log) == 0
+    assert await append(81) == "gone"
+    assert await redis_client.exists(keys.input_log) == 0
+    left = [key async for key in redis_client.scan_iter(match=f"{keys.record}*")]
+    left += [key async for key in redis_client.scan_iter(match=f"*{opened.session_id}*")]
+    assert left, "the record and the output log stay for a late resume"
+    for key in set(left):
+        assert await redis_client.pttl(key) > 0, key
+
+
 async def test_racing_closes_write_one_terminal(scripts: Scripts, redis_client: Redis) -> None:
     """Concurrent closes of one session: exactly one wins, one slot released."""
     wid = await register_worker(scripts)
