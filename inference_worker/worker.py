@@ -497,12 +497,15 @@ class Worker:
         start = await session_start(self._client, session_id)
         if session_id in self._sessions or self.fenced:  # a push and a poll adopted it at once
             return self._sessions.get(session_id)
-        session = self._new_session(session_id, start.model if start is not None else None)
+        if start is None or start.closed:
+            # Ended (or expired) before this look: a late push or a stale member of the
+            # worker's set must not take a slot and start a model for it.
+            return None
+        session = self._new_session(session_id, start.model)
         if session is None:
             self._spawn(self._writer.close(session_id, CloseReason.NO_FREE_SLOT))
             return None
-        if start is not None:
-            session.applied_under = WriteToken(start.epoch, 0)
+        session.applied_under = WriteToken(start.epoch, 0)
         self._sessions.add(session_id, session)
         await self._catch_up(session_id, session)
         return session

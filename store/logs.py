@@ -130,25 +130,28 @@ class SessionStart:
             another epoch than the one it had).
         model: the ``model`` its ``session.created`` announced (the name the client opened
             it with); None when the record holds no announced session.
+        closed: the session ended; a late push or poll must not bring it back to life.
     """
 
     epoch: str
     model: str | None
+    closed: bool = False
 
 
 async def session_start(client: Redis | RedisCluster, session_id: str) -> SessionStart | None:
-    """The epoch and announced model of the session's record (None: no record)."""
+    """The epoch, announced model and end of the session's record (None: no record)."""
     key = SessionKeys(session_id).record
     try:
-        fields: Any = await client.hmget(key, ["epoch", "session"])
-        epoch, session = fields
+        fields: Any = await client.hmget(key, ["epoch", "session", "state"])
+        epoch, session, state = fields
     except REDIS_ERRORS as exc:
         raise_if_cancelled()
         raise StoreUnavailable(f"HMGET {key} failed: {exc}") from exc
     raise_if_cancelled()
     if epoch is None:
         return None
-    return SessionStart(epoch=epoch.decode(), model=_announced_model(session))
+    return SessionStart(epoch=epoch.decode(), model=_announced_model(session),
+                        closed=state == b"closed")
 
 
 def _announced_model(raw: Any) -> str | None:

@@ -66,7 +66,11 @@ local function let_go(rec, sid, held)
   end
 end
 
--- The one place a session ends: the terminal event goes last into the output log, the slot is
+-- The highest stream ID there is: an output log whose last ID is set to it takes no entry more.
+local LAST_STREAM_ID = '18446744073709551615-18446744073709551615'
+
+-- The one place a session ends: the terminal event goes last into the output log (and Redis
+-- keeps it last: any later XADD, a lost worker's or a resend's, is refused), the slot is
 -- released, the worker is told, the session is queued on its worker's ended list (a reaper hands
 -- its tenant place back: that key lives in another hash slot), and the keys get a retention TTL
 -- so a late resume can still replay up to the terminal event. Callers check that the session is
@@ -77,6 +81,7 @@ local function terminate(sid, keys, wk, terminal, reason)
   local f = redis.call('HMGET', rec, 'retention_ms', 'out_max', 'tenant')
   local retention = tonumber(f[1])
   append_events(rec, out_log, keys.out_channel, {terminal}, tonumber(f[2]) + 1)
+  redis.call('XSETID', out_log, LAST_STREAM_ID)
   let_go(rec, sid, wk.held)
   redis.call('HSET', rec, 'state', 'closed', 'reason', reason)
   if redis.call('SREM', wk.sessions, sid) == 1 then

@@ -214,11 +214,14 @@ async def test_an_adopting_worker_reads_the_epoch_and_the_announced_model(
 ) -> None:
     """session_start gives the worker the record's epoch and the model session.created
     announced (the name the client opened the session with), so its own session object
-    names the same model; a record without an announced session gives no model; no record,
-    nothing."""
+    names the same model; a record without an announced session gives no model; a closed
+    session says so (a late push must not bring it back); no record, nothing."""
     opened = await open_with_session(scripts, await register_with_profile(scripts))
     start = await session_start(redis_client, opened.session_id)
-    assert start == SessionStart(epoch=EPOCH, model="m")
+    assert start == SessionStart(epoch=EPOCH, model="m", closed=False)
+    await scripts.close_session(opened.session_id, CloseReason.CLIENT_CLOSE)
+    assert await session_start(redis_client, opened.session_id) == SessionStart(
+        epoch=EPOCH, model="m", closed=True)
     bare = await open_session(scripts, await register_worker(scripts))
     bare_start = await session_start(redis_client, bare.session_id)
     assert bare_start is not None and bare_start.model is None

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from contract.messages import AudioDelta, ErrorEvent, SessionClosed, encode_message
 from contract.reasons import CloseReason
@@ -780,6 +781,63 @@ async def test_close_session_is_idempotent(scripts: Scripts, redis_client: Redis
     await assert_one_terminal(redis_client, opened.session_id, "session.closed", "client_close")
     assert await used_slots(redis_client, wid) == 0
     assert await scripts.close_session(new_session_id(wid), CloseReason.CLIENT_CLOSE) == "unknown"
+
+
+@pytest.mark.parametrize("ending", ["close", "worker_lost"])
+async def test_the_terminal_event_stays_last_whoever_writes_after_it(
+    scripts: Scripts, redis_client: Redis, ending: str
+) -> None:
+    """Once a session ended, Redis itself refuses any entry after its terminal event (the
+    log's last ID is the highest there is), so a writer that skipped the record's state (a
+    lost worker's late flush, a resend) cannot put an event after it."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    await scripts.append_output(opened.session_id, [ev(1)])
+    if ending == "close":
+        await scripts.close_session(opened.session_id, CloseReason.CLIENT_CLOSE)
+    else:
+        await expire_heartbeat(redis_client, scripts, wid)
+        await reap_until_ended(scripts, wid, 1 - await reap_until_lost(scripts, wid))
+    events = await events_of(redis_client, opened.session_id)
+    out_log = SessionKeys(opened.session_id).output_log
+    for entry_id in (f"{len(events) + 1}-0", "*"):
+        with pytest.raises(ResponseError, match="exhausted"):
+            await redis_client.xadd(out_log, {"d": ev(9)}, id=entry_id)
+    assert await events_of(redis_client, opened.session_id) == events
+    await assert_one_terminal(redis_client, opened.session_id, "session.closed",
+                              "client_close" if ending == "close" else "worker_lost")
+
+
+async def test_appends_racing_a_close_never_bring_its_keys_back(
+    scripts: Scripts, redis_client: Redis
+) -> None:
+    """Appends in flight on several connections while the session closes: whichever land
+    after the close are refused (SessionGone), the input log is not created again, and every
+    key of the session left in Redis expires (its retention), none is kept for ever."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+
+    async def append(i: int) -> str:
+        try:
+            await scripts.append_input(opened.lease, [(i, cmd(str(i)))], max_entries=1000)
+        except SessionGone:
+            return "gone"
+        return "ok"
+
+    answers = await asyncio.gather(
+        *(append(i) for i in range(1, 41)),
+        scripts.close_session(opened.session_id, CloseReason.CLIENT_CLOSE),
+        *(append(i) for i in range(41, 81)))
+    assert answers[40] == "ok"
+    keys = SessionKeys(opened.session_id)
+    assert await redis_client.exists(keys.input_log) == 0
+    assert await append(81) == "gone"
+    assert await redis_client.exists(keys.input_log) == 0
+    left = [key async for key in redis_client.scan_iter(match=f"{keys.record}*")]
+    left += [key async for key in redis_client.scan_iter(match=f"*{opened.session_id}*")]
+    assert left, "the record and the output log stay for a late resume"
+    for key in set(left):
+        assert await redis_client.pttl(key) > 0, key
 
 
 async def test_racing_closes_write_one_terminal(scripts: Scripts, redis_client: Redis) -> None:

@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 
 from contract import messages as msg
 from contract.messages import encode_message
+from contract.reasons import CloseReason
 from store.keys import SessionKeys, WorkerKeys
 from tests.store._support import (
     EPOCH,
@@ -27,6 +28,7 @@ from tests.store._support import (
     spublish,
     until,
 )
+from tests.store.test_reap_keys import recording
 from tests.worker._running import HEARTBEAT, Running, acks, heartbeat, running_worker
 
 #: 20 ms of silence: the default (turn mode) loopback buffers it and answers nothing.
@@ -108,3 +110,28 @@ async def test_applied_input_is_trimmed_while_a_session_answers_nothing(
     await until(trimmed, "the applied chunks trimmed from the input log")
     assert await acks(running, sid) == 1, "the chunks were answered"
     await heartbeat(running, opened.lease, 2)  # the session is served on
+
+
+async def test_a_late_push_for_a_closed_session_does_not_bring_it_back(running: Running) -> None:
+    """A push that names a session which ended before the worker looked (a stale notice, a
+    push that crossed its close) takes no slot: the worker reads the record, finds it closed
+    and leaves it, and the session's log keeps its one terminal event."""
+    other = await open_session(running.scripts, running.worker.worker_id)
+    gone = await open_session(running.scripts, running.worker.worker_id)
+    await heartbeat(running, other.lease, 1)
+    await until(lambda: gone.session_id in running.worker.session_ids, "the session adopted")
+    await running.scripts.close_session(gone.session_id, CloseReason.CLIENT_CLOSE)
+    await until(lambda: gone.session_id not in running.worker.session_ids, "the close heard")
+
+    channel = WorkerKeys(running.worker.worker_id).input_channel
+    async with recording(running.client) as commands:
+        await spublish(running.client, channel,
+                       ["i", gone.session_id, 1, [HEARTBEAT], EPOCH, 1])
+        # Notices are handled in order: once the next one is answered, the late push was
+        # handled, and anything the worker had for the closed session flushed with it.
+        await heartbeat(running, other.lease, 2)
+    record = SessionKeys(gone.session_id).record
+    assert [call for call in commands.script_calls() if record in call] == []
+    assert gone.session_id not in running.worker.session_ids
+    assert await acks(running, gone.session_id) == 0
+    await assert_one_terminal(running.client, gone.session_id, "session.closed", "client_close")
