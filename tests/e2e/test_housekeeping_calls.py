@@ -150,6 +150,7 @@ async def test_housekeeping_is_one_call_per_round_whatever_the_sessions(
     assert set(names) <= _OTHERS | {"GATEWAY_LEASE", "TENANT_RESERVE"}, names
     leases = [call for call in calls if call.name == "GATEWAY_LEASE"]
     tenants = [call for call in calls if call.name == "TENANT_RESERVE"]
+    print(f"{sessions} sessions: scripts in the window {dict(names.most_common())}")
     assert len(leases) >= 3, names  # several rounds in the window
     # One tenant renewal per round (the window may cut a round between its two calls).
     assert abs(len(tenants) - len(leases)) <= 1, names
