@@ -21,39 +21,36 @@ Duties = tuple[list[OutputTrim], list[str]]
 
 
 class PendingDuties:
-    """Per worker: the newest trim of each session, and the sessions active since the last
-    renewal that carried them."""
+    """The newest trim of each session, and the sessions active since the round that last
+    carried them; grouped by worker once per round, so marking one costs a set add."""
 
     def __init__(self) -> None:
-        self._trims: dict[str, dict[str, OutputTrim]] = collections.defaultdict(dict)
-        self._active: dict[str, set[str]] = collections.defaultdict(set)
+        self._trims: dict[str, OutputTrim] = {}
+        self._active: set[str] = set()
 
     def trim(self, trim: OutputTrim) -> None:
-        """Trim ``trim.lease``'s session up to ``trim.upto_seq`` at the next renewal."""
-        self._trims[trim.worker_id][trim.lease.session_id] = trim
+        """Trim ``trim.lease``'s session up to ``trim.upto_seq`` at the next round."""
+        self._trims[trim.lease.session_id] = trim
 
     def active(self, session_id: str) -> None:
-        """The session's client was active: its idle TTL counts from the next renewal."""
-        self._active[worker_of_session(session_id)].add(session_id)
+        """The session's client was active: its idle TTL counts from the next round."""
+        self._active.add(session_id)
 
-    @property
-    def workers(self) -> set[str]:
-        """The workers some duty waits for."""
-        return set(self._trims) | set(self._active)
+    def take_all(self) -> dict[str, Duties]:
+        """Everything waiting, by worker, removed from here."""
+        trims, self._trims = self._trims, {}
+        active, self._active = self._active, set()
+        by_worker: dict[str, Duties] = collections.defaultdict(lambda: ([], []))
+        for trim in trims.values():
+            by_worker[trim.worker_id][0].append(trim)
+        for session_id in sorted(active):
+            by_worker[worker_of_session(session_id)][1].append(session_id)
+        return dict(by_worker)
 
-    def take(self, worker_id: str) -> Duties:
-        """Everything waiting for ``worker_id``, removed from here."""
-        trims = self._trims.pop(worker_id, {})
-        return list(trims.values()), sorted(self._active.pop(worker_id, ()))
-
-    def put_back(self, worker_id: str, duties: Duties) -> None:
+    def put_back(self, duties: Duties) -> None:
         """A call that carried ``duties`` failed: keep them for the next one, except the trims
         of sessions that got a newer trim meanwhile."""
         trims, active = duties
-        pending = self._trims[worker_id]
         for trim in trims:
-            pending.setdefault(trim.lease.session_id, trim)
-        if not pending:
-            del self._trims[worker_id]
-        if active:
-            self._active[worker_id].update(active)
+            self._trims.setdefault(trim.lease.session_id, trim)
+        self._active.update(active)

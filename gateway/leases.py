@@ -22,7 +22,7 @@ import logging
 
 from prometheus_client import Counter
 
-from gateway.lease_duties import PendingDuties
+from gateway.lease_duties import Duties, PendingDuties
 from runtime.ratelog import RateLimitedLog
 from store import AttachmentHolder, Lease, Scripts, StoreError
 from store.errors import raise_if_cancelled
@@ -103,11 +103,12 @@ class AttachmentLeases:
         tenant reservations, concurrently; how many leases were renewed. A worker no longer
         held with duties waiting gets them in a call that renews no lease."""
         workers = self.workers
-        unheld = sorted(self._duties.workers.difference(workers))
+        duties = self._duties.take_all()
+        unheld = sorted(duties.keys() - set(workers))
         tenants = self._tenant_sessions()
         answers = await asyncio.gather(
-            *(self._renew(w, self.holder) for w in workers),
-            *(self._renew(w, None) for w in unheld),
+            *(self._renew(w, self.holder, duties.pop(w, ([], []))) for w in workers),
+            *(self._renew(w, None, duties[w]) for w in unheld),
             *(self._scripts.renew_tenant_slots(tenant, sessions, lease_ms=self._tenant_lease_ms)
               for tenant, sessions in tenants.items()),
             return_exceptions=True)
@@ -125,13 +126,13 @@ class AttachmentLeases:
             self._outages.succeeded()
         return len(workers)
 
-    async def _renew(self, worker_id: str, holder: AttachmentHolder | None) -> None:
-        duties = self._duties.take(worker_id)
+    async def _renew(self, worker_id: str, holder: AttachmentHolder | None,
+                     duties: Duties) -> None:
         try:
             await self._scripts.renew_attachment_lease(worker_id, holder, trims=duties[0],
                                                        active=duties[1])
         except StoreError:
-            self._duties.put_back(worker_id, duties)
+            self._duties.put_back(duties)
             raise
 
     def _tenant_sessions(self) -> dict[str, list[str]]:

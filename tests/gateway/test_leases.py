@@ -148,11 +148,11 @@ def test_a_put_back_trim_never_replaces_a_newer_one() -> None:
     lease = Lease(session_id=sid, epoch="e", generation=1, tenant="t")
     duties.trim(OutputTrim(lease, 1))
     duties.active(sid)
-    taken = duties.take(wid)
-    assert duties.workers == set()
+    taken = duties.take_all()
+    assert duties.take_all() == {}
     duties.trim(OutputTrim(lease, 2))
-    duties.put_back(wid, taken)
-    assert duties.take(wid) == ([OutputTrim(lease, 2)], [sid])
+    duties.put_back(taken[wid])
+    assert duties.take_all() == {wid: ([OutputTrim(lease, 2)], [sid])}
 
 
 async def test_input_alone_keeps_a_session_past_its_idle_ttl_silence_ends_it(
