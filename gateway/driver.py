@@ -3,7 +3,7 @@
 It does the I/O and nothing else: what a frame, a push, a store answer or the time means is the
 core's to decide. Four tasks per connection: the reader (client frames), the pump (pushes, plus a
 periodic safety read of the log), the writer (:class:`~gateway.input_writer.InputWriter`: input
-appends, coalesced) and the housekeeping (the core's timer, the tenant renewal). Actions run under
+appends, coalesced) and the housekeeping (the core's timer). Actions run under
 one lock so frames reach the client in the order the core decided; a frame that decided nothing but
 one command's append (every audio chunk) has it queued for the writer without the lock when no step
 is in progress, since queuing never waits. Frames go out through the websocket protocol's direct
@@ -278,29 +278,15 @@ class ConnectionDriver:
         return 0 if self._transport is None else self._transport.get_write_buffer_size()
 
     async def _housekeeping(self) -> None:
-        """On the core's timer: renew the tenant reservation, and let the core trim what the
-        client took long ago (:mod:`gateway.protocol.retention`).
-
-        The reservation is released by the reaper once the session ends, wherever it ends
-        (``gateway/reaper.py``); a renewal never takes a released place back.
-        """
+        """On the core's timer: let the core trim what the client took long ago
+        (:mod:`gateway.protocol.retention`). The trims, the client's activity and the tenant
+        reservation ride the gateway's lease renewals (:mod:`gateway.leases`)."""
         loop = asyncio.get_running_loop()
         while True:
             # A periodic duty, not a wait for a condition.
             await asyncio.sleep(max(0.0, self._core.next_deadline() - loop.time()))
-            if self._core.state is ConnectionState.ATTACHED and self._lease is not None:
-                await self._renew_tenant(self._lease.session_id)
             self._core.timer_fired(loop.time(), taken_seq=self._backlog.taken_seq)
             await self._step_if_free()
-
-    async def _renew_tenant(self, session_id: str) -> None:
-        if not self._svc.settings.tenant_max_sessions:
-            return
-        try:
-            await self._svc.scripts.renew_tenant_slot(
-                self._tenant, session_id, lease_ms=self._svc.tenant_lease_ms)
-        except StoreError as exc:
-            self._store_failed("tenant renewal", session_id, exc)
 
     async def _step_if_free(self) -> None:
         """Run what the core decided, unless a step is in progress: that step runs it (it
@@ -374,8 +360,10 @@ class ConnectionDriver:
                     self._resume_started = None
             case CheckLogEnd(after_seq=after):
                 await self._check_log_end(after)
-            case TrimLog(upto_seq=upto):
-                await self._trim(upto)
+            case TrimLog(upto_seq=upto) if self._lease is not None:
+                # Only memory is at stake: the next lease renewal carries it (the length cap
+                # bounds the log meanwhile).
+                self._svc.leases.trim(self._lease, upto)
 
     async def _send(self, text: str, seq: int) -> None:
         if self._stalled or self._ws.application_state is not WebSocketState.CONNECTED:
@@ -537,20 +525,11 @@ class ConnectionDriver:
         # Counted from where the client stands (the replay starts there).
         self._backlog = OutputBacklog(self._output_limits, taken_seq=self._core.delivered_seq)
 
-    async def _trim(self, upto: int) -> None:
-        if self._lease is None:
-            return
-        try:
-            await self._svc.scripts.trim_output(self._lease, upto)
-        except StoreError as exc:
-            # Only memory is at stake: the length cap still bounds the log.
-            self._store_failed("output log trim", self._lease.session_id, exc)
-
     def _hold(self, session_id: str) -> None:
         """This connection now holds ``session_id`` under the gateway's attachment lease."""
         if self._held is not None:
             self._svc.leases.release(self._held)
-        self._svc.leases.hold(session_id)
+        self._svc.leases.hold(session_id, self._tenant)
         self._held = session_id
 
     async def _give_up(self, session_id: str) -> None:

@@ -80,6 +80,8 @@ class InputWriter:
                 else:
                     self._svc.metrics.commands_appended.inc(len(entries))
                     self._relay_in.observe(time.monotonic() - since)
+                    # Client activity: the idle TTL counts from the next lease renewal.
+                    self._svc.leases.active(lease.session_id)
                 self._core.input_appended(appended.last_index - appended.appended + 1,
                                           appended.last_index)
             except LeaseLost as exc:

@@ -6,6 +6,12 @@ holds once per ``lease / 5``, so its Redis cost is one call per worker per perio
 number of sessions. A gateway that dies, pauses or is cut off stops renewing; once the lease
 lapses any reaper detaches its sessions, whose disconnect grace then runs as after a lost
 connection.
+
+The renewals carry the sessions' housekeeping too (:mod:`gateway.lease_duties`): the output
+trims and the client activity the connections recorded since the last round ride the renewal on
+their worker, and each tenant's reservations (when a tenant cap is set) are renewed in one call
+per tenant per round for all the sessions of it this gateway holds. So the gateway's
+housekeeping costs one call per worker and one per tenant each round, never one per session.
 """
 
 from __future__ import annotations
@@ -16,9 +22,11 @@ import logging
 
 from prometheus_client import Counter
 
+from gateway.lease_duties import Duties, PendingDuties
 from runtime.ratelog import RateLimitedLog
-from store import AttachmentHolder, Scripts, StoreError
+from store import AttachmentHolder, Lease, Scripts, StoreError
 from store.errors import raise_if_cancelled
+from store.housekeeping import OutputTrim
 from store.keys import worker_of_session
 from store.outages import OutageLog
 
@@ -36,20 +44,33 @@ class AttachmentLeases:
     """Which workers this gateway holds sessions on, and the loop that renews its leases."""
 
     def __init__(self, scripts: Scripts, holder: AttachmentHolder,
-                 renewals: Counter | None = None, *, outages: OutageLog | None = None) -> None:
+                 renewals: Counter | None = None, *, outages: OutageLog | None = None,
+                 tenant_lease_ms: int = 0) -> None:
         """``outages``: the process's outage log, shared with its other loops (by default
-        one of its own): a renewal round that fails is told once per outage."""
+        one of its own): a renewal round that fails is told once per outage.
+        ``tenant_lease_ms``: how long each round keeps the held sessions' tenant reservations
+        (0: no tenant cap, no reservations to renew)."""
         self.holder = holder
         self._outages = outages or OutageLog(_log)
         self._scripts = scripts
         self._renewals_metric = renewals
+        self._tenant_lease_ms = tenant_lease_ms
         self._sessions_on: collections.Counter[str] = collections.Counter()  # worker -> held
+        self._holds: collections.Counter[str] = collections.Counter()  # session -> connections
+        self._tenant_of: dict[str, str] = {}
+        self._duties = PendingDuties()
         #: Renewal calls made so far (one per worker per round, whatever the session count).
         self.renewals = 0
+        #: Tenant renewal calls made so far (one per tenant per round).
+        self.tenant_renewals = 0
 
-    def hold(self, session_id: str) -> None:
-        """A connection of this gateway attached ``session_id``."""
+    def hold(self, session_id: str, tenant: str | None = None) -> None:
+        """A connection of this gateway attached ``session_id`` (of ``tenant``, whose
+        reservation the rounds renew while it is held)."""
         self._sessions_on[worker_of_session(session_id)] += 1
+        self._holds[session_id] += 1
+        if tenant is not None:
+            self._tenant_of[session_id] = tenant
 
     def release(self, session_id: str) -> None:
         """That connection ended; the session is detached, replaced or over."""
@@ -57,6 +78,20 @@ class AttachmentLeases:
         self._sessions_on[worker] -= 1
         if self._sessions_on[worker] <= 0:
             del self._sessions_on[worker]
+        self._holds[session_id] -= 1
+        if self._holds[session_id] <= 0:
+            del self._holds[session_id]
+            self._tenant_of.pop(session_id, None)
+
+    def trim(self, lease: Lease, upto_seq: int) -> None:
+        """Trim the session's output up to ``upto_seq``, fenced on ``lease``, in the next
+        round (a later trim of the session replaces it)."""
+        self._duties.trim(OutputTrim(lease, upto_seq))
+
+    def active(self, session_id: str) -> None:
+        """The session's client sent something: the next round marks it active (its idle
+        TTL counts from there)."""
+        self._duties.active(session_id)
 
     @property
     def workers(self) -> list[str]:
@@ -64,12 +99,21 @@ class AttachmentLeases:
         return sorted(self._sessions_on)
 
     async def renew_once(self) -> int:
-        """Renew the lease on every worker held now, concurrently; how many calls were made."""
+        """Renew the lease on every worker held now, with the duties waiting for it, and the
+        tenant reservations, concurrently; how many leases were renewed. A worker no longer
+        held with duties waiting gets them in a call that renews no lease."""
         workers = self.workers
+        duties = self._duties.take_all()
+        unheld = sorted(duties.keys() - set(workers))
+        tenants = self._tenant_sessions()
         answers = await asyncio.gather(
-            *(self._scripts.renew_attachment_lease(w, self.holder) for w in workers),
+            *(self._renew(w, self.holder, duties.pop(w, ([], []))) for w in workers),
+            *(self._renew(w, None, duties[w]) for w in unheld),
+            *(self._scripts.renew_tenant_slots(tenant, sessions, lease_ms=self._tenant_lease_ms)
+              for tenant, sessions in tenants.items()),
             return_exceptions=True)
         self.renewals += len(workers)
+        self.tenant_renewals += len(tenants)
         if self._renewals_metric is not None:
             self._renewals_metric.inc(len(workers))
         failures = [answer for answer in answers if isinstance(answer, StoreError)]
@@ -78,9 +122,26 @@ class AttachmentLeases:
                 raise answer  # a bug, not Redis: it ends the gateway loudly
         if failures:
             self._renewal_failed(failures[0])
-        elif workers:
+        elif answers:
             self._outages.succeeded()
         return len(workers)
+
+    async def _renew(self, worker_id: str, holder: AttachmentHolder | None,
+                     duties: Duties) -> None:
+        try:
+            await self._scripts.renew_attachment_lease(worker_id, holder, trims=duties[0],
+                                                       active=duties[1])
+        except StoreError:
+            self._duties.put_back(duties)
+            raise
+
+    def _tenant_sessions(self) -> dict[str, list[str]]:
+        """Per tenant, the sessions held now whose reservations this round renews."""
+        by_tenant: dict[str, list[str]] = collections.defaultdict(list)
+        if self._tenant_lease_ms:
+            for session_id, tenant in self._tenant_of.items():
+                by_tenant[tenant].append(session_id)
+        return by_tenant
 
     def _renewal_failed(self, exc: StoreError) -> None:
         """Redis not answering is the process's outage, told once per change; a refusal (a

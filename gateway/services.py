@@ -17,7 +17,8 @@ from store.pubsub import Subscriber
 
 __all__ = ["GatewayServices"]
 
-# Renewals come about every second; this much slack survives a missed one or two.
+# The lease rounds renew reservations every fifth of an attachment lease (a second by default):
+# this much slack, or a whole attachment lease if longer, survives a few missed rounds.
 _TENANT_LEASE_SLACK_MS = 5_000
 
 
@@ -40,8 +41,9 @@ class GatewayServices:
         #: This process as the holder of the sessions it attaches (a fresh id per process).
         self.holder = AttachmentHolder(gateway_id=new_gateway_id(),
                                        lease_ms=int(settings.attach_lease_s * 1000))
-        self.leases = AttachmentLeases(scripts, self.holder, metrics.lease_renewals,
-                                       outages=self.outages)
+        self.leases = AttachmentLeases(
+            scripts, self.holder, metrics.lease_renewals, outages=self.outages,
+            tenant_lease_ms=self.tenant_lease_ms if settings.tenant_max_sessions else 0)
         self.draining = False
 
     @property
@@ -49,4 +51,5 @@ class GatewayServices:
         """How long a tenant reservation lasts unless renewed: past the disconnect grace, so a
         detached session stays counted until it could have expired (the reaper releases it
         as soon as the session ends)."""
-        return int(self.settings.disconnect_grace_s * 1000) + _TENANT_LEASE_SLACK_MS
+        return (int(self.settings.disconnect_grace_s * 1000)
+                + max(_TENANT_LEASE_SLACK_MS, self.holder.lease_ms))

@@ -68,6 +68,7 @@ from store.errors import (
     WorkerFenced,
     raise_if_cancelled,
 )
+from store.housekeeping import LeaseRenewal, OutputTrim, lease_call
 from store.keys import (
     GATEWAY_DIRECTORY,
     SessionKeys,
@@ -93,7 +94,6 @@ DEFAULT_REAP_OUTAGE_MS = 500
 
 def _holder_args(holder: AttachmentHolder | None) -> tuple[str, int]:
     return ("", 0) if holder is None else (holder.gateway_id, holder.lease_ms)
-
 
 
 #: How long after a resume landed a retry of it (same control id, the token it rotated from)
@@ -184,7 +184,6 @@ class Scripts:
         self._reap = register(lua.REAP)
         self._reap_sessions = register(lua.REAP_SESSIONS)
         self._heartbeat = register(lua.WORKER_HEARTBEAT)
-        self._trim = register(lua.TRIM_OUTPUT)
         self._tenant = register(lua.TENANT_RESERVE)
         self._tenant_opens = register(lua.TENANT_OPEN_RATE)
         self._gateway_lease = register(lua.GATEWAY_LEASE)
@@ -366,25 +365,24 @@ class Scripts:
 
     async def trim_output(self, lease: Lease, acknowledged_seq: int) -> TrimStatus:
         """Drop output entries up to ``acknowledged_seq``, fenced on ``lease`` (``AHEAD``:
-        nothing trimmed, see :class:`~store.answers.TrimStatus`)."""
-        k = SessionKeys(lease.session_id)
-        answer = await self._run(self._trim, [k.record, k.output_log],
-                                 [lease.epoch, lease.generation, acknowledged_seq, lease.tenant])
-        return TrimStatus(_str(answer))
+        nothing trimmed): a lease call renewing no lease (a gateway's ride its renewals)."""
+        trim = OutputTrim(lease, acknowledged_seq)
+        return (await self.renew_attachment_lease(trim.worker_id, None, trims=[trim])).trims[0]
 
     async def reserve_tenant_slot(self, tenant_id: str, session_id: str, *, cap: int,
                                   lease_ms: int) -> bool:
         """Count ``session_id`` against ``tenant_id``'s cap; False when the tenant is full."""
         answer = await self._run(self._tenant, [tenant_sessions(tenant_id)],
-                                 [session_id, cap, lease_ms, "reserve"])
+                                 ["reserve", cap, lease_ms, session_id])
         return TenantStatus(_str(answer)) is TenantStatus.OK
 
-    async def renew_tenant_slot(self, tenant_id: str, session_id: str, *, lease_ms: int) -> bool:
-        """Keep a served session counted for ``lease_ms`` more; False when its place was
-        released already (the session ended): a renewal never takes a place back."""
+    async def renew_tenant_slots(self, tenant_id: str, session_ids: Sequence[str], *,
+                                 lease_ms: int) -> list[bool]:
+        """Keep served sessions counted for ``lease_ms`` more, in one call; per session, False
+        when its place was released already (it ended): a renewal never takes a place back."""
         answer = await self._run(self._tenant, [tenant_sessions(tenant_id)],
-                                 [session_id, 0, lease_ms, "renew"])
-        return TenantStatus(_str(answer)) is TenantStatus.OK
+                                 ["renew", 0, lease_ms, *session_ids])
+        return [TenantStatus(_str(status)) is TenantStatus.OK for status in answer]
 
     async def release_tenant_slot(self, tenant_id: str, session_id: str) -> None:
         """Stop counting a session (it ended, or its open did not land)."""
@@ -553,12 +551,13 @@ class Scripts:
                                  [gateway_id, ttl_ms])
         return tuple(sorted(_str(member) for member in answer))
 
-    async def renew_attachment_lease(self, worker_id: str, holder: AttachmentHolder) -> int:
-        """Renew ``holder``'s lease on every session it serves on ``worker_id``; returns when
-        it now ends (ms, Redis clock)."""
-        answer = await self._run(self._gateway_lease, [WorkerKeys(worker_id).gateways],
-                                 [holder.gateway_id, holder.lease_ms])
-        return int(answer)
+    async def renew_attachment_lease(self, worker_id: str, holder: AttachmentHolder | None, *,
+                                     trims: Sequence[OutputTrim] = (),
+                                     active: Sequence[str] = ()) -> LeaseRenewal:
+        """Renew ``holder``'s lease on every session it serves on ``worker_id`` (None: none),
+        trim ``trims`` and mark ``active`` clients active, in one call (store/housekeeping)."""
+        keys, args = lease_call(worker_id, holder, trims, active)
+        return LeaseRenewal.parse(await self._run(self._gateway_lease, keys, args))
 
     async def worker_heartbeat(
         self, worker_id: str, *, slots: int, ttl_ms: int, register: bool, drain: bool,

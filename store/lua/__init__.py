@@ -57,7 +57,6 @@ __all__ = [
     "RESUME",
     "TENANT_OPEN_RATE",
     "TENANT_RESERVE",
-    "TRIM_OUTPUT",
     "WORKER_HEARTBEAT",
     "reasons_written",
 ]
@@ -99,7 +98,6 @@ RESUME = _PRELUDE + _source("resume")
 DETACH = _PRELUDE + _source("detach")
 TENANT_RESERVE = _PRELUDE + _source("tenant_reserve")
 TENANT_OPEN_RATE = _PRELUDE + _source("tenant_open_rate")
-TRIM_OUTPUT = _source("trim_output")
 APPEND_INPUT = _PRELUDE + _source("append_input")
 APPEND_OUTPUT = _PRELUDE + _source("append_output")
 CLOSE_SESSION = _PRELUDE + _source("close_session")

@@ -30,15 +30,14 @@
 -- the record and gets the first answer back, so commands without a client seq are not
 -- appended twice. A full answer records no call id: a resend is decided afresh, which is
 -- safe because the first run appended nothing.
--- Cost: per session, one HMGET, one XADD per command and one HSET; per call, TIME and one
--- SPUBLISH. The idle deadline is not moved here: an append only ever moves it later, and the
--- reaper schedules a session that it finds not due yet at its real deadline (see REAP).
+-- Cost: per session, one HMGET, one XADD per command and one HSET; per call, one SPUBLISH.
+-- The client's activity (the record's 'active_ms', which the idle TTL counts from) is not
+-- written here, per chunk: the gateway marks it in its next lease renewal (GATEWAY_LEASE).
 local worker_channel, call_id = KEYS[1], ARGV[2]
 local in_max = tonumber(ARGV[1])
 -- The bytes the unread input may hold (0: no bound), as Redis counts the log's memory: a
 -- session's input log is its unread backlog, whatever the size of each command.
 local in_max_bytes = tonumber(ARGV[3])
-local now = now_ms()
 local notices = {}
 
 -- The argument positions of the commands that are new: no client seq, or one above the
@@ -99,7 +98,7 @@ local function append_one(rec, in_log, sid, epoch, gen, tenant, at, count)
     payloads[#payloads + 1] = ARGV[i + 1]
     biggest = math.max(biggest, #ARGV[i + 1])
   end
-  redis.call('HSET', rec, 'in_n', n, 'cseq', top, 'active_ms', now, 'in_call', call_id,
+  redis.call('HSET', rec, 'in_n', n, 'cseq', top, 'in_call', call_id,
              'in_call_n', #payloads, 'in_big', biggest)
   if #payloads > 0 then
     notices[#notices + 1] = {sid, first, payloads, epoch, tonumber(gen)}

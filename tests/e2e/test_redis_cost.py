@@ -37,7 +37,7 @@ SENT_GOAL = 30
 SENT_UNCOALESCED = 130
 #: Run inside scripts per session-second, the level reached: per chunk and direction one
 #: HMGET, one XADD and one HSET of the session's own keys, one SPUBLISH per output batch and
-#: session, TIME and a fencing read per call. DESIGN §5's 150 needs those per call rather than
+#: session, a fencing read per output call. DESIGN §5's 150 needs those per call rather than
 #: per session (a per-worker hash of the sessions' hot fields, one output channel per gateway
 #: and worker); until then this catches a regression (it was ~930).
 IN_SCRIPTS_REACHED = 560

@@ -48,7 +48,8 @@ async def expire_lease(client: Redis, scripts: Scripts, worker_id: str,
                        holder: AttachmentHolder) -> None:
     """Renew ``holder``'s lease for 1 ms and wait until the Redis clock is past it."""
     short = AttachmentHolder(gateway_id=holder.gateway_id, lease_ms=1)
-    await wait_redis_clock_past(client, await scripts.renew_attachment_lease(worker_id, short))
+    renewal = await scripts.renew_attachment_lease(worker_id, short)
+    await wait_redis_clock_past(client, renewal.until_ms)
 
 
 async def test_an_open_attaches_under_the_gateways_lease(
@@ -96,7 +97,7 @@ async def test_renewal_keeps_every_session_attached(
     wid = await register_worker(scripts, slots=8)
     short = AttachmentHolder(gateway_id=A.gateway_id, lease_ms=200)
     sessions = [await open_session(scripts, wid, holder=short) for _ in range(5)]
-    until_ms = await scripts.renew_attachment_lease(wid, A)  # the long lease
+    until_ms = (await scripts.renew_attachment_lease(wid, A)).until_ms  # the long lease
     await wait_redis_clock_past(redis_client, until_ms - A.lease_ms + short.lease_ms)
     assert (await scripts.reap(wid)).detached == 0
     for o in sessions:

@@ -102,7 +102,7 @@ async def test_every_key_the_reaper_touches_is_in_keys(
     idle = await open_session(scripts, live, policy=make_policy(idle_ttl_ms=0))
     short = AttachmentHolder(gateway_id=A.gateway_id, lease_ms=1)
     await wait_redis_clock_past(redis_client,
-                                await scripts.renew_attachment_lease(live, short))
+                                (await scripts.renew_attachment_lease(live, short)).until_ms)
     lost = await register_worker(scripts, slots=8)
     lost_sessions = [await open_session(scripts, lost) for _ in range(3)]
     await expire_heartbeat(redis_client, scripts, lost)
@@ -172,7 +172,8 @@ async def test_reap_sessions_sent_twice_changes_nothing(
     due = await open_session(scripts, wid, policy=make_policy(idle_ttl_ms=0))
     attached = await open_session(scripts, wid, holder=A)
     short = AttachmentHolder(gateway_id=A.gateway_id, lease_ms=1)
-    await wait_redis_clock_past(redis_client, await scripts.renew_attachment_lease(wid, short))
+    renewal = await scripts.renew_attachment_lease(wid, short)
+    await wait_redis_clock_past(redis_client, renewal.until_ms)
     w = WorkerKeys(wid)
     keys = [w.record, w.sessions, w.deadlines, w.input_channel, w.ended, w.gateways, w.held]
     args: list[Any] = [b"lost", b"grace", b"idle", 1000, 1]

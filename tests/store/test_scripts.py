@@ -1241,7 +1241,7 @@ async def test_tenant_cap_reserve_renew_release(scripts: Scripts, redis_client: 
     assert not await scripts.reserve_tenant_slot("t1", "s3", cap=2, lease_ms=60_000)
     assert await scripts.reserve_tenant_slot("t1", "s1", cap=2, lease_ms=60_000), "idempotent"
     assert await scripts.reserve_tenant_slot("t2", "s3", cap=2, lease_ms=60_000), "per tenant"
-    await scripts.renew_tenant_slot("t1", "s9", lease_ms=60_000)  # an existing session: no cap
+    await scripts.renew_tenant_slots("t1", ["s9"], lease_ms=60_000)  # an existing session: no cap
     await scripts.release_tenant_slot("t1", "s9")
     await scripts.release_tenant_slot("t1", "s2")
     assert await scripts.reserve_tenant_slot("t1", "s3", cap=2, lease_ms=1)

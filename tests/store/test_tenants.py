@@ -122,9 +122,9 @@ async def test_a_renewal_never_takes_a_released_place_back(
     """A renewal racing the session's end finds the place released and leaves it so."""
     sid = "sess_w000000000001.00000000000000000000000000000001"
     assert await scripts.reserve_tenant_slot(OWNER, sid, cap=1, lease_ms=60_000)
-    assert await scripts.renew_tenant_slot(OWNER, sid, lease_ms=60_000)
+    assert await scripts.renew_tenant_slots(OWNER, [sid], lease_ms=60_000) == [True]
     await scripts.release_tenant_slot(OWNER, sid)
-    assert not await scripts.renew_tenant_slot(OWNER, sid, lease_ms=60_000)
+    assert await scripts.renew_tenant_slots(OWNER, [sid], lease_ms=60_000) == [False]
     assert await places(redis_client, OWNER) == set()
 
 
