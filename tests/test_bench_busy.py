@@ -67,8 +67,10 @@ def test_a_busy_run_prints_idle_and_busy_side_by_side(
         assert GENERATOR_COMMAND not in row["commands_us_per_chunk_by_name"]
         if row["regime"] == "idle":
             assert row["generator_commands"] == 0 and row["redis_us_per_chunk"] > 0
+            assert row["modelled_us_per_chunk"] is None
         else:
             assert row["generator_commands"] > 0 and row["server"] == "auto, io-threads 1"
+            assert row["modelled_us_per_chunk"] > 0
         _check_counts(row, row["sessions_per_call"])
     printed = capsys.readouterr().out
     assert "Redis us per chunk, idle and busy" in printed

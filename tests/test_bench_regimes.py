@@ -54,11 +54,12 @@ def test_regimes_run_beside_the_sweep_and_place_one_session_per_pair(
         assert row["in_scripts_per_session_s"] >= 450
         assert row["redis_us_per_round_trip"] is not None
         if row["busy"]:
-            assert row["generator_commands"] > 0
+            assert row["generator_commands"] > 0 and row["modelled_us_per_round_trip"] > 0
             assert row["generator_alone"]["connections"] == 4
             assert row["point"]["redis"]["calls_by_command"]["echo"] > 0
         else:
             assert row["generator_commands"] == 0 and row["generator_alone"] is None
+            assert row["modelled_us_per_round_trip"] is None
     printed = capsys.readouterr().out
     assert "Redis regimes: Redis us per 20 ms chunk round trip" in printed
     plot = output.with_name("relay-regimes.svg")

@@ -79,7 +79,7 @@ def _client_main(conn: Connection) -> None:
 class RedisCounters:
     """One ``INFO all`` read: commands (all, and calls per command), bytes on the wire, reads
     from clients (one per batch of commands that arrived together) and the main thread's CPU
-    seconds (None where the server does not report it)."""
+    seconds (None where the server does not report it), and the execution time per command."""
 
     total: int
     net_in: int
@@ -87,6 +87,7 @@ class RedisCounters:
     calls: dict[str, int]
     reads: int = 0
     main_thread_cpu_s: float | None = None
+    usec: dict[str, float] = field(default_factory=dict)
 
 
 class _RedisProbe:
@@ -114,7 +115,10 @@ class _RedisProbe:
                              net_in=int(info["total_net_input_bytes"]),
                              net_out=int(info["total_net_output_bytes"]), calls=calls,
                              reads=int(info.get("total_reads_processed", 0)),
-                             main_thread_cpu_s=main)
+                             main_thread_cpu_s=main,
+                             usec={key[len("cmdstat_"):]: float(value["usec"])
+                                   for key, value in info.items()
+                                   if key.startswith("cmdstat_") and isinstance(value, dict)})
 
     def session_memory(self, sessions: int, *, per_session_keys: bool) -> dict[str, float] | None:
         """Redis memory per session, read while the sessions are still attached.
@@ -221,6 +225,7 @@ def _redis_report(window: _Window, session_seconds: float,
     calls = {name: n - before.calls.get(name, 0) for name, n in after.calls.items()}
     calls["info"] = calls.get("info", 0) - 1
     calls = {name: n for name, n in sorted(calls.items(), key=lambda kv: -kv[1]) if n > 0}
+    usec = {name: us - before.usec.get(name, 0.0) for name, us in after.usec.items()}
     in_scripts = sum(n for name, n in calls.items() if name in script_commands)
     client = total - in_scripts
     return {"client_commands": client, "per_session_second": client / session_seconds,
@@ -232,6 +237,10 @@ def _redis_report(window: _Window, session_seconds: float,
             "session_seconds": session_seconds, "calls_by_command": calls,
             # less our own INFO's read
             "reads_processed": after.reads - before.reads - 1,
+            # execution time of the commands sent (a script's includes what it ran)
+            "sent_usec": sum(us for name, us in usec.items()
+                             if name not in script_commands and name != "info"),
+            "usec_by_command": {name: us for name, us in usec.items() if us > 0},
             "main_thread_cpu_s": None
             if after.main_thread_cpu_s is None or before.main_thread_cpu_s is None
             else after.main_thread_cpu_s - before.main_thread_cpu_s}
