@@ -85,3 +85,16 @@ def test_spread_takes_two_counts() -> None:
     for bad in ("4", "4,0", "a,b", "1,2,3"):
         with pytest.raises(SystemExit):
             parser.parse_args(["--spread", bad])
+
+
+def test_relay_io_threads_without_busy_are_refused(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """I/O threads are measured in the busy regime only: refused before anything starts."""
+    from duplex_gateway.cli import main
+
+    output = tmp_path / "relay.json"
+    with pytest.raises(SystemExit) as ended:
+        main(["bench", "relay", "--io-threads", "2", "--output", str(output)])
+    assert ended.value.code == 2
+    assert "--io-threads needs --busy" in capsys.readouterr().err
+    assert not output.exists()
