@@ -13,6 +13,12 @@ per call of the same script through redis-py (hiredis, on the running loop) and 
 store's own connection (``store/script_lane.py``, hiredis's reader on an asyncio protocol: what
 the gateway and the worker use), one call at a time.
 
+With ``--busy N`` the script and publish shapes are measured again in the busy regime
+(:mod:`duplex_gateway.bench.busy`: a load generator keeps N connections busy on the server,
+its own Redis CPU measured alone and subtracted), once per ``--io-threads`` count, and printed
+beside the idle figures with the commands sent, the commands run inside scripts and the writes
+(client calls) per session-second.
+
 It prints two tables, writes JSON and a plot (Redis us per chunk against sessions per call,
 the per-direction half of the target drawn as a line), asserts nothing about speed, and exits
 0 (2 when it could not run, 130 when interrupted).
@@ -32,6 +38,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from duplex_gateway.bench.busy import (
+    GENERATOR_COMMAND,
+    BusyLoad,
+    ServerChoice,
+    add_busy_arguments,
+    busy_load,
+    interleaved,
+    measure_alone,
+    read_cpu,
+    server_choices,
+    server_version,
+)
 from duplex_gateway.bench.kit import (
     output_help,
     output_path,
@@ -69,6 +87,20 @@ class CallRow:
             bare publish): the commands they run plus the script's own Lua.
         commands_us_per_chunk: the part of that in the commands the script runs, by name in
             ``commands_us_per_chunk_by_name``.
+        regime: ``idle`` (the bench's calls alone) or ``busy`` (a load generator beside them,
+            its share taken out of ``redis_us_per_chunk`` and ``main_thread_us_per_chunk``).
+        server: the server and its I/O threads (:class:`~duplex_gateway.bench.busy.ServerChoice`).
+        main_thread_us_per_chunk: Redis's main thread alone (``INFO cpu``), where reported.
+        redis_core_share: the server's CPU over the window, the generator's included.
+        commands_sent_per_session_s: calls sent (script calls or publishes) per second of one
+            session's stream (50 chunks); ``in_scripts_per_session_s``: commands the scripts
+            ran; ``writes_per_session_s``: client calls, i.e. network round trips.
+        generator_commands: the busy-load generator's commands over the relay's windows.
+        modelled_us_per_chunk: busy only: the execution time ``INFO commandstats`` charges the
+            calls sent (the script's Lua and its commands, or the publish), plus one generator
+            command's whole cost alone per call (a busy server's fixed cost of a call: read,
+            parse, reply), per chunk. It needs no subtraction, so it holds where the
+            subtraction drowns in the generator's own variation.
     """
 
     shape: str
@@ -80,6 +112,15 @@ class CallRow:
     script_us_per_chunk: float
     commands_us_per_chunk: float
     commands_us_per_chunk_by_name: dict[str, float]
+    regime: str = "idle"
+    server: str = ""
+    main_thread_us_per_chunk: float | None = None
+    redis_core_share: float = 0.0
+    commands_sent_per_session_s: float = 0.0
+    in_scripts_per_session_s: float = 0.0
+    writes_per_session_s: float = 0.0
+    generator_commands: int = 0
+    modelled_us_per_chunk: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,23 +132,34 @@ class ClientRow:
     client_us_per_call: float
 
 
-async def _redis_cpu_s(client: Redis) -> float:
-    info: dict[str, Any] = await client.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+# The bench's own commands and the busy-load generator's, not the load's.
+_NOT_LOAD: Final = frozenset({"info", "config|resetstat", "ssubscribe", GENERATOR_COMMAND})
 
 
-# The bench's own commands, not the load's.
-_NOT_LOAD: Final = frozenset({"info", "config|resetstat", "ssubscribe"})
+@dataclass(frozen=True, slots=True)
+class _Stats:
+    """Since the last ``CONFIG RESETSTAT``: usec and calls per command, by name (Redis counts
+    the commands a script runs under their own names, as if sent)."""
 
+    usec: dict[str, float]
+    calls: dict[str, int]
 
-async def _script_usec(client: Redis) -> tuple[float, dict[str, float]]:
-    """Since the last ``CONFIG RESETSTAT``: the usec charged to EVALSHA, and to each command
-    that scripts ran (Redis counts those under their own names, as if sent)."""
-    stats: dict[str, Any] = await client.info("commandstats")
-    usec = {name.removeprefix("cmdstat_"): float(row["usec"]) for name, row in stats.items()}
-    inside = {name: value for name, value in usec.items()
-              if name != "evalsha" and name not in _NOT_LOAD}
-    return usec.get("evalsha", 0.0), inside
+    @classmethod
+    def of(cls, info: dict[str, Any]) -> _Stats:
+        rows = {name.removeprefix("cmdstat_"): row for name, row in info.items()
+                if name.startswith("cmdstat_") and isinstance(row, dict)}
+        return cls({name: float(row["usec"]) for name, row in rows.items()},
+                   {name: int(row["calls"]) for name, row in rows.items()})
+
+    def inside(self) -> dict[str, float]:
+        """The usec of the commands the script calls ran."""
+        return {name: value for name, value in self.usec.items()
+                if name != "evalsha" and name not in _NOT_LOAD}
+
+    def inside_calls(self) -> int:
+        """How many commands the script calls ran."""
+        return sum(n for name, n in self.calls.items()
+                   if name != "evalsha" and name not in _NOT_LOAD)
 
 
 async def _sessions(client: Redis, worker_id: str, count: int) -> list[Lease]:
@@ -146,7 +198,8 @@ async def _paced(callers: int, seconds: float, call: Callable[[int], Awaitable[N
 
 
 async def _measure_shape(client: Redis, shape: str, sessions: int, per_call: int,
-                         seconds: float) -> CallRow:
+                         seconds: float, *, server: str = "",
+                         busy: BusyLoad | None = None) -> CallRow:
     from store import Scripts
     from store.keys import WorkerKeys, new_worker_id
 
@@ -174,21 +227,53 @@ async def _measure_shape(client: Redis, shape: str, sessions: int, per_call: int
     try:
         await call(0)  # the script is loaded (SCRIPT LOAD) before the window, not in it
         await client.config_resetstat()
-        before = await _redis_cpu_s(client)
-        calls = await _paced(len(groups), seconds, call)
-        used_s = await _redis_cpu_s(client) - before
-        script_usec, inside = await _script_usec(client)
+        if busy is None:
+            before = read_cpu(await client.info("cpu"))
+            began = time.monotonic()
+            calls = await _paced(len(groups), seconds, call)
+            after: dict[str, Any] = await client.info("all")
+            spent = read_cpu(after).minus(before)
+            generator, share = 0, spent.total / (time.monotonic() - began)
+            floor = None
+        else:
+            made: list[int] = []
+
+            async def run(window: float) -> None:
+                made.append(await _paced(len(groups), window, call))
+
+            async def info() -> dict[str, Any]:
+                answer: dict[str, Any] = await client.info("all")
+                return answer
+
+            measured = await interleaved(info, run, busy, seconds)
+            calls, after, spent = sum(made), measured.last, measured.spent
+            generator, share = measured.generator_commands, measured.core_share
+            floor = measured.generator.us_per_command
     finally:
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)
         await subscriber.aclose()
         await client.flushall()
     chunks = calls * per_call  # every group holds per_call sessions, one chunk each
-    if shape == _BARE_PUBLISH:
-        inside = {}  # its SPUBLISH is the command sent, no script ran
+    stats = _Stats.of(after)
+    bare = shape == _BARE_PUBLISH
+    inside = {} if bare else stats.inside()  # a publish runs no script
     by_name = {name: usec / chunks for name, usec in sorted(inside.items())}
-    return CallRow(shape, per_call, calls, chunks, used_s / chunks * 1e6, used_s / calls * 1e6,
-                   script_usec / chunks, sum(by_name.values()), by_name)
+    session_s = chunks * CHUNK_S  # each chunk is 20 ms of one session's stream
+    return CallRow(
+        shape, per_call, calls, chunks, spent.total / chunks * 1e6, spent.total / calls * 1e6,
+        stats.usec.get("evalsha", 0.0) / chunks, sum(by_name.values()), by_name,
+        regime="idle" if busy is None else "busy", server=server,
+        main_thread_us_per_chunk=None if spent.main_thread is None
+        else spent.main_thread / chunks * 1e6,
+        redis_core_share=share,
+        commands_sent_per_session_s=stats.calls.get("spublish" if bare else "evalsha", 0)
+        / session_s,
+        in_scripts_per_session_s=0.0 if bare else stats.inside_calls() / session_s,
+        writes_per_session_s=calls / session_s,
+        generator_commands=generator,
+        modelled_us_per_chunk=None if floor is None else
+        (stats.usec.get("spublish" if bare else "evalsha", 0.0) + floor * calls) / chunks)
 
 
 def _check_appended(outcomes: Sequence[object]) -> None:
@@ -226,27 +311,66 @@ async def _measure_clients(client: Redis, calls: int) -> list[ClientRow]:
     return rows
 
 
-async def _run(sessions: int, per_call: Sequence[int], seconds: float, calls: int
+async def _shapes(client: Redis, sessions: int, per_call: Sequence[int], seconds: float, *,
+                  server: str, busy: BusyLoad | None = None) -> list[CallRow]:
+    rows = [await _measure_shape(client, _BARE_PUBLISH, sessions, 1, seconds, server=server,
+                                 busy=busy)]
+    for count in per_call:
+        rows.append(await _measure_shape(client, _INPUT_SCRIPT, sessions, count, seconds,
+                                         server=server, busy=busy))
+    return rows
+
+
+async def _busy_rows(choice: ServerChoice, args: argparse.Namespace
+                     ) -> tuple[list[CallRow], dict[str, Any]]:
+    """The shapes again on a fresh server kept busy by the generator, whose cost is measured
+    alone first."""
+    from redis.asyncio import Redis
+
+    from runtime.embedded import start_server
+
+    server = start_server(choice.kind, extra_args=choice.extra_args)
+    client = Redis(port=server.port)
+    try:
+        with busy_load(server.url, server.port, args.busy) as load:
+            rows = await _shapes(client, args.sessions, args.per_call, args.seconds,
+                                 server=choice.label, busy=load)
+            cost = await asyncio.to_thread(measure_alone, server.url, load, args.seconds)
+        version: dict[str, Any] = await client.info("server")
+    finally:
+        await client.aclose()
+        server.stop()
+    return rows, {"server": choice.label, "binary": server.binary.name,
+                  "version": server_version(version), "generator_alone": asdict(cost)}
+
+
+async def _run(args: argparse.Namespace
                ) -> tuple[list[CallRow], list[ClientRow], dict[str, Any]]:
     from redis.asyncio import Redis
 
     from runtime.embedded import start_server
 
-    server = start_server("auto")
+    server = start_server(args.server)
     client = Redis(port=server.port)
+    idle = ServerChoice(args.server).label
     try:
-        rows = [await _measure_shape(client, _BARE_PUBLISH, sessions, 1, seconds)]
-        for count in per_call:
-            rows.append(await _measure_shape(client, _INPUT_SCRIPT, sessions, count, seconds))
-        clients = await _measure_clients(client, calls)
+        rows = await _shapes(client, args.sessions, args.per_call, args.seconds, server=idle)
+        clients = await _measure_clients(client, args.calls)
         version: dict[str, Any] = await client.info("server")
     finally:
         await client.aclose()
         server.stop()
-    return rows, clients, {"server": f"{server.binary.name} {version.get('redis_version')}"}
+    busy = []
+    for choice in server_choices(args.server, args.io_threads) if args.busy else []:
+        more, about = await _busy_rows(choice, args)
+        rows += more
+        busy.append(about)
+    return rows, clients, {"server": f"{server.binary.name} {server_version(version)}",
+                           "busy_servers": busy}
 
 
 def _format(report: dict[str, Any]) -> str:
+    idle = [row for row in report["calls"] if row["regime"] == "idle"]
     lines = [f"Redis CPU per chunk, one direction ({report['config']['sessions']} sessions x 50 "
              f"chunks/s; target {TARGET_US_PER_CHUNK / 2:g} us, half of DESIGN's round trip);"
              " of it, the script calls, and the commands they ran",
@@ -255,22 +379,71 @@ def _format(report: dict[str, Any]) -> str:
     lines += [f"{row['shape']:<40} {row['sessions_per_call']:>13} "
               f"{row['redis_us_per_chunk']:>9.1f} {row['script_us_per_chunk']:>7.1f} "
               f"{row['commands_us_per_chunk']:>8.1f} {row['redis_us_per_call']:>8.1f}"
-              for row in report["calls"]]
+              for row in idle]
+    if report["config"]["busy"]:
+        lines += ["", *_regimes_table(report)]
     lines += ["", "client CPU per call of the input script (one session, one chunk)"]
     lines += [f"{row['client']:<40} {row['client_us_per_call']:>9.1f} us"
               for row in report["clients"]]
     return "\n".join(lines)
 
 
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _regimes_table(report: dict[str, Any]) -> list[str]:
+    """Idle and busy side by side: Redis us per chunk (busy: the generator's share taken out;
+    main thread in brackets), and the counts per session-second, which the regime leaves
+    alone."""
+    servers = [about["server"] for about in report["config"]["busy_servers"]]
+    busy = {(row["server"], row["shape"], row["sessions_per_call"]): row
+            for row in report["calls"] if row["regime"] == "busy"}
+    lines = ["Redis us per chunk, idle and busy (generator's share subtracted; [main thread]; "
+             "(modelled: execution + a busy call's fixed cost)); per session-second: commands "
+             "sent, run inside scripts, writes",
+             f"{'shape':<40} {'per call':>8} {'idle':>7} "
+             + " ".join(f"{'busy ' + name:>36}" for name in servers)
+             + f" {'sent':>6} {'inside':>6} {'writes':>6}"]
+    for row in report["calls"]:
+        if row["regime"] != "idle":
+            continue
+        cells = []
+        for name in servers:
+            other = busy.get((name, row["shape"], row["sessions_per_call"]))
+            cells.append("-" if other is None else
+                         f"{_cell(other['redis_us_per_chunk'])} "
+                         f"[{_cell(other['main_thread_us_per_chunk'])}] "
+                         f"({_cell(other['modelled_us_per_chunk'])})")
+        lines.append(f"{row['shape']:<40} {row['sessions_per_call']:>8} "
+                     f"{row['redis_us_per_chunk']:>7.1f} "
+                     + " ".join(f"{cell:>36}" for cell in cells)
+                     + f" {row['commands_sent_per_session_s']:>6.1f}"
+                     f" {row['in_scripts_per_session_s']:>6.1f}"
+                     f" {row['writes_per_session_s']:>6.1f}")
+    for about in report["config"]["busy_servers"]:
+        alone = about["generator_alone"]
+        lines.append(f"generator alone on {about['server']} ({about['binary']} "
+                     f"{about['version']}): {alone['tool']}, {alone['connections']} connections, "
+                     f"{alone['commands_per_s'] / 1000:.1f} k commands/s, "
+                     f"{alone['us_per_command']:.2f} us each, the server at "
+                     f"{alone['redis_core_share'] * 100:.0f} % of a core")
+    return lines
+
+
 def _plot(path: Path, rows: Sequence[CallRow]) -> Path:
-    script = [(row.sessions_per_call, row.redis_us_per_chunk) for row in rows
-              if row.shape == _INPUT_SCRIPT]
-    floor = [row.redis_us_per_chunk for row in rows if row.shape == _BARE_PUBLISH]
-    series: dict[str, list[tuple[float, float]]] = {_INPUT_SCRIPT: [(float(x), y)
-                                                                    for x, y in script]}
+    series: dict[str, list[tuple[float, float]]] = {}
+    for row in rows:
+        if row.shape != _INPUT_SCRIPT:
+            continue
+        name = _INPUT_SCRIPT if row.regime == "idle" else f"busy, {row.server}"
+        series.setdefault(name, []).append((float(row.sessions_per_call),
+                                            row.redis_us_per_chunk))
+    floor = [row.redis_us_per_chunk for row in rows
+             if row.shape == _BARE_PUBLISH and row.regime == "idle"]
+    script = series.get(_INPUT_SCRIPT, [])
     if floor and script:
-        series[_BARE_PUBLISH] = [(float(script[0][0]), floor[0]), (float(script[-1][0]),
-                                                                   floor[0])]
+        series[_BARE_PUBLISH] = [(script[0][0], floor[0]), (script[-1][0], floor[0])]
     return write_chart(path, Chart(
         title="Redis CPU per chunk against sessions per call", x_label="sessions per call",
         y_label="Redis us per chunk, one direction", series=series, integer_x=True,
@@ -290,6 +463,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calls", type=positive_int, default=3000,
                         help="calls per client for the client-side table (default: "
                              "%(default)s)")
+    add_busy_arguments(parser)
     parser.add_argument("--output", help=output_help("calls"))
 
 
@@ -301,20 +475,23 @@ def run_calls_bench(args: argparse.Namespace) -> int:
         print(f"bench calls: --per-call {bad} do not divide --sessions {args.sessions}",
               file=sys.stderr)
         return 2
+    if args.io_threads and not args.busy:
+        print("bench calls: --io-threads needs --busy", file=sys.stderr)
+        return 2
     from redis.exceptions import RedisError
 
     try:
-        rows, clients, server = asyncio.run(_run(args.sessions, args.per_call, args.seconds,
-                                                 args.calls))
+        rows, clients, server = asyncio.run(_run(args))
     except KeyboardInterrupt:
         print("bench calls: interrupted; the server was stopped", file=sys.stderr)
         return 130
-    except (OSError, RedisError) as exc:
+    except (OSError, RedisError, RuntimeError) as exc:
         print(f"bench calls: could not run: {exc}", file=sys.stderr)
         return 2
     report = {
         "config": {"sessions": args.sessions, "per_call": args.per_call,
                    "seconds": args.seconds, "calls": args.calls, "chunk_bytes": CHUNK_BYTES,
+                   "busy": args.busy, "io_threads": args.io_threads or [1],
                    "machine": platform.platform(), "cpus": os.cpu_count(), **server},
         "target_us_per_chunk_per_direction": TARGET_US_PER_CHUNK / 2,
         "calls": [asdict(row) for row in rows],

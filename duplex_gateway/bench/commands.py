@@ -4,6 +4,7 @@ its own flags; a bench module is imported when its subcommand runs or parses."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 __all__ = ["add_parsers"]
 
@@ -11,8 +12,12 @@ __all__ = ["add_parsers"]
 def _relay(args: argparse.Namespace) -> int:
     from duplex_gateway.bench.relay import run_relay_bench
 
+    if args.io_threads and not args.busy:
+        print("bench relay: --io-threads needs --busy", file=sys.stderr)
+        return 2
     return run_relay_bench(sessions=args.sessions, gateways=args.gateways, seconds=args.seconds,
-                           output=args.output, profile=args.profile)
+                           output=args.output, profile=args.profile, busy=args.busy,
+                           spread=args.spread, server=args.server, io_threads=args.io_threads)
 
 
 def _resume(args: argparse.Namespace) -> int:

@@ -66,6 +66,12 @@ Redis commands sent and 150 run inside scripts per session-second, at most 30 us
 chunk and 256 KiB of Redis memory per session. Each is ``met`` or ``MISSED`` for this run, on
 this machine, at this load: a finding, not a failure.
 
+With ``--busy N`` or ``--spread G,W`` the project is also measured by Redis regime
+(:mod:`duplex_gateway.bench.relay_regimes`): one gateway and one worker, and G gateways with W
+workers (each session on its own pair), each idle and with a load generator keeping N
+connections busy on the server (its own cost measured alone and subtracted), once per
+``--io-threads`` count; a second table and plot, and ``"regimes"`` in the JSON.
+
 The benchmark asserts nothing about speed: it exits 0 when it ran and every chunk came back,
 1 when chunks were lost (or came back corrupt, duplicated or to the wrong session), 2 when it
 could not run and 130 when interrupted (Ctrl-C, or SIGTERM from a time limit), after writing
@@ -89,6 +95,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, TextIO
 
+from duplex_gateway.bench.busy import add_busy_arguments
 from duplex_gateway.bench.kit import (
     output_help,
     output_path,
@@ -97,6 +104,14 @@ from duplex_gateway.bench.kit import (
     sigterm_as_interrupt,
 )
 from duplex_gateway.bench.relay_point import WARMUP_S, ClientPool, run_point
+from duplex_gateway.bench.relay_regimes import (
+    Regime,
+    add_regime_arguments,
+    format_regimes,
+    plan_regimes,
+    plot_regimes,
+    run_regime,
+)
 from duplex_gateway.bench.relay_setups import peer_unavailable, serve, sweep_setups
 from duplex_gateway.bench.spec import (
     CHUNK_BYTES,
@@ -141,6 +156,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "multiple of the echo's (reproducible, unlike CPU time; this "
                              "run's CPU figures then include the profiler's overhead); "
                              "default: not profiled")
+    add_busy_arguments(parser)
+    add_regime_arguments(parser)
 
 
 class Progress:
@@ -184,6 +201,7 @@ class _Plan:
     compression: bool
     peer_skipped: str | None
     profile: bool = False
+    regimes: tuple[Regime, ...] = ()
 
 
 def _config(plan: _Plan) -> dict[str, Any]:
@@ -192,6 +210,7 @@ def _config(plan: _Plan) -> dict[str, Any]:
         "seconds": plan.seconds, "chunk_ms": CHUNK_S * 1000,
         "chunk_bytes": CHUNK_BYTES, "warmup_s": WARMUP_S, "ramp_s": RAMP_S,
         "drain_s": DRAIN_S, "client_processes": plan.clients, "profiled": plan.profile,
+        "regimes": [regime.label for regime in plan.regimes],
         "websocket_compression": {
             "echo": "permessage-deflate" if plan.compression else None,
             "project": "permessage-deflate" if plan.compression else None,
@@ -205,14 +224,14 @@ def _config(plan: _Plan) -> dict[str, Any]:
 
 
 def _sweep(plan: _Plan, log_root: Path, points: list[dict[str, Any]],
-           config: dict[str, Any]) -> None:
+           config: dict[str, Any], regimes: list[dict[str, Any]]) -> None:
     """Run every point, appending each to ``points`` as it is measured and naming the Redis
     server in ``config`` once known, so an interrupted sweep keeps what it measured."""
     setups = sweep_setups(plan.gateways, peer=plan.peer_skipped is None)
     with contextlib.ExitStack() as stack:
         pool = ClientPool(plan.clients, stack)
         stack.callback(pool.stop)
-        progress = Progress(len(plan.sessions) * len(setups))
+        progress = Progress(len(plan.sessions) * (len(setups) + len(plan.regimes)))
         stack.callback(progress.close)
         for sessions in plan.sessions:
             for setup in setups:
@@ -223,7 +242,12 @@ def _sweep(plan: _Plan, log_root: Path, points: list[dict[str, Any]],
                     points.append(run_point(pool, target, sessions, plan.seconds,
                                              plan.compression))
                 config["redis_server"] = target.redis_name or config["redis_server"]
-        progress.show(len(points), "done")
+            for number, regime in enumerate(plan.regimes):
+                progress.show(len(points) + len(regimes), f"{regime.label}, {sessions} sessions")
+                regimes.append(run_regime(pool, regime, sessions, plan.seconds,
+                                          plan.compression,
+                                          log_root / f"regime{number}-{sessions}"))
+        progress.show(len(points) + len(regimes), "done")
 
 
 def _keep_profiles(log_root: Path, output: Path) -> list[str]:
@@ -256,7 +280,9 @@ def run_relay_bench(*, sessions: Sequence[int] | int, seconds: float,
                     gateways: Sequence[int] = DEFAULT_GATEWAYS,
                     output: str | os.PathLike[str] | None = None,
                     clients: int | None = None, compression: bool = True,
-                    profile: bool = False) -> int:
+                    profile: bool = False, busy: int | None = None,
+                    spread: tuple[int, int] | None = None, server: str = "auto",
+                    io_threads: list[int] | None = None) -> int:
     """Run the sweep, print the table, write the JSON and the plots.
 
     Args:
@@ -273,6 +299,10 @@ def run_relay_bench(*, sessions: Sequence[int] | int, seconds: float,
         profile: count the Python calls per relayed chunk of the project's gateways and
             worker (:mod:`duplex_gateway.bench.profiling`); their CPU figures then include the
             profiler's overhead.
+        busy: the busy regime's generator connections (None: idle only).
+        spread: (gateways, workers) of the spread topology (None: not run).
+        server, io_threads: the regimes' server (``auto``, ``redis`` or ``valkey``) and the
+            I/O thread counts its busy regime runs at.
 
     Returns:
         0 when it ran and every chunk came back intact, 1 when chunks were lost (or came
@@ -293,14 +323,17 @@ def run_relay_bench(*, sessions: Sequence[int] | int, seconds: float,
     path.parent.mkdir(parents=True, exist_ok=True)
     plan = _Plan(sessions=counts, gateways=servers, seconds=seconds,
                  clients=clients or client_count(counts[-1]), compression=compression,
-                 peer_skipped=peer_unavailable(), profile=profile)
+                 peer_skipped=peer_unavailable(), profile=profile,
+                 regimes=tuple(plan_regimes(spread=spread, busy=busy, kind=server,
+                                            io_threads=io_threads)))
     config = _config(plan) | {"redis_server": None}
     log_root = Path(tempfile.mkdtemp(prefix="dg-bench-relay-"))
     points: list[dict[str, Any]] = []
+    regimes: list[dict[str, Any]] = []
     interrupted = False
     try:
         with sigterm_as_interrupt():
-            _sweep(plan, log_root, points, config)
+            _sweep(plan, log_root, points, config, regimes)
     except KeyboardInterrupt:
         # A long sweep stopped by Ctrl-C or a time limit (TERM) keeps the points it finished.
         interrupted = True
@@ -313,11 +346,14 @@ def run_relay_bench(*, sessions: Sequence[int] | int, seconds: float,
         return 2
     config["interrupted"] = interrupted
     report = report_mod.build(config, points, plan.peer_skipped)
-    notes = (report_mod.write(report, path) + _keep_profiles(log_root, path)
-             + _keep_logs(log_root, path))
+    report["regimes"] = regimes
+    notes = (report_mod.write(report, path) + plot_regimes(regimes, path)
+             + _keep_profiles(log_root, path) + _keep_logs(log_root, path))
     print(report_mod.format_table(report))
+    if regimes:
+        print(format_regimes(regimes))
     print("\n".join(notes))
-    if not report["lossless"]:
+    if not report["lossless"] or not all(row["lossless"] for row in regimes):
         print("bench relay: chunks were lost, duplicated, corrupted or misrouted",
               file=sys.stderr)
         return 1

@@ -77,12 +77,17 @@ def _client_main(conn: Connection) -> None:
 
 @dataclass(frozen=True, slots=True)
 class RedisCounters:
-    """One ``INFO all`` read: commands (all, and calls per command) and bytes on the wire."""
+    """One ``INFO all`` read: commands (all, and calls per command), bytes on the wire, reads
+    from clients (one per batch of commands that arrived together) and the main thread's CPU
+    seconds (None where the server does not report it), and the execution time per command."""
 
     total: int
     net_in: int
     net_out: int
     calls: dict[str, int]
+    reads: int = 0
+    main_thread_cpu_s: float | None = None
+    usec: dict[str, float] = field(default_factory=dict)
 
 
 class _RedisProbe:
@@ -102,9 +107,18 @@ class _RedisProbe:
         info: dict[str, Any] = self._client.info("all")
         calls = {key[len("cmdstat_"):]: int(value["calls"]) for key, value in info.items()
                  if key.startswith("cmdstat_") and isinstance(value, dict)}
+        main = None
+        if "used_cpu_user_main_thread" in info:
+            main = (float(info["used_cpu_user_main_thread"])
+                    + float(info["used_cpu_sys_main_thread"]))
         return RedisCounters(total=int(info["total_commands_processed"]),
                              net_in=int(info["total_net_input_bytes"]),
-                             net_out=int(info["total_net_output_bytes"]), calls=calls)
+                             net_out=int(info["total_net_output_bytes"]), calls=calls,
+                             reads=int(info.get("total_reads_processed", 0)),
+                             main_thread_cpu_s=main,
+                             usec={key[len("cmdstat_"):]: float(value["usec"])
+                                   for key, value in info.items()
+                                   if key.startswith("cmdstat_") and isinstance(value, dict)})
 
     def session_memory(self, sessions: int, *, per_session_keys: bool) -> dict[str, float] | None:
         """Redis memory per session, read while the sessions are still attached.
@@ -147,6 +161,7 @@ class _Window:
     machine_before: tuple[int, int] | None = None
     machine_after: tuple[int, int] | None = None
     session_memory: dict[str, float] | None = None
+    while_attached: dict[str, Any] | None = None
     wall_s: float = 0.0
     profiles: dict[str, Path] = field(default_factory=dict)  # name -> its written profile
     # name -> its event loop lag histogram's bucket counts (None: not read)
@@ -210,6 +225,7 @@ def _redis_report(window: _Window, session_seconds: float,
     calls = {name: n - before.calls.get(name, 0) for name, n in after.calls.items()}
     calls["info"] = calls.get("info", 0) - 1
     calls = {name: n for name, n in sorted(calls.items(), key=lambda kv: -kv[1]) if n > 0}
+    usec = {name: us - before.usec.get(name, 0.0) for name, us in after.usec.items()}
     in_scripts = sum(n for name, n in calls.items() if name in script_commands)
     client = total - in_scripts
     return {"client_commands": client, "per_session_second": client / session_seconds,
@@ -218,7 +234,16 @@ def _redis_report(window: _Window, session_seconds: float,
             "commands_incl_in_scripts": total,
             "bytes_in_per_session_second": (after.net_in - before.net_in) / session_seconds,
             "bytes_out_per_session_second": (after.net_out - before.net_out) / session_seconds,
-            "session_seconds": session_seconds, "calls_by_command": calls}
+            "session_seconds": session_seconds, "calls_by_command": calls,
+            # less our own INFO's read
+            "reads_processed": after.reads - before.reads - 1,
+            # execution time of the commands sent (a script's includes what it ran)
+            "sent_usec": sum(us for name, us in usec.items()
+                             if name not in script_commands and name != "info"),
+            "usec_by_command": {name: us for name, us in usec.items() if us > 0},
+            "main_thread_cpu_s": None
+            if after.main_thread_cpu_s is None or before.main_thread_cpu_s is None
+            else after.main_thread_cpu_s - before.main_thread_cpu_s}
 
 
 def _is_server(name: str) -> bool:
@@ -292,6 +317,7 @@ def _summarize(target: Target, logs: Sequence[SessionLog], t0: float, seconds: f
         "redis": _redis_report(window, len(logs) * (seconds - WARMUP_S),
                                target.script_commands),
         "redis_memory_per_session": window.session_memory,
+        "while_attached": window.while_attached,
         "event_loop_lag_ms": _loop_lag_report(window),
         "errors": errors,
     }
@@ -403,6 +429,8 @@ def run_point(pool: ClientPool, target: Target, sessions: int, seconds: float,
         window.profiles = _written_profiles(target)
         window.session_memory = probe.session_memory(
             sessions, per_session_keys=target.setup.name == "project")
+        if target.while_attached is not None:
+            window.while_attached = target.while_attached()
         window.wall_s = time.monotonic() - began
     pool.close_sessions()
     logs.sort(key=lambda log: log.index)

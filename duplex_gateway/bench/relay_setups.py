@@ -8,7 +8,7 @@ import contextlib
 import importlib
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -22,7 +22,8 @@ from duplex_gateway.bench.spec import (
     Setup,
 )
 
-__all__ = ["PEER_SKIPPED", "Target", "peer_unavailable", "serve", "sweep_setups"]
+__all__ = ["PEER_SKIPPED", "Target", "peer_unavailable", "script_only_commands", "serve",
+           "sweep_setups"]
 
 #: Why the peer is missing from a run, in the table and the JSON.
 PEER_SKIPPED: Final = "python-socketio not installed"
@@ -45,6 +46,8 @@ class Target:
     profiles: dict[str, Path] = field(default_factory=dict)
     # name -> (its /metrics page, its event loop lag histogram): the project's processes.
     loop_lag: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # Read once the window's counters are, while the sessions are still attached.
+    while_attached: Callable[[], dict[str, Any]] | None = None
 
 
 def _ws_url(port: int, path: str = "/v1/realtime") -> str:
@@ -132,7 +135,7 @@ def _serve_project(stack: contextlib.ExitStack, setup: Setup, sessions: int,
         servers[gateway.name] = gateway.pid
     return Target(setup=setup, mode="gateway", urls=tuple(urls),
                    servers={**servers, "worker": worker.pid, "redis": redis.process.pid},
-                   redis_url=redis.url, script_commands=_script_only_commands(),
+                   redis_url=redis.url, script_commands=script_only_commands(),
                    redis_name=redis.binary.name, profiles=profiles, loop_lag=loop_lag)
 
 
@@ -167,7 +170,7 @@ def sweep_setups(gateways: Sequence[int], *, peer: bool) -> list[Setup]:
     return setups + [Setup("project", count) for count in gateways]
 
 
-def _script_only_commands() -> frozenset[str]:
+def script_only_commands() -> frozenset[str]:
     """Commands that only the store's Lua scripts run (read from ``store.lua``).
 
     Redis counts a command run inside a script like one a client sent, so the client-side
