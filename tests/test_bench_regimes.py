@@ -48,9 +48,11 @@ def test_regimes_run_beside_the_sweep_and_place_one_session_per_pair(
         assert row["pairs"] == {"sessions": 2, "pairs": 2 if spread else 1,
                                 "max_sessions_per_pair": 1 if spread else 2,
                                 "sessions_per_pair": 1.0 if spread else 2.0}
-        # 50 chunks a second each way, one call each, and a few housekeeping calls
-        assert 100 <= row["commands_sent_per_session_s"] <= 130
-        assert 100 <= row["writes_per_session_s"] <= 130
+        # 50 chunks a second each way, one call each, and a few housekeeping calls (lease
+        # rounds, the worker's polls and heartbeats, the reaper's passes), more per session
+        # the fewer sessions share them
+        assert 100 <= row["commands_sent_per_session_s"] <= 140
+        assert 100 <= row["writes_per_session_s"] <= 140
         assert row["in_scripts_per_session_s"] >= 450
         assert row["redis_us_per_round_trip"] is not None
         if row["busy"]:
