@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import struct
+import time
 
 from duplex_client import DuplexClient, RealtimeEvent
 from tests.gateway.strict import validate_server_event
@@ -79,3 +80,32 @@ async def spoken_answer(client: DuplexClient, audio: bytes, sink: list[RealtimeE
         if event.type == "response.done":
             assert event.data["response"]["status"] == "completed", event.data
             return bytes(answer)
+
+
+async def stream_in_real_time(clients: list[DuplexClient], chunks: int, *,
+                              spread_s: float) -> None:
+    """Each client streams ``chunks`` marked 20 ms chunks on a real-time clock, client ``n``
+    starting ``n * spread_s`` after the first, and reads every echo: each must come once, in
+    order."""
+    chunk_s = CHUNK_BYTES / 2 / 24_000
+
+    async def stream(n: int, client: DuplexClient, start: float) -> None:
+        for i in range(chunks):
+            # Real-time pacing is the load itself, not a wait for a condition.
+            await asyncio.sleep(max(0.0, start + i * chunk_s - time.monotonic()))
+            await client.append_audio(marked_chunk(n, i))
+
+    async def read_echoes(client: DuplexClient) -> list[int]:
+        echoed: list[int] = []
+        while len(echoed) < chunks:
+            event: RealtimeEvent = await next_event(client)
+            if event.type == "response.output_audio.delta":
+                echoed.append(chunk_index(event.audio))
+        return echoed
+
+    start = time.monotonic() + 0.1
+    readers = [asyncio.create_task(read_echoes(client)) for client in clients]
+    await asyncio.gather(*(stream(n, client, start + n * spread_s)
+                           for n, client in enumerate(clients)))
+    for echoed in await asyncio.gather(*readers):
+        assert echoed == list(range(chunks)), "every chunk echoed once, in order"

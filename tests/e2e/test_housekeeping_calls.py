@@ -11,21 +11,19 @@ Asserted as counts, never as times.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import hashlib
 import re
 import threading
-import time
 from dataclasses import dataclass
 
 import pytest
 from redis import Redis
 
-from duplex_client import DuplexClient, RealtimeEvent
+from duplex_client import DuplexClient
 from store import lua
 from store.keys import SessionKeys
-from tests.e2e.helpers import STREAM_SESSION, chunk_index, collect_until, marked_chunk, next_event
+from tests.e2e.helpers import STREAM_SESSION, collect_until, stream_in_real_time
 from tests.e2e.stack import Stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -107,28 +105,8 @@ async def _stream(stack: Stack, sessions: int) -> tuple[list[str], list[ScriptCa
     for client in clients:
         await collect_until(client, "session.updated", [])
 
-    async def stream(n: int, client: DuplexClient, start: float) -> None:
-        for i in range(CHUNKS):
-            # Real-time pacing is the load itself, not a wait for a condition.
-            await asyncio.sleep(max(0.0, start + i * CHUNK_S - time.monotonic()))
-            await client.append_audio(marked_chunk(n, i))
-
-    async def read_echoes(client: DuplexClient) -> list[int]:
-        echoed: list[int] = []
-        while len(echoed) < CHUNKS:
-            event: RealtimeEvent = await next_event(client)
-            if event.type == "response.output_audio.delta":
-                echoed.append(chunk_index(event.audio))
-        return echoed
-
     with ScriptMonitor(stack.redis.url) as monitor:
-        start = time.monotonic() + 0.1
-        readers = [asyncio.create_task(read_echoes(client)) for client in clients]
-        await asyncio.gather(*(stream(n, client, start + n * CHUNK_S / sessions)
-                               for n, client in enumerate(clients)))
-        echoes = await asyncio.gather(*readers)
-    for echoed in echoes:
-        assert echoed == list(range(CHUNKS)), "every chunk echoed once, in order"
+        await stream_in_real_time(clients, CHUNKS, spread_s=CHUNK_S / sessions)
     ids = [str(client.session_id) for client in clients]
     for client in clients:
         await client.aclose()

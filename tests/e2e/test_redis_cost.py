@@ -9,18 +9,16 @@ The assertions are on counts only: stable on a noisy machine.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import re
 import threading
-import time
 from dataclasses import dataclass
 
 import pytest
 from redis import Redis
 
-from duplex_client import DuplexClient, RealtimeEvent
-from tests.e2e.helpers import STREAM_SESSION, chunk_index, collect_until, marked_chunk, next_event
+from duplex_client import DuplexClient
+from tests.e2e.helpers import STREAM_SESSION, collect_until, stream_in_real_time
 from tests.e2e.stack import Stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -127,29 +125,9 @@ async def stream_sessions(stack: Stack, sessions: int, *, aligned: bool) -> Comm
     for client in clients:
         await collect_until(client, "session.updated", [])
 
-    async def stream(n: int, client: DuplexClient, start: float) -> None:
-        for i in range(CHUNKS):
-            # Real-time pacing is the load itself, not a wait for a condition.
-            await asyncio.sleep(max(0.0, start + i * CHUNK_S - time.monotonic()))
-            await client.append_audio(marked_chunk(n, i))
-
-    async def read_echoes(client: DuplexClient) -> list[int]:
-        echoed: list[int] = []
-        while len(echoed) < CHUNKS:
-            event: RealtimeEvent = await next_event(client)
-            if event.type == "response.output_audio.delta":
-                echoed.append(chunk_index(event.audio))
-        return echoed
-
     with CommandMonitor(stack.redis.url) as monitor:
-        start = time.monotonic() + 0.1
-        readers = [asyncio.create_task(read_echoes(client)) for client in clients]
-        spread = 0.0 if aligned else CHUNK_S / sessions
-        await asyncio.gather(*(stream(n, client, start + n * spread)
-                               for n, client in enumerate(clients)))
-        echoes = await asyncio.gather(*readers)
-    for echoed in echoes:
-        assert echoed == list(range(CHUNKS)), "every chunk echoed once, in order"
+        await stream_in_real_time(clients, CHUNKS,
+                                  spread_s=0.0 if aligned else CHUNK_S / sessions)
     for client in clients:
         await client.aclose()
     return monitor.count()
