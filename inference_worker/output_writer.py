@@ -142,6 +142,7 @@ class OutputWriter:
                 [OutputAppend(session_id=session_id, events=session.unsent,
                               first_seq=session.next_seq, close_reason=reason,
                               input_applied=session.follower.next_index - 1,
+                              input_applied_fence=session.applied_fence,
                               session=session.unsent_session)
                  for session_id, session, reason in batch])
         except WorkerFenced:

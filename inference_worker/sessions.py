@@ -116,6 +116,9 @@ class Session:
     # events trims to the position it reports; one with events only every 16 commands): a
     # session gone quiet past it gets one such write from the poll, so nothing applied stays.
     trimmed_to: int = 0
+    # The write fence of the newest input entry applied: with its index, that entry's ID,
+    # which the trim of the input log names (store/lua/prelude.lua).
+    applied_fence: int = 0
     # Bytes of commands applied since the position was last due to be reported by size.
     unreported_bytes: int = 0
     # An input push arrived since the last poll: pushes show a rewound log themselves, so the
@@ -237,6 +240,8 @@ class SessionTable:
         """Apply the session's new input entries in order, and hand the engine the input they
         produced. An entry that is not current (see :func:`is_current`) is refused: skipped,
         counted and logged; the caller's log position moves past it all the same."""
+        if entries:
+            session.applied_fence = entries[-1].fence
         try:
             for entry in entries:
                 if not self._admit(session_id, session, entry):

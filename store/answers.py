@@ -203,7 +203,10 @@ class OutputAppend:
         close_reason: end the session after the events with ``session.closed`` this reason
             (a :class:`~contract.reasons.CloseReason`, or a client's own ``session.close``
             reason).
-        input_applied: input log index applied so far; entries up to it are trimmed (0: none).
+        input_applied: input log index applied so far; entries before it are trimmed (0:
+            none).
+        input_applied_fence: the fence its entry was written under (its ID is
+            ``<fence>-<index>``, see ``store/lua/prelude.lua``).
         session: the session object of the newest ``session.updated`` among ``events``, stored
             in the record with them (what a resume announces); None: leave it.
     """
@@ -213,6 +216,7 @@ class OutputAppend:
     first_seq: int = 0
     close_reason: str | None = None
     input_applied: int = 0
+    input_applied_fence: int = 0
     session: JsonObject | None = None
 
 

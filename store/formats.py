@@ -16,6 +16,6 @@ __all__ = ["FORMAT_FIELD", "SESSION_FORMAT", "WORKER_FORMAT"]
 #: The hash field that holds a record's format version.
 FORMAT_FIELD: Final = "v"
 #: The format of a session record (``SessionKeys.record``).
-SESSION_FORMAT: Final = "1"
+SESSION_FORMAT: Final = "2"
 #: The format of a worker record (``WorkerKeys.record``).
 WORKER_FORMAT: Final = "1"

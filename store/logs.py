@@ -28,6 +28,9 @@ __all__ = [
 # An input entry's fencing token is the field named this prefix plus the epoch, whose value is
 # the generation (store/lua/append_input.lua: a field name costs nothing per entry).
 _EPOCH_FIELD_PREFIX = b"e:"
+# Entries an input log may hold ahead of what a reader has not applied: the applied ones
+# before the worker's next trim (TRIM_EVERY in store/lua/prelude.lua) and a few fence markers.
+_APPLIED_KEPT = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,12 +44,14 @@ class WriteToken:
 
 @dataclass(frozen=True, slots=True)
 class InputEntry:
-    """One input log entry: its index, the encoded command, and the token it was written
-    under (None: the entry carries none, so no lease vouches for it)."""
+    """One input log entry: its index, the encoded command, the token it was written under
+    (None: the entry carries none, so no lease vouches for it), and the write fence of its
+    ID (``<fence>-<index>``, ``store/lua/prelude.lua``), which its trim names."""
 
     index: int
     payload: bytes
     token: WriteToken | None
+    fence: int = 0
 
 
 def _token_of(fields: dict[bytes, bytes]) -> WriteToken | None:
@@ -85,9 +90,26 @@ async def read_input_entries(
     client: Redis | RedisCluster, session_id: str, after_index: int, count: int = 512
 ) -> list[InputEntry]:
     """Input entries with index > ``after_index``, oldest first, at most ``count``, each with
-    the fencing token it was written under (what the worker checks before applying it)."""
-    rows = await _read(client, SessionKeys(session_id).input_log, after_index, count)
-    return [InputEntry(index, fields[b"d"], _token_of(fields)) for index, fields in rows]
+    the fencing token it was written under (what the worker checks before applying it).
+
+    Entry IDs are ``<fence>-<index>``, so the log is read from its start: it holds what the
+    worker has not applied and at most a few entries it has (its trim keeps the last). The
+    markers that raised the fence carry no command and are left out.
+    """
+    key = SessionKeys(session_id).input_log
+    try:
+        rows: Any = await client.xrange(key, min="-", max="+", count=count + _APPLIED_KEPT)
+    except REDIS_ERRORS as exc:
+        raise_if_cancelled()
+        raise StoreUnavailable(f"XRANGE {key} failed: {exc}") from exc
+    raise_if_cancelled()
+    entries = []
+    for entry_id, fields in rows:
+        fence, index = (int(part) for part in entry_id.split(b"-", 1))
+        payload = fields.get(b"d")
+        if index > after_index and payload is not None:
+            entries.append(InputEntry(index, payload, _token_of(fields), fence))
+    return entries[:count]
 
 
 async def read_input(
@@ -108,17 +130,20 @@ class LogEnds:
 
 
 async def log_ends(client: Redis | RedisCluster, session_id: str) -> LogEnds:
-    """Where the two logs end, from the session record (trimming does not move these).
+    """Where the two logs end: the input log's last entry (trims keep it) and the output
+    log's number in the session record (trimming does not move it).
 
     A quiet reader compares them with its own position: a log that ends before what it
     already read went back (a failover lost acknowledged writes).
     """
-    key = SessionKeys(session_id).record
+    keys = SessionKeys(session_id)
     try:
-        fields: Any = await client.hmget(key, ["in_n", "out_seq"])
+        top: Any = await client.xrevrange(keys.input_log, max="+", min="-", count=1)
+        out_seq: Any = await client.hget(keys.record, "out_seq")
     except REDIS_ERRORS as exc:
-        raise StoreUnavailable(f"HMGET {key} failed: {exc}") from exc
-    return LogEnds(int(fields[0] or 0), int(fields[1] or 0))
+        raise StoreUnavailable(f"reading the ends of {session_id}'s logs failed: {exc}") from exc
+    last_input = int(top[0][0].split(b"-", 1)[1]) if top else 0
+    return LogEnds(last_input, int(out_seq or 0))
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,9 @@ six kinds on two sorts of channel:
   ``{'e', first_seq, {payload, ...}}`` (:class:`OutputPushed`, ``append_events`` and
   ``add_events``) and ``{'r', generation}`` (:class:`LeaseMoved`, ``RESUME``);
 * a worker's input channel (``WorkerKeys.input_channel``, the worker listens):
-  ``{'i', session_id, first_index, {payload, ...}, epoch, generation}`` (:class:`InputPushed`),
-  ``{'I', session_id, {{session_id, first_index, {payload, ...}, epoch, generation}, ...}}``
+  ``{'i', session_id, first_index, {payload, ...}, epoch, generation, fence}``
+  (:class:`InputPushed`), ``{'I', session_id, {{session_id, first_index, {payload, ...},
+  epoch, generation, fence}, ...}}``
   (:class:`InputBatch`, both ``APPEND_INPUT``), ``{'o', session_id}`` (:class:`SessionPlaced`,
   ``OPEN_SESSION``) and ``{'c', session_id}`` (:class:`SessionEnded`, ``end_session``).
 
@@ -62,17 +63,19 @@ class LeaseMoved:
 @dataclass(frozen=True, slots=True)
 class InputPushed:
     """Commands appended to one session's input log, indexed from ``first_index``, all
-    written under ``token`` (None: the push names none, so it vouches for none of them)."""
+    written under ``token`` (None: the push names none, so it vouches for none of them) and
+    the write fence ``fence`` (their IDs are ``<fence>-<index>``)."""
 
     session_id: str
     first_index: int
     payloads: list[bytes]
     token: WriteToken | None
+    fence: int = 0
 
     def entries(self) -> list[InputEntry]:
         """The pushed commands as input log entries."""
-        first, token = self.first_index, self.token
-        return [InputEntry(first + offset, payload, token)
+        first, token, fence = self.first_index, self.token, self.fence
+        return [InputEntry(first + offset, payload, token, fence)
                 for offset, payload in enumerate(self.payloads)]
 
 
@@ -111,11 +114,13 @@ def _check_payloads(value: Any) -> None:
 
 
 def _input(part: list[Any]) -> InputPushed:
-    """``{session_id, first_index, {payload, ...}, epoch, generation}``, the token optional."""
+    """``{session_id, first_index, {payload, ...}, epoch, generation, fence}``, the token
+    and the fence optional."""
     payloads = part[2]
     _check_payloads(payloads)
     token = WriteToken(part[3].decode(), int(part[4])) if len(part) > 4 else None
-    return InputPushed(part[0].decode(), int(part[1]), payloads, token)
+    fence = int(part[5]) if len(part) > 5 else 0
+    return InputPushed(part[0].decode(), int(part[1]), payloads, token, fence)
 
 
 def decode_push(data: bytes) -> Push:

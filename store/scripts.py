@@ -69,6 +69,7 @@ from store.errors import (
     raise_if_cancelled,
 )
 from store.housekeeping import LeaseRenewal, OutputTrim, lease_call
+from store.input_appends import InputWriters
 from store.keys import (
     GATEWAY_DIRECTORY,
     SessionKeys,
@@ -167,6 +168,7 @@ class Scripts:
     def __init__(self, client: Redis | RedisCluster, *, own_connection: bool = False) -> None:
         self._client = client
         self._lane: ScriptLane | ClusterLane | None = None
+        self._writers = InputWriters()
         if own_connection:
             self._lane = (ClusterLane(client) if isinstance(client, RedisCluster)
                           else ScriptLane(lambda: endpoint_of(client)))
@@ -256,12 +258,15 @@ class Scripts:
         answer = await self._run(
             self._open,
             [w.record, w.sessions, w.deadlines, k.record, k.abandoned, w.input_channel,
-             w.gateways, w.held],
+             w.gateways, w.held, k.input_log],
             [session_id, epoch, token_digest, tenant, policy.disconnect_grace_ms,
              policy.idle_ttl_ms, policy.output_log_max_entries, policy.closed_retention_ms,
              gateway_id, lease_ms, _json_text(session), _json_text(capabilities), model or ""],
         )
-        return OpenStatus(_str(answer[0]))
+        status = OpenStatus(_str(answer[0]))
+        if status is OpenStatus.OK:
+            self._writers.attached(session_id, 1, index=0, client_seq=0, biggest=0)
+        return status
 
     async def resume(
         self, session_id: str, *, tenant: str, presented_digest: str, new_digest: str,
@@ -282,7 +287,7 @@ class Scripts:
         answer = await self._run(
             self._resume,
             [k.record, k.worker.deadlines, k.output_channel, k.output_log, k.worker.gateways,
-             k.worker.held],
+             k.worker.held, k.input_log],
             [presented_digest, new_digest, control_id, session_id, tenant,
              RESUME_RETRY_WINDOW_MS, _new_call_id(), gateway_id, lease_ms, attempt],
         )
@@ -291,6 +296,8 @@ class Scripts:
         if status in (ResumeStatus.OK, ResumeStatus.CLOSED):
             lease = Lease(session_id=session_id, epoch=_str(answer[2]), generation=int(answer[1]),
                           tenant=tenant)
+            self._writers.attached(session_id, lease.generation, index=int(answer[8]),
+                                   client_seq=int(answer[3]), biggest=int(answer[9]))
         return ResumeResult(
             status=status, lease=lease, last_client_seq=int(answer[3]),
             last_server_event_seq=int(answer[4]), first_retained_seq=int(answer[5]),
@@ -302,9 +309,10 @@ class Scripts:
         own)."""
         k = SessionKeys(lease.session_id)
         answer = await self._run(
-            self._detach, [k.record, k.worker.deadlines, k.worker.held],
+            self._detach, [k.record, k.worker.deadlines, k.worker.held, k.input_log],
             [lease.session_id, lease.epoch, lease.generation, lease.tenant, grace_ms],
         )
+        self._writers.forget(lease.session_id)
         return DetachStatus(_str(answer))
 
     async def append_input(
@@ -336,32 +344,27 @@ class Scripts:
         bytes (its input log's Redis memory with the new commands; 0: no byte bound) appends
         none of its entries (``backlog_full``); the others append theirs.
         """
-        worker = session_keys(batch[0][0].session_id).worker
-        keys = [worker.input_channel]
-        # The call id makes a resend of this very call (a lost reply) return its first answer.
-        args: list[Any] = [max_entries, _new_call_id(), max_bytes]
-        for lease, entries in batch:
-            k = session_keys(lease.session_id)
-            if k.worker.worker_id != worker.worker_id:
-                raise ValueError("append_input_many takes sessions of one worker only")
-            keys += [k.record, k.input_log]
-            args += [lease.session_id, lease.epoch, lease.generation, lease.tenant, len(entries)]
-            for client_seq, payload in entries:
-                args += ["" if client_seq is None else client_seq, payload]
-        answers = await self._run(self._append_input, keys, args)
-        results: list[AppendResult | LeaseLost | SessionGone] = []
-        for (lease, _), answer in zip(batch, answers, strict=True):
-            status = _str(answer[0])
-            if status == "stale":
-                results.append(LeaseLost(lease.session_id, int(answer[3])))
-            elif status not in ("ok", "full"):
-                results.append(SessionGone(lease.session_id, Gone(status)))
-            else:
-                results.append(AppendResult(appended=int(answer[1]),
-                                            last_client_seq=int(answer[2]),
-                                            last_index=int(answer[4]),
-                                            backlog_full=status == "full"))
-        return results
+        # The call id tells a resend of this very call (a lost reply) that its first run
+        # landed; a resend reads each log's end (see store/input_appends.py).
+        call_id = _new_call_id()
+        for attempt, pause in enumerate((*RESEND_BACKOFF_S, None)):
+            keys, args = self._writers.arguments(
+                batch, call_id, max_entries=max_entries, max_bytes=max_bytes,
+                resend=attempt > 0)
+            try:
+                answers = await self._call(self._append_input, keys, args)
+            except _TRANSIENT_ERRORS as exc:
+                raise_if_cancelled()
+                if pause is None:
+                    raise StoreUnavailable(f"script failed: {exc}") from exc
+                await asyncio.sleep(pause)
+                continue
+            except REDIS_ERRORS as exc:
+                raise_if_cancelled()
+                raise StoreUnavailable(f"script failed: {exc}") from exc
+            raise_if_cancelled()
+            return self._writers.outcomes(batch, answers)
+        raise AssertionError("unreachable")
 
     async def trim_output(self, lease: Lease, acknowledged_seq: int) -> TrimStatus:
         """Drop output entries up to ``acknowledged_seq``, fenced on ``lease`` (``AHEAD``:
@@ -463,8 +466,11 @@ class Scripts:
             terminal = b""
             if item.close_reason is not None:
                 terminal = encode_message(SessionClosed(reason=item.close_reason))
+            applied_id = (f"{item.input_applied_fence}-{item.input_applied}"
+                          if item.input_applied else "")
             args += [item.session_id, terminal, item.close_reason or "", item.input_applied,
-                     item.first_seq, _json_text(item.session), len(item.events), *item.events]
+                     applied_id, item.first_seq, _json_text(item.session), len(item.events),
+                     *item.events]
         answers = await self._run(self._append_output, keys, args)
         if answers and _str(answers[0]) == "fenced":
             raise WorkerFenced(f"worker {worker.worker_id} was declared lost")

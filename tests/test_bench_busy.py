@@ -31,14 +31,16 @@ def run_cli(*argv: str) -> int:
 
 
 def _check_counts(row: dict[str, object], per_call: int) -> None:
-    """One call per ``per_call`` chunks, each call one write; the input script runs its four
-    commands per session (hmget, xadd, hset, spublish) at one session per call."""
+    """One call per ``per_call`` chunks, each call one write; the input script runs three
+    commands per session (xlen, xadd, spublish) at one session per call, and reads its log's
+    end once per session (its first call: the bench's sessions were not opened by it)."""
     assert row["commands_sent_per_session_s"] == pytest.approx(50 / per_call)
     assert row["writes_per_session_s"] == pytest.approx(50 / per_call)
     if row["shape"] == BARE:
         assert row["in_scripts_per_session_s"] == 0
     elif per_call == 1:
-        assert row["in_scripts_per_session_s"] == pytest.approx(200)
+        inside = row["in_scripts_per_session_s"]
+        assert isinstance(inside, float) and 150 <= inside <= 155
 
 
 @pytest.mark.timeout(120)

@@ -48,7 +48,8 @@ def test_a_small_run_measures_every_shape_and_both_clients(
     assert bare["script_us_per_chunk"] == 0 and bare["commands_us_per_chunk_by_name"] == {}
     for row in scripted:  # every command the input script runs, its push included
         by_name = row["commands_us_per_chunk_by_name"]
-        assert set(by_name) == {"hmget", "xadd", "hset", "spublish"}, by_name
+        # The first call of each session reads its log's end (the bench opened none of them).
+        assert set(by_name) - {"xrevrange"} == {"xlen", "xadd", "spublish"}, by_name
         assert row["commands_us_per_chunk"] == pytest.approx(sum(by_name.values()))
         assert 0 < row["commands_us_per_chunk"] < row["script_us_per_chunk"]
     assert [row["client"] for row in report["clients"]] == [

@@ -163,8 +163,9 @@ class _Stats:
 
 
 async def _sessions(client: Redis, worker_id: str, count: int) -> list[Lease]:
-    """``count`` attached session records of ``worker_id``, as the open script leaves them
-    (the fields the input script reads), and their leases."""
+    """``count`` attached sessions of ``worker_id`` as the open script leaves them (the
+    record, and the input log with the first generation's fence marker, which the input
+    script reads), and their leases."""
     from store import Lease
     from store.formats import FORMAT_FIELD, SESSION_FORMAT
     from store.keys import SessionKeys, new_session_id
@@ -172,9 +173,11 @@ async def _sessions(client: Redis, worker_id: str, count: int) -> list[Lease]:
     leases: list[Lease] = []
     for _ in range(count):
         session_id = new_session_id(worker_id)
-        await client.hset(SessionKeys(session_id).record, mapping={
+        keys = SessionKeys(session_id)
+        await client.hset(keys.record, mapping={
             FORMAT_FIELD: SESSION_FORMAT, "state": "attached", "epoch": _EPOCH, "gen": 1,
-            "tenant": _TENANT, "in_n": 0, "in_done": 0, "cseq": 0})
+            "tenant": _TENANT, "in_done": 0})
+        await client.xadd(keys.input_log, {"f": 2, "h": 0, f"e:{_EPOCH}": 0}, id="2-0")
         leases.append(Lease(session_id=session_id, epoch=_EPOCH, generation=1, tenant=_TENANT))
     return leases
 

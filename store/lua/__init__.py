@@ -22,17 +22,19 @@ Conventions shared by all scripts:
 * Push notices are MessagePack arrays (``cmsgpack`` ships with Redis and Valkey) published with
   ``SPUBLISH`` (sharded pub/sub, also valid on a single node). Output notice: ``{"e", first_seq,
   {payload, ...}}`` or ``{"r", generation}`` (the lease moved to a newer connection). Worker
-  notice: ``{"i", session_id, first_index, {payload, ...}, epoch, generation}`` (the fencing
-  token the entries were written under), or for several sessions at once ``{"I", session_id,
-  {{session_id, first_index, {payload, ...}, epoch, generation}, ...}}``, ``{"o",
-  session_id}`` (placed) or ``{"c", session_id}`` (closed).
+  notice: ``{"i", session_id, first_index, {payload, ...}, epoch, generation, fence}`` (the
+  fencing token the entries were written under, and the write fence of their IDs), or for
+  several sessions at once ``{"I", session_id, {{session_id, first_index, {payload, ...},
+  epoch, generation, fence}, ...}}``, ``{"o", session_id}`` (placed) or ``{"c", session_id}``
+  (closed).
 * Statuses come back as short strings that ``store/scripts.py`` turns into the enums of
   ``store/answers.py``.
 * Every script is safe to send twice. A connection can break after Redis ran a script and
   before its answer arrived; ``Scripts`` then sends it again, so a second run must change
-  nothing: open recognises its own token digest, resume and input appends their call id,
-  output appends their events' numbers (the worker numbers them); close, detach, trim, reap,
-  heartbeat and tenant reservations check state that the first run already set.
+  nothing: open recognises its own token digest, resume its call id, a resent input append
+  its call id on the input log's last entry, output appends their events' numbers (the worker
+  numbers them); close, detach, trim, reap, heartbeat and tenant reservations check state
+  that the first run already set.
 """
 
 from __future__ import annotations

@@ -1,123 +1,150 @@
--- Fenced append of client commands to the input logs of one or more sessions of ONE worker
--- (they share its hash slot), deduplicated by client sequence number, the new entries pushed to
--- the worker in one notice per call (DESIGN §2.3, §2.4). A gateway batches every session it
--- serves on a worker into one call, so Redis sees one command per batch, not one per audio
--- chunk per session.
+-- Append client commands to the input logs of one or more sessions of ONE worker (they share
+-- its hash slot), deduplicated by client sequence number, the new entries pushed to the worker
+-- in one notice per call (DESIGN §2.3, §2.4). A gateway batches every session it serves on a
+-- worker into one call.
 -- KEYS[1] worker channel
 -- KEYS[2i], KEYS[2i+1] (i = 1..n) session record, input log of the i-th session
 -- ARGV[1] input log max entries (the most unread commands a session may have)
--- ARGV[2] call id (unique per call, kept by a resend)
--- ARGV[3] input log max bytes (its MEMORY USAGE with the new commands; 0: no bound)
--- then per session: session id, store epoch, generation, tenant, entry count c,
+-- ARGV[2] input log max bytes (its MEMORY USAGE with the new commands; 0: no bound)
+-- ARGV[3] call id (unique per call, kept by a resend)
+-- then per session: session id, store epoch, generation, the index the caller last wrote
+--   (-1: unknown, read the log), the highest client seq it appended, the largest command
+--   it knows the log to hold (bytes), entry count c,
 --   and c pairs: client seq ('' when the client sent none), encoded command
--- Each entry keeps the fencing token it was written under, so the worker checks it again
--- before applying (DESIGN §2.3): fields 'd' the command (raw) and 'e:<epoch>' the generation.
--- The epoch is a field *name* because a stream stores the names of entries that repeat its
--- node's first entry's names once per node: it costs nothing per entry, the generation a
--- byte or two. The notice carries the token once per session: {'i', sid, first, payloads,
--- epoch, gen} when one session of the call has new entries, else {'I', sid, {{sid, first,
--- payloads, epoch, gen}, ...}} (the second element names a session, as in the single form).
 -- returns, per session in order: {status, appended, highest client seq, current generation,
---   last index of the input log (ok and full only)}: status ok | full | stale | closed |
---   unknown (also: another tenant's session, answered as if it did not exist) | other_format
--- Backpressure, never trimming: the worker reports what it applied (APPEND_OUTPUT, the
--- record's 'in_done'), so a log's unread backlog is in_n - in_done. A session whose new
--- entries would take it past either cap is answered full: none of them is appended and
--- nothing of the record changes (the highest client seq stays, so the client may send them
--- again once the worker caught up). The other sessions of the call are not affected.
--- Dropping old entries instead would lose commands the client was told were taken, unread.
--- A resent call (its reply was lost, the client library sent it again) finds its call id in
--- the record and gets the first answer back, so commands without a client seq are not
--- appended twice. A full answer records no call id: a resend is decided afresh, which is
--- safe because the first run appended nothing.
--- Cost: per session, one HMGET, one XADD per command and one HSET; per call, one SPUBLISH.
--- The client's activity (the record's 'active_ms', which the idle TTL counts from) is not
--- written here, per chunk: the gateway marks it in its next lease renewal (GATEWAY_LEASE).
-local worker_channel, call_id = KEYS[1], ARGV[2]
-local in_max = tonumber(ARGV[1])
--- The bytes the unread input may hold (0: no bound), as Redis counts the log's memory: a
--- session's input log is its unread backlog, whatever the size of each command.
-local in_max_bytes = tonumber(ARGV[3])
+--   last index of the input log and the largest command it holds (ok, full and rewound
+--   only)}: status ok | full | rewound | stale | closed | unknown | other_format; rewound:
+--   the log ends before the index the caller last wrote, nothing appended
+-- The fence is in each entry's ID ('<fence>-<index>', see raise_fence): the holder of
+-- generation g appends under 2g with XADD '<2g>-*', so Redis numbers the entry one above the
+-- log's last index under that fence, and refuses it outright once a resume or a detachment
+-- raised the fence: no older holder can append. Nothing of the record is read or written on
+-- the way; the rare refusals read it to say why. The caller says which index it wrote last,
+-- and the index Redis gives must follow it: a lower one means the log lost entries the
+-- caller was told were stored (a failover to a replica that lacked them), so the entry is
+-- taken back and the caller told (rewound); a higher one, another call under the same
+-- generation came between (its caller numbers on from the answer). A log whose last entry is
+-- under an older fence than the caller's (the failover took the marker of the caller's own
+-- generation too) numbers the entry 0 under the caller's fence: rewound as well. A caller that does not know the index (-1: its first call, or a resend
+-- after a lost reply) reads the log's last entry, which must be under its fence exactly; a
+-- last entry this very call wrote (a resend) answers as the first run did.
+-- Each entry: 'd' the command (raw), 'h' the highest client seq appended up to it, and
+-- 'e:<epoch>' the generation, the token the worker checks again before applying (DESIGN
+-- §2.3); the last of a call also 'c' the call id, 'n' how many the call appended and 'b' the
+-- largest command appended to the session so far (bytes: the byte cap's bound). Neither
+-- the caller's tenant nor its epoch is checked here: only an open or a resume of the
+-- session's own tenant hands out a generation, and the worker refuses an entry under another
+-- epoch than the record's.
+-- Backpressure, never trimming: the worker trims what it applied, keeping its last applied
+-- entry, so the log's length less one is what it has not read yet (at most TRIM_EVERY applied
+-- entries and the fence markers more). A session whose new entries would take it past either
+-- cap is answered full, and nothing is appended (the client may send them again).
+-- The notice carries the token and the fence once per session: {'i', sid, first, payloads,
+-- epoch, gen, fence} when one session of the call has new entries, else {'I', sid, {{sid,
+-- first, payloads, epoch, gen, fence}, ...}} (the second element names a session).
+local worker_channel = KEYS[1]
+local in_max, in_max_bytes = tonumber(ARGV[1]), tonumber(ARGV[2])
+local call_id = ARGV[3]
 local notices = {}
 
+-- Why a session's log refused the caller (rare): from the record.
+local function refusal(rec, cseq)
+  local f = redis.call('HMGET', rec, 'state', 'gen', FORMAT_FIELD)
+  if not f[1] then return {'unknown', 0, 0, 0} end
+  if f[3] ~= SESSION_FORMAT then return {'other_format', 0, 0, 0} end
+  if f[1] == 'closed' then return {'closed', 0, cseq, tonumber(f[2])} end
+  return {'stale', 0, cseq, tonumber(f[2])}
+end
+
 -- The argument positions of the commands that are new: no client seq, or one above the
--- highest appended (which rises as they are taken), and that highest seq after them.
+-- highest appended (which rises as they are taken), each with the highest seq after it.
 local function fresh_commands(at, count, cseq)
-  local fresh = {}
+  local fresh, highest = {}, {}
   for i = at, at + 2 * count - 1, 2 do
     local client_seq = tonumber(ARGV[i])
     if client_seq == nil or client_seq > cseq then
       if client_seq ~= nil then cseq = client_seq end
-      fresh[#fresh + 1] = i
+      fresh[#fresh + 1], highest[#highest + 1] = i, cseq
     end
   end
-  return fresh, cseq
+  return fresh, highest
 end
 
--- Whether the log with the fresh commands would hold more than in_max_bytes. MEMORY USAGE
--- only when a bound from the record does not already say no: at most `held` entries, none
--- larger than the largest ever appended ('in_big'), each with at most 64 bytes of framing,
--- in listpacks allocated at most twice their size, plus the stream's own 8 KiB.
-local function over_bytes(in_log, fresh, held, biggest)
+-- Whether `fresh` would take the log past a cap. MEMORY USAGE only when the entries' most
+-- possible size does not already say no: none larger than the largest ever appended
+-- (`biggest`), each with 64 bytes of framing, in listpacks allocated at most twice their
+-- size, plus the stream's own 8 KiB.
+local function over_caps(in_log, fresh, biggest)
+  local held = redis.call('XLEN', in_log)
+  if held - 1 + #fresh > in_max then return true end
+  if in_max_bytes <= 0 then return false end
   local adding = 0
   for _, i in ipairs(fresh) do adding = adding + #ARGV[i + 1] end
-  if biggest and 2 * held * (biggest + 64) + 8192 + adding <= in_max_bytes then
-    return false
-  end
-  local usage = redis.call('MEMORY', 'USAGE', in_log) or 0
-  return usage + adding > in_max_bytes
+  if 2 * held * (biggest + 64) + 8192 + adding <= in_max_bytes then return false end
+  return (redis.call('MEMORY', 'USAGE', in_log) or 0) + adding > in_max_bytes
 end
 
-local function append_one(rec, in_log, sid, epoch, gen, tenant, at, count)
-  local f = redis.call('HMGET', rec, 'state', 'epoch', 'gen', 'in_n', 'cseq', 'in_call',
-                       'in_call_n', 'tenant', 'in_done', 'in_big', FORMAT_FIELD)
-  if not f[1] or f[8] ~= tenant then return {'unknown', 0, 0, 0} end
-  if f[11] ~= SESSION_FORMAT then return {'other_format', 0, 0, 0} end
-  local cseq = tonumber(f[5])
-  if f[6] == call_id then return {'ok', tonumber(f[7]), cseq, tonumber(gen), tonumber(f[4])} end
-  if f[1] == 'closed' then return {'closed', 0, cseq, tonumber(f[3])} end
-  if f[2] ~= epoch or f[3] ~= gen or f[1] ~= 'attached' then
-    return {'stale', 0, cseq, tonumber(f[3])}
-  end
-  local n = tonumber(f[4])
-  local fresh, top = fresh_commands(at, count, cseq)
-  if #fresh > 0 then
-    local unread = n - tonumber(f[9])
-    if unread + #fresh > in_max then return {'full', 0, cseq, tonumber(gen), n} end
-    if in_max_bytes > 0 and over_bytes(in_log, fresh, unread + TRIM_EVERY,
-                                       tonumber(f[10] or '')) then
-      return {'full', 0, cseq, tonumber(gen), n}
+local function append_one(rec, in_log, sid, epoch, gen, index, cseq, biggest, at, count)
+  local fence = attached_fence(gen)
+  if index < 0 then
+    local top = input_top(in_log)
+    if top == nil or top.fence ~= fence then return refusal(rec, top and top.h or 0) end
+    if top.call == call_id then
+      return {'ok', top.count, top.h, tonumber(gen), top.index, top.biggest}
     end
+    index, cseq, biggest = top.index, math.max(cseq, top.h), top.biggest
   end
-  local first = n + 1
-  local payloads = {}
-  local biggest = tonumber(f[10] or '0')
-  for _, i in ipairs(fresh) do
-    n = n + 1
-    redis.call('XADD', in_log, n .. '-0', 'd', ARGV[i + 1], 'e:' .. epoch, gen)
+  local fresh, highest = fresh_commands(at, count, cseq)
+  if #fresh == 0 then return {'ok', 0, cseq, tonumber(gen), index, biggest} end
+  if over_caps(in_log, fresh, biggest) then
+    return {'full', 0, cseq, tonumber(gen), index, biggest}
+  end
+  for _, i in ipairs(fresh) do biggest = math.max(biggest, #ARGV[i + 1]) end
+  local first, payloads = nil, {}
+  for k, i in ipairs(fresh) do
+    local added
+    if k < #fresh then
+      added = redis.pcall('XADD', in_log, 'NOMKSTREAM', fence .. '-*', 'd', ARGV[i + 1],
+                          'h', highest[k], 'e:' .. epoch, gen)
+    else
+      added = redis.pcall('XADD', in_log, 'NOMKSTREAM', fence .. '-*', 'd', ARGV[i + 1],
+                          'h', highest[k], 'e:' .. epoch, gen, 'c', call_id, 'n', #fresh,
+                          'b', biggest)
+    end
+    if added == false then return refusal(rec, cseq) end  -- no log: the session is over
+    if type(added) == 'table' then
+      -- A fence above the caller's (the first entry only: the rest follow it).
+      if not string.find(added.err, 'equal or smaller', 1, true) then error(added) end
+      return refusal(rec, cseq)
+    end
+    local got = tonumber(string.match(added, '%-(%d+)$'))
+    if got < index + 1 then
+      -- Taken back: the log ends before what the caller wrote (the caller ends the session).
+      redis.call('XDEL', in_log, added)
+      return {'rewound', 0, cseq, tonumber(gen), got - 1, biggest}
+    end
+    index = got
+    first = first or got
     payloads[#payloads + 1] = ARGV[i + 1]
-    biggest = math.max(biggest, #ARGV[i + 1])
   end
-  redis.call('HSET', rec, 'in_n', n, 'cseq', top, 'in_call', call_id,
-             'in_call_n', #payloads, 'in_big', biggest)
-  if #payloads > 0 then
-    notices[#notices + 1] = {sid, first, payloads, epoch, tonumber(gen)}
-  end
-  return {'ok', #payloads, top, tonumber(gen), n}
+  notices[#notices + 1] = {sid, first, payloads, epoch, tonumber(gen), fence}
+  return {'ok', #fresh, highest[#fresh], tonumber(gen), index, biggest}
 end
 
 local answers = {}
 local at = 4
 for k = 2, #KEYS, 2 do
-  local count = tonumber(ARGV[at + 4])
+  local count = tonumber(ARGV[at + 6])
   answers[#answers + 1] = append_one(KEYS[k], KEYS[k + 1], ARGV[at], ARGV[at + 1],
-                                     ARGV[at + 2], ARGV[at + 3], at + 5, count)
-  at = at + 5 + 2 * count
+                                     ARGV[at + 2], tonumber(ARGV[at + 3]),
+                                     tonumber(ARGV[at + 4]), tonumber(ARGV[at + 5]), at + 7,
+                                     count)
+  at = at + 7 + 2 * count
 end
 if #notices == 1 then
   local only = notices[1]
   redis.call('SPUBLISH', worker_channel,
-             cmsgpack.pack({'i', only[1], only[2], only[3], only[4], only[5]}))
+             cmsgpack.pack({'i', only[1], only[2], only[3], only[4], only[5], only[6]}))
 elseif #notices > 1 then
   redis.call('SPUBLISH', worker_channel, cmsgpack.pack({'I', notices[1][1], notices}))
 end

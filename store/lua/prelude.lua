@@ -4,6 +4,48 @@ local TRIM_EVERY = 16
 -- How long a worker's ended list outlives its last push, and a lost worker's record its loss.
 local WORKER_KEPT_MS = 86400000
 
+-- The input log's write fence (docs/design/store.md, "The input log"): every entry's ID is
+-- '<fence>-<index>'. The holder of generation g writes under fence 2g; a detachment of g
+-- raises it to 2g + 1. A control script raises it by a marker entry '<fence>-<last index>'
+-- (fields f <fence>, h <highest client seq>, 'e:<store epoch>' 0, b <largest command>), so
+-- Redis refuses every later XADD under an older fence as "equal or smaller" than the log's
+-- top: no stale writer can append. Every entry names the store epoch it was written under.
+local function attached_fence(gen) return 2 * tonumber(gen) end
+local function detached_fence(gen) return 2 * tonumber(gen) + 1 end
+
+-- The last entry of an input log: its fence, index, store epoch, highest client seq ('h'),
+-- the largest command appended so far ('b'), and the call id ('c') when it ended an append;
+-- nil for a log that does not exist.
+local function input_top(in_log)
+  local top = redis.call('XREVRANGE', in_log, '+', '-', 'COUNT', 1)
+  if #top == 0 then return nil end
+  local fence, index = string.match(top[1][1], '^(%d+)-(%d+)$')
+  local fields, found, epoch = top[1][2], {h = '0'}, nil
+  for i = 1, #fields, 2 do
+    local name = fields[i]
+    if string.sub(name, 1, 2) == 'e:' then epoch = string.sub(name, 3) end
+    found[name] = fields[i + 1]
+  end
+  return {id = top[1][1], fence = tonumber(fence), index = tonumber(index), epoch = epoch,
+          h = tonumber(found.h), call = found.c, count = tonumber(found.n or '0'),
+          biggest = tonumber(found.b or '0'), marker = found.d == nil}
+end
+
+-- Raise the input log's fence to `fence` (a marker at the log's last index); nothing for a
+-- log that does not exist (the session is over). A marker that is still the log's last entry
+-- is replaced, so resumes that append nothing (a client refused for backpressure, resuming
+-- until its worker caught up) leave one marker, not one each, in what the backlog counts.
+-- Returns the log's top after it (or nil).
+local function raise_fence(in_log, fence, epoch)
+  local top = input_top(in_log)
+  if top == nil or top.fence >= fence then return top end
+  if top.marker then redis.call('XDEL', in_log, top.id) end
+  redis.call('XADD', in_log, fence .. '-' .. top.index, 'f', fence, 'h', top.h,
+             'e:' .. epoch, 0, 'b', top.biggest)
+  top.fence, top.epoch = fence, epoch
+  return top
+end
+
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -96,6 +138,9 @@ local function terminate(sid, keys, wk, terminal, reason)
   redis.call('SPUBLISH', wk.channel, cmsgpack.pack({'c', sid}))
   redis.call('PEXPIRE', rec, retention)
   redis.call('PEXPIRE', out_log, retention)
+  -- A resume of the ended session still answers the highest client seq it took.
+  local top = input_top(keys.in_log)
+  if top ~= nil then redis.call('HSET', rec, 'cseq_end', top.h) end
   redis.call('DEL', keys.in_log)
 end
 

@@ -41,12 +41,14 @@ local function end_lost(sid, keys)
   redis.call('SREM', sessions, sid)
 end
 
-local function detach_lapsed(sid, gid, rec)
+local function detach_lapsed(sid, gid, rec, in_log)
   local lease_end = redis.call('ZSCORE', gateways, gid)
   if not lease_end or tonumber(lease_end) >= now or now < recovered + lease_ms then return end
-  local f = redis.call('HMGET', rec, 'state', 'gw', FORMAT_FIELD)
+  local f = redis.call('HMGET', rec, 'state', 'gw', FORMAT_FIELD, 'gen', 'epoch')
   if f[1] == 'attached' and f[2] == gid and f[3] == SESSION_FORMAT then
     redis.call('HSET', rec, 'state', 'detached', 'detached_ms', now, 'gw', '', 'dgrace', 0)
+    -- The lapsed holder may still be alive (paused, cut off): Redis refuses its appends now.
+    raise_fence(in_log, detached_fence(f[4]), f[5])
     redis.call('ZADD', deadlines, next_deadline(rec), sid)
     detached = detached + 1
   end
@@ -85,7 +87,7 @@ for i = 0, (#ARGV - 5) / 3 - 1 do
   if action == 'lost' then
     end_lost(sid, keys)
   elseif action == 'detach' then
-    detach_lapsed(sid, gid, keys.rec)
+    detach_lapsed(sid, gid, keys.rec, keys.in_log)
   else
     expire_due(sid, keys)
   end

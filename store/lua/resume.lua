@@ -13,13 +13,15 @@
 -- taking the session from the connection the client now uses.
 -- KEYS[1] session record  KEYS[2] worker deadlines  KEYS[3] output channel  KEYS[4] output log
 -- KEYS[5] worker gateways (attachment leases)  KEYS[6] worker held set (see attach_to)
+-- KEYS[7] input log (its fence is raised to the new generation's)
 -- ARGV[1] presented token digest  ARGV[2] new token digest  ARGV[3] control id
 -- ARGV[4] session id  ARGV[5] tenant of the caller  ARGV[6] retry window ms
 -- ARGV[7] call id (unique per call, kept by a resend: a resend changes nothing)
 -- ARGV[8] gateway id  ARGV[9] attachment lease ms  ARGV[10] attempt number (0: none)
--- returns {status, generation, epoch, highest client seq, last server_event_seq,
---          first retained server_event_seq (0 if the log is empty), public session (JSON),
---          capabilities (JSON)}
+-- returns {status, generation, epoch, highest client seq in the input log, last
+--          server_event_seq, first retained server_event_seq (0 if the log is empty), public
+--          session (JSON), capabilities (JSON), the input log's last index (its writer
+--          numbers on from there) and the largest command it holds (bytes)}
 --   status ok | closed (token valid, session over: replay only) | unknown | bad_token | stale
 --   | other_format (the record is of another format: nothing of it is read)
 --   the session and capabilities ('' when the record has none) only with ok and closed: a
@@ -28,20 +30,28 @@ local rec, deadlines, out_channel, out_log = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local presented, fresh, control_id, sid, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local window, call_id = tonumber(ARGV[6]), ARGV[7]
 local gateways, held, gid, lease_ms = KEYS[5], KEYS[6], ARGV[8], tonumber(ARGV[9])
+local in_log = KEYS[7]
 local attempt = tonumber(ARGV[10])
 
-local f = redis.call('HMGET', rec, 'state', 'gen', 'epoch', 'digest', 'rcid', 'cseq', 'out_seq',
+local f = redis.call('HMGET', rec, 'state', 'gen', 'epoch', 'digest', 'rcid', 'cseq_end', 'out_seq',
                      'tenant', 'prev', 'rcid_ms', 'rcall', 'ratt', 'session', 'caps', FORMAT_FIELD)
-if not f[1] or f[8] ~= tenant then return {'unknown', 0, '', 0, 0, 0, '', ''} end
-if f[15] ~= SESSION_FORMAT then return {'other_format', 0, '', 0, 0, 0, '', ''} end
+if not f[1] or f[8] ~= tenant then return {'unknown', 0, '', 0, 0, 0, '', '', 0, 0} end
+if f[15] ~= SESSION_FORMAT then return {'other_format', 0, '', 0, 0, 0, '', '', 0, 0} end
 local state, gen, epoch, digest, rcid = f[1], tonumber(f[2]), f[3], f[4], f[5]
 local first = redis.call('XRANGE', out_log, '-', '+', 'COUNT', 1)
 local first_seq = 0
 if #first > 0 then first_seq = tonumber(string.match(first[1][1], '^(%d+)')) end
+-- The highest client seq appended: the input log's last entry says (each carries it), and
+-- a closed session's log is gone, so its end kept it in the record.
+local top = input_top(in_log)
+local cseq = top and top.h or tonumber(f[6] or '0')
+local last_index = top and top.index or 0
+local biggest = top and top.biggest or 0
 local answer = function(status, g)
   local session, caps = '', ''
   if status == 'ok' or status == 'closed' then session, caps = f[13] or '', f[14] or '' end
-  return {status, g, epoch, tonumber(f[6]), tonumber(f[7]), first_seq, session, caps}
+  return {status, g, epoch, cseq, tonumber(f[7]), first_seq, session, caps, last_index,
+          biggest}
 end
 
 if f[11] == call_id then return answer('ok', gen) end  -- this very call, sent again
@@ -64,6 +74,7 @@ if not retry then
 elseif attempt > landed_attempt then
   redis.call('HSET', rec, 'ratt', attempt)
 end
+raise_fence(in_log, attached_fence(gen), epoch)
 redis.call('ZADD', deadlines, next_deadline(rec), sid)
 attach_to(rec, sid, gateways, held, gid, lease_ms, now)
 redis.call('SPUBLISH', out_channel, cmsgpack.pack({'r', gen}))

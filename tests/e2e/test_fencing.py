@@ -153,6 +153,12 @@ async def test_a_worker_stopped_past_its_ttl_writes_nothing_and_rejoins(stack: S
         await redis.aclose()
 
 
+async def input_end(reader: Redis, session_id: str) -> int:
+    """The input log's last index (entry IDs are ``<fence>-<index>``; trims keep the last)."""
+    top: Any = await reader.xrevrange(SessionKeys(session_id).input_log, count=1)
+    return int(top[0][0].split(b"-")[1]) if top else 0
+
+
 class RawSession:
     """A bare websocket client of one gateway: JSON frames, nothing buffered or resent (so a
     command sent here lands through this connection or not at all)."""
@@ -245,8 +251,7 @@ async def test_a_stopped_gateway_whose_client_resumed_elsewhere_lands_nothing(
         await on_a.append(0, index)
     await on_a.echoes(3)
     reader = Redis.from_url(stack.redis.url)
-    record = SessionKeys(session_id).record
-    appended_before = int(await reader.hget(record, "in_n") or 0)
+    appended_before = await input_end(reader, session_id)
     late = list(range(100, 105))
     gateway_a.process.send_signal(signal.SIGSTOP)
     try:
@@ -271,7 +276,7 @@ async def test_a_stopped_gateway_whose_client_resumed_elsewhere_lands_nothing(
     assert on_a.echoed() == [0, 1, 2]
     assert "session.replaced" in seen_on_a
     try:
-        appended = int(await reader.hget(record, "in_n") or 0)
+        appended = await input_end(reader, session_id)
         logged = [e for _, e in await events_of(reader, session_id)]
     finally:
         await reader.aclose()

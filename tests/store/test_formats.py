@@ -80,6 +80,11 @@ async def test_a_session_record_of_another_format_is_refused(
     assert (resumed.status, resumed.lease) == (ResumeStatus.OTHER_FORMAT, None)
     assert await scripts.detach(lease) is DetachStatus.OTHER_FORMAT
     assert await scripts.trim_output(lease, 0) is TrimStatus.OTHER_FORMAT
+    # The append reads the input log alone: one written by other code (format 1 numbered
+    # its entries '<index>-0') is not under this generation's fence, and the refusal then
+    # reads the record.
+    await redis_client.delete(keys.input_log)
+    await redis_client.xadd(keys.input_log, {"d": b"c"}, id="1-0")
     with pytest.raises(SessionGone) as appended:
         await scripts.append_input(lease, [(1, b"c")], max_entries=10)
     assert appended.value.status is Gone.OTHER_FORMAT

@@ -72,12 +72,13 @@ async def test_a_batch_past_the_cap_is_refused_whole_and_nothing_is_trimmed(
     assert outcome(one_more) == (True, 0, 5, 5)
 
     (applied,) = await scripts.append_output_many([  # the worker applied 1..3
-        OutputAppend(session_id=sid, events=[], input_applied=3)])
+        OutputAppend(session_id=sid, events=[], input_applied=3, input_applied_fence=2)])
     assert applied == 0
     again = await scripts.append_input(
         opened.lease, [(6, cmd("6")), (7, cmd("7")), (None, cmd("x"))], max_entries=CAP)
     assert outcome(again) == (False, 3, 7, 8)
-    assert [i for i, _ in await read_input(redis_client, sid, 0)] == [4, 5, 6, 7, 8]
+    # The last applied entry stays (the next append reads its index there).
+    assert [i for i, _ in await read_input(redis_client, sid, 0)] == [3, 4, 5, 6, 7, 8]
 
 
 async def test_resent_commands_already_taken_are_answered_at_the_cap(
@@ -181,6 +182,8 @@ async def test_the_byte_cap_refuses_a_batch_whatever_its_count(
     before = await record_of(redis_client, sid)
     assert outcome(await send(4)) == (True, 0, 3, 3)  # 4 x 64 KiB + the log's own bytes
     assert await record_of(redis_client, sid) == before
-    assert await redis_client.xlen(SessionKeys(sid).input_log) == 3
-    await scripts.append_output_many([OutputAppend(session_id=sid, events=[], input_applied=3)])
+    # The three, after the marker the open wrote (the first generation's fence).
+    assert await redis_client.xlen(SessionKeys(sid).input_log) == 1 + 3
+    await scripts.append_output_many([OutputAppend(session_id=sid, events=[], input_applied=3,
+                                                   input_applied_fence=2)])
     assert outcome(await send(4)) == (False, 1, 4, 4)

@@ -13,10 +13,10 @@ from store.keys import SessionKeys
 from store.logs import InputEntry, WriteToken, read_input, read_input_entries
 from tests.store._support import EPOCH, digest, open_session, register_worker
 
-#: What the token may cost per entry in Redis's memory, at most (DESIGN §5: the relay is the
-#: hot path). Stored as a field name, the epoch costs nothing per entry; the generation a byte
-#: or two, and the allocator rounds.
-MAX_TOKEN_BYTES_PER_ENTRY = 8
+#: What the token and the highest client seq ('h') may cost per entry in Redis's memory, at
+#: most (DESIGN §5: the relay is the hot path). Stored as a field name, the epoch costs nothing
+#: per entry; the generation and the seq a byte or two each, and the allocator rounds.
+MAX_TOKEN_BYTES_PER_ENTRY = 12
 ENTRIES = 1000
 
 
@@ -35,8 +35,10 @@ async def test_entries_carry_the_token_they_were_written_under(
     await scripts.append_input(resumed.lease, [(2, b"c")], max_entries=100)
     first, second = WriteToken(EPOCH, 1), WriteToken(EPOCH, 2)
     assert await read_input_entries(redis_client, sid, 0) == [
-        InputEntry(1, b"a", first), InputEntry(2, b"b", first), InputEntry(3, b"c", second)]
-    assert await read_input_entries(redis_client, sid, 2) == [InputEntry(3, b"c", second)]
+        InputEntry(1, b"a", first, fence=2), InputEntry(2, b"b", first, fence=2),
+        InputEntry(3, b"c", second, fence=4)]
+    assert await read_input_entries(redis_client, sid, 2) == [
+        InputEntry(3, b"c", second, fence=4)]
     assert await read_input(redis_client, sid, 0) == [(1, b"a"), (2, b"b"), (3, b"c")]
 
 
@@ -48,9 +50,9 @@ async def test_an_entry_without_a_token_reads_back_without_one(
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
     log = SessionKeys(opened.session_id).input_log
-    await redis_client.xadd(log, {"d": b"bare"}, id="1-0")
-    await redis_client.xadd(log, {"d": b"odd", f"e:{EPOCH}": "not-a-number"}, id="2-0")
-    await redis_client.xadd(log, {"d": b"odd", b"e:\xff": "3"}, id="3-0")
+    await redis_client.xadd(log, {"d": b"bare"}, id="2-1")
+    await redis_client.xadd(log, {"d": b"odd", f"e:{EPOCH}": "not-a-number"}, id="2-2")
+    await redis_client.xadd(log, {"d": b"odd", b"e:\xff": "3"}, id="2-3")
     entries = await read_input_entries(redis_client, opened.session_id, 0)
     assert [(entry.payload, entry.token) for entry in entries] == [
         (b"bare", None), (b"odd", None), (b"odd", None)]

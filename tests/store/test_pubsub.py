@@ -121,12 +121,12 @@ async def test_worker_notices_open_input_close(
     assert await notices.next() == SessionPlaced(sid)
     await scripts.append_input(opened.lease, [(1, b"a"), (2, b"b")], max_entries=100)
     assert await notices.next() == InputPushed(sid, 1, [b"a", b"b"],
-                                                 WriteToken(EPOCH, 1))
+                                                 WriteToken(EPOCH, 1), fence=2)
     await scripts.append_input(opened.lease, [(1, b"a"), (2, b"b")], max_entries=100)
     await scripts.append_input(opened.lease, [(2, b"b"), (3, b"c"), (None, b"d")],
                                max_entries=100)
     assert await notices.next() == InputPushed(sid, 3, [b"c", b"d"],
-                                                 WriteToken(EPOCH, 1))
+                                                 WriteToken(EPOCH, 1), fence=2)
     await scripts.close_session(opened.session_id, CloseReason.CLIENT_CLOSE)
     assert await notices.next() == SessionEnded(sid)
     notices.assert_empty()

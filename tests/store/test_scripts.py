@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 from typing import Any
 
@@ -452,15 +453,18 @@ async def test_append_input_with_stale_generation_raises_lease_lost(scripts: Scr
     assert caught.value.session_id == opened.session_id
 
 
-async def test_append_input_with_stale_epoch_raises_lease_lost(
+async def test_append_input_under_a_generation_the_store_never_gave_raises_lease_lost(
     scripts: Scripts, redis_client: Redis
 ) -> None:
-    """A token from another store epoch cannot append and nothing reaches the log."""
+    """A generation above the session's (a failover took the resume that handed it out, and
+    the store stands at the one before) cannot append: the log's fence is not its, so
+    nothing reaches the log, and the answer names the generation the store has."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
-    other = Lease(session_id=opened.session_id, epoch="epoch-0", generation=1, tenant="tenant-a")
-    with pytest.raises(LeaseLost):
-        await scripts.append_input(other, [(1, cmd("a"))], max_entries=100)
+    ahead = dataclasses.replace(opened.lease, generation=opened.lease.generation + 1)
+    with pytest.raises(LeaseLost) as caught:
+        await scripts.append_input(ahead, [(1, cmd("a"))], max_entries=100)
+    assert caught.value.current_generation == opened.lease.generation
     assert await read_input(redis_client, opened.session_id, 0) == []
 
 
@@ -585,8 +589,8 @@ async def test_numbered_append_resent_stores_each_event_once(
 async def test_numbered_append_refuses_a_gap_or_a_different_event(
     scripts: Scripts, redis_client: Redis
 ) -> None:
-    """A first seq or applied input index past a log's end, or a resend whose bytes differ,
-    writes nothing."""
+    """A first seq past the output log's end, or a resend whose bytes differ, writes
+    nothing."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
     sid = opened.session_id
@@ -603,11 +607,6 @@ async def test_numbered_append_refuses_a_gap_or_a_different_event(
     assert await read_output(redis_client, sid, 0) == [(1, ev(1)), (2, ev(2))]
     assert len(await read_input(redis_client, sid, 0)) == 2, "refused whole: no input trim"
     assert await session_field(redis_client, sid, "state") == "attached"
-    # Input applied past the log's end: the store lost writes the worker had read.
-    (lost,) = await scripts.append_output_many([OutputAppend(
-        session_id=sid, events=[ev(3)], first_seq=3, input_applied=3)])
-    assert isinstance(lost, OutputMismatch) and lost.status == "gap"
-    assert await read_output(redis_client, sid, 0) == [(1, ev(1)), (2, ev(2))]
 
 
 async def test_append_output_from_lost_worker_is_fenced(
@@ -1216,22 +1215,26 @@ async def test_append_output_many_is_fenced_whole(scripts: Scripts, redis_client
 async def test_append_output_trims_the_input_the_worker_applied(
     scripts: Scripts, redis_client: Redis
 ) -> None:
-    """The applied index drops input entries up to it once it crosses a multiple of 16 (or
-    with no events: a position report); later ones stay for a gap fill."""
+    """The applied index drops the input entries before it once it crosses a multiple of 16
+    (or with no events: a position report); the last applied one stays (the next append
+    reads its index there), later ones stay for a gap fill."""
     wid = await register_worker(scripts, slots=1)
     opened = await open_session(scripts, wid)
     await scripts.append_input(opened.lease, [(None, cmd(str(i))) for i in range(20)],
                                max_entries=100)
     sid = opened.lease.session_id
+    fence = 2  # the first generation's (store/lua/prelude.lua)
     await scripts.append_output_many([OutputAppend(session_id=sid, events=[ev(1)],
-                                                   input_applied=3)])
+                                                   input_applied=3, input_applied_fence=fence)])
     assert len(await read_input(redis_client, sid, 0)) == 20, "not one XTRIM per event"
-    await scripts.append_output_many([OutputAppend(session_id=sid, events=[ev(2)],
-                                                   first_seq=2, input_applied=17)])
-    assert [n for n, _ in await read_input(redis_client, sid, 0)] == [18, 19, 20]
+    await scripts.append_output_many([OutputAppend(session_id=sid, events=[ev(2)], first_seq=2,
+                                                   input_applied=17, input_applied_fence=fence)])
+    assert [n for n, _ in await read_input(redis_client, sid, 0)] == [17, 18, 19, 20]
     await scripts.append_output_many([OutputAppend(session_id=sid, events=[],
-                                                   input_applied=19)])
-    assert [n for n, _ in await read_input(redis_client, sid, 0)] == [20]
+                                                   input_applied=19, input_applied_fence=fence)])
+    assert [n for n, _ in await read_input(redis_client, sid, 0)] == [19, 20]
+    appended = await scripts.append_input(opened.lease, [(None, cmd("next"))], max_entries=100)
+    assert appended.last_index == 21
 
 
 async def test_tenant_cap_reserve_renew_release(scripts: Scripts, redis_client: Redis) -> None:

@@ -31,6 +31,8 @@ from tests.store._support import (
 from tests.store.test_reap_keys import recording
 from tests.worker._running import HEARTBEAT, Running, acks, heartbeat, running_worker
 
+#: The input log's write fence under the first generation (store/lua/prelude.lua).
+FENCE = 2
 #: 20 ms of silence: the default (turn mode) loopback buffers it and answers nothing.
 CHUNK = encode_message(msg.AppendAudio(audio=bytes(960)))
 
@@ -52,11 +54,10 @@ async def write_after_a_hole(running: Running, session_id: str, *, gone: int, ke
     first = gone + 1
     for index in range(first, first + kept):
         await running.client.xadd(keys.input_log, {"d": HEARTBEAT, f"e:{EPOCH}": "1"},
-                                  id=f"{index}-0")
-    await running.client.hset(keys.record, "in_n", gone + kept)
+                                  id=f"{FENCE}-{index}")
     if pushed:
         channel = WorkerKeys(running.worker.worker_id).input_channel
-        notice: list[Any] = ["i", session_id, first, [HEARTBEAT] * kept, EPOCH, 1]
+        notice: list[Any] = ["i", session_id, first, [HEARTBEAT] * kept, EPOCH, 1, FENCE]
         await spublish(running.client, channel, notice)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -65,8 +66,13 @@ async def test_a_close_that_fails_is_tried_again_until_it_lands(
 
             await until(applied, "the worker to apply the command")
             proxy.hold_command(b"log_rewound")
-            # A failover to a replica that lacked the append: the log ends before index 1.
-            await redis_client.hset(SessionKeys(opened.session_id).record, "in_n", 0)
+            # A failover to a replica that lacked the append: the log ends before index 1
+            # (it holds only the marker its open wrote).
+            log = SessionKeys(opened.session_id).input_log
+            rows: Any = await redis_client.xrange(log, count=1)
+            ((marker_id, marker),) = rows
+            await redis_client.delete(log)
+            await redis_client.xadd(log, marker, id=marker_id)
             await until(proxy.holding.is_set, "the worker to send its close")
             with caplog.at_level(logging.WARNING, logger="inference_worker.worker"):
                 proxy.cut()

@@ -60,18 +60,20 @@ async def running(redis_client: Redis) -> AsyncIterator[Running]:
 
 async def write_around_the_script(running: Running, session_id: str, fields: Fields,
                                   notice_token: list[Any], *, pushed: bool) -> int:
-    """Write one entry after the input log's end as the script would number it, counted in
-    the record (so the script numbers on after it), but around the script: straight into
-    the log with XADD (the worker's poll reads it), or only pushed to the worker with a notice
-    naming ``notice_token`` (so the push alone carries it). Returns its index."""
+    """Write one entry after the input log's end as the script would number it, but around
+    the script: straight into the log with XADD under the log's fence (the script numbers on
+    after it), read from there by the worker's poll or, ``pushed``, also pushed to the worker
+    with a notice naming ``notice_token``, which it meets first. Returns its index."""
     keys = SessionKeys(session_id)
-    index = int(await running.client.hincrby(keys.record, "in_n", 1))
+    rows: Any = await running.client.xrevrange(keys.input_log, count=1)
+    ((top_id, _),) = rows
+    fence, last = (int(part) for part in top_id.split(b"-"))
+    index = last + 1
+    await running.client.xadd(keys.input_log, fields, id=f"{fence}-{index}")
     if pushed:
         channel = WorkerKeys(running.worker.worker_id).input_channel
         await spublish(running.client, channel,
                        ["i", session_id, index, [fields["d"]], *notice_token])
-    else:
-        await running.client.xadd(keys.input_log, fields, id=f"{index}-0")
     return index
 
 
