@@ -13,7 +13,7 @@ import itertools
 import json
 import os
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
@@ -191,10 +191,12 @@ class Scripts:
         self._gateway_lease = register(lua.GATEWAY_LEASE)
         self._gateway_announce = register(lua.GATEWAY_ANNOUNCE)
 
-    async def _run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    async def _run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any], *,
+                   resent: Callable[[], Sequence[Any]] | None = None) -> Any:
         """Run ``script``, sending it again after a transient error (:data:`_TRANSIENT_ERRORS`).
         A pooled connection that went stale (a Redis restart, an idle cut) then costs a
-        reconnect, and a Cluster failover or resharding a pause, not a failed call."""
+        reconnect, and a Cluster failover or resharding a pause, not a failed call.
+        ``resent``: the arguments of a resend, when they differ from the first send's."""
         for pause in (*RESEND_BACKOFF_S, None):
             try:
                 answer = await self._call(script, keys, args)
@@ -203,6 +205,8 @@ class Scripts:
                 if pause is None:
                     raise StoreUnavailable(f"script failed: {exc}") from exc
                 await asyncio.sleep(pause)
+                if resent is not None:
+                    args = resent()
                 continue
             except REDIS_ERRORS as exc:
                 raise_if_cancelled()
@@ -347,24 +351,12 @@ class Scripts:
         # The call id tells a resend of this very call (a lost reply) that its first run
         # landed; a resend reads each log's end (see store/input_appends.py).
         call_id = _new_call_id()
-        for attempt, pause in enumerate((*RESEND_BACKOFF_S, None)):
-            keys, args = self._writers.arguments(
-                batch, call_id, max_entries=max_entries, max_bytes=max_bytes,
-                resend=attempt > 0)
-            try:
-                answers = await self._call(self._append_input, keys, args)
-            except _TRANSIENT_ERRORS as exc:
-                raise_if_cancelled()
-                if pause is None:
-                    raise StoreUnavailable(f"script failed: {exc}") from exc
-                await asyncio.sleep(pause)
-                continue
-            except REDIS_ERRORS as exc:
-                raise_if_cancelled()
-                raise StoreUnavailable(f"script failed: {exc}") from exc
-            raise_if_cancelled()
-            return self._writers.outcomes(batch, answers)
-        raise AssertionError("unreachable")
+        keys, args = self._writers.arguments(batch, call_id, max_entries=max_entries,
+                                             max_bytes=max_bytes, resend=False)
+        answers = await self._run(self._append_input, keys, args, resent=lambda: (
+            self._writers.arguments(batch, call_id, max_entries=max_entries,
+                                    max_bytes=max_bytes, resend=True)[1]))
+        return self._writers.outcomes(batch, answers)
 
     async def trim_output(self, lease: Lease, acknowledged_seq: int) -> TrimStatus:
         """Drop output entries up to ``acknowledged_seq``, fenced on ``lease`` (``AHEAD``:
