@@ -531,12 +531,16 @@ class Worker:
             return
         if rows:
             await self._offer(session_id, session, rows)
-        elif (check_rewind and applied
-              and (await log_ends(self._client, session_id)).last_input < applied):
+        elif check_rewind and applied:
+            ends = await log_ends(self._client, session_id)
             # Nothing new, and the log ends before what was applied: it went back, and the
-            # commands that will reuse those indices would look applied (see _offer).
-            self._writer.abandon(session_id, CloseReason.LOG_REWOUND,
-                                 "its input log ends before what was applied (lost writes)")
+            # commands that will reuse those indices would look applied (see _offer). A log
+            # that is gone (an input log exists from the open to the end) belongs to a
+            # session that ended meanwhile, whose terminal event says so.
+            if (ends.input_log_exists and ends.last_input < applied
+                    and self._sessions.get(session_id) is session):
+                self._writer.abandon(session_id, CloseReason.LOG_REWOUND,
+                                     "its input log ends before what was applied (lost writes)")
 
     async def _offer(self, session_id: str, session: Session,
                      entries: list[InputEntry]) -> None:

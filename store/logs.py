@@ -123,10 +123,12 @@ async def read_input(
 
 @dataclass(frozen=True, slots=True)
 class LogEnds:
-    """The last index of each log (0: nothing was ever appended, or the session is gone)."""
+    """The last index of each log (0: nothing was ever appended, or the session is gone), and
+    whether the input log exists (it does from the session's open to its end)."""
 
     last_input: int
     last_output: int
+    input_log_exists: bool = True
 
 
 async def log_ends(client: Redis | RedisCluster, session_id: str) -> LogEnds:
@@ -143,7 +145,7 @@ async def log_ends(client: Redis | RedisCluster, session_id: str) -> LogEnds:
     except REDIS_ERRORS as exc:
         raise StoreUnavailable(f"reading the ends of {session_id}'s logs failed: {exc}") from exc
     last_input = int(top[0][0].split(b"-", 1)[1]) if top else 0
-    return LogEnds(last_input, int(out_seq or 0))
+    return LogEnds(last_input, int(out_seq or 0), input_log_exists=bool(top))
 
 
 @dataclass(frozen=True, slots=True)

@@ -110,7 +110,7 @@ async def test_input_under_a_stale_token_is_not_applied(running: Running, rogue:
 
     async def trimmed_past_it() -> bool:
         first: Any = await running.client.xrange(SessionKeys(sid).input_log, count=1)
-        return not first or int(first[0][0].split(b"-")[0]) > index
+        return not first or int(first[0][0].split(b"-")[1]) > index
 
     await until(trimmed_past_it, "the worker's position past the refused entry")
     assert await acks(running, sid) == 3, "the refused heartbeat was answered"
