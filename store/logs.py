@@ -128,7 +128,7 @@ class LogEnds:
 
     last_input: int
     last_output: int
-    input_log_exists: bool = True
+    input_log_exists: bool
 
 
 async def log_ends(client: Redis | RedisCluster, session_id: str) -> LogEnds:

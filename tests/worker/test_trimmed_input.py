@@ -136,3 +136,18 @@ async def test_a_late_push_for_a_closed_session_does_not_bring_it_back(running: 
     assert gone.session_id not in running.worker.session_ids
     assert await acks(running, gone.session_id) == 0
     await assert_one_terminal(running.client, gone.session_id, "session.closed", "client_close")
+
+
+async def test_an_input_log_deleted_by_the_sessions_end_is_no_rewind(running: Running) -> None:
+    """The session's end deletes its input log; a quiet-session check that reads the log's end
+    before the worker hears of the end finds no log, which is a session that ended, not a log
+    that went back: the worker neither logs lost writes nor ends the session log_rewound."""
+    opened = await open_session(running.scripts, running.worker.worker_id)
+    sid = opened.session_id
+    await heartbeat(running, opened.lease, 1)
+    await running.client.delete(SessionKeys(sid).input_log)  # as the end does, first
+    # Two passes: the first finds the session pushed, the second quiet, so it checks the end.
+    for _ in range(2):
+        await running.worker._discover()
+    assert sid in running.worker.session_ids, "the session was not ended log_rewound"
+    assert await acks(running, sid) == 1
