@@ -1,5 +1,5 @@
 """Writing the sessions' output: what each session's conversation core emits goes to its output
-log, many sessions in one fenced script call (they share this worker's slot in the store).
+log, many sessions in one script call (they share this worker's slot in the store).
 
 The writer is told which sessions have something new (:meth:`OutputWriter.mark_dirty`, from the
 session table) and writes them all concurrently when its loop wakes, so a busy worker pays one
@@ -26,9 +26,9 @@ from store import (
     Scripts,
     SessionGone,
     StoreError,
-    WorkerFenced,
 )
 from store.errors import raise_if_cancelled
+from store.logs import INPUT_TRIM_EVERY
 from store.outages import OutageLog, plain_reason
 
 __all__ = ["REPORT_APPLIED_BYTES", "REPORT_APPLIED_EVERY", "OutputWriter", "Pending"]
@@ -51,6 +51,19 @@ REPORT_APPLIED_EVERY = 64
 #: after they were applied would take the room INPUT_LOG_MAX_BYTES leaves unread input, so
 #: the position is also written once this many bytes of commands were applied since.
 REPORT_APPLIED_BYTES = 512 * 1024
+
+
+def _trim_due(session: Session) -> int:
+    """The input position a write for ``session`` trims its input log to (0: none): what it
+    applied, when the write has no events (it is sent to trim) or the position crossed a
+    multiple of INPUT_TRIM_EVERY since the last trim, so a busy session costs one trim per
+    that many commands, not one per chunk."""
+    applied = session.follower.next_index - 1
+    if applied <= session.trimmed_to:
+        return 0
+    if session.unsent and applied // INPUT_TRIM_EVERY <= session.trimmed_to // INPUT_TRIM_EVERY:
+        return 0
+    return applied
 
 
 class Pending:
@@ -76,16 +89,15 @@ class OutputWriter:
     """The flusher of one worker: batches the dirty sessions' output into script calls."""
 
     def __init__(self, scripts: Scripts, sessions: SessionTable, pending: Pending,
-                 outages: OutageLog, *, fence: Callable[[], None],
+                 outages: OutageLog, *,
                  spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
-        """Write through ``scripts`` what ``pending`` names of the sessions of ``sessions``; a
-        write refused because this worker was declared lost calls ``fence``; ``spawn`` runs
-        a close in the background."""
+        """Write through ``scripts`` what ``pending`` names of the sessions of ``sessions``;
+        ``spawn`` runs a close in the background. A worker declared lost finds its sessions
+        closed by the reaper (each write answers so), and its heartbeat stops it."""
         self._scripts = scripts
         self._sessions = sessions
         self._pending = pending
         self._outages = outages
-        self._fence = fence
         self._spawn = spawn
 
     async def run(self) -> None:
@@ -113,8 +125,7 @@ class OutputWriter:
                          if (part := self._part_of(session_id, session, report_applied))
                          is not None]
                 for start in range(0, len(batch), _MAX_FLUSH_BATCH):
-                    if not await self._write(batch[start:start + _MAX_FLUSH_BATCH]):
-                        break
+                    await self._write(batch[start:start + _MAX_FLUSH_BATCH])
             finally:
                 for lock in reversed(held):
                     lock.release()
@@ -129,56 +140,47 @@ class OutputWriter:
             part = (session_id, session, None)
         return part
 
-    async def _write(self, batch: list[OutputPart]) -> bool:
-        """One script call for the output of many sessions (they share this worker's slot).
-
-        Returns False when writing must stop (fenced).
-        """
-        # What a write without events trims the input log to (see Session.trimmed_to).
-        reports = {session_id: session.follower.next_index - 1
-                   for session_id, session, _ in batch if not session.unsent}
+    async def _write(self, batch: list[OutputPart]) -> None:
+        """One script call for the output of many sessions (they share this worker's slot)."""
+        trims = {session_id: trim for session_id, session, _ in batch
+                 if (trim := _trim_due(session))}
         try:
             outcomes = await self._scripts.append_output_many(
                 [OutputAppend(session_id=session_id, events=session.unsent,
                               first_seq=session.next_seq, close_reason=reason,
-                              input_applied=session.follower.next_index - 1,
-                              input_applied_fence=session.applied_fence,
+                              input_trim_to=trims.get(session_id, 0),
+                              input_trim_fence=session.applied_fence,
+                              output_log_max_entries=session.output_log_max_entries,
                               session=session.unsent_session)
                  for session_id, session, reason in batch])
-        except WorkerFenced:
-            self._fence()
-            return False
         except StoreError as exc:
             # Kept in unsent: the next flush (tick or poll) retries them first.
             self._outages.failed(f"output write ({len(batch)} sessions)", exc)
             for session_id, _, _ in batch:
                 self._pending.dirty.add(session_id)
-            return True
+            return
         except Exception as exc:  # not Redis: a session's part could not even be sent
-            return await self._write_apart(batch, exc)
+            await self._write_apart(batch, exc)
+            return
         self._outages.succeeded()
         for session_id, session, _ in batch:
-            if session_id in reports:
-                session.trimmed_to = max(session.trimmed_to, reports[session_id])
+            if session_id in trims:
+                session.trimmed_to = max(session.trimmed_to, trims[session_id])
         self._settle(batch, outcomes)
-        return True
 
-    async def _write_apart(self, batch: list[OutputPart],
-                           exc: Exception) -> bool:
+    async def _write_apart(self, batch: list[OutputPart], exc: Exception) -> None:
         """After a batch failed on its own arguments (a bug: each part is checked before),
         write each session alone so that only the culprit fails. Resending is safe: the
         events are numbered, so any that landed are not stored twice."""
         if len(batch) > 1:
             for part in batch:
-                if not await self._write([part]):
-                    return False
-            return True
+                await self._write([part])
+            return
         session_id, _, _ = batch[0]
         self._sessions.fail(session_id, "write", exc)
         # Its output itself cannot be written: the terminal event goes alone.
         self._sessions.forget(session_id)
         self._spawn(self.close(session_id, FAILED_REASON))
-        return True
 
     def _settle(self, batch: list[OutputPart],
                 outcomes: list[int | SessionGone | OutputMismatch]) -> None:
@@ -219,7 +221,7 @@ class OutputWriter:
                 await self._scripts.append_output(session_id, [], close_reason=reason)
                 self._outages.succeeded()
                 break
-            except (SessionGone, WorkerFenced):
+            except SessionGone:
                 break
             except StoreError as exc:
                 self._outages.failed(f"close of session {session_id}", exc)

@@ -112,10 +112,13 @@ class Session:
     # record's when the session was adopted, its generation 0 until input is applied; None
     # when the record was gone by then (the first entry applied sets it).
     applied_under: WriteToken | None = None
-    # The input position the store last trimmed this session's input log to (a write without
-    # events trims to the position it reports; one with events only every 16 commands): a
-    # session gone quiet past it gets one such write from the poll, so nothing applied stays.
+    # The input position this session's input log was last trimmed to (a write trims to the
+    # position applied when it has no events, else once the position crossed a multiple of
+    # INPUT_TRIM_EVERY): a session gone quiet past it gets a write without events from the
+    # poll, so nothing applied stays.
     trimmed_to: int = 0
+    # The bound of its output log (its record's): each append names it, so none reads it.
+    output_log_max_entries: int | None = None
     # The write fence of the newest input entry applied: with its index, that entry's ID,
     # which the trim of the input log names (store/lua/prelude.lua).
     applied_fence: int = 0

@@ -5,7 +5,8 @@ periodic read of its session set and input logs as the safety net for lost pushe
 each session's input log in order to that session's conversation core
 (:class:`~inference_worker.conversation.core.ConversationCore`, one per session whatever the
 backend), and appends what the core emits to the session's output log. Every write is fenced in
-Lua: once this worker is declared lost, its writes are refused and it stops (DESIGN §2.9). Every
+Redis: once this worker is declared lost, the reaper ends its sessions, each output log then
+refuses its appends, and its next heartbeat stops it (DESIGN §2.9). Every
 input entry is checked again here against the fencing token it was written under, so a writer that
 went around the scripts is refused at the resource too (DESIGN §2.3; see
 :func:`~inference_worker.sessions.is_current`).
@@ -128,7 +129,7 @@ class Worker:
                                             mark_dirty=self._pending.mark_dirty,
                                             engine=lambda: self._engine)
         self._writer = OutputWriter(self._scripts, self._sessions, self._pending, self._outages,
-                                    fence=self._fence, spawn=self._spawn)
+                                    spawn=self._spawn)
         self._notices: PushQueue[Push | None] = PushQueue()
         self._tick_wake = asyncio.Event()
         self._next_tick_at = 0.0  # when the tick loop will next look (monotonic)
@@ -497,15 +498,17 @@ class Worker:
         start = await session_start(self._client, session_id)
         if session_id in self._sessions or self.fenced:  # a push and a poll adopted it at once
             return self._sessions.get(session_id)
-        if start is None or start.closed:
+        if start is None or start.closed or start.other_format:
             # Ended (or expired) before this look: a late push or a stale member of the
-            # worker's set must not take a slot and start a model for it.
+            # worker's set must not take a slot and start a model for it. A record of
+            # another format is other code's to serve.
             return None
         session = self._new_session(session_id, start.model)
         if session is None:
             self._spawn(self._writer.close(session_id, CloseReason.NO_FREE_SLOT))
             return None
         session.applied_under = WriteToken(start.epoch, 0)
+        session.output_log_max_entries = start.output_log_max_entries
         self._sessions.add(session_id, session)
         await self._catch_up(session_id, session)
         return session

@@ -203,10 +203,13 @@ class OutputAppend:
         close_reason: end the session after the events with ``session.closed`` this reason
             (a :class:`~contract.reasons.CloseReason`, or a client's own ``session.close``
             reason).
-        input_applied: input log index applied so far; entries before it are trimmed (0:
-            none).
-        input_applied_fence: the fence its entry was written under (its ID is
+        input_trim_to: trim the session's input log to this index (the worker applied the
+            commands before it; the entry itself is kept: 0, leave the log alone).
+        input_trim_fence: the fence that entry was written under (its ID is
             ``<fence>-<index>``, see ``store/lua/prelude.lua``).
+        output_log_max_entries: the session's output log bound (its record's, which the
+            worker read when it adopted the session); None: the script reads it from the
+            record, one read more.
         session: the session object of the newest ``session.updated`` among ``events``, stored
             in the record with them (what a resume announces); None: leave it.
     """
@@ -215,8 +218,9 @@ class OutputAppend:
     events: Sequence[bytes]
     first_seq: int = 0
     close_reason: str | None = None
-    input_applied: int = 0
-    input_applied_fence: int = 0
+    input_trim_to: int = 0
+    input_trim_fence: int = 0
+    output_log_max_entries: int | None = None
     session: JsonObject | None = None
 
 

@@ -11,9 +11,11 @@ from redis.asyncio.cluster import RedisCluster
 
 from store.client import REDIS_ERRORS
 from store.errors import StoreUnavailable, raise_if_cancelled
+from store.formats import FORMAT_FIELD, SESSION_FORMAT
 from store.keys import SessionKeys
 
 __all__ = [
+    "INPUT_TRIM_EVERY",
     "InputEntry",
     "LogEnds",
     "SessionStart",
@@ -28,9 +30,12 @@ __all__ = [
 # An input entry's fencing token is the field named this prefix plus the epoch, whose value is
 # the generation (store/lua/append_input.lua: a field name costs nothing per entry).
 _EPOCH_FIELD_PREFIX = b"e:"
+#: A worker trims a session's input log to what it applied at least every this many commands
+#: (and at once when the session goes quiet), so the log holds fewer applied entries than this.
+INPUT_TRIM_EVERY = 16
 # Entries an input log may hold ahead of what a reader has not applied: the applied ones
-# before the worker's next trim (TRIM_EVERY in store/lua/prelude.lua) and a few fence markers.
-_APPLIED_KEPT = 32
+# before the worker's next trim and a few fence markers.
+_APPLIED_KEPT = 2 * INPUT_TRIM_EVERY
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,20 +137,20 @@ class LogEnds:
 
 
 async def log_ends(client: Redis | RedisCluster, session_id: str) -> LogEnds:
-    """Where the two logs end: the input log's last entry (trims keep it) and the output
-    log's number in the session record (trimming does not move it).
+    """Where the two logs end: each log's last entry (trims keep it).
 
     A quiet reader compares them with its own position: a log that ends before what it
     already read went back (a failover lost acknowledged writes).
     """
     keys = SessionKeys(session_id)
     try:
-        top: Any = await client.xrevrange(keys.input_log, max="+", min="-", count=1)
-        out_seq: Any = await client.hget(keys.record, "out_seq")
+        top_in: Any = await client.xrevrange(keys.input_log, max="+", min="-", count=1)
+        top_out: Any = await client.xrevrange(keys.output_log, max="+", min="-", count=1)
     except REDIS_ERRORS as exc:
         raise StoreUnavailable(f"reading the ends of {session_id}'s logs failed: {exc}") from exc
-    last_input = int(top[0][0].split(b"-", 1)[1]) if top else 0
-    return LogEnds(last_input, int(out_seq or 0), input_log_exists=bool(top))
+    last_input = int(top_in[0][0].split(b"-", 1)[1]) if top_in else 0
+    last_output = int(top_out[0][0].split(b"-", 1)[0]) if top_out else 0
+    return LogEnds(last_input, last_output, input_log_exists=bool(top_in))
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,28 +162,37 @@ class SessionStart:
             another epoch than the one it had).
         model: the ``model`` its ``session.created`` announced (the name the client opened
             it with); None when the record holds no announced session.
+        output_log_max_entries: the bound of its output log, which each append names.
         closed: the session ended; a late push or poll must not bring it back to life.
+        other_format: the record is of another format (``store/formats.py``): written by
+            other code, whose worker serves it; nothing else of it was read.
     """
 
     epoch: str
     model: str | None
+    output_log_max_entries: int = 0
     closed: bool = False
+    other_format: bool = False
 
 
 async def session_start(client: Redis | RedisCluster, session_id: str) -> SessionStart | None:
-    """The epoch, announced model and end of the session's record (None: no record)."""
+    """The epoch, announced model, output bound and end of the session's record (None: no
+    record)."""
     key = SessionKeys(session_id).record
     try:
-        fields: Any = await client.hmget(key, ["epoch", "session", "state"])
-        epoch, session, state = fields
+        fields: Any = await client.hmget(key, ["epoch", "session", "state", "out_max",
+                                               FORMAT_FIELD])
+        epoch, session, state, out_max, version = fields
     except REDIS_ERRORS as exc:
         raise_if_cancelled()
         raise StoreUnavailable(f"HMGET {key} failed: {exc}") from exc
     raise_if_cancelled()
     if epoch is None:
         return None
+    if version != SESSION_FORMAT.encode():
+        return SessionStart(epoch="", model=None, other_format=True)
     return SessionStart(epoch=epoch.decode(), model=_announced_model(session),
-                        closed=state == b"closed")
+                        output_log_max_entries=int(out_max), closed=state == b"closed")
 
 
 def _announced_model(raw: Any) -> str | None:

@@ -262,7 +262,7 @@ class Scripts:
         answer = await self._run(
             self._open,
             [w.record, w.sessions, w.deadlines, k.record, k.abandoned, w.input_channel,
-             w.gateways, w.held, k.input_log],
+             w.gateways, w.held, k.input_log, k.output_log],
             [session_id, epoch, token_digest, tenant, policy.disconnect_grace_ms,
              policy.idle_ttl_ms, policy.output_log_max_entries, policy.closed_retention_ms,
              gateway_id, lease_ms, _json_text(session), _json_text(capabilities), model or ""],
@@ -417,14 +417,13 @@ class Scripts:
         self, session_id: str, payloads: Sequence[bytes], *, first_seq: int = 0,
         close_reason: str | None = None,
     ) -> int:
-        """A worker's fenced append of encoded events; returns the first seq (0 if none).
+        """A worker's append of encoded events; returns the first seq (0 if none).
 
         ``first_seq`` numbers the events (see :class:`OutputAppend`); 0 appends them after
         whatever the log holds, which a resend would duplicate. With ``close_reason`` the
         session then ends with ``session.closed`` (exactly once).
 
         Raises:
-            WorkerFenced: the worker was declared lost.
             SessionGone: the session is closed or unknown.
             OutputMismatch: ``first_seq`` disagrees with the log.
         """
@@ -440,11 +439,9 @@ class Scripts:
     ) -> list[int | SessionGone | OutputMismatch]:
         """One script call for several sessions of ONE worker.
 
-        Returns per session its first seq (0 if it had no events) or its error; input
-        entries up to each session's ``input_applied`` are trimmed.
-
-        Raises:
-            WorkerFenced: the worker was declared lost (nothing was written).
+        Returns per session its first seq (0 if it had no events) or its error; each
+        session's input log is trimmed to its ``input_trim_to``. A worker declared lost finds
+        its sessions closed (the reaper ended them); its heartbeat tells it to stop.
         """
         worker = session_keys(batch[0].session_id).worker
         keys = [worker.record, worker.sessions, worker.deadlines, worker.input_channel,
@@ -458,14 +455,13 @@ class Scripts:
             terminal = b""
             if item.close_reason is not None:
                 terminal = encode_message(SessionClosed(reason=item.close_reason))
-            applied_id = (f"{item.input_applied_fence}-{item.input_applied}"
-                          if item.input_applied else "")
-            args += [item.session_id, terminal, item.close_reason or "", item.input_applied,
-                     applied_id, item.first_seq, _json_text(item.session), len(item.events),
-                     *item.events]
+            trim_to = (f"{item.input_trim_fence}-{item.input_trim_to}"
+                       if item.input_trim_to else "")
+            bound = item.output_log_max_entries
+            args += [item.session_id, item.first_seq, "" if bound is None else bound, trim_to,
+                     terminal, item.close_reason or "", _json_text(item.session),
+                     len(item.events), *item.events]
         answers = await self._run(self._append_output, keys, args)
-        if answers and _str(answers[0]) == "fenced":
-            raise WorkerFenced(f"worker {worker.worker_id} was declared lost")
         results: list[int | SessionGone | OutputMismatch] = []
         for item, answer in zip(batch, answers, strict=True):
             status = _str(answer[0])

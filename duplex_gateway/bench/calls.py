@@ -176,7 +176,7 @@ async def _sessions(client: Redis, worker_id: str, count: int) -> list[Lease]:
         keys = SessionKeys(session_id)
         await client.hset(keys.record, mapping={
             FORMAT_FIELD: SESSION_FORMAT, "state": "attached", "epoch": _EPOCH, "gen": 1,
-            "tenant": _TENANT, "in_done": 0})
+            "tenant": _TENANT})
         await client.xadd(keys.input_log, {"f": 2, "h": 0, f"e:{_EPOCH}": 0}, id="2-0")
         leases.append(Lease(session_id=session_id, epoch=_EPOCH, generation=1, tenant=_TENANT))
     return leases

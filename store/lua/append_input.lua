@@ -36,8 +36,8 @@
 -- session's own tenant hands out a generation, and the worker refuses an entry under another
 -- epoch than the record's.
 -- Backpressure, never trimming: the worker trims what it applied, keeping its last applied
--- entry, so the log's length less one is what it has not read yet (at most TRIM_EVERY applied
--- entries and the fence markers more). A session whose new entries would take it past either
+-- entry, so the log's length less one is what it has not read yet (at most INPUT_TRIM_EVERY,
+-- store/logs.py, applied entries and the fence markers more). A session whose new entries would take it past either
 -- cap is answered full, and nothing is appended (the client may send them again).
 -- The notice carries the token and the fence once per session: {'i', sid, first, payloads,
 -- epoch, gen, fence} when one session of the call has new entries, else {'I', sid, {{sid,

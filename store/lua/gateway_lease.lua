@@ -29,12 +29,14 @@ local gateways, gid, lease_ms, trims = KEYS[1], ARGV[1], tonumber(ARGV[2]), tonu
 local now = now_ms()
 
 local function trim(rec, out_log, epoch, gen, upto, tenant)
-  local f = redis.call('HMGET', rec, 'epoch', 'gen', 'tenant', 'out_seq', FORMAT_FIELD)
+  local f = redis.call('HMGET', rec, 'epoch', 'gen', 'tenant', FORMAT_FIELD)
   if not f[1] or f[3] ~= tenant then return 'unknown' end
-  if f[5] ~= SESSION_FORMAT then return 'other_format' end
+  if f[4] ~= SESSION_FORMAT then return 'other_format' end
   if f[1] ~= epoch or f[2] ~= gen then return 'stale' end
-  if upto > tonumber(f[4]) then return 'ahead' end
-  redis.call('XTRIM', out_log, 'MINID', (upto + 1) .. '-0')
+  local last = output_top(out_log).seq
+  if upto > last then return 'ahead' end
+  -- The last entry stays whatever was acknowledged: it numbers the session's next event.
+  redis.call('XTRIM', out_log, 'MINID', math.min(upto + 1, last) .. '-0')
   return 'ok'
 end
 

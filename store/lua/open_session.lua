@@ -3,7 +3,7 @@
 -- KEYS[1] worker record   KEYS[2] worker session set   KEYS[3] worker deadlines
 -- KEYS[4] session record  KEYS[5] abandoned tombstone  KEYS[6] worker input channel
 -- KEYS[7] worker gateways (attachment leases)  KEYS[8] worker held set (see attach_to)
--- KEYS[9] session input log
+-- KEYS[9] session input log  KEYS[10] session output log
 -- ARGV[1] session id  ARGV[2] store epoch  ARGV[3] token digest  ARGV[4] tenant
 -- ARGV[5] grace ms    ARGV[6] idle ms      ARGV[7] out log max entries  ARGV[8] retention ms
 -- ARGV[9] gateway id  ARGV[10] attachment lease ms
@@ -16,7 +16,7 @@
 local worker, sessions, deadlines = KEYS[1], KEYS[2], KEYS[3]
 local rec, abandoned, worker_channel, gateways, held = KEYS[4], KEYS[5], KEYS[6], KEYS[7],
                                                       KEYS[8]
-local in_log = KEYS[9]
+local in_log, out_log = KEYS[9], KEYS[10]
 local sid, epoch, digest, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local grace_ms, idle_ms, out_max, retention_ms = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local gid, lease_ms = ARGV[9], tonumber(ARGV[10])
@@ -51,8 +51,8 @@ if tonumber(w[4]) >= tonumber(w[3]) then return {'full', 0} end
 redis.call('HINCRBY', worker, 'used', 1)
 redis.call('SADD', sessions, sid)
 redis.call('HSET', rec, FORMAT_FIELD, SESSION_FORMAT, 'state', 'attached', 'epoch', epoch,
-  'gen', 1, 'digest', digest, 'rcid', '', 'tenant', tenant, 'out_seq', 0,
-  'in_done', 0, 'created_ms', now, 'active_ms', now, 'detached_ms', 0,
+  'gen', 1, 'digest', digest, 'rcid', '', 'tenant', tenant,
+  'created_ms', now, 'active_ms', now, 'detached_ms', 0,
   'grace_ms', grace_ms, 'idle_ms', idle_ms,
   'out_max', out_max, 'retention_ms', retention_ms)
 -- What a resume through any gateway announces: the session as session.created showed it
@@ -63,6 +63,10 @@ if caps ~= '' then redis.call('HSET', rec, 'caps', caps) end
 -- (NOMKSTREAM), so one that comes after the session's end cannot bring it back.
 redis.call('XADD', in_log, attached_fence(1) .. '-0', 'f', attached_fence(1), 'h', 0,
            'e:' .. epoch, 0)
+-- So does the output log, empty (its first event is seq 1, ID '1-0'): the worker's appends
+-- never create it either.
+redis.call('XADD', out_log, '0-1', 'x', '')
+redis.call('XDEL', out_log, '0-1')
 redis.call('ZADD', deadlines, now + tonumber(idle_ms), sid)
 attach_to(rec, sid, gateways, held, gid, lease_ms, now)
 redis.call('SPUBLISH', worker_channel, cmsgpack.pack({'o', sid}))

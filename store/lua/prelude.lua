@@ -1,6 +1,3 @@
--- Applied input is trimmed (APPEND_OUTPUT) once its position crosses a multiple of this, so an
--- input log holds fewer than this many applied entries (APPEND_INPUT bounds its bytes with it).
-local TRIM_EVERY = 16
 -- How long a worker's ended list outlives its last push, and a lost worker's record its loss.
 local WORKER_KEPT_MS = 86400000
 
@@ -51,30 +48,17 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- Append already-encoded events to a session's output log, numbering them server_event_seq.
--- Returns the first seq used; pushes all of them in one notice.
-local function append_events(rec, out_log, out_channel, payloads, max_entries)
-  local first = tonumber(redis.call('HGET', rec, 'out_seq')) + 1
-  local seq = first - 1
-  for _, payload in ipairs(payloads) do
-    seq = seq + 1
-    redis.call('XADD', out_log, 'MAXLEN', '~', max_entries, seq .. '-0', 'd', payload)
+-- The last entry of an output log: its server_event_seq (0 for a log with no entry, or none)
+-- and whether it is the session's terminal event (the one entry with a 't' field). Trims keep
+-- the last entry, so its seq is the number of the last event the session ever had.
+local function output_top(out_log)
+  local top = redis.call('XREVRANGE', out_log, '+', '-', 'COUNT', 1)
+  if #top == 0 then return {seq = 0, closed = false} end
+  local fields, closed = top[1][2], false
+  for i = 1, #fields, 2 do
+    if fields[i] == 't' then closed = true end
   end
-  redis.call('HSET', rec, 'out_seq', seq)
-  redis.call('SPUBLISH', out_channel, cmsgpack.pack({'e', first, payloads}))
-  return first
-end
-
--- append_events for a caller that read the record already and writes 'out_seq' itself (in one
--- HSET with whatever else it changes): returns the first and last seq used.
-local function add_events(out_log, out_channel, payloads, max_entries, stored)
-  local seq = stored
-  for _, payload in ipairs(payloads) do
-    seq = seq + 1
-    redis.call('XADD', out_log, 'MAXLEN', '~', max_entries, seq .. '-0', 'd', payload)
-  end
-  redis.call('SPUBLISH', out_channel, cmsgpack.pack({'e', stored + 1, payloads}))
-  return stored + 1, seq
+  return {seq = tonumber(string.match(top[1][1], '^(%d+)')), closed = closed}
 end
 
 -- A worker's keys, as the scripts that end sessions receive them (all in the worker's slot).
@@ -111,8 +95,9 @@ end
 -- The highest stream ID there is: an output log whose last ID is set to it takes no entry more.
 local LAST_STREAM_ID = '18446744073709551615-18446744073709551615'
 
--- The one place a session ends: the terminal event goes last into the output log (and Redis
--- keeps it last: any later XADD, a lost worker's or a resend's, is refused), the slot is
+-- The one place a session ends: the terminal event goes last into the output log, marked by a
+-- 't' field (its reason), and Redis keeps it last: the log's last ID is set to the highest
+-- there is, so any later XADD, a lost worker's or a resend's, is refused. The slot is
 -- released, the worker is told, the session is queued on its worker's ended list (a reaper hands
 -- its tenant place back: that key lives in another hash slot), and the keys get a retention TTL
 -- so a late resume can still replay up to the terminal event. Callers check that the session is
@@ -122,7 +107,10 @@ local function terminate(sid, keys, wk, terminal, reason)
   local rec, out_log = keys.rec, keys.out_log
   local f = redis.call('HMGET', rec, 'retention_ms', 'out_max', 'tenant')
   local retention = tonumber(f[1])
-  append_events(rec, out_log, keys.out_channel, {terminal}, tonumber(f[2]) + 1)
+  local seq = output_top(out_log).seq + 1
+  redis.call('XADD', out_log, 'MAXLEN', '~', tonumber(f[2]) + 1, seq .. '-0', 'd', terminal,
+             't', reason)
+  redis.call('SPUBLISH', keys.out_channel, cmsgpack.pack({'e', seq, {terminal}}))
   redis.call('XSETID', out_log, LAST_STREAM_ID)
   let_go(rec, sid, wk.held)
   redis.call('HSET', rec, 'state', 'closed', 'reason', reason)

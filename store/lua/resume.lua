@@ -33,10 +33,10 @@ local gateways, held, gid, lease_ms = KEYS[5], KEYS[6], ARGV[8], tonumber(ARGV[9
 local in_log = KEYS[7]
 local attempt = tonumber(ARGV[10])
 
-local f = redis.call('HMGET', rec, 'state', 'gen', 'epoch', 'digest', 'rcid', 'cseq_end', 'out_seq',
-                     'tenant', 'prev', 'rcid_ms', 'rcall', 'ratt', 'session', 'caps', FORMAT_FIELD)
+local f = redis.call('HMGET', rec, 'state', 'gen', 'epoch', 'digest', 'rcid', 'cseq_end',
+                     FORMAT_FIELD, 'tenant', 'prev', 'rcid_ms', 'rcall', 'ratt', 'session', 'caps')
 if not f[1] or f[8] ~= tenant then return {'unknown', 0, '', 0, 0, 0, '', '', 0, 0} end
-if f[15] ~= SESSION_FORMAT then return {'other_format', 0, '', 0, 0, 0, '', '', 0, 0} end
+if f[7] ~= SESSION_FORMAT then return {'other_format', 0, '', 0, 0, 0, '', '', 0, 0} end
 local state, gen, epoch, digest, rcid = f[1], tonumber(f[2]), f[3], f[4], f[5]
 local first = redis.call('XRANGE', out_log, '-', '+', 'COUNT', 1)
 local first_seq = 0
@@ -50,8 +50,8 @@ local biggest = top and top.biggest or 0
 local answer = function(status, g)
   local session, caps = '', ''
   if status == 'ok' or status == 'closed' then session, caps = f[13] or '', f[14] or '' end
-  return {status, g, epoch, cseq, tonumber(f[7]), first_seq, session, caps, last_index,
-          biggest}
+  return {status, g, epoch, cseq, output_top(out_log).seq, first_seq, session, caps,
+          last_index, biggest}
 end
 
 if f[11] == call_id then return answer('ok', gen) end  -- this very call, sent again

@@ -33,12 +33,12 @@ SENT_GOAL = 30
 #: plus one gateway's and one worker's fixed costs: what a lone session costs, whatever the
 #: timing. A command more per chunk (a log read after each push, say) fails it.
 SENT_UNCOALESCED = 130
-#: Run inside scripts per session-second, the level reached: per chunk and direction one
-#: HMGET, one XADD and one HSET of the session's own keys, one SPUBLISH per output batch and
-#: session, a fencing read per output call. DESIGN §5's 150 needs those per call rather than
-#: per session (a per-worker hash of the sessions' hot fields, one output channel per gateway
-#: and worker); until then this catches a regression (it was ~930).
-IN_SCRIPTS_REACHED = 560
+#: Run inside scripts per session-second, the level reached: per chunk, the input script's
+#: XLEN, XADD and SPUBLISH and the output script's XREVRANGE (the log's last entry), XADD
+#: and SPUBLISH, no read or write of the session record; plus a trim of the input every
+#: INPUT_TRIM_EVERY commands and one gateway's and one worker's fixed costs, which a lone
+#: session carries alone. One command more per chunk and direction fails it.
+IN_SCRIPTS_REACHED = 380
 
 _START, _END = "cost-window-start", "cost-window-end"
 # A MONITOR line: '<time> [<db> <client or lua>] "<COMMAND>" ...'; only the head is parsed.

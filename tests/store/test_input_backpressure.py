@@ -72,7 +72,7 @@ async def test_a_batch_past_the_cap_is_refused_whole_and_nothing_is_trimmed(
     assert outcome(one_more) == (True, 0, 5, 5)
 
     (applied,) = await scripts.append_output_many([  # the worker applied 1..3
-        OutputAppend(session_id=sid, events=[], input_applied=3, input_applied_fence=2)])
+        OutputAppend(session_id=sid, events=[], input_trim_to=3, input_trim_fence=2)])
     assert applied == 0
     again = await scripts.append_input(
         opened.lease, [(6, cmd("6")), (7, cmd("7")), (None, cmd("x"))], max_entries=CAP)
@@ -184,6 +184,6 @@ async def test_the_byte_cap_refuses_a_batch_whatever_its_count(
     assert await record_of(redis_client, sid) == before
     # The three, after the marker the open wrote (the first generation's fence).
     assert await redis_client.xlen(SessionKeys(sid).input_log) == 1 + 3
-    await scripts.append_output_many([OutputAppend(session_id=sid, events=[], input_applied=3,
-                                                   input_applied_fence=2)])
+    await scripts.append_output_many([OutputAppend(session_id=sid, events=[], input_trim_to=3,
+                                                   input_trim_fence=2)])
     assert outcome(await send(4)) == (False, 1, 4, 4)

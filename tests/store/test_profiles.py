@@ -26,7 +26,6 @@ from store import (
     ResumeStatus,
     Scripts,
     SessionGone,
-    WorkerFenced,
 )
 from store.directory import MAX_PROFILE_BYTES, WorkerProfile, decode_profile, worker_loads
 from store.keys import WorkerKeys, new_session_id, new_worker_id
@@ -203,9 +202,9 @@ async def test_a_refused_output_write_stores_no_session(
     assert await stored_session(redis_client, closed.session_id) == CREATED
     await expire_heartbeat(redis_client, scripts, worker_id)
     await reap_until_lost(scripts, worker_id)
-    with pytest.raises(WorkerFenced):
-        await scripts.append_output_many([OutputAppend(
-            session_id=gap.session_id, events=[ev(1)], first_seq=1, session=UPDATED)])
+    outcome = await scripts.append_output_many([OutputAppend(
+        session_id=gap.session_id, events=[ev(1)], first_seq=1, session=UPDATED)])
+    assert isinstance(outcome[0], SessionGone) and outcome[0].status == "closed"
     assert await stored_session(redis_client, gap.session_id) == CREATED
 
 
@@ -218,10 +217,12 @@ async def test_an_adopting_worker_reads_the_epoch_and_the_announced_model(
     session says so (a late push must not bring it back); no record, nothing."""
     opened = await open_with_session(scripts, await register_with_profile(scripts))
     start = await session_start(redis_client, opened.session_id)
-    assert start == SessionStart(epoch=EPOCH, model="m", closed=False)
+    bound = int(await session_field(redis_client, opened.session_id, "out_max") or 0)
+    assert start == SessionStart(epoch=EPOCH, model="m", output_log_max_entries=bound,
+                                 closed=False)
     await scripts.close_session(opened.session_id, CloseReason.CLIENT_CLOSE)
     assert await session_start(redis_client, opened.session_id) == SessionStart(
-        epoch=EPOCH, model="m", closed=True)
+        epoch=EPOCH, model="m", output_log_max_entries=bound, closed=True)
     bare = await open_session(scripts, await register_worker(scripts))
     bare_start = await session_start(redis_client, bare.session_id)
     assert bare_start is not None and bare_start.model is None

@@ -27,7 +27,7 @@ from store import (
 )
 from store.directory import worker_loads
 from store.keys import SessionKeys, WorkerKeys, new_session_id, new_worker_id
-from store.logs import read_input, read_output
+from store.logs import log_ends, read_input, read_output
 from store.scripts import RESUME_RETRY_WINDOW_MS
 from tests.store._support import (
     EPOCH,
@@ -565,7 +565,8 @@ async def test_append_output_numbers_seq_across_calls(
     assert await scripts.append_output(sid, [ev(4), ev(5)]) == 4
     rows = await read_output(redis_client, sid, 0)
     assert rows == [(i, ev(i)) for i in range(1, 6)]
-    assert await session_field(redis_client, sid, "out_seq") == "5"
+    assert (await log_ends(redis_client, sid)).last_output == 5
+    assert await session_field(redis_client, sid, "out_seq") is None, "no record write"
 
 
 async def test_numbered_append_resent_stores_each_event_once(
@@ -601,39 +602,50 @@ async def test_numbered_append_refuses_a_gap_or_a_different_event(
         await scripts.append_output(sid, [ev(4)], first_seq=4)
     assert (gap.value.status, gap.value.first_seq, gap.value.last_seq) == ("gap", 4, 2)
     (conflict,) = await scripts.append_output_many([OutputAppend(
-        session_id=sid, events=[ev(1), ev(99), ev(3)], first_seq=1, input_applied=2,
-        close_reason="client_close")])
+        session_id=sid, events=[ev(1), ev(99), ev(3)], first_seq=1, input_trim_to=2,
+        input_trim_fence=2, close_reason="client_close")])
     assert isinstance(conflict, OutputMismatch) and conflict.status == "conflict"
     assert await read_output(redis_client, sid, 0) == [(1, ev(1)), (2, ev(2))]
     assert len(await read_input(redis_client, sid, 0)) == 2, "refused whole: no input trim"
     assert await session_field(redis_client, sid, "state") == "attached"
 
 
-async def test_append_output_from_lost_worker_is_fenced(
+async def test_append_output_from_lost_worker_is_refused_by_its_ended_sessions(
     scripts: Scripts, redis_client: Redis
 ) -> None:
-    """A worker declared lost cannot write, even to a session that is now closed."""
+    """A worker declared lost writes nothing more: the reaper ended each of its sessions, so
+    Redis keeps each terminal event last and every later append is refused."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
     await expire_heartbeat(redis_client, scripts, wid)
     await reap_until_lost(scripts, wid)
-    with pytest.raises(WorkerFenced):
-        await scripts.append_output(opened.session_id, [ev(1)])
-    with pytest.raises(WorkerFenced):
-        await scripts.append_output(opened.session_id, [], close_reason="done")
+    for payloads, first_seq, reason in (([ev(1)], 0, None), ([ev(1)], 1, None),
+                                        ([ev(2)], 2, None), ([], 0, "done")):
+        with pytest.raises(SessionGone) as gone:
+            await scripts.append_output(opened.session_id, payloads, first_seq=first_seq,
+                                        close_reason=reason)
+        assert gone.value.status == "closed"
     await assert_one_terminal(redis_client, opened.session_id, "session.closed", "worker_lost")
+    keys = SessionKeys(opened.session_id)
+    with pytest.raises(ResponseError, match="exhausted"):
+        await redis_client.xadd(keys.output_log, {"d": ev(9)})
 
 
-async def test_append_output_without_worker_record_is_fenced(
+async def test_append_output_after_the_keys_expired_creates_nothing(
     scripts: Scripts, redis_client: Redis
 ) -> None:
-    """A worker whose record vanished (expired after loss) is fenced too."""
+    """A late append to a session that ended and whose keys expired brings no key back."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
-    await redis_client.delete(WorkerKeys(wid).record)
-    with pytest.raises(WorkerFenced):
-        await scripts.append_output(opened.session_id, [ev(1)])
-    assert await read_output(redis_client, opened.session_id, 0) == []
+    sid = opened.session_id
+    await scripts.close_session(sid, CloseReason.CLIENT_CLOSE)
+    keys = SessionKeys(sid)
+    await redis_client.delete(keys.record, keys.output_log, keys.input_log)
+    for first_seq in (0, 2, 5):
+        with pytest.raises(SessionGone) as gone:
+            await scripts.append_output(sid, [ev(1)], first_seq=first_seq)
+        assert gone.value.status == "unknown"
+    assert await redis_client.exists(keys.record, keys.output_log, keys.input_log) == 0
 
 
 async def test_append_output_closed_or_unknown_raises_session_gone(scripts: Scripts) -> None:
@@ -717,8 +729,10 @@ async def test_trim_output_drops_acknowledged_events(scripts: Scripts, redis_cli
     assert await scripts.trim_output(opened.lease, 2) == "ok"  # an older ack changes nothing
     assert [seq for seq, _ in await read_output(redis_client, sid, 0)] == [4, 5]
     assert await scripts.trim_output(opened.lease, 5) == "ok"
-    assert await read_output(redis_client, sid, 0) == []
+    # The last entry stays whatever was acknowledged: it numbers the next event.
+    assert [seq for seq, _ in await read_output(redis_client, sid, 0)] == [5]
     assert await scripts.append_output(sid, [ev(6)]) == 6
+    assert await scripts.trim_output(opened.lease, 6) == "ok"
     result = await scripts.resume(sid, tenant="tenant-a", presented_digest=digest(opened.token),
                                   new_digest=digest("t2"), control_id="c1")
     assert (result.first_retained_seq, result.last_server_event_seq) == (6, 6)
@@ -741,7 +755,6 @@ async def test_an_ack_past_a_rewound_logs_end_trims_nothing(
     await redis_client.delete(keys.output_log)
     for entry_id, fields in kept:
         await redis_client.xadd(keys.output_log, fields, id=entry_id)
-    await redis_client.hset(keys.record, "out_seq", 3)
     await scripts.close_session(sid, CloseReason.LOG_REWOUND)
     assert [seq for seq, _ in await read_output(redis_client, sid, 0)] == [1, 2, 3, 4]
     assert await scripts.trim_output(opened.lease, 5) == "ahead"
@@ -1201,22 +1214,26 @@ async def test_append_output_many_writes_each_session_and_refuses_closed_alone(
     assert await used_slots(redis_client, wid) == 1
 
 
-async def test_append_output_many_is_fenced_whole(scripts: Scripts, redis_client: Redis) -> None:
+async def test_append_output_many_of_a_lost_worker_writes_nothing(
+    scripts: Scripts, redis_client: Redis
+) -> None:
     """A lost worker writes nothing at all, for any session of the batch."""
     wid = await register_worker(scripts, slots=2)
     a, b = [(await open_session(scripts, wid)).lease.session_id for _ in range(2)]
     await expire_heartbeat(redis_client, scripts, wid)
     await reap_until_lost(scripts, wid)
-    with pytest.raises(WorkerFenced):
-        await scripts.append_output_many([OutputAppend(session_id=a, events=[ev(1)]),
-                                          OutputAppend(session_id=b, events=[ev(2)])])
+    outcomes = await scripts.append_output_many([
+        OutputAppend(session_id=a, events=[ev(1)]), OutputAppend(session_id=b, events=[ev(2)])])
+    assert [o.status for o in outcomes if isinstance(o, SessionGone)] == ["closed", "closed"]
+    for sid in (a, b):
+        await assert_one_terminal(redis_client, sid, "session.closed", "worker_lost")
 
 
 async def test_append_output_trims_the_input_the_worker_applied(
     scripts: Scripts, redis_client: Redis
 ) -> None:
-    """The applied index drops the input entries before it once it crosses a multiple of 16
-    (or with no events: a position report); the last applied one stays (the next append
+    """A write names the input entry to trim to (the worker decides when: see
+    inference_worker/output_writer.py); the entries before it go, it stays (the next append
     reads its index there), later ones stay for a gap fill."""
     wid = await register_worker(scripts, slots=1)
     opened = await open_session(scripts, wid)
@@ -1224,14 +1241,13 @@ async def test_append_output_trims_the_input_the_worker_applied(
                                max_entries=100)
     sid = opened.lease.session_id
     fence = 2  # the first generation's (store/lua/prelude.lua)
-    await scripts.append_output_many([OutputAppend(session_id=sid, events=[ev(1)],
-                                                   input_applied=3, input_applied_fence=fence)])
-    assert len(await read_input(redis_client, sid, 0)) == 20, "not one XTRIM per event"
+    await scripts.append_output_many([OutputAppend(session_id=sid, events=[ev(1)])])
+    assert len(await read_input(redis_client, sid, 0)) == 20, "no trim named, none made"
     await scripts.append_output_many([OutputAppend(session_id=sid, events=[ev(2)], first_seq=2,
-                                                   input_applied=17, input_applied_fence=fence)])
+                                                   input_trim_to=17, input_trim_fence=fence)])
     assert [n for n, _ in await read_input(redis_client, sid, 0)] == [17, 18, 19, 20]
     await scripts.append_output_many([OutputAppend(session_id=sid, events=[],
-                                                   input_applied=19, input_applied_fence=fence)])
+                                                   input_trim_to=19, input_trim_fence=fence)])
     assert [n for n, _ in await read_input(redis_client, sid, 0)] == [19, 20]
     appended = await scripts.append_input(opened.lease, [(None, cmd("next"))], max_entries=100)
     assert appended.last_index == 21

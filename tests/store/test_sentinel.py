@@ -11,11 +11,11 @@ import pytest
 from store import OutputAppend, Scripts, create_client
 from store.client import SentinelTarget, parse_sentinel_url
 from store.keys import SessionKeys
-from store.logs import read_output
+from store.logs import log_ends, read_output
 from store.pubsub import Subscriber
 from store.pushes import OutputPushed
 from tests.sentinel_trio import Trio, start_trio
-from tests.store._support import ev, open_session, register_worker, session_field
+from tests.store._support import ev, open_session, register_worker
 
 
 @pytest.mark.parametrize(("url", "target"), [
@@ -72,7 +72,7 @@ async def test_sessions_carry_on_through_a_failover(trio: Trio, own_connection: 
             session_id=sid, events=[ev(3)], first_seq=3)])
         assert first == 3
         assert await read_output(client, sid, 0) == [(1, ev(1)), (2, ev(2)), (3, ev(3))]
-        assert await session_field(client, sid, "out_seq") == "3"
+        assert (await log_ends(client, sid)).last_output == 3
         deadline = asyncio.get_running_loop().time() + 10
         while not any(isinstance(n, OutputPushed) and n.first_seq >= 4 for n in pushed):
             await scripts.append_output(sid, [ev(len(pushed) + 100)], first_seq=0)
