@@ -1,27 +1,25 @@
 """The asyncio driver of one inference worker.
 
-It registers and heartbeats, learns of sessions placed on it from its input channel (with a
-periodic read of its session set and input logs as the safety net for lost pushes), applies
-each session's input log in order to that session's conversation core
+It registers and heartbeats, learns of sessions placed on it from its input channel (a
+periodic read of its session set and input logs is the safety net for lost pushes), applies
+each session's input log in order to the session's conversation core
 (:class:`~inference_worker.conversation.core.ConversationCore`, one per session whatever the
-backend), and appends what the core emits to the session's output log. Every write is fenced in
-Redis: once this worker is declared lost, the reaper ends its sessions, each output log then
-refuses its appends, and its next heartbeat stops it (DESIGN §2.9). Every
-input entry is checked again here against the fencing token it was written under, so a writer that
-went around the scripts is refused at the resource too (DESIGN §2.3; see
-:func:`~inference_worker.sessions.is_current`).
+backend), and appends what the core emits to the session's output log. Every write is fenced
+in Redis: once this worker is declared lost, the reaper ends its sessions, each output log
+then refuses its appends, and its next heartbeat stops it (DESIGN §2.9). Every input entry is
+checked again here against the token it was written under, so a writer that went around the
+scripts is refused at the resource too (:func:`~inference_worker.sessions.is_current`).
 
 With a frame backend (``fake``, ``moshi``, ``cascade``) each session holds a slot of the
-:class:`~inference_worker.engine.Engine`, whose model thread steps all of them together; each
-session's core turns commands into engine input and each tick's output into events. The
-worker admits new sessions (heartbeat ``admit``) only while a slot is free and the rolling
-p99 tick time is inside ``tick_budget_fraction`` of the frame period.
+:class:`~inference_worker.engine.Engine`, whose model thread steps all of them together, and
+the worker reads its sessions' input itself after each tick
+(:mod:`inference_worker.input_pull`). It admits new sessions (heartbeat ``admit``) only while
+a slot is free and the rolling p99 tick time is inside ``tick_budget_fraction`` of the frame.
 
-One session's failure ends that session alone (see :mod:`inference_worker.sessions`, which
-holds the sessions and isolates them). A failure of the worker itself (one of its loops ends)
-stops the process, and the reaper then declares it lost: its sessions end ``worker_lost``. The
-worker never takes itself out of the directory: the reaper does once it reports the worker
-lost (a stopped worker's heartbeat lapses too), so no way of dying hides a worker from it.
+One session's failure ends that session alone (:mod:`inference_worker.sessions`). A failure
+of the worker itself (one of its loops ends) stops the process, and the reaper then declares
+it lost: its sessions end ``worker_lost``. The worker never takes itself out of the
+directory: the reaper does once it reports the worker lost, so no way of dying hides it.
 """
 
 from __future__ import annotations
@@ -42,6 +40,7 @@ from inference_worker.backends.registry import (
     parse_options as parse_backend_options,
 )
 from inference_worker.engine import Engine, TickReport
+from inference_worker.input_pull import InputPuller
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.output_writer import (
     REPORT_APPLIED_BYTES,
@@ -68,7 +67,7 @@ from store.census import NO_ENGINE, TickTime
 from store.client import RedisClient
 from store.directory import WorkerProfile, announce_worker, sessions_of_worker
 from store.errors import raise_if_cancelled
-from store.keys import WorkerKeys, new_worker_id, session_keys
+from store.keys import WorkerKeys, new_worker_id, placed_on, worker_pulls_input
 from store.logs import InputEntry, WriteToken, log_ends, read_input_entries, session_start
 from store.outages import (
     OutageLog,
@@ -113,7 +112,12 @@ class Worker:
         self._factory = SessionFactory(settings, self._detector)
         self._engine: Engine | None = None
         self._background: set[asyncio.Task[None]] = set()
-        self.worker_id = worker_id or new_worker_id()
+        # A frame backend reads its sessions' input on its own clock (inference_worker/
+        # input_pull.py); its id says so, and the appends then push it nothing.
+        self._frames = backend_entry(settings.backend).frames
+        self.worker_id = worker_id or new_worker_id(pulls_input=self._frames)
+        if worker_pulls_input(self.worker_id) and not self._frames:
+            raise ValueError(f"worker id {self.worker_id} pulls its input: a frame backend's")
         self._client = client
         # The output flushes are a call per relayed chunk: on the store's own connection.
         self._scripts = Scripts(client, own_connection=True)
@@ -130,6 +134,8 @@ class Worker:
                                             engine=lambda: self._engine)
         self._writer = OutputWriter(self._scripts, self._sessions, self._pending, self._outages,
                                     spawn=self._spawn)
+        self._puller = InputPuller(client, self._sessions, self._offer, self._outages,
+                                   self._spawn)
         self._notices: PushQueue[Push | None] = PushQueue()
         self._tick_wake = asyncio.Event()
         self._next_tick_at = 0.0  # when the tick loop will next look (monotonic)
@@ -193,7 +199,7 @@ class Worker:
             await self._serve_incarnation()
             if not self.fenced or self._draining:
                 return
-            self.worker_id = new_worker_id()
+            self.worker_id = new_worker_id(pulls_input=self._frames)
             self._keys = WorkerKeys(self.worker_id)
             self.incarnations.append(self.worker_id)
             self.fenced = False
@@ -255,7 +261,7 @@ class Worker:
 
     async def _start_engine(self) -> None:
         s = self.settings
-        if not backend_entry(s.backend).frames:
+        if not self._frames:
             return  # the loopback's cores play their sessions back themselves
         backend = self._backend
         if backend is None:  # loading weights takes a while: off the event loop
@@ -302,6 +308,8 @@ class Worker:
                 _log.error("session %s: model failure (%s); closing it", session_id,
                            report.error or "its slot failed", extra=log_ids(session_id))
                 self._sessions.end(session_id, CloseReason.MODEL_ERROR, time.monotonic())
+        if worker_pulls_input(self.worker_id):
+            self._puller.tick()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
@@ -435,27 +443,16 @@ class Worker:
     async def _on_notice(self, notice: Push | None) -> None:
         match notice:
             case InputPushed(session_id=session_id):
-                await self._on_input(self._placed_here(session_id), notice)
+                await self._on_input(placed_on(session_id, self.worker_id), notice)
             case InputBatch(parts=parts):  # one input append for several sessions
                 for part in parts:
-                    await self._on_input(self._placed_here(part.session_id), part)
+                    await self._on_input(placed_on(part.session_id, self.worker_id), part)
             case SessionEnded(session_id=session_id):
-                self._sessions.forget(self._placed_here(session_id))
+                self._sessions.forget(placed_on(session_id, self.worker_id))
             case SessionPlaced(session_id=session_id):
-                await self._adopt(self._placed_here(session_id))
+                await self._adopt(placed_on(session_id, self.worker_id))
             case None:  # the subscription was re-established: catch up from Redis
                 await self._discover()
-
-    def _placed_here(self, session_id: str) -> str:
-        """``session_id``, checked to be a session placed on this worker.
-
-        Raises:
-            ValueError: not a session id of this worker.
-        """
-        # ValueError: not a session id. Cached: once per relayed chunk.
-        if session_keys(session_id).worker.worker_id != self.worker_id:
-            raise ValueError(f"{session_id} is not placed on this worker")
-        return session_id
 
     async def _on_input(self, session_id: str, pushed: InputPushed) -> None:
         """Apply the entries of one session's input push."""
@@ -480,9 +477,11 @@ class Worker:
         for session_id in await sessions_of_worker(self._client, self.worker_id):
             if session_id not in self._sessions:
                 await self._adopt(session_id)
+        pulls = worker_pulls_input(self.worker_id)
         for session_id, session in self._sessions.items():
             quiet, session.pushed = not session.pushed, False
-            await self._catch_up(session_id, session, check_rewind=quiet)
+            if quiet or not pulls:  # a pull read a session that had input on the last tick
+                await self._catch_up(session_id, session, check_rewind=quiet)
             if quiet and session.follower.next_index - 1 > session.trimmed_to:
                 self._pending.report_applied.add(session_id)  # see Session.trimmed_to
                 self._pending.mark_dirty(session_id)

@@ -17,7 +17,7 @@ from typing import Any
 
 from store.answers import AppendResult, Lease
 from store.errors import Gone, LeaseLost, SessionGone
-from store.keys import session_keys
+from store.keys import session_keys, worker_pulls_input
 
 __all__ = ["InputWriters", "Outcome"]
 
@@ -64,7 +64,8 @@ class InputWriters:
         this call may have landed already, so every session reads its log's end."""
         worker = session_keys(batch[0][0].session_id).worker
         keys = [worker.input_channel]
-        args: list[Any] = [max_entries, max_bytes, call_id]
+        args: list[Any] = [max_entries, max_bytes, call_id,
+                           "0" if worker_pulls_input(worker.worker_id) else "1"]
         for lease, entries in batch:
             k = session_keys(lease.session_id)
             if k.worker.worker_id != worker.worker_id:

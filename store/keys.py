@@ -28,10 +28,12 @@ __all__ = [
     "new_gateway_id",
     "new_session_id",
     "new_worker_id",
+    "placed_on",
     "session_keys",
     "tenant_opens",
     "tenant_sessions",
     "worker_of_session",
+    "worker_pulls_input",
 ]
 
 _PREFIX = "dg"
@@ -41,9 +43,12 @@ WORKER_DIRECTORY = f"{_PREFIX}:workers"
 #: clock), renewed by each pass of its reaper; the reapers share the workers out among these.
 GATEWAY_DIRECTORY = f"{_PREFIX}:gateways"
 
-_WORKER_ID = re.compile(r"^w[0-9a-f]{12}$")
+_WORKER_ID = re.compile(r"^[wp][0-9a-f]{12}$")
 _GATEWAY_ID = re.compile(r"^g[0-9a-f]{12}$")
-_SESSION_ID = re.compile(r"^sess_(w[0-9a-f]{12})\.([0-9a-f]{32})$")
+_SESSION_ID = re.compile(r"^sess_([wp][0-9a-f]{12})\.([0-9a-f]{32})$")
+#: The first letter of the id of a worker that reads its sessions' input logs on its own
+#: clock (a frame backend, once per tick): the input appends send it no push.
+_PULLS_INPUT = "p"
 
 
 _TENANT_ID = re.compile(r"^[0-9a-z_-]{1,64}$")
@@ -84,9 +89,20 @@ def new_gateway_id() -> str:
     return "g" + secrets.token_hex(6)
 
 
-def new_worker_id() -> str:
-    """A fresh worker incarnation id. A restarted worker never reuses one (fencing)."""
-    return "w" + secrets.token_hex(6)
+def new_worker_id(*, pulls_input: bool = False) -> str:
+    """A fresh worker incarnation id. A restarted worker never reuses one (fencing).
+
+    ``pulls_input``: the worker reads its sessions' input logs itself, once per tick, so the
+    input appends push it nothing (:func:`worker_pulls_input`). The id says so because every
+    append names the session, and so its worker, already: the mode costs no lookup, and it
+    never changes for the id.
+    """
+    return (_PULLS_INPUT if pulls_input else "w") + secrets.token_hex(6)
+
+
+def worker_pulls_input(worker_id: str) -> bool:
+    """Whether the worker ``worker_id`` reads its input logs itself (see :func:`new_worker_id`)."""
+    return worker_id.startswith(_PULLS_INPUT)
 
 
 def new_session_id(worker_id: str) -> str:
@@ -194,3 +210,14 @@ def session_keys(session_id: str) -> SessionKeys:
         ValueError: the string is not a session id this store allocated (not cached).
     """
     return SessionKeys(session_id)
+
+
+def placed_on(session_id: str, worker_id: str) -> str:
+    """``session_id``, checked to be a session placed on ``worker_id`` (a push names it).
+
+    Raises:
+        ValueError: not a session id, or one placed on another worker.
+    """
+    if session_keys(session_id).worker.worker_id != worker_id:
+        raise ValueError(f"{session_id} is not placed on worker {worker_id}")
+    return session_id

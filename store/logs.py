@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
+from redis.typing import KeyT, StreamIdT
 
 from store.client import REDIS_ERRORS
 from store.errors import StoreUnavailable, raise_if_cancelled
@@ -17,10 +19,12 @@ from store.keys import SessionKeys
 __all__ = [
     "INPUT_TRIM_EVERY",
     "InputEntry",
+    "InputPosition",
     "LogEnds",
     "SessionStart",
     "WriteToken",
     "log_ends",
+    "pull_input",
     "read_input",
     "read_input_entries",
     "read_output",
@@ -45,6 +49,15 @@ class WriteToken:
 
     epoch: str
     generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class InputPosition:
+    """Where a reader stands in an input log: the ID ``<fence>-<index>`` of the last entry it
+    read (``0-0``: none)."""
+
+    fence: int
+    index: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,13 +121,56 @@ async def read_input_entries(
         raise_if_cancelled()
         raise StoreUnavailable(f"XRANGE {key} failed: {exc}") from exc
     raise_if_cancelled()
-    entries = []
-    for entry_id, fields in rows:
-        fence, index = (int(part) for part in entry_id.split(b"-", 1))
-        payload = fields.get(b"d")
-        if index > after_index and payload is not None:
-            entries.append(InputEntry(index, payload, _token_of(fields), fence))
+    entries = [entry for entry_id, fields in rows
+               if (entry := _input_entry(entry_id, fields)) is not None
+               and entry.index > after_index]
     return entries[:count]
+
+
+def _input_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> InputEntry | None:
+    """The command entry ``entry_id`` holds; None for a fence marker (no command)."""
+    fence, index = (int(part) for part in entry_id.split(b"-", 1))
+    payload = fields.get(b"d")
+    return None if payload is None else InputEntry(index, payload, _token_of(fields), fence)
+
+
+async def pull_input(
+    client: Redis | RedisCluster, after: Mapping[str, InputPosition], count: int = 256
+) -> dict[str, list[InputEntry]]:
+    """The input entries of several sessions of ONE worker (one hash slot) after the entry
+    each names, oldest first, at most ``count`` a session, in one non-blocking ``XREAD``: a
+    worker that reads its logs on its own clock (:func:`store.keys.worker_pulls_input`).
+
+    Entry IDs only grow (a fence marker takes the index of the entry before it, under a
+    higher fence), so what follows a position is what was written after it. The markers are
+    left out; a log that is gone (its session ended) gives nothing.
+    """
+    if not after:
+        return {}
+    streams: dict[KeyT, StreamIdT] = {
+        SessionKeys(session_id).input_log: f"{position.fence}-{position.index}"
+        for session_id, position in after.items()}
+    try:
+        rows: Any = await client.xread(streams, count=count)
+    except REDIS_ERRORS as exc:
+        raise_if_cancelled()
+        raise StoreUnavailable(f"XREAD of {len(streams)} input logs failed: {exc}") from exc
+    raise_if_cancelled()
+    by_key = {key: session_id for session_id, key in zip(after, streams, strict=True)}
+    pulled: dict[str, list[InputEntry]] = {}
+    for key, entries in _stream_rows(rows):
+        found = [entry for entry_id, fields in entries
+                 if (entry := _input_entry(entry_id, fields)) is not None]
+        if found:
+            pulled[by_key[key]] = found
+    return pulled
+
+
+def _stream_rows(rows: Any) -> list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]]:
+    """An ``XREAD`` reply as (key, entries) pairs: RESP2 gives a list of pairs, RESP3 a map."""
+    pairs = rows.items() if isinstance(rows, dict) else rows or []
+    return [(key.decode() if isinstance(key, bytes) else key, entries)
+            for key, entries in pairs]
 
 
 async def read_input(

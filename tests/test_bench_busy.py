@@ -20,6 +20,10 @@ from runtime.embedded import valkey_binary
 SVG = "{http://www.w3.org/2000/svg}"
 BARE = "bare SPUBLISH, one per chunk"
 SCRIPT = "project input script (APPEND_INPUT)"
+PULLED = "project input script, pulling worker"
+PLAIN = "plain MULTI {XADD; SPUBLISH} input"
+OUTPUT = "project output flush (APPEND_OUTPUT)"
+SHAPES = (SCRIPT, PULLED, PLAIN, OUTPUT)
 
 
 def run_cli(*argv: str) -> int:
@@ -31,16 +35,29 @@ def run_cli(*argv: str) -> int:
 
 
 def _check_counts(row: dict[str, object], per_call: int) -> None:
-    """One call per ``per_call`` chunks, each call one write; the input script runs three
-    commands per session (xlen, xadd, spublish) at one session per call, and reads its log's
-    end once per session (its first call: the bench's sessions were not opened by it)."""
-    assert row["commands_sent_per_session_s"] == pytest.approx(50 / per_call)
-    assert row["writes_per_session_s"] == pytest.approx(50 / per_call)
-    if row["shape"] == BARE:
-        assert row["in_scripts_per_session_s"] == 0
+    """One call per ``per_call`` chunks, each call one write. A plain append sends MULTI, an
+    XADD per session, one SPUBLISH and EXEC. The input script runs three commands per session
+    (xlen, xadd, spublish) at one session per call, two to a pulling worker (no push, whose
+    reads, one per tick, are counted as sent), and reads its log's end once per session (its
+    first call: the bench's sessions were not opened by it); the output flush runs three per
+    session at any split (xrevrange, xadd, spublish: each session's gateway has its own
+    channel)."""
+    calls_per_session_s = 50 / per_call
+    assert row["writes_per_session_s"] == pytest.approx(calls_per_session_s)
+    sent, inside = row["commands_sent_per_session_s"], row["in_scripts_per_session_s"]
+    assert isinstance(sent, float) and isinstance(inside, float)
+    if row["shape"] == PLAIN:
+        assert sent == pytest.approx(calls_per_session_s * (per_call + 3))
+    elif row["shape"] == PULLED:
+        assert sent > calls_per_session_s
+    else:
+        assert sent == pytest.approx(calls_per_session_s)
+    if row["shape"] in (BARE, PLAIN):
+        assert inside == 0
+    elif row["shape"] == OUTPUT:
+        assert inside == pytest.approx(150)
     elif per_call == 1:
-        inside = row["in_scripts_per_session_s"]
-        assert isinstance(inside, float) and 150 <= inside <= 155
+        assert (100 <= inside <= 105) if row["shape"] == PULLED else (150 <= inside <= 155)
 
 
 @pytest.mark.timeout(120)
@@ -63,7 +80,8 @@ def test_a_busy_run_prints_idle_and_busy_side_by_side(
     assert alone["tool"] in ("redis-benchmark", "python")
     shapes = [(row["regime"], row["shape"], row["sessions_per_call"]) for row in report["calls"]]
     assert shapes == [(regime, shape, n) for regime in ("idle", "busy")
-                      for shape, n in ((BARE, 1), (SCRIPT, 1), (SCRIPT, 2))]
+                      for shape, n in ((BARE, 1), *((shape, n) for shape in SHAPES
+                                                    for n in (1, 2)))]
     for row in report["calls"]:
         assert row["chunks"] == row["calls"] * row["sessions_per_call"]
         assert GENERATOR_COMMAND not in row["commands_us_per_chunk_by_name"]
@@ -78,7 +96,7 @@ def test_a_busy_run_prints_idle_and_busy_side_by_side(
     assert "Redis us per chunk, idle and busy" in printed
     assert "generator alone on auto, io-threads 1" in printed
     titles = [t.text for t in ET.parse(output.with_suffix(".svg")).getroot().iter(f"{SVG}title")]
-    assert titles == [SCRIPT, "busy, auto, io-threads 1", BARE]
+    assert titles == [*SHAPES, *(f"{shape}, busy auto, io-threads 1" for shape in SHAPES), BARE]
 
 
 @pytest.mark.timeout(120)
@@ -97,7 +115,7 @@ def test_valkey_io_threads_run_once_per_count(tmp_path: Path) -> None:
     assert all(about["binary"] == "valkey-server" for about in report["config"]["busy_servers"])
     busy = [row for row in report["calls"] if row["regime"] == "busy"]
     assert [(row["server"], row["shape"]) for row in busy] == [
-        (label, shape) for label in labels for shape in (BARE, SCRIPT)]
+        (label, shape) for label in labels for shape in (BARE, *SHAPES)]
     for row in busy:
         assert row["main_thread_us_per_chunk"] is not None
         _check_counts(row, 1)

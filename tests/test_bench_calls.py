@@ -15,6 +15,11 @@ import pytest
 from duplex_gateway.cli import main
 
 SVG = "{http://www.w3.org/2000/svg}"
+BARE = "bare SPUBLISH, one per chunk"
+SCRIPT = "project input script (APPEND_INPUT)"
+PULLED = "project input script, pulling worker"
+PLAIN = "plain MULTI {XADD; SPUBLISH} input"
+OUTPUT = "project output flush (APPEND_OUTPUT)"
 
 
 def run_cli(*argv: str) -> int:
@@ -28,9 +33,10 @@ def run_cli(*argv: str) -> int:
 @pytest.mark.timeout(120)
 def test_a_small_run_measures_every_shape_and_both_clients(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """4 sessions, 1, 2 and 4 per call: the bare publish and the input script at each split,
-    every figure positive, chunks = calls x sessions per call, both clients measured, the table
-    and the plot written."""
+    """4 sessions, 1, 2 and 4 per call: the bare publish, then the input script (to a pushed
+    and to a pulling worker), the plain append and the output flush at each split, every
+    figure positive, chunks = calls x sessions per call, both clients measured, the table and
+    the plot written."""
     output = tmp_path / "out" / "calls.json"
     assert run_cli("--sessions", "4", "--per-call", "4,1,2", "--seconds", "0.5",
                    "--calls", "30", "--output", str(output)) == 0
@@ -39,17 +45,22 @@ def test_a_small_run_measures_every_shape_and_both_clients(
     assert report["config"]["sessions"] == 4 and report["config"]["per_call"] == [1, 2, 4]
     assert report["target_us_per_chunk_per_direction"] == 15.0
     shapes = [(row["shape"], row["sessions_per_call"]) for row in report["calls"]]
-    assert shapes == [("bare SPUBLISH, one per chunk", 1)] + [
-        ("project input script (APPEND_INPUT)", n) for n in (1, 2, 4)]
+    assert shapes == [(BARE, 1)] + [(shape, n) for shape in (SCRIPT, PULLED, PLAIN, OUTPUT)
+                                    for n in (1, 2, 4)]
     for row in report["calls"]:
         assert row["calls"] > 0 and row["chunks"] == row["calls"] * row["sessions_per_call"]
         assert row["redis_us_per_chunk"] > 0 and row["redis_us_per_call"] > 0
-    bare, *scripted = report["calls"]
-    assert bare["script_us_per_chunk"] == 0 and bare["commands_us_per_chunk_by_name"] == {}
-    for row in scripted:  # every command the input script runs, its push included
         by_name = row["commands_us_per_chunk_by_name"]
-        # The first call of each session reads its log's end (the bench opened none of them).
-        assert set(by_name) - {"xrevrange"} == {"xlen", "xadd", "spublish"}, by_name
+        if row["shape"] in (BARE, PLAIN):  # no script: nothing counted apart
+            assert row["script_us_per_chunk"] == 0 and by_name == {}
+            continue
+        if row["shape"] in (SCRIPT, PULLED):  # every command the input script runs
+            # The first call of each session reads its log's end (the bench opened none); a
+            # pulling worker is pushed nothing, and its reads are its own, not the script's.
+            pushed = {"spublish"} if row["shape"] == SCRIPT else set()
+            assert set(by_name) - {"xrevrange"} == {"xlen", "xadd", *pushed}, by_name
+        else:  # the output log's last entry, the event, its push; nothing of the record
+            assert set(by_name) == {"xrevrange", "xadd", "spublish"}, by_name
         assert row["commands_us_per_chunk"] == pytest.approx(sum(by_name.values()))
         assert 0 < row["commands_us_per_chunk"] < row["script_us_per_chunk"]
     assert [row["client"] for row in report["clients"]] == [
@@ -61,7 +72,7 @@ def test_a_small_run_measures_every_shape_and_both_clients(
     plot = output.with_suffix(".svg")
     assert f"(plot: {plot})" in printed
     titles = [t.text for t in ET.parse(plot).getroot().iter(f"{SVG}title")]
-    assert titles == ["project input script (APPEND_INPUT)", "bare SPUBLISH, one per chunk"]
+    assert titles == [SCRIPT, PULLED, PLAIN, OUTPUT, BARE]
 
 
 def test_sessions_per_call_that_do_not_divide_the_sessions_are_refused(

@@ -2,26 +2,27 @@
 
 The relay's Redis targets (DESIGN §5: at most 30 us of Redis CPU per chunk, both directions)
 are met in ``bench relay`` only once batching carries many sessions per call. This bench
-isolates why: it runs the store's real input script (``APPEND_INPUT``, through
-:meth:`store.Scripts.append_input_many`, on records set up for it) on an embedded Redis, with
-one subscriber on the worker channel as a worker would have, at a fixed chunk rate
-(``--sessions`` x 50 chunks a second, 20 ms pcm16 24 kHz chunks) while the number of sessions
-per call varies, and reads Redis's own CPU time (``INFO cpu``) per chunk. Beside it, a bare
-``SPUBLISH`` of each chunk, one call per chunk: the floor of any design that sends each chunk
-through Redis in its own call, scripts or not. Then the client's side: the bench process's CPU
-per call of the same script through redis-py (hiredis, on the running loop) and through the
-store's own connection (``store/script_lane.py``, hiredis's reader on an asyncio protocol: what
-the gateway and the worker use), one call at a time.
+isolates why: it runs each call shape of :mod:`duplex_gateway.bench.call_shapes` (the store's
+real input script and output flush, through :class:`store.Scripts` on sessions set up for
+them, and a plain ``MULTI`` append beside them) on an embedded Redis, with a subscriber on
+every channel they push to, at a fixed chunk rate (``--sessions`` x 50 chunks a second, 20 ms
+pcm16 24 kHz chunks) while the number of sessions per call varies, and reads Redis's own CPU
+time (``INFO cpu``) per chunk. Beside them, a bare ``SPUBLISH`` of each chunk, one call per
+chunk: the floor of any design that sends each chunk through Redis in its own call, scripts
+or not. Then the client's side: the bench process's CPU per call of the input script through
+redis-py (hiredis, on the running loop) and through the store's own connection
+(``store/script_lane.py``, hiredis's reader on an asyncio protocol: what the gateway and the
+worker use), one call at a time.
 
-With ``--busy N`` the script and publish shapes are measured again in the busy regime
+With ``--busy N`` every shape is measured again in the busy regime
 (:mod:`duplex_gateway.bench.busy`: a load generator keeps N connections busy on the server,
 its own Redis CPU measured alone and subtracted), once per ``--io-threads`` count, and printed
 beside the idle figures with the commands sent, the commands run inside scripts and the writes
 (client calls) per session-second.
 
 It prints two tables, writes JSON and a plot (Redis us per chunk against sessions per call,
-the per-direction half of the target drawn as a line), asserts nothing about speed, and exits
-0 (2 when it could not run, 130 when interrupted).
+every shape, the per-direction half of the target drawn as a line), asserts nothing about
+speed, and exits 0 (2 when it could not run, 130 when interrupted).
 """
 
 from __future__ import annotations
@@ -50,6 +51,17 @@ from duplex_gateway.bench.busy import (
     server_choices,
     server_version,
 )
+from duplex_gateway.bench.call_shapes import (
+    BARE_PUBLISH,
+    CHUNK_BYTES,
+    INPUT_SCRIPT,
+    SHAPES,
+    Shape,
+    check_appended,
+    prepare_sessions,
+    shape_call,
+    start_reader,
+)
 from duplex_gateway.bench.kit import (
     output_help,
     output_path,
@@ -62,18 +74,12 @@ from duplex_gateway.bench.svgplot import Chart, write_chart
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-    from store import Lease
-
 __all__ = ["CallRow", "ClientRow", "add_arguments", "run_calls_bench"]
 
 CHUNK_S: Final = 0.02
-CHUNK_BYTES: Final = 960  # 20 ms of pcm16 at 24 kHz
 #: DESIGN §5's Redis CPU per chunk, both directions; one direction gets half.
 TARGET_US_PER_CHUNK: Final = 30.0
 DEFAULT_PER_CALL: Final = (1, 2, 5, 10, 20)
-_INPUT_SCRIPT: Final = "project input script (APPEND_INPUT)"
-_BARE_PUBLISH: Final = "bare SPUBLISH, one per chunk"
-_EPOCH, _TENANT = "bench", "bench"
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +90,7 @@ class CallRow:
         redis_us_per_chunk: all of Redis's CPU (``INFO cpu``): reading calls, running them,
             replies and pushes.
         script_us_per_chunk: what ``INFO commandstats`` charges the script calls (0 for the
-            bare publish): the commands they run plus the script's own Lua.
+            shapes that send no script): the commands they run plus the script's own Lua.
         commands_us_per_chunk: the part of that in the commands the script runs, by name in
             ``commands_us_per_chunk_by_name``.
         regime: ``idle`` (the bench's calls alone) or ``busy`` (a load generator beside them,
@@ -97,10 +103,11 @@ class CallRow:
             ran; ``writes_per_session_s``: client calls, i.e. network round trips.
         generator_commands: the busy-load generator's commands over the relay's windows.
         modelled_us_per_chunk: busy only: the execution time ``INFO commandstats`` charges the
-            calls sent (the script's Lua and its commands, or the publish), plus one generator
-            command's whole cost alone per call (a busy server's fixed cost of a call: read,
-            parse, reply), per chunk. It needs no subtraction, so it holds where the
-            subtraction drowns in the generator's own variation.
+            commands sent (the script's Lua and its commands, the publish, a pulling worker's
+            reads), plus one generator command's whole cost alone per round trip (a busy
+            server's fixed cost of a call: read, parse, reply), per chunk. It needs no
+            subtraction, so it holds where the subtraction drowns in the generator's own
+            variation.
     """
 
     shape: str
@@ -151,35 +158,15 @@ class _Stats:
         return cls({name: float(row["usec"]) for name, row in rows.items()},
                    {name: int(row["calls"]) for name, row in rows.items()})
 
-    def inside(self) -> dict[str, float]:
-        """The usec of the commands the script calls ran."""
+    def inside(self, sent: frozenset[str]) -> dict[str, float]:
+        """The usec of the commands the script calls ran (all but those ``sent``)."""
         return {name: value for name, value in self.usec.items()
-                if name != "evalsha" and name not in _NOT_LOAD}
+                if name not in sent and name not in _NOT_LOAD}
 
-    def inside_calls(self) -> int:
-        """How many commands the script calls ran."""
+    def inside_calls(self, sent: frozenset[str]) -> int:
+        """How many commands the script calls ran (all but those ``sent``)."""
         return sum(n for name, n in self.calls.items()
-                   if name != "evalsha" and name not in _NOT_LOAD)
-
-
-async def _sessions(client: Redis, worker_id: str, count: int) -> list[Lease]:
-    """``count`` attached sessions of ``worker_id`` as the open script leaves them (the
-    record, and the input log with the first generation's fence marker, which the input
-    script reads), and their leases."""
-    from store import Lease
-    from store.formats import FORMAT_FIELD, SESSION_FORMAT
-    from store.keys import SessionKeys, new_session_id
-
-    leases: list[Lease] = []
-    for _ in range(count):
-        session_id = new_session_id(worker_id)
-        keys = SessionKeys(session_id)
-        await client.hset(keys.record, mapping={
-            FORMAT_FIELD: SESSION_FORMAT, "state": "attached", "epoch": _EPOCH, "gen": 1,
-            "tenant": _TENANT})
-        await client.xadd(keys.input_log, {"f": 2, "h": 0, f"e:{_EPOCH}": 0}, id="2-0")
-        leases.append(Lease(session_id=session_id, epoch=_EPOCH, generation=1, tenant=_TENANT))
-    return leases
+                   if name not in sent and name not in _NOT_LOAD)
 
 
 async def _paced(callers: int, seconds: float, call: Callable[[int], Awaitable[None]]) -> int:
@@ -200,32 +187,17 @@ async def _paced(callers: int, seconds: float, call: Callable[[int], Awaitable[N
     return sum(made)
 
 
-async def _measure_shape(client: Redis, shape: str, sessions: int, per_call: int,
+async def _measure_shape(client: Redis, shape: Shape, sessions: int, per_call: int,
                          seconds: float, *, server: str = "",
                          busy: BusyLoad | None = None) -> CallRow:
-    from store import Scripts
     from store.keys import WorkerKeys, new_worker_id
 
-    worker_id = new_worker_id()
+    worker_id = new_worker_id(pulls_input=shape.pulled)
     channel = WorkerKeys(worker_id).input_channel
-    subscriber = client.pubsub()
-    await subscriber.ssubscribe(channel)
-
-    async def drain() -> None:  # the worker's side of every push
-        while True:
-            await subscriber.get_message(timeout=1.0)
-
-    reader = asyncio.create_task(drain())
-    leases = await _sessions(client, worker_id, sessions)
-    scripts, chunk = Scripts(client), os.urandom(CHUNK_BYTES)
+    leases = await prepare_sessions(client, worker_id, sessions)
+    reader = await start_reader(client, shape, channel, leases)
     groups = [leases[i:i + per_call] for i in range(0, sessions, per_call)]
-
-    async def call(caller: int) -> None:
-        if shape == _BARE_PUBLISH:
-            await client.spublish(channel, chunk)
-            return
-        _check_appended(await scripts.append_input_many(
-            [(lease, [(None, chunk)]) for lease in groups[caller]], max_entries=1 << 30))
+    call = shape_call(client, shape, channel, groups)
 
     try:
         await call(0)  # the script is loaded (SCRIPT LOAD) before the window, not in it
@@ -255,36 +227,32 @@ async def _measure_shape(client: Redis, shape: str, sessions: int, per_call: int
     finally:
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)
-        await subscriber.aclose()
         await client.flushall()
     chunks = calls * per_call  # every group holds per_call sessions, one chunk each
     stats = _Stats.of(after)
-    bare = shape == _BARE_PUBLISH
-    inside = {} if bare else stats.inside()  # a publish runs no script
+    # Redis counts the commands a script runs apart from the script.
+    inside = stats.inside(shape.sent) if shape.scripted else {}
     by_name = {name: usec / chunks for name, usec in sorted(inside.items())}
+    executed = sum(stats.usec.get(name, 0.0) for name in shape.sent)
+    # Round trips: the calls, and a pulling worker's reads beside them.
+    trips = calls + (stats.calls.get("xread", 0) if shape.pulled else 0)
     session_s = chunks * CHUNK_S  # each chunk is 20 ms of one session's stream
     return CallRow(
-        shape, per_call, calls, chunks, spent.total / chunks * 1e6, spent.total / calls * 1e6,
-        stats.usec.get("evalsha", 0.0) / chunks, sum(by_name.values()), by_name,
+        shape.name, per_call, calls, chunks, spent.total / chunks * 1e6,
+        spent.total / calls * 1e6,
+        stats.usec.get("evalsha", 0.0) / chunks if shape.scripted else 0.0,
+        sum(by_name.values()), by_name,
         regime="idle" if busy is None else "busy", server=server,
         main_thread_us_per_chunk=None if spent.main_thread is None
         else spent.main_thread / chunks * 1e6,
         redis_core_share=share,
-        commands_sent_per_session_s=stats.calls.get("spublish" if bare else "evalsha", 0)
+        commands_sent_per_session_s=sum(stats.calls.get(name, 0) for name in shape.sent)
         / session_s,
-        in_scripts_per_session_s=0.0 if bare else stats.inside_calls() / session_s,
+        in_scripts_per_session_s=stats.inside_calls(shape.sent) / session_s
+        if shape.scripted else 0.0,
         writes_per_session_s=calls / session_s,
         generator_commands=generator,
-        modelled_us_per_chunk=None if floor is None else
-        (stats.usec.get("spublish" if bare else "evalsha", 0.0) + floor * calls) / chunks)
-
-
-def _check_appended(outcomes: Sequence[object]) -> None:
-    """Every session of the call appended its chunk: a refusal would measure a cheaper path."""
-    from store import AppendResult
-
-    if not all(isinstance(o, AppendResult) and o.appended == 1 for o in outcomes):
-        raise RuntimeError(f"the input script refused the bench's sessions: {outcomes}")
+        modelled_us_per_chunk=None if floor is None else (executed + floor * trips) / chunks)
 
 
 async def _measure_clients(client: Redis, calls: int) -> list[ClientRow]:
@@ -294,18 +262,18 @@ async def _measure_clients(client: Redis, calls: int) -> list[ClientRow]:
     from store import Scripts
     from store.keys import new_worker_id
 
-    [lease] = await _sessions(client, new_worker_id(), 1)
+    [lease] = await prepare_sessions(client, new_worker_id(), 1)
     chunk = os.urandom(CHUNK_BYTES)
     rows = []
     for name, own in (("redis-py (hiredis), through Scripts", False),
                       ("the store's own connection, through Scripts", True)):
         scripts = Scripts(client, own_connection=own)
         try:
-            _check_appended(await scripts.append_input_many(  # connected, script loaded
+            check_appended(await scripts.append_input_many(  # connected, script loaded
                 [(lease, [(None, chunk)])], max_entries=1 << 30))
             started = time.process_time()
             for _ in range(calls):
-                _check_appended(await scripts.append_input_many([(lease, [(None, chunk)])],
+                check_appended(await scripts.append_input_many([(lease, [(None, chunk)])],
                                                                 max_entries=1 << 30))
             rows.append(ClientRow(name, calls, (time.process_time() - started) / calls * 1e6))
         finally:
@@ -316,11 +284,12 @@ async def _measure_clients(client: Redis, calls: int) -> list[ClientRow]:
 
 async def _shapes(client: Redis, sessions: int, per_call: Sequence[int], seconds: float, *,
                   server: str, busy: BusyLoad | None = None) -> list[CallRow]:
-    rows = [await _measure_shape(client, _BARE_PUBLISH, sessions, 1, seconds, server=server,
+    rows = [await _measure_shape(client, BARE_PUBLISH, sessions, 1, seconds, server=server,
                                  busy=busy)]
-    for count in per_call:
-        rows.append(await _measure_shape(client, _INPUT_SCRIPT, sessions, count, seconds,
-                                         server=server, busy=busy))
+    for shape in SHAPES:
+        for count in per_call:
+            rows.append(await _measure_shape(client, shape, sessions, count, seconds,
+                                             server=server, busy=busy))
     return rows
 
 
@@ -437,16 +406,16 @@ def _regimes_table(report: dict[str, Any]) -> list[str]:
 def _plot(path: Path, rows: Sequence[CallRow]) -> Path:
     series: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
-        if row.shape != _INPUT_SCRIPT:
+        if row.shape == BARE_PUBLISH.name:
             continue
-        name = _INPUT_SCRIPT if row.regime == "idle" else f"busy, {row.server}"
+        name = row.shape if row.regime == "idle" else f"{row.shape}, busy {row.server}"
         series.setdefault(name, []).append((float(row.sessions_per_call),
                                             row.redis_us_per_chunk))
     floor = [row.redis_us_per_chunk for row in rows
-             if row.shape == _BARE_PUBLISH and row.regime == "idle"]
-    script = series.get(_INPUT_SCRIPT, [])
+             if row.shape == BARE_PUBLISH.name and row.regime == "idle"]
+    script = series.get(INPUT_SCRIPT.name, [])
     if floor and script:
-        series[_BARE_PUBLISH] = [(script[0][0], floor[0]), (script[-1][0], floor[0])]
+        series[BARE_PUBLISH.name] = [(script[0][0], floor[0]), (script[-1][0], floor[0])]
     return write_chart(path, Chart(
         title="Redis CPU per chunk against sessions per call", x_label="sessions per call",
         y_label="Redis us per chunk, one direction", series=series, integer_x=True,

@@ -7,6 +7,8 @@
 -- ARGV[1] input log max entries (the most unread commands a session may have)
 -- ARGV[2] input log max bytes (its MEMORY USAGE with the new commands; 0: no bound)
 -- ARGV[3] call id (unique per call, kept by a resend)
+-- ARGV[4] '1': push the new entries to the worker; '0': the worker reads its logs itself,
+--   once per tick (a frame backend's, see store/keys.py), so no push is sent
 -- then per session: session id, store epoch, generation, the index the caller last wrote
 --   (-1: unknown, read the log), the highest client seq it appended, the largest command
 --   it knows the log to hold (bytes), entry count c,
@@ -45,6 +47,7 @@
 local worker_channel = KEYS[1]
 local in_max, in_max_bytes = tonumber(ARGV[1]), tonumber(ARGV[2])
 local call_id = ARGV[3]
+local push = ARGV[4] == '1'
 local notices = {}
 
 -- Why a session's log refused the caller (rare): from the record.
@@ -132,7 +135,7 @@ local function append_one(rec, in_log, sid, epoch, gen, index, cseq, biggest, at
 end
 
 local answers = {}
-local at = 4
+local at = 5
 for k = 2, #KEYS, 2 do
   local count = tonumber(ARGV[at + 6])
   answers[#answers + 1] = append_one(KEYS[k], KEYS[k + 1], ARGV[at], ARGV[at + 1],
@@ -141,7 +144,9 @@ for k = 2, #KEYS, 2 do
                                      count)
   at = at + 7 + 2 * count
 end
-if #notices == 1 then
+if not push then
+  return answers
+elseif #notices == 1 then
   local only = notices[1]
   redis.call('SPUBLISH', worker_channel,
              cmsgpack.pack({'i', only[1], only[2], only[3], only[4], only[5], only[6]}))
