@@ -1,11 +1,13 @@
 """One connection's input appends: fenced, in order, coalesced.
 
 Whatever the client sends while one append is in flight goes out in the next single script
-call, so a busy session costs one Redis round trip per batch, not per frame. The store's
-answer goes to the connection core (:class:`~gateway.protocol.connection.ConnectionCore`),
-whose actions the driver runs. After a failed or refused append nothing more goes upstream on
-the connection: a later batch landing would move ``last_client_seq`` past the failed commands,
-and the resuming client would never send them again.
+call, so a busy session costs one Redis round trip per batch, not per frame; for a worker
+that reads its input once per tick, input also waits a little for more
+(``PULLED_INPUT_HOLD_S``). The store's answer goes to the connection core
+(:class:`~gateway.protocol.connection.ConnectionCore`), whose actions the driver runs. After
+a failed or refused append nothing more goes upstream on the connection: a later batch
+landing would move ``last_client_seq`` past the failed commands, and the resuming client
+would never send them again.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from gateway.protocol.connection import ConnectionCore
 from gateway.protocol.errors import InternalError
 from gateway.services import GatewayServices
 from store import Gone, Lease, LeaseLost, SessionGone, StoreError
+from store.keys import session_keys, worker_pulls_input
 
 __all__ = ["InputWriter"]
 
@@ -56,9 +59,26 @@ class InputWriter:
         while True:
             await self._ready.wait()
             self._ready.clear()
+            await self._hold()
             await self.flush()
             if self._core.has_actions:
                 await step()
+
+    async def _hold(self) -> None:
+        """Let more input join the oldest queued command, up to ``PULLED_INPUT_HOLD_S``, when
+        the session's worker reads its input once per tick itself (a frame backend's): it
+        would not take the command sooner, and one append of several chunks costs Redis about
+        what one of a single chunk does. Any other worker is woken by each append: no hold."""
+        lease, hold = self.lease, self._svc.settings.pulled_input_hold_s
+        if not hold or lease is None or not self._outbox or not worker_pulls_input(
+                session_keys(lease.session_id).worker.worker_id):
+            return
+        # The relay time counts from the hold's end: it is the time the gateway adds beyond
+        # what it chose to wait (the relay alert's target is a few ms).
+        self._since += hold
+        delay = self._since - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
 
     async def flush(self) -> None:
         """Append what the outbox holds, in order after any append in flight; the core hears

@@ -100,6 +100,14 @@ class GatewaySettings:
         metadata={"help": "camera frames per second per connection (1 s burst, at least one"
                           " append's 2); more: invalid_video_frames; 0: no limit"},
     )
+    pulled_input_hold_s: float = field(
+        default=0.04,
+        metadata={"help": "input for a session whose worker reads its input on its own clock"
+                          " (a frame backend's, once per tick) waits up to this long for more"
+                          " before it is appended, so each append carries several chunks;"
+                          " 0: append at once",
+                  "accepts": NON_NEGATIVE},
+    )
     first_message_timeout_s: float = field(
         default=10.0,
         metadata={"help": "wait this long for the first client message", "accepts": POSITIVE},
