@@ -30,7 +30,7 @@ from store.keys import (
     new_worker_id,
     tenant_sessions,
 )
-from store.logs import read_input, read_output
+from store.logs import InputPosition, pull_input, read_input, read_output
 from store.pubsub import Subscriber
 from store.pushes import OutputPushed, Push
 from tests.cluster import Cluster, start_cluster
@@ -87,11 +87,12 @@ def node_of(client: RedisCluster, key: str) -> str:
     return str(node.name)
 
 
-async def workers_on_every_node(client: RedisCluster, scripts: Scripts) -> dict[str, str]:
+async def workers_on_every_node(client: RedisCluster, scripts: Scripts, *,
+                                pulls_input: bool = False) -> dict[str, str]:
     """Register fresh workers until every node serves at least one; worker id -> node."""
     placed: dict[str, str] = {}
     for _ in range(200):
-        wid = new_worker_id()
+        wid = new_worker_id(pulls_input=pulls_input)
         node = node_of(client, WorkerKeys(wid).record)
         if node in placed.values():
             continue
@@ -153,6 +154,23 @@ async def test_session_lifecycle_on_every_node(
                                             tenant="t", policy=make_policy())
         assert status is OpenStatus.ABANDONED
         assert await used_slots(cluster_client, wid) == 0
+
+
+async def test_a_pulling_worker_reads_all_its_sessions_in_one_xread_on_every_node(
+    cluster_client: RedisCluster, scripts: Scripts,
+) -> None:
+    """A worker's input logs share its slot, so one XREAD of all of them is no CROSSSLOT on
+    any node, and each session's entries come back past the position it names."""
+    workers = await workers_on_every_node(cluster_client, scripts, pulls_input=True)
+    for wid in workers:
+        opened = [await open_session(scripts, wid) for _ in range(3)]
+        for n, session in enumerate(opened):
+            await scripts.append_input(session.lease, [(1, b"a%d" % n), (2, b"b%d" % n)],
+                                       max_entries=100)
+        pulled = await pull_input(cluster_client, {
+            session.session_id: InputPosition(2, n) for n, session in enumerate(opened)})
+        assert {sid: [entry.payload for entry in entries] for sid, entries in pulled.items()
+                } == {opened[0].session_id: [b"a0", b"b0"], opened[1].session_id: [b"b1"]}
 
 
 async def test_worker_lost_on_every_node(cluster_client: RedisCluster, scripts: Scripts) -> None:
