@@ -1,5 +1,5 @@
 """Writing the sessions' output: what each session's conversation core emits goes to its output
-log, many sessions in one script call (they share this worker's slot in the store).
+log, many sessions in one fenced script call (they share this worker's slot in the store).
 
 The writer is told which sessions have something new (:meth:`OutputWriter.mark_dirty`, from the
 session table) and writes them all concurrently when its loop wakes, so a busy worker pays one
@@ -26,6 +26,7 @@ from store import (
     Scripts,
     SessionGone,
     StoreError,
+    WorkerFenced,
 )
 from store.errors import raise_if_cancelled
 from store.logs import INPUT_TRIM_EVERY
@@ -89,15 +90,16 @@ class OutputWriter:
     """The flusher of one worker: batches the dirty sessions' output into script calls."""
 
     def __init__(self, scripts: Scripts, sessions: SessionTable, pending: Pending,
-                 outages: OutageLog, *,
+                 outages: OutageLog, *, fence: Callable[[], None],
                  spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
-        """Write through ``scripts`` what ``pending`` names of the sessions of ``sessions``;
-        ``spawn`` runs a close in the background. A worker declared lost finds its sessions
-        closed by the reaper (each write answers so), and its heartbeat stops it."""
+        """Write through ``scripts`` what ``pending`` names of the sessions of ``sessions``; a
+        write refused because this worker was declared lost calls ``fence``; ``spawn`` runs
+        a close in the background."""
         self._scripts = scripts
         self._sessions = sessions
         self._pending = pending
         self._outages = outages
+        self._fence = fence
         self._spawn = spawn
 
     async def run(self) -> None:
@@ -125,7 +127,8 @@ class OutputWriter:
                          if (part := self._part_of(session_id, session, report_applied))
                          is not None]
                 for start in range(0, len(batch), _MAX_FLUSH_BATCH):
-                    await self._write(batch[start:start + _MAX_FLUSH_BATCH])
+                    if not await self._write(batch[start:start + _MAX_FLUSH_BATCH]):
+                        break
             finally:
                 for lock in reversed(held):
                     lock.release()
@@ -140,8 +143,11 @@ class OutputWriter:
             part = (session_id, session, None)
         return part
 
-    async def _write(self, batch: list[OutputPart]) -> None:
-        """One script call for the output of many sessions (they share this worker's slot)."""
+    async def _write(self, batch: list[OutputPart]) -> bool:
+        """One script call for the output of many sessions (they share this worker's slot).
+
+        Returns False when writing must stop (fenced).
+        """
         trims = {session_id: trim for session_id, session, _ in batch
                  if (trim := _trim_due(session))}
         try:
@@ -153,34 +159,39 @@ class OutputWriter:
                               output_log_max_entries=session.output_log_max_entries,
                               session=session.unsent_session)
                  for session_id, session, reason in batch])
+        except WorkerFenced:
+            self._fence()
+            return False
         except StoreError as exc:
             # Kept in unsent: the next flush (tick or poll) retries them first.
             self._outages.failed(f"output write ({len(batch)} sessions)", exc)
             for session_id, _, _ in batch:
                 self._pending.dirty.add(session_id)
-            return
+            return True
         except Exception as exc:  # not Redis: a session's part could not even be sent
-            await self._write_apart(batch, exc)
-            return
+            return await self._write_apart(batch, exc)
         self._outages.succeeded()
         for session_id, session, _ in batch:
             if session_id in trims:
                 session.trimmed_to = max(session.trimmed_to, trims[session_id])
         self._settle(batch, outcomes)
+        return True
 
-    async def _write_apart(self, batch: list[OutputPart], exc: Exception) -> None:
+    async def _write_apart(self, batch: list[OutputPart], exc: Exception) -> bool:
         """After a batch failed on its own arguments (a bug: each part is checked before),
         write each session alone so that only the culprit fails. Resending is safe: the
         events are numbered, so any that landed are not stored twice."""
         if len(batch) > 1:
             for part in batch:
-                await self._write([part])
-            return
+                if not await self._write([part]):
+                    return False
+            return True
         session_id, _, _ = batch[0]
         self._sessions.fail(session_id, "write", exc)
         # Its output itself cannot be written: the terminal event goes alone.
         self._sessions.forget(session_id)
         self._spawn(self.close(session_id, FAILED_REASON))
+        return True
 
     def _settle(self, batch: list[OutputPart],
                 outcomes: list[int | SessionGone | OutputMismatch]) -> None:
@@ -221,7 +232,7 @@ class OutputWriter:
                 await self._scripts.append_output(session_id, [], close_reason=reason)
                 self._outages.succeeded()
                 break
-            except SessionGone:
+            except (SessionGone, WorkerFenced):
                 break
             except StoreError as exc:
                 self._outages.failed(f"close of session {session_id}", exc)

@@ -5,8 +5,8 @@ periodic read of its session set and input logs is the safety net for lost pushe
 each session's input log in order to the session's conversation core
 (:class:`~inference_worker.conversation.core.ConversationCore`, one per session whatever the
 backend), and appends what the core emits to the session's output log. Every write is fenced
-in Redis: once this worker is declared lost, the reaper ends its sessions, each output log
-then refuses its appends, and its next heartbeat stops it (DESIGN §2.9). Every input entry is
+in Redis: once this worker is declared lost its output appends are refused, the reaper ends
+its sessions, and its next heartbeat stops it (DESIGN §2.9). Every input entry is
 checked again here against the token it was written under, so a writer that went around the
 scripts is refused at the resource too (:func:`~inference_worker.sessions.is_current`).
 
@@ -133,7 +133,7 @@ class Worker:
                                             mark_dirty=self._pending.mark_dirty,
                                             engine=lambda: self._engine)
         self._writer = OutputWriter(self._scripts, self._sessions, self._pending, self._outages,
-                                    spawn=self._spawn)
+                                    fence=self._fence, spawn=self._spawn)
         self._puller = InputPuller(client, self._sessions, self._offer, self._outages,
                                    self._spawn)
         self._notices: PushQueue[Push | None] = PushQueue()

@@ -158,19 +158,13 @@ async def pull_input(
     raise_if_cancelled()
     by_key = {key: session_id for session_id, key in zip(after, streams, strict=True)}
     pulled: dict[str, list[InputEntry]] = {}
-    for key, entries in _stream_rows(rows):
+    for key, entries in rows or []:  # [key, entries] per log with new entries (RESP2)
         found = [entry for entry_id, fields in entries
                  if (entry := _input_entry(entry_id, fields)) is not None]
         if found:
-            pulled[by_key[key]] = found
+            pulled[by_key[key.decode()]] = found
     return pulled
 
-
-def _stream_rows(rows: Any) -> list[tuple[str, list[tuple[bytes, dict[bytes, bytes]]]]]:
-    """An ``XREAD`` reply as (key, entries) pairs: RESP2 gives a list of pairs, RESP3 a map."""
-    pairs = rows.items() if isinstance(rows, dict) else rows or []
-    return [(key.decode() if isinstance(key, bytes) else key, entries)
-            for key, entries in pairs]
 
 
 async def read_input(

@@ -417,13 +417,14 @@ class Scripts:
         self, session_id: str, payloads: Sequence[bytes], *, first_seq: int = 0,
         close_reason: str | None = None,
     ) -> int:
-        """A worker's append of encoded events; returns the first seq (0 if none).
+        """A worker's fenced append of encoded events; returns the first seq (0 if none).
 
         ``first_seq`` numbers the events (see :class:`OutputAppend`); 0 appends them after
         whatever the log holds, which a resend would duplicate. With ``close_reason`` the
         session then ends with ``session.closed`` (exactly once).
 
         Raises:
+            WorkerFenced: the worker was declared lost.
             SessionGone: the session is closed or unknown.
             OutputMismatch: ``first_seq`` disagrees with the log.
         """
@@ -440,8 +441,10 @@ class Scripts:
         """One script call for several sessions of ONE worker.
 
         Returns per session its first seq (0 if it had no events) or its error; each
-        session's input log is trimmed to its ``input_trim_to``. A worker declared lost finds
-        its sessions closed (the reaper ended them); its heartbeat tells it to stop.
+        session's input log is trimmed to its ``input_trim_to``.
+
+        Raises:
+            WorkerFenced: the worker was declared lost (nothing was written).
         """
         worker = session_keys(batch[0].session_id).worker
         keys = [worker.record, worker.sessions, worker.deadlines, worker.input_channel,
@@ -462,6 +465,8 @@ class Scripts:
                      terminal, item.close_reason or "", _json_text(item.session),
                      len(item.events), *item.events]
         answers = await self._run(self._append_output, keys, args)
+        if answers and _str(answers[0]) == "fenced":
+            raise WorkerFenced(f"worker {worker.worker_id} was declared lost")
         results: list[int | SessionGone | OutputMismatch] = []
         for item, answer in zip(batch, answers, strict=True):
             status = _str(answer[0])

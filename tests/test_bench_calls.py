@@ -59,8 +59,9 @@ def test_a_small_run_measures_every_shape_and_both_clients(
             # pulling worker is pushed nothing, and its reads are its own, not the script's.
             pushed = {"spublish"} if row["shape"] == SCRIPT else set()
             assert set(by_name) - {"xrevrange"} == {"xlen", "xadd", *pushed}, by_name
-        else:  # the output log's last entry, the event, its push; nothing of the record
-            assert set(by_name) == {"xrevrange", "xadd", "spublish"}, by_name
+        else:  # the worker's state (the lost-worker fence), the output log's last entry,
+            # the event, its push; nothing of the record
+            assert set(by_name) == {"hget", "xrevrange", "xadd", "spublish"}, by_name
         assert row["commands_us_per_chunk"] == pytest.approx(sum(by_name.values()))
         assert 0 < row["commands_us_per_chunk"] < row["script_us_per_chunk"]
     assert [row["client"] for row in report["clients"]] == [

@@ -84,11 +84,14 @@ TICK_S: Final = 0.08
 async def prepare_sessions(client: Redis, worker_id: str, count: int) -> list[Lease]:
     """``count`` attached sessions of ``worker_id`` as the open script leaves them (the
     record; the input log with the first generation's fence marker, which the input script
-    reads; the output log, empty), and their leases."""
+    reads; the output log, empty), and their leases; the worker's record says it is live
+    (the output flush reads that)."""
     from store import Lease
-    from store.formats import FORMAT_FIELD, SESSION_FORMAT
-    from store.keys import SessionKeys, new_session_id
+    from store.formats import FORMAT_FIELD, SESSION_FORMAT, WORKER_FORMAT
+    from store.keys import SessionKeys, WorkerKeys, new_session_id
 
+    await client.hset(WorkerKeys(worker_id).record,
+                      mapping={FORMAT_FIELD: WORKER_FORMAT, "state": "live"})
     leases: list[Lease] = []
     for _ in range(count):
         session_id = new_session_id(worker_id)

@@ -4,8 +4,10 @@
 -- log's last entry, an XADD per event and one push of what landed. Redis does the fencing:
 -- a session's log exists from its open (appends never create it, so one after its end and
 -- expiry brings nothing back), and its terminal event is kept last by the log's last ID (a
--- closed session refuses every later XADD). A lost worker is fenced by the same means: the
--- reaper ends each of its sessions that way, and its heartbeat tells it to stop.
+-- closed session refuses every later XADD). A worker declared lost is refused whole from the
+-- moment the reaper marks it (one read of its state per call, whatever the number of
+-- sessions): the reaper ends its sessions in later calls, and until then only this read
+-- keeps it from writing (DESIGN §2.9).
 -- With a terminal payload a session ends after its events, exactly once. A session object
 -- (the newest session.updated among the events) is stored in the record with them, so a
 -- resume through any gateway announces it; its 'idle_timeout_s' (the seed's session setting,
@@ -16,12 +18,13 @@
 -- KEYS[7] worker held set (see attach_to)
 -- KEYS[4i+4] .. KEYS[4i+7] (i = 1..n): session record, input log, output log, output channel
 -- ARGV per session: session id, the server_event_seq of the first event (0: whatever comes
---   next), the output log's entry bound (MAXLEN ~; '': the record's, one read more), the ID of the input entry to trim the
---   input log to ('<fence>-<index>', kept with everything after it; '' leaves it alone),
---   terminal payload ('' none), terminal reason, the session object (JSON; '' none), event
---   count c, then c encoded events
--- returns per session in order {status, first seq (0 if no events) or, for gap and conflict,
---   the log's last seq}: status ok | closed | unknown | gap | conflict | other_format (the
+--   next), the output log's entry bound (MAXLEN ~; '': the record's, one read more), the ID
+--   of the input entry to trim the input log to ('<fence>-<index>', kept with everything
+--   after it; '' leaves it alone), terminal payload ('' none), terminal reason, the session
+--   object (JSON; '' none), event count c, then c encoded events
+-- returns {'fenced'} if the worker was declared lost (or its record is gone), else per
+--   session in order {status, first seq (0 if no events) or, for gap and conflict, the log's
+--   last seq}: status ok | closed | unknown | gap | conflict | other_format (the
 --   last two for a terminal or a session object, the only parts that read the record)
 -- Numbered events make a resend exactly-once: a call whose reply was lost (the client library
 -- resends it) or a flush retried with more events finds its first events stored already and
@@ -29,6 +32,9 @@
 -- from the stored one (conflict), means the worker and the store disagree (a bug, or a
 -- failover that lost writes): nothing is written, and the worker ends the session loudly.
 local wk = worker_keys(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
+
+local worker_state = redis.call('HGET', KEYS[1], 'state')
+if not worker_state or worker_state == 'lost' then return {'fenced'} end
 
 -- Whether the events a resend carries again are the ones the log holds under their numbers
 -- (those trimmed since cannot be compared, and are taken as stored).

@@ -34,11 +34,12 @@ SENT_GOAL = 30
 #: timing. A command more per chunk (a log read after each push, say) fails it.
 SENT_UNCOALESCED = 130
 #: Run inside scripts per session-second, the level reached: per chunk, the input script's
-#: XLEN, XADD and SPUBLISH and the output script's XREVRANGE (the log's last entry), XADD
-#: and SPUBLISH, no read or write of the session record; plus a trim of the input every
+#: XLEN, XADD and SPUBLISH and the output script's HGET of its worker's state (the lost-worker
+#: fence, once per call), XREVRANGE (the log's last entry), XADD and SPUBLISH, no read or
+#: write of the session record; plus a trim of the input every
 #: INPUT_TRIM_EVERY commands and one gateway's and one worker's fixed costs, which a lone
 #: session carries alone. One command more per chunk and direction fails it.
-IN_SCRIPTS_REACHED = 380
+IN_SCRIPTS_REACHED = 430
 
 _START, _END = "cost-window-start", "cost-window-end"
 # A MONITOR line: '<time> [<db> <client or lua>] "<COMMAND>" ...'; only the head is parsed.

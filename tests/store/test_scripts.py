@@ -24,7 +24,9 @@ from store import (
     SessionGone,
     SessionPolicy,
     WorkerFenced,
+    lua,
 )
+from store.answers import DEFAULT_ATTACHMENT_LEASE_MS
 from store.directory import worker_loads
 from store.keys import SessionKeys, WorkerKeys, new_session_id, new_worker_id
 from store.logs import log_ends, read_input, read_output
@@ -40,6 +42,7 @@ from tests.store._support import (
     expire_heartbeat,
     make_policy,
     open_session,
+    poll_until,
     reap_until_ended,
     reap_until_lost,
     redis_now_ms,
@@ -610,25 +613,62 @@ async def test_numbered_append_refuses_a_gap_or_a_different_event(
     assert await session_field(redis_client, sid, "state") == "attached"
 
 
-async def test_append_output_from_lost_worker_is_refused_by_its_ended_sessions(
+async def test_append_output_from_lost_worker_is_fenced(
     scripts: Scripts, redis_client: Redis
 ) -> None:
-    """A worker declared lost writes nothing more: the reaper ended each of its sessions, so
-    Redis keeps each terminal event last and every later append is refused."""
+    """A worker declared lost cannot write, even to a session that is now closed; and each
+    ended session's log refuses any later append by itself (its terminal event kept last)."""
     wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
     await expire_heartbeat(redis_client, scripts, wid)
     await reap_until_lost(scripts, wid)
     for payloads, first_seq, reason in (([ev(1)], 0, None), ([ev(1)], 1, None),
                                         ([ev(2)], 2, None), ([], 0, "done")):
-        with pytest.raises(SessionGone) as gone:
+        with pytest.raises(WorkerFenced):
             await scripts.append_output(opened.session_id, payloads, first_seq=first_seq,
                                         close_reason=reason)
-        assert gone.value.status == "closed"
     await assert_one_terminal(redis_client, opened.session_id, "session.closed", "worker_lost")
     keys = SessionKeys(opened.session_id)
     with pytest.raises(ResponseError, match="exhausted"):
         await redis_client.xadd(keys.output_log, {"d": ev(9)})
+
+
+async def test_append_output_is_refused_from_the_moment_the_worker_is_declared_lost(
+    scripts: Scripts, redis_client: Redis
+) -> None:
+    """The reaper's first call declares the worker lost and names its sessions; they end in
+    later calls. In between, the worker's appends are refused whole (DESIGN §2.9: it must
+    never write again): nothing lands, the session is still open for the reaper to end."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    await expire_heartbeat(redis_client, scripts, wid)
+    w = WorkerKeys(wid)
+
+    async def declare_lost() -> Any:
+        return await redis_client.eval(
+            lua.REAP, 7, w.record, w.sessions, w.deadlines, w.input_channel, w.ended,
+            w.gateways, w.held, 100, LONG_MS, 1000, DEFAULT_ATTACHMENT_LEASE_MS)
+
+    answer = (await poll_until(declare_lost, lambda a: a[0] == b"lost"))[-1]
+    assert answer[1] == [opened.session_id.encode()], "its session is left to end"
+    for payloads, first_seq, reason in (([ev(1)], 1, None), ([], 0, "done")):
+        with pytest.raises(WorkerFenced):
+            await scripts.append_output(opened.session_id, payloads, first_seq=first_seq,
+                                        close_reason=reason)
+    assert await read_output(redis_client, opened.session_id, 0) == []
+    assert await session_field(redis_client, opened.session_id, "state") == "attached"
+
+
+async def test_append_output_without_worker_record_is_fenced(
+    scripts: Scripts, redis_client: Redis
+) -> None:
+    """A worker whose record vanished (expired after loss) is fenced too."""
+    wid = await register_worker(scripts)
+    opened = await open_session(scripts, wid)
+    await redis_client.delete(WorkerKeys(wid).record)
+    with pytest.raises(WorkerFenced):
+        await scripts.append_output(opened.session_id, [ev(1)])
+    assert await read_output(redis_client, opened.session_id, 0) == []
 
 
 async def test_append_output_after_the_keys_expired_creates_nothing(
@@ -1214,17 +1254,15 @@ async def test_append_output_many_writes_each_session_and_refuses_closed_alone(
     assert await used_slots(redis_client, wid) == 1
 
 
-async def test_append_output_many_of_a_lost_worker_writes_nothing(
-    scripts: Scripts, redis_client: Redis
-) -> None:
+async def test_append_output_many_is_fenced_whole(scripts: Scripts, redis_client: Redis) -> None:
     """A lost worker writes nothing at all, for any session of the batch."""
     wid = await register_worker(scripts, slots=2)
     a, b = [(await open_session(scripts, wid)).lease.session_id for _ in range(2)]
     await expire_heartbeat(redis_client, scripts, wid)
     await reap_until_lost(scripts, wid)
-    outcomes = await scripts.append_output_many([
-        OutputAppend(session_id=a, events=[ev(1)]), OutputAppend(session_id=b, events=[ev(2)])])
-    assert [o.status for o in outcomes if isinstance(o, SessionGone)] == ["closed", "closed"]
+    with pytest.raises(WorkerFenced):
+        await scripts.append_output_many([OutputAppend(session_id=a, events=[ev(1)]),
+                                          OutputAppend(session_id=b, events=[ev(2)])])
     for sid in (a, b):
         await assert_one_terminal(redis_client, sid, "session.closed", "worker_lost")
 
