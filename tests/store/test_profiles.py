@@ -26,6 +26,7 @@ from store import (
     ResumeStatus,
     Scripts,
     SessionGone,
+    WorkerFenced,
 )
 from store.directory import MAX_PROFILE_BYTES, WorkerProfile, decode_profile, worker_loads
 from store.keys import WorkerKeys, new_session_id, new_worker_id
@@ -202,9 +203,9 @@ async def test_a_refused_output_write_stores_no_session(
     assert await stored_session(redis_client, closed.session_id) == CREATED
     await expire_heartbeat(redis_client, scripts, worker_id)
     await reap_until_lost(scripts, worker_id)
-    outcome = await scripts.append_output_many([OutputAppend(
-        session_id=gap.session_id, events=[ev(1)], first_seq=1, session=UPDATED)])
-    assert isinstance(outcome[0], SessionGone) and outcome[0].status == "closed"
+    with pytest.raises(WorkerFenced):
+        await scripts.append_output_many([OutputAppend(
+            session_id=gap.session_id, events=[ev(1)], first_seq=1, session=UPDATED)])
     assert await stored_session(redis_client, gap.session_id) == CREATED
 
 
