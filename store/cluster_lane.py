@@ -1,4 +1,5 @@
-"""Script calls on a Redis Cluster over the store's own connections: one lane per node.
+"""Script calls and transactions on a Redis Cluster over the store's own connections: one lane
+per node.
 
 The scripts' per-call cost on redis-py's cluster client is its slot lookup, its connection
 pool and its command packer, as on one node (``store/script_lane.py``). Here each call is
@@ -7,7 +8,7 @@ or worker's hash tag, ``store/keys.py``) to a :class:`ScriptLane` on the node th
 slot, pipelined with every other call to that node.
 
 The slot map comes from the process's redis-py cluster client (its nodes manager asks the
-Cluster), which also carries every command that is not a script; a refresh here refreshes the
+Cluster), which also carries every other command; a refresh here refreshes the
 map it routes by too. What the Cluster answers while it changes:
 
 * MOVED: the slot lives on another node now. The map takes the named node for that slot at
@@ -28,8 +29,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import SSLConnection
@@ -53,6 +54,8 @@ __all__ = ["MAX_REDIRECTIONS", "ClusterLane"]
 
 _log = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
+
 #: Redirections one call follows before its error stands (and ``Scripts._run`` resends it, on
 #: a refreshed map): as many as redis-py's cluster client follows.
 MAX_REDIRECTIONS = 16
@@ -63,7 +66,7 @@ _NODE_CHANGED = (RedisConnectionError, RedisTimeoutError, ClusterDownError, Read
 
 
 class ClusterLane:
-    """EVALSHA over one :class:`ScriptLane` per Cluster node, routed by slot."""
+    """EVALSHA and MULTI over one :class:`ScriptLane` per Cluster node, routed by slot."""
 
     def __init__(self, client: RedisCluster, *, stall_s: float = DEFAULT_STALL_S) -> None:
         self._client = client
@@ -80,6 +83,8 @@ class ClusterLane:
         #: read: for tests and benchmarks.
         self.redirections = {"moved": 0, "ask": 0}
         self.refreshes = 0
+        #: Calls routed, by kind ("script", "transaction"): for tests and benchmarks.
+        self.calls = {"script": 0, "transaction": 0}
 
     async def evalsha(self, sha: str, source: str | bytes, keys: Sequence[str],
                       args: Sequence[Any]) -> Any:
@@ -95,9 +100,26 @@ class ClusterLane:
         """
         if not keys:
             raise ValueError("a script call on a Cluster needs a key to route it by")
+
+        def send(lane: ScriptLane, asking: bool) -> Awaitable[Any]:
+            return lane.evalsha(sha, source, keys, args, asking=asking)
+        self.calls["script"] += 1
+        return await self._routed(keys[0], send)
+
+    async def transaction(self, key: str, commands: Sequence[Sequence[Any]]) -> list[Any]:
+        """Run ``commands`` (every key in ``key``'s slot) in one ``MULTI`` on the node that
+        serves that slot: :meth:`ScriptLane.transaction`, redirected as :meth:`evalsha`."""
+
+        def send(lane: ScriptLane, asking: bool) -> Awaitable[list[Any]]:
+            return lane.transaction(key, commands, asking=asking)
+        self.calls["transaction"] += 1
+        return await self._routed(key, send)
+
+    async def _routed(self, key: str, send: Callable[[ScriptLane, bool], Awaitable[_T]]) -> _T:
+        """``send`` on the lane of the node serving ``key``'s slot, following redirections."""
         if self._stale:
             await self._refresh()
-        slot = key_slot(keys[0].encode())
+        slot = key_slot(key.encode())
         node = self._slots[slot]
         if node is None:
             self._stale = True
@@ -105,7 +127,7 @@ class ClusterLane:
         asking = False
         for _ in range(MAX_REDIRECTIONS):
             try:
-                return await self._lane(node).evalsha(sha, source, keys, args, asking=asking)
+                return await send(self._lane(node), asking)
             except MovedError as exc:
                 self.redirections["moved"] += 1
                 node = _name(exc)

@@ -7,59 +7,106 @@ through each answer, so the script reads nothing on the way: it appends with ``X
 <fence>-*``, and the index Redis gives must follow the one the writer last wrote
 (``store/lua/append_input.lua``). A call sent again after a lost reply asks the script to read
 the log's end instead, where the first run's call id tells it that run landed.
+
+A pulling worker's sessions (``store/keys.py``: no push goes with their input) need nothing of
+the script but what their writer already knows, so on the store's own connections
+(``store/script_lane.py``) they go without it: the same ``XADD``s, one ``MULTI`` for the
+batch. Redis still refuses every stale writer (a raised fence is an "equal or smaller" ID) and
+every closed session (``NOMKSTREAM``). The writer deduplicates by client seq, numbers nothing
+(Redis does) and checks the caps against a bound of the log's length: the most entries it can
+hold, since only the worker's trims change it while the fence stands. Whatever the writer
+cannot settle so goes to the script: a log it does not know, entries that might reach a cap
+(the script counts exactly), a refusal (the script says why), a reply lost (the script, as a
+resend, reads whether the ``MULTI`` landed: it is all or nothing).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from store.answers import AppendResult, Lease
+from store.client import REDIS_ERRORS
 from store.errors import Gone, LeaseLost, SessionGone
 from store.keys import session_keys, worker_pulls_input
 
-__all__ = ["InputWriters", "Outcome"]
+__all__ = ["InputWriters", "Outcome", "PlainAppend", "TransactionLane", "append_input"]
+
+_log = logging.getLogger(__name__)
 
 #: The index a call gives for a log whose end the script must read.
 UNKNOWN_INDEX = -1
+#: How many entries a log holds, for a writer that does not know: the script counts them.
+UNKNOWN_HELD = -1
+#: The open creates the input log with one entry, its first fence's marker.
+OPENED_HELD = 1
 
 Outcome = AppendResult | LeaseLost | SessionGone
 Entries = Sequence[tuple[int | None, bytes]]
+Batch = Sequence[tuple[Lease, Entries]]
+
+
+class TransactionLane(Protocol):
+    """Where a plain append goes: ``store/script_lane.py``, ``store/cluster_lane.py``."""
+
+    async def transaction(self, key: str, commands: Sequence[Sequence[Any]]) -> list[Any]: ...
 
 
 @dataclass(slots=True)
 class _Position:
     """Where one session's input log stands, as its writer under ``generation`` left it:
-    its last index, highest client seq, and largest command (the byte cap's bound)."""
+    its last index, highest client seq, largest command (the byte cap's bound) and the most
+    entries it may hold (``UNKNOWN_HELD``: not known)."""
 
     generation: int
     index: int
     client_seq: int
     biggest: int = 0
+    held: int = UNKNOWN_HELD
+
+
+@dataclass(frozen=True, slots=True)
+class _Planned:
+    """One session's part of a plain append: how many entries, and the client seq and the
+    largest command after them."""
+
+    count: int
+    client_seq: int
+    biggest: int
+
+
+@dataclass(frozen=True, slots=True)
+class PlainAppend:
+    """A batch's input as one ``MULTI`` of ``XADD``s: the commands (in the batch's order), a
+    key of their slot, and each session's part."""
+
+    key: str
+    commands: list[list[Any]]
+    sessions: list[_Planned]
 
 
 class InputWriters:
-    """The log positions of the sessions this process appends for, and the script call's
-    arguments and answers (``Scripts.append_input_many``)."""
+    """The log positions of the sessions this process appends for; the script call's
+    arguments and answers (``Scripts.append_input_many``) and the plain append's."""
 
     def __init__(self) -> None:
         self._positions: dict[str, _Position] = {}
 
     def attached(self, session_id: str, generation: int, *, index: int, client_seq: int,
-                 biggest: int) -> None:
+                 biggest: int, held: int = UNKNOWN_HELD) -> None:
         """An open or a resume attached ``session_id`` under ``generation``: its input log
         stands at ``index``, its highest client seq at ``client_seq``, its largest command
-        at ``biggest`` bytes."""
-        self._positions[session_id] = _Position(generation, index, client_seq, biggest)
+        at ``biggest`` bytes, and it holds at most ``held`` entries."""
+        self._positions[session_id] = _Position(generation, index, client_seq, biggest, held)
 
     def forget(self, session_id: str) -> None:
         """This process no longer writes for ``session_id``."""
         self._positions.pop(session_id, None)
 
-    def arguments(self, batch: Sequence[tuple[Lease, Entries]], call_id: str, *,
-                  max_entries: int, max_bytes: int, resend: bool
-                  ) -> tuple[list[str], list[Any]]:
+    def arguments(self, batch: Batch, call_id: str, *, max_entries: int, max_bytes: int,
+                  resend: bool) -> tuple[list[str], list[Any]]:
         """The script's KEYS and ARGV for ``batch`` (sessions of one worker); ``resend``:
         this call may have landed already, so every session reads its log's end."""
         worker = session_keys(batch[0][0].session_id).worker
@@ -82,8 +129,7 @@ class InputWriters:
                 args += ["" if seq is None else seq, payload]
         return keys, args
 
-    def outcomes(self, batch: Sequence[tuple[Lease, Entries]], answers: Sequence[Any]
-                 ) -> list[Outcome]:
+    def outcomes(self, batch: Batch, answers: Sequence[Any]) -> list[Outcome]:
         """Each session's outcome; the positions follow the answers. A log that went back
         (``rewound``) is an append of nothing whose last index is below the one the writer
         knew: the gateway's connection core ends such a session (``log_rewound``)."""
@@ -99,12 +145,145 @@ class InputWriters:
             else:
                 last_index, client_seq = int(answer[4]), int(answer[2])
                 self._positions[session_id] = _Position(lease.generation, last_index,
-                                                        client_seq, int(answer[5]))
+                                                        client_seq, int(answer[5]),
+                                                        int(answer[6]))
                 results.append(AppendResult(appended=int(answer[1]),
                                             last_client_seq=client_seq,
                                             last_index=last_index,
                                             backlog_full=status == "full"))
         return results
+
+    def plain(self, batch: Batch, call_id: str, *, max_entries: int, max_bytes: int
+              ) -> PlainAppend | None:
+        """``batch`` as plain ``XADD``s, or None where the script must take it: the worker
+        is pushed its input, or a session's log is not known well enough to be sure that
+        its new entries pass the caps."""
+        worker = session_keys(batch[0][0].session_id).worker.worker_id
+        if not worker_pulls_input(worker):
+            return None
+        commands: list[list[Any]] = []
+        sessions: list[_Planned] = []
+        for lease, entries in batch:
+            k = session_keys(lease.session_id)
+            known = self._positions.get(lease.session_id)
+            if (k.worker.worker_id != worker or known is None
+                    or known.generation != lease.generation or known.held == UNKNOWN_HELD):
+                return None
+            fresh = _fresh_commands(entries, known.client_seq)
+            if fresh and not _within_caps(known, fresh, max_entries, max_bytes):
+                return None
+            client_seq = fresh[-1][0] if fresh else known.client_seq
+            biggest = max([known.biggest, *(len(payload) for _, payload in fresh)])
+            for n, (highest, payload) in enumerate(fresh, 1):
+                # As the script writes them (store/lua/append_input.lua), the call's last
+                # entry with the call id that tells a resend it landed.
+                command = ["XADD", k.input_log, "NOMKSTREAM", f"{2 * lease.generation}-*",
+                           "d", payload, "h", highest, "e:" + lease.epoch, lease.generation]
+                if n == len(fresh):
+                    command += ["c", call_id, "n", len(fresh), "b", biggest]
+                commands.append(command)
+            sessions.append(_Planned(len(fresh), client_seq, biggest))
+        return PlainAppend(session_keys(batch[0][0].session_id).input_log, commands, sessions)
+
+    def plain_outcomes(self, batch: Batch, plain: PlainAppend, replies: Sequence[Any]
+                       ) -> tuple[list[Outcome | None], list[list[Any]]]:
+        """Each session's outcome from the ``MULTI``'s replies (None: refused, the script
+        must say why; it appended nothing, the ``MULTI`` being all or nothing per cause), and
+        the ``XDEL``s that take back entries a rewound log numbered too low (as the script
+        does; the connection core then ends the session)."""
+        results: list[Outcome | None] = []
+        take_back: list[list[Any]] = []
+        at = 0
+        for (lease, _), planned in zip(batch, plain.sessions, strict=True):
+            mine, at = replies[at:at + planned.count], at + planned.count
+            known = self._positions[lease.session_id]
+            if not mine:
+                results.append(AppendResult(appended=0, last_client_seq=known.client_seq,
+                                            last_index=known.index))
+                continue
+            if not isinstance(mine[0], bytes):  # nil: no log; an error: the fence rose
+                results.append(None)
+                continue
+            got = [int(reply.rpartition(b"-")[2]) for reply in mine]
+            if got[0] < known.index + 1:
+                take_back.append(["XDEL", session_keys(lease.session_id).input_log, *mine])
+                known.index, known.held = got[0] - 1, UNKNOWN_HELD
+                results.append(AppendResult(appended=0, last_client_seq=known.client_seq,
+                                            last_index=known.index))
+                continue
+            known.index, known.client_seq = got[-1], planned.client_seq
+            known.biggest, known.held = planned.biggest, known.held + planned.count
+            results.append(AppendResult(appended=planned.count,
+                                        last_client_seq=planned.client_seq,
+                                        last_index=known.index))
+        return results, take_back
+
+
+ScriptRun = Callable[[Sequence[str], Sequence[Any], Callable[[], Sequence[Any]]],
+                     Awaitable[Any]]
+
+
+async def append_input(writers: InputWriters, lane: TransactionLane | None, run_script: ScriptRun,
+                       batch: Batch, call_id: str, *, max_entries: int, max_bytes: int
+                       ) -> list[Outcome]:
+    """Append ``batch`` (sessions of one worker): plainly where :meth:`InputWriters.plain`
+    can and ``lane`` carries it, by the script for the rest. ``run_script(keys, args,
+    resent)`` runs the input script, ``resent`` giving a resend's arguments."""
+
+    async def by_script(part: Batch, *, resend: bool) -> list[Outcome]:
+        def arguments(again: bool) -> tuple[list[str], list[Any]]:
+            return writers.arguments(part, call_id, max_entries=max_entries,
+                                     max_bytes=max_bytes, resend=again)
+        keys, args = arguments(resend)
+        answers = await run_script(keys, args, lambda: arguments(True)[1])
+        return writers.outcomes(part, answers)
+
+    plain = (None if lane is None else
+             writers.plain(batch, call_id, max_entries=max_entries, max_bytes=max_bytes))
+    if lane is None or plain is None:
+        return await by_script(batch, resend=False)
+    try:
+        replies = await lane.transaction(plain.key, plain.commands) if plain.commands else []
+    except REDIS_ERRORS:
+        # It may have run (a lost reply), or did not (a refused queue, out of memory): the
+        # script, as a resend, reads each log's end and appends what did not land.
+        return await by_script(batch, resend=True)
+    outcomes, take_back = writers.plain_outcomes(batch, plain, replies)
+    if take_back:
+        try:
+            await lane.transaction(plain.key, take_back)
+        except REDIS_ERRORS as exc:  # the session ends (log_rewound) in any case
+            _log.warning("taking back input a rewound log numbered too low failed: %s", exc)
+    refused = [i for i, outcome in enumerate(outcomes) if outcome is None]
+    if refused:
+        told = await by_script([batch[i] for i in refused], resend=False)
+        for i, outcome in zip(refused, told, strict=True):
+            outcomes[i] = outcome
+    return [outcome for outcome in outcomes if outcome is not None]
+
+
+def _fresh_commands(entries: Entries, client_seq: int) -> list[tuple[int, bytes]]:
+    """The commands that are new: no client seq, or one above the highest appended (which
+    rises as they are taken), each with the highest seq after it (the script's rule)."""
+    fresh: list[tuple[int, bytes]] = []
+    for seq, payload in entries:
+        if seq is None or seq > client_seq:
+            if seq is not None:
+                client_seq = seq
+            fresh.append((client_seq, payload))
+    return fresh
+
+
+def _within_caps(known: _Position, fresh: Sequence[tuple[int, bytes]], max_entries: int,
+                 max_bytes: int) -> bool:
+    """Whether ``fresh`` surely leaves the log within both caps, by the script's own bound
+    (``over_caps`` in ``store/lua/append_input.lua``) on at most ``known.held`` entries."""
+    if known.held - 1 + len(fresh) > max_entries:
+        return False
+    if max_bytes <= 0:
+        return True
+    adding = sum(len(payload) for _, payload in fresh)
+    return 2 * known.held * (known.biggest + 64) + 8192 + adding <= max_bytes
 
 
 def _text(value: Any) -> str:

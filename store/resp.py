@@ -43,10 +43,12 @@ from redis.exceptions import (
     ClusterCrossSlotError,
     ClusterDownError,
     ConnectionError as RedisConnectionError,
+    ExecAbortError,
     MasterDownError,
     MovedError,
     NoPermissionError,
     NoScriptError,
+    OutOfMemoryError,
     ReadOnlyError,
     RedisError,
     ResponseError,
@@ -120,6 +122,8 @@ _ERRORS: dict[str, type[RedisError]] = {
     "CLUSTERDOWN": ClusterDownError,
     "MASTERDOWN": MasterDownError,
     "CROSSSLOT": ClusterCrossSlotError,
+    "EXECABORT": ExecAbortError,
+    "OOM": OutOfMemoryError,
 }
 
 
@@ -229,6 +233,19 @@ class RespConnection(asyncio.Protocol):
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._waiting.append(waiter)
         return waiter
+
+    def request_many(self, commands: Sequence[Sequence[bytes | str | int | float]]
+                     ) -> list[asyncio.Future[Any]]:
+        """Send ``commands`` back to back in one write; one future per command, as
+        :meth:`request`'s."""
+        data = b"".join(pack(parts) for parts in commands)
+        if not self._waiting:
+            self._last_heard = time.monotonic()
+        self._write(data)
+        loop = asyncio.get_running_loop()
+        waiters = [loop.create_future() for _ in commands]
+        self._waiting.extend(waiters)
+        return waiters
 
     @property
     def in_flight(self) -> int:

@@ -1,10 +1,12 @@
-"""Script calls on one pipelined connection of the store's own (``store/resp.py``).
+"""Script calls and transactions on one pipelined connection of the store's own
+(``store/resp.py``).
 
 redis-py spends client CPU on each call beyond the bytes
 (``docs/performance/notes/2026-12-05-relay-cpu.md``): its connection pool, its stream reader
 and writer, its command packer. The gateway's input batches and the worker's output flushes
 are one call per relayed chunk at real-time load, so :class:`Scripts` sends its scripts here
-instead.
+instead, and the one hot-path call that is no script: a pulling worker's input append, a
+``MULTI`` of plain ``XADD``s (``store/input_appends.py``).
 
 This lane is one connection to one node: a single Redis, the master Sentinel names, or one node
 of a Cluster. A Cluster gets one lane per node from ``store/cluster_lane.py``, which routes
@@ -15,7 +17,8 @@ What redis-py did for these calls, done here:
 
 * Reconnects: a call on a connection that broke fails with ``ConnectionError``, and the next
   call connects again (asking the Sentinels where the master is now). Every script is safe to
-  send twice (``store/lua/``), so :meth:`Scripts._run` resends it as after any lost reply.
+  send twice (``store/lua/``), so :meth:`Scripts._run` resends it as after any lost reply; a
+  transaction whose reply was lost is settled by its caller.
 * A connection that stops answering: calls in flight and nothing heard for ``stall_s``, the
   connection is dropped and its calls fail with ``ConnectionError`` (resent on a new one), as
   redis-py's commands fail after their socket timeout (``store/client.py``).
@@ -31,11 +34,17 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from redis.exceptions import ConnectionError as RedisConnectionError, NoScriptError, ReadOnlyError
+import hiredis
+from redis.exceptions import (
+    ConnectionError as RedisConnectionError,
+    ExecAbortError,
+    NoScriptError,
+    ReadOnlyError,
+)
 
 from store.client import COMMAND_TIMEOUT_S
 from store.errors import raise_if_cancelled
-from store.resp import Endpoint, RespConnection
+from store.resp import Endpoint, RespConnection, error_of
 
 __all__ = ["DEFAULT_STALL_S", "ScriptLane"]
 
@@ -46,7 +55,7 @@ DEFAULT_STALL_S = COMMAND_TIMEOUT_S
 
 
 class ScriptLane:
-    """EVALSHA over one connection, made on first use in the running event loop."""
+    """EVALSHA and MULTI over one connection, made on first use in the running event loop."""
 
     def __init__(self, endpoint: Callable[[], Awaitable[Endpoint]], *,
                  stall_s: float = DEFAULT_STALL_S) -> None:
@@ -79,6 +88,43 @@ class ScriptLane:
             connection.abort(exc)  # the next call asks where the master is now
             raise
 
+    async def transaction(self, key: str, commands: Sequence[Sequence[Any]], *,
+                          asking: bool = False) -> list[Any]:
+        """Run ``commands`` in one ``MULTI``/``EXEC``, written in one go; their replies, a
+        command's error as the exception redis-py would raise for it (not raised). ``key``:
+        one of their keys (a Cluster's lanes route by it, ``store/cluster_lane.py``; one
+        node needs none). ``asking``: as :meth:`evalsha`'s (ASKING holds until the
+        ``EXEC``).
+
+        Raises:
+            redis.exceptions.ConnectionError: the connection failed or stalled; whether the
+                transaction ran is unknown.
+            redis.exceptions.RedisError: a command Redis refused to queue (a redirection, out
+                of memory: nothing ran), or what it answered the ``EXEC``.
+        """
+        connection = await self._connected()
+        framed: list[Sequence[Any]] = [["ASKING"]] if asking else []
+        framed += [["MULTI"], *commands, ["EXEC"]]
+        *queued, executed = connection.request_many(framed)
+        for reply in queued:  # read below once EXEC answered; retrieved in any case
+            reply.add_done_callback(_ignore_reply)
+        self._watch()
+        try:
+            replies: list[Any] = await executed
+        except ExecAbortError as exc:
+            # Nothing ran; the command that was refused says why (a MOVED names its node).
+            refused = [reply.exception() for reply in queued
+                       if reply.done() and not reply.cancelled()]
+            why: BaseException = next((e for e in refused if e is not None), exc)
+            if isinstance(why, ReadOnlyError):
+                connection.abort(why)  # the next call asks where the master is now
+            raise why from None
+        except ReadOnlyError as exc:
+            connection.abort(exc)
+            raise
+        return [error_of(reply) if isinstance(reply, hiredis.ReplyError) else reply
+                for reply in replies]
+
     async def aclose(self) -> None:
         """Drop the connection; calls in flight fail with ``ConnectionError``."""
         self._closed = True
@@ -97,10 +143,13 @@ class ScriptLane:
             # node that did not take it redirects the call again.
             connection.request(["ASKING"]).add_done_callback(_ignore_reply)
         reply = connection.request(parts)
+        self._watch()
+        return await reply
+
+    def _watch(self) -> None:
         if self._watchdog is None:
             self._watchdog = asyncio.get_running_loop().call_later(self._stall_s / 2,
                                                                    self._check_stall)
-        return await reply
 
     async def _connected(self) -> RespConnection:
         if self._closed:

@@ -69,7 +69,7 @@ from store.errors import (
     raise_if_cancelled,
 )
 from store.housekeeping import LeaseRenewal, OutputTrim, lease_call
-from store.input_appends import InputWriters
+from store.input_appends import OPENED_HELD, InputWriters, append_input
 from store.keys import (
     GATEWAY_DIRECTORY,
     SessionKeys,
@@ -269,7 +269,8 @@ class Scripts:
         )
         status = OpenStatus(_str(answer[0]))
         if status is OpenStatus.OK:
-            self._writers.attached(session_id, 1, index=0, client_seq=0, biggest=0)
+            self._writers.attached(session_id, 1, index=0, client_seq=0, biggest=0,
+                                   held=OPENED_HELD)
         return status
 
     async def resume(
@@ -341,7 +342,9 @@ class Scripts:
         self, batch: Sequence[tuple[Lease, Sequence[tuple[int | None, bytes]]]], *,
         max_entries: int, max_bytes: int = 0,
     ) -> list[AppendResult | LeaseLost | SessionGone]:
-        """One script call for several sessions of ONE worker (one hash slot).
+        """One call for several sessions of ONE worker (one hash slot): the input script,
+        or for a pulling worker's sessions on the store's own connections a ``MULTI`` of
+        plain ``XADD``s (``store/input_appends.py``).
 
         Returns, per session in order, its result or the error it would raise alone. A
         session whose unread input would pass ``max_entries`` commands or ``max_bytes``
@@ -350,13 +353,10 @@ class Scripts:
         """
         # The call id tells a resend of this very call (a lost reply) that its first run
         # landed; a resend reads each log's end (see store/input_appends.py).
-        call_id = _new_call_id()
-        keys, args = self._writers.arguments(batch, call_id, max_entries=max_entries,
-                                             max_bytes=max_bytes, resend=False)
-        answers = await self._run(self._append_input, keys, args, resent=lambda: (
-            self._writers.arguments(batch, call_id, max_entries=max_entries,
-                                    max_bytes=max_bytes, resend=True)[1]))
-        return self._writers.outcomes(batch, answers)
+        return await append_input(
+            self._writers, self._lane, lambda keys, args, resent: self._run(
+                self._append_input, keys, args, resent=resent),
+            batch, _new_call_id(), max_entries=max_entries, max_bytes=max_bytes)
 
     async def trim_output(self, lease: Lease, acknowledged_seq: int) -> TrimStatus:
         """Drop output entries up to ``acknowledged_seq``, fenced on ``lease`` (``AHEAD``:

@@ -21,9 +21,10 @@ SVG = "{http://www.w3.org/2000/svg}"
 BARE = "bare SPUBLISH, one per chunk"
 SCRIPT = "project input script (APPEND_INPUT)"
 PULLED = "project input script, pulling worker"
+PULLED_PLAIN = "project plain input (MULTI {XADD}), pulling worker"
 PLAIN = "plain MULTI {XADD; SPUBLISH} input"
 OUTPUT = "project output flush (APPEND_OUTPUT)"
-SHAPES = (SCRIPT, PULLED, PLAIN, OUTPUT)
+SHAPES = (SCRIPT, PULLED, PULLED_PLAIN, PLAIN, OUTPUT)
 
 
 def run_cli(*argv: str) -> int:
@@ -36,12 +37,12 @@ def run_cli(*argv: str) -> int:
 
 def _check_counts(row: dict[str, object], per_call: int) -> None:
     """One call per ``per_call`` chunks, each call one write. A plain append sends MULTI, an
-    XADD per session, one SPUBLISH and EXEC. The input script runs three commands per session
-    (xlen, xadd, spublish) at one session per call, two to a pulling worker (no push, whose
-    reads, one per tick, are counted as sent), and reads its log's end once per session (its
-    first call: the bench's sessions were not opened by it); the output flush reads its
-    worker's state once per call (the lost-worker fence) and runs three per session at any
-    split (xrevrange, xadd, spublish: each session's gateway has its own channel)."""
+    XADD per session, one SPUBLISH and EXEC; the store's to a pulling worker the same with no
+    SPUBLISH, and the worker's reads (one per tick) counted as sent. The input script runs
+    three commands per session (xlen, xadd, spublish) at one session per call, two to a
+    pulling worker (no push; its reads counted as sent); the output flush reads its worker's
+    state once per call (the lost-worker fence) and runs three per session at any split
+    (xrevrange, xadd, spublish: each session's gateway has its own channel)."""
     calls_per_session_s = 50 / per_call
     assert row["writes_per_session_s"] == pytest.approx(calls_per_session_s)
     sent, inside = row["commands_sent_per_session_s"], row["in_scripts_per_session_s"]
@@ -50,14 +51,16 @@ def _check_counts(row: dict[str, object], per_call: int) -> None:
         assert sent == pytest.approx(calls_per_session_s * (per_call + 3))
     elif row["shape"] == PULLED:
         assert sent > calls_per_session_s
+    elif row["shape"] == PULLED_PLAIN:
+        assert sent > calls_per_session_s * (per_call + 2)
     else:
         assert sent == pytest.approx(calls_per_session_s)
-    if row["shape"] in (BARE, PLAIN):
+    if row["shape"] in (BARE, PULLED_PLAIN, PLAIN):
         assert inside == 0
     elif row["shape"] == OUTPUT:
         assert inside == pytest.approx(150 + calls_per_session_s)
     elif per_call == 1:
-        assert (100 <= inside <= 105) if row["shape"] == PULLED else (150 <= inside <= 155)
+        assert inside == pytest.approx(100 if row["shape"] == PULLED else 150)
 
 
 @pytest.mark.timeout(120)

@@ -7,6 +7,9 @@ event) of every session in its group, as a gateway's or a worker's call would.
   :class:`store.Scripts`, on sessions set up as the open script leaves them; the input script
   also to a worker that pulls its input (no push; the worker's one ``XREAD`` of all its
   sessions per 80 ms tick runs beside it, as a frame backend's worker reads);
+- the store's plain input append to a pulling worker (``store/input_appends.py``): a
+  ``MULTI`` of the XADDs the script would run, on the store's own connection, what a gateway
+  sends for a frame backend's sessions (the script is then its slow path);
 - a plain ``MULTI {XADD ...; SPUBLISH}`` of the same entries under the same fence: the study's
   script-free input append, without the backlog bound, the lost-reply resend or the notice
   the script packs (the reference the input script is weighed against).
@@ -32,6 +35,7 @@ __all__ = [
     "OUTPUT_FLUSH",
     "PLAIN_INPUT",
     "PULLED_INPUT",
+    "PULLED_PLAIN_INPUT",
     "SHAPES",
     "Shape",
     "check_appended",
@@ -57,6 +61,8 @@ class Shape:
         output: whether it writes the output direction (subscribers on the sessions'
             output channels) rather than the input (one subscriber on the worker channel).
         pulled: the input goes to a worker that reads its logs on its own clock.
+        own_connection: sent through :class:`store.Scripts` on the store's own connection
+            (``store/script_lane.py``) rather than redis-py's.
     """
 
     name: str
@@ -64,6 +70,7 @@ class Shape:
     scripted: bool
     output: bool = False
     pulled: bool = False
+    own_connection: bool = False
 
 
 BARE_PUBLISH: Final = Shape("bare SPUBLISH, one per chunk", frozenset({"spublish"}), False)
@@ -71,12 +78,15 @@ INPUT_SCRIPT: Final = Shape("project input script (APPEND_INPUT)", frozenset({"e
                             True)
 PULLED_INPUT: Final = Shape("project input script, pulling worker",
                             frozenset({"evalsha", "xread"}), True, pulled=True)
+PULLED_PLAIN_INPUT: Final = Shape("project plain input (MULTI {XADD}), pulling worker",
+                                  frozenset({"multi", "xadd", "exec", "xread"}), False,
+                                  pulled=True, own_connection=True)
 PLAIN_INPUT: Final = Shape("plain MULTI {XADD; SPUBLISH} input",
                            frozenset({"multi", "xadd", "spublish", "exec"}), False)
 OUTPUT_FLUSH: Final = Shape("project output flush (APPEND_OUTPUT)", frozenset({"evalsha"}),
                             True, output=True)
 #: Measured at every sessions-per-call split, in this order, after the bare publish.
-SHAPES: Final = (INPUT_SCRIPT, PULLED_INPUT, PLAIN_INPUT, OUTPUT_FLUSH)
+SHAPES: Final = (INPUT_SCRIPT, PULLED_INPUT, PULLED_PLAIN_INPUT, PLAIN_INPUT, OUTPUT_FLUSH)
 #: A frame backend's tick, the pulling worker's clock.
 TICK_S: Final = 0.08
 
@@ -106,18 +116,17 @@ async def prepare_sessions(client: Redis, worker_id: str, count: int) -> list[Le
     return leases
 
 
-def shape_call(client: Redis, shape: Shape, channel: str, groups: Sequence[Sequence[Lease]]
-               ) -> Callable[[int], Awaitable[None]]:
-    """The call of ``shape`` for one group (by its index), each raising if Redis refused
-    anything: a refusal would measure a cheaper path."""
-    from store import Scripts
-
-    scripts, chunk = Scripts(client), os.urandom(CHUNK_BYTES)
+def shape_call(client: Redis, scripts: Scripts, shape: Shape, channel: str,
+               groups: Sequence[Sequence[Lease]]) -> Callable[[int], Awaitable[None]]:
+    """The call of ``shape`` for one group (by its index), through ``scripts`` where the
+    shape is the store's (on its own connection when ``shape.own_connection``), each raising
+    if Redis refused anything: a refusal would measure a cheaper path."""
+    chunk = os.urandom(CHUNK_BYTES)
     if shape == BARE_PUBLISH:
         async def publish(group: int) -> None:
             await client.spublish(channel, chunk)
         return publish
-    if shape in (INPUT_SCRIPT, PULLED_INPUT):
+    if shape in (INPUT_SCRIPT, PULLED_INPUT, PULLED_PLAIN_INPUT):
         async def append(group: int) -> None:
             check_appended(await scripts.append_input_many(
                 [(lease, [(None, chunk)]) for lease in groups[group]], max_entries=1 << 30))

@@ -190,6 +190,7 @@ async def _paced(callers: int, seconds: float, call: Callable[[int], Awaitable[N
 async def _measure_shape(client: Redis, shape: Shape, sessions: int, per_call: int,
                          seconds: float, *, server: str = "",
                          busy: BusyLoad | None = None) -> CallRow:
+    from store import Scripts
     from store.keys import WorkerKeys, new_worker_id
 
     worker_id = new_worker_id(pulls_input=shape.pulled)
@@ -197,10 +198,14 @@ async def _measure_shape(client: Redis, shape: Shape, sessions: int, per_call: i
     leases = await prepare_sessions(client, worker_id, sessions)
     reader = await start_reader(client, shape, channel, leases)
     groups = [leases[i:i + per_call] for i in range(0, sessions, per_call)]
-    call = shape_call(client, shape, channel, groups)
+    scripts = Scripts(client, own_connection=shape.own_connection)
+    call = shape_call(client, scripts, shape, channel, groups)
 
     try:
-        await call(0)  # the script is loaded (SCRIPT LOAD) before the window, not in it
+        # Before the window, not in it: the script loaded (SCRIPT LOAD), each session's
+        # first input append (its writer reads where the log stands: the bench opened none).
+        for group in range(len(groups)):
+            await call(group)
         await client.config_resetstat()
         if busy is None:
             before = read_cpu(await client.info("cpu"))
@@ -227,6 +232,7 @@ async def _measure_shape(client: Redis, shape: Shape, sessions: int, per_call: i
     finally:
         reader.cancel()
         await asyncio.gather(reader, return_exceptions=True)
+        await scripts.aclose()
         await client.flushall()
     chunks = calls * per_call  # every group holds per_call sessions, one chunk each
     stats = _Stats.of(after)

@@ -1,7 +1,10 @@
 -- Append client commands to the input logs of one or more sessions of ONE worker (they share
 -- its hash slot), deduplicated by client sequence number, the new entries pushed to the worker
 -- in one notice per call (DESIGN §2.3, §2.4). A gateway batches every session it serves on a
--- worker into one call.
+-- worker into one call. A pulling worker's sessions take this script only when their writer
+-- cannot append them as plain XADDs in a MULTI (store/input_appends.py: it does not know
+-- where a log stands, the entries may reach a cap, or a plain append was refused or its
+-- reply lost); those XADDs are the ones below, so either path reads the other's entries.
 -- KEYS[1] worker channel
 -- KEYS[2i], KEYS[2i+1] (i = 1..n) session record, input log of the i-th session
 -- ARGV[1] input log max entries (the most unread commands a session may have)
@@ -14,9 +17,10 @@
 --   it knows the log to hold (bytes), entry count c,
 --   and c pairs: client seq ('' when the client sent none), encoded command
 -- returns, per session in order: {status, appended, highest client seq, current generation,
---   last index of the input log and the largest command it holds (ok, full and rewound
---   only)}: status ok | full | rewound | stale | closed | unknown | other_format; rewound:
---   the log ends before the index the caller last wrote, nothing appended
+--   last index of the input log, the largest command it holds and how many entries it holds
+--   now (ok, full and rewound only; -1 where the call did not count them)}: status ok | full
+--   | rewound | stale | closed | unknown | other_format; rewound: the log ends before the
+--   index the caller last wrote, nothing appended
 -- The fence is in each entry's ID ('<fence>-<index>', see raise_fence): the holder of
 -- generation g appends under 2g with XADD '<2g>-*', so Redis numbers the entry one above the
 -- log's last index under that fence, and refuses it outright once a resume or a detachment
@@ -73,12 +77,12 @@ local function fresh_commands(at, count, cseq)
   return fresh, highest
 end
 
--- Whether `fresh` would take the log past a cap. MEMORY USAGE only when the entries' most
+-- Whether `fresh` would take the log past a cap, the log holding `held` entries (the
+-- caller's bound, store/input_appends.py, is this one). MEMORY USAGE only when the entries' most
 -- possible size does not already say no: none larger than the largest ever appended
 -- (`biggest`), each with 64 bytes of framing, in listpacks allocated at most twice their
 -- size, plus the stream's own 8 KiB.
-local function over_caps(in_log, fresh, biggest)
-  local held = redis.call('XLEN', in_log)
+local function over_caps(in_log, held, fresh, biggest)
   if held - 1 + #fresh > in_max then return true end
   if in_max_bytes <= 0 then return false end
   local adding = 0
@@ -93,14 +97,15 @@ local function append_one(rec, in_log, sid, epoch, gen, index, cseq, biggest, at
     local top = input_top(in_log)
     if top == nil or top.fence ~= fence then return refusal(rec, top and top.h or 0) end
     if top.call == call_id then
-      return {'ok', top.count, top.h, tonumber(gen), top.index, top.biggest}
+      return {'ok', top.count, top.h, tonumber(gen), top.index, top.biggest, -1}
     end
     index, cseq, biggest = top.index, math.max(cseq, top.h), top.biggest
   end
   local fresh, highest = fresh_commands(at, count, cseq)
-  if #fresh == 0 then return {'ok', 0, cseq, tonumber(gen), index, biggest} end
-  if over_caps(in_log, fresh, biggest) then
-    return {'full', 0, cseq, tonumber(gen), index, biggest}
+  if #fresh == 0 then return {'ok', 0, cseq, tonumber(gen), index, biggest, -1} end
+  local held = redis.call('XLEN', in_log)
+  if over_caps(in_log, held, fresh, biggest) then
+    return {'full', 0, cseq, tonumber(gen), index, biggest, held}
   end
   for _, i in ipairs(fresh) do biggest = math.max(biggest, #ARGV[i + 1]) end
   local first, payloads = nil, {}
@@ -124,14 +129,14 @@ local function append_one(rec, in_log, sid, epoch, gen, index, cseq, biggest, at
     if got < index + 1 then
       -- Taken back: the log ends before what the caller wrote (the caller ends the session).
       redis.call('XDEL', in_log, added)
-      return {'rewound', 0, cseq, tonumber(gen), got - 1, biggest}
+      return {'rewound', 0, cseq, tonumber(gen), got - 1, biggest, -1}
     end
     index = got
     first = first or got
     payloads[#payloads + 1] = ARGV[i + 1]
   end
   notices[#notices + 1] = {sid, first, payloads, epoch, tonumber(gen), fence}
-  return {'ok', #fresh, highest[#fresh], tonumber(gen), index, biggest}
+  return {'ok', #fresh, highest[#fresh], tonumber(gen), index, biggest, held + #fresh}
 end
 
 local answers = {}

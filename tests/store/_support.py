@@ -66,10 +66,11 @@ class Opened:
 
 async def register_worker(
     scripts: Scripts, *, slots: int = 4, ttl_ms: int = 60_000, worker_id: str | None = None,
-    models: Sequence[str] = ("loopback",),
+    models: Sequence[str] = ("loopback",), pulls: bool = False,
 ) -> str:
-    """Register a fresh live worker serving ``models`` and return its id."""
-    wid = worker_id or new_worker_id()
+    """Register a fresh live worker serving ``models`` and return its id (``pulls``: one
+    that reads its input itself, so no push goes with it)."""
+    wid = worker_id or new_worker_id(pulls_input=pulls)
     beat = await scripts.worker_heartbeat(wid, slots=slots, ttl_ms=ttl_ms, register=True,
                                           drain=False, models=models)
     assert beat.state == "live"

@@ -26,6 +26,14 @@ async def scripts(redis_client: Redis, request: pytest.FixtureRequest) -> AsyncI
     await registered.aclose()
 
 
+@pytest.fixture(params=(False, True), ids=("pushed worker", "pulling worker"))
+def pulls(request: pytest.FixtureRequest) -> bool:
+    """Both kinds of worker a session's input goes to: pushed each append, or reading its
+    input itself, whose appends go as plain XADDs on the store's own connection
+    (store/input_appends.py)."""
+    return bool(request.param)
+
+
 @pytest.fixture
 async def proxy(redis_server: EmbeddedServer, redis_client: Redis) -> AsyncIterator[FaultProxy]:
     """A fault proxy in front of the (freshly flushed) server."""

@@ -60,17 +60,23 @@ def node_command(port: int, *command: Any) -> Any:
         return node.execute_command(*command)
 
 
-async def push(lane: ClusterLane, call: str) -> int:
-    return int(await lane.evalsha(PUSH_SHA, PUSH, [KEY], [call]))
+async def push(lane: ClusterLane, call: str, kind: str = "script") -> int:
+    """Append ``call`` by a script, or by a plain RPUSH in a MULTI (``kind``)."""
+    if kind == "script":
+        return int(await lane.evalsha(PUSH_SHA, PUSH, [KEY], [call]))
+    (length,) = await lane.transaction(KEY, [["RPUSH", KEY, call]])
+    return int(length)
 
 
+@pytest.mark.parametrize("kind", ["script", "transaction"])
 async def test_calls_follow_ask_while_a_slot_migrates_then_moved(
-    cluster: Cluster, client: RedisCluster, lane: ClusterLane,
+    cluster: Cluster, client: RedisCluster, lane: ClusterLane, kind: str,
 ) -> None:
     """While the slot migrates, a call whose key has left gets ASK and runs on the importing
-    node after ASKING (its first there: NOSCRIPT, then EVAL after ASKING again), the map
-    untouched; once the slot is the target's, the first call's MOVED updates the map and
-    the rest go straight there. Every call ran exactly once."""
+    node after ASKING (a script's first there: NOSCRIPT, then EVAL after ASKING again; a
+    MULTI's: ASKING before it holds until its EXEC), the map untouched; once the slot is the
+    target's, the first call's MOVED updates the map and the rest go straight there. Every
+    call ran exactly once."""
     slot = client.keyslot(KEY)
     source = cluster.port_serving(slot)
     target = next(port for port in cluster.primary_ports() if port != source)
@@ -79,7 +85,7 @@ async def test_calls_follow_ask_while_a_slot_migrates_then_moved(
     await asyncio.to_thread(node_command, target, "SCRIPT", "FLUSH")
 
     for call in calls[:3]:
-        await push(lane, call)
+        await push(lane, call, kind)
     assert lane.redirections == {"moved": 0, "ask": 0}
     refreshes = lane.refreshes
 
@@ -87,12 +93,12 @@ async def test_calls_follow_ask_while_a_slot_migrates_then_moved(
                             ids[source])
     await asyncio.to_thread(node_command, source, "CLUSTER", "SETSLOT", slot, "MIGRATING",
                             ids[target])
-    await push(lane, calls[3])  # the key is still on the source: it runs there
+    await push(lane, calls[3], kind)  # the key is still on the source: it runs there
     assert lane.redirections == {"moved": 0, "ask": 0}
     await asyncio.to_thread(node_command, source, "MIGRATE", "127.0.0.1", target, "", 0, 5000,
                             "KEYS", KEY)
     for call in calls[4:8]:
-        await push(lane, call)
+        await push(lane, call, kind)
     # Each call went to the source first (the map unchanged), which sent it on.
     assert lane.redirections == {"moved": 0, "ask": 4}
     assert lane.refreshes == refreshes
@@ -101,21 +107,25 @@ async def test_calls_follow_ask_while_a_slot_migrates_then_moved(
         await asyncio.to_thread(node_command, port, "CLUSTER", "SETSLOT", slot, "NODE",
                                 ids[target])
     for call in calls[8:]:
-        await push(lane, call)
+        await push(lane, call, kind)
     assert lane.redirections == {"moved": 1, "ask": 4}
     assert await client.lrange(KEY, 0, -1) == [call.encode() for call in calls]
     assert await asyncio.to_thread(node_command, target, "LLEN", KEY) == len(calls)
 
 
+@pytest.mark.parametrize("pulls", [False, True], ids=["script", "plain MULTI"])
 async def test_session_calls_carry_on_while_their_slot_moves_back_and_forth(
-    cluster: Cluster, client: RedisCluster,
+    cluster: Cluster, client: RedisCluster, pulls: bool,
 ) -> None:
     """Sessions append input while their worker's slot is resharded between nodes, four
     times: every chunk lands once, in order; a call that met TRYAGAIN past the store's
-    resends (the slot half moved) is sent again by its caller, and stored once all the same."""
+    resends (the slot half moved) is sent again by its caller, and stored once all the same.
+    A pulling worker's sessions append by plain XADDs (store/input_appends.py), redirected
+    the same way."""
     scripts = Scripts(client, own_connection=True)
     try:
-        worker = await register_worker(scripts, worker_id=new_worker_id(), slots=8)
+        worker = await register_worker(scripts, worker_id=new_worker_id(pulls_input=pulls),
+                                       slots=8)
         opened = [await open_session(scripts, worker) for _ in range(4)]
         slot = client.keyslot(SessionKeys(opened[0].session_id).record)
         moving = asyncio.Event()
@@ -166,6 +176,9 @@ async def test_session_calls_carry_on_while_their_slot_moves_back_and_forth(
         lane = scripts._lane
         assert isinstance(lane, ClusterLane)
         assert lane.redirections["moved"] >= 4  # the map follows each move by a MOVED
+        # A pulling worker's appends went as plain MULTIs (a few by the script: a TRYAGAIN
+        # resend), a pushed worker's all by the script.
+        assert (lane.calls["transaction"] > chunks // 2) is pulls
     finally:
         await scripts.aclose()
 

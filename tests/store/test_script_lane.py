@@ -14,7 +14,11 @@ from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError, ResponseError
+from redis.exceptions import (
+    ConnectionError as RedisConnectionError,
+    OutOfMemoryError,
+    ResponseError,
+)
 
 from runtime.embedded import EmbeddedServer
 from store import Scripts, create_client
@@ -121,6 +125,33 @@ async def test_an_error_reply_is_redis_pys_exception_and_the_connection_stays(
             await lane.evalsha(hashlib.sha1(b"return redis.error_reply('boom')").hexdigest(),
                                "return redis.error_reply('boom')", [], [])
         assert await lane.evalsha(ECHO_SHA, ECHO, [], [b"ok"]) == b"ok"
+        assert await connected_clients(redis_client) == before + 1
+    finally:
+        await lane.aclose()
+
+
+async def test_a_transaction_answers_each_command_and_names_why_one_was_refused(
+        redis_client: Redis) -> None:
+    """A MULTI's replies come back per command, a command's runtime error among them as
+    redis-py's exception (the others ran); a command Redis refuses to queue (out of memory)
+    aborts the whole EXEC, and that refusal, not the bare EXECABORT, is the error raised.
+    The connection stays."""
+    lane = lane_for(redis_client)
+    before = await connected_clients(redis_client)
+    try:
+        replies = await lane.transaction("k", [["SET", "k", "1"], ["LPUSH", "k", "x"],
+                                               ["INCR", "k"]])
+        assert replies[0] == b"OK" and replies[2] == 2
+        assert isinstance(replies[1], ResponseError) and "WRONGTYPE" in str(replies[1])
+        used = int((await redis_client.info("memory"))["used_memory"])
+        await redis_client.config_set("maxmemory", max(1, used - 1024 * 1024))
+        try:
+            with pytest.raises(OutOfMemoryError):
+                await lane.transaction("k", [["INCR", "k"], ["SET", "j", "y"]])
+        finally:
+            await redis_client.config_set("maxmemory", 0)
+        assert await redis_client.get("k") == b"2" and not await redis_client.exists("j")
+        assert await lane.transaction("k", [["INCR", "k"]]) == [3]
         assert await connected_clients(redis_client) == before + 1
     finally:
         await lane.aclose()
