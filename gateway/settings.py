@@ -143,7 +143,9 @@ class GatewaySettings:
     )
     input_log_max_entries: int = field(
         default=4096,
-        metadata={"help": "commands a session's worker may have unread; more: input_backpressure",
+        metadata={"help": "input log entries a session's worker may have unread (one command"
+                          " each, or a frame backend's commands of one append); more:"
+                          " input_backpressure",
                   "accepts": POSITIVE_COUNT},
     )
     # The seed's max_pending_input_bytes_per_session: what one session's unread input may

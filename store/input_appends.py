@@ -10,11 +10,14 @@ the log's end instead, where the first run's call id tells it that run landed.
 
 A pulling worker's sessions (``store/keys.py``: no push goes with their input) need nothing of
 the script but what their writer already knows, so on the store's own connections
-(``store/script_lane.py``) they go without it: the same ``XADD``s, one ``MULTI`` for the
-batch. Redis still refuses every stale writer (a raised fence is an "equal or smaller" ID) and
-every closed session (``NOMKSTREAM``). The writer deduplicates by client seq, numbers nothing
-(Redis does) and checks the caps against a bound of the log's length: the most entries it can
-hold, since only the worker's trims change it while the fence stands. Whatever the writer
+(``store/script_lane.py``) they go without it: one ``XADD`` a session, one ``MULTI`` for
+the batch. A session's commands of one call go in one entry, packed (``store/logs.py``), whose
+ID the writer numbers (the index of its last command: each command keeps its own index); a
+lone command's Redis numbers, as the script does. Redis still refuses every stale writer (a
+raised fence is an "equal or smaller" ID) and every closed session (``NOMKSTREAM``). The
+writer deduplicates by client seq and checks the caps against a bound of the log's length:
+the most entries it can hold, since only the worker's trims change it while the fence
+stands. Whatever the writer
 cannot settle so goes to the script: a log it does not know, entries that might reach a cap
 (the script counts exactly), a refusal (the script says why), a reply lost (the script, as a
 resend, reads whether the ``MULTI`` landed: it is all or nothing).
@@ -31,6 +34,7 @@ from store.answers import AppendResult, Lease
 from store.client import REDIS_ERRORS
 from store.errors import Gone, LeaseLost, SessionGone
 from store.keys import session_keys, worker_pulls_input
+from store.logs import PACKED_FIELD, pack_commands
 
 __all__ = ["InputWriters", "Outcome", "PlainAppend", "TransactionLane", "append_input"]
 
@@ -69,12 +73,18 @@ class _Position:
 
 @dataclass(frozen=True, slots=True)
 class _Planned:
-    """One session's part of a plain append: how many entries, and the client seq and the
-    largest command after them."""
+    """One session's part of a plain append: how many commands in how many entries (one
+    ``XADD`` each; several commands share one when packed), and the client seq and the
+    largest entry after them."""
 
-    count: int
+    commands: int
+    entries: int
     client_seq: int
     biggest: int
+
+    @property
+    def packed(self) -> bool:
+        return self.entries < self.commands
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +167,8 @@ class InputWriters:
               ) -> PlainAppend | None:
         """``batch`` as plain ``XADD``s, or None where the script must take it: the worker
         is pushed its input, or a session's log is not known well enough to be sure that
-        its new entries pass the caps."""
+        its new entries pass the caps. A session's new commands go in one entry, packed
+        (``store/logs.py``): the worker takes them at its next tick all the same."""
         worker = session_keys(batch[0][0].session_id).worker.worker_id
         if not worker_pulls_input(worker):
             return None
@@ -170,50 +181,61 @@ class InputWriters:
                     or known.generation != lease.generation or known.held == UNKNOWN_HELD):
                 return None
             fresh = _fresh_commands(entries, known.client_seq)
-            if fresh and not _within_caps(known, fresh, max_entries, max_bytes):
+            if not fresh:
+                sessions.append(_Planned(0, 0, known.client_seq, known.biggest))
+                continue
+            client_seq, fence = fresh[-1][0], 2 * lease.generation
+            if len(fresh) == 1:
+                # Numbered by Redis, one above the log's last index: a lower number tells a
+                # log that went back (see plain_outcomes).
+                entry_id, payload, packed = f"{fence}-*", fresh[0][1], []
+            else:
+                # The index of its last command, which the holder knows; a log that went
+                # back shows its worker the indices missing before it.
+                entry_id = f"{fence}-{known.index + len(fresh)}"
+                payload = pack_commands([command for _, command in fresh])
+                packed = [PACKED_FIELD, len(fresh)]
+            if not _within_caps(known, len(payload), max_entries, max_bytes):
                 return None
-            client_seq = fresh[-1][0] if fresh else known.client_seq
-            biggest = max([known.biggest, *(len(payload) for _, payload in fresh)])
-            for n, (highest, payload) in enumerate(fresh, 1):
-                # As the script writes them (store/lua/append_input.lua), the call's last
-                # entry with the call id that tells a resend it landed.
-                command = ["XADD", k.input_log, "NOMKSTREAM", f"{2 * lease.generation}-*",
-                           "d", payload, "h", highest, "e:" + lease.epoch, lease.generation]
-                if n == len(fresh):
-                    command += ["c", call_id, "n", len(fresh), "b", biggest]
-                commands.append(command)
-            sessions.append(_Planned(len(fresh), client_seq, biggest))
+            biggest = max(known.biggest, len(payload))
+            # As the script writes an entry (store/lua/append_input.lua), with the call id
+            # that tells a resend it landed.
+            commands.append(["XADD", k.input_log, "NOMKSTREAM", entry_id, "d", payload,
+                             *packed, "h", client_seq, "e:" + lease.epoch, lease.generation,
+                             "c", call_id, "n", len(fresh), "b", biggest])
+            sessions.append(_Planned(len(fresh), 1, client_seq, biggest))
         return PlainAppend(session_keys(batch[0][0].session_id).input_log, commands, sessions)
 
     def plain_outcomes(self, batch: Batch, plain: PlainAppend, replies: Sequence[Any]
                        ) -> tuple[list[Outcome | None], list[list[Any]]]:
         """Each session's outcome from the ``MULTI``'s replies (None: refused, the script
-        must say why; it appended nothing, the ``MULTI`` being all or nothing per cause), and
-        the ``XDEL``s that take back entries a rewound log numbered too low (as the script
-        does; the connection core then ends the session)."""
+        must say why; it appended nothing), and the ``XDEL``s that take back an entry a
+        rewound log numbered too low (as the script does; the connection core then ends the
+        session)."""
         results: list[Outcome | None] = []
         take_back: list[list[Any]] = []
         at = 0
         for (lease, _), planned in zip(batch, plain.sessions, strict=True):
-            mine, at = replies[at:at + planned.count], at + planned.count
+            mine, at = replies[at:at + planned.entries], at + planned.entries
             known = self._positions[lease.session_id]
             if not mine:
                 results.append(AppendResult(appended=0, last_client_seq=known.client_seq,
                                             last_index=known.index))
                 continue
-            if not isinstance(mine[0], bytes):  # nil: no log; an error: the fence rose
+            (reply,) = mine
+            if not isinstance(reply, bytes):  # nil: no log; an error: the fence rose
                 results.append(None)
                 continue
-            got = [int(reply.rpartition(b"-")[2]) for reply in mine]
-            if got[0] < known.index + 1:
-                take_back.append(["XDEL", session_keys(lease.session_id).input_log, *mine])
-                known.index, known.held = got[0] - 1, UNKNOWN_HELD
+            got = int(reply.rpartition(b"-")[2])
+            if not planned.packed and got < known.index + 1:
+                take_back.append(["XDEL", session_keys(lease.session_id).input_log, reply])
+                known.index, known.held = got - 1, UNKNOWN_HELD
                 results.append(AppendResult(appended=0, last_client_seq=known.client_seq,
                                             last_index=known.index))
                 continue
-            known.index, known.client_seq = got[-1], planned.client_seq
-            known.biggest, known.held = planned.biggest, known.held + planned.count
-            results.append(AppendResult(appended=planned.count,
+            known.index, known.client_seq = got, planned.client_seq
+            known.biggest, known.held = planned.biggest, known.held + 1
+            results.append(AppendResult(appended=planned.commands,
                                         last_client_seq=planned.client_seq,
                                         last_index=known.index))
         return results, take_back
@@ -274,15 +296,14 @@ def _fresh_commands(entries: Entries, client_seq: int) -> list[tuple[int, bytes]
     return fresh
 
 
-def _within_caps(known: _Position, fresh: Sequence[tuple[int, bytes]], max_entries: int,
-                 max_bytes: int) -> bool:
-    """Whether ``fresh`` surely leaves the log within both caps, by the script's own bound
-    (``over_caps`` in ``store/lua/append_input.lua``) on at most ``known.held`` entries."""
-    if known.held - 1 + len(fresh) > max_entries:
+def _within_caps(known: _Position, adding: int, max_entries: int, max_bytes: int) -> bool:
+    """Whether one more entry of ``adding`` bytes surely leaves the log within both caps, by
+    the script's own bound (``over_caps`` in ``store/lua/append_input.lua``) on at most
+    ``known.held`` entries, none larger than ``known.biggest``."""
+    if known.held > max_entries:
         return False
     if max_bytes <= 0:
         return True
-    adding = sum(len(payload) for _, payload in fresh)
     return 2 * known.held * (known.biggest + 64) + 8192 + adding <= max_bytes
 
 

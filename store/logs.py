@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack  # type: ignore[import-untyped]
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.typing import KeyT, StreamIdT
@@ -18,12 +20,14 @@ from store.keys import SessionKeys
 
 __all__ = [
     "INPUT_TRIM_EVERY",
+    "PACKED_FIELD",
     "InputEntry",
     "InputPosition",
     "LogEnds",
     "SessionStart",
     "WriteToken",
     "log_ends",
+    "pack_commands",
     "pull_input",
     "read_input",
     "read_input_entries",
@@ -31,9 +35,16 @@ __all__ = [
     "session_start",
 ]
 
+_log = logging.getLogger(__name__)
+
 # An input entry's fencing token is the field named this prefix plus the epoch, whose value is
 # the generation (store/lua/append_input.lua: a field name costs nothing per entry).
 _EPOCH_FIELD_PREFIX = b"e:"
+#: The field of an input entry that holds several commands (``store/input_appends.py``): how
+#: many its ``d`` packs (a MessagePack array), numbered up to the index of its ID. An entry
+#: without it holds one command, its ``d`` that command.
+PACKED_FIELD = "k"
+_PACKED = PACKED_FIELD.encode()
 #: A worker trims a session's input log to what it applied at least every this many commands
 #: (and at once when the session goes quiet), so the log holds fewer applied entries than this.
 INPUT_TRIM_EVERY = 16
@@ -122,16 +133,39 @@ async def read_input_entries(
         raise StoreUnavailable(f"XRANGE {key} failed: {exc}") from exc
     raise_if_cancelled()
     entries = [entry for entry_id, fields in rows
-               if (entry := _input_entry(entry_id, fields)) is not None
-               and entry.index > after_index]
+               for entry in _input_entries(entry_id, fields) if entry.index > after_index]
     return entries[:count]
 
 
-def _input_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> InputEntry | None:
-    """The command entry ``entry_id`` holds; None for a fence marker (no command)."""
+def pack_commands(payloads: Sequence[bytes]) -> bytes:
+    """Several commands as one input entry's ``d`` (with :data:`PACKED_FIELD` their count)."""
+    packed: bytes = msgpack.packb(list(payloads), use_bin_type=True)
+    return packed
+
+
+def _input_entries(entry_id: bytes, fields: dict[bytes, bytes]) -> list[InputEntry]:
+    """The commands entry ``entry_id`` holds, one or several (none for a fence marker)."""
     fence, index = (int(part) for part in entry_id.split(b"-", 1))
     payload = fields.get(b"d")
-    return None if payload is None else InputEntry(index, payload, _token_of(fields), fence)
+    if payload is None:
+        return []
+    token, count = _token_of(fields), fields.get(_PACKED)
+    if count is None:
+        return [InputEntry(index, payload, token, fence)]
+    try:
+        commands = msgpack.unpackb(payload, raw=True)
+        b"".join(commands)  # bytes, every one
+        if len(commands) != int(count) or not commands:
+            raise ValueError(f"{len(commands)} commands where {count!r} were packed")
+    except (msgpack.UnpackException, ValueError, TypeError) as exc:
+        # Only this code packs entries: a malformed one is taken as one command that no lease
+        # vouches for, refused where it is applied; the indices it skips then read as a log
+        # that went back, and the session ends (log_rewound), never silently short.
+        _log.error("input entry %r of %s packs no commands: %r", entry_id, fence, exc)
+        return [InputEntry(index, payload, None, fence)]
+    first = index - len(commands) + 1
+    return [InputEntry(first + offset, command, token, fence)
+            for offset, command in enumerate(commands)]
 
 
 async def pull_input(
@@ -159,10 +193,13 @@ async def pull_input(
     by_key = {key: session_id for session_id, key in zip(after, streams, strict=True)}
     pulled: dict[str, list[InputEntry]] = {}
     for key, entries in rows or []:  # [key, entries] per log with new entries (RESP2)
+        session_id = by_key[key.decode()]
+        # A packed entry may hold commands at or before the position (read already).
+        after_index = after[session_id].index
         found = [entry for entry_id, fields in entries
-                 if (entry := _input_entry(entry_id, fields)) is not None]
+                 for entry in _input_entries(entry_id, fields) if entry.index > after_index]
         if found:
-            pulled[by_key[key.decode()]] = found
+            pulled[session_id] = found
     return pulled
 
 

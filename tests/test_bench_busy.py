@@ -22,9 +22,10 @@ BARE = "bare SPUBLISH, one per chunk"
 SCRIPT = "project input script (APPEND_INPUT)"
 PULLED = "project input script, pulling worker"
 PULLED_PLAIN = "project plain input (MULTI {XADD}), pulling worker"
+PACKED = "project plain input, pulling worker, 80 ms a call"
 PLAIN = "plain MULTI {XADD; SPUBLISH} input"
 OUTPUT = "project output flush (APPEND_OUTPUT)"
-SHAPES = (SCRIPT, PULLED, PULLED_PLAIN, PLAIN, OUTPUT)
+SHAPES = (SCRIPT, PULLED, PULLED_PLAIN, PACKED, PLAIN, OUTPUT)
 
 
 def run_cli(*argv: str) -> int:
@@ -38,12 +39,13 @@ def run_cli(*argv: str) -> int:
 def _check_counts(row: dict[str, object], per_call: int) -> None:
     """One call per ``per_call`` chunks, each call one write. A plain append sends MULTI, an
     XADD per session, one SPUBLISH and EXEC; the store's to a pulling worker the same with no
-    SPUBLISH, and the worker's reads (one per tick) counted as sent. The input script runs
+    SPUBLISH (one call per 80 ms when it carries four chunks a session), and the worker's
+    reads (one per tick) counted as sent. The input script runs
     three commands per session (xlen, xadd, spublish) at one session per call, two to a
     pulling worker (no push; its reads counted as sent); the output flush reads its worker's
     state once per call (the lost-worker fence) and runs three per session at any split
     (xrevrange, xadd, spublish: each session's gateway has its own channel)."""
-    calls_per_session_s = 50 / per_call
+    calls_per_session_s = (12.5 if row["shape"] == PACKED else 50) / per_call
     assert row["writes_per_session_s"] == pytest.approx(calls_per_session_s)
     sent, inside = row["commands_sent_per_session_s"], row["in_scripts_per_session_s"]
     assert isinstance(sent, float) and isinstance(inside, float)
@@ -51,11 +53,11 @@ def _check_counts(row: dict[str, object], per_call: int) -> None:
         assert sent == pytest.approx(calls_per_session_s * (per_call + 3))
     elif row["shape"] == PULLED:
         assert sent > calls_per_session_s
-    elif row["shape"] == PULLED_PLAIN:
+    elif row["shape"] in (PULLED_PLAIN, PACKED):
         assert sent > calls_per_session_s * (per_call + 2)
     else:
         assert sent == pytest.approx(calls_per_session_s)
-    if row["shape"] in (BARE, PULLED_PLAIN, PLAIN):
+    if row["shape"] in (BARE, PULLED_PLAIN, PACKED, PLAIN):
         assert inside == 0
     elif row["shape"] == OUTPUT:
         assert inside == pytest.approx(150 + calls_per_session_s)
@@ -86,7 +88,8 @@ def test_a_busy_run_prints_idle_and_busy_side_by_side(
                       for shape, n in ((BARE, 1), *((shape, n) for shape in SHAPES
                                                     for n in (1, 2)))]
     for row in report["calls"]:
-        assert row["chunks"] == row["calls"] * row["sessions_per_call"]
+        assert row["chunks"] == row["calls"] * row["sessions_per_call"] * (
+            4 if row["shape"] == PACKED else 1)
         assert GENERATOR_COMMAND not in row["commands_us_per_chunk_by_name"]
         if row["regime"] == "idle":
             assert row["generator_commands"] == 0 and row["redis_us_per_chunk"] > 0

@@ -9,7 +9,8 @@ event) of every session in its group, as a gateway's or a worker's call would.
   sessions per 80 ms tick runs beside it, as a frame backend's worker reads);
 - the store's plain input append to a pulling worker (``store/input_appends.py``): a
   ``MULTI`` of the XADDs the script would run, on the store's own connection, what a gateway
-  sends for a frame backend's sessions (the script is then its slow path);
+  sends for a frame backend's sessions (the script is then its slow path); once with a
+  chunk a call, once with 80 ms (four chunks) a call, packed in one entry a session;
 - a plain ``MULTI {XADD ...; SPUBLISH}`` of the same entries under the same fence: the study's
   script-free input append, without the backlog bound, the lost-reply resend or the notice
   the script packs (the reference the input script is weighed against).
@@ -35,6 +36,7 @@ __all__ = [
     "OUTPUT_FLUSH",
     "PLAIN_INPUT",
     "PULLED_INPUT",
+    "PULLED_PACKED_INPUT",
     "PULLED_PLAIN_INPUT",
     "SHAPES",
     "Shape",
@@ -63,6 +65,9 @@ class Shape:
         pulled: the input goes to a worker that reads its logs on its own clock.
         own_connection: sent through :class:`store.Scripts` on the store's own connection
             (``store/script_lane.py``) rather than redis-py's.
+        chunks_per_call: the chunks each session's part of a call carries (a call every
+            that many chunk periods): more than one, a frame backend's 80 ms of input in
+            one packed entry.
     """
 
     name: str
@@ -71,6 +76,7 @@ class Shape:
     output: bool = False
     pulled: bool = False
     own_connection: bool = False
+    chunks_per_call: int = 1
 
 
 BARE_PUBLISH: Final = Shape("bare SPUBLISH, one per chunk", frozenset({"spublish"}), False)
@@ -81,12 +87,16 @@ PULLED_INPUT: Final = Shape("project input script, pulling worker",
 PULLED_PLAIN_INPUT: Final = Shape("project plain input (MULTI {XADD}), pulling worker",
                                   frozenset({"multi", "xadd", "exec", "xread"}), False,
                                   pulled=True, own_connection=True)
+PULLED_PACKED_INPUT: Final = Shape("project plain input, pulling worker, 80 ms a call",
+                                   frozenset({"multi", "xadd", "exec", "xread"}), False,
+                                   pulled=True, own_connection=True, chunks_per_call=4)
 PLAIN_INPUT: Final = Shape("plain MULTI {XADD; SPUBLISH} input",
                            frozenset({"multi", "xadd", "spublish", "exec"}), False)
 OUTPUT_FLUSH: Final = Shape("project output flush (APPEND_OUTPUT)", frozenset({"evalsha"}),
                             True, output=True)
 #: Measured at every sessions-per-call split, in this order, after the bare publish.
-SHAPES: Final = (INPUT_SCRIPT, PULLED_INPUT, PULLED_PLAIN_INPUT, PLAIN_INPUT, OUTPUT_FLUSH)
+SHAPES: Final = (INPUT_SCRIPT, PULLED_INPUT, PULLED_PLAIN_INPUT, PULLED_PACKED_INPUT,
+                 PLAIN_INPUT, OUTPUT_FLUSH)
 #: A frame backend's tick, the pulling worker's clock.
 TICK_S: Final = 0.08
 
@@ -126,10 +136,13 @@ def shape_call(client: Redis, scripts: Scripts, shape: Shape, channel: str,
         async def publish(group: int) -> None:
             await client.spublish(channel, chunk)
         return publish
-    if shape in (INPUT_SCRIPT, PULLED_INPUT, PULLED_PLAIN_INPUT):
+    if shape in (INPUT_SCRIPT, PULLED_INPUT, PULLED_PLAIN_INPUT, PULLED_PACKED_INPUT):
+        chunks = [(None, chunk)] * shape.chunks_per_call
+
         async def append(group: int) -> None:
             check_appended(await scripts.append_input_many(
-                [(lease, [(None, chunk)]) for lease in groups[group]], max_entries=1 << 30))
+                [(lease, chunks) for lease in groups[group]], max_entries=1 << 30),
+                shape.chunks_per_call)
         return append
     if shape == PLAIN_INPUT:
         return _plain_input(client, channel, groups, chunk)
@@ -207,9 +220,9 @@ async def start_reader(client: Redis, shape: Shape, channel: str, leases: Sequen
     return asyncio.create_task(drain())
 
 
-def check_appended(outcomes: Sequence[object]) -> None:
-    """Every session of the call appended its chunk."""
+def check_appended(outcomes: Sequence[object], chunks: int = 1) -> None:
+    """Every session of the call appended its ``chunks``."""
     from store import AppendResult
 
-    if not all(isinstance(o, AppendResult) and o.appended == 1 for o in outcomes):
+    if not all(isinstance(o, AppendResult) and o.appended == chunks for o in outcomes):
         raise RuntimeError(f"the input script refused the bench's sessions: {outcomes}")

@@ -169,8 +169,9 @@ class _Stats:
                    if name not in sent and name not in _NOT_LOAD)
 
 
-async def _paced(callers: int, seconds: float, call: Callable[[int], Awaitable[None]]) -> int:
-    """Run ``callers`` loops, each calling ``call(caller)`` every chunk period for
+async def _paced(callers: int, seconds: float, call: Callable[[int], Awaitable[None]],
+                 period_s: float = CHUNK_S) -> int:
+    """Run ``callers`` loops, each calling ``call(caller)`` every ``period_s`` for
     ``seconds`` (an absolute schedule); the number of calls made."""
     loop = asyncio.get_running_loop()
     start, made = loop.time(), [0] * callers
@@ -181,7 +182,7 @@ async def _paced(callers: int, seconds: float, call: Callable[[int], Awaitable[N
             n += 1
             await call(index)
             made[index] += 1
-            await asyncio.sleep(max(0.0, start + n * CHUNK_S - loop.time()))
+            await asyncio.sleep(max(0.0, start + n * period_s - loop.time()))
 
     await asyncio.gather(*(caller(index) for index in range(callers)))
     return sum(made)
@@ -200,6 +201,7 @@ async def _measure_shape(client: Redis, shape: Shape, sessions: int, per_call: i
     groups = [leases[i:i + per_call] for i in range(0, sessions, per_call)]
     scripts = Scripts(client, own_connection=shape.own_connection)
     call = shape_call(client, scripts, shape, channel, groups)
+    period = CHUNK_S * shape.chunks_per_call
 
     try:
         # Before the window, not in it: the script loaded (SCRIPT LOAD), each session's
@@ -210,7 +212,7 @@ async def _measure_shape(client: Redis, shape: Shape, sessions: int, per_call: i
         if busy is None:
             before = read_cpu(await client.info("cpu"))
             began = time.monotonic()
-            calls = await _paced(len(groups), seconds, call)
+            calls = await _paced(len(groups), seconds, call, period)
             after: dict[str, Any] = await client.info("all")
             spent = read_cpu(after).minus(before)
             generator, share = 0, spent.total / (time.monotonic() - began)
@@ -219,7 +221,7 @@ async def _measure_shape(client: Redis, shape: Shape, sessions: int, per_call: i
             made: list[int] = []
 
             async def run(window: float) -> None:
-                made.append(await _paced(len(groups), window, call))
+                made.append(await _paced(len(groups), window, call, period))
 
             async def info() -> dict[str, Any]:
                 answer: dict[str, Any] = await client.info("all")
@@ -234,7 +236,8 @@ async def _measure_shape(client: Redis, shape: Shape, sessions: int, per_call: i
         await asyncio.gather(reader, return_exceptions=True)
         await scripts.aclose()
         await client.flushall()
-    chunks = calls * per_call  # every group holds per_call sessions, one chunk each
+    # Every group holds per_call sessions, each with the shape's chunks a call.
+    chunks = calls * per_call * shape.chunks_per_call
     stats = _Stats.of(after)
     # Redis counts the commands a script runs apart from the script.
     inside = stats.inside(shape.sent) if shape.scripted else {}

@@ -48,12 +48,12 @@ async def fill(scripts: Scripts, lease: Lease, count: int) -> AppendResult:
 
 
 async def test_a_batch_past_the_cap_is_refused_whole_and_nothing_is_trimmed(
-    scripts: Scripts, redis_client: Redis, pulls: bool
+    scripts: Scripts, redis_client: Redis
 ) -> None:
     """With 3 of 5 unread, a batch of 3 is refused whole: nothing appended, not one entry
     trimmed, the record unchanged; a batch of 2 still fits; once the worker applied (and so
     trimmed) the first 3, the refused commands are taken under their own client seqs."""
-    wid = await register_worker(scripts, pulls=pulls)
+    wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
     sid = opened.session_id
     await fill(scripts, opened.lease, 3)
@@ -82,12 +82,12 @@ async def test_a_batch_past_the_cap_is_refused_whole_and_nothing_is_trimmed(
 
 
 async def test_resent_commands_already_taken_are_answered_at_the_cap(
-    scripts: Scripts, redis_client: Redis, pulls: bool
+    scripts: Scripts, redis_client: Redis
 ) -> None:
     """At the cap, a batch of commands whose client seqs were all taken already (a client
     resending after a reconnect) appends nothing new, so it is not refused: the client is
     told they were taken, which they were."""
-    wid = await register_worker(scripts, pulls=pulls)
+    wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
     await fill(scripts, opened.lease, CAP)
     resent = await scripts.append_input(
@@ -97,11 +97,11 @@ async def test_resent_commands_already_taken_are_answered_at_the_cap(
 
 
 async def test_another_session_in_the_same_call_appends(
-    scripts: Scripts, redis_client: Redis, pulls: bool
+    scripts: Scripts, redis_client: Redis
 ) -> None:
     """One call for two sessions of a worker: the one at its cap is refused, the other
     appends its commands, in the same call."""
-    wid = await register_worker(scripts, pulls=pulls)
+    wid = await register_worker(scripts)
     behind = await open_session(scripts, wid)
     keeping_up = await open_session(scripts, wid)
     await fill(scripts, behind.lease, CAP)
@@ -163,12 +163,12 @@ async def test_a_resend_of_a_refused_call_is_refused_again(
 
 
 async def test_the_byte_cap_refuses_a_batch_whatever_its_count(
-    scripts: Scripts, redis_client: Redis, pulls: bool
+    scripts: Scripts, redis_client: Redis
 ) -> None:
     """A few large commands reach the byte cap long before the entry cap: with the log at
     its cap's worth of unread bytes, the next batch is refused whole (nothing appended, the
     record unchanged); once the worker applied and trimmed them, the same batch is taken."""
-    wid = await register_worker(scripts, pulls=pulls)
+    wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
     sid = opened.session_id
     chunk = bytes(64 * 1024)  # 64 KiB: an audio append of 0.7 s

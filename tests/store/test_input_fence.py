@@ -25,13 +25,13 @@ def ids(rows: Any) -> list[str]:
 
 
 async def test_the_fence_rises_with_each_detach_and_resume(
-    scripts: Scripts, redis_client: Redis, pulls: bool
+    scripts: Scripts, redis_client: Redis
 ) -> None:
     """The open writes the first generation's marker (2-0); commands follow under it; a
     detach raises the fence to 3 at the last index, a resume to 4 (replacing the marker
     still last); the next command is numbered on under the new fence. A holder of
     generation 1 is refused by Redis itself, even going around the script."""
-    wid = await register_worker(scripts, pulls=pulls)
+    wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
     log = SessionKeys(opened.session_id).input_log
     await scripts.append_input(opened.lease, [(1, b"a"), (2, b"b")], max_entries=100)
@@ -57,13 +57,13 @@ async def test_the_fence_rises_with_each_detach_and_resume(
 
 
 async def test_a_log_that_lost_what_its_holder_wrote_is_told_rewound(
-    scripts: Scripts, redis_client: Redis, pulls: bool
+    scripts: Scripts, redis_client: Redis
 ) -> None:
     """The holder wrote up to index 3, and the log now ends at 1 (a failover to a replica
     that lacked 2 and 3): the next append appends nothing and answers the log's end, below
     what the holder wrote (the gateway ends such a session, log_rewound), and the entry Redis
     numbered is taken back."""
-    wid = await register_worker(scripts, pulls=pulls)
+    wid = await register_worker(scripts)
     opened = await open_session(scripts, wid)
     log = SessionKeys(opened.session_id).input_log
     await scripts.append_input(opened.lease, [(1, b"a"), (2, b"b"), (3, b"c")],

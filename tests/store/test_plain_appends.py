@@ -48,12 +48,14 @@ async def ran_since(client: Redis, before: dict[str, int], *commands: str) -> tu
     return tuple(now.get(command, 0) - before.get(command, 0) for command in commands)
 
 
-async def test_a_batch_goes_as_one_multi_of_xadds_and_dedups_by_client_seq(
+async def test_a_batch_goes_as_one_multi_one_entry_a_session_and_dedups_by_client_seq(
     own: Scripts, redis_client: Redis
 ) -> None:
-    """Two sessions of a pulling worker in one call: one MULTI, one XADD per command, no
-    script; a resend of commands already taken appends only the new one, and a batch with
-    nothing new sends nothing. A pushed worker's sessions take the script."""
+    """Two sessions of a pulling worker in one call: one MULTI, one XADD a session (its two
+    commands packed in one entry, numbered up to its last command's index), no script; a
+    resend of commands already taken appends only the new one, and a batch with nothing new
+    sends nothing. Read back, every command has its own index. A pushed worker's sessions
+    take the script."""
     wid = await register_worker(own, pulls=True)
     first, second = [await open_session(own, wid) for _ in range(2)]
     before = await ran(redis_client)
@@ -63,21 +65,54 @@ async def test_a_batch_goes_as_one_multi_of_xadds_and_dedups_by_client_seq(
     assert outcomes == [AppendResult(appended=2, last_client_seq=2, last_index=2),
                         AppendResult(appended=1, last_client_seq=0, last_index=1)]
     assert await ran_since(redis_client, before, "evalsha", "multi", "exec", "xadd") == (
-        0, 1, 1, 3)
+        0, 1, 1, 2)
 
     again = await own.append_input(first.lease, [(2, b"b"), (3, b"d")], max_entries=100)
     assert again == AppendResult(appended=1, last_client_seq=3, last_index=3)
     nothing = await own.append_input(first.lease, [(3, b"d")], max_entries=100)
     assert nothing == AppendResult(appended=0, last_client_seq=3, last_index=3)
-    assert await ran_since(redis_client, before, "evalsha", "exec", "xadd") == (0, 2, 4)
+    assert await ran_since(redis_client, before, "evalsha", "exec", "xadd") == (0, 2, 3)
+    rows: Any = await redis_client.xrange(SessionKeys(first.session_id).input_log)
+    assert [(entry_id, fields.get(b"k")) for entry_id, fields in rows] == [
+        (b"2-0", None), (b"2-2", b"2"), (b"2-3", None)]
     assert await read_input(redis_client, first.session_id, 0) == [
         (1, b"a"), (2, b"b"), (3, b"d")]
+    assert await read_input(redis_client, first.session_id, 1) == [(2, b"b"), (3, b"d")]
     assert await read_input(redis_client, second.session_id, 0) == [(1, b"c")]
 
     pushed = await open_session(own, await register_worker(own))
     before = await ran(redis_client)
-    await own.append_input(pushed.lease, [(1, b"a")], max_entries=100)
+    await own.append_input(pushed.lease, [(1, b"a"), (2, b"b")], max_entries=100)
     assert await ran_since(redis_client, before, "evalsha", "exec") == (1, 0)
+    assert await redis_client.xlen(SessionKeys(pushed.session_id).input_log) == 3
+
+
+async def test_a_resume_numbers_on_after_a_packed_entry(
+    own: Scripts, redis_client: Redis
+) -> None:
+    """The resume reads the highest client seq and the last index from a packed entry, the
+    new holder dedups a resend against them and appends on, packed again."""
+    wid = await register_worker(own, pulls=True)
+    opened = await open_session(own, wid)
+    await own.append_input(opened.lease, [(1, b"a"), (2, b"b"), (3, b"c")], max_entries=100)
+    other = Scripts(redis_client, own_connection=True)
+    try:
+        resumed = await other.resume(opened.session_id, tenant=opened.lease.tenant,
+                                     presented_digest=digest(opened.token),
+                                     new_digest=digest("t2"), control_id="c1")
+        assert resumed.lease is not None and resumed.last_client_seq == 3
+        first = await other.append_input(resumed.lease, [(3, b"c"), (4, b"d")],
+                                         max_entries=100)
+        assert first == AppendResult(appended=1, last_client_seq=4, last_index=4)
+        second = await other.append_input(resumed.lease, [(5, b"e"), (6, b"f")],
+                                          max_entries=100)
+        assert second == AppendResult(appended=2, last_client_seq=6, last_index=6)
+    finally:
+        await other.aclose()
+    rows: Any = await redis_client.xrange(SessionKeys(opened.session_id).input_log)
+    assert [entry_id for entry_id, _ in rows] == [b"2-0", b"2-3", b"4-3", b"4-4", b"4-6"]
+    assert await read_input(redis_client, opened.session_id, 0) == [
+        (1, b"a"), (2, b"b"), (3, b"c"), (4, b"d"), (5, b"e"), (6, b"f")]
 
 
 async def test_a_stale_writer_is_refused_by_redis_and_told_its_lease_is_lost(
@@ -159,25 +194,62 @@ async def test_near_the_cap_the_script_counts_and_refuses(
         4, 5, 6, 7]
 
 
+async def test_the_cap_counts_entries_and_a_packed_one_counts_once(
+    own: Scripts, redis_client: Redis
+) -> None:
+    """INPUT_LOG_MAX_ENTRIES bounds the log's unread entries: five appends of two commands
+    each are five packed entries under a cap of five; the sixth is refused by the script
+    (its count, then two more commands, would pass it), nothing of it appended."""
+    wid = await register_worker(own, pulls=True)
+    opened = await open_session(own, wid)
+    for call in range(CAP):
+        taken = await own.append_input(
+            opened.lease, [(2 * call + 1, b"x"), (2 * call + 2, b"y")], max_entries=CAP)
+        assert taken.appended == 2
+    before = await ran(redis_client)
+    refused = await own.append_input(opened.lease, [(11, b"x"), (12, b"y")], max_entries=CAP)
+    assert refused.backlog_full and refused.last_index == 2 * CAP
+    assert await ran_since(redis_client, before, "exec", "evalsha") == (0, 1)
+    assert len(await read_input(redis_client, opened.session_id, 0)) == 2 * CAP
+
+
+async def lose_after(client: Redis, log: str, last_kept: str) -> None:
+    """The log as a replica that lacked what followed ``last_kept`` holds it."""
+    kept: Any = await client.xrange(log, max=last_kept)
+    await client.delete(log)
+    for entry_id, fields in kept:
+        await client.xadd(log, fields, id=entry_id)
+
+
 async def test_a_log_that_lost_what_its_writer_wrote_is_told_rewound(
     own: Scripts, redis_client: Redis
 ) -> None:
     """The log ends below what the writer wrote (a failover to a replica that lacked it):
-    Redis numbers the plain XADDs too low, so the writer takes them back and answers the
-    log's end (the gateway ends such a session, log_rewound), as the script does."""
+    Redis numbers a plain XADD too low, so the writer takes it back and answers the log's
+    end (the gateway ends such a session, log_rewound), as the script does. A packed entry
+    is numbered by the writer instead: it lands, and the indices missing before it are what
+    its worker reads (a worker that had not applied them ends the session, log_rewound)."""
     wid = await register_worker(own, pulls=True)
     opened = await open_session(own, wid)
     log = SessionKeys(opened.session_id).input_log
-    await own.append_input(opened.lease, [(1, b"a"), (2, b"b"), (3, b"c")], max_entries=100)
-    kept: Any = await redis_client.xrange(log, max="2-1")
-    await redis_client.delete(log)
-    for entry_id, fields in kept:
-        await redis_client.xadd(log, fields, id=entry_id)
+    for seq, command in enumerate((b"a", b"b", b"c"), 1):
+        await own.append_input(opened.lease, [(seq, command)], max_entries=100)
+    await lose_after(redis_client, log, "2-1")
     before = await ran(redis_client)
-    rewound = await own.append_input(opened.lease, [(4, b"d"), (5, b"e")], max_entries=100)
+    rewound = await own.append_input(opened.lease, [(4, b"d")], max_entries=100)
     assert (rewound.appended, rewound.last_index) == (0, 1)
     assert await ran_since(redis_client, before, "exec", "xdel", "evalsha") == (2, 1, 0)
     assert await read_input(redis_client, opened.session_id, 0) == [(1, b"a")]
+
+    packing = await open_session(own, wid)
+    log = SessionKeys(packing.session_id).input_log
+    for seq, command in enumerate((b"a", b"b"), 1):
+        await own.append_input(packing.lease, [(seq, command)], max_entries=100)
+    await lose_after(redis_client, log, "2-1")
+    packed = await own.append_input(packing.lease, [(3, b"c"), (4, b"d")], max_entries=100)
+    assert (packed.appended, packed.last_index) == (2, 4)
+    # Index 2 is missing before the packed entry: its worker, at 2, sees the gap.
+    assert await read_input(redis_client, packing.session_id, 1) == [(3, b"c"), (4, b"d")]
 
 
 async def test_a_lost_reply_is_settled_by_the_script_once(
@@ -185,7 +257,7 @@ async def test_a_lost_reply_is_settled_by_the_script_once(
 ) -> None:
     """The MULTI ran and its reply was lost with the connection: the writer cannot know
     whether it landed, so the script, sent as a resend, reads the log's end, finds the call's
-    id on its last entry and answers as the MULTI would have. Every command is stored once,
+    id on its entry and answers as the MULTI would have. Every command is stored once,
     those without a client seq too."""
     client = create_client(proxy.url)
     lossy = Scripts(client, own_connection=True)
@@ -194,7 +266,7 @@ async def test_a_lost_reply_is_settled_by_the_script_once(
         opened = await open_session(lossy, wid)
         proxy.lose_reply_to(b"MULTI")
         result = await lossy.append_input(opened.lease, [(None, b"a"), (1, b"b")],
-                                          max_entries=100)
+                                          max_entries=100)  # one packed entry
         assert proxy.lost_replies == 1
         assert result == AppendResult(appended=2, last_client_seq=1, last_index=2)
         assert await read_input(redis_client, opened.session_id, 0) == [(1, b"a"), (2, b"b")]

@@ -4,6 +4,7 @@ push reaches it, and the once-a-second poll is not what applies the input."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -14,7 +15,13 @@ from inference_worker.backends.fake import FakeBackend, FakeOptions
 from inference_worker.settings import WorkerSettings
 from inference_worker.worker import Worker
 from store import Scripts
-from store.keys import WorkerKeys, new_session_id, new_worker_id, worker_pulls_input
+from store.keys import (
+    SessionKeys,
+    WorkerKeys,
+    new_session_id,
+    new_worker_id,
+    worker_pulls_input,
+)
 from store.pubsub import Subscriber
 from store.pushes import InputBatch, InputPushed, Push, SessionEnded
 from tests.store._support import events_of, open_session, spublish, until
@@ -71,6 +78,51 @@ async def test_a_frame_worker_pulls_its_input_and_gets_no_push(redis_client: Red
         worker.stop()
         await asyncio.wait_for(task, 10)
         await subscriber.aclose()
+        await scripts.aclose()
+
+
+async def test_a_frame_worker_applies_a_packed_entry_command_by_command(
+        redis_client: Redis) -> None:
+    """A gateway on the store's own connection packs a call's commands in one entry: the
+    worker takes each in order under its own index (four 20 ms chunks of one 80 ms turn, two
+    turns of distinct audio), and its echo is the audio in order."""
+    settings = WorkerSettings(backend="fake", slots=1, heartbeat_interval_s=0.2,
+                              heartbeat_ttl_s=5.0, drain_timeout_s=1.0,
+                              input_poll_interval_s=3600.0)
+    worker = Worker(settings, redis_client,
+                    backend=FakeBackend(max_slots=1, options=FakeOptions(frame_ms=20)))
+    task = asyncio.create_task(worker.run())
+    scripts = Scripts(redis_client, own_connection=True)
+    chunks = [bytes([0x10 + n, 0x20]) * 480 for n in range(8)]  # 20 ms each, distinct
+    try:
+        async def registered() -> bool:
+            return bool(await redis_client.exists(WorkerKeys(worker.worker_id).record))
+
+        await until(registered, "registration")
+        opened = await open_session(scripts, worker.worker_id)
+        await until(lambda: worker.session_ids == [opened.session_id], "the session adopted")
+        for turn in (0, 1):
+            taken = await scripts.append_input(opened.lease, [
+                (4 * turn + n + 1, encode_message(msg.AppendAudio(audio=chunks[4 * turn + n])))
+                for n in range(4)], max_entries=1000)
+            assert (taken.appended, taken.last_index) == (4, 4 * turn + 4)
+        # The log's last entry, which the worker's trims keep: the second turn, packed.
+        top: Any = await redis_client.xrevrange(SessionKeys(opened.session_id).input_log,
+                                                count=1)
+        assert [(entry_id, fields[b"k"]) for entry_id, fields in top] == [(b"2-8", b"4")]
+
+        async def echoed() -> bool:
+            audio = b"".join(e.audio for _, e in await events_of(
+                redis_client, opened.session_id) if isinstance(e, msg.AudioDelta))
+            return len(audio) >= sum(map(len, chunks))
+
+        await until(echoed, "all eight chunks echoed")
+        audio = b"".join(e.audio for _, e in await events_of(redis_client, opened.session_id)
+                         if isinstance(e, msg.AudioDelta))
+        assert audio[:sum(map(len, chunks))] == b"".join(chunks)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 10)
         await scripts.aclose()
 
 
