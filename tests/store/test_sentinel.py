@@ -11,7 +11,7 @@ import pytest
 from store import OutputAppend, Scripts, create_client
 from store.client import SentinelTarget, parse_sentinel_url
 from store.keys import SessionKeys
-from store.logs import log_ends, read_output
+from store.logs import log_ends, read_input, read_output
 from store.pubsub import Subscriber
 from store.pushes import OutputPushed
 from tests.sentinel_trio import Trio, start_trio
@@ -80,5 +80,32 @@ async def test_sessions_carry_on_through_a_failover(trio: Trio, own_connection: 
             await asyncio.sleep(0.05)  # pacing the probe writes; the push is the condition
     finally:
         await subscriber.aclose()
+        await scripts.aclose()
+        await client.aclose()
+
+
+@pytest.mark.timeout(60)
+async def test_plain_input_appends_carry_on_through_a_failover(trio: Trio) -> None:
+    """A pulling worker's input goes as plain MULTIs: the first one after the promotion meets
+    the demoted master (READONLY, nothing queued runs) or a closed connection, the script
+    settles it on the new master, and the next ones are plain again there. Every command is
+    in the log once, in order, packed entries read back command by command."""
+    client = create_client(trio.url)
+    scripts = Scripts(client, own_connection=True)
+    try:
+        wid = await register_worker(scripts, pulls=True)
+        opened = await open_session(scripts, wid)
+        await scripts.append_input(opened.lease, [(1, b"a"), (2, b"b")], max_entries=100)
+
+        await asyncio.to_thread(trio.fail_over)
+
+        for seq in range(3, 9, 2):
+            taken = await scripts.append_input(
+                opened.lease, [(seq, b"%d" % seq), (seq + 1, b"%d" % (seq + 1))],
+                max_entries=100)
+            assert (taken.appended, taken.last_index) == (2, seq + 1)
+        assert await read_input(client, opened.session_id, 0) == [
+            (1, b"a"), (2, b"b"), *((seq, b"%d" % seq) for seq in range(3, 9))]
+    finally:
         await scripts.aclose()
         await client.aclose()
