@@ -24,22 +24,38 @@ from store.keys import (
 )
 from store.pubsub import Subscriber
 from store.pushes import InputBatch, InputPushed, Push, SessionEnded
-from tests.store._support import events_of, open_session, spublish, until
+from tests.store._support import Opened, events_of, open_session, spublish, until
 
 pytestmark = pytest.mark.timeout(30)
 
 AUDIBLE = b"\x00\x10" * 1920  # 80 ms, loud
 
 
+def frame_worker(redis_client: Redis) -> Worker:
+    """A fake-backend worker (20 ms frames, one slot) whose once-a-second poll never comes."""
+    settings = WorkerSettings(backend="fake", slots=1, heartbeat_interval_s=0.2,
+                              heartbeat_ttl_s=5.0, drain_timeout_s=1.0,
+                              input_poll_interval_s=3600.0)
+    return Worker(settings, redis_client,
+                  backend=FakeBackend(max_slots=1, options=FakeOptions(frame_ms=20)))
+
+
+async def adopted_session(worker: Worker, scripts: Scripts, redis_client: Redis) -> Opened:
+    """A session opened on the running ``worker`` once it registered, and adopted by it."""
+    async def registered() -> bool:
+        return bool(await redis_client.exists(WorkerKeys(worker.worker_id).record))
+
+    await until(registered, "registration")
+    opened = await open_session(scripts, worker.worker_id)
+    await until(lambda: worker.session_ids == [opened.session_id], "the session adopted")
+    return opened
+
+
 async def test_a_frame_worker_pulls_its_input_and_gets_no_push(redis_client: Redis) -> None:
     """A fake-backend worker (20 ms frames) whose poll never comes: its id says it pulls,
     audio appended after it adopted the session comes back echoed, twice, and its channel
     carried no input push."""
-    settings = WorkerSettings(backend="fake", slots=1, heartbeat_interval_s=0.2,
-                              heartbeat_ttl_s=5.0, drain_timeout_s=1.0,
-                              input_poll_interval_s=3600.0)
-    worker = Worker(settings, redis_client,
-                    backend=FakeBackend(max_slots=1, options=FakeOptions(frame_ms=20)))
+    worker = frame_worker(redis_client)
     assert worker_pulls_input(worker.worker_id)
     channel = WorkerKeys(worker.worker_id).input_channel
     pushes: asyncio.Queue[Push | None] = asyncio.Queue()
@@ -49,12 +65,7 @@ async def test_a_frame_worker_pulls_its_input_and_gets_no_push(redis_client: Red
     task = asyncio.create_task(worker.run())
     scripts = Scripts(redis_client)
     try:
-        async def registered() -> bool:
-            return bool(await redis_client.exists(WorkerKeys(worker.worker_id).record))
-
-        await until(registered, "registration")
-        opened = await open_session(scripts, worker.worker_id)
-        await until(lambda: worker.session_ids == [opened.session_id], "the session adopted")
+        opened = await adopted_session(worker, scripts, redis_client)
         for turn in (1, 2):
             await scripts.append_input(
                 opened.lease, [(turn, encode_message(msg.AppendAudio(audio=AUDIBLE)))],
@@ -86,21 +97,12 @@ async def test_a_frame_worker_applies_a_packed_entry_command_by_command(
     """A gateway on the store's own connection packs a call's commands in one entry: the
     worker takes each in order under its own index (four 20 ms chunks of one 80 ms turn, two
     turns of distinct audio), and its echo is the audio in order."""
-    settings = WorkerSettings(backend="fake", slots=1, heartbeat_interval_s=0.2,
-                              heartbeat_ttl_s=5.0, drain_timeout_s=1.0,
-                              input_poll_interval_s=3600.0)
-    worker = Worker(settings, redis_client,
-                    backend=FakeBackend(max_slots=1, options=FakeOptions(frame_ms=20)))
+    worker = frame_worker(redis_client)
     task = asyncio.create_task(worker.run())
     scripts = Scripts(redis_client, own_connection=True)
     chunks = [bytes([0x10 + n, 0x20]) * 480 for n in range(8)]  # 20 ms each, distinct
     try:
-        async def registered() -> bool:
-            return bool(await redis_client.exists(WorkerKeys(worker.worker_id).record))
-
-        await until(registered, "registration")
-        opened = await open_session(scripts, worker.worker_id)
-        await until(lambda: worker.session_ids == [opened.session_id], "the session adopted")
+        opened = await adopted_session(worker, scripts, redis_client)
         for turn in (0, 1):
             taken = await scripts.append_input(opened.lease, [
                 (4 * turn + n + 1, encode_message(msg.AppendAudio(audio=chunks[4 * turn + n])))
