@@ -10,9 +10,10 @@ import urllib.request
 
 import pytest
 
-from duplex_client import DuplexClient
+from duplex_client import DuplexClient, RealtimeEvent
 from tests.e2e.helpers import collect_until
 from tests.e2e.stack import Stack
+from tests.store._support import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -55,3 +56,49 @@ async def test_a_pulling_workers_input_goes_several_chunks_per_append(stack: Sta
     assert appended >= CHUNKS + 1
     assert 0 < appends <= 0.6 * (CHUNKS + 1), f"{appends} appends for {CHUNKS + 1} commands"
     assert relayed_s / appends < HOLD_S, f"{relayed_s / appends:.3f} s per append relayed"
+
+
+SIGKILL_CHUNKS = 60
+
+
+async def test_a_gateway_sigkill_loses_and_duplicates_no_pulled_input(stack: Stack) -> None:
+    """A fake-backend session (echo: the worker speaks back what it heard) streams distinct
+    20 ms chunks through gateway A in real time, its input going as packed plain appends; A
+    is SIGKILLed halfway with appends and echoes in flight. The client resumes through B by
+    itself and resends what the store had not taken (the resume reads the highest client seq
+    from a packed entry): the audio that comes back is every chunk exactly once, in order."""
+    gateway_a, gateway_b = stack.gateway(), stack.gateway()
+    stack.worker(backend="fake", slots=1)
+    client = await DuplexClient.connect([gateway_a.ws_url, gateway_b.ws_url])
+    chunks = [bytes([1 + n % 250, 0x20]) * 480 for n in range(SIGKILL_CHUNKS)]
+    audio = bytearray()
+    events: list[RealtimeEvent] = []
+
+    async def read() -> None:
+        async for event in client.events():
+            events.append(event)
+            if event.type == "response.output_audio.delta":
+                audio.extend(event.audio)
+
+    def heard() -> bytes:
+        """The echo without the silence a frame model speaks while it hears none."""
+        samples = memoryview(bytes(audio)).cast("H")
+        return b"".join(sample.to_bytes(2, "little") for sample in samples if sample)
+
+    reader = asyncio.create_task(read())
+    await until(lambda: any(e.type == "session.updated" for e in events), "session.updated")
+    start = time.monotonic()
+    for i, chunk in enumerate(chunks):
+        if i == SIGKILL_CHUNKS // 2:
+            await until(lambda: len(heard()) > 0, "a first echo through gateway A")
+            gateway_a.kill()  # mid-stream: appends held and echoes in flight
+        # Real-time pacing is the load itself, not a wait for a condition.
+        await asyncio.sleep(max(0.0, start + i * 0.02 - time.monotonic()))
+        await client.append_audio(chunk)
+    expected = b"".join(chunks)
+    await until(lambda: len(heard()) >= len(expected), "every chunk echoed", timeout=30)
+    await client.close()
+    await asyncio.wait_for(reader, 20)
+    assert client.generation == 2, "the session resumed once, on gateway B"
+    assert heard() == expected, "an upstream loss, duplicate or reordering"
+    await client.aclose()
