@@ -17,7 +17,7 @@ import pytest
 from redis.asyncio import Redis
 
 from contract.reasons import CloseReason
-from store import AppendResult, LeaseLost, Scripts, SessionGone, create_client
+from store import AppendResult, LeaseLost, Scripts, SessionGone, StoreUnavailable, create_client
 from store.errors import Gone
 from store.keys import SessionKeys
 from store.logs import read_input
@@ -278,3 +278,28 @@ async def test_a_lost_reply_is_settled_by_the_script_once(
     finally:
         await lossy.aclose()
         await client.aclose()
+
+
+async def test_a_full_redis_refuses_a_plain_append_whole(
+    own: Scripts, redis_client: Redis
+) -> None:
+    """Redis out of memory refuses the MULTI's XADD as it is queued, so nothing of it runs
+    (EXECABORT); the script, sent after it, is refused too, and the caller gets a store
+    outage. With room again the same commands land once, plainly."""
+    wid = await register_worker(own, pulls=True)
+    opened = await open_session(own, wid)
+    await own.append_input(opened.lease, [(1, b"a")], max_entries=100)
+    used = int((await redis_client.info("memory"))["used_memory"])
+    await redis_client.config_set("maxmemory", max(1, used - 1024 * 1024))
+    try:
+        with pytest.raises(StoreUnavailable):
+            await own.append_input(opened.lease, [(2, b"b"), (3, b"c")], max_entries=100)
+    finally:
+        await redis_client.config_set("maxmemory", 0)
+    assert await read_input(redis_client, opened.session_id, 0) == [(1, b"a")]
+    before = await ran(redis_client)
+    taken = await own.append_input(opened.lease, [(2, b"b"), (3, b"c")], max_entries=100)
+    assert (taken.appended, taken.last_index) == (2, 3)
+    assert await read_input(redis_client, opened.session_id, 0) == [
+        (1, b"a"), (2, b"b"), (3, b"c")]
+    assert await ran_since(redis_client, before, "exec", "evalsha") == (1, 0)
