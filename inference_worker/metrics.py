@@ -90,6 +90,12 @@ class WorkerMetrics:
             "Input entries refused because they were written under an older lease generation,"
             " another store epoch, or no token (a writer that went around the store's fencing)",
             label, registry=r).labels(backend)
+        self.stale_pushes = Counter(
+            f"{_NS}_stale_pushes",
+            "Input pushes dropped because they came under an older write fence than their"
+            " session's, after the notice of its raise: Redis refused their entries (a writer"
+            " that had lost its lease)",
+            label, registry=r).labels(backend)
         # runtime/heap.py: the collector's passes stop every thread, the model's too; what
         # startup built (the model included) is frozen out of them.
         gc_pause_seconds = Histogram(

@@ -122,6 +122,10 @@ class Session:
     # The write fence of the newest input entry applied: with its index, that entry's ID,
     # which the trim of the input log names (store/lua/prelude.lua).
     applied_fence: int = 0
+    # The write fence its input log is under, as this worker knows it (the record's when
+    # adopted or re-read, then each FenceRaised notice); None while not known, when an input
+    # push is only a wake-up to read the log (inference_worker/input_fences.py).
+    input_fence: int | None = None
     # Bytes of commands applied since the position was last due to be reported by size.
     unreported_bytes: int = 0
     # An input push arrived since the last poll: pushes show a rewound log themselves, so the

@@ -40,6 +40,7 @@ from inference_worker.backends.registry import (
     parse_options as parse_backend_options,
 )
 from inference_worker.engine import Engine, TickReport
+from inference_worker.input_fences import FenceKeeper, PushVerdict, fence_raised, verdict
 from inference_worker.input_pull import InputPuller
 from inference_worker.metrics import WorkerMetrics
 from inference_worker.output_writer import (
@@ -49,20 +50,12 @@ from inference_worker.output_writer import (
     Pending,
 )
 from inference_worker.session_factory import SessionFactory
-from inference_worker.sessions import (
-    Session,
-    SessionTable,
-    log_ids,
-)
+from inference_worker.sessions import Session, SessionTable, log_ids
 from inference_worker.settings import WorkerSettings
 from inference_worker.turn_detection.silero import detector_factory, load_weights
 from runtime.fairness import PushQueue
 from runtime.loop_lag import watch_loop_lag
-from store import (
-    Scripts,
-    StoreError,
-    WorkerFenced,
-)
+from store import Scripts, StoreError, WorkerFenced
 from store.census import NO_ENGINE, TickTime
 from store.client import RedisClient
 from store.directory import WorkerProfile, announce_worker, sessions_of_worker
@@ -74,10 +67,17 @@ from store.outages import (
     RedisRefused,
     operator_mistake,
     redis_address,
-    wait_for_redis,
+    wait_for_redis_unless,
 )
 from store.pubsub import Subscriber
-from store.pushes import InputBatch, InputPushed, Push, SessionEnded, SessionPlaced
+from store.pushes import (
+    FenceRaised,
+    InputBatch,
+    InputPushed,
+    Push,
+    SessionEnded,
+    SessionPlaced,
+)
 
 __all__ = ["Worker"]
 
@@ -137,6 +137,7 @@ class Worker:
         self._puller = InputPuller(client, self._sessions, self._offer, self._outages,
                                    self._spawn)
         self._notices: PushQueue[Push | None] = PushQueue()
+        self._fences = FenceKeeper(client)
         self._tick_wake = asyncio.Event()
         self._next_tick_at = 0.0  # when the tick loop will next look (monotonic)
         self._stopping = asyncio.Event()
@@ -168,31 +169,14 @@ class Worker:
         await self._start_engine()
         try:
             self._profile = self._factory.profile(self._engine)
-            if await self._redis_reached():
+            # Bounded: a worker started before Redis (a deploy starting everything at once).
+            if await wait_for_redis_unless(self._stopping, self._client, _log,
+                                           self._redis_address,
+                                           timeout_s=self.settings.redis_start_timeout_s):
                 await self._serve()
         finally:
             await self._stop_engine()
             await self._scripts.aclose()
-
-    async def _redis_reached(self) -> bool:
-        """Wait for Redis, bounded (a worker started before it, as a deploy that starts
-        everything at once does); False if stopped (SIGTERM) meanwhile.
-
-        Raises:
-            RedisRefused: Redis refused this worker, or did not answer in time.
-        """
-        waiting = asyncio.create_task(
-            wait_for_redis(self._client, _log, self._redis_address,
-                           timeout_s=self.settings.redis_start_timeout_s))
-        stopping = asyncio.create_task(self._stopping.wait())
-        await asyncio.wait([waiting, stopping], return_when=asyncio.FIRST_COMPLETED)
-        for task in (waiting, stopping):
-            task.cancel()
-        await asyncio.gather(waiting, stopping, return_exceptions=True)
-        if waiting.done() and not waiting.cancelled():
-            waiting.result()  # RedisRefused, if that is how it ended
-            return True
-        return False
 
     async def _serve(self) -> None:
         while True:
@@ -447,19 +431,30 @@ class Worker:
             case InputBatch(parts=parts):  # one input append for several sessions
                 for part in parts:
                     await self._on_input(placed_on(part.session_id, self.worker_id), part)
+            case FenceRaised(session_id=session_id, fence=fence):
+                if session := self._sessions.get(placed_on(session_id, self.worker_id)):
+                    fence_raised(session, fence)
             case SessionEnded(session_id=session_id):
                 self._sessions.forget(placed_on(session_id, self.worker_id))
             case SessionPlaced(session_id=session_id):
                 await self._adopt(placed_on(session_id, self.worker_id))
             case None:  # the subscription was re-established: catch up from Redis
+                self._fences.resubscribed(session for _, session in self._sessions.items())
                 await self._discover()
 
     async def _on_input(self, session_id: str, pushed: InputPushed) -> None:
-        """Apply the entries of one session's input push."""
+        """Apply the entries of one session's input push, or read its log instead."""
         session = self._sessions.get(session_id) or await self._adopt(session_id)
-        if session is not None:
-            session.pushed = True
-            await self._offer(session_id, session, pushed.entries())
+        if session is None:
+            return
+        session.pushed = True
+        match verdict(session, pushed):
+            case PushVerdict.APPLY:
+                await self._offer(session_id, session, pushed.entries())
+            case PushVerdict.READ_LOG:
+                await self._catch_up(session_id, session)
+            case PushVerdict.STALE:
+                self.metrics.stale_pushes.inc()
 
     async def _poll_loop(self) -> None:
         while True:
@@ -479,6 +474,8 @@ class Worker:
                 await self._adopt(session_id)
         pulls = worker_pulls_input(self.worker_id)
         for session_id, session in self._sessions.items():
+            if session.input_fence is None and not pulls:
+                await self._fences.learn(session_id, session)
             quiet, session.pushed = not session.pushed, False
             if quiet or not pulls:  # a pull read a session that had input on the last tick
                 await self._catch_up(session_id, session, check_rewind=quiet)
@@ -494,6 +491,7 @@ class Worker:
         # The epoch this worker serves the session under: input written under another (a
         # record re-created after a lossy failover) is refused. The model its session.created
         # announced is the session's name (the one its client opened it with).
+        reading = self._fences.reading()
         start = await session_start(self._client, session_id)
         if session_id in self._sessions or self.fenced:  # a push and a poll adopted it at once
             return self._sessions.get(session_id)
@@ -508,6 +506,7 @@ class Worker:
             return None
         session.applied_under = WriteToken(start.epoch, 0)
         session.output_log_max_entries = start.output_log_max_entries
+        self._fences.learned(reading, session, start)
         self._sessions.add(session_id, session)
         await self._catch_up(session_id, session)
         return session

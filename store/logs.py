@@ -253,6 +253,8 @@ class SessionStart:
         closed: the session ended; a late push or poll must not bring it back to life.
         other_format: the record is of another format (``store/formats.py``): written by
             other code, whose worker serves it; nothing else of it was read.
+        input_fence: the input log's write fence now (``store/lua/prelude.lua``): 2g while
+            generation g is attached, 2g + 1 once it detached.
     """
 
     epoch: str
@@ -260,16 +262,17 @@ class SessionStart:
     output_log_max_entries: int = 0
     closed: bool = False
     other_format: bool = False
+    input_fence: int = 0
 
 
 async def session_start(client: Redis | RedisCluster, session_id: str) -> SessionStart | None:
-    """The epoch, announced model, output bound and end of the session's record (None: no
-    record)."""
+    """The epoch, announced model, output bound, input fence and end of the session's record
+    (None: no record)."""
     key = SessionKeys(session_id).record
     try:
         fields: Any = await client.hmget(key, ["epoch", "session", "state", "out_max",
-                                               FORMAT_FIELD])
-        epoch, session, state, out_max, version = fields
+                                               FORMAT_FIELD, "gen"])
+        epoch, session, state, out_max, version, generation = fields
     except REDIS_ERRORS as exc:
         raise_if_cancelled()
         raise StoreUnavailable(f"HMGET {key} failed: {exc}") from exc
@@ -279,7 +282,8 @@ async def session_start(client: Redis | RedisCluster, session_id: str) -> Sessio
     if version != SESSION_FORMAT.encode():
         return SessionStart(epoch="", model=None, other_format=True)
     return SessionStart(epoch=epoch.decode(), model=_announced_model(session),
-                        output_log_max_entries=int(out_max), closed=state == b"closed")
+                        output_log_max_entries=int(out_max), closed=state == b"closed",
+                        input_fence=2 * int(generation or 0) + (state == b"detached"))
 
 
 def _announced_model(raw: Any) -> str | None:

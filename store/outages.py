@@ -45,6 +45,7 @@ __all__ = [
     "plain_reason",
     "redis_address",
     "wait_for_redis",
+    "wait_for_redis_unless",
 ]
 
 #: How long store calls must keep failing (no success between) before an outage is told.
@@ -210,6 +211,27 @@ class OutageLog:
             return False
         self._logger.warning("%s back after %.1f s", self._redis, self._clock() - failing_since)
         return True
+
+
+async def wait_for_redis_unless(stopping: asyncio.Event, client: RedisClient,
+                                logger: logging.Logger, address: str, *,
+                                timeout_s: float = REDIS_START_TIMEOUT_S) -> bool:
+    """:func:`wait_for_redis`, or False as soon as ``stopping`` is set (a process told to
+    stop while it waits for Redis, as a deploy that starts everything at once may).
+
+    Raises:
+        RedisRefused: as :func:`wait_for_redis`.
+    """
+    waiting = asyncio.create_task(wait_for_redis(client, logger, address, timeout_s=timeout_s))
+    stopped = asyncio.create_task(stopping.wait())
+    await asyncio.wait([waiting, stopped], return_when=asyncio.FIRST_COMPLETED)
+    for task in (waiting, stopped):
+        task.cancel()
+    await asyncio.gather(waiting, stopped, return_exceptions=True)
+    if waiting.done() and not waiting.cancelled():
+        waiting.result()  # RedisRefused, if that is how it ended
+        return True
+    return False
 
 
 async def wait_for_redis(client: RedisClient, logger: logging.Logger, address: str, *,

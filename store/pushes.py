@@ -1,7 +1,7 @@
 """The pushes the store's scripts publish (``store/lua/``), decoded once into types.
 
-Every push is a MessagePack array whose first element names its kind; the scripts publish
-six kinds on two sorts of channel:
+Every push is a MessagePack array whose first element names its kind; the scripts (and the
+plain input append, ``store/input_appends.py``) publish seven kinds on two sorts of channel:
 
 * a session's output channel (``SessionKeys.output_channel``, the gateway listens):
   ``{'e', first_seq, {payload, ...}}`` (:class:`OutputPushed`, ``append_events`` and
@@ -10,8 +10,10 @@ six kinds on two sorts of channel:
   ``{'i', session_id, first_index, {payload, ...}, epoch, generation, fence}``
   (:class:`InputPushed`), ``{'I', session_id, {{session_id, first_index, {payload, ...},
   epoch, generation, fence}, ...}}``
-  (:class:`InputBatch`, both ``APPEND_INPUT``), ``{'o', session_id}`` (:class:`SessionPlaced`,
-  ``OPEN_SESSION``) and ``{'c', session_id}`` (:class:`SessionEnded`, ``end_session``).
+  (:class:`InputBatch`, both ``APPEND_INPUT`` and the plain append), ``{'f', session_id,
+  fence}`` (:class:`FenceRaised`, ``raise_fence``), ``{'o', session_id}``
+  (:class:`SessionPlaced`, ``OPEN_SESSION``) and ``{'c', session_id}`` (:class:`SessionEnded`,
+  ``end_session``).
 
 :func:`decode_push` is the one place that reads those shapes; consumers ``match`` on the types.
 A push is a wake-up, never the truth (the logs are): a malformed one is refused here
@@ -28,6 +30,7 @@ import msgpack  # type: ignore[import-untyped]
 from store.logs import InputEntry, WriteToken
 
 __all__ = [
+    "FenceRaised",
     "InputBatch",
     "InputPushed",
     "LeaseMoved",
@@ -87,6 +90,16 @@ class InputBatch:
 
 
 @dataclass(frozen=True, slots=True)
+class FenceRaised:
+    """A session's input log's write fence rose to ``fence`` (a resume or a detachment): an
+    input push under an older fence that comes after this is one Redis refused the entries
+    of (its writer lost its lease)."""
+
+    session_id: str
+    fence: int
+
+
+@dataclass(frozen=True, slots=True)
 class SessionPlaced:
     """A session was opened on the worker."""
 
@@ -101,7 +114,8 @@ class SessionEnded:
 
 
 Push: TypeAlias = (
-    OutputPushed | LeaseMoved | InputPushed | InputBatch | SessionPlaced | SessionEnded
+    OutputPushed | LeaseMoved | InputPushed | InputBatch | FenceRaised | SessionPlaced
+    | SessionEnded
 )
 
 
@@ -150,6 +164,8 @@ def decode_push(data: bytes) -> Push:
             return SessionPlaced(push[1].decode())
         if kind == b"c":
             return SessionEnded(push[1].decode())
+        if kind == b"f":
+            return FenceRaised(push[1].decode(), int(push[2]))
     except PushDecodeError:
         raise
     except (msgpack.UnpackException, ValueError, TypeError, IndexError, KeyError,

@@ -292,7 +292,7 @@ class Scripts:
         answer = await self._run(
             self._resume,
             [k.record, k.worker.deadlines, k.output_channel, k.output_log, k.worker.gateways,
-             k.worker.held, k.input_log],
+             k.worker.held, k.input_log, k.worker.input_channel],
             [presented_digest, new_digest, control_id, session_id, tenant,
              RESUME_RETRY_WINDOW_MS, _new_call_id(), gateway_id, lease_ms, attempt],
         )
@@ -314,7 +314,8 @@ class Scripts:
         own)."""
         k = SessionKeys(lease.session_id)
         answer = await self._run(
-            self._detach, [k.record, k.worker.deadlines, k.worker.held, k.input_log],
+            self._detach, [k.record, k.worker.deadlines, k.worker.held, k.input_log,
+                           k.worker.input_channel],
             [lease.session_id, lease.epoch, lease.generation, lease.tenant, grace_ms],
         )
         self._writers.forget(lease.session_id)

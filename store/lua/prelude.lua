@@ -32,13 +32,17 @@ end
 -- log that does not exist (the session is over). A marker that is still the log's last entry
 -- is replaced, so resumes that append nothing (a client refused for backpressure, resuming
 -- until its worker caught up) leave one marker, not one each, in what the backlog counts.
+-- The session's worker is told ({'f', sid, fence} on its channel): a plain input append
+-- publishes its push whatever its XADD met (store/input_appends.py), so a push under an older
+-- fence that comes after this notice is one whose entries Redis refused.
 -- Returns the log's top after it (or nil).
-local function raise_fence(in_log, fence, epoch)
+local function raise_fence(in_log, fence, epoch, worker_channel, sid)
   local top = input_top(in_log)
   if top == nil or top.fence >= fence then return top end
   if top.marker then redis.call('XDEL', in_log, top.id) end
   redis.call('XADD', in_log, fence .. '-' .. top.index, 'f', fence, 'h', top.h,
              'e:' .. epoch, 0, 'b', top.biggest)
+  redis.call('SPUBLISH', worker_channel, cmsgpack.pack({'f', sid, fence}))
   top.fence, top.epoch = fence, epoch
   return top
 end

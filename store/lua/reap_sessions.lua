@@ -48,7 +48,7 @@ local function detach_lapsed(sid, gid, rec, in_log)
   if f[1] == 'attached' and f[2] == gid and f[3] == SESSION_FORMAT then
     redis.call('HSET', rec, 'state', 'detached', 'detached_ms', now, 'gw', '', 'dgrace', 0)
     -- The lapsed holder may still be alive (paused, cut off): Redis refuses its appends now.
-    raise_fence(in_log, detached_fence(f[4]), f[5])
+    raise_fence(in_log, detached_fence(f[4]), f[5], worker_channel, sid)
     redis.call('ZADD', deadlines, next_deadline(rec), sid)
     detached = detached + 1
   end

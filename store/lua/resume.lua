@@ -13,7 +13,7 @@
 -- taking the session from the connection the client now uses.
 -- KEYS[1] session record  KEYS[2] worker deadlines  KEYS[3] output channel  KEYS[4] output log
 -- KEYS[5] worker gateways (attachment leases)  KEYS[6] worker held set (see attach_to)
--- KEYS[7] input log (its fence is raised to the new generation's)
+-- KEYS[7] input log (its fence is raised to the new generation's)  KEYS[8] worker channel
 -- ARGV[1] presented token digest  ARGV[2] new token digest  ARGV[3] control id
 -- ARGV[4] session id  ARGV[5] tenant of the caller  ARGV[6] retry window ms
 -- ARGV[7] call id (unique per call, kept by a resend: a resend changes nothing)
@@ -30,7 +30,7 @@ local rec, deadlines, out_channel, out_log = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local presented, fresh, control_id, sid, tenant = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local window, call_id = tonumber(ARGV[6]), ARGV[7]
 local gateways, held, gid, lease_ms = KEYS[5], KEYS[6], ARGV[8], tonumber(ARGV[9])
-local in_log = KEYS[7]
+local in_log, worker_channel = KEYS[7], KEYS[8]
 local attempt = tonumber(ARGV[10])
 
 local f = redis.call('HMGET', rec, 'state', 'gen', 'epoch', 'digest', 'rcid', 'cseq_end',
@@ -74,7 +74,7 @@ if not retry then
 elseif attempt > landed_attempt then
   redis.call('HSET', rec, 'ratt', attempt)
 end
-raise_fence(in_log, attached_fence(gen), epoch)
+raise_fence(in_log, attached_fence(gen), epoch, worker_channel, sid)
 redis.call('ZADD', deadlines, next_deadline(rec), sid)
 attach_to(rec, sid, gateways, held, gid, lease_ms, now)
 redis.call('SPUBLISH', out_channel, cmsgpack.pack({'r', gen}))

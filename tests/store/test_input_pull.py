@@ -1,5 +1,6 @@
 """A worker that reads its input on its own clock: its id says so, the input appends push it
-nothing, and one ``XREAD`` reads every session's new entries past where each stands."""
+nothing, and one ``XREAD`` reads every session's new entries past where each stands. And what
+a pushed worker's channel tells it of its sessions' fences."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from contract.messages import Heartbeat, encode_message
 from contract.reasons import CloseReason
 from store import ResumeStatus, Scripts
 from store.keys import WorkerKeys, new_worker_id, worker_pulls_input
-from store.logs import InputPosition, pull_input
+from store.logs import InputPosition, WriteToken, pull_input
 from store.pubsub import Subscriber
-from store.pushes import InputPushed, Push, SessionEnded, SessionPlaced
-from tests.store._support import digest, open_session, register_worker, spublish
+from store.pushes import FenceRaised, InputPushed, Push, SessionEnded, SessionPlaced
+from tests.store._support import EPOCH, digest, open_session, register_worker, spublish
+from tests.store.test_leases import A, expire_lease
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -102,3 +104,38 @@ async def test_one_pull_reads_each_session_past_its_position(scripts: Scripts,
     token = pulled[second.session_id][-1].token
     assert token is not None and token.generation == 2
     assert await pull_input(redis_client, {}) == {}
+
+
+async def test_each_raise_of_a_fence_tells_the_worker_before_what_follows(
+        scripts: Scripts, redis_client: Redis) -> None:
+    """A detach, a resume and a reaper's detachment of a lapsed lease each raise the fence
+    and say so on the worker's channel (FenceRaised), in order with the pushes around them;
+    a detach that changes nothing says nothing."""
+    worker_id = await register_worker(scripts)
+    channel = WorkerKeys(worker_id).input_channel
+    subscriber = Subscriber(redis_client)
+    await subscriber.start()
+    queue: asyncio.Queue[Push | None] = asyncio.Queue()
+    try:
+        await subscriber.subscribe(channel, queue.put_nowait)
+        holder = A
+        opened = await open_session(scripts, worker_id, holder=holder)
+        sid = opened.session_id
+        await scripts.append_input(opened.lease, [(1, cmd(1))], max_entries=100)
+        await scripts.detach(opened.lease)
+        await scripts.detach(opened.lease)  # already detached: no raise
+        resumed = await scripts.resume(sid, tenant="tenant-a",
+                                       presented_digest=digest(opened.token),
+                                       new_digest=digest("t2"), control_id="c1",
+                                       holder=holder)
+        assert resumed.lease is not None
+        await scripts.append_input(resumed.lease, [(2, cmd(2))], max_entries=100)
+        await expire_lease(redis_client, scripts, worker_id, holder)
+        assert (await scripts.reap(worker_id)).detached == 1
+        pushes = await _pushes_before_sentinel(redis_client, channel, queue)
+    finally:
+        await subscriber.aclose()
+    assert [push for push in pushes if not isinstance(push, SessionPlaced)] == [
+        InputPushed(sid, 1, [cmd(1)], WriteToken(EPOCH, 1), 2), FenceRaised(sid, 3),
+        FenceRaised(sid, 4), InputPushed(sid, 2, [cmd(2)], WriteToken(EPOCH, 2), 4),
+        FenceRaised(sid, 5)]

@@ -220,12 +220,19 @@ async def test_an_adopting_worker_reads_the_epoch_and_the_announced_model(
     start = await session_start(redis_client, opened.session_id)
     bound = int(await session_field(redis_client, opened.session_id, "out_max") or 0)
     assert start == SessionStart(epoch=EPOCH, model="m", output_log_max_entries=bound,
-                                 closed=False)
+                                 closed=False, input_fence=2)
     await scripts.close_session(opened.session_id, CloseReason.CLIENT_CLOSE)
     assert await session_start(redis_client, opened.session_id) == SessionStart(
-        epoch=EPOCH, model="m", output_log_max_entries=bound, closed=True)
+        epoch=EPOCH, model="m", output_log_max_entries=bound, closed=True, input_fence=2)
     bare = await open_session(scripts, await register_worker(scripts))
     bare_start = await session_start(redis_client, bare.session_id)
     assert bare_start is not None and bare_start.model is None
+    # The input log's fence, as the record says: 2g attached, 2g + 1 detached.
+    await scripts.detach(bare.lease)
+    assert (await session_start(redis_client, bare.session_id) or bare_start).input_fence == 3
+    await scripts.resume(bare.session_id, tenant=bare.lease.tenant,
+                         presented_digest=digest(bare.token), new_digest=digest("t2"),
+                         control_id="c1")
+    assert (await session_start(redis_client, bare.session_id) or bare_start).input_fence == 4
     nowhere = new_session_id(new_worker_id())
     assert await session_start(redis_client, nowhere) is None

@@ -16,10 +16,11 @@ import pytest
 from redis.asyncio import Redis
 from redis.typing import EncodableT, FieldT
 
+from contract.messages import Heartbeat, HeartbeatAck, SessionClosed, encode_message
 from inference_worker.sessions import is_current
 from store.keys import SessionKeys, WorkerKeys
 from store.logs import WriteToken
-from tests.store._support import EPOCH, digest, open_session, spublish, until
+from tests.store._support import EPOCH, digest, events_of, open_session, spublish, until
 from tests.worker._running import HEARTBEAT, Running, acks, heartbeat, running_worker
 
 STALE_METRIC = "duplex_worker_stale_commands_total"
@@ -117,3 +118,35 @@ async def test_input_under_a_stale_token_is_not_applied(running: Running, rogue:
     assert stale_commands(running) == 1
     print(f"{rogue} ({'pushed' if pushed else 'read'}): refused"
           f" {stale_commands(running):.0f} entry, applied 3 heartbeats")
+
+
+def stale_pushes(running: Running) -> float:
+    """The worker's count of input pushes dropped under a raised fence."""
+    value = running.worker.metrics.registry.get_sample_value(
+        "duplex_worker_stale_pushes_total", {"backend": "loopback"})
+    assert value is not None, "duplex_worker_stale_pushes_total is not exported"
+    return value
+
+
+async def test_a_push_under_a_fence_a_resume_raised_is_dropped(running: Running) -> None:
+    """The holder of generation 1 appends plainly after a resume took its lease: Redis
+    refuses its entry, but its push (under fence 2) goes out, after the resume's notice of
+    fence 4. The worker drops it, counted as a stale push (no entry was refused: there is
+    none); the new holder's command, under the same index, is applied, and the session goes
+    on (had the push been applied, the new command would read as a log that went back)."""
+    opened = await open_session(running.scripts, running.worker.worker_id)
+    sid = opened.session_id
+    await heartbeat(running, opened.lease, 1)
+    resumed = await running.scripts.resume(
+        sid, tenant=opened.lease.tenant, presented_digest=digest(opened.token),
+        new_digest=digest("second"), control_id="c1")
+    assert resumed.lease is not None
+    stale = encode_message(Heartbeat(event_id="from-the-replaced-connection"))
+    await spublish(running.client, WorkerKeys(running.worker.worker_id).input_channel,
+                   ["i", sid, 2, [stale], EPOCH, 1, 2])
+    await until(lambda: stale_pushes(running) >= 1, "the stale push dropped")
+    await heartbeat(running, resumed.lease, 2)
+    events = [event for _, event in await events_of(running.client, sid)]
+    assert sum(isinstance(event, HeartbeatAck) for event in events) == 2
+    assert not any(isinstance(event, SessionClosed) for event in events)
+    assert (stale_pushes(running), stale_commands(running)) == (1, 0)
