@@ -8,19 +8,22 @@ through each answer, so the script reads nothing on the way: it appends with ``X
 (``store/lua/append_input.lua``). A call sent again after a lost reply asks the script to read
 the log's end instead, where the first run's call id tells it that run landed.
 
-A pulling worker's sessions (``store/keys.py``: no push goes with their input) need nothing of
-the script but what their writer already knows, so on the store's own connections
-(``store/script_lane.py``) they go without it: one ``XADD`` a session, one ``MULTI`` for
-the batch. A session's commands of one call go in one entry, packed (``store/logs.py``), whose
-ID the writer numbers (the index of its last command: each command keeps its own index); a
-lone command's Redis numbers, as the script does. Redis still refuses every stale writer (a
-raised fence is an "equal or smaller" ID) and every closed session (``NOMKSTREAM``). The
-writer deduplicates by client seq and checks the caps against a bound of the log's length:
-the most entries it can hold, since only the worker's trims change it while the fence
-stands. Whatever the writer
-cannot settle so goes to the script: a log it does not know, entries that might reach a cap
-(the script counts exactly), a refusal (the script says why), a reply lost (the script, as a
-resend, reads whether the ``MULTI`` landed: it is all or nothing).
+On the store's own connections (``store/script_lane.py``) an append needs nothing of the
+script but what its writer already knows, so it goes without it: one ``XADD`` a session, one
+``MULTI`` for the batch, with the push to the worker in it when the worker is pushed its input
+(``store/keys.py``). For a pulling worker a session's commands of one call go in one entry,
+packed (``store/logs.py``), whose ID the writer numbers (the index of its last command: each
+command keeps its own index); otherwise each command is an entry Redis numbers, as the
+script's are. Redis still refuses
+every stale writer (a raised fence is an "equal or smaller" ID) and every closed session
+(``NOMKSTREAM``); the push goes out whatever the ``XADD`` met, and the worker drops one whose
+entries were refused, told of every raise of the fence first (``FenceRaised``,
+``inference_worker/input_fences.py``). The writer deduplicates by client seq and checks the
+caps against a bound of the log's length: the most entries it can hold, since only the
+worker's trims change it while the fence stands. Whatever the writer cannot settle so goes to
+the script: a log it does not know, entries that might reach a cap (the script counts
+exactly), a refusal (the script says why), a reply lost (the script, as a resend, reads
+whether the ``MULTI`` landed: it is all or nothing).
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from store.answers import AppendResult, Lease
 from store.client import REDIS_ERRORS
 from store.errors import Gone, LeaseLost, SessionGone
 from store.keys import session_keys, worker_pulls_input
-from store.logs import PACKED_FIELD, pack_commands
+from store.logs import PACKED_FIELD, WriteToken, pack_commands
+from store.pushes import InputPushed, encode_input_notice
 
 __all__ = ["InputWriters", "Outcome", "PlainAppend", "TransactionLane", "append_input"]
 
@@ -50,6 +54,9 @@ OPENED_HELD = 1
 Outcome = AppendResult | LeaseLost | SessionGone
 Entries = Sequence[tuple[int | None, bytes]]
 Batch = Sequence[tuple[Lease, Entries]]
+#: One entry of a plain append: its ID, the highest client seq up to it, its ``d`` and the
+#: packed count's field and value (none for one command).
+_Row = tuple[str, int, bytes, list[Any]]
 
 
 class TransactionLane(Protocol):
@@ -165,15 +172,16 @@ class InputWriters:
 
     def plain(self, batch: Batch, call_id: str, *, max_entries: int, max_bytes: int
               ) -> PlainAppend | None:
-        """``batch`` as plain ``XADD``s, or None where the script must take it: the worker
-        is pushed its input, or a session's log is not known well enough to be sure that
-        its new entries pass the caps. A session's new commands go in one entry, packed
-        (``store/logs.py``): the worker takes them at its next tick all the same."""
-        worker = session_keys(batch[0][0].session_id).worker.worker_id
-        if not worker_pulls_input(worker):
-            return None
+        """``batch`` as plain ``XADD``s, and for a pushed worker the push of them, or None
+        where the script must take it: a session's log is not known well enough to be sure
+        that its new entries pass the caps. For a pulling worker a session's new commands go
+        in one entry, packed (``store/logs.py``), each keeping its index; for a pushed one,
+        one entry each, as the script writes them."""
+        worker_keys = session_keys(batch[0][0].session_id).worker
+        worker, pushed = worker_keys.worker_id, not worker_pulls_input(worker_keys.worker_id)
         commands: list[list[Any]] = []
         sessions: list[_Planned] = []
+        notices: list[InputPushed] = []
         for lease, entries in batch:
             k = session_keys(lease.session_id)
             known = self._positions.get(lease.session_id)
@@ -184,26 +192,39 @@ class InputWriters:
             if not fresh:
                 sessions.append(_Planned(0, 0, known.client_seq, known.biggest))
                 continue
-            client_seq, fence = fresh[-1][0], 2 * lease.generation
-            if len(fresh) == 1:
-                # Numbered by Redis, one above the log's last index: a lower number tells a
-                # log that went back (see plain_outcomes).
-                entry_id, payload, packed = f"{fence}-*", fresh[0][1], []
+            fence = 2 * lease.generation
+            if pushed or len(fresh) == 1:
+                # One entry a command, numbered by Redis one above the log's last index (a
+                # lower number tells a log that went back, see plain_outcomes), as the script
+                # writes them: a pushed worker's calls mostly carry one command a session.
+                rows: list[_Row] = [(f"{fence}-*", highest, payload, [])
+                                    for highest, payload in fresh]
             else:
-                # The index of its last command, which the holder knows; a log that went
-                # back shows its worker the indices missing before it.
-                entry_id = f"{fence}-{known.index + len(fresh)}"
-                payload = pack_commands([command for _, command in fresh])
-                packed = [PACKED_FIELD, len(fresh)]
-            if not _within_caps(known, len(payload), max_entries, max_bytes):
+                # One entry, numbered by the holder: the index of its last command. A log
+                # that went back shows its worker the indices missing before it.
+                rows = [(f"{fence}-{known.index + len(fresh)}", fresh[-1][0],
+                         pack_commands([command for _, command in fresh]),
+                         [PACKED_FIELD, len(fresh)])]
+            if not _within_caps(known, rows, max_entries, max_bytes):
                 return None
-            biggest = max(known.biggest, len(payload))
-            # As the script writes an entry (store/lua/append_input.lua), with the call id
-            # that tells a resend it landed.
-            commands.append(["XADD", k.input_log, "NOMKSTREAM", entry_id, "d", payload,
-                             *packed, "h", client_seq, "e:" + lease.epoch, lease.generation,
-                             "c", call_id, "n", len(fresh), "b", biggest])
-            sessions.append(_Planned(len(fresh), 1, client_seq, biggest))
+            biggest = max(known.biggest, *(len(payload) for _, _, payload, _ in rows))
+            for n, (entry_id, highest, payload, packed) in enumerate(rows, 1):
+                # As the script writes them (store/lua/append_input.lua), the call's last
+                # entry with the call id that tells a resend it landed.
+                last = ["c", call_id, "n", len(fresh), "b", biggest] if n == len(rows) else []
+                commands.append(["XADD", k.input_log, "NOMKSTREAM", entry_id, "d", payload,
+                                 *packed, "h", highest, "e:" + lease.epoch, lease.generation,
+                                 *last])
+            sessions.append(_Planned(len(fresh), len(rows), fresh[-1][0], biggest))
+            if pushed:
+                notices.append(InputPushed(
+                    lease.session_id, known.index + 1, [command for _, command in fresh],
+                    WriteToken(lease.epoch, lease.generation), fence))
+        if notices:
+            # Published whatever the XADDs meet: the worker drops a push whose entries Redis
+            # refused by its fence (inference_worker/input_fences.py).
+            commands.append(["SPUBLISH", worker_keys.input_channel,
+                             encode_input_notice(notices)])
         return PlainAppend(session_keys(batch[0][0].session_id).input_log, commands, sessions)
 
     def plain_outcomes(self, batch: Batch, plain: PlainAppend, replies: Sequence[Any]
@@ -222,19 +243,18 @@ class InputWriters:
                 results.append(AppendResult(appended=0, last_client_seq=known.client_seq,
                                             last_index=known.index))
                 continue
-            (reply,) = mine
-            if not isinstance(reply, bytes):  # nil: no log; an error: the fence rose
-                results.append(None)
+            if not isinstance(mine[0], bytes):  # nil: no log; an error: the fence rose
+                results.append(None)  # the MULTI is all or nothing per cause: none landed
                 continue
-            got = int(reply.rpartition(b"-")[2])
-            if not planned.packed and got < known.index + 1:
-                take_back.append(["XDEL", session_keys(lease.session_id).input_log, reply])
-                known.index, known.held = got - 1, UNKNOWN_HELD
+            got = [int(reply.rpartition(b"-")[2]) for reply in mine]
+            if not planned.packed and got[0] < known.index + 1:
+                take_back.append(["XDEL", session_keys(lease.session_id).input_log, *mine])
+                known.index, known.held = got[0] - 1, UNKNOWN_HELD
                 results.append(AppendResult(appended=0, last_client_seq=known.client_seq,
                                             last_index=known.index))
                 continue
-            known.index, known.client_seq = got, planned.client_seq
-            known.biggest, known.held = planned.biggest, known.held + 1
+            known.index, known.client_seq = got[-1], planned.client_seq
+            known.biggest, known.held = planned.biggest, known.held + planned.entries
             results.append(AppendResult(appended=planned.commands,
                                         last_client_seq=planned.client_seq,
                                         last_index=known.index))
@@ -296,14 +316,16 @@ def _fresh_commands(entries: Entries, client_seq: int) -> list[tuple[int, bytes]
     return fresh
 
 
-def _within_caps(known: _Position, adding: int, max_entries: int, max_bytes: int) -> bool:
-    """Whether one more entry of ``adding`` bytes surely leaves the log within both caps, by
-    the script's own bound (``over_caps`` in ``store/lua/append_input.lua``) on at most
-    ``known.held`` entries, none larger than ``known.biggest``."""
-    if known.held > max_entries:
+def _within_caps(known: _Position, rows: Sequence[_Row], max_entries: int, max_bytes: int
+                 ) -> bool:
+    """Whether ``rows`` surely leave the log within both caps, by the script's own bound
+    (``over_caps`` in ``store/lua/append_input.lua``) on at most ``known.held`` entries, none
+    larger than ``known.biggest``."""
+    if known.held - 1 + len(rows) > max_entries:
         return False
     if max_bytes <= 0:
         return True
+    adding = sum(len(payload) for _, _, payload, _ in rows)
     return 2 * known.held * (known.biggest + 64) + 8192 + adding <= max_bytes
 
 

@@ -22,6 +22,7 @@ A push is a wake-up, never the truth (the logs are): a malformed one is refused 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
@@ -40,6 +41,7 @@ __all__ = [
     "SessionEnded",
     "SessionPlaced",
     "decode_push",
+    "encode_input_notice",
 ]
 
 
@@ -135,6 +137,18 @@ def _input(part: list[Any]) -> InputPushed:
     token = WriteToken(part[3].decode(), int(part[4])) if len(part) > 4 else None
     fence = int(part[5]) if len(part) > 5 else 0
     return InputPushed(part[0].decode(), int(part[1]), payloads, token, fence)
+
+
+def encode_input_notice(parts: Sequence[InputPushed]) -> bytes:
+    """The input push of one append (``parts``: one per session with new entries, at least
+    one), as ``APPEND_INPUT`` publishes it: ``{'i', ...}`` for one session, ``{'I', ...}``
+    for several."""
+    fields = [[part.session_id, part.first_index, part.payloads,
+               *((part.token.epoch, part.token.generation) if part.token else ("", 0)),
+               part.fence] for part in parts]
+    notice = ["i", *fields[0]] if len(fields) == 1 else ["I", fields[0][0], fields]
+    packed: bytes = msgpack.packb(notice, use_bin_type=True)
+    return packed
 
 
 def decode_push(data: bytes) -> Push:

@@ -22,10 +22,12 @@ BARE = "bare SPUBLISH, one per chunk"
 SCRIPT = "project input script (APPEND_INPUT)"
 PULLED = "project input script, pulling worker"
 PULLED_PLAIN = "project plain input (MULTI {XADD}), pulling worker"
+PUSHED_PLAIN = "project plain input (MULTI {XADD; SPUBLISH}), pushed worker"
 PACKED = "project plain input, pulling worker, 80 ms a call"
 PLAIN = "plain MULTI {XADD; SPUBLISH} input"
 OUTPUT = "project output flush (APPEND_OUTPUT)"
-SHAPES = (SCRIPT, PULLED, PULLED_PLAIN, PACKED, PLAIN, OUTPUT)
+SHAPES = (SCRIPT, PUSHED_PLAIN, PULLED, PULLED_PLAIN, PACKED, PLAIN,
+                       OUTPUT)
 
 
 def run_cli(*argv: str) -> int:
@@ -49,7 +51,7 @@ def _check_counts(row: dict[str, object], per_call: int) -> None:
     assert row["writes_per_session_s"] == pytest.approx(calls_per_session_s)
     sent, inside = row["commands_sent_per_session_s"], row["in_scripts_per_session_s"]
     assert isinstance(sent, float) and isinstance(inside, float)
-    if row["shape"] == PLAIN:
+    if row["shape"] in (PLAIN, PUSHED_PLAIN):
         assert sent == pytest.approx(calls_per_session_s * (per_call + 3))
     elif row["shape"] == PULLED:
         assert sent > calls_per_session_s
@@ -57,7 +59,7 @@ def _check_counts(row: dict[str, object], per_call: int) -> None:
         assert sent > calls_per_session_s * (per_call + 2)
     else:
         assert sent == pytest.approx(calls_per_session_s)
-    if row["shape"] in (BARE, PULLED_PLAIN, PACKED, PLAIN):
+    if row["shape"] in (BARE, PUSHED_PLAIN, PULLED_PLAIN, PACKED, PLAIN):
         assert inside == 0
     elif row["shape"] == OUTPUT:
         assert inside == pytest.approx(150 + calls_per_session_s)

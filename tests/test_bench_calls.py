@@ -19,6 +19,7 @@ BARE = "bare SPUBLISH, one per chunk"
 SCRIPT = "project input script (APPEND_INPUT)"
 PULLED = "project input script, pulling worker"
 PULLED_PLAIN = "project plain input (MULTI {XADD}), pulling worker"
+PUSHED_PLAIN = "project plain input (MULTI {XADD; SPUBLISH}), pushed worker"
 PACKED = "project plain input, pulling worker, 80 ms a call"
 PLAIN = "plain MULTI {XADD; SPUBLISH} input"
 OUTPUT = "project output flush (APPEND_OUTPUT)"
@@ -49,14 +50,15 @@ def test_a_small_run_measures_every_shape_and_both_clients(
     assert report["target_us_per_chunk_per_direction"] == 15.0
     shapes = [(row["shape"], row["sessions_per_call"]) for row in report["calls"]]
     assert shapes == [(BARE, 1)] + [
-        (shape, n) for shape in (SCRIPT, PULLED, PULLED_PLAIN, PACKED, PLAIN, OUTPUT)
+        (shape, n)
+        for shape in (SCRIPT, PUSHED_PLAIN, PULLED, PULLED_PLAIN, PACKED, PLAIN, OUTPUT)
         for n in (1, 2, 4)]
     for row in report["calls"]:
         assert row["calls"] > 0 and row["chunks"] == row["calls"] * row["sessions_per_call"] * (
             4 if row["shape"] == PACKED else 1)
         assert row["redis_us_per_chunk"] > 0 and row["redis_us_per_call"] > 0
         by_name = row["commands_us_per_chunk_by_name"]
-        if row["shape"] in (BARE, PULLED_PLAIN, PACKED, PLAIN):  # no script: none counted apart
+        if row["shape"] in (BARE, PUSHED_PLAIN, PULLED_PLAIN, PACKED, PLAIN):  # no script
             assert row["script_us_per_chunk"] == 0 and by_name == {}
             continue
         if row["shape"] in (SCRIPT, PULLED):  # every command the input script runs
@@ -79,7 +81,7 @@ def test_a_small_run_measures_every_shape_and_both_clients(
     plot = output.with_suffix(".svg")
     assert f"(plot: {plot})" in printed
     titles = [t.text for t in ET.parse(plot).getroot().iter(f"{SVG}title")]
-    assert titles == [SCRIPT, PULLED, PULLED_PLAIN, PACKED, PLAIN, OUTPUT, BARE]
+    assert titles == [SCRIPT, PUSHED_PLAIN, PULLED, PULLED_PLAIN, PACKED, PLAIN, OUTPUT, BARE]
 
 
 def test_sessions_per_call_that_do_not_divide_the_sessions_are_refused(

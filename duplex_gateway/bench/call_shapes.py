@@ -7,10 +7,10 @@ event) of every session in its group, as a gateway's or a worker's call would.
   :class:`store.Scripts`, on sessions set up as the open script leaves them; the input script
   also to a worker that pulls its input (no push; the worker's one ``XREAD`` of all its
   sessions per 80 ms tick runs beside it, as a frame backend's worker reads);
-- the store's plain input append to a pulling worker (``store/input_appends.py``): a
-  ``MULTI`` of the XADDs the script would run, on the store's own connection, what a gateway
-  sends for a frame backend's sessions (the script is then its slow path); once with a
-  chunk a call, once with 80 ms (four chunks) a call, packed in one entry a session;
+- the store's plain input append (``store/input_appends.py``): a ``MULTI`` of the XADDs the
+  script would run, on the store's own connection, what a gateway sends (the script is then
+  its slow path): to a pushed worker with its push, to a pulling worker once with a chunk a
+  call and once with 80 ms (four chunks) a call, packed in one entry a session;
 - a plain ``MULTI {XADD ...; SPUBLISH}`` of the same entries under the same fence: the study's
   script-free input append, without the backlog bound, the lost-reply resend or the notice
   the script packs (the reference the input script is weighed against).
@@ -38,6 +38,7 @@ __all__ = [
     "PULLED_INPUT",
     "PULLED_PACKED_INPUT",
     "PULLED_PLAIN_INPUT",
+    "PUSHED_PLAIN_INPUT",
     "SHAPES",
     "Shape",
     "check_appended",
@@ -84,6 +85,9 @@ INPUT_SCRIPT: Final = Shape("project input script (APPEND_INPUT)", frozenset({"e
                             True)
 PULLED_INPUT: Final = Shape("project input script, pulling worker",
                             frozenset({"evalsha", "xread"}), True, pulled=True)
+PUSHED_PLAIN_INPUT: Final = Shape("project plain input (MULTI {XADD; SPUBLISH}), pushed worker",
+                                  frozenset({"multi", "xadd", "spublish", "exec"}), False,
+                                  own_connection=True)
 PULLED_PLAIN_INPUT: Final = Shape("project plain input (MULTI {XADD}), pulling worker",
                                   frozenset({"multi", "xadd", "exec", "xread"}), False,
                                   pulled=True, own_connection=True)
@@ -95,8 +99,8 @@ PLAIN_INPUT: Final = Shape("plain MULTI {XADD; SPUBLISH} input",
 OUTPUT_FLUSH: Final = Shape("project output flush (APPEND_OUTPUT)", frozenset({"evalsha"}),
                             True, output=True)
 #: Measured at every sessions-per-call split, in this order, after the bare publish.
-SHAPES: Final = (INPUT_SCRIPT, PULLED_INPUT, PULLED_PLAIN_INPUT, PULLED_PACKED_INPUT,
-                 PLAIN_INPUT, OUTPUT_FLUSH)
+SHAPES: Final = (INPUT_SCRIPT, PUSHED_PLAIN_INPUT, PULLED_INPUT, PULLED_PLAIN_INPUT,
+                 PULLED_PACKED_INPUT, PLAIN_INPUT, OUTPUT_FLUSH)
 #: A frame backend's tick, the pulling worker's clock.
 TICK_S: Final = 0.08
 
@@ -136,7 +140,8 @@ def shape_call(client: Redis, scripts: Scripts, shape: Shape, channel: str,
         async def publish(group: int) -> None:
             await client.spublish(channel, chunk)
         return publish
-    if shape in (INPUT_SCRIPT, PULLED_INPUT, PULLED_PLAIN_INPUT, PULLED_PACKED_INPUT):
+    if shape in (INPUT_SCRIPT, PUSHED_PLAIN_INPUT, PULLED_INPUT, PULLED_PLAIN_INPUT,
+                 PULLED_PACKED_INPUT):
         chunks = [(None, chunk)] * shape.chunks_per_call
 
         async def append(group: int) -> None:

@@ -226,8 +226,11 @@ def _redis_report(window: _Window, session_seconds: float,
     calls["info"] = calls.get("info", 0) - 1
     calls = {name: n for name, n in sorted(calls.items(), key=lambda kv: -kv[1]) if n > 0}
     usec = {name: us - before.usec.get(name, 0.0) for name, us in after.usec.items()}
+    # Inside a call: what scripts run, and what a MULTI carries (the input append's XADDs and
+    # push, store/input_appends.py: commands no process sends on their own). A transaction
+    # counts once, as its EXEC.
     in_scripts = sum(n for name, n in calls.items() if name in script_commands)
-    client = total - in_scripts
+    client = total - in_scripts - calls.get("multi", 0)
     return {"client_commands": client, "per_session_second": client / session_seconds,
             "commands_in_scripts": in_scripts,
             "in_scripts_per_session_second": in_scripts / session_seconds,

@@ -16,10 +16,11 @@ and by how busy Redis is, next to the sweep (:mod:`duplex_gateway.bench.relay`).
   ``--io-threads`` count (Valkey's I/O threads with ``--server valkey``).
 
 Per point: Redis us per chunk round trip (whole process, and its main thread where the server
-reports it), commands sent and run inside scripts per session-second (the generator's taken
-out), writes per session-second (the server's reads from clients, one per batch of commands
-that arrived together, less the generator's: a call, a pipelined batch or a ``MULTI`` block
-each count once), the server's core share, lossless and the p99 round trip.
+reports it), commands sent (a script call or a ``MULTI`` block one) and run inside them (a
+script's, a ``MULTI``'s) per session-second (the generator's taken out), writes per
+session-second (the server's reads from clients, one per batch of commands that arrived
+together, less the generator's: a call, a pipelined batch or a ``MULTI`` block each count
+once), the server's core share, lossless and the p99 round trip.
 """
 
 from __future__ import annotations

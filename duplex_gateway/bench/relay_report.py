@@ -306,7 +306,7 @@ _POINT_COLUMNS: Final[tuple[tuple[str, Callable[[dict[str, Any]], str]], ...]] =
     ("client core", lambda p: _fmt(p["clients"]["max_core_share"], 2)),
     ("loop p99 gw/wk", lambda p: _loop_lag_cell(p.get("event_loop_lag_ms") or {})),
     ("cmd sent", lambda p: _fmt((p["redis"] or {}).get("per_session_second"))),
-    ("in scripts", lambda p: _fmt((p["redis"] or {}).get("in_scripts_per_session_second"))),
+    ("in calls", lambda p: _fmt((p["redis"] or {}).get("in_scripts_per_session_second"))),
     ("KiB in+out", lambda p: _fmt(None if p["redis"] is None else (
         p["redis"]["bytes_in_per_session_second"]
         + p["redis"]["bytes_out_per_session_second"]) / 1024)),

@@ -171,11 +171,14 @@ def sweep_setups(gateways: Sequence[int], *, peer: bool) -> list[Setup]:
 
 
 def script_only_commands() -> frozenset[str]:
-    """Commands that only the store's Lua scripts run (read from ``store.lua``).
+    """Commands that only run inside a call: what the store's Lua scripts run (read from
+    ``store.lua``), which the input append's ``MULTI`` also carries (``XADD``, ``SPUBLISH``:
+    no process sends them on their own).
 
-    Redis counts a command run inside a script like one a client sent, so the client-side
-    count (round trips: a script call is one) is the total less these. The reads that the
-    Python code also issues itself stay client commands.
+    Redis counts a command run inside a script or a transaction like one a client sent, so
+    the client-side count (round trips: a script call or a transaction is one) is the total
+    less these (and each transaction's ``MULTI``). The reads that the Python code also issues
+    itself stay client commands.
     """
     from store import lua
 

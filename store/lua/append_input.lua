@@ -1,10 +1,11 @@
 -- Append client commands to the input logs of one or more sessions of ONE worker (they share
 -- its hash slot), deduplicated by client sequence number, the new entries pushed to the worker
 -- in one notice per call (DESIGN §2.3, §2.4). A gateway batches every session it serves on a
--- worker into one call. A pulling worker's sessions take this script only when their writer
--- cannot append them as plain XADDs in a MULTI (store/input_appends.py: it does not know
--- where a log stands, the entries may reach a cap, or a plain append was refused or its
--- reply lost); those XADDs are the ones below, so either path reads the other's entries.
+-- worker into one call. On the store's own connections sessions take this script only when
+-- their writer cannot append them as plain XADDs in a MULTI (store/input_appends.py: it does
+-- not know where a log stands, the entries may reach a cap, or a plain append was refused or
+-- its reply lost); those entries are the ones below (or several commands packed in one, which
+-- readers unpack), so either path reads the other's.
 -- KEYS[1] worker channel
 -- KEYS[2i], KEYS[2i+1] (i = 1..n) session record, input log of the i-th session
 -- ARGV[1] input log max entries (the most unread commands a session may have)

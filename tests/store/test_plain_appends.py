@@ -10,6 +10,7 @@ test counts what Redis ran (``INFO commandstats``), so the path taken is shown, 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,10 +20,12 @@ from redis.asyncio import Redis
 from contract.reasons import CloseReason
 from store import AppendResult, LeaseLost, Scripts, SessionGone, StoreUnavailable, create_client
 from store.errors import Gone
-from store.keys import SessionKeys
-from store.logs import read_input
+from store.keys import SessionKeys, WorkerKeys
+from store.logs import WriteToken, read_input
+from store.pubsub import Subscriber
+from store.pushes import FenceRaised, InputPushed, Push, SessionEnded, SessionPlaced
 from tests.faultproxy import FaultProxy
-from tests.store._support import digest, open_session, register_worker
+from tests.store._support import EPOCH, digest, open_session, register_worker, spublish
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -54,8 +57,8 @@ async def test_a_batch_goes_as_one_multi_one_entry_a_session_and_dedups_by_clien
     """Two sessions of a pulling worker in one call: one MULTI, one XADD a session (its two
     commands packed in one entry, numbered up to its last command's index), no script; a
     resend of commands already taken appends only the new one, and a batch with nothing new
-    sends nothing. Read back, every command has its own index. A pushed worker's sessions
-    take the script."""
+    sends nothing. Read back, every command has its own index. A pushed worker's session
+    appends one entry a command, and its push, in the MULTI."""
     wid = await register_worker(own, pulls=True)
     first, second = [await open_session(own, wid) for _ in range(2)]
     before = await ran(redis_client)
@@ -83,7 +86,8 @@ async def test_a_batch_goes_as_one_multi_one_entry_a_session_and_dedups_by_clien
     pushed = await open_session(own, await register_worker(own))
     before = await ran(redis_client)
     await own.append_input(pushed.lease, [(1, b"a"), (2, b"b")], max_entries=100)
-    assert await ran_since(redis_client, before, "evalsha", "exec") == (1, 0)
+    assert await ran_since(redis_client, before, "evalsha", "exec", "xadd", "spublish") == (
+        0, 1, 2, 1)
     assert await redis_client.xlen(SessionKeys(pushed.session_id).input_log) == 3
 
 
@@ -303,3 +307,46 @@ async def test_a_full_redis_refuses_a_plain_append_whole(
     assert await read_input(redis_client, opened.session_id, 0) == [
         (1, b"a"), (2, b"b"), (3, b"c")]
     assert await ran_since(redis_client, before, "exec", "evalsha") == (1, 0)
+
+
+async def test_a_stale_writers_push_comes_after_the_notice_of_its_fence(
+    own: Scripts, redis_client: Redis
+) -> None:
+    """A pushed worker's session: the holder of generation 1 appends plainly (entry and push
+    in one MULTI); a resume raises the fence and tells the worker (FenceRaised); the old
+    holder's next append is refused by Redis, yet its push goes out, after the notice, under
+    the old fence: the order the worker's check relies on (inference_worker/input_fences.py).
+    The new holder's push comes under the new fence, and the log holds none of the stale
+    commands."""
+    wid = await register_worker(own)
+    channel = WorkerKeys(wid).input_channel
+    subscriber = Subscriber(redis_client)
+    await subscriber.start()
+    queue: asyncio.Queue[Push | None] = asyncio.Queue()
+    other = Scripts(redis_client, own_connection=True)
+    try:
+        await subscriber.subscribe(channel, queue.put_nowait)
+        opened = await open_session(own, wid)
+        sid = opened.session_id
+        await own.append_input(opened.lease, [(1, b"a")], max_entries=100)
+        resumed = await other.resume(sid, tenant=opened.lease.tenant,
+                                     presented_digest=digest(opened.token),
+                                     new_digest=digest("t2"), control_id="c1")
+        assert resumed.lease is not None
+        with pytest.raises(LeaseLost):
+            await own.append_input(opened.lease, [(2, b"late")], max_entries=100)
+        await other.append_input(resumed.lease, [(2, b"b")], max_entries=100)
+        await other.append_input(resumed.lease, [(3, b"c")], max_entries=100)
+        await spublish(redis_client, channel, [b"c", b"sentinel"])
+        pushes: list[Push | None] = []
+        while (push := await asyncio.wait_for(queue.get(), 10)) != SessionEnded("sentinel"):
+            pushes.append(push)
+    finally:
+        await other.aclose()
+        await subscriber.aclose()
+    token_1, token_2 = WriteToken(EPOCH, 1), WriteToken(EPOCH, 2)
+    assert [push for push in pushes if not isinstance(push, SessionPlaced)] == [
+        InputPushed(sid, 1, [b"a"], token_1, 2), FenceRaised(sid, 4),
+        InputPushed(sid, 2, [b"late"], token_1, 2),
+        InputPushed(sid, 2, [b"b"], token_2, 4), InputPushed(sid, 3, [b"c"], token_2, 4)]
+    assert await read_input(redis_client, sid, 0) == [(1, b"a"), (2, b"b"), (3, b"c")]
