@@ -5,6 +5,8 @@ a pushed worker's channel tells it of its sessions' fences."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from redis.asyncio import Redis
@@ -48,6 +50,20 @@ async def _pushes_before_sentinel(redis_client: Redis, channel: str,
     return pushes
 
 
+@contextlib.asynccontextmanager
+async def listening(redis_client: Redis, channel: str
+                    ) -> AsyncIterator[Callable[[], Awaitable[list[Push | None]]]]:
+    """Subscribed to ``channel`` for the block; what it yields reads every push so far."""
+    subscriber = Subscriber(redis_client)
+    await subscriber.start()
+    queue: asyncio.Queue[Push | None] = asyncio.Queue()
+    try:
+        await subscriber.subscribe(channel, queue.put_nowait)
+        yield lambda: _pushes_before_sentinel(redis_client, channel, queue)
+    finally:
+        await subscriber.aclose()
+
+
 @pytest.mark.parametrize("pulls", [False, True], ids=["pushed worker", "pulling worker"])
 async def test_an_append_pushes_to_a_pushed_worker_only(
         scripts: Scripts, redis_client: Redis, pulls: bool) -> None:
@@ -55,18 +71,12 @@ async def test_an_append_pushes_to_a_pushed_worker_only(
     the entries, a pulling worker's gets the placement alone; both logs hold them."""
     worker_id = await register_worker(scripts, worker_id=new_worker_id(pulls_input=pulls))
     channel = WorkerKeys(worker_id).input_channel
-    subscriber = Subscriber(redis_client)
-    await subscriber.start()
-    queue: asyncio.Queue[Push | None] = asyncio.Queue()
-    try:
-        await subscriber.subscribe(channel, queue.put_nowait)
+    async with listening(redis_client, channel) as heard:
         opened = await open_session(scripts, worker_id)
         result = await scripts.append_input(opened.lease, [(1, cmd(1)), (2, cmd(2))],
                                             max_entries=100)
         assert result.appended == 2
-        pushes = await _pushes_before_sentinel(redis_client, channel, queue)
-    finally:
-        await subscriber.aclose()
+        pushes = await heard()
     assert pushes[0] == SessionPlaced(opened.session_id)
     inputs = [push for push in pushes[1:] if isinstance(push, InputPushed)]
     assert [(push.first_index, push.payloads) for push in inputs] == (
@@ -113,11 +123,7 @@ async def test_each_raise_of_a_fence_tells_the_worker_before_what_follows(
     a detach that changes nothing says nothing."""
     worker_id = await register_worker(scripts)
     channel = WorkerKeys(worker_id).input_channel
-    subscriber = Subscriber(redis_client)
-    await subscriber.start()
-    queue: asyncio.Queue[Push | None] = asyncio.Queue()
-    try:
-        await subscriber.subscribe(channel, queue.put_nowait)
+    async with listening(redis_client, channel) as heard:
         holder = A
         opened = await open_session(scripts, worker_id, holder=holder)
         sid = opened.session_id
@@ -132,9 +138,7 @@ async def test_each_raise_of_a_fence_tells_the_worker_before_what_follows(
         await scripts.append_input(resumed.lease, [(2, cmd(2))], max_entries=100)
         await expire_lease(redis_client, scripts, worker_id, holder)
         assert (await scripts.reap(worker_id)).detached == 1
-        pushes = await _pushes_before_sentinel(redis_client, channel, queue)
-    finally:
-        await subscriber.aclose()
+        pushes = await heard()
     assert [push for push in pushes if not isinstance(push, SessionPlaced)] == [
         InputPushed(sid, 1, [cmd(1)], WriteToken(EPOCH, 1), 2), FenceRaised(sid, 3),
         FenceRaised(sid, 4), InputPushed(sid, 2, [cmd(2)], WriteToken(EPOCH, 2), 4),

@@ -18,6 +18,7 @@ from redis.typing import EncodableT, FieldT
 
 from contract.messages import Heartbeat, HeartbeatAck, SessionClosed, encode_message
 from inference_worker.sessions import is_current
+from store import Lease
 from store.keys import SessionKeys, WorkerKeys
 from store.logs import WriteToken
 from tests.store._support import EPOCH, digest, events_of, open_session, spublish, until
@@ -87,6 +88,18 @@ ROGUES: dict[str, tuple[Fields, list[Any]]] = {
 }
 
 
+async def resumed_after_a_heartbeat(running: Running) -> tuple[str, Lease]:
+    """A session whose first holder's heartbeat was answered, then resumed (generation 2):
+    its id and the new lease."""
+    opened = await open_session(running.scripts, running.worker.worker_id)
+    await heartbeat(running, opened.lease, 1)
+    resumed = await running.scripts.resume(
+        opened.session_id, tenant=opened.lease.tenant, presented_digest=digest(opened.token),
+        new_digest=digest("second"), control_id="c1")
+    assert resumed.lease is not None and resumed.lease.generation == 2
+    return opened.session_id, resumed.lease
+
+
 @pytest.mark.parametrize("pushed", [False, True], ids=["read", "pushed"])
 @pytest.mark.parametrize("rogue", list(ROGUES))
 async def test_input_under_a_stale_token_is_not_applied(running: Running, rogue: str,
@@ -95,19 +108,13 @@ async def test_input_under_a_stale_token_is_not_applied(running: Running, rogue:
     generation 1 (or another epoch, or no token) is refused, whether the worker reads it from
     the log or gets it pushed: not applied, counted once, and the worker's position moves past
     it (it is not read again, and the input after it is applied)."""
-    opened = await open_session(running.scripts, running.worker.worker_id)
-    sid = opened.session_id
-    await heartbeat(running, opened.lease, 1)
-    resumed = await running.scripts.resume(
-        sid, tenant=opened.lease.tenant, presented_digest=digest(opened.token),
-        new_digest=digest("second"), control_id="c1")
-    assert resumed.lease is not None and resumed.lease.generation == 2
-    await heartbeat(running, resumed.lease, 2)
+    sid, resumed = await resumed_after_a_heartbeat(running)
+    await heartbeat(running, resumed, 2)
 
     fields, notice_token = ROGUES[rogue]
     index = await write_around_the_script(running, sid, fields, notice_token, pushed=pushed)
     await until(lambda: stale_commands(running) >= 1, "the entry refused")
-    await heartbeat(running, resumed.lease, 3)
+    await heartbeat(running, resumed, 3)
 
     async def trimmed_past_it() -> bool:
         first: Any = await running.client.xrange(SessionKeys(sid).input_log, count=1)
@@ -134,18 +141,12 @@ async def test_a_push_under_a_fence_a_resume_raised_is_dropped(running: Running)
     fence 4. The worker drops it, counted as a stale push (no entry was refused: there is
     none); the new holder's command, under the same index, is applied, and the session goes
     on (had the push been applied, the new command would read as a log that went back)."""
-    opened = await open_session(running.scripts, running.worker.worker_id)
-    sid = opened.session_id
-    await heartbeat(running, opened.lease, 1)
-    resumed = await running.scripts.resume(
-        sid, tenant=opened.lease.tenant, presented_digest=digest(opened.token),
-        new_digest=digest("second"), control_id="c1")
-    assert resumed.lease is not None
+    sid, resumed = await resumed_after_a_heartbeat(running)
     stale = encode_message(Heartbeat(event_id="from-the-replaced-connection"))
     await spublish(running.client, WorkerKeys(running.worker.worker_id).input_channel,
                    ["i", sid, 2, [stale], EPOCH, 1, 2])
     await until(lambda: stale_pushes(running) >= 1, "the stale push dropped")
-    await heartbeat(running, resumed.lease, 2)
+    await heartbeat(running, resumed, 2)
     events = [event for _, event in await events_of(running.client, sid)]
     assert sum(isinstance(event, HeartbeatAck) for event in events) == 2
     assert not any(isinstance(event, SessionClosed) for event in events)
