@@ -57,10 +57,11 @@ TRANSPORT_KEY = "duplex_gateway.transport"
 #: The ``scope["extensions"]`` key of the connection's
 #: :meth:`~GatewayWebSocketProtocol.send_text_now`.
 SEND_NOW_KEY = "duplex_gateway.send_now"
-# How long a connection whose message was too large keeps reading (and dropping) what the
-# client still sends, so its close is not a reset; then the socket is closed regardless.
-_REFUSED_DRAIN_S = 2.0
-
+# A connection whose message was too large keeps reading (and dropping) what the client still
+# sends, so its close is not a reset: until the client has sent nothing for the first time
+# (what it sent last is read by then), and never longer than the second.
+_REFUSED_QUIET_S = 2.0
+_REFUSED_DRAIN_MAX_S = 20.0
 
 
 class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
@@ -73,8 +74,11 @@ class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
         logging.getLogger(__name__), interval_s=10.0)
 
     #: Set once a too-large message was refused: the rest of what the client sends is read
-    #: and dropped until it closes (or :data:`_REFUSED_DRAIN_S` passes).
+    #: and dropped until it closes (or goes quiet: :data:`_REFUSED_QUIET_S`).
     draining_refused: bool = False
+    # The loop's time at which the drain began and at which the client last sent something.
+    _drain_started: float = 0.0
+    _drain_heard: float = 0.0
 
     def handle_parser_exception(self) -> None:
         # A message over the limit (uvicorn's ws_max_size is MAX_FRAME_BYTES): the websocket
@@ -98,11 +102,26 @@ class GatewayWebSocketProtocol(WebSocketsSansIOProtocol):
             self.transport.resume_reading()
         if self.transport.can_write_eof():
             self.transport.write_eof()
-        self.loop.call_later(_REFUSED_DRAIN_S, self.transport.close)
+        self._drain_started = self._drain_heard = self.loop.time()
+        self.loop.call_later(_REFUSED_QUIET_S, self._end_drain)
+
+    def _end_drain(self) -> None:
+        """Close the drained socket once the client went quiet (a slow client may still be
+        sending the refused message's rest, which a close now would meet with a reset) or
+        the drain's bound passed; else look again when it could have."""
+        now = self.loop.time()
+        quiet_at = self._drain_heard + _REFUSED_QUIET_S
+        give_up_at = self._drain_started + _REFUSED_DRAIN_MAX_S
+        if now >= min(quiet_at, give_up_at) or self.transport.is_closing():
+            self.transport.close()
+            return
+        self.loop.call_at(min(quiet_at, give_up_at), self._end_drain)
 
     def data_received(self, data: bytes) -> None:
         if self.draining_refused:
-            return  # the rest of a refused message, or whatever follows it: dropped
+            # The rest of a refused message, or whatever follows it: dropped.
+            self._drain_heard = self.loop.time()
+            return
         super().data_received(data)
 
     async def run_asgi(self) -> None:

@@ -150,6 +150,7 @@ class OutputWriter:
         """
         trims = {session_id: trim for session_id, session, _ in batch
                  if (trim := _trim_due(session))}
+        routes = self._scripts.route_changes
         try:
             outcomes = await self._scripts.append_output_many(
                 [OutputAppend(session_id=session_id, events=session.unsent,
@@ -157,7 +158,8 @@ class OutputWriter:
                               input_trim_to=trims.get(session_id, 0),
                               input_trim_fence=session.applied_fence,
                               output_log_max_entries=session.output_log_max_entries,
-                              session=session.unsent_session)
+                              session=session.unsent_session,
+                              top_known_at=session.output_known_at)
                  for session_id, session, reason in batch])
         except WorkerFenced:
             self._fence()
@@ -174,7 +176,8 @@ class OutputWriter:
         for session_id, session, _ in batch:
             if session_id in trims:
                 session.trimmed_to = max(session.trimmed_to, trims[session_id])
-        self._settle(batch, outcomes)
+        self._settle(batch, outcomes,
+                     routes if self._scripts.route_changes == routes else None)
         return True
 
     async def _write_apart(self, batch: list[OutputPart], exc: Exception) -> bool:
@@ -194,8 +197,9 @@ class OutputWriter:
         return True
 
     def _settle(self, batch: list[OutputPart],
-                outcomes: list[int | SessionGone | OutputMismatch]) -> None:
-        """Apply the outcome of a write to each of its sessions."""
+                outcomes: list[int | SessionGone | OutputMismatch], routes: int | None) -> None:
+        """Apply the outcome of a write to each of its sessions; ``routes``: the store's
+        route changes it was answered at (None: they changed meanwhile)."""
         for (session_id, session, reason), outcome in zip(batch, outcomes, strict=True):
             if isinstance(outcome, SessionGone):
                 self._sessions.forget(session_id)
@@ -209,6 +213,8 @@ class OutputWriter:
                               f"{outcome.status}: events from seq {outcome.first_seq},"
                               f" the log ends at {outcome.last_seq}")
                 continue
+            if session.unsent:
+                session.output_known_at = routes
             session.next_seq += len(session.unsent)
             session.unsent, session.unsent_session = [], None
             if reason is not None:

@@ -117,6 +117,10 @@ class Session:
     # INPUT_TRIM_EVERY): a session gone quiet past it gets a write without events from the
     # poll, so nothing applied stays.
     trimmed_to: int = 0
+    # The store's route changes (Scripts.route_changes) when an append of its events was last
+    # answered: while they stay the same, its output log ends before next_seq and the next
+    # append need not read its end (store/output_appends.py). None: not known.
+    output_known_at: int | None = None
     # The bound of its output log (its record's): each append names it, so none reads it.
     output_log_max_entries: int | None = None
     # The write fence of the newest input entry applied: with its index, that entry's ID,

@@ -2,12 +2,14 @@
 
 Every status a script can answer is a member of one of these enums (their values are the
 scripts' own words), and every answer with more than a status is a frozen dataclass, so a
-caller matches on members, never on strings.
+caller matches on members, never on strings. :func:`reply_text` reads a reply's text,
+:func:`json_argument` writes a JSON object as an argument.
 """
 
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,7 +34,19 @@ __all__ = [
     "TrimStatus",
     "WorkerBeat",
     "WorkerState",
+    "json_argument",
+    "reply_text",
 ]
+
+
+def reply_text(value: object) -> str:
+    """A reply (bytes from the store's own connections, str from a decoding client) as text."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def json_argument(value: JsonObject | None) -> str:
+    """A JSON object as a script argument ('' for None)."""
+    return "" if value is None else json.dumps(value, separators=(",", ":"), allow_nan=False)
 
 class OpenStatus(enum.StrEnum):
     """Outcome of placing a session on one worker."""
@@ -212,6 +226,9 @@ class OutputAppend:
             record, one read more.
         session: the session object of the newest ``session.updated`` among ``events``, stored
             in the record with them (what a resume announces); None: leave it.
+        top_known_at: :attr:`Scripts.route_changes` when an append of this session that
+            ended just before ``first_seq`` was answered (None: not known). While it stays
+            the same, the append skips reading the log's end (``store/output_appends.py``).
     """
 
     session_id: str
@@ -222,6 +239,7 @@ class OutputAppend:
     input_trim_fence: int = 0
     output_log_max_entries: int | None = None
     session: JsonObject | None = None
+    top_known_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

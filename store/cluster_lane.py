@@ -86,6 +86,13 @@ class ClusterLane:
         #: Calls routed, by kind ("script", "transaction"): for tests and benchmarks.
         self.calls = {"script": 0, "transaction": 0}
 
+    @property
+    def route_changes(self) -> int:
+        """Connections made to any node, redirections followed and maps read: a write answered
+        on one stands while none of these happened (see ``store/output_appends.py``)."""
+        return (sum(lane.route_changes for lane in self._lanes.values()) + self.refreshes
+                + self.redirections["moved"] + self.redirections["ask"])
+
     async def evalsha(self, sha: str, source: str | bytes, keys: Sequence[str],
                       args: Sequence[Any]) -> Any:
         """Run the script whose SHA1 is ``sha`` on the node that serves its keys' slot.

@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from store.answers import AppendResult, Lease
+from store.answers import AppendResult, Lease, reply_text
 from store.client import REDIS_ERRORS
 from store.errors import Gone, LeaseLost, SessionGone
 from store.keys import session_keys, worker_pulls_input
@@ -152,7 +152,7 @@ class InputWriters:
         knew: the gateway's connection core ends such a session (``log_rewound``)."""
         results: list[Outcome] = []
         for (lease, _), answer in zip(batch, answers, strict=True):
-            status, session_id = _text(answer[0]), lease.session_id
+            status, session_id = reply_text(answer[0]), lease.session_id
             if status == "stale":
                 self.forget(session_id)
                 results.append(LeaseLost(session_id, int(answer[3])))
@@ -327,7 +327,3 @@ def _within_caps(known: _Position, rows: Sequence[_Row], max_entries: int, max_b
         return True
     adding = sum(len(payload) for _, _, payload, _ in rows)
     return 2 * known.held * (known.biggest + 64) + 8192 + adding <= max_bytes
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

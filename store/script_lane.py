@@ -65,6 +65,9 @@ class ScriptLane:
         self._connecting: asyncio.Lock | None = None
         self._watchdog: asyncio.TimerHandle | None = None
         self._closed = False
+        #: Connections made: a write answered on one stands while no other was made (see
+        #: ``store/output_appends.py``).
+        self.route_changes = 0
 
     async def evalsha(self, sha: str, source: str | bytes, keys: Sequence[str],
                       args: Sequence[Any], *, asking: bool = False) -> Any:
@@ -168,6 +171,7 @@ class ScriptLane:
                     connection.abort(RedisConnectionError("the script lane closed"))
                     raise RedisConnectionError("the script lane is closed")
                 self._connection = connection
+                self.route_changes += 1
                 # Asking Sentinel where the master is runs redis-py, which can swallow a
                 # cancellation (store.errors.raise_if_cancelled); the calls on this
                 # connection itself cannot, so this is the lane's one check.

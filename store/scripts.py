@@ -52,15 +52,15 @@ from store.answers import (
     TrimStatus,
     WorkerBeat,
     WorkerState,
+    json_argument,
+    reply_text,
 )
 from store.census import NO_ENGINE, TickTime, encode_tick
 from store.client import REDIS_ERRORS
 from store.cluster_lane import ClusterLane
 from store.directory import WorkerProfile
 from store.errors import (
-    Gone,
     LeaseLost,
-    Mismatch,
     OutputMismatch,
     SessionGone,
     StoreError,
@@ -78,6 +78,7 @@ from store.keys import (
     tenant_opens,
     tenant_sessions,
 )
+from store.output_appends import append_output
 from store.resp import endpoint_of
 from store.script_lane import ScriptLane
 
@@ -136,15 +137,6 @@ def _new_call_id() -> str:
     return f"{_call_prefix}.{next(_call_counter):x}"
 
 
-def _str(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _json_text(value: JsonObject | None) -> str:
-    """A JSON object as a script argument ('' for None)."""
-    return "" if value is None else json.dumps(value, separators=(",", ":"), allow_nan=False)
-
-
 def _json_object(value: Any) -> JsonObject | None:
     """A JSON object a script returned (None for '' or anything that is not one: only our
     scripts write these fields, so a bad one is treated as absent, never trusted)."""
@@ -181,6 +173,7 @@ class Scripts:
         self._detach = register(lua.DETACH)
         self._append_input = register(lua.APPEND_INPUT)
         self._append_output = register(lua.APPEND_OUTPUT)
+        self._flush_output = register(lua.FLUSH_OUTPUT)
         self._close = register(lua.CLOSE_SESSION)
         self._abandon = register(lua.ABANDON_OPEN)
         self._reap = register(lua.REAP)
@@ -265,9 +258,10 @@ class Scripts:
              w.gateways, w.held, k.input_log, k.output_log],
             [session_id, epoch, token_digest, tenant, policy.disconnect_grace_ms,
              policy.idle_ttl_ms, policy.output_log_max_entries, policy.closed_retention_ms,
-             gateway_id, lease_ms, _json_text(session), _json_text(capabilities), model or ""],
+             gateway_id, lease_ms, json_argument(session), json_argument(capabilities),
+             model or ""],
         )
-        status = OpenStatus(_str(answer[0]))
+        status = OpenStatus(reply_text(answer[0]))
         if status is OpenStatus.OK:
             self._writers.attached(session_id, 1, index=0, client_seq=0, biggest=0,
                                    held=OPENED_HELD)
@@ -296,11 +290,11 @@ class Scripts:
             [presented_digest, new_digest, control_id, session_id, tenant,
              RESUME_RETRY_WINDOW_MS, _new_call_id(), gateway_id, lease_ms, attempt],
         )
-        status = ResumeStatus(_str(answer[0]))
+        status = ResumeStatus(reply_text(answer[0]))
         lease = None
         if status in (ResumeStatus.OK, ResumeStatus.CLOSED):
-            lease = Lease(session_id=session_id, epoch=_str(answer[2]), generation=int(answer[1]),
-                          tenant=tenant)
+            lease = Lease(session_id=session_id, epoch=reply_text(answer[2]),
+                          generation=int(answer[1]), tenant=tenant)
             self._writers.attached(session_id, lease.generation, index=int(answer[8]),
                                    client_seq=int(answer[3]), biggest=int(answer[9]))
         return ResumeResult(
@@ -319,7 +313,7 @@ class Scripts:
             [lease.session_id, lease.epoch, lease.generation, lease.tenant, grace_ms],
         )
         self._writers.forget(lease.session_id)
-        return DetachStatus(_str(answer))
+        return DetachStatus(reply_text(answer))
 
     async def append_input(
         self, lease: Lease, entries: Sequence[tuple[int | None, bytes]], *, max_entries: int,
@@ -370,7 +364,7 @@ class Scripts:
         """Count ``session_id`` against ``tenant_id``'s cap; False when the tenant is full."""
         answer = await self._run(self._tenant, [tenant_sessions(tenant_id)],
                                  ["reserve", cap, lease_ms, session_id])
-        return TenantStatus(_str(answer)) is TenantStatus.OK
+        return TenantStatus(reply_text(answer)) is TenantStatus.OK
 
     async def renew_tenant_slots(self, tenant_id: str, session_ids: Sequence[str], *,
                                  lease_ms: int) -> list[bool]:
@@ -378,7 +372,7 @@ class Scripts:
         when its place was released already (it ended): a renewal never takes a place back."""
         answer = await self._run(self._tenant, [tenant_sessions(tenant_id)],
                                  ["renew", 0, lease_ms, *session_ids])
-        return [TenantStatus(_str(status)) is TenantStatus.OK for status in answer]
+        return [TenantStatus(reply_text(status)) is TenantStatus.OK for status in answer]
 
     async def release_tenant_slot(self, tenant_id: str, session_id: str) -> None:
         """Stop counting a session (it ended, or its open did not land)."""
@@ -439,7 +433,8 @@ class Scripts:
     async def append_output_many(
         self, batch: Sequence[OutputAppend]
     ) -> list[int | SessionGone | OutputMismatch]:
-        """One script call for several sessions of ONE worker.
+        """One call for several sessions of ONE worker (two when some go the fast way and
+        are refused there: ``store/output_appends.py``).
 
         Returns per session its first seq (0 if it had no events) or its error; each
         session's input log is trimmed to its ``input_trim_to``.
@@ -447,38 +442,18 @@ class Scripts:
         Raises:
             WorkerFenced: the worker was declared lost (nothing was written).
         """
-        worker = session_keys(batch[0].session_id).worker
-        keys = [worker.record, worker.sessions, worker.deadlines, worker.input_channel,
-                worker.ended, worker.gateways, worker.held]
-        args: list[Any] = []
-        for item in batch:
-            k = session_keys(item.session_id)
-            if k.worker.worker_id != worker.worker_id:
-                raise ValueError("append_output_many takes sessions of one worker only")
-            keys += [k.record, k.input_log, k.output_log, k.output_channel]
-            terminal = b""
-            if item.close_reason is not None:
-                terminal = encode_message(SessionClosed(reason=item.close_reason))
-            trim_to = (f"{item.input_trim_fence}-{item.input_trim_to}"
-                       if item.input_trim_to else "")
-            bound = item.output_log_max_entries
-            args += [item.session_id, item.first_seq, "" if bound is None else bound, trim_to,
-                     terminal, item.close_reason or "", _json_text(item.session),
-                     len(item.events), *item.events]
-        answers = await self._run(self._append_output, keys, args)
-        if answers and _str(answers[0]) == "fenced":
-            raise WorkerFenced(f"worker {worker.worker_id} was declared lost")
-        results: list[int | SessionGone | OutputMismatch] = []
-        for item, answer in zip(batch, answers, strict=True):
-            status = _str(answer[0])
-            if status == "ok":
-                results.append(int(answer[1]))
-            elif status in (Mismatch.GAP, Mismatch.CONFLICT):
-                results.append(OutputMismatch(item.session_id, Mismatch(status), item.first_seq,
-                                              int(answer[1])))
-            else:
-                results.append(SessionGone(item.session_id, Gone(status)))
-        return results
+        return await append_output(
+            batch, careful=lambda keys, args: self._run(self._append_output, keys, args),
+            fast=None if self._lane is None else (
+                lambda keys, args: self._call(self._flush_output, keys, args)),
+            route_changes=self.route_changes)
+
+    @property
+    def route_changes(self) -> int | None:
+        """How many connections the store's own connections made and redirections they
+        followed (``OutputAppend.top_known_at``); None without them (redis-py's pool
+        reconnects unseen)."""
+        return None if self._lane is None else self._lane.route_changes
 
     async def close_session(self, session_id: str, reason: CloseReason) -> CloseStatus:
         """End a session with ``session.closed`` unless it already ended. Idempotent."""
@@ -486,7 +461,7 @@ class Scripts:
         answer = await self._run(
             self._close, self._close_keys(session_id), [session_id, terminal, reason]
         )
-        return CloseStatus(_str(answer))
+        return CloseStatus(reply_text(answer))
 
     async def abandon_open(self, session_id: str, *,
                            tombstone_ttl_ms: int = 600_000) -> AbandonStatus:
@@ -494,7 +469,7 @@ class Scripts:
         terminal = encode_message(SessionClosed(reason=CloseReason.OPEN_ABANDONED))
         keys = [*self._close_keys(session_id), SessionKeys(session_id).abandoned]
         answer = await self._run(self._abandon, keys, [session_id, terminal, tombstone_ttl_ms])
-        return AbandonStatus(_str(answer))
+        return AbandonStatus(reply_text(answer))
 
     async def reap(self, worker_id: str, *, budget: int = 100,
                    outage_ms: int = DEFAULT_REAP_OUTAGE_MS, release_budget: int = 1000,
@@ -520,11 +495,11 @@ class Scripts:
         answer = await self._run(self._reap, worker_keys,
                                  [budget, outage_ms, release_budget, lease_ms])
         released = EndedSession.parse_all(answer[2])
-        actions = [("lost", _str(sid), "") for sid in answer[1]]
+        actions = [("lost", reply_text(sid), "") for sid in answer[1]]
         for member in answer[3]:
-            gateway_id, _, session_id = _str(member).partition(" ")
+            gateway_id, _, session_id = reply_text(member).partition(" ")
             actions.append(("detach", session_id, gateway_id))
-        actions += [("due", _str(sid), "") for sid in answer[4]]
+        actions += [("due", reply_text(sid), "") for sid in answer[4]]
         ended = detached = 0
         batch = max(budget, 1)
         for start in range(0, len(actions), batch):
@@ -541,7 +516,7 @@ class Scripts:
             ended += int(done[0])
             detached += int(done[1])
             released += EndedSession.parse_all(done[2])
-        return Reaped(state=WorkerState(_str(answer[0])), ended=ended,
+        return Reaped(state=WorkerState(reply_text(answer[0])), ended=ended,
                       released=tuple(released), detached=detached, outage_ms=int(answer[5]))
 
     async def announce_gateway(self, gateway_id: str, *, ttl_ms: int) -> tuple[str, ...]:
@@ -549,7 +524,7 @@ class Scripts:
         listed live now (this one included), the reapers share the workers out among."""
         answer = await self._run(self._gateway_announce, [GATEWAY_DIRECTORY],
                                  [gateway_id, ttl_ms])
-        return tuple(sorted(_str(member) for member in answer))
+        return tuple(sorted(reply_text(member) for member in answer))
 
     async def renew_attachment_lease(self, worker_id: str, holder: AttachmentHolder | None, *,
                                      trims: Sequence[OutputTrim] = (),
@@ -583,7 +558,7 @@ class Scripts:
             [slots, ttl_ms, int(register), int(drain), int(admit), published,
              backend if register else "", encode_tick(tick), served],
         )
-        state = WorkerState(_str(answer[0]))
+        state = WorkerState(reply_text(answer[0]))
         if state is WorkerState.LOST:
             raise WorkerFenced(f"worker {worker_id} was declared lost")
         return WorkerBeat(state=state, alive_until_ms=int(answer[1]))

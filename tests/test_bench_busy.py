@@ -25,9 +25,13 @@ PULLED_PLAIN = "project plain input (MULTI {XADD}), pulling worker"
 PUSHED_PLAIN = "project plain input (MULTI {XADD; SPUBLISH}), pushed worker"
 PACKED = "project plain input, pulling worker, 80 ms a call"
 PLAIN = "plain MULTI {XADD; SPUBLISH} input"
-OUTPUT = "project output flush (APPEND_OUTPUT)"
-SHAPES = (SCRIPT, PUSHED_PLAIN, PULLED, PULLED_PLAIN, PACKED, PLAIN,
-                       OUTPUT)
+OUTPUT = "project output flush, full script (APPEND_OUTPUT)"
+KNOWN_OUTPUT = "project output flush, log ends known (FLUSH_OUTPUT)"
+FRAME_OUTPUT = "project output flush, log ends known, 80 ms a call"
+SHAPES = (SCRIPT, PUSHED_PLAIN, PULLED, PULLED_PLAIN, PACKED, PLAIN, OUTPUT, KNOWN_OUTPUT,
+          FRAME_OUTPUT)
+#: The shapes that carry 80 ms a session a call.
+EIGHTY_MS = (PACKED, FRAME_OUTPUT)
 
 
 def run_cli(*argv: str) -> int:
@@ -46,8 +50,9 @@ def _check_counts(row: dict[str, object], per_call: int) -> None:
     three commands per session (xlen, xadd, spublish) at one session per call, two to a
     pulling worker (no push; its reads counted as sent); the output flush reads its worker's
     state once per call (the lost-worker fence) and runs three per session at any split
-    (xrevrange, xadd, spublish: each session's gateway has its own channel)."""
-    calls_per_session_s = (12.5 if row["shape"] == PACKED else 50) / per_call
+    (xrevrange, xadd, spublish: each session's gateway has its own channel), or with its
+    log ends known two (no xrevrange), at one call per 80 ms for a frame backend's."""
+    calls_per_session_s = (12.5 if row["shape"] in EIGHTY_MS else 50) / per_call
     assert row["writes_per_session_s"] == pytest.approx(calls_per_session_s)
     sent, inside = row["commands_sent_per_session_s"], row["in_scripts_per_session_s"]
     assert isinstance(sent, float) and isinstance(inside, float)
@@ -63,6 +68,8 @@ def _check_counts(row: dict[str, object], per_call: int) -> None:
         assert inside == 0
     elif row["shape"] == OUTPUT:
         assert inside == pytest.approx(150 + calls_per_session_s)
+    elif row["shape"] in (KNOWN_OUTPUT, FRAME_OUTPUT):
+        assert inside == pytest.approx(2 * calls_per_session_s * per_call + calls_per_session_s)
     elif per_call == 1:
         assert inside == pytest.approx(100 if row["shape"] == PULLED else 150)
 
@@ -91,7 +98,7 @@ def test_a_busy_run_prints_idle_and_busy_side_by_side(
                                                     for n in (1, 2)))]
     for row in report["calls"]:
         assert row["chunks"] == row["calls"] * row["sessions_per_call"] * (
-            4 if row["shape"] == PACKED else 1)
+            4 if row["shape"] in EIGHTY_MS else 1)
         assert GENERATOR_COMMAND not in row["commands_us_per_chunk_by_name"]
         if row["regime"] == "idle":
             assert row["generator_commands"] == 0 and row["redis_us_per_chunk"] > 0

@@ -22,7 +22,11 @@ PULLED_PLAIN = "project plain input (MULTI {XADD}), pulling worker"
 PUSHED_PLAIN = "project plain input (MULTI {XADD; SPUBLISH}), pushed worker"
 PACKED = "project plain input, pulling worker, 80 ms a call"
 PLAIN = "plain MULTI {XADD; SPUBLISH} input"
-OUTPUT = "project output flush (APPEND_OUTPUT)"
+OUTPUT = "project output flush, full script (APPEND_OUTPUT)"
+KNOWN_OUTPUT = "project output flush, log ends known (FLUSH_OUTPUT)"
+FRAME_OUTPUT = "project output flush, log ends known, 80 ms a call"
+SHAPES = (SCRIPT, PUSHED_PLAIN, PULLED, PULLED_PLAIN, PACKED, PLAIN, OUTPUT, KNOWN_OUTPUT,
+          FRAME_OUTPUT)
 
 
 def run_cli(*argv: str) -> int:
@@ -38,7 +42,8 @@ def test_a_small_run_measures_every_shape_and_both_clients(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """4 sessions, 1, 2 and 4 per call: the bare publish, then the input script (to a pushed
     and to a pulling worker), the store's plain append to a pulling worker, the study's plain
-    append and the output flush at each split, every
+    append and the output flush (the full script, and the fast one with the log ends known,
+    also 80 ms a call) at each split, every
     figure positive, chunks = calls x sessions per call, both clients measured, the table and
     the plot written."""
     output = tmp_path / "out" / "calls.json"
@@ -51,11 +56,10 @@ def test_a_small_run_measures_every_shape_and_both_clients(
     shapes = [(row["shape"], row["sessions_per_call"]) for row in report["calls"]]
     assert shapes == [(BARE, 1)] + [
         (shape, n)
-        for shape in (SCRIPT, PUSHED_PLAIN, PULLED, PULLED_PLAIN, PACKED, PLAIN, OUTPUT)
-        for n in (1, 2, 4)]
+        for shape in SHAPES for n in (1, 2, 4)]
     for row in report["calls"]:
         assert row["calls"] > 0 and row["chunks"] == row["calls"] * row["sessions_per_call"] * (
-            4 if row["shape"] == PACKED else 1)
+            4 if row["shape"] in (PACKED, FRAME_OUTPUT) else 1)
         assert row["redis_us_per_chunk"] > 0 and row["redis_us_per_call"] > 0
         by_name = row["commands_us_per_chunk_by_name"]
         if row["shape"] in (BARE, PUSHED_PLAIN, PULLED_PLAIN, PACKED, PLAIN):  # no script
@@ -67,9 +71,11 @@ def test_a_small_run_measures_every_shape_and_both_clients(
             # its own, not the script's.
             pushed = {"spublish"} if row["shape"] == SCRIPT else set()
             assert set(by_name) == {"xlen", "xadd", *pushed}, by_name
-        else:  # the worker's state (the lost-worker fence), the output log's last entry,
-            # the event, its push; nothing of the record
+        elif row["shape"] == OUTPUT:  # the worker's state (the lost-worker fence), the
+            # output log's last entry, the event, its push; nothing of the record
             assert set(by_name) == {"hget", "xrevrange", "xadd", "spublish"}, by_name
+        else:  # with the log's end known, nothing read but the worker's state
+            assert set(by_name) == {"hget", "xadd", "spublish"}, by_name
         assert row["commands_us_per_chunk"] == pytest.approx(sum(by_name.values()))
         assert 0 < row["commands_us_per_chunk"] < row["script_us_per_chunk"]
     assert [row["client"] for row in report["clients"]] == [
@@ -81,7 +87,7 @@ def test_a_small_run_measures_every_shape_and_both_clients(
     plot = output.with_suffix(".svg")
     assert f"(plot: {plot})" in printed
     titles = [t.text for t in ET.parse(plot).getroot().iter(f"{SVG}title")]
-    assert titles == [SCRIPT, PUSHED_PLAIN, PULLED, PULLED_PLAIN, PACKED, PLAIN, OUTPUT, BARE]
+    assert titles == [*SHAPES, BARE]
 
 
 def test_sessions_per_call_that_do_not_divide_the_sessions_are_refused(

@@ -96,11 +96,18 @@ PULLED_PACKED_INPUT: Final = Shape("project plain input, pulling worker, 80 ms a
                                    pulled=True, own_connection=True, chunks_per_call=4)
 PLAIN_INPUT: Final = Shape("plain MULTI {XADD; SPUBLISH} input",
                            frozenset({"multi", "xadd", "spublish", "exec"}), False)
-OUTPUT_FLUSH: Final = Shape("project output flush (APPEND_OUTPUT)", frozenset({"evalsha"}),
-                            True, output=True)
+OUTPUT_FLUSH: Final = Shape("project output flush, full script (APPEND_OUTPUT)",
+                            frozenset({"evalsha"}), True, output=True)
+KNOWN_OUTPUT_FLUSH: Final = Shape("project output flush, log ends known (FLUSH_OUTPUT)",
+                                  frozenset({"evalsha"}), True, output=True,
+                                  own_connection=True)
+FRAME_OUTPUT_FLUSH: Final = Shape("project output flush, log ends known, 80 ms a call",
+                                  frozenset({"evalsha"}), True, output=True,
+                                  own_connection=True, chunks_per_call=4)
 #: Measured at every sessions-per-call split, in this order, after the bare publish.
 SHAPES: Final = (INPUT_SCRIPT, PUSHED_PLAIN_INPUT, PULLED_INPUT, PULLED_PLAIN_INPUT,
-                 PULLED_PACKED_INPUT, PLAIN_INPUT, OUTPUT_FLUSH)
+                 PULLED_PACKED_INPUT, PLAIN_INPUT, OUTPUT_FLUSH, KNOWN_OUTPUT_FLUSH,
+                 FRAME_OUTPUT_FLUSH)
 #: A frame backend's tick, the pulling worker's clock.
 TICK_S: Final = 0.08
 
@@ -151,8 +158,9 @@ def shape_call(client: Redis, scripts: Scripts, shape: Shape, channel: str,
         return append
     if shape == PLAIN_INPUT:
         return _plain_input(client, channel, groups, chunk)
-    if shape == OUTPUT_FLUSH:
-        return _output_flush(scripts, groups, chunk)
+    if shape in (OUTPUT_FLUSH, KNOWN_OUTPUT_FLUSH, FRAME_OUTPUT_FLUSH):
+        return _output_flush(scripts, groups, chunk * shape.chunks_per_call,
+                             known=shape.own_connection)
     raise ValueError(f"no such shape: {shape.name}")
 
 
@@ -173,24 +181,31 @@ def _plain_input(client: Redis, channel: str, groups: Sequence[Sequence[Lease]],
     return append
 
 
-def _output_flush(scripts: Scripts, groups: Sequence[Sequence[Lease]], chunk: bytes
-                  ) -> Callable[[int], Awaitable[None]]:
+def _output_flush(scripts: Scripts, groups: Sequence[Sequence[Lease]], chunk: bytes, *,
+                  known: bool) -> Callable[[int], Awaitable[None]]:
+    """A worker's flush of one event a session, ``known``: with the log ends it learnt from
+    its last flush, as the worker passes them (the fast script's path after the first)."""
     from store import OutputAppend
 
     event = (b'{"type":"response.output_audio.delta","delta":"'
              + base64.b64encode(chunk) + b'"}')
     next_seq = {lease.session_id: 1 for group in groups for lease in group}
+    known_at: dict[str, int | None] = {}
 
     async def flush(group: int) -> None:
         batch = [OutputAppend(session_id=lease.session_id, events=[event],
                               first_seq=next_seq[lease.session_id],
-                              output_log_max_entries=OUTPUT_LOG_MAX_ENTRIES)
+                              output_log_max_entries=OUTPUT_LOG_MAX_ENTRIES,
+                              top_known_at=known_at.get(lease.session_id))
                  for lease in groups[group]]
+        routes = scripts.route_changes
         answers = await scripts.append_output_many(batch)
         for item, answer in zip(batch, answers, strict=True):
             if answer != item.first_seq:
                 raise RuntimeError(f"the output flush refused the bench's session: {answer}")
             next_seq[item.session_id] += 1
+            if known and scripts.route_changes == routes:
+                known_at[item.session_id] = routes
     return flush
 
 

@@ -205,9 +205,12 @@ async def _measure_shape(client: Redis, shape: Shape, sessions: int, per_call: i
 
     try:
         # Before the window, not in it: the script loaded (SCRIPT LOAD), each session's
-        # first input append (its writer reads where the log stands: the bench opened none).
-        for group in range(len(groups)):
-            await call(group)
+        # first input append (its writer reads where the log stands: the bench opened none),
+        # and on output each session's first three flushes (the first, on the connection it
+        # made, learns no log end, store/output_appends.py; the third loads the fast script).
+        for _ in range(3 if shape.output else 1):
+            for group in range(len(groups)):
+                await call(group)
         await client.config_resetstat()
         if busy is None:
             before = read_cpu(await client.info("cpu"))

@@ -51,6 +51,7 @@ __all__ = [
     "APPEND_OUTPUT",
     "CLOSE_SESSION",
     "DETACH",
+    "FLUSH_OUTPUT",
     "GATEWAY_ANNOUNCE",
     "GATEWAY_LEASE",
     "OPEN_SESSION",
@@ -102,6 +103,8 @@ TENANT_RESERVE = _PRELUDE + _source("tenant_reserve")
 TENANT_OPEN_RATE = _PRELUDE + _source("tenant_open_rate")
 APPEND_INPUT = _PRELUDE + _source("append_input")
 APPEND_OUTPUT = _PRELUDE + _source("append_output")
+# The output flush's fast path reads and ends no session: none of the helpers.
+FLUSH_OUTPUT = _source("flush_output")
 CLOSE_SESSION = _PRELUDE + _source("close_session")
 ABANDON_OPEN = _PRELUDE + _source("abandon_open")
 REAP = _PRELUDE + _source("reap")

@@ -39,11 +39,12 @@ SENT_UNCOALESCED = 130
 #: push of each call (store/input_appends.py: no script on the input path).
 IN_TRANSACTIONS_REACHED = 100
 #: Run inside scripts per session-second, the level reached: per output chunk the output
-#: script's HGET of its worker's state (the lost-worker fence, once per call), XREVRANGE (the
-#: log's last entry), XADD and SPUBLISH, no read or write of the session record; plus a trim
-#: of the input every INPUT_TRIM_EVERY commands and one gateway's and one worker's fixed
-#: costs, which a lone session carries alone. One command more per chunk fails it.
-IN_SCRIPTS_REACHED = 290
+#: flush's HGET of its worker's state (the lost-worker fence, once per call), XADD and
+#: SPUBLISH, no read of the log's end or of the session record (store/output_appends.py);
+#: plus a trim of the input every INPUT_TRIM_EVERY commands and one gateway's and one
+#: worker's fixed costs, which a lone session carries alone. One command more per chunk
+#: fails it.
+IN_SCRIPTS_REACHED = 240
 
 _START, _END = "cost-window-start", "cost-window-end"
 # A MONITOR line: '<time> [<db> <client or lua>] "<COMMAND>" ...'; only the head is parsed.

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -21,7 +22,8 @@ from gateway.settings import GatewaySettings
 from store import AttachmentHolder, Lease, OpenStatus, Reaped, Scripts, SessionPolicy
 from store.keys import SessionKeys, WorkerKeys, new_session_id, new_worker_id
 from store.logs import read_output
-from store.pushes import Push
+from store.pubsub import Subscriber
+from store.pushes import Push, SessionEnded
 
 T = TypeVar("T")
 
@@ -249,3 +251,43 @@ class Notices:
     def assert_empty(self) -> None:
         """Nothing arrived that was not consumed."""
         assert self.queue.empty(), self.queue.get_nowait()
+
+
+# A push no script sends for a real session: what a channel got before it is all it got.
+SENTINEL = SessionEnded("sentinel")
+
+
+async def _pushes_before_sentinel(redis_client: Redis, channel: str,
+                                  queue: asyncio.Queue[Push | None]) -> list[Push | None]:
+    """Every push on ``channel`` before the sentinel (Redis delivers one channel's messages in
+    the order it ran their publishes, so none that came first is missed)."""
+    await spublish(redis_client, channel, [b"c", b"sentinel"])
+    pushes: list[Push | None] = []
+    while (push := await asyncio.wait_for(queue.get(), 10)) != SENTINEL:
+        pushes.append(push)
+    return pushes
+
+
+@contextlib.asynccontextmanager
+async def listening(redis_client: Redis, channel: str
+                    ) -> AsyncIterator[Callable[[], Awaitable[list[Push | None]]]]:
+    """Subscribed to ``channel`` for the block; what it yields reads every push so far."""
+    subscriber = Subscriber(redis_client)
+    await subscriber.start()
+    queue: asyncio.Queue[Push | None] = asyncio.Queue()
+    try:
+        await subscriber.subscribe(channel, queue.put_nowait)
+        yield lambda: _pushes_before_sentinel(redis_client, channel, queue)
+    finally:
+        await subscriber.aclose()
+
+
+async def ran(client: Redis) -> dict[str, int]:
+    """How many times Redis ran each command so far."""
+    stats = await client.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(stat["calls"]) for name, stat in stats.items()}
+
+
+async def ran_since(client: Redis, before: dict[str, int], *commands: str) -> tuple[int, ...]:
+    now = await ran(client)
+    return tuple(now.get(command, 0) - before.get(command, 0) for command in commands)

@@ -26,6 +26,15 @@ async def scripts(redis_client: Redis, request: pytest.FixtureRequest) -> AsyncI
     await registered.aclose()
 
 
+@pytest.fixture
+async def own(redis_client: Redis) -> AsyncIterator[Scripts]:
+    """The store's scripts on its own connection alone, for the paths only it takes (plain
+    input appends, the output flush's fast script)."""
+    registered = Scripts(redis_client, own_connection=True)
+    yield registered
+    await registered.aclose()
+
+
 @pytest.fixture(params=(False, True), ids=("pushed worker", "pulling worker"))
 def pulls(request: pytest.FixtureRequest) -> bool:
     """Both kinds of worker a session's input goes to: pushed each append, or reading its

@@ -185,10 +185,13 @@ async def test_session_calls_carry_on_while_their_slot_moves_back_and_forth(
 async def test_calls_carry_on_after_a_failover(cluster: Cluster, client: RedisCluster,
                                                lane: ClusterLane) -> None:
     """The master serving the key hands over to its replica: the lane's calls reach the
-    promoted node (MOVED from the demoted one, or a refresh after its connection ended)."""
+    promoted node (MOVED from the demoted one, or a refresh after its connection ended),
+    and the lane's route changes move, so a worker's next output append reads its logs'
+    ends again (store/output_appends.py): the promoted node may lack what was answered."""
     slot = client.keyslot(KEY)
     before = cluster.port_serving(slot)
     assert await push(lane, "before") == 1
+    routes = lane.route_changes
     replica = cluster.replica_of(before)
     await asyncio.to_thread(cluster.fail_over, replica)
     await asyncio.to_thread(wait_until, lambda: cluster.port_serving(slot) == replica,
@@ -197,4 +200,5 @@ async def test_calls_carry_on_after_a_failover(cluster: Cluster, client: RedisCl
     for attempt in range(2, 6):
         assert await push(lane, f"after-{attempt}") == attempt
     assert lane.redirections["moved"] == 1
+    assert lane.route_changes > routes
     assert await asyncio.to_thread(node_command, replica, "LLEN", KEY) == 5

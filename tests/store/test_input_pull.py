@@ -4,10 +4,6 @@ a pushed worker's channel tells it of its sessions' fences."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-
 import pytest
 from redis.asyncio import Redis
 
@@ -16,16 +12,17 @@ from contract.reasons import CloseReason
 from store import ResumeStatus, Scripts
 from store.keys import WorkerKeys, new_worker_id, worker_pulls_input
 from store.logs import InputPosition, WriteToken, pull_input
-from store.pubsub import Subscriber
-from store.pushes import FenceRaised, InputPushed, Push, SessionEnded, SessionPlaced
-from tests.store._support import EPOCH, digest, open_session, register_worker, spublish
+from store.pushes import FenceRaised, InputPushed, SessionPlaced
+from tests.store._support import (
+    EPOCH,
+    digest,
+    listening,
+    open_session,
+    register_worker,
+)
 from tests.store.test_leases import A, expire_lease
 
 pytestmark = pytest.mark.timeout(30)
-
-# A push no script sends for a real session: what a channel got before it is all it got.
-SENTINEL = SessionEnded("sentinel")
-
 
 def cmd(n: int) -> bytes:
     return encode_message(Heartbeat(event_id=f"c{n}"))
@@ -37,31 +34,6 @@ def test_the_id_says_whether_a_worker_pulls() -> None:
     assert pulling.startswith("p") and pushed.startswith("w")
     assert worker_pulls_input(pulling) and not worker_pulls_input(pushed)
     assert WorkerKeys(pulling).worker_id == pulling
-
-
-async def _pushes_before_sentinel(redis_client: Redis, channel: str,
-                                  queue: asyncio.Queue[Push | None]) -> list[Push | None]:
-    """Every push on ``channel`` before the sentinel (Redis delivers one channel's messages in
-    the order it ran their publishes, so none that came first is missed)."""
-    await spublish(redis_client, channel, [b"c", b"sentinel"])
-    pushes: list[Push | None] = []
-    while (push := await asyncio.wait_for(queue.get(), 10)) != SENTINEL:
-        pushes.append(push)
-    return pushes
-
-
-@contextlib.asynccontextmanager
-async def listening(redis_client: Redis, channel: str
-                    ) -> AsyncIterator[Callable[[], Awaitable[list[Push | None]]]]:
-    """Subscribed to ``channel`` for the block; what it yields reads every push so far."""
-    subscriber = Subscriber(redis_client)
-    await subscriber.start()
-    queue: asyncio.Queue[Push | None] = asyncio.Queue()
-    try:
-        await subscriber.subscribe(channel, queue.put_nowait)
-        yield lambda: _pushes_before_sentinel(redis_client, channel, queue)
-    finally:
-        await subscriber.aclose()
 
 
 @pytest.mark.parametrize("pulls", [False, True], ids=["pushed worker", "pulling worker"])

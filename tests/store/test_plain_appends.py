@@ -11,7 +11,6 @@ test counts what Redis ran (``INFO commandstats``), so the path taken is shown, 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -25,30 +24,19 @@ from store.logs import WriteToken, read_input
 from store.pubsub import Subscriber
 from store.pushes import FenceRaised, InputPushed, Push, SessionEnded, SessionPlaced
 from tests.faultproxy import FaultProxy
-from tests.store._support import EPOCH, digest, open_session, register_worker, spublish
+from tests.store._support import (
+    EPOCH,
+    digest,
+    open_session,
+    ran,
+    ran_since,
+    register_worker,
+    spublish,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
 CAP = 5
-
-
-@pytest.fixture
-async def own(redis_client: Redis) -> AsyncIterator[Scripts]:
-    """The store's scripts on its own connection, where plain appends go."""
-    registered = Scripts(redis_client, own_connection=True)
-    yield registered
-    await registered.aclose()
-
-
-async def ran(client: Redis) -> dict[str, int]:
-    """How many times Redis ran each command so far."""
-    stats = await client.info("commandstats")
-    return {name.removeprefix("cmdstat_"): int(stat["calls"]) for name, stat in stats.items()}
-
-
-async def ran_since(client: Redis, before: dict[str, int], *commands: str) -> tuple[int, ...]:
-    now = await ran(client)
-    return tuple(now.get(command, 0) - before.get(command, 0) for command in commands)
 
 
 async def test_a_batch_goes_as_one_multi_one_entry_a_session_and_dedups_by_client_seq(

@@ -1,0 +1,46 @@
+-- The output flush's fast path: a worker appends events to the output logs of sessions whose
+-- logs end where its own last write left them, as it knows (OutputAppend.top_known_at, store/answers.py), so nothing
+-- is read per session: an XADD per event under the number the worker gave it, and one push of
+-- what landed. Redis refuses what may not be written: a session that ended (its terminal event
+-- set the log's last ID to the highest there is, so every later XADD is "equal or smaller"),
+-- an event stored already (a resend), and a log that is gone (NOMKSTREAM). A session so
+-- refused is answered 'r' or 'g' and nothing of it is pushed: the worker sends it again through
+-- append_output.lua, which reads the log's end and says why. A worker declared lost is refused
+-- whole, as there (one read of its state per call).
+-- Runs without the prelude: nothing here reads or ends a session.
+-- KEYS[1] worker record; KEYS[3i-1] .. KEYS[3i+1] (i = 1..n): output log, output channel,
+--   input log of session i
+-- ARGV per session: the server_event_seq of its first event, the output log's entry bound
+--   (MAXLEN ~), the ID of the input entry to trim the input log to ('' leaves it alone),
+--   event count c, then c encoded events
+-- returns 'fenced', or one letter per session in order: o (every event written and pushed,
+--   and the trim done), r (the first event's ID was refused, or a later one failed: what
+--   landed is pushed), g (the output log is gone)
+local worker_state = redis.call('HGET', KEYS[1], 'state')
+if not worker_state or worker_state == 'lost' then return 'fenced' end
+
+local answers = {}
+local at = 1
+for k = 2, #KEYS, 3 do
+  local out_log, first, bound, trim_to = KEYS[k], tonumber(ARGV[at]), ARGV[at + 1], ARGV[at + 2]
+  local count = tonumber(ARGV[at + 3])
+  local events = at + 4
+  local landed, status = {}, 'o'
+  for i = 0, count - 1 do
+    local payload = ARGV[events + i]
+    local id = redis.pcall('XADD', out_log, 'NOMKSTREAM', 'MAXLEN', '~', bound,
+                           (first + i) .. '-0', 'd', payload)
+    if type(id) ~= 'string' then
+      if id == false and i == 0 then status = 'g' else status = 'r' end
+      break
+    end
+    landed[i + 1] = payload
+  end
+  -- Only what is in the log is pushed.
+  if #landed > 0 then redis.call('SPUBLISH', KEYS[k + 1], cmsgpack.pack({'e', first, landed})) end
+  -- The worker applied the commands before this entry (see append_output.lua).
+  if status == 'o' and trim_to ~= '' then redis.call('XTRIM', KEYS[k + 2], 'MINID', trim_to) end
+  answers[#answers + 1] = status
+  at = events + count
+end
+return table.concat(answers)
