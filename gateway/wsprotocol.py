@@ -10,8 +10,8 @@ the driver recognises by :data:`INVALID_TEXT_KEY`; the connection core then answ
 ``invalid_json`` and closes 1007 (``ConnectionCore.receive_invalid_text``). Each one is logged as
 one line, rate-limited. A message over the size limit gets the ``event_too_large`` error
 event before the close 1009 the websocket layer sends; the rest of that message (and whatever
-follows) is then read and dropped until the client closes, so the close is not a TCP reset
-that would lose the answer. A handshake refused with an HTTP
+follows) is then read and dropped until the client closes or goes quiet, so the close is not
+a TCP reset that would lose the answer. A handshake refused with an HTTP
 answer (a wrong key: 401) counts as complete, so uvicorn does not log an ERROR for each one.
 The connection's transport is published to the app in ``scope["extensions"][TRANSPORT_KEY]``:
 ASGI gives an app no handle on its socket, and the gateway measures a client that does not
