@@ -2,21 +2,23 @@
 
 Whatever the client sends while one append is in flight goes out in the next single script
 call, so a busy session costs one Redis round trip per batch, not per frame; for a worker
-that reads its input once per tick, input also waits a little for more
-(``PULLED_INPUT_HOLD_S``). The store's answer goes to the connection core
-(:class:`~gateway.protocol.connection.ConnectionCore`), whose actions the driver runs. After
-a failed or refused append nothing more goes upstream on the connection: a later batch
-landing would move ``last_client_seq`` past the failed commands, and the resuming client
-would never send them again.
+that reads its input once per tick, input is held until it completes a model frame
+(``gateway/input_frames.py``), at most ``PULLED_INPUT_HOLD_S``. The store's answer goes to
+the connection core (:class:`~gateway.protocol.connection.ConnectionCore`), whose actions the
+driver runs. After a failed or refused append nothing more goes upstream on the connection:
+a later batch landing would move ``last_client_seq`` past the failed commands, and the
+resuming client would never send them again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
-from contract.messages import Command, encode_message
+from contract.messages import Command, JsonObject, encode_message
+from gateway.input_frames import FrameCuts
 from gateway.protocol.connection import ConnectionCore
 from gateway.protocol.errors import InternalError
 from gateway.services import GatewayServices
@@ -41,16 +43,32 @@ class InputWriter:
         self.lease: Lease | None = None
         self._outbox: list[tuple[int | None, Command]] = []
         self._since = 0.0  # when the oldest command in the outbox was read
+        # Held input (a pulling worker's) is cut on the model's frames; None: never held.
+        self._cuts: FrameCuts | None = None
+        self._cut = asyncio.Event()  # the outbox ends on a cut: append it now
         self._ready = asyncio.Event()
         self._lock = asyncio.Lock()  # one append at a time, in order
         self._failed = False  # an append failed: nothing more goes upstream
         self._relay_in = services.metrics.relay_seconds.labels("in")
+
+    def attach(self, lease: Lease, capabilities: JsonObject | None) -> None:
+        """Append under ``lease`` from now on; ``capabilities``: its session's, whose
+        ``chunk_period_ms`` is the model frame a pulling worker's input is cut on."""
+        self.lease = lease
+        self._cuts = None
+        if self._svc.settings.pulled_input_hold_s and worker_pulls_input(
+                session_keys(lease.session_id).worker.worker_id):
+            period = (capabilities or {}).get("chunk_period_ms")
+            self._cuts = FrameCuts(period * 1000 if type(period) is int else None)
 
     def queue(self, entries: tuple[tuple[int | None, Command], ...]) -> None:
         """Queue commands for the next append; never waits."""
         if not self._outbox:
             self._since = time.monotonic()
         self._outbox.extend(entries)
+        cuts = self._cuts
+        if cuts is not None and any([cuts.cut_after(command) for _, command in entries]):
+            self._cut.set()
         self._ready.set()
 
     async def run(self, step: Callable[[], Awaitable[None]]) -> None:
@@ -65,26 +83,28 @@ class InputWriter:
                 await step()
 
     async def _hold(self) -> None:
-        """Let more input join the oldest queued command, up to ``PULLED_INPUT_HOLD_S``, when
-        the session's worker reads its input once per tick itself (a frame backend's): it
-        would not take the command sooner, and one append of several chunks costs Redis about
-        what one of a single chunk does. Any other worker is woken by each append: no hold."""
-        lease, hold = self.lease, self._svc.settings.pulled_input_hold_s
-        if not hold or lease is None or not self._outbox or not worker_pulls_input(
-                session_keys(lease.session_id).worker.worker_id):
+        """Let more input join the oldest queued command until it completes a model frame
+        (or is not audio), at most ``PULLED_INPUT_HOLD_S``, when the session's worker reads
+        its input once per tick itself (a frame backend's): the model would not take it
+        sooner, and one append of a frame costs Redis about what one of a single chunk does.
+        Any other worker is woken by each append: no hold."""
+        if self._cuts is None or not self._outbox:
             return
+        deadline = self._since + self._svc.settings.pulled_input_hold_s
+        if not self._cut.is_set():
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(deadline - time.monotonic()):
+                    await self._cut.wait()
         # The relay time counts from the hold's end: it is the time the gateway adds beyond
         # what it chose to wait (the relay alert's target is a few ms).
-        self._since += hold
-        delay = self._since - time.monotonic()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        self._since = min(deadline, time.monotonic())
 
     async def flush(self) -> None:
         """Append what the outbox holds, in order after any append in flight; the core hears
         the store's answer."""
         async with self._lock:
             batch, self._outbox = self._outbox, []
+            self._cut.clear()
             lease = self.lease
             if not batch or lease is None or self._failed:
                 return

@@ -101,11 +101,12 @@ class GatewaySettings:
                           " append's 2); more: invalid_video_frames; 0: no limit"},
     )
     pulled_input_hold_s: float = field(
-        default=0.04,
+        default=0.08,
         metadata={"help": "input for a session whose worker reads its input on its own clock"
-                          " (a frame backend's, once per tick) waits up to this long for more"
-                          " before it is appended, so each append carries several chunks;"
-                          " 0: append at once",
+                          " (a frame backend's, once per tick) is held until it completes a"
+                          " model frame (the session's chunk_period_ms) or is not audio, at"
+                          " most this long from its oldest command, so each append carries a"
+                          " frame; 0: append at once",
                   "accepts": NON_NEGATIVE},
     )
     first_message_timeout_s: float = field(

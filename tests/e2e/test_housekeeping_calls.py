@@ -35,8 +35,8 @@ CHUNKS = 150  # 3 s of real-time audio per session: several lease rounds
 _SCRIPTS = {hashlib.sha1(getattr(lua, name).encode()).hexdigest(): name
             for name in lua.__all__ if name.isupper()}
 #: What runs beside the housekeeping, at rates that do not depend on it.
-_OTHERS = {"APPEND_INPUT", "APPEND_OUTPUT", "REAP", "REAP_SESSIONS", "GATEWAY_ANNOUNCE",
-           "WORKER_HEARTBEAT"}
+_OTHERS = {"APPEND_INPUT", "APPEND_OUTPUT", "FLUSH_OUTPUT", "REAP", "REAP_SESSIONS",
+           "GATEWAY_ANNOUNCE", "WORKER_HEARTBEAT"}
 _START, _END = "housekeeping-window-start", "housekeeping-window-end"
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 

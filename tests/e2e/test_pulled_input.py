@@ -1,6 +1,6 @@
 """Input for a frame backend's worker, which reads its input once per tick itself: the gateway
-holds a session's input up to ``PULLED_INPUT_HOLD_S`` (default 40 ms), so each append carries
-several 20 ms chunks, and every command still lands once, in order."""
+holds a session's input until it completes a model frame (``gateway/input_frames.py``), so
+each append carries a frame of 20 ms chunks, and every command still lands once, in order."""
 
 from __future__ import annotations
 
@@ -19,7 +19,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
 CHUNKS = 100  # 2 s of 20 ms chunks
 CHUNK = b"\x00\x10" * 480  # 20 ms of pcm16 at 24 kHz
-HOLD_S = 0.04  # PULLED_INPUT_HOLD_S's default
+#: The fake backend's frame (its chunk_period_ms): four chunks.
+FRAME_CHUNKS = 4
+#: Well under any hold: the relay histogram's time per append, which leaves the hold out.
+RELAY_S = 0.04
 
 
 def metric(url: str, name: str) -> float:
@@ -30,11 +33,13 @@ def metric(url: str, name: str) -> float:
     return 0.0
 
 
-async def test_a_pulling_workers_input_goes_several_chunks_per_append(stack: Stack) -> None:
-    """A client streams 2 s of audio in real time to a fake-backend session, then a heartbeat
-    whose answer comes after every chunk was appended: all 101 commands appended, in at most
-    60 % as many appends (chunks 20 ms apart, each append waiting 40 ms from its oldest). The
-    relay histogram leaves the hold out: each observation would be 40 ms or more with it in."""
+async def test_a_pulling_workers_input_goes_a_frame_per_append(stack: Stack) -> None:
+    """A client streams 2 s of audio in real time to a fake-backend session (80 ms frames),
+    then a heartbeat whose answer comes after every chunk was appended: all 101 commands
+    appended, about one append per frame (four chunks), the heartbeat its own: at most 30 %
+    as many appends as commands (a hold that ended before the frame did, 40 ms from the
+    oldest, made 34). The relay histogram leaves the hold out: each observation would be
+    60 ms or more with it in."""
     gateway = stack.gateway()
     stack.worker(backend="fake", slots=1)
     async with await DuplexClient.connect(gateway.ws_url) as client:
@@ -54,8 +59,9 @@ async def test_a_pulling_workers_input_goes_several_chunks_per_append(stack: Sta
         relayed_s = metric(gateway.http_url,
                            'duplex_gateway_relay_seconds_sum{direction="in"}') - before_s
     assert appended >= CHUNKS + 1
-    assert 0 < appends <= 0.6 * (CHUNKS + 1), f"{appends} appends for {CHUNKS + 1} commands"
-    assert relayed_s / appends < HOLD_S, f"{relayed_s / appends:.3f} s per append relayed"
+    frames = CHUNKS // FRAME_CHUNKS
+    assert 0 < appends <= 0.3 * (CHUNKS + 1), f"{appends} appends for {frames} frames"
+    assert relayed_s / appends < RELAY_S, f"{relayed_s / appends:.3f} s per append relayed"
 
 
 SIGKILL_CHUNKS = 60

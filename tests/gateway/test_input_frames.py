@@ -1,0 +1,58 @@
+"""gateway.input_frames: a pulling worker's input cut on the model's frame boundaries."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from contract.messages import AppendAudio, Command, CommitInput, Heartbeat
+from gateway.input_frames import FrameCuts, audio_microseconds
+
+pytestmark = pytest.mark.timeout(10)
+
+FRAME_US = 80_000  # Moshi's chunk_period_ms
+
+
+def pcm16(ms: int, rate: int = 24_000) -> AppendAudio:
+    return AppendAudio(audio=b"\0\0" * (rate * ms // 1000))
+
+
+def cuts_of(cuts: FrameCuts, commands: Sequence[Command]) -> list[int]:
+    """The positions (1-based) of the commands after which the input is cut."""
+    return [n for n, command in enumerate(commands, 1) if cuts.cut_after(command)]
+
+
+def test_20_ms_chunks_are_cut_every_fourth() -> None:
+    """A frame is four 20 ms chunks: each append carries a frame, sent with its last."""
+    assert cuts_of(FrameCuts(FRAME_US), [pcm16(20)] * 12) == [4, 8, 12]
+
+
+def test_chunks_that_do_not_divide_a_frame_follow_the_frame_grid() -> None:
+    """30 ms chunks: cut at the first chunk past each frame's end (90, 180, 240 ms...),
+    never by chunk count, so the appends stay on the model's frames."""
+    assert cuts_of(FrameCuts(FRAME_US), [pcm16(30)] * 8) == [3, 6, 8]
+
+
+def test_any_command_but_audio_is_cut_at_once() -> None:
+    """A commit or a heartbeat goes with the audio before it; the frame count goes on."""
+    commands: list[Command] = [pcm16(20), CommitInput(), pcm16(20), pcm16(20), Heartbeat(),
+                               pcm16(20)]
+    assert cuts_of(FrameCuts(FRAME_US), commands) == [2, 5, 6]
+
+
+def test_an_unknown_frame_cuts_only_what_is_not_audio() -> None:
+    """No frame known (a worker that published none): audio is held to the bound alone."""
+    assert cuts_of(FrameCuts(None), [pcm16(20)] * 8 + [CommitInput()]) == [9]
+
+
+@pytest.mark.parametrize(("command", "micros"), [
+    (pcm16(20), 20_000),
+    (AppendAudio(audio=b"\0" * 640, format="pcm16", sample_rate_hz=16_000), 20_000),
+    (AppendAudio(audio=b"\0" * 160, format="audio/pcmu"), 20_000),
+    (AppendAudio(audio=b"\0" * 160, format="g711_alaw"), 20_000),
+    (AppendAudio(audio=b"\0" * 3840, format="pcm_f32le"), 40_000),
+])
+def test_an_appends_duration_is_its_bytes_at_the_encoding_it_names(
+        command: AppendAudio, micros: int) -> None:
+    assert audio_microseconds(command) == micros
