@@ -9,16 +9,24 @@ current. The worker is a real one, in process, on a real Redis.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 from redis.typing import EncodableT, FieldT
 
-from contract.messages import Heartbeat, HeartbeatAck, SessionClosed, encode_message
+from contract.messages import (
+    Heartbeat,
+    HeartbeatAck,
+    SessionClosed,
+    UpdateSession,
+    encode_message,
+)
 from inference_worker.sessions import is_current
-from store import Lease
+from runtime.embedded import EmbeddedServer
+from store import Lease, Scripts
 from store.keys import SessionKeys, WorkerKeys
 from store.logs import WriteToken
 from tests.store._support import EPOCH, digest, events_of, open_session, spublish, until
@@ -151,3 +159,70 @@ async def test_a_push_under_a_fence_a_resume_raised_is_dropped(running: Running)
     assert sum(isinstance(event, HeartbeatAck) for event in events) == 2
     assert not any(isinstance(event, SessionClosed) for event in events)
     assert (stale_pushes(running), stale_commands(running)) == (1, 0)
+
+
+@contextlib.asynccontextmanager
+async def worker_off_its_channels(running: Running, url: str) -> AsyncIterator[Scripts]:
+    """The worker (and whatever else connects as the default user) may not subscribe or
+    publish for the block, so its subscription is cut and cannot come back; what the block
+    does meanwhile goes through the scripts it gets, as another user."""
+    admin = running.client
+    await admin.execute_command(  # type: ignore[no-untyped-call]
+        "ACL", "SETUSER", "fence-test", "on", "nopass", "~*", "&*", "+@all")
+    other = Redis.from_url(url, username="fence-test", password="unused")
+    channel = WorkerKeys(running.worker.worker_id).input_channel
+
+    async def subscribers() -> int:
+        answer: Any = await other.execute_command(  # type: ignore[no-untyped-call]
+            "PUBSUB", "SHARDNUMSUB", channel)
+        return int(answer[1])
+
+    try:
+        # Redis cuts a subscriber whose channels its user may no longer use.
+        await admin.execute_command("ACL", "SETUSER", "default",  # type: ignore[no-untyped-call]
+                                    "resetchannels")
+        await until(lambda: subscribers_are(subscribers, 0), "the worker's subscription cut")
+        yield Scripts(other)
+    finally:
+        await other.execute_command("ACL", "SETUSER", "default",  # type: ignore[no-untyped-call]
+                                    "allchannels")
+        await until(lambda: subscribers_are(subscribers, 1), "the worker subscribed again")
+        await other.execute_command("ACL", "DELUSER", "fence-test")  # type: ignore[no-untyped-call]
+        await other.aclose()
+
+
+async def subscribers_are(count: Callable[[], Awaitable[int]], expected: int) -> bool:
+    return await count() == expected
+
+
+STALE_INSTRUCTIONS = "from the replaced connection"
+
+
+async def test_a_stale_push_after_a_lost_fence_notice_is_not_applied(
+        running: Running, redis_server: EmbeddedServer) -> None:
+    """The worker's subscription is down while a resume raises the session's fence, so the
+    notice of it is lost; once it subscribes again, the replaced holder's plain append pushes
+    a command under the old fence (its entry refused by Redis). The worker, which may have
+    missed notices, knows no fence until it read the record again: it reads the log instead
+    of applying the push (the entry is not there), and the new holder's command under the
+    same index is applied."""
+    opened = await open_session(running.scripts, running.worker.worker_id)
+    await heartbeat(running, opened.lease, 1)  # the worker knows the fence: generation 1's
+    async with worker_off_its_channels(running, redis_server.url) as others:
+        resumed = await others.resume(
+            opened.session_id, tenant=opened.lease.tenant,
+            presented_digest=digest(opened.token), new_digest=digest("second"),
+            control_id="c1")
+    assert resumed.lease is not None and resumed.lease.generation == 2
+    stale = encode_message(UpdateSession(session={"instructions": STALE_INSTRUCTIONS}))
+    await spublish(running.client, WorkerKeys(running.worker.worker_id).input_channel,
+                   ["i", opened.session_id, 2, [stale], EPOCH, 1, 2])
+    # Had the push been applied, the new holder's command under its index would be taken for
+    # one applied already, and never answered.
+    await heartbeat(running, resumed.lease, 2)
+    await heartbeat(running, resumed.lease, 3)
+    events = [event for _, event in await events_of(running.client, opened.session_id)]
+    assert sum(isinstance(event, HeartbeatAck) for event in events) == 3
+    assert not any(isinstance(event, SessionClosed) for event in events)
+    assert STALE_INSTRUCTIONS not in str(events)
+    assert stale_commands(running) == 0
