@@ -473,7 +473,7 @@ class ConnectionDriver:
         lease = placed.lease
         self._hold(lease.session_id)
         self._lease = lease
-        self._writer.attach(lease, placed.capabilities)
+        self._writer.attach(lease, placed.session, placed.capabilities)
         self._svc.metrics.sessions_opened.inc()
         self._core.open_succeeded(lease.session_id, resume_token=token,
                                   generation=lease.generation, model=placed.model,
@@ -522,7 +522,7 @@ class ConnectionDriver:
             return
         self._hold(lease.session_id)
         self._lease = lease
-        self._writer.attach(lease, result.capabilities)
+        self._writer.attach(lease, result.session, result.capabilities)
         self._resume_started = started  # observed once the replay was read
         # Counted from where the client stands (the replay starts there).
         self._backlog = OutputBacklog(self._output_limits, taken_seq=self._core.delivered_seq)

@@ -15,35 +15,71 @@ delay the turn it signals. A session whose frame the gateway does not know, and 
 cannot measure, is cut by the hold's bound alone (``PULLED_INPUT_HOLD_S``).
 
 An append's duration is its bytes over its encoding's bytes a second: the encoding and rate
-it names, else the Realtime default (16-bit PCM at 24 kHz). A session whose format was
-changed by ``session.update`` without each append naming it is measured at that default, so
-its cuts come early or late by the ratio, and the hold's bound still applies.
+it names, else the session's input format as the attachment found it (the session object
+of the open or the resume: ``audio.input.format``), else the Realtime default (16-bit PCM at
+24 kHz). A format changed by ``session.update`` on this connection, with appends that do not
+name it, is measured at the one the attachment found, so its cuts come early or late by the
+ratio, and the hold's bound still applies.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
 from contract.messages import AppendAudio, Command
 
-__all__ = ["DEFAULT_INPUT_RATE_HZ", "FrameCuts", "audio_microseconds"]
-
-#: The Realtime API's default input rate, for 16-bit PCM (the only rate GA's audio/pcm takes).
-DEFAULT_INPUT_RATE_HZ = 24_000
-#: The G.711 rate, which its encodings always have.
-_G711_RATE_HZ = 8_000
+__all__ = ["DEFAULT_INPUT_FORMAT", "AudioFormat", "FrameCuts", "audio_microseconds",
+           "input_format_of"]
 
 
-def audio_microseconds(command: AppendAudio) -> int:
-    """How long ``command``'s audio lasts, by its bytes at the encoding and rate it names (16-bit
-    PCM at :data:`DEFAULT_INPUT_RATE_HZ` where it names none)."""
+@dataclass(frozen=True, slots=True)
+class AudioFormat:
+    """Bytes a sample and samples a second."""
+
+    width: int
+    rate_hz: int
+
+
+#: The Realtime API's default input: 16-bit PCM at 24 kHz (the only rate GA's audio/pcm takes).
+DEFAULT_INPUT_FORMAT = AudioFormat(2, 24_000)
+#: G.711, whose rate is always 8 kHz.
+_G711 = AudioFormat(1, 8_000)
+#: The session object's ``audio.input.format`` types this measures.
+_SESSION_FORMATS = {"audio/pcm": DEFAULT_INPUT_FORMAT, "audio/pcmu": _G711, "audio/pcma": _G711}
+
+
+def input_format_of(session: Mapping[str, Any] | None) -> AudioFormat:
+    """The input format a session object names (``audio.input.format``), or the default."""
+    audio = (session or {}).get("audio")
+    given = audio.get("input") if isinstance(audio, dict) else None
+    fmt = given.get("format") if isinstance(given, dict) else None
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    known = _SESSION_FORMATS.get(kind) if isinstance(kind, str) else None
+    if known is None or not isinstance(fmt, dict):
+        return DEFAULT_INPUT_FORMAT
+    rate = fmt.get("rate")
+    if known is DEFAULT_INPUT_FORMAT and type(rate) is int and rate > 0:
+        return AudioFormat(known.width, rate)
+    return known
+
+
+def audio_microseconds(command: AppendAudio,
+                       session_format: AudioFormat = DEFAULT_INPUT_FORMAT) -> int:
+    """How long ``command``'s audio lasts, by its bytes at the encoding and rate it names,
+    else at ``session_format``'s."""
     name = (command.format or "").lower()
-    if "f32" in name:
-        width, default_rate = 4, DEFAULT_INPUT_RATE_HZ
+    if not name:
+        fmt = session_format
+    elif "f32" in name:
+        fmt = AudioFormat(4, DEFAULT_INPUT_FORMAT.rate_hz)
     elif any(mark in name for mark in ("g711", "pcmu", "pcma", "law")):
-        width, default_rate = 1, _G711_RATE_HZ
+        fmt = _G711
     else:
-        width, default_rate = 2, DEFAULT_INPUT_RATE_HZ
-    rate = command.sample_rate_hz or default_rate
-    return len(command.audio) * 1_000_000 // (width * rate)
+        fmt = DEFAULT_INPUT_FORMAT
+    rate = command.sample_rate_hz or fmt.rate_hz
+    return len(command.audio) * 1_000_000 // (fmt.width * rate)
 
 
 class FrameCuts:
@@ -51,12 +87,15 @@ class FrameCuts:
 
     Args:
         frame_us: the model's frame in microseconds (None: not known, never cut by audio).
+        session_format: the session's input format, for appends that name none.
     """
 
-    __slots__ = ("_audio_us", "_frame_us", "_frames_cut")
+    __slots__ = ("_audio_us", "_format", "_frame_us", "_frames_cut")
 
-    def __init__(self, frame_us: int | None) -> None:
+    def __init__(self, frame_us: int | None,
+                 session_format: AudioFormat = DEFAULT_INPUT_FORMAT) -> None:
         self._frame_us = frame_us if frame_us and frame_us > 0 else None
+        self._format = session_format
         self._audio_us = 0
         self._frames_cut = 0
 
@@ -67,7 +106,7 @@ class FrameCuts:
             return True
         if self._frame_us is None or not command.audio:
             return False
-        self._audio_us += audio_microseconds(command)
+        self._audio_us += audio_microseconds(command, self._format)
         frames = self._audio_us // self._frame_us
         if frames <= self._frames_cut:
             return False

@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from contract.messages import Command, JsonObject, encode_message
-from gateway.input_frames import FrameCuts
+from gateway.input_frames import FrameCuts, input_format_of
 from gateway.protocol.connection import ConnectionCore
 from gateway.protocol.errors import InternalError
 from gateway.services import GatewayServices
@@ -51,15 +51,18 @@ class InputWriter:
         self._failed = False  # an append failed: nothing more goes upstream
         self._relay_in = services.metrics.relay_seconds.labels("in")
 
-    def attach(self, lease: Lease, capabilities: JsonObject | None) -> None:
-        """Append under ``lease`` from now on; ``capabilities``: its session's, whose
-        ``chunk_period_ms`` is the model frame a pulling worker's input is cut on."""
+    def attach(self, lease: Lease, session: JsonObject | None,
+               capabilities: JsonObject | None) -> None:
+        """Append under ``lease`` from now on; ``session`` and ``capabilities``: its session's
+        object and capabilities as the open or resume found them, whose input format and
+        ``chunk_period_ms`` measure the model frames a pulling worker's input is cut on."""
         self.lease = lease
         self._cuts = None
         if self._svc.settings.pulled_input_hold_s and worker_pulls_input(
                 session_keys(lease.session_id).worker.worker_id):
             period = (capabilities or {}).get("chunk_period_ms")
-            self._cuts = FrameCuts(period * 1000 if type(period) is int else None)
+            self._cuts = FrameCuts(period * 1000 if type(period) is int else None,
+                                   input_format_of(session))
 
     def queue(self, entries: tuple[tuple[int | None, Command], ...]) -> None:
         """Queue commands for the next append; never waits."""

@@ -7,7 +7,13 @@ from collections.abc import Sequence
 import pytest
 
 from contract.messages import AppendAudio, Command, CommitInput, Heartbeat
-from gateway.input_frames import FrameCuts, audio_microseconds
+from gateway.input_frames import (
+    DEFAULT_INPUT_FORMAT,
+    AudioFormat,
+    FrameCuts,
+    audio_microseconds,
+    input_format_of,
+)
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -56,3 +62,26 @@ def test_an_unknown_frame_cuts_only_what_is_not_audio() -> None:
 def test_an_appends_duration_is_its_bytes_at_the_encoding_it_names(
         command: AppendAudio, micros: int) -> None:
     assert audio_microseconds(command) == micros
+
+
+def test_appends_that_name_no_format_are_measured_at_the_sessions() -> None:
+    """A G.711 session (its object's audio.input.format) cut on its own 20 ms chunks of 160
+    bytes, which at the default format would be 3.3 ms each."""
+    g711 = input_format_of({"audio": {"input": {"format": {"type": "audio/pcmu"}}}})
+    assert g711 == AudioFormat(1, 8_000)
+    chunk = AppendAudio(audio=b"\xff" * 160)
+    assert cuts_of(FrameCuts(FRAME_US, g711), [chunk] * 8) == [4, 8]
+    assert cuts_of(FrameCuts(FRAME_US), [chunk] * 8) == []
+
+
+@pytest.mark.parametrize(("session", "expected"), [
+    ({"audio": {"input": {"format": {"type": "audio/pcm", "rate": 16_000}}}},
+     AudioFormat(2, 16_000)),
+    ({"audio": {"input": {"format": {"type": "audio/pcma"}}}}, AudioFormat(1, 8_000)),
+    ({"audio": {"input": {"format": {"type": "audio/opus"}}}}, DEFAULT_INPUT_FORMAT),
+    ({"audio": "not an object"}, DEFAULT_INPUT_FORMAT),
+    (None, DEFAULT_INPUT_FORMAT),
+])
+def test_a_sessions_input_format_or_the_default(session: dict[str, object] | None,
+                                                 expected: AudioFormat) -> None:
+    assert input_format_of(session) == expected
