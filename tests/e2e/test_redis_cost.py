@@ -2,6 +2,7 @@
 
 A real server, one gateway and one loopback worker at the product's default timings; each
 session streams 20 ms chunks in real time (the load, not a threshold) and reads every echo.
+The frame path the same way, to a frame backend's worker (the fake: 80 ms frames).
 Redis's MONITOR names every command it runs, marks those a script ran (``[0 lua]``), and shows
 a transaction's commands after its MULTI from the same client, before its EXEC; so the count
 splits into the calls clients made (a script call or a MULTI ... EXEC is one, a write of the
@@ -11,9 +12,11 @@ are on counts only: stable on a noisy machine.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import re
 import threading
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -176,3 +179,63 @@ async def test_redis_commands_per_session_second(stack: Stack, sessions: int,
     assert in_transactions <= IN_TRANSACTIONS_REACHED, (
         f"inside transactions over {IN_TRANSACTIONS_REACHED}: {bill}")
     assert in_scripts <= IN_SCRIPTS_REACHED, f"inside scripts over {IN_SCRIPTS_REACHED}: {bill}"
+
+
+#: The frame path (a frame backend's worker: 80 ms model frames, its input read once per
+#: tick, one output flush per tick for all its sessions), per session-second at ten sessions
+#: on one gateway and one worker, the levels reached: calls, per session its input appends
+#: (a frame each, 12.5) and its share of the worker's reads and flushes (one each per tick)
+#: and of the fixed costs; inside transactions its input entries (one per frame); inside
+#: scripts per session its events (XADD and SPUBLISH per frame) and the flush's share of its
+#: worker's state read. One command more per frame and session (12.5) fails each.
+FRAME_SENT_REACHED = 25
+FRAME_IN_TRANSACTIONS_REACHED = 20
+FRAME_IN_SCRIPTS_REACHED = 45
+
+
+async def stream_to_a_frame_backend(stack: Stack, sessions: int) -> CommandCount:
+    """Open ``sessions`` sessions on one gateway and one fake-backend worker, then count
+    what Redis runs while each streams :data:`CHUNKS` chunks in real time, spread over a
+    chunk's period, and until a heartbeat after them is answered (every chunk appended)."""
+    gateway = stack.gateway()
+    stack.worker(slots=sessions, backend="fake")
+    clients = [await DuplexClient.connect(gateway.ws_url) for _ in range(sessions)]
+    for client in clients:
+        await collect_until(client, "session.updated", [])
+
+    async def stream(n: int, client: DuplexClient, start: float) -> None:
+        for i in range(CHUNKS):
+            # Real-time pacing is the load itself, not a wait for a condition.
+            await asyncio.sleep(max(0.0, start + i * CHUNK_S - time.monotonic()))
+            await client.append_audio(b"\x00\x10" * 480)
+        await client.heartbeat()
+        await collect_until(client, "session.heartbeat_ack", [])
+
+    with CommandMonitor(stack.redis.url) as monitor:
+        start = time.monotonic() + 0.1
+        await asyncio.gather(*(stream(n, client, start + n * CHUNK_S / sessions)
+                               for n, client in enumerate(clients)))
+    for client in clients:
+        await client.aclose()
+    return monitor.count()
+
+
+async def test_redis_commands_per_session_second_on_the_frame_path(stack: Stack) -> None:
+    """Ten sessions stream to a frame backend's worker: what they cost Redis per
+    session-second, fixed costs included, stays at the frame path's levels
+    (FRAME_SENT_REACHED calls, FRAME_IN_TRANSACTIONS_REACHED inside transactions,
+    FRAME_IN_SCRIPTS_REACHED inside scripts): one input append and one flush share a
+    frame, not a chunk."""
+    stack.env.clear()  # the product's default timings: their fixed costs are part of the bill
+    sessions = 10
+    count = await stream_to_a_frame_backend(stack, sessions)
+    sent, in_transactions, in_scripts = count.per_session_second(sessions * CHUNKS * CHUNK_S)
+    bill = (f"{sent:.1f} calls, {in_transactions:.1f} inside transactions and"
+            f" {in_scripts:.1f} inside scripts per session-second;"
+            f" {count.breakdown(sessions * CHUNKS * CHUNK_S)}")
+    print(f"{sessions} sessions on the frame path: {bill}")
+    assert sent <= FRAME_SENT_REACHED, f"sent over {FRAME_SENT_REACHED}: {bill}"
+    assert in_transactions <= FRAME_IN_TRANSACTIONS_REACHED, (
+        f"inside transactions over {FRAME_IN_TRANSACTIONS_REACHED}: {bill}")
+    assert in_scripts <= FRAME_IN_SCRIPTS_REACHED, (
+        f"inside scripts over {FRAME_IN_SCRIPTS_REACHED}: {bill}")
