@@ -31,7 +31,7 @@ from typing import Any
 from contract.messages import AppendAudio, Command
 
 __all__ = ["DEFAULT_INPUT_FORMAT", "AudioFormat", "FrameCuts", "audio_microseconds",
-           "input_format_of"]
+           "frame_cuts_for", "input_format_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,3 +112,11 @@ class FrameCuts:
             return False
         self._frames_cut = frames
         return True
+
+
+def frame_cuts_for(session: Mapping[str, Any] | None,
+                   capabilities: Mapping[str, Any] | None) -> FrameCuts:
+    """The cuts of an attachment whose session object and capabilities the open or resume
+    found: frames of its ``chunk_period_ms``, audio at its input format."""
+    period = (capabilities or {}).get("chunk_period_ms")
+    return FrameCuts(period * 1000 if type(period) is int else None, input_format_of(session))

@@ -18,7 +18,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from contract.messages import Command, JsonObject, encode_message
-from gateway.input_frames import FrameCuts, input_format_of
+from gateway.input_frames import FrameCuts, frame_cuts_for
 from gateway.protocol.connection import ConnectionCore
 from gateway.protocol.errors import InternalError
 from gateway.services import GatewayServices
@@ -60,9 +60,7 @@ class InputWriter:
         self._cuts = None
         if self._svc.settings.pulled_input_hold_s and worker_pulls_input(
                 session_keys(lease.session_id).worker.worker_id):
-            period = (capabilities or {}).get("chunk_period_ms")
-            self._cuts = FrameCuts(period * 1000 if type(period) is int else None,
-                                   input_format_of(session))
+            self._cuts = frame_cuts_for(session, capabilities)
 
     def queue(self, entries: tuple[tuple[int | None, Command], ...]) -> None:
         """Queue commands for the next append; never waits."""

@@ -48,6 +48,7 @@ def json_argument(value: JsonObject | None) -> str:
     """A JSON object as a script argument ('' for None)."""
     return "" if value is None else json.dumps(value, separators=(",", ":"), allow_nan=False)
 
+
 class OpenStatus(enum.StrEnum):
     """Outcome of placing a session on one worker."""
 

@@ -48,7 +48,7 @@ from redis.exceptions import (
 from store.client import CONNECT_TIMEOUT_S, REDIS_ERRORS
 from store.errors import raise_if_cancelled
 from store.resp import Endpoint
-from store.script_lane import DEFAULT_STALL_S, ScriptLane
+from store.script_lane import DEFAULT_STALL_S, RouteChanged, ScriptLane
 
 __all__ = ["MAX_REDIRECTIONS", "ClusterLane"]
 
@@ -94,11 +94,15 @@ class ClusterLane:
                 + self.redirections["moved"] + self.redirections["ask"])
 
     async def evalsha(self, sha: str, source: str | bytes, keys: Sequence[str],
-                      args: Sequence[Any]) -> Any:
+                      args: Sequence[Any], *, route: int | None = None) -> Any:
         """Run the script whose SHA1 is ``sha`` on the node that serves its keys' slot.
+        ``route``: only while :attr:`route_changes` stays at it, on the node's connection as
+        it stood (None: wherever the call is routed).
 
         Raises:
             ValueError: the call has no key to route it by.
+            RouteChanged: a map was read, a call redirected or a connection made since
+                ``route``; nothing was sent.
             redis.exceptions.ConnectionError: a connection failed or stalled; whether the
                 script ran is unknown.
             redis.exceptions.ClusterError: the Cluster is down, or redirected the call more
@@ -109,7 +113,12 @@ class ClusterLane:
             raise ValueError("a script call on a Cluster needs a key to route it by")
 
         def send(lane: ScriptLane, asking: bool) -> Awaitable[Any]:
-            return lane.evalsha(sha, source, keys, args, asking=asking)
+            if route is None:
+                return lane.evalsha(sha, source, keys, args, asking=asking)
+            if route != self.route_changes:
+                raise RouteChanged(f"the Cluster's routes changed since route {route}")
+            return lane.evalsha(sha, source, keys, args, asking=asking,
+                                route=lane.route_changes)
         self.calls["script"] += 1
         return await self._routed(keys[0], send)
 

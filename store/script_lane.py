@@ -40,18 +40,24 @@ from redis.exceptions import (
     ExecAbortError,
     NoScriptError,
     ReadOnlyError,
+    RedisError,
 )
 
 from store.client import COMMAND_TIMEOUT_S
 from store.errors import raise_if_cancelled
 from store.resp import Endpoint, RespConnection, error_of
 
-__all__ = ["DEFAULT_STALL_S", "ScriptLane"]
+__all__ = ["DEFAULT_STALL_S", "RouteChanged", "ScriptLane"]
 
 #: How long calls may wait with nothing heard from Redis before their connection is dropped:
 #: far above any script's run time, and a resend after it is safe. The same bound as redis-py's
 #: commands (``store/client.py``).
 DEFAULT_STALL_S = COMMAND_TIMEOUT_S
+
+
+class RouteChanged(RedisError):
+    """A call meant for the connections as they stood (``route``) met others: a connection
+    was made since, or a Cluster's call was redirected. Nothing was sent."""
 
 
 class ScriptLane:
@@ -70,17 +76,22 @@ class ScriptLane:
         self.route_changes = 0
 
     async def evalsha(self, sha: str, source: str | bytes, keys: Sequence[str],
-                      args: Sequence[Any], *, asking: bool = False) -> Any:
+                      args: Sequence[Any], *, asking: bool = False,
+                      route: int | None = None) -> Any:
         """Run the script whose SHA1 is ``sha`` (``source`` if Redis does not hold it).
         ``asking``: send ASKING just before it, on the same connection (a Cluster node
-        importing the keys' slot takes the call only so).
+        importing the keys' slot takes the call only so). ``route``: send it only on the
+        connection :attr:`route_changes` counted up to then (None: on any).
 
         Raises:
+            RouteChanged: a connection was made since ``route``; nothing was sent.
             redis.exceptions.ConnectionError: the connection failed or stalled; whether the
                 script ran is unknown.
             redis.exceptions.RedisError: what Redis answered (as redis-py would raise it).
         """
         connection = await self._connected()
+        if route is not None and route != self.route_changes:
+            raise RouteChanged(f"connected again since route {route}")
         try:
             return await self._request(connection, ["EVALSHA", sha, len(keys), *keys, *args],
                                        asking)

@@ -13,7 +13,7 @@ import itertools
 import json
 import os
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
@@ -442,11 +442,17 @@ class Scripts:
         Raises:
             WorkerFenced: the worker was declared lost (nothing was written).
         """
+        lane, routes, fast = self._lane, self.route_changes, None
+        if lane is not None and routes is not None:
+            sha, source = self._flush_output.sha, lua.FLUSH_OUTPUT
+
+            def fast(keys: Sequence[str], args: Sequence[Any]) -> Awaitable[Any]:
+                # Sent once, and only on the connections the log ends were learnt on: on a
+                # new one (a failover may have lost what was answered) it is not sent.
+                return lane.evalsha(sha, source, keys, args, route=routes)
         return await append_output(
             batch, careful=lambda keys, args: self._run(self._append_output, keys, args),
-            fast=None if self._lane is None else (
-                lambda keys, args: self._call(self._flush_output, keys, args)),
-            route_changes=self.route_changes)
+            fast=fast, route_changes=routes)
 
     @property
     def route_changes(self) -> int | None:

@@ -12,6 +12,7 @@ from gateway.input_frames import (
     AudioFormat,
     FrameCuts,
     audio_microseconds,
+    frame_cuts_for,
     input_format_of,
 )
 
@@ -85,3 +86,14 @@ def test_appends_that_name_no_format_are_measured_at_the_sessions() -> None:
 def test_a_sessions_input_format_or_the_default(session: dict[str, object] | None,
                                                  expected: AudioFormat) -> None:
     assert input_format_of(session) == expected
+
+
+def test_an_attachments_cuts_come_from_its_session_and_capabilities() -> None:
+    """The frame from the capabilities' chunk_period_ms, the format from the session object:
+    a G.711 session on 80 ms frames is cut every fourth 20 ms chunk; without the period,
+    only by the hold's bound."""
+    session = {"audio": {"input": {"format": {"type": "audio/pcma"}}}}
+    chunk = AppendAudio(audio=b"\xd5" * 160)
+    assert cuts_of(frame_cuts_for(session, {"chunk_period_ms": 80}), [chunk] * 8) == [4, 8]
+    assert cuts_of(frame_cuts_for(session, {}), [chunk] * 8) == []
+    assert cuts_of(frame_cuts_for(None, {"chunk_period_ms": "80"}), [pcm16(20)] * 4) == []

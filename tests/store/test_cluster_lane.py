@@ -21,6 +21,7 @@ from store import Scripts, StoreUnavailable, create_client
 from store.cluster_lane import ClusterLane
 from store.keys import SessionKeys, new_worker_id
 from store.logs import read_input
+from store.script_lane import RouteChanged
 from tests.cluster import Cluster, start_cluster, wait_until
 from tests.store._support import open_session, register_worker
 
@@ -202,3 +203,23 @@ async def test_calls_carry_on_after_a_failover(cluster: Cluster, client: RedisCl
     assert lane.redirections["moved"] == 1
     assert lane.route_changes > routes
     assert await asyncio.to_thread(node_command, replica, "LLEN", KEY) == 5
+
+
+async def test_a_call_for_a_route_goes_only_while_it_stands(cluster: Cluster,
+                                                             client: RedisCluster,
+                                                             lane: ClusterLane) -> None:
+    """A script call for the route the lane stood at is sent; once a connection was made
+    since (another node's first call), one for the older route is refused unsent
+    (store/output_appends.py sends the fast output flush so)."""
+    assert await push(lane, "first") == 1
+    routes = lane.route_changes
+    assert int(await lane.evalsha(PUSH_SHA, PUSH, [KEY], ["on the route"], route=routes)) == 2
+    other = next(f"{{other-{n}}}:calls" for n in range(1000)
+                 if client.keyslot(f"{{other-{n}}}:calls") != client.keyslot(KEY)
+                 and cluster.port_serving(client.keyslot(f"{{other-{n}}}:calls"))
+                 != cluster.port_serving(client.keyslot(KEY)))
+    await lane.evalsha(PUSH_SHA, PUSH, [other], ["elsewhere"])  # a new node's connection
+    assert lane.route_changes > routes
+    with pytest.raises(RouteChanged):
+        await lane.evalsha(PUSH_SHA, PUSH, [KEY], ["off the route"], route=routes)
+    assert await push(lane, "last") == 3

@@ -29,6 +29,7 @@ from store import (
 from store.errors import Gone
 from store.keys import SessionKeys, WorkerKeys
 from store.pushes import OutputPushed
+from store.script_lane import ScriptLane
 from tests.faultproxy import FaultProxy
 from tests.store._support import (
     ev,
@@ -38,6 +39,7 @@ from tests.store._support import (
     ran,
     ran_since,
     register_worker,
+    until,
 )
 
 pytestmark = pytest.mark.timeout(30)
@@ -138,13 +140,15 @@ async def test_a_lost_worker_is_refused_whole(own: Scripts, redis_client: Redis)
     assert [seq for seq, _ in await events_of(redis_client, sid)] == [1]
 
 
+@pytest.mark.parametrize("reconnected_by", ["another call", "the append itself"])
 async def test_a_new_connection_reads_the_log_end_again_and_finds_it_rewound(
-    proxy: FaultProxy, redis_client: Redis
+    proxy: FaultProxy, redis_client: Redis, reconnected_by: str
 ) -> None:
     """The log lost its last events behind the worker's back (as a failover to a replica
     that lagged would), and the store's connection was made again (as every such failover
-    makes it): the route changes moved, so the next append reads the log's end and finds the
-    gap instead of writing past it."""
+    makes it), by another call or by the append itself once its connection was seen to
+    close: the fast script is not sent on the new connection, and the full one reads the
+    log's end and finds the gap instead of writing past it."""
     client = create_client(proxy.url)
     scripts = Scripts(client, own_connection=True)
     try:
@@ -160,7 +164,16 @@ async def test_a_new_connection_reads_the_log_end_again_and_finds_it_rewound(
         await redis_client.xadd(log, rows[0][1], id="1-0")
         proxy.cut()
         proxy.restore()
-        await register_worker(scripts)  # any call: it connects again
+        if reconnected_by == "another call":
+            await register_worker(scripts)
+        else:
+            lane = scripts._lane
+            assert isinstance(lane, ScriptLane)
+
+            def closed() -> bool:
+                connection = lane._connection
+                return connection is None or connection.closed.done()
+            await until(closed, "the lane to see its connection closed")
         outcome = await scripts.append_output_many([part(sid, 4, [ev(4)], known)])
         assert scripts.route_changes != known
         assert [described(one) for one in outcome] == [("mismatch", sid, Mismatch.GAP, 4, 1)]
