@@ -11,7 +11,16 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
+from redis.asyncio import Redis
 
+from duplex_gateway.bench.call_shapes import (
+    OUTPUT_FLUSH,
+    PLAIN_INPUT,
+    PULLED_PACKED_INPUT,
+    PULLED_PLAIN_INPUT,
+    PUSHED_PLAIN_INPUT,
+)
+from duplex_gateway.bench.calls import CommandStats, executed_usec
 from duplex_gateway.cli import main
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -52,7 +61,7 @@ def test_a_small_run_measures_every_shape_and_both_clients(
 
     report = json.loads(output.read_text())
     assert report["config"]["sessions"] == 4 and report["config"]["per_call"] == [1, 2, 4]
-    assert report["target_us_per_chunk_per_direction"] == 15.0
+    assert report["target_us_per_chunk_per_direction"] == 10.0
     shapes = [(row["shape"], row["sessions_per_call"]) for row in report["calls"]]
     assert shapes == [(BARE, 1)] + [
         (shape, n)
@@ -61,6 +70,10 @@ def test_a_small_run_measures_every_shape_and_both_clients(
         assert row["calls"] > 0 and row["chunks"] == row["calls"] * row["sessions_per_call"] * (
             4 if row["shape"] in (PACKED, FRAME_OUTPUT) else 1)
         assert row["redis_us_per_chunk"] > 0 and row["redis_us_per_call"] > 0
+        # Each call its own write: the sessions' clocks are spread over the period, so no
+        # two calls are due at once (a sleep of the loop can still join a few; redis-py's
+        # pool may connect in the window, whose reads count too).
+        assert 0.7 < row["reads_per_call"] < 1.5, row
         by_name = row["commands_us_per_chunk_by_name"]
         if row["shape"] in (BARE, PUSHED_PLAIN, PULLED_PLAIN, PACKED, PLAIN):  # no script
             assert row["script_us_per_chunk"] == 0 and by_name == {}
@@ -98,3 +111,28 @@ def test_sessions_per_call_that_do_not_divide_the_sessions_are_refused(
     assert run_cli("--sessions", "5", "--per-call", "1,2", "--output", str(output)) == 2
     assert "--per-call [2] do not divide --sessions 5" in capsys.readouterr().err
     assert not output.exists()
+
+
+@pytest.mark.timeout(30)
+async def test_a_transaction_is_charged_once_in_the_modelled_execution(
+        redis_client: Redis) -> None:
+    """Redis charges a ``MULTI``'s ``EXEC`` the time of the commands it ran, and those
+    commands their own time too (on both servers), so a transaction shape's execution is its
+    ``EXEC`` and ``MULTI`` alone: counting its ``XADD``s as well would count them twice."""
+    await redis_client.config_resetstat()
+    for _ in range(50):
+        pipe = redis_client.pipeline(transaction=True)
+        pipe.xadd("log", {"d": b"x" * 4096})
+        pipe.spublish("channel", b"x")
+        await pipe.execute()
+    stats = CommandStats.of(await redis_client.info("commandstats"))
+    assert stats.calls["exec"] == stats.calls["xadd"] == stats.calls["spublish"] == 50
+    # Each EXEC's time holds its commands' (whole microseconds, each rounded down once).
+    assert stats.usec["exec"] + 50 >= stats.usec["xadd"] + stats.usec["spublish"]
+    for shape in (PUSHED_PLAIN_INPUT, PLAIN_INPUT):
+        assert shape.charged == {"multi", "exec"}
+    for shape in (PULLED_PLAIN_INPUT, PULLED_PACKED_INPUT):
+        assert shape.charged == {"multi", "exec", "xread"}
+    assert executed_usec(stats, PLAIN_INPUT) == stats.usec["exec"] + stats.usec["multi"]
+    # A script's call holds its commands' time the same way; what it ran is not charged.
+    assert OUTPUT_FLUSH.charged == OUTPUT_FLUSH.sent == {"evalsha"}

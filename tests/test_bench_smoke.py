@@ -36,8 +36,7 @@ SERVERS = {("echo", 1): {"echo"}, ("peer", 1): {"peer0", "redis"},
            ("project", 1): {"gateway0", "worker", "redis"},
            ("project", 2): {"gateway0", "gateway1", "worker", "redis"}}
 TARGETS = {"added_per_direction_p99_ms", "gateway_cpu_vs_echo", "worker_cpu_vs_echo",
-           "stack_cpu_vs_peer", "redis_sent_per_session_second",
-           "redis_in_scripts_per_session_second", "redis_us_per_chunk",
+           "stack_cpu_vs_peer", "redis_writes_per_session_second", "redis_us_per_chunk",
            "redis_memory_per_session_kib"}
 
 

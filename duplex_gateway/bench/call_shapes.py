@@ -69,6 +69,9 @@ class Shape:
         chunks_per_call: the chunks each session's part of a call carries (a call every
             that many chunk periods): more than one, a frame backend's 80 ms of input in
             one packed entry.
+        carried: of ``sent``, the commands a ``MULTI`` carries: Redis runs them at the
+            ``EXEC`` and charges their time to it as well as to their own names, so a call's
+            execution counts them once, in the ``EXEC``.
     """
 
     name: str
@@ -78,6 +81,13 @@ class Shape:
     pulled: bool = False
     own_connection: bool = False
     chunks_per_call: int = 1
+    carried: frozenset[str] = frozenset()
+
+    @property
+    def charged(self) -> frozenset[str]:
+        """The commands whose ``INFO commandstats`` time is the calls' execution: what was
+        sent, less what a transaction carried (counted in its ``EXEC``)."""
+        return self.sent - self.carried
 
 
 BARE_PUBLISH: Final = Shape("bare SPUBLISH, one per chunk", frozenset({"spublish"}), False)
@@ -87,15 +97,18 @@ PULLED_INPUT: Final = Shape("project input script, pulling worker",
                             frozenset({"evalsha", "xread"}), True, pulled=True)
 PUSHED_PLAIN_INPUT: Final = Shape("project plain input (MULTI {XADD; SPUBLISH}), pushed worker",
                                   frozenset({"multi", "xadd", "spublish", "exec"}), False,
-                                  own_connection=True)
+                                  own_connection=True, carried=frozenset({"xadd", "spublish"}))
 PULLED_PLAIN_INPUT: Final = Shape("project plain input (MULTI {XADD}), pulling worker",
                                   frozenset({"multi", "xadd", "exec", "xread"}), False,
-                                  pulled=True, own_connection=True)
+                                  pulled=True, own_connection=True,
+                                  carried=frozenset({"xadd"}))
 PULLED_PACKED_INPUT: Final = Shape("project plain input, pulling worker, 80 ms a call",
                                    frozenset({"multi", "xadd", "exec", "xread"}), False,
-                                   pulled=True, own_connection=True, chunks_per_call=4)
+                                   pulled=True, own_connection=True, chunks_per_call=4,
+                                   carried=frozenset({"xadd"}))
 PLAIN_INPUT: Final = Shape("plain MULTI {XADD; SPUBLISH} input",
-                           frozenset({"multi", "xadd", "spublish", "exec"}), False)
+                           frozenset({"multi", "xadd", "spublish", "exec"}), False,
+                           carried=frozenset({"xadd", "spublish"}))
 OUTPUT_FLUSH: Final = Shape("project output flush, full script (APPEND_OUTPUT)",
                             frozenset({"evalsha"}), True, output=True)
 KNOWN_OUTPUT_FLUSH: Final = Shape("project output flush, log ends known (FLUSH_OUTPUT)",

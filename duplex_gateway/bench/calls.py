@@ -1,7 +1,8 @@
 """``duplex-gateway bench calls``: what one Redis call per chunk costs, against chunks per call.
 
-The relay's Redis targets (DESIGN §5: at most 30 us of Redis CPU per chunk, both directions)
-are met in ``bench relay`` only once batching carries many sessions per call. This bench
+The relay's Redis target (DESIGN §5: at most 20 us of Redis CPU per 20 ms chunk round trip,
+both directions, with 20 ms entries) is met in ``bench relay`` only once batching carries many
+sessions per call. This bench
 isolates why: it runs each call shape of :mod:`duplex_gateway.bench.call_shapes` (the store's
 real input script and output flush, through :class:`store.Scripts` on sessions set up for
 them, and a plain ``MULTI`` append beside them) on an embedded Redis, with a subscriber on
@@ -74,11 +75,12 @@ from duplex_gateway.bench.svgplot import Chart, write_chart
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
-__all__ = ["CallRow", "ClientRow", "add_arguments", "run_calls_bench"]
+__all__ = ["CallRow", "ClientRow", "CommandStats", "add_arguments", "executed_usec",
+           "run_calls_bench"]
 
 CHUNK_S: Final = 0.02
 #: DESIGN §5's Redis CPU per chunk, both directions; one direction gets half.
-TARGET_US_PER_CHUNK: Final = 30.0
+TARGET_US_PER_CHUNK: Final = 20.0
 DEFAULT_PER_CALL: Final = (1, 2, 5, 10, 20)
 
 
@@ -101,11 +103,15 @@ class CallRow:
         commands_sent_per_session_s: calls sent (script calls or publishes) per second of one
             session's stream (50 chunks); ``in_scripts_per_session_s``: commands the scripts
             ran; ``writes_per_session_s``: client calls, i.e. network round trips.
+        reads_per_call: idle only: Redis's reads of the calls (``total_reads_processed``,
+            less the bench's own and a pulling worker's) per call, about 1 when each call is
+            a write of its own, as the figures assume; below 1, calls shared writes.
         generator_commands: the busy-load generator's commands over the relay's windows.
         modelled_us_per_chunk: busy only: the execution time ``INFO commandstats`` charges the
-            commands sent (the script's Lua and its commands, the publish, a pulling worker's
-            reads), plus one generator command's whole cost alone per round trip (a busy
-            server's fixed cost of a call: read, parse, reply), per chunk. It needs no
+            commands sent (the script's Lua and its commands, a transaction's ``EXEC`` and what
+            it carried, the publish, a pulling worker's reads; :func:`executed_usec`), plus
+            one generator command's whole cost alone per round trip (a busy server's fixed
+            cost of a call: read, parse, reply), per chunk. It needs no
             subtraction, so it holds where the subtraction drowns in the generator's own
             variation.
     """
@@ -128,6 +134,7 @@ class CallRow:
     writes_per_session_s: float = 0.0
     generator_commands: int = 0
     modelled_us_per_chunk: float | None = None
+    reads_per_call: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +151,7 @@ _NOT_LOAD: Final = frozenset({"info", "config|resetstat", "ssubscribe", GENERATO
 
 
 @dataclass(frozen=True, slots=True)
-class _Stats:
+class CommandStats:
     """Since the last ``CONFIG RESETSTAT``: usec and calls per command, by name (Redis counts
     the commands a script runs under their own names, as if sent)."""
 
@@ -152,7 +159,7 @@ class _Stats:
     calls: dict[str, int]
 
     @classmethod
-    def of(cls, info: dict[str, Any]) -> _Stats:
+    def of(cls, info: dict[str, Any]) -> CommandStats:
         rows = {name.removeprefix("cmdstat_"): row for name, row in info.items()
                 if name.startswith("cmdstat_") and isinstance(row, dict)}
         return cls({name: float(row["usec"]) for name, row in rows.items()},
@@ -169,20 +176,37 @@ class _Stats:
                    if name not in sent and name not in _NOT_LOAD)
 
 
+def _xreads(info: dict[str, Any]) -> int:
+    """``XREAD`` calls since the last ``CONFIG RESETSTAT``."""
+    row = info.get("cmdstat_xread")
+    return int(row["calls"]) if isinstance(row, dict) else 0
+
+
+def executed_usec(stats: CommandStats, shape: Shape) -> float:
+    """The execution time Redis charged the calls of ``shape``: a script call's holds what
+    the script ran, a transaction's ``EXEC`` what it carried (:attr:`Shape.charged`)."""
+    return sum(stats.usec.get(name, 0.0) for name in shape.charged)
+
+
 async def _paced(callers: int, seconds: float, call: Callable[[int], Awaitable[None]],
                  period_s: float = CHUNK_S) -> int:
     """Run ``callers`` loops, each calling ``call(caller)`` every ``period_s`` for
-    ``seconds`` (an absolute schedule); the number of calls made."""
+    ``seconds`` (an absolute schedule); the number of calls made.
+
+    The callers' schedules are spread evenly over the period, as independent sessions' clocks
+    are: calls due at one instant would leave in one write on the store's own connection
+    (Redis reads them at once), and the shape would be measured at several calls a write."""
     loop = asyncio.get_running_loop()
     start, made = loop.time(), [0] * callers
 
     async def caller(index: int) -> None:
-        n = 0
+        phase, n = start + index * period_s / callers, 0
+        await asyncio.sleep(max(0.0, phase - loop.time()))
         while loop.time() < start + seconds:
             n += 1
             await call(index)
             made[index] += 1
-            await asyncio.sleep(max(0.0, start + n * period_s - loop.time()))
+            await asyncio.sleep(max(0.0, phase + n * period_s - loop.time()))
 
     await asyncio.gather(*(caller(index) for index in range(callers)))
     return sum(made)
@@ -208,16 +232,23 @@ async def _measure_shape(client: Redis, shape: Shape, sessions: int, per_call: i
         # first input append (its writer reads where the log stands: the bench opened none),
         # and on output each session's first three flushes (the first, on the connection it
         # made, learns no log end, store/output_appends.py; the third loads the fast script).
+        # The calls of each round go at once, so redis-py's pool holds a connection for each
+        # caller before the window, where calls can meet once a busy server slows them.
         for _ in range(3 if shape.output else 1):
-            for group in range(len(groups)):
-                await call(group)
+            await asyncio.gather(*(call(group) for group in range(len(groups))))
         await client.config_resetstat()
+        reads_per_call = None
         if busy is None:
-            before = read_cpu(await client.info("cpu"))
+            before_info = await client.info("all")
+            before = read_cpu(before_info)
             began = time.monotonic()
             calls = await _paced(len(groups), seconds, call, period)
             after: dict[str, Any] = await client.info("all")
             spent = read_cpu(after).minus(before)
+            # Less the INFO above (its own read) and a pulling worker's reads.
+            reads = (after["total_reads_processed"] - before_info["total_reads_processed"] - 1
+                     - (_xreads(after) if shape.pulled else 0))
+            reads_per_call = reads / calls if calls else None
             generator, share = 0, spent.total / (time.monotonic() - began)
             floor = None
         else:
@@ -241,11 +272,11 @@ async def _measure_shape(client: Redis, shape: Shape, sessions: int, per_call: i
         await client.flushall()
     # Every group holds per_call sessions, each with the shape's chunks a call.
     chunks = calls * per_call * shape.chunks_per_call
-    stats = _Stats.of(after)
+    stats = CommandStats.of(after)
     # Redis counts the commands a script runs apart from the script.
     inside = stats.inside(shape.sent) if shape.scripted else {}
     by_name = {name: usec / chunks for name, usec in sorted(inside.items())}
-    executed = sum(stats.usec.get(name, 0.0) for name in shape.sent)
+    executed = executed_usec(stats, shape)
     # Round trips: the calls, and a pulling worker's reads beside them.
     trips = calls + (stats.calls.get("xread", 0) if shape.pulled else 0)
     session_s = chunks * CHUNK_S  # each chunk is 20 ms of one session's stream
@@ -264,7 +295,8 @@ async def _measure_shape(client: Redis, shape: Shape, sessions: int, per_call: i
         if shape.scripted else 0.0,
         writes_per_session_s=calls / session_s,
         generator_commands=generator,
-        modelled_us_per_chunk=None if floor is None else (executed + floor * trips) / chunks)
+        modelled_us_per_chunk=None if floor is None else (executed + floor * trips) / chunks,
+        reads_per_call=reads_per_call)
 
 
 async def _measure_clients(client: Redis, calls: int) -> list[ClientRow]:

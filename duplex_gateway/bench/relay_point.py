@@ -240,6 +240,8 @@ def _redis_report(window: _Window, session_seconds: float,
             "session_seconds": session_seconds, "calls_by_command": calls,
             # less our own INFO's read
             "reads_processed": after.reads - before.reads - 1,
+            # client calls (a script call, a transaction, a pipelined batch read at once)
+            "writes_per_session_second": (after.reads - before.reads - 1) / session_seconds,
             # execution time of the commands sent (a script's includes what it ran)
             "sent_usec": sum(us for name, us in usec.items()
                              if name not in script_commands and name != "info"),
