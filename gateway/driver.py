@@ -74,6 +74,8 @@ __all__ = ["ConnectionDriver"]
 
 _log = logging.getLogger(__name__)
 _stall_log = RateLimitedLog(_log, interval_s=10.0)
+# Every connection of a cut-off gateway closes at once: one line per 10 s, with a count.
+_lapse_log = RateLimitedLog(_log, interval_s=10.0)
 _RESUME_ATTEMPTS = 3
 
 
@@ -280,13 +282,28 @@ class ConnectionDriver:
     async def _housekeeping(self) -> None:
         """On the core's timer: let the core trim what the client took long ago
         (:mod:`gateway.protocol.retention`). The trims, the client's activity and the tenant
-        reservation ride the gateway's lease renewals (:mod:`gateway.leases`)."""
+        reservation ride the gateway's lease renewals (:mod:`gateway.leases`). Once the lease
+        holding the session may have lapsed (this gateway cut off from Redis, or paused), a
+        reaper may have detached it: close 1012, so the client resumes elsewhere."""
         loop = asyncio.get_running_loop()
         while True:
+            due = self._core.next_deadline()
+            lapses = self._lease_lapses_at()
             # A periodic duty, not a wait for a condition.
-            await asyncio.sleep(max(0.0, self._core.next_deadline() - loop.time()))
-            self._core.timer_fired(loop.time(), taken_seq=self._backlog.taken_seq)
+            wake = due if lapses is None else min(due, lapses)
+            await asyncio.sleep(max(0.0, wake - loop.time()))
+            now = loop.time()
+            lapses = self._lease_lapses_at()
+            if (lapses is not None and now >= lapses
+                    and self._core.state is ConnectionState.ATTACHED):
+                _lapse_log.warning("lease", "no lease renewal answered for a whole lease: closing"
+                                   " 1012", extra={"session_id": self._session_id})
+                self._core.lease_lapsed()
+            self._core.timer_fired(now, taken_seq=self._backlog.taken_seq)
             await self._step_if_free()
+
+    def _lease_lapses_at(self) -> float | None:
+        return None if self._held is None else self._svc.leases.lapses_at(self._held)
 
     async def _step_if_free(self) -> None:
         """Run what the core decided, unless a step is in progress: that step runs it (it

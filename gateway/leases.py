@@ -7,6 +7,12 @@ number of sessions. A gateway that dies, pauses or is cut off stops renewing; on
 lapses any reaper detaches its sessions, whose disconnect grace then runs as after a lost
 connection.
 
+A gateway cut off from Redis (or paused) cannot tell whether a reaper has detached its sessions
+yet, so it stops serving them on its own clock: once no renewal on a worker was answered for a
+whole lease, counted from when the last answered one (or the attach) was sent, the
+connections on that worker close 1012 ``lease_lapsed`` (:meth:`AttachmentLeases.lapses_at`)
+and their clients resume through any gateway that reaches Redis.
+
 The renewals carry the sessions' housekeeping too (:mod:`gateway.lease_duties`): the output
 trims and the client activity the connections recorded since the last round ride the renewal on
 their worker, and each tenant's reservations (when a tenant cap is set) are renewed in one call
@@ -58,6 +64,9 @@ class AttachmentLeases:
         self._sessions_on: collections.Counter[str] = collections.Counter()  # worker -> held
         self._holds: collections.Counter[str] = collections.Counter()  # session -> connections
         self._tenant_of: dict[str, str] = {}
+        self._lease_s = holder.lease_ms / 1000
+        # Per worker held: when its lease may lapse, on the event loop's clock.
+        self._lapses_at: dict[str, float] = {}
         self._duties = PendingDuties()
         #: Renewal calls made so far (one per worker per round, whatever the session count).
         self.renewals = 0
@@ -67,7 +76,10 @@ class AttachmentLeases:
     def hold(self, session_id: str, tenant: str | None = None) -> None:
         """A connection of this gateway attached ``session_id`` (of ``tenant``, whose
         reservation the rounds renew while it is held)."""
-        self._sessions_on[worker_of_session(session_id)] += 1
+        worker = worker_of_session(session_id)
+        # The attach that took the session set the lease on its worker.
+        self._extend(worker, asyncio.get_running_loop().time())
+        self._sessions_on[worker] += 1
         self._holds[session_id] += 1
         if tenant is not None:
             self._tenant_of[session_id] = tenant
@@ -78,6 +90,7 @@ class AttachmentLeases:
         self._sessions_on[worker] -= 1
         if self._sessions_on[worker] <= 0:
             del self._sessions_on[worker]
+            self._lapses_at.pop(worker, None)
         self._holds[session_id] -= 1
         if self._holds[session_id] <= 0:
             del self._holds[session_id]
@@ -92,6 +105,16 @@ class AttachmentLeases:
         """The session's client sent something: the next round marks it active (its idle
         TTL counts from there)."""
         self._duties.active(session_id)
+
+    def lapses_at(self, session_id: str) -> float | None:
+        """When the lease holding ``session_id`` may have lapsed, on the event loop's clock,
+        unless a renewal is answered first: a lease from when the last answered renewal on its
+        worker (or the attach) was sent. None: no session of that worker is held."""
+        return self._lapses_at.get(worker_of_session(session_id))
+
+    def _extend(self, worker: str, sent_at: float) -> None:
+        self._lapses_at[worker] = max(self._lapses_at.get(worker, sent_at),
+                                      sent_at + self._lease_s)
 
     @property
     def workers(self) -> list[str]:
@@ -128,12 +151,15 @@ class AttachmentLeases:
 
     async def _renew(self, worker_id: str, holder: AttachmentHolder | None,
                      duties: Duties) -> None:
+        sent_at = asyncio.get_running_loop().time()
         try:
             await self._scripts.renew_attachment_lease(worker_id, holder, trims=duties[0],
                                                        active=duties[1])
         except StoreError:
             self._duties.put_back(duties)
             raise
+        if holder is not None and worker_id in self._sessions_on:
+            self._extend(worker_id, sent_at)
 
     def _tenant_sessions(self) -> dict[str, list[str]]:
         """Per tenant, the sessions held now whose reservations this round renews."""

@@ -182,6 +182,8 @@ class Proc:
     process: subprocess.Popen[bytes]
     port: int = 0
     log: Path | None = None
+    #: The address it serves on, as this process reaches it.
+    host: str = "127.0.0.1"
 
     def output(self) -> str:
         """Everything the process wrote so far (stdout and stderr)."""
@@ -189,11 +191,11 @@ class Proc:
 
     @property
     def ws_url(self) -> str:
-        return f"ws://127.0.0.1:{self.port}/v1/realtime"
+        return f"ws://{self.host}:{self.port}/v1/realtime"
 
     @property
     def http_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def kill(self) -> None:
         """SIGKILL: a crash, nothing flushed."""
@@ -232,7 +234,8 @@ class Stack:
         return Redis.from_url(self.redis.url)
 
     def _spawn(self, name: str, args: list[str], port: int = 0, *,
-               log_level: str = "warning") -> Proc:
+               log_level: str = "warning", host: str = "127.0.0.1",
+               prefix: Sequence[str] = ()) -> Proc:
         env = {**os.environ, **self.env}
         folder = log_dir()
         keys = [k for k in env.get("DUPLEX_GATEWAY_API_KEYS", "").split(",") if k]
@@ -242,36 +245,41 @@ class Stack:
         path = new_log_path(name)
         with path.open("wb") as sink:  # the child keeps its own descriptor
             process = subprocess.Popen(
-                [sys.executable, "-m", "duplex_gateway", "--log-level", log_level, *args],
-                env=env, stdout=sink, stderr=subprocess.STDOUT)
-        proc = Proc(name, process, port, path)
+                [*prefix, sys.executable, "-m", "duplex_gateway", "--log-level", log_level,
+                 *args], env=env, stdout=sink, stderr=subprocess.STDOUT)
+        proc = Proc(name, process, port, path, host)
         self.procs.append(proc)
         return proc
 
-    def gateway(self, *, log_level: str = "warning", redis_url: str = "") -> Proc:
+    def gateway(self, *, log_level: str = "warning", redis_url: str = "",
+                host: str = "127.0.0.1", prefix: Sequence[str] = ()) -> Proc:
         """Start a gateway and wait until it serves and reaches Redis: ready, or lacking only
         a live worker (/readyz wants one, and tests mostly start the gateway first).
-        ``redis_url``: where this one reaches Redis (a fault proxy, say) instead."""
+        ``redis_url``: where this one reaches Redis (a fault proxy, say) instead; ``host``:
+        the address it serves on; ``prefix``: what runs it (``ip netns exec <name>``, say)."""
         port = free_port()
-        proc = self._spawn("gateway", ["serve", "--host", "127.0.0.1", "--port", str(port),
+        proc = self._spawn("gateway", ["serve", "--host", host, "--port", str(port),
                                        "--redis-url", redis_url or self.url], port,
-                           log_level=log_level)
+                           log_level=log_level, host=host, prefix=prefix)
         wait_for(lambda: http_answer(proc.http_url + "/readyz") in (READY, NO_WORKER)
                  or proc.process.poll() is not None, f"gateway on {port}")
         assert proc.process.poll() is None, "gateway exited at start"
         return proc
 
     def worker(self, slots: int = 8, backend: str = "loopback", *, metrics_port: int = 0,
-               models: Sequence[str] = ()) -> Proc:
+               models: Sequence[str] = (), redis_url: str = "",
+               prefix: Sequence[str] = ()) -> Proc:
         """Start a worker (serving ``models``; none: its backend's name) and wait until it is
-        in the directory (models load first)."""
+        in the directory (models load first). ``redis_url`` and ``prefix`` as for
+        :meth:`gateway`."""
         client = self.reader()
         before = set(client.zrange(WORKER_DIRECTORY, 0, -1))
         extra = ["--metrics-port", str(metrics_port)] if metrics_port else []
         if models:
             extra += ["--served-model-name", ",".join(models)]
-        proc = self._spawn("worker", ["worker", "--redis-url", self.url, "--backend",
-                                      backend, "--slots", str(slots), *extra], metrics_port)
+        proc = self._spawn("worker", ["worker", "--redis-url", redis_url or self.url,
+                                      "--backend", backend, "--slots", str(slots), *extra],
+                           metrics_port, prefix=prefix)
         wait_for(lambda: len(set(client.zrange(WORKER_DIRECTORY, 0, -1)) - before) > 0
                  or proc.process.poll() is not None, "worker registration",
                  timeout=DEADLINE_S if backend == "loopback" else 90.0)

@@ -85,9 +85,9 @@ async def test_a_killed_gateways_session_is_detached_then_expires_and_frees_its_
 
 
 async def test_a_gateway_paused_past_its_lease_lets_its_client_resume(stack: Stack) -> None:
-    """Gateway A is SIGSTOPped past its lease: the session is detached. SIGCONTed, A finds
-    its next append refused under its own generation and closes 1012; the client resumes
-    through B and every chunk is echoed once, in order."""
+    """Gateway A is SIGSTOPped past its lease: the session is detached. SIGCONTed, A closes
+    1012 on its own clock, before its client sends anything (no renewal was answered for a
+    whole lease); the client resumes through B and every chunk is echoed once, in order."""
     stack.env["DUPLEX_GATEWAY_ATTACH_LEASE_S"] = str(LEASE_S)
     a, b = stack.gateway(), stack.gateway()
     stack.worker()
@@ -107,14 +107,14 @@ async def test_a_gateway_paused_past_its_lease_lets_its_client_resume(stack: Sta
         await until(detached, "the paused gateway's session to be detached", timeout=10)
     finally:
         a.process.send_signal(signal.SIGCONT)
-    await client.append_audio(marked_chunk(0, 1))
     with pytest.raises(ConnectionClosed) as closed:
         while True:
             events.append(await next_event(client))
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
     assert closed.value.rcvd.reason == "lease_lapsed"
-    resumed = await client.resume(b.ws_url)  # resends chunk 1 by client_seq
+    resumed = await client.resume(b.ws_url)
     assert resumed.type == "session.resumed"
+    await client.append_audio(marked_chunk(0, 1))
     await client.append_audio(marked_chunk(0, 2))
     echoes = [chunk_index(e.audio) for e in events if e.type == "response.output_audio.delta"]
     while len(echoes) < 3:

@@ -4,6 +4,7 @@ activity), and one tenant renewal per tenant."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -188,3 +189,44 @@ async def test_input_alone_keeps_a_session_past_its_idle_ttl_silence_ends_it(
     await wait_redis_clock_past(redis_client, marked + IDLE.idle_ttl_ms)
     assert await reap_until_ended(scripts, wid, 1) == 1
     await assert_one_terminal(redis_client, sid, "session.expired", "idle_ttl_expired")
+
+
+async def test_a_lease_lapses_on_the_gateways_own_clock_while_no_renewal_is_answered(
+        redis_server: EmbeddedServer, redis_client: Redis) -> None:
+    """A held session's lease lapses, on the gateway's clock, a lease after the attach or the
+    last renewal Redis answered was sent; a round that fails (Redis cut off) moves nothing; a
+    worker no longer held has no lapse."""
+    proxy = FaultProxy("127.0.0.1", redis_server.port)
+    await proxy.start()
+    client = create_client(proxy.url)
+    loop = asyncio.get_running_loop()
+    lease_s = HOLDER.lease_ms / 1000
+    try:
+        leases = AttachmentLeases(Scripts(client), HOLDER)
+        wid = await register_worker(Scripts(redis_client))
+        sid = (await open_session(Scripts(redis_client), wid, holder=HOLDER)).session_id
+        assert leases.lapses_at(sid) is None
+        attached = loop.time()
+        leases.hold(sid)
+        after_hold = leases.lapses_at(sid)
+        assert after_hold is not None and attached + lease_s <= after_hold
+        assert after_hold <= loop.time() + lease_s
+        await wait_redis_clock_past(redis_client, await redis_now_ms(redis_client) + 5)
+        sent = loop.time()
+        assert await leases.renew_once() == 1
+        renewed = leases.lapses_at(sid)
+        assert renewed is not None and sent + lease_s <= renewed <= loop.time() + lease_s
+        assert renewed > after_hold
+        proxy.cut()
+        assert await leases.renew_once() == 1  # tried, and failed
+        assert leases.lapses_at(sid) == renewed
+        proxy.restore()
+        sent = loop.time()
+        assert await leases.renew_once() == 1
+        restored = leases.lapses_at(sid)
+        assert restored is not None and restored >= sent + lease_s > renewed
+        leases.release(sid)
+        assert leases.lapses_at(sid) is None
+    finally:
+        await client.aclose()
+        await proxy.aclose()

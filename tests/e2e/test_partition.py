@@ -1,0 +1,158 @@
+"""Partitions, not only kills: a gateway or a worker cut off from Redis in a network
+namespace while everything else still reaches it (tests/netns.py; root only, skipped with the
+reason elsewhere)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import pytest
+from redis.asyncio import Redis
+from websockets.exceptions import ConnectionClosed
+
+from duplex_client import DuplexClient, RealtimeEvent
+from runtime.embedded import EmbeddedServer, start_server
+from store.keys import WORKER_DIRECTORY, SessionKeys
+from tests.e2e.conftest import FAST_ENV
+from tests.e2e.helpers import (
+    PUSH_TO_TALK_SESSION,
+    STREAM_SESSION,
+    chunk_index,
+    collect_until,
+    marked_chunk,
+    next_event,
+)
+from tests.e2e.stack import Stack
+from tests.netns import Namespace, namespace
+from tests.store._support import assert_one_terminal, until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+LEASE_S = 1.0
+TEN_SECONDS = bytes(480_000)  # 10 s of pcm16 at 24 kHz: the model talks for 10 s
+
+
+@pytest.fixture
+def cut_off() -> Iterator[Namespace]:
+    """A namespace with two links: one to Redis, one its clients come in by."""
+    with namespace(links=2) as made:
+        yield made
+
+
+@pytest.fixture
+def reachable_redis(cut_off: Namespace) -> Iterator[EmbeddedServer]:
+    """A Redis on loopback and on the host side of the namespace's Redis link."""
+    server = start_server("auto", extra_args=["--bind", "127.0.0.1", cut_off.links[0].host])
+    yield server
+    server.stop()
+
+
+async def test_a_gateway_cut_off_from_redis_closes_1012_and_its_client_resumes_elsewhere(
+        cut_off: Namespace, reachable_redis: EmbeddedServer) -> None:
+    """Gateway A runs in a namespace, its client connected to it over one link and Redis
+    reached over another. The Redis link goes down (packets vanish, no reset): A lets its
+    lease lapse and closes its client 1012 ``lease_lapsed`` although the client still reaches
+    it; B's reaper detaches the session; the client resumes through B and every chunk is
+    echoed once, in order. Healed, A holds nothing and serves again."""
+    redis_link, client_link = cut_off.links
+    stack = Stack(redis=reachable_redis, env={**FAST_ENV,
+                                              "DUPLEX_GATEWAY_ATTACH_LEASE_S": str(LEASE_S)})
+    redis = Redis.from_url(reachable_redis.url)
+    try:
+        stack.worker()
+        b = stack.gateway()
+        a = stack.gateway(host=client_link.inside, prefix=cut_off.prefix,
+                          redis_url=f"redis://{redis_link.host}:{reachable_redis.port}/0")
+        client = await DuplexClient.connect(a.ws_url, session=STREAM_SESSION)
+        events: list[RealtimeEvent] = []
+        await collect_until(client, "session.updated", events)
+        assert client.session_id is not None
+        record = SessionKeys(client.session_id).record
+        await client.append_audio(marked_chunk(0, 0))
+        await collect_until(client, "response.output_audio.delta", events)
+
+        cut_off.cut(redis_link)
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                events.append(await next_event(client))
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
+        assert closed.value.rcvd.reason == "lease_lapsed"
+
+        async def detached() -> bool:
+            return await redis.hget(record, "state") == b"detached"
+
+        await until(detached, "B's reaper to detach the cut-off gateway's session", timeout=10)
+        resumed = await client.resume(b.ws_url)
+        assert resumed.type == "session.resumed"
+        await client.append_audio(marked_chunk(0, 1))
+        await client.append_audio(marked_chunk(0, 2))
+        echoes = [chunk_index(e.audio) for e in events
+                  if e.type == "response.output_audio.delta"]
+        while len(echoes) < 3:
+            event = await next_event(client)
+            if event.type == "response.output_audio.delta":
+                echoes.append(chunk_index(event.audio))
+        assert echoes == [0, 1, 2]
+
+        cut_off.heal(redis_link)
+        again = await DuplexClient.connect(a.ws_url, session=STREAM_SESSION)
+        await collect_until(again, "session.updated", [])
+        await again.aclose()
+        await asyncio.wait_for(client.aclose(), 10)
+    finally:
+        stack.stop()
+        await redis.aclose()
+
+
+@pytest.mark.logs_errors  # the worker's own line: declared lost, it stops writing
+async def test_a_worker_cut_off_from_redis_is_declared_lost_and_rejoins_as_another(
+        cut_off: Namespace, reachable_redis: EmbeddedServer) -> None:
+    """The worker runs in a namespace and its Redis link goes down while its model speaks
+    (ten seconds of loopback playback): the gateways' reapers declare it lost and the
+    session ends ``worker_lost``, exactly once and last (until sessions move to another
+    worker). Healed, the worker finds itself fenced: what it generated meanwhile and sends
+    once the link is back is refused, so the log still ends with that terminal event, and it
+    rejoins under a new id that serves new sessions."""
+    redis_link = cut_off.links[0]
+    stack = Stack(redis=reachable_redis, env=dict(FAST_ENV))
+    redis = Redis.from_url(reachable_redis.url)
+    try:
+        gateway = stack.gateway()
+        stack.worker(prefix=cut_off.prefix,
+                     redis_url=f"redis://{redis_link.host}:{reachable_redis.port}/0")
+        [first_id] = await redis.zrange(WORKER_DIRECTORY, 0, -1)
+        client = await DuplexClient.connect(gateway.ws_url, session=PUSH_TO_TALK_SESSION)
+        events: list[RealtimeEvent] = []
+        await collect_until(client, "session.updated", events)
+        assert client.session_id is not None
+        session_id = client.session_id
+        await client.append_audio(TEN_SECONDS)
+        await client.commit()
+        await client.create_response()
+        await collect_until(client, "response.output_audio.delta", events)
+
+        cut_off.cut(redis_link)
+        closed = await collect_until(client, "session.closed", events, timeout=20)
+        assert closed.data["reason"] == "worker_lost"
+        seqs = [e.server_event_seq for e in events if e.server_event_seq is not None]
+        assert seqs == list(range(1, len(seqs) + 1))
+
+        cut_off.heal(redis_link)
+
+        async def rejoined() -> bool:
+            return any(member != first_id
+                       for member in await redis.zrange(WORKER_DIRECTORY, 0, -1))
+
+        await until(rejoined, "the fenced worker to rejoin under a new id", timeout=60)
+        await assert_one_terminal(redis, session_id, "session.closed", "worker_lost")
+        fresh = await DuplexClient.connect(gateway.ws_url, session=STREAM_SESSION)
+        await collect_until(fresh, "session.updated", [])
+        await fresh.append_audio(marked_chunk(1, 0))
+        echoed = await collect_until(fresh, "response.output_audio.delta", [])
+        assert chunk_index(echoed.audio) == 0
+        await fresh.aclose()
+        await asyncio.wait_for(client.aclose(), 10)
+    finally:
+        stack.stop()
+        await redis.aclose()
