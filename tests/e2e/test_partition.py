@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -22,6 +23,7 @@ from tests.e2e.helpers import (
     collect_until,
     marked_chunk,
     next_event,
+    stream_in_real_time,
 )
 from tests.e2e.stack import Stack
 from tests.netns import Namespace, namespace
@@ -153,6 +155,52 @@ async def test_a_worker_cut_off_from_redis_is_declared_lost_and_rejoins_as_anoth
         assert chunk_index(echoed.audio) == 0
         await fresh.aclose()
         await asyncio.wait_for(client.aclose(), 10)
+    finally:
+        stack.stop()
+        await redis.aclose()
+
+
+async def test_a_flapping_redis_link_under_streaming_loses_nothing(
+        cut_off: Namespace, reachable_redis: EmbeddedServer) -> None:
+    """The gateway and the worker both run in the namespace and reach Redis over one link,
+    which goes down for 0.15 s every half second while three sessions stream in real time
+    (packets lost in bursts, resent late by TCP, the calls delayed): every chunk is echoed
+    once, in order, and nobody is declared lost at the default heartbeat timings."""
+    redis_link, client_link = cut_off.links
+    redis_url = f"redis://{redis_link.host}:{reachable_redis.port}/0"
+    env = {**FAST_ENV, "DUPLEX_GATEWAY_HEARTBEAT_INTERVAL_S": "1.0",
+           "DUPLEX_GATEWAY_HEARTBEAT_TTL_S": "1.5"}
+    stack = Stack(redis=reachable_redis, env=env)
+    redis = Redis.from_url(reachable_redis.url)
+    try:
+        stack.worker(prefix=cut_off.prefix, redis_url=redis_url)
+        gateway = stack.gateway(host=client_link.inside, prefix=cut_off.prefix,
+                                redis_url=redis_url)
+        clients = [await DuplexClient.connect(gateway.ws_url, session=STREAM_SESSION)
+                   for _ in range(3)]
+        for client in clients:
+            await collect_until(client, "session.updated", [])
+
+        async def flap() -> None:
+            while True:
+                # The fault's own schedule, not a wait for a condition.
+                await asyncio.sleep(0.35)
+                await asyncio.to_thread(cut_off.cut, redis_link)
+                await asyncio.sleep(0.15)
+                await asyncio.to_thread(cut_off.heal, redis_link)
+
+        flapping = asyncio.create_task(flap())
+        try:
+            await stream_in_real_time(clients, 150, spread_s=0.005)
+        finally:
+            flapping.cancel()
+            await asyncio.gather(flapping, return_exceptions=True)
+            cut_off.heal(redis_link)
+        for client in clients:
+            assert client.session_id is not None
+            state: Any = await redis.hget(SessionKeys(client.session_id).record, "state")
+            assert state == b"attached"
+            await asyncio.wait_for(client.aclose(), 10)
     finally:
         stack.stop()
         await redis.aclose()
