@@ -294,8 +294,7 @@ class ConnectionDriver:
             await asyncio.sleep(max(0.0, wake - loop.time()))
             now = loop.time()
             lapses = self._lease_lapses_at()
-            if (lapses is not None and now >= lapses
-                    and self._core.state is ConnectionState.ATTACHED):
+            if lapses is not None and now >= lapses:
                 _lapse_log.warning("lease", "no lease renewal answered for a whole lease: closing"
                                    " 1012", extra={"session_id": self._session_id})
                 self._core.lease_lapsed()
@@ -303,7 +302,10 @@ class ConnectionDriver:
             await self._step_if_free()
 
     def _lease_lapses_at(self) -> float | None:
-        return None if self._held is None else self._svc.leases.lapses_at(self._held)
+        # None unless attached: once closing, a past lapse must not wake the loop on and on.
+        if self._held is None or self._core.state is not ConnectionState.ATTACHED:
+            return None
+        return self._svc.leases.lapses_at(self._held)
 
     async def _step_if_free(self) -> None:
         """Run what the core decided, unless a step is in progress: that step runs it (it
