@@ -280,11 +280,10 @@ class ConnectionDriver:
         return 0 if self._transport is None else self._transport.get_write_buffer_size()
 
     async def _housekeeping(self) -> None:
-        """On the core's timer: let the core trim what the client took long ago
-        (:mod:`gateway.protocol.retention`). The trims, the client's activity and the tenant
-        reservation ride the gateway's lease renewals (:mod:`gateway.leases`). Once the lease
-        holding the session may have lapsed (this gateway cut off from Redis, or paused), a
-        reaper may have detached it: close 1012, so the client resumes elsewhere."""
+        """On the core's timer: trim what the client took long ago (the trims, its activity and
+        tenant place ride the lease rounds, :mod:`gateway.leases`). Once the lease holding the
+        session may have lapsed (this gateway cut off from Redis, or paused), a reaper may
+        have detached it: close 1012, so the client resumes elsewhere."""
         loop = asyncio.get_running_loop()
         while True:
             due = self._core.next_deadline()
@@ -298,6 +297,7 @@ class ConnectionDriver:
                 _lapse_log.warning("lease", "no lease renewal answered for a whole lease: closing"
                                    " 1012", extra={"session_id": self._session_id})
                 self._core.lease_lapsed()
+                self._svc.metrics.lease_lapse_closes.inc()
             self._core.timer_fired(now, taken_seq=self._backlog.taken_seq)
             await self._step_if_free()
 

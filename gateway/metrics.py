@@ -142,6 +142,11 @@ class GatewayMetrics:
             f"{_NS}_lease_renewals",
             "Attachment lease renewals sent (one per worker this gateway serves, per round)",
             registry=r)
+        self.lease_lapse_closes = Counter(
+            f"{_NS}_lease_lapse_closes",
+            "Connections closed 1012 lease_lapsed: no renewal of the lease holding their"
+            " session was answered for a whole ATTACH_LEASE_S (this gateway cut off from Redis,"
+            " or paused); the session is resumable", registry=r)
         self.lapsed_detached = Counter(
             f"{_NS}_sessions_lease_detached",
             "Sessions this reaper detached because their gateway's attachment lease lapsed",

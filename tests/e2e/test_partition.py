@@ -26,6 +26,7 @@ from tests.e2e.helpers import (
     stream_in_real_time,
 )
 from tests.e2e.stack import Stack
+from tests.e2e.test_endpoints import get, metric_value
 from tests.netns import Namespace, namespace
 from tests.store._support import assert_one_terminal, until
 
@@ -80,6 +81,8 @@ async def test_a_gateway_cut_off_from_redis_closes_1012_and_its_client_resumes_e
                 events.append(await next_event(client))
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
         assert closed.value.rcvd.reason == "lease_lapsed"
+        _, metrics = await asyncio.to_thread(get, a.http_url + "/metrics")
+        assert metric_value(metrics, "duplex_gateway_lease_lapse_closes_total") == 1
 
         async def detached() -> bool:
             return await redis.hget(record, "state") == b"detached"
