@@ -22,6 +22,11 @@ from duplex_gateway.bench.relay_regimes import Regime, add_regime_arguments, pla
 pytestmark = pytest.mark.e2e
 
 SVG = "{http://www.w3.org/2000/svg}"
+#: Writes per session-second on the frame path, two sessions: an input append and an output
+#: flush a frame each (12.5 a second each), and the housekeeping (lease rounds, heartbeats,
+#: the reaper's passes), more per session the fewer share it and the more processes there
+#: are (about 38 on one pair, 64 spread); the loopback's 20 ms entries alone make 100.
+WRITES_PER_FRAME_SESSION_S = (25.0, 90.0)
 LABELS = ["single 1g x 1w, idle, auto, io-threads 1",
           "single 1g x 1w, busy 4, auto, io-threads 1",
           "spread 2g x 2w, idle, auto, io-threads 1",
@@ -73,6 +78,32 @@ def test_regimes_run_beside_the_sweep_and_place_one_session_per_pair(
     assert titles == LABELS
 
 
+FRAME_LABELS = ["single 1g x 1w, frame path, idle, auto, io-threads 1",
+                "spread 2g x 2w, frame path, idle, auto, io-threads 1"]
+
+
+@pytest.mark.timeout(300)
+def test_the_frame_path_regimes_find_every_chunk_in_the_frames(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--backend fake``: the regimes' workers run a frame backend (80 ms frames both ways,
+    the input pulled once a tick) that echoes, and the load client finds every chunk, once
+    and in order, in the frames it gets back; the writes per session-second are those of
+    80 ms entries, a fraction of the loopback's hundred."""
+    output = tmp_path / "relay.json"
+    assert run_relay_bench(sessions=[2], gateways=[1], seconds=3.0, output=output,
+                           spread=(2, 2), backend="fake") == 0
+
+    report = json.loads(output.read_text())
+    assert report["lossless"] is True and report["config"]["regimes"] == FRAME_LABELS
+    for row in report["regimes"]:
+        assert row["backend"] == "fake" and row["lossless"] is True
+        point = row["point"]["chunks"]
+        assert point["received"] == point["sent"] > 0
+        assert WRITES_PER_FRAME_SESSION_S[0] <= row["writes_per_session_s"] \
+            <= WRITES_PER_FRAME_SESSION_S[1], row["writes_per_session_s"]
+    assert "frame path" in capsys.readouterr().out
+
+
 def test_regimes_are_planned_from_the_flags() -> None:
     """None without --busy or --spread; each topology idle, then busy once per thread count."""
     assert plan_regimes(spread=None, busy=None, kind="auto", io_threads=None) == []
@@ -81,6 +112,9 @@ def test_regimes_are_planned_from_the_flags() -> None:
     assert plan_regimes(spread=None, busy=8, kind="valkey", io_threads=[1, 2]) == [
         Regime(1, 1, ServerChoice("valkey"), 0), Regime(1, 1, ServerChoice("valkey", 1), 8),
         Regime(1, 1, ServerChoice("valkey", 2), 8)]
+    assert plan_regimes(spread=None, busy=4, kind="auto", io_threads=None,
+                        backend="fake") == [Regime(1, 1, ServerChoice("auto"), 0, "fake"),
+                                            Regime(1, 1, ServerChoice("auto", 1), 4, "fake")]
 
 
 def test_spread_takes_two_counts() -> None:
@@ -102,4 +136,9 @@ def test_relay_io_threads_without_busy_are_refused(tmp_path: Path,
         main(["bench", "relay", "--io-threads", "2", "--output", str(output)])
     assert ended.value.code == 2
     assert "--io-threads needs --busy" in capsys.readouterr().err
+    assert not output.exists()
+    with pytest.raises(SystemExit) as ended:
+        main(["bench", "relay", "--backend", "fake", "--output", str(output)])
+    assert ended.value.code == 2
+    assert "--backend needs --busy or --spread" in capsys.readouterr().err
     assert not output.exists()

@@ -15,9 +15,14 @@ def _relay(args: argparse.Namespace) -> int:
     if args.io_threads and not args.busy:
         print("bench relay: --io-threads needs --busy", file=sys.stderr)
         return 2
+    if args.backend != "loopback" and not (args.busy or args.spread):
+        print("bench relay: --backend needs --busy or --spread (the regimes it runs)",
+              file=sys.stderr)
+        return 2
     return run_relay_bench(sessions=args.sessions, gateways=args.gateways, seconds=args.seconds,
                            output=args.output, profile=args.profile, busy=args.busy,
-                           spread=args.spread, server=args.server, io_threads=args.io_threads)
+                           spread=args.spread, server=args.server, io_threads=args.io_threads,
+                           backend=args.backend)
 
 
 def _resume(args: argparse.Namespace) -> int:

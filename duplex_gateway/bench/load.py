@@ -39,7 +39,13 @@ _SESSION_UPDATE: Final = json.dumps(
     {"type": "session.update",
      "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}},
                  "extra_body": {"loopback_mode": "stream"}}})
+# A frame backend echoes on its own clock and takes no loopback mode.
+_FRAMES_SESSION_UPDATE: Final = json.dumps(
+    {"type": "session.update",
+     "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}}})
 _CLOSE: Final = json.dumps({"type": "session.close"})
+# A frame backend's input is cut on 80 ms frames: a tail short of one waits for the rest.
+_FRAME_CHUNKS: Final = 4
 
 
 # ============================================================================ frames
@@ -82,7 +88,7 @@ class ClientSpec:
     """What one client process drives in one point."""
 
     urls: tuple[str, ...]  # session i connects to urls[i % len(urls)]
-    mode: str  # "echo", "peer" or "gateway"
+    mode: str  # "echo", "peer", "gateway" or "frames" (a gateway, a frame backend behind it)
     indices: tuple[int, ...]
     sessions: int
     seconds: float
@@ -152,10 +158,12 @@ class LoadSession:
 
         self._ws = await connect(self._url, max_size=None, open_timeout=OPEN_TIMEOUT_S,
                                  compression="deflate" if self._spec.compression else None)
-        await self._ws.send(_SESSION_UPDATE)
+        gateway = self._spec.mode in ("gateway", "frames")
+        await self._ws.send(_FRAMES_SESSION_UPDATE if self._spec.mode == "frames"
+                            else _SESSION_UPDATE)
         # The gateway answers session.created, then the worker's session.updated (stream
         # mode is on); the echo returns the update itself.
-        wanted = "session.updated" if self._spec.mode == "gateway" else "session.update"
+        wanted = "session.updated" if gateway else "session.update"
         while True:
             raw = await asyncio.wait_for(self._ws.recv(), OPEN_TIMEOUT_S)
             data = json.loads(raw)
@@ -180,7 +188,8 @@ class LoadSession:
         late = max(0.0, time.monotonic() - self._phase)
         begin = self._phase + math.ceil(late / CHUNK_S) * CHUNK_S  # next slot of this phase
         chunk = 0
-        while (due := begin + chunk * CHUNK_S) < self._end:
+        whole = _FRAME_CHUNKS if self._spec.mode == "frames" else 1
+        while (due := begin + chunk * CHUNK_S) < self._end or chunk % whole:
             delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -217,18 +226,34 @@ class LoadSession:
         self._on_data(data, now)
 
     def _on_data(self, data: Any, now: float) -> None:
-        """Match one returned message to its chunk."""
+        """Match one returned message to its chunks: one a message from an echo, the
+        loopback and the peer; from a frame backend's echo (the frame path) a frame of them,
+        whole chunks and whole chunks of silence (what it speaks while it heard nothing)."""
         try:
             b64 = _returned_audio(data)
             audio = base64.b64decode(b64) if b64 is not None else None
-            session, chunk = _MARK.unpack_from(audio) if audio is not None else (0, 0)
-        except (ValueError, TypeError, AttributeError, struct.error) as exc:
+        except (ValueError, TypeError, AttributeError) as exc:
             self.log.corrupt += 1  # audio that is not ours
             self.log.error(f"bad frame: {exc!r}")
             return
         if audio is None:
             if data.get("type") == "error":
                 self.log.error(json.dumps(data.get("error")))
+            return
+        if len(audio) <= CHUNK_BYTES:
+            self._on_chunk(audio, now)
+            return
+        for start in range(0, len(audio), CHUNK_BYTES):
+            piece = audio[start:start + CHUNK_BYTES]
+            if piece.count(0) != len(piece):
+                self._on_chunk(piece, now)
+
+    def _on_chunk(self, audio: bytes, now: float) -> None:
+        try:
+            session, chunk = _MARK.unpack_from(audio)
+        except struct.error as exc:
+            self.log.corrupt += 1  # audio that is not ours
+            self.log.error(f"bad frame: {exc!r}")
             return
         if session != self.log.index or chunk >= len(self.log.sent):
             self.log.misrouted += 1
@@ -252,7 +277,7 @@ class LoadSession:
             return
         self._stop_counting()
         with contextlib.suppress(Exception):
-            if self._spec.mode == "gateway":
+            if self._spec.mode in ("gateway", "frames"):
                 await self._ws.send(_CLOSE)
                 if self._reader is not None:
                     # The gateway closes the socket after session.closed.

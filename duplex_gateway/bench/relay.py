@@ -282,7 +282,7 @@ def run_relay_bench(*, sessions: Sequence[int] | int, seconds: float,
                     clients: int | None = None, compression: bool = True,
                     profile: bool = False, busy: int | None = None,
                     spread: tuple[int, int] | None = None, server: str = "auto",
-                    io_threads: list[int] | None = None) -> int:
+                    io_threads: list[int] | None = None, backend: str = "loopback") -> int:
     """Run the sweep, print the table, write the JSON and the plots.
 
     Args:
@@ -303,6 +303,7 @@ def run_relay_bench(*, sessions: Sequence[int] | int, seconds: float,
         spread: (gateways, workers) of the spread topology (None: not run).
         server, io_threads: the regimes' server (``auto``, ``redis`` or ``valkey``) and the
             I/O thread counts its busy regime runs at.
+        backend: the regimes' workers' backend (``loopback``; ``fake``: the frame path).
 
     Returns:
         0 when it ran and every chunk came back intact, 1 when chunks were lost (or came
@@ -325,7 +326,7 @@ def run_relay_bench(*, sessions: Sequence[int] | int, seconds: float,
                  clients=clients or client_count(counts[-1]), compression=compression,
                  peer_skipped=peer_unavailable(), profile=profile,
                  regimes=tuple(plan_regimes(spread=spread, busy=busy, kind=server,
-                                            io_threads=io_threads)))
+                                            io_threads=io_threads, backend=backend)))
     config = _config(plan) | {"redis_server": None}
     log_root = Path(tempfile.mkdtemp(prefix="dg-bench-relay-"))
     points: list[dict[str, Any]] = []

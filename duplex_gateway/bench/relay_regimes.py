@@ -3,7 +3,7 @@ and by how busy Redis is, next to the sweep (:mod:`duplex_gateway.bench.relay`).
 
 * **Topology.** ``single``: one gateway and one worker, so every session shares one
   (gateway, worker) pair and the pair's calls can carry several sessions. ``spread`` (``--spread
-  G,W``): G gateways and W loopback workers, each worker with room for its share of the
+  G,W``): G gateways and W workers, each worker with room for its share of the
   sessions only, so least-loaded placement deals them out in turn while the clients connect to
   the gateways in turn: each session sits on its own (gateway, worker) pair as far as G x W and
   the counts allow (one session per call, what a fleet's gateway holds of any one worker). The
@@ -14,6 +14,10 @@ and by how busy Redis is, next to the sweep (:mod:`duplex_gateway.bench.relay`).
   else streaming) and its commands in the window, which Redis counts by name, are charged at
   that cost and taken out, so what is left is the relay's marginal Redis CPU. Once per
   ``--io-threads`` count (Valkey's I/O threads with ``--server valkey``).
+* **Path.** The workers' backend (``--backend``): ``loopback``, 20 ms log entries with the
+  worker pushed its input; ``fake``, the frame path (80 ms frames both ways, the input cut on
+  the frames and pulled once a tick), which echoes, so the load client finds its chunks in
+  the frames (:mod:`duplex_gateway.bench.load`).
 
 Per point: Redis us per chunk round trip (whole process, and its main thread where the server
 reports it), commands sent (a script call or a ``MULTI`` block one) and run inside them (a
@@ -57,11 +61,15 @@ from duplex_gateway.bench.relay_setups import Target, script_only_commands
 from duplex_gateway.bench.spec import TARGET_REDIS_US_PER_CHUNK, BenchError, Setup
 from duplex_gateway.bench.svgplot import Chart, write_chart
 
-__all__ = ["Regime", "add_regime_arguments", "format_regimes", "plan_regimes", "plot_regimes",
-           "run_regime"]
+__all__ = ["BACKENDS", "FRAME_BACKEND", "Regime", "add_regime_arguments", "format_regimes",
+           "plan_regimes", "plot_regimes", "run_regime"]
 
 #: How long the generator is measured alone, before and after each busy point.
 ALONE_S: Final = 2.0
+#: The backend whose workers run the frame path (echo: it speaks back each tick what it
+#: heard the tick before, in 80 ms frames, so the load client finds its chunks in them).
+FRAME_BACKEND: Final = "fake"
+BACKENDS: Final = ("loopback", FRAME_BACKEND)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,13 +80,17 @@ class Regime:
     workers: int
     server: ServerChoice
     busy: int  # the generator's connections; 0: idle
+    #: The workers' backend: ``loopback`` (20 ms entries, its input pushed) or ``fake`` (the
+    #: frame path: 80 ms frames both ways, its input pulled once a tick).
+    backend: str = "loopback"
 
     @property
     def label(self) -> str:
         """How the table and the plot name it."""
         topology = "single" if (self.gateways, self.workers) == (1, 1) else "spread"
         load = f"busy {self.busy}" if self.busy else "idle"
-        return (f"{topology} {self.gateways}g x {self.workers}w, {load}, "
+        path = ", frame path" if self.backend == FRAME_BACKEND else ""
+        return (f"{topology} {self.gateways}g x {self.workers}w{path}, {load}, "
                 f"{self.server.label}")
 
 
@@ -97,14 +109,19 @@ def _spread(text: str) -> tuple[int, int]:
 def add_regime_arguments(parser: argparse.ArgumentParser) -> None:
     """``--spread``; the busy flags are :func:`duplex_gateway.bench.busy.add_busy_arguments`'s."""
     parser.add_argument("--spread", type=_spread, default=None, metavar="G,W",
-                        help="also run the project on G gateways and W loopback workers, each "
+                        help="also run the project on G gateways and W workers, each "
                              "session on its own (gateway, worker) pair as far as G x W allows, "
                              "next to one gateway and one worker; with --busy, in both regimes "
                              "(default: not run)")
+    parser.add_argument("--backend", choices=BACKENDS, default="loopback",
+                        help="the regimes' workers: loopback (20 ms log entries, the worker "
+                             "pushed its input) or fake (the frame path: 80 ms frames both "
+                             "ways, the worker reading its input once a tick; it echoes) "
+                             "(default: %(default)s)")
 
 
 def plan_regimes(*, spread: tuple[int, int] | None, busy: int | None, kind: str,
-                 io_threads: list[int] | None) -> list[Regime]:
+                 io_threads: list[int] | None, backend: str = "loopback") -> list[Regime]:
     """The regime series of a run: none unless ``--spread`` or ``--busy`` was given."""
     if spread is None and not busy:
         return []
@@ -112,8 +129,8 @@ def plan_regimes(*, spread: tuple[int, int] | None, busy: int | None, kind: str,
     idle = ServerChoice(kind)
     regimes = []
     for gateways, workers in topologies:
-        regimes.append(Regime(gateways, workers, idle, 0))
-        regimes += [Regime(gateways, workers, choice, busy or 0)
+        regimes.append(Regime(gateways, workers, idle, 0, backend))
+        regimes += [Regime(gateways, workers, choice, busy or 0, backend)
                     for choice in (server_choices(kind, io_threads) if busy else [])]
     return regimes
 
@@ -139,7 +156,7 @@ def _pairs(url: str) -> dict[str, Any]:
 
 
 def _start_workers(stack: contextlib.ExitStack, url: str, count: int, slots: int,
-                   log_dir: Path) -> dict[str, int]:
+                   log_dir: Path, backend: str) -> dict[str, int]:
     from redis import Redis
 
     from store.keys import WORKER_DIRECTORY
@@ -148,7 +165,7 @@ def _start_workers(stack: contextlib.ExitStack, url: str, count: int, slots: int
     servers = {}
     for name in names:
         args = ["duplex_gateway", "--log-level", "warning", "worker", "--redis-url", url,
-                "--backend", "loopback", "--slots", str(slots)]
+                "--backend", backend, "--slots", str(slots)]
         server = spawn(name, args, log_dir)
         stack.callback(stop_process, server.process)
         servers[name] = server
@@ -182,7 +199,7 @@ def _serve(stack: contextlib.ExitStack, regime: Regime, sessions: int, log_dir: 
         load = stack.enter_context(busy_load(redis.url, redis.port, regime.busy))
         before = measure_alone(redis.url, load, ALONE_S)
     servers = _start_workers(stack, redis.url, regime.workers,
-                             math.ceil(sessions / regime.workers), log_dir)
+                             math.ceil(sessions / regime.workers), log_dir, regime.backend)
     urls = []
     for number in range(regime.gateways):
         port = free_port()
@@ -192,7 +209,8 @@ def _serve(stack: contextlib.ExitStack, regime: Regime, sessions: int, log_dir: 
             "--port", str(port), "--redis-url", redis.url], port, log_dir)
         urls.append(f"ws://127.0.0.1:{port}/v1/realtime")
         servers[name] = gateway.pid
-    target = Target(setup=Setup("project", regime.gateways), mode="gateway", urls=tuple(urls),
+    mode = "frames" if regime.backend == FRAME_BACKEND else "gateway"
+    target = Target(setup=Setup("project", regime.gateways), mode=mode, urls=tuple(urls),
                     servers={**servers, "redis": redis.process.pid}, redis_url=redis.url,
                     script_commands=script_only_commands(), redis_name=redis.binary.name,
                     while_attached=lambda: _pairs(redis.url))
@@ -249,6 +267,7 @@ def run_regime(pool: ClientPool, regime: Regime, sessions: int, seconds: float,
             # Again after the point (its sessions closed): the mean weighs drift on both sides.
             cost = averaged(before, measure_alone(target.redis_url or "", load, ALONE_S))
     return {"regime": regime.label, "gateways": regime.gateways, "workers": regime.workers,
+            "backend": regime.backend,
             "server": regime.server.label, "busy": regime.busy, "sessions": sessions,
             "lossless": point["lossless"], "round_trip_ms": point["round_trip_ms"],
             "pairs": point["while_attached"], "redis_server": target.redis_name,
@@ -267,14 +286,14 @@ def format_regimes(rows: Sequence[dict[str, Any]]) -> str:
         f"subtracted; [main thread]; model: execution + a busy call's fixed cost per write; "
         f"target {TARGET_REDIS_US_PER_CHUNK:g}); per session-second: commands sent, inside "
         "scripts, writes; sessions per (gateway, worker) pair",
-        f"{'regime':<52} {'sessions':>8} {'us/rt':>7} {'[main]':>7} {'model':>7} {'sent':>6} "
+        f"{'regime':<60} {'sessions':>8} {'us/rt':>7} {'[main]':>7} {'model':>7} {'sent':>6} "
         f"{'inside':>6} "
         f"{'writes':>6} {'per pair':>8} {'redis %':>7} {'p99 ms':>7} {'ok':>3}"]
     for row in rows:
         pairs = row["pairs"] or {}
         share = row["redis_core_share"]
         lines.append(
-            f"{row['regime']:<52} {row['sessions']:>8} {_cell(row['redis_us_per_round_trip']):>7}"
+            f"{row['regime']:<60} {row['sessions']:>8} {_cell(row['redis_us_per_round_trip']):>7}"
             f" {_cell(row['main_thread_us_per_round_trip']):>7}"
             f" {_cell(row['modelled_us_per_round_trip']):>7}"
             f" {_cell(row['commands_sent_per_session_s']):>6}"

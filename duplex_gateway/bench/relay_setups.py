@@ -36,7 +36,7 @@ class Target:
     """What one point runs against, once its servers are up."""
 
     setup: Setup
-    mode: str  # what the clients speak: "echo", "peer" or "gateway"
+    mode: str  # what the clients speak: "echo", "peer", "gateway" or "frames"
     urls: tuple[str, ...]
     servers: dict[str, int]  # name -> pid
     redis_url: str | None
