@@ -142,3 +142,23 @@ def test_relay_io_threads_without_busy_are_refused(tmp_path: Path,
     assert ended.value.code == 2
     assert "--backend needs --busy or --spread" in capsys.readouterr().err
     assert not output.exists()
+
+
+def test_a_share_below_the_generators_drift_is_no_figure() -> None:
+    """The frame path's busy point of the committed run: the relay's Redis time is smaller
+    than the generator's drift, the subtraction comes out negative, and the table says
+    ``drift`` where a figure would be, keeping the model's."""
+    from duplex_gateway.bench.busy import GeneratorCost
+    from duplex_gateway.bench.relay_regimes import _figures, format_regimes
+
+    saved = json.loads((Path(__file__).parents[1] / "docs/performance/bench"
+                        / "relay-frames-busy.json").read_text())
+    row = next(r for r in saved["regimes"] if r["busy"] and r["sessions"] == 10
+               and r["workers"] == 1)
+    figures = _figures(row["point"], GeneratorCost(**row["generator_alone"]))
+    assert figures["under_generator_drift"] is True
+    assert figures["redis_us_per_round_trip"] is None
+    assert figures["main_thread_us_per_round_trip"] is None
+    assert figures["modelled_us_per_round_trip"] == pytest.approx(17.0, abs=0.1)
+    line = format_regimes([{**row, **figures}]).splitlines()[2]
+    assert line.split()[-10:-7] == ["drift", "drift", "17.0"], line
