@@ -88,17 +88,20 @@ def test_the_default_is_one_pool_running_worker_as_it_is() -> None:
 
 
 def test_each_pool_has_its_own_objects_selecting_only_its_pods() -> None:
-    """Per pool a Deployment, ConfigMap and Service named after it; the Deployment's and
-    Service's selectors match its own pods only; its env reads its own ConfigMap."""
+    """Per pool a Deployment, ConfigMap, Service and PodDisruptionBudget named after it; the
+    Deployment's, Service's and budget's selectors match its own pods only; its env reads its
+    own ConfigMap."""
     rendered = render(TWO_POOLS)
     labels = {pool: rendered.pool("Deployment", pool)["spec"]["template"]["metadata"]["labels"]
               for pool in ("moshi", "echo")}
     for pool, other in [("moshi", "echo"), ("echo", "moshi")]:
         name = f"demo-duplex-gateway-worker-{pool}"
-        for kind in ("Deployment", "ConfigMap", "Service"):
+        for kind in ("Deployment", "ConfigMap", "Service", "PodDisruptionBudget"):
             assert rendered.pool(kind, pool)["metadata"]["name"] == name
         for selector in (rendered.pool("Deployment", pool)["spec"]["selector"]["matchLabels"],
-                         rendered.pool("Service", pool)["spec"]["selector"]):
+                         rendered.pool("Service", pool)["spec"]["selector"],
+                         rendered.pool("PodDisruptionBudget", pool)["spec"]["selector"][
+                             "matchLabels"]):
             assert selector.items() <= labels[pool].items()
             assert not selector.items() <= labels[other].items()
         (source,) = rendered.pool_container(pool)["envFrom"]
@@ -158,6 +161,20 @@ def test_an_autoscaled_pool_has_its_own_hpa() -> None:
         {"type": "Pods", "value": 1, "periodSeconds": 300}]
     assert "replicas" not in rendered.pool("Deployment", "moshi")["spec"]
     assert rendered.pool("Deployment", "echo")["spec"]["replicas"] == 3
+
+
+def test_each_pools_disruption_budget_is_its_own() -> None:
+    """A node drain takes one worker of a pool at a time by default; a pool may allow more, or
+    have no budget, without changing the others'."""
+    assert [pdb["spec"]["maxUnavailable"]
+            for pdb in render(TWO_POOLS).of_kind("PodDisruptionBudget")
+            if pdb["metadata"]["labels"].get(POOL_LABEL)] == [1, 1]
+    pools = [{**TWO_POOLS["workerPools"][0], "podDisruptionBudget": {"maxUnavailable": 2}},
+             {**TWO_POOLS["workerPools"][1], "podDisruptionBudget": {"enabled": False}}]
+    rendered = render({**TWO_POOLS, "workerPools": pools})
+    assert rendered.pool("PodDisruptionBudget", "moshi")["spec"]["maxUnavailable"] == 2
+    assert [pdb["metadata"]["labels"].get(POOL_LABEL)
+            for pdb in rendered.of_kind("PodDisruptionBudget")] == [None, "moshi"]
 
 
 def test_a_settings_change_rolls_only_its_pools_pods() -> None:
