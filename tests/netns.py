@@ -50,6 +50,20 @@ class Namespace:
         """Bring the link up again."""
         _ip("netns", "exec", self.name, "ip", "link", "set", link.inside_device, "up")
 
+    def impair(self, link: Link, qdisc: list[str]) -> None:
+        """Queue the link's packets through ``qdisc`` (``tc``'s words, e.g. netem's delay and
+        loss) at both of its ends, so both directions are impaired; skips the test, saying
+        why, where the kernel has no such queueing discipline. Each qdisc goes with its
+        device when the link is removed."""
+        if shutil.which("tc") is None:
+            pytest.skip("no tc command (iproute2) to impair a link")
+        for prefix, device in ((self.prefix, link.inside_device), ([], link.host_device)):
+            done = subprocess.run([*prefix, "tc", "qdisc", "add", "dev", device, "root",
+                                   *qdisc], capture_output=True, timeout=10, check=False)
+            if done.returncode != 0:
+                pytest.skip(f"the kernel cannot impair a link with {qdisc[0]}: "
+                            f"{done.stderr.decode().strip()}")
+
 
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)

@@ -207,3 +207,39 @@ async def test_a_flapping_redis_link_under_streaming_loses_nothing(
     finally:
         stack.stop()
         await redis.aclose()
+
+
+#: Redis's link slow and lossy both ways: netem on each end's device delays every packet
+#: 5 ms give or take 3 and drops one in 200 (TCP resends it, a retransmission timeout later).
+NETEM: list[str] = ["netem", "delay", "5ms", "3ms", "loss", "0.5%"]
+
+
+async def test_a_delayed_and_lossy_redis_link_under_streaming_loses_nothing(
+        cut_off: Namespace, reachable_redis: EmbeddedServer) -> None:
+    """The gateway and the worker reach Redis over a link netem delays, jitters and drops
+    packets on, in both directions, while three sessions stream in real time: every chunk is
+    echoed once, in order, and every session is still attached at the end."""
+    redis_link, client_link = cut_off.links
+    cut_off.impair(redis_link, NETEM)
+    redis_url = f"redis://{redis_link.host}:{reachable_redis.port}/0"
+    env = {**FAST_ENV, "DUPLEX_GATEWAY_HEARTBEAT_INTERVAL_S": "1.0",
+           "DUPLEX_GATEWAY_HEARTBEAT_TTL_S": "1.5"}
+    stack = Stack(redis=reachable_redis, env=env)
+    redis = Redis.from_url(reachable_redis.url)
+    try:
+        stack.worker(prefix=cut_off.prefix, redis_url=redis_url)
+        gateway = stack.gateway(host=client_link.inside, prefix=cut_off.prefix,
+                                redis_url=redis_url)
+        clients = [await DuplexClient.connect(gateway.ws_url, session=STREAM_SESSION)
+                   for _ in range(3)]
+        for client in clients:
+            await collect_until(client, "session.updated", [])
+        await stream_in_real_time(clients, 150, spread_s=0.005)
+        for client in clients:
+            assert client.session_id is not None
+            state: Any = await redis.hget(SessionKeys(client.session_id).record, "state")
+            assert state == b"attached"
+            await asyncio.wait_for(client.aclose(), 10)
+    finally:
+        stack.stop()
+        await redis.aclose()
