@@ -103,6 +103,10 @@ class LoopbackModel:
         """The stops so far: each takes effect at once (nothing of a stopped turn is queued)."""
         return self._epoch
 
+    def resume_epoch(self, epoch: int) -> None:
+        """Count stops from ``epoch`` (a checkpointed session continues here)."""
+        self._epoch = epoch
+
     def configure(self, config: JsonObject) -> None:
         """Read the mode, ``auto_response`` and ``force_listen_count`` of ``extra_body``."""
         extra = config["extra_body"]

@@ -2,61 +2,43 @@
 (the seed's ``DuplexSessionRunner``).
 
 It is I/O-free (style rule 1): the worker's driver feeds it commands in log order
-(:meth:`ConversationCore.receive`), what the model did (:meth:`ConversationCore.on_frame` for
-a frame backend's tick; the loopback's playback reports on the core's own clock through
-:meth:`ConversationCore.tick`), and the time, as ``now`` in monotonic seconds; it drains the
-typed events to send (:meth:`ConversationCore.events_to_send`) and what the engine must do
-(:meth:`ConversationCore.take_input`). It imports no asyncio, Redis, Starlette or torch. It
-never emits ``session.closed`` / ``session.expired``: a store script writes the one terminal.
+(:meth:`ConversationCore.receive`), what the model did (:meth:`ConversationCore.on_frame`
+per engine tick; :meth:`ConversationCore.tick` for the loopback's own clock) and the time
+(``now``, monotonic seconds), and drains the events to send
+(:meth:`ConversationCore.events_to_send`) and what the engine must do
+(:meth:`ConversationCore.take_input`). It imports no asyncio, Redis, Starlette or torch, and
+never emits ``session.closed`` / ``session.expired`` (a store script writes the terminal).
 
-A backend only reports what its model did (:mod:`~inference_worker.conversation.reports`) and obeys
-what the core tells it (:class:`~inference_worker.conversation.model_port.ModelPort`); the core
-decides every event, following the session's
-:class:`~inference_worker.conversation.turns.TurnPolicy`:
+A backend reports what its model did (:mod:`~inference_worker.conversation.reports`) and
+obeys the core (:class:`~inference_worker.conversation.model_port.ModelPort`), which decides
+every event, following the session's :class:`~inference_worker.conversation.turns.TurnPolicy`:
 
 * **Input.** Appended audio goes to the model as it arrives (a duplex model hears the user
   while it talks; the loopback's model echoes it in stream mode). ``commit`` turns the audio
   appended since the last commit into a user item (at least 100 ms, as OpenAI requires);
   ``clear`` drops it, and the audio the model has not consumed yet.
-* **Turn detection.** With ``turn_detection`` on (``server_vad`` / ``semantic_vad``) a
-  detector (Silero where installed, else the energy VAD) hears the input: ``speech_started``
-  (then, with ``interrupt_response`` and a response active, that response ends ``cancelled``
-  ``turn_detected``); on ``speech_stopped`` the turn is committed as a manual commit would be
-  and, with ``create_response`` and no response active, answered as ``response.create``
-  would. A backend that detects speech itself (the cascade) reports it instead: its
-  ``speech_started`` / ``speech_stopped`` become the same events whatever ``turn_detection``
-  says (placed where the model was on the input timeline), the stop commits a user item that
-  its transcript completes, and the backend decides when it answers and when it is
-  interrupted. With ``idle_timeout_ms``, once a response ended, that much input without
-  speech commits the silent segment and answers it
-  (:mod:`~inference_worker.conversation.server_turns`,
+* **Turn detection.** With ``turn_detection`` on, a detector hears the input and its speech
+  start and stop become events, commits and answers, as the manual ones would; a backend that
+  detects speech itself (the cascade) reports them instead; ``idle_timeout_ms`` answers a
+  silence (:mod:`~inference_worker.conversation.server_turns`,
   :mod:`~inference_worker.conversation.model_turns`).
-* **The seed's options.** A commit's ``create_response`` answers it or not whatever the
-  session says; ``is_speech: false`` (or appends that all said so) is a silent commit, answered
-  by ``response.listen``; an append's hints are read by
-  :mod:`~inference_worker.conversation.user_input`. ``response.speak`` / ``response.listen``
-  report whether a turn is answered aloud, ``turn.event`` the seed's turn state and epoch, and
-  a cancel's ``response.done`` the seed's reason beside GA's.
-* **Responses.** ``response.create`` opens one at once (``response.created`` ..
-  ``response.content_part.added``, Realtime GA order); the model fills it
-  (:mod:`~inference_worker.conversation.responses`: how its output streams in, when the
-  response ends, the mute after a cancel). ``response.create`` options are honoured or
-  refused: out-of-band responses (``conversation: "none"``), ``input`` items, a format per
-  response.
+* **The seed's options.** A commit's ``create_response`` and ``is_speech`` (a silent commit
+  is answered by ``response.listen``), an append's hints
+  (:mod:`~inference_worker.conversation.user_input`), ``response.speak`` /
+  ``response.listen``, ``turn.event``, and the seed's cancel reason beside GA's.
+* **Responses.** ``response.create`` opens one at once, in GA order, and the model fills it
+  (:mod:`~inference_worker.conversation.responses`); its options are honoured or refused.
 * **Cancel.** ``response.cancel``, an interrupting speech start, ``output_audio_buffer.clear``
-  and a truncation of the active response's item end it ``cancelled`` and tell the model to
-  stop. Each stop advances the session's epoch, and a frame of an older epoch (its step ran
-  before the engine applied the stop) is fenced. ``output.backpressure`` (the gateway's word
-  that the client does not read) ends the response ``failed`` the same way.
-* **Playback.** ``playback.ack`` moves the response's ledger
-  (:mod:`inference_worker.conversation.playback`); an interrupted answer keeps only its
-  acknowledged part in the history.
-* **Formats.** G.711 input is decoded at the edge (the model and the ledger see pcm16 24 kHz),
-  output encoded per response.
-* **Items.** ``conversation.item.*`` keep the history (the shared
-  :class:`~inference_worker.conversation.history.Conversation`); where a response answers a
-  committed turn (the loopback), a created user message is the turn the next ``response.create``
-  answers.
+  and a truncation of the active item end it ``cancelled`` and stop the model; each stop
+  advances the epoch, and a frame of an older epoch is fenced. ``output.backpressure`` ends
+  it ``failed`` the same way.
+* **Playback, formats, items.** ``playback.ack`` moves the response's ledger
+  (:mod:`~inference_worker.conversation.playback`: an interrupted answer keeps only what was
+  acknowledged); G.711 is decoded at the edge and output encoded per response;
+  ``conversation.item.*`` keep the history, and where a response answers a committed turn
+  (the loopback) a created user message is the turn the next ``response.create`` answers.
+* **Checkpoints.** At a safe point the state is data another worker's core continues from
+  (:meth:`ConversationCore.checkpoint`, :mod:`~inference_worker.conversation.checkpoint`).
 
 Every move of the input (:mod:`~inference_worker.conversation.user_input`), response and gate
 machines is looked up in :data:`~inference_worker.conversation.states.TRANSITIONS`; an illegal
@@ -74,6 +56,7 @@ from contract import messages as msg
 from contract.messages import JsonObject
 from inference_worker.audio_formats import AppendDecoder
 from inference_worker.audio_frames import FrameOutput
+from inference_worker.conversation.checkpoint import CoreState
 from inference_worker.conversation.history import Conversation, ItemCommand
 from inference_worker.conversation.items import Item
 from inference_worker.conversation.model_port import ModelPort, PendingInput
@@ -103,7 +86,7 @@ from inference_worker.conversation.reports import (
 )
 from inference_worker.conversation.response_options import parse_response_options
 from inference_worker.conversation.responses import Responses
-from inference_worker.conversation.seed_settings import SeedSettings
+from inference_worker.conversation.seed_settings import SeedSettings, SlotConfig
 from inference_worker.conversation.server_turns import ServerTurns
 from inference_worker.conversation.session_update import apply_session_patch, check_session_patch
 from inference_worker.conversation.states import Trigger, transition
@@ -251,6 +234,39 @@ class ConversationCore:
         """What the engine must do for this session's slot now; forgets it."""
         return self._model.take_input()
 
+    def checkpoint(self) -> CoreState | None:
+        """The state another worker's core continues from; None off a safe point (an event
+        not taken, a response, a user item awaiting its transcript, speech, a close)."""
+        timeline = self._timeline.place
+        if (timeline is None or self._close_reason is not None or not self._conversation.quiet
+                or self._responses.current is not None or self._model_turns.awaiting_transcript):
+            return None
+        return CoreState(
+            history=self._conversation.snapshot(), responses=self._responses.snapshot(),
+            buffer=self._input.snapshot(), epoch=self.epoch, timeline=timeline,
+            turn_start_ms=self._server_turns.turn_start_ms,
+            idle_from_ms=self._server_turns.idle_from_ms,
+            model_input_ms=self._model_turns.input_ms, heard_input=self._heard_input,
+            video_refused=self._video.refused, seed_opened=self._seed.opened,
+            seed_spoke=self._seed.spoke, ref_audio=self._seed.ref_audio,
+            unanswered=self._unanswered)
+
+    def restore(self, state: CoreState, buffered: bytes = b"") -> None:
+        """Continue from ``state`` (another core's :meth:`checkpoint`) on a fresh core of the
+        same backend; ``buffered``: the input buffer's audio where the policy keeps it."""
+        self._conversation.restore(state.history)
+        self._responses.restore(state.responses)
+        self._input.restore(state.buffer, buffered)
+        self._server_turns.restore(turn_start_ms=state.turn_start_ms,
+                                   idle_from_ms=state.idle_from_ms)
+        self._model_turns.input_ms = state.model_input_ms
+        self._heard_input, self._unanswered = state.heard_input, state.unanswered
+        self._video.restore(refused=state.video_refused)
+        self._model.resume_epoch(state.epoch)
+        self._configure(self._seed.restore(opened=state.seed_opened, spoke=state.seed_spoke,
+                                           ref_audio=state.ref_audio, config=self._config))
+        self._timeline.resume(state.timeline)
+
     def take_first_audio_latencies(self) -> list[float]:
         """Seconds from each turn's trigger to its first audible output, since the last call."""
         return self._responses.take_latencies()
@@ -264,14 +280,17 @@ class ConversationCore:
             self._refuse(command.event_id, refusal)
             return
         self._conversation.config = self._patched(command.session)
+        self._configure(self._seed.applied(command.session, self._config))
+        self._conversation.session_updated()
+
+    def _configure(self, slot: SlotConfig) -> None:
+        """Every part follows the session object; the model's slot gets ``slot``."""
         self._decoder.configure(self._conversation.input_format)
         if not self._policy.model_detects_speech:
             self._timeline.configure(turn_detection_of(self._config))
-        slot_config = self._seed.applied(command.session, self._config)
         self._responses.configure(self._config)
         self._model.configure(self._config)
-        self._model.configure_slot(slot_config)
-        self._conversation.session_updated()
+        self._model.configure_slot(slot)
 
     def _append(self, command: msg.AppendAudio, now: float) -> None:
         audio = self._decoder.decode(command.audio, command.format, command.sample_rate_hz)
@@ -323,9 +342,8 @@ class ConversationCore:
         self._input.clear()
         self._timeline.reset()
         self._model.forget_input()
-        self._conversation.add_user_item(done=True, silent=True,
-                                         listen=ListenReason.SILENCE_OR_NOISE,
-                                         listen_epoch=self.epoch)
+        self._conversation.add_user_item(
+            done=True, silent=True, listen=ListenReason.SILENCE_OR_NOISE, listen_epoch=self.epoch)
 
     def _commit_turn(self, audio: bytes, now: float, *, respond: bool,
                      asked: msg.CommitInput | None = None) -> None:
@@ -539,7 +557,7 @@ class ConversationCore:
         self._model.answer(answer, spoken=audio, now=now)
         self._drain_model(now)  # the first chunk is due at once
 
-    # ------------------------------------------------------------------ session.update
+    # ------------------------------------------------------------------ updates, refusals
 
     def _patch_refusal(self, patch: JsonObject) -> Refusal | None:
         refusal = check_session_patch(patch, self._config, self._profile)
@@ -550,8 +568,6 @@ class ConversationCore:
 
     def _patched(self, patch: JsonObject) -> JsonObject:
         return apply_session_patch(patch, self._config, self._profile)
-
-    # ------------------------------------------------------------------ helpers
 
     def _refuse(self, client_event_id: str | None, refusal: Refusal) -> None:
         self._conversation.refuse(client_event_id, refusal)

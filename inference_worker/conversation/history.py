@@ -57,6 +57,7 @@ from inference_worker.untrusted import describe
 __all__ = [
     "MAX_ITEMS",
     "Conversation",
+    "HistoryState",
     "ItemCommand",
     "OpenResponse",
     "UserItem",
@@ -98,6 +99,18 @@ class OpenResponse:
     out_of_band: bool = False
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HistoryState:
+    """What a checkpoint keeps of a conversation between responses: the session object, the
+    items in order, and the counters every new item's and response's id comes from."""
+
+    config: JsonObject
+    items: tuple[Item, ...]
+    item_count: int
+    response_count: int
+    reserved_item_id: str | None  # a speech start announced it; the user item takes it
+
+
 class Conversation:
     """The default conversation of one session, and the events it emits, in order.
 
@@ -125,6 +138,25 @@ class Conversation:
     def items(self) -> list[Item]:
         """The conversation's items, in order."""
         return [self._by_id[item_id] for item_id in self._order]
+
+    @property
+    def quiet(self) -> bool:
+        """Whether no event waits to be taken (a checkpoint cannot carry one)."""
+        return not self._events
+
+    def snapshot(self) -> HistoryState:
+        """The conversation as a checkpoint keeps it (between responses)."""
+        return HistoryState(config=copy.deepcopy(self.config), items=tuple(self.items),
+                            item_count=self._items, response_count=self._responses,
+                            reserved_item_id=self._reserved_item_id)
+
+    def restore(self, state: HistoryState) -> None:
+        """Continue from ``state``, taken by :meth:`snapshot` of another instance."""
+        self.config = copy.deepcopy(state.config)
+        self._order = [item.id for item in state.items]
+        self._by_id = {item.id: item for item in state.items}
+        self._items, self._responses = state.item_count, state.response_count
+        self._reserved_item_id = state.reserved_item_id
 
     def item(self, item_id: str) -> Item | None:
         """The item ``item_id`` (None: not in the conversation, or no longer)."""

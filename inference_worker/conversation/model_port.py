@@ -50,6 +50,9 @@ class ModelPort(Protocol):
         them took effect (an engine frame of an older epoch) belongs to a cancelled response."""
         ...
 
+    def resume_epoch(self, epoch: int) -> None:
+        """A checkpointed session continues here: count stops from ``epoch``."""
+
     def configure(self, config: JsonObject) -> None:
         """The session's effective configuration changed to ``config``."""
 
@@ -113,6 +116,10 @@ class EngineModel:
     def epoch(self) -> int:
         """The stops asked for so far (the engine stamps each frame with those it applied)."""
         return self._epoch
+
+    def resume_epoch(self, epoch: int) -> None:
+        """Count stops from ``epoch`` (the engine's slot must stamp its frames from there)."""
+        self._epoch = epoch
 
     def configure(self, config: JsonObject) -> None:
         """Nothing to do: the slot's settings come typed (:meth:`configure_slot`)."""

@@ -51,6 +51,11 @@ class ModelTurns:
         #: consumed), once a frame said it.
         self.input_ms: int | None = None
 
+    @property
+    def awaiting_transcript(self) -> bool:
+        """Whether a user item waits for its transcript (a checkpoint cannot carry it)."""
+        return self._user_item is not None
+
     def on_report(self, report: Report, now: float) -> None:
         """The backend said the user spoke, stopped, said something or interrupted it."""
         if isinstance(report, UserSpeechStarted):

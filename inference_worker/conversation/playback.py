@@ -10,6 +10,7 @@ interrupted answer keeps in the history is its ledger's committed milliseconds. 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
@@ -76,6 +77,14 @@ class PlaybackLedgers:
 
     def __iter__(self) -> Iterator[Ledger]:
         return iter(self._ledgers.values())
+
+    def snapshot(self) -> tuple[Ledger, ...]:
+        """Copies of the ledgers, oldest first (a checkpoint's)."""
+        return tuple(dataclasses.replace(ledger) for ledger in self._ledgers.values())
+
+    def restore(self, ledgers: tuple[Ledger, ...]) -> None:
+        """Continue from a :meth:`snapshot` (its ledgers are copied, not shared)."""
+        self._ledgers = {ledger.response_id: dataclasses.replace(ledger) for ledger in ledgers}
 
     def open(self, response_id: str, item_id: str) -> None:
         """A response opened (the oldest ledger goes beyond :data:`LEDGERS`)."""

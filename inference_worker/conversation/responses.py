@@ -48,7 +48,7 @@ from inference_worker.conversation.states import (
 from inference_worker.conversation.turns import ListenReason, TurnPolicy, TurnState
 from inference_worker.untrusted import describe
 
-__all__ = ["REPLY_TIMEOUT_S", "ActiveResponse", "Responses"]
+__all__ = ["REPLY_TIMEOUT_S", "ActiveResponse", "Responses", "ResponsesState"]
 
 #: A response the model leaves silent this long completes empty (``ends_on_silence``).
 REPLY_TIMEOUT_S: Final = 5.0
@@ -70,6 +70,19 @@ class ActiveResponse:
     transcript: list[str] = field(default_factory=list)
     silent_run: int = 0  # consecutive silent outputs since the last audible one
     age: int = 0  # outputs since it opened
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponsesState:
+    """What a checkpoint keeps of the response side between responses: the output gate, the
+    seed's turn state, the mute's and the held text's counts, the playback ledgers."""
+
+    gate: GateState
+    turn: TurnState
+    mute_silence: int
+    held_text: str
+    held_quiet: int
+    ledgers: tuple[Ledger, ...]
 
 
 class Responses:
@@ -125,6 +138,21 @@ class Responses:
         silence_ms: int = config["extra_body"].get("end_of_turn_silence_ms", _DEFAULT_SILENCE_MS)
         self._silence_outputs = max(1, math.ceil(silence_ms / 1000 / self._frame_seconds))
         self._ack_only = config.get("playback_commit_policy") == "ack_only"
+
+    def snapshot(self) -> ResponsesState:
+        """The response side as a checkpoint keeps it (no response active: its caller's
+        check)."""
+        return ResponsesState(gate=self.gate, turn=self.turn, mute_silence=self._mute_silence,
+                              held_text=self._held_text, held_quiet=self._held_quiet,
+                              ledgers=self._ledgers.snapshot())
+
+    def restore(self, state: ResponsesState) -> None:
+        """Continue from ``state``, idle (the trigger time of the first-audio latency is not
+        kept: it is a clock reading of the process that took it)."""
+        self.gate, self.turn = state.gate, state.turn
+        self._mute_silence, self._held_text = state.mute_silence, state.held_text
+        self._held_quiet = state.held_quiet
+        self._ledgers.restore(state.ledgers)
 
     def take_latencies(self) -> list[float]:
         """Seconds from each turn's trigger to its first audible output, since the last call."""

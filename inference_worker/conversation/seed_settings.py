@@ -277,6 +277,23 @@ class SeedSettings:
         """The voice prompt in effect (None: none was sent)."""
         return self._ref_audio
 
+    @property
+    def opened(self) -> bool:
+        """Whether a ``session.update`` was applied (the session has its opening config)."""
+        return self._opened
+
+    @property
+    def spoke(self) -> bool:
+        """Whether the model was seen to answer in audio (checked on each update)."""
+        return self._spoke
+
+    def restore(self, *, opened: bool, spoke: bool, ref_audio: VoicePrompt | None,
+                config: JsonObject) -> SlotConfig:
+        """Continue a checkpointed session; the slot configuration of its session object
+        ``config`` (what the backend's new slot must be given)."""
+        self._opened, self._spoke, self._ref_audio = opened, spoke, ref_audio
+        return slot_config_of(config, ref_audio)
+
     def refusal(self, patch: JsonObject, current: JsonObject, merged: JsonObject, *,
                 heard: bool, history: Sequence[Any]) -> Refusal | None:
         """Why the backend cannot apply ``patch`` (already accepted by the session's rules,

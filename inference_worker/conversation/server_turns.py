@@ -75,6 +75,15 @@ class ServerTurns:
         self._timeline.reset()
         self._commit(audio, now, True)
 
+    @property
+    def turn_start_ms(self) -> int:
+        """Where the turn being spoken started on the input timeline (its speech start)."""
+        return self._turn_start_ms
+
+    def restore(self, *, turn_start_ms: int, idle_from_ms: int | None) -> None:
+        """Continue a checkpointed session."""
+        self._turn_start_ms, self.idle_from_ms = turn_start_ms, idle_from_ms
+
     def response_ended(self) -> None:
         """A response ended: the idle timeout counts from here."""
         self.idle_from_ms = self._timeline.fed_ms

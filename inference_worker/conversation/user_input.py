@@ -28,7 +28,7 @@ from contract import messages as msg
 from inference_worker.conversation.profiles import MAX_BUFFER_BYTES, MIN_COMMIT_BYTES
 from inference_worker.conversation.states import InputState, Trigger, move, transition
 
-__all__ = ["AppendMeaning", "TurnMarks", "UserInput", "UserTurn", "append_meaning"]
+__all__ = ["AppendMeaning", "BufferState", "TurnMarks", "UserInput", "UserTurn", "append_meaning"]
 
 #: The longest transcript the appends' hints give a turn; the rest is dropped.
 MAX_HINT_TRANSCRIPT: Final = 4096
@@ -112,6 +112,18 @@ def append_meaning(command: msg.AppendAudio) -> AppendMeaning:
         transcript=transcript if isinstance(transcript, str) else "")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BufferState:
+    """What a checkpoint keeps of the input: the machine's state, how many bytes are
+    buffered (not the bytes: the input log holds them) and what their appends said, and what
+    the turn last committed said."""
+
+    state: InputState
+    size: int
+    marks: TurnMarks
+    taken: TurnMarks
+
+
 class UserInput:
     """The input appended since the last commit or clear, and the input machine's state.
 
@@ -140,6 +152,24 @@ class UserInput:
     def marks(self) -> TurnMarks:
         """What the appends buffered said of the turn so far."""
         return self._marks
+
+    def snapshot(self) -> BufferState:
+        """The input as a checkpoint keeps it."""
+        return BufferState(state=self.state, size=self._size, marks=self._marks,
+                           taken=self.taken)
+
+    def restore(self, state: BufferState, buffered: bytes) -> None:
+        """Continue from ``state``; where the bytes are kept, ``buffered`` is the buffer again
+        (the audio of the appends since it began, as decoded), else it is not read.
+
+        Raises:
+            ValueError: bytes are kept and ``buffered`` is not the buffer ``state`` counts.
+        """
+        if self._keep and len(buffered) != state.size:
+            raise ValueError(f"{len(buffered)} bytes given for a buffer of {state.size}")
+        self.state, self._size, self._marks, self.taken = (state.state, state.size,
+                                                            state.marks, state.taken)
+        self._audio = bytearray(buffered) if self._keep else bytearray()
 
     def silent(self, verdict: bool | None) -> bool:
         """Whether a commit with the client's ``verdict`` (its ``is_speech``) is a silent one:

@@ -26,6 +26,15 @@ class VideoGate:
         self._sees = sees
         self._refused = False
 
+    @property
+    def refused(self) -> bool:
+        """Whether the session's first frame was refused (the rest are dropped quietly)."""
+        return self._refused
+
+    def restore(self, *, refused: bool) -> None:
+        """Continue a checkpointed session (:attr:`refused` as it was)."""
+        self._refused = refused
+
     def admit(self, frames: tuple[str, ...], *, with_audio: bool,
               ) -> tuple[tuple[bytes, ...], Refusal | None]:
         """The images of an append's ``frames`` (base64, checked at the gateway) for the

@@ -15,6 +15,7 @@ from typing import Final
 from contract.messages import JsonObject
 from inference_worker.conversation.profiles import BYTES_PER_SECOND
 from inference_worker.turn_detection.vad import (
+    DetectorPlace,
     EnergyVad,
     SpeechStarted,
     SpeechStopped,
@@ -24,7 +25,7 @@ from inference_worker.turn_detection.vad import (
     vad_config_from_turn_detection,
 )
 
-__all__ = ["InputTimeline", "TurnDetection", "turn_detection_of"]
+__all__ = ["InputTimeline", "TimelinePlace", "TurnDetection", "turn_detection_of"]
 
 #: Bytes of pcm16 24 kHz mono per millisecond of audio.
 _BYTES_PER_MS: Final = BYTES_PER_SECOND // 1000
@@ -57,6 +58,16 @@ def turn_detection_of(config: JsonObject) -> TurnDetection | None:
                          create_response=bool(value["create_response"]),
                          interrupt_response=bool(value["interrupt_response"]),
                          idle_timeout_ms=value.get("idle_timeout_ms"))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimelinePlace:
+    """A timeline's place between turns: the bytes appended, and its detector's (None: off),
+    with where on the timeline the detector was made."""
+
+    fed_bytes: int
+    detector_origin_ms: int
+    detector: DetectorPlace | None
 
 
 class InputTimeline:
@@ -100,6 +111,28 @@ class InputTimeline:
     def byte_at(ms: int) -> int:
         """The timeline position in bytes of ``ms``."""
         return ms * _BYTES_PER_MS
+
+    @property
+    def place(self) -> TimelinePlace | None:
+        """Where the timeline and its detector are, when the detector has nothing in progress
+        (what a checkpoint keeps); None while it has."""
+        if self._vad is None:
+            return TimelinePlace(fed_bytes=self._fed, detector_origin_ms=0, detector=None)
+        detector = self._vad.place
+        return None if detector is None else TimelinePlace(
+            fed_bytes=self._fed, detector_origin_ms=self._vad_origin_ms, detector=detector)
+
+    def resume(self, place: TimelinePlace) -> None:
+        """Continue a checkpointed session's timeline at ``place``, once configured as it
+        was: its detector goes on from where the other was (its own state anew)."""
+        self._fed = place.fed_bytes
+        if self._vad is None or self._settings is None:
+            return
+        if place.detector is None:  # detection was off there: it starts here
+            self._vad, self._vad_origin_ms = self._detector(self._settings.vad), self.fed_ms
+            return
+        self._vad_origin_ms = place.detector_origin_ms
+        self._vad.resume(place.detector)
 
     def configure(self, settings: TurnDetection | None) -> None:
         """Apply the session's turn detection. The same settings again change nothing (a turn

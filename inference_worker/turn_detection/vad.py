@@ -77,6 +77,7 @@ __all__ = [
     "FRAME_SAMPLES",
     "HYSTERESIS_DB",
     "MAX_DURATION_MS",
+    "DetectorPlace",
     "EnergyVad",
     "Pcm16",
     "SpeechStarted",
@@ -343,6 +344,15 @@ class Vad(Protocol):
         """Whether speech has started and not stopped."""
         ...
 
+    @property
+    def place(self) -> DetectorPlace | None:
+        """Where it is, when nothing is in progress (no speech, no run of loud frames, no
+        partial frame): what a checkpoint keeps. None otherwise."""
+        ...
+
+    def resume(self, place: DetectorPlace) -> None:
+        """Continue at ``place`` (another detector's), out of speech, its own state anew."""
+
     def feed(self, pcm16: Pcm16) -> list[VadEvent]:
         """Take the next chunk (any length); returns the events it completes, in order."""
         ...
@@ -351,6 +361,15 @@ class Vad(Protocol):
         """Forget detection state and buffered audio (optionally switching ``config``);
         the timeline keeps counting."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class DetectorPlace:
+    """A detector's place between turns, in samples since it was made: the next frame's
+    first sample, and how far back prefix padding may reach."""
+
+    position: int
+    origin: int
 
 
 class TurnRules:
@@ -387,6 +406,16 @@ class TurnRules:
         frame dropped with it), and padding never reaches back past here."""
         self.position += skipped_samples
         self.origin = self.position
+        self.speaking, self._run, self._silence = False, 0, 0
+
+    @property
+    def at_rest(self) -> bool:
+        """Whether no turn and no run of loud frames is in progress."""
+        return not self.speaking and self._run == 0
+
+    def resume(self, place: DetectorPlace) -> None:
+        """Continue at ``place``, out of speech."""
+        self.position, self.origin = place.position, place.origin
         self.speaking, self._run, self._silence = False, 0, 0
 
     def _frames(self, ms: int) -> int:
@@ -446,6 +475,20 @@ class FramedDetector:
     def speaking(self) -> bool:
         """Whether speech has started and not stopped."""
         return self._turns.speaking
+
+    @property
+    def place(self) -> DetectorPlace | None:
+        """Where it is, when nothing is in progress; None otherwise (see :class:`Vad`)."""
+        turns = self._turns
+        if self._pending or not turns.at_rest:
+            return None
+        return DetectorPlace(turns.position, turns.origin)
+
+    def resume(self, place: DetectorPlace) -> None:
+        """Continue at ``place``, out of speech, the detector's own state anew."""
+        self._pending = b""
+        self._turns.resume(place)
+        self._restart()
 
     def feed(self, pcm16: Pcm16) -> list[VadEvent]:
         """Take the next chunk of pcm16 LE mono 24 kHz audio, of any length.

@@ -138,6 +138,38 @@ def test_padding_never_reaches_before_zero() -> None:
     ]
 
 
+def test_a_detector_resumed_at_anothers_place_hears_as_it_would() -> None:
+    """Between turns (no speech, no loud run, no partial frame) a detector has a place; one
+    resumed there reports what the first reports for the same audio, padding included (its
+    reach back ends where the first's did, not where it was made)."""
+    first = EnergyVad()
+    before = silence(100) + tone(500) + silence(700) + silence(80)
+    run(first, chunked(before, ODD_CHUNKS))
+    place = first.place
+    assert place is not None
+    resumed = EnergyVad()
+    resumed.resume(place)
+    after = tone(600) + silence(1000)
+    # The padding reaches back to the first turn's end (1100), not 300 ms before 1380.
+    assert run(resumed, [after]) == run(first, [after]) == [
+        SpeechStarted(1100), SpeechStopped(2480)]
+
+
+def test_a_detector_has_no_place_in_the_middle_of_something() -> None:
+    """While it hears speech, counts a loud run, or holds part of a frame: no place."""
+    vad = EnergyVad()
+    vad.feed(tone(500))
+    assert vad.speaking and vad.place is None
+    vad.feed(silence(1000))
+    assert not vad.speaking and vad.place is not None
+    vad.feed(tone(FRAME_MS))  # one loud frame: a run has begun
+    assert vad.place is None
+    vad.feed(silence(FRAME_MS) + bytes(FRAME_BYTES // 2))  # the run ended; half a frame waits
+    assert vad.place is None
+    vad.feed(bytes(FRAME_BYTES // 2))
+    assert vad.place is not None
+
+
 def test_short_gap_keeps_one_turn_and_long_gap_splits_it() -> None:
     """A 200 ms pause is inside the 500 ms hangover: one turn; an 800 ms pause is two."""
     short = silence(1000) + tone(600) + silence(200) + tone(600) + silence(1000)

@@ -1,0 +1,234 @@
+"""Checkpoints of the conversation core (``inference_worker/conversation/checkpoint.py``).
+
+The property that matters: a core restored from another's checkpoint, taken at a random safe
+point of a random conversation and carried through its encoding, is that core. From then on
+both get the same commands, frames and time, and they must emit the same events and ask the
+engine the same (its audio, stops and clears), step by step. The codec's own tests hold its
+refusals: a format it does not know, a field missing or of the wrong kind, a bound.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from contract import messages as msg
+from inference_worker.audio_frames import FrameOutput
+from inference_worker.backends.registry import frame_core, loopback_core
+from inference_worker.conversation.checkpoint import (
+    CHECKPOINT_FORMAT,
+    MAX_CHECKPOINT_BYTES,
+    CheckpointError,
+    CoreState,
+    decode,
+    encode,
+)
+from inference_worker.conversation.core import ConversationCore
+from inference_worker.conversation.seed_settings import VoicePrompt
+from inference_worker.conversation.turns import TurnMode
+from inference_worker.conversation.user_input import UserTurn
+from tests.worker.feeding import feed
+from tests.worker.test_core_stateful import FRAME_S, FRAMES, T0
+
+_SPEECH = bytes((i * 7 + 3) % 251 for i in range(4800)) * 2  # 100 ms, loud enough for the VAD
+_COMMANDS = [
+    msg.CommitInput(), msg.ClearInput(), msg.CreateResponse(), msg.CancelResponse(),
+    msg.ClearOutputAudio(), msg.CancelInput(), msg.BargeIn(), msg.Heartbeat(),
+    msg.SignalTurn(event="user.typing"), msg.CreateResponse(response={"output_modalities":
+                                                                      ["text"]}),
+    msg.CreateItem(item={"type": "message", "role": "user",
+                         "content": [{"type": "input_text", "text": "hello"}]}),
+    msg.UpdateSession(session={"instructions": "be brief"}),
+]
+
+
+def _frame_core(mode: TurnMode) -> ConversationCore:
+    return frame_core("sess_twin", model="fake", frame_seconds=FRAME_S, turns=mode)
+
+
+def _feeding(frame: FrameOutput, now: float) -> Callable[[ConversationCore], None]:
+    return lambda core: feed(core, frame, now)
+
+
+class TwinMachine(RuleBasedStateMachine):
+    """A frame backend's session at random; at a safe point its checkpoint restores a twin."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cores: list[ConversationCore] = []
+        self.mode = TurnMode.AUDIO
+        self.now = T0
+
+    @initialize(mode=st.sampled_from([TurnMode.AUDIO, TurnMode.EVENTS]))
+    def start(self, mode: TurnMode) -> None:
+        self.mode = mode
+        self.cores = [_frame_core(mode)]
+
+    def _step(self, act: Callable[[ConversationCore], None]) -> None:
+        for core in self.cores:
+            act(core)
+        events = [core.events_to_send() for core in self.cores]
+        asked = [core.take_input() for core in self.cores]
+        if len(self.cores) == 2:
+            assert events[0] == events[1], "the restored core said something else"
+            first, twin = asked
+            assert (first.clear, first.audio, first.stops, first.video) == (
+                twin.clear, twin.audio, twin.stops, twin.video), "the engine was asked otherwise"
+
+    @rule(chunks=st.integers(min_value=1, max_value=4), loud=st.booleans())
+    def append(self, chunks: int, loud: bool) -> None:
+        audio = _SPEECH if loud else bytes(len(_SPEECH))
+        for _ in range(chunks):
+            self._step(lambda core: core.receive(msg.AppendAudio(audio=audio), self.now))
+            self.now += 0.1
+
+    @rule(command=st.sampled_from(_COMMANDS))
+    def command(self, command: msg.Command) -> None:
+        self._step(lambda core: core.receive(command, self.now))
+
+    @rule(value=st.sampled_from([None, {"type": "server_vad", "silence_duration_ms": 200},
+                                 {"type": "server_vad", "create_response": False}]))
+    def turn_detection(self, value: dict[str, Any] | None) -> None:
+        update = msg.UpdateSession(session={"audio": {"input": {"turn_detection": value}}})
+        self._step(lambda core: core.receive(update, self.now))
+
+    @rule(played=st.integers(0, 2000), committed=st.integers(0, 2000))
+    def ack(self, played: int, committed: int) -> None:
+        ack = msg.AckPlayback(played_ms=played, committed_ms=min(played, committed))
+        self._step(lambda core: core.receive(ack, self.now))
+
+    @rule(names=st.lists(st.sampled_from(sorted(FRAMES)), min_size=1, max_size=12))
+    def model_output(self, names: list[str]) -> None:
+        for name in names:
+            self.now += FRAME_S
+            self._step(_feeding(FRAMES[name], self.now))
+
+    @rule(seconds=st.floats(min_value=0.0, max_value=3.0))
+    def time_passes(self, seconds: float) -> None:
+        self.now += seconds
+        self._step(lambda core: core.tick(self.now))
+
+    @rule()
+    @precondition(lambda self: len(self.cores) == 1)
+    def checkpoint(self) -> None:
+        state = self.cores[0].checkpoint()
+        if state is None:
+            return  # not at a safe point: nothing to continue from here
+        restored = decode(encode(state))
+        assert restored == state
+        twin = _frame_core(self.mode)
+        twin.restore(restored)
+        assert twin.checkpoint() == state, "the twin's state is not the one it was given"
+        assert twin.session == self.cores[0].session
+        assert twin.history == self.cores[0].history
+        self.cores.append(twin)
+
+
+TestTwin = TwinMachine.TestCase
+TestTwin.settings = settings(max_examples=150, stateful_step_count=40, deadline=None,
+                             suppress_health_check=[HealthCheck.too_slow])
+
+
+def test_no_checkpoint_off_a_safe_point() -> None:
+    """Events not taken, an active response, a closing session: no checkpoint; taken the
+    events and ended the response, one."""
+    core = _frame_core(TurnMode.AUDIO)
+    core.receive(msg.Heartbeat(), T0)
+    assert core.checkpoint() is None  # the heartbeat's answer is not taken
+    core.events_to_send()
+    core.receive(msg.CreateResponse(), T0)
+    core.events_to_send()
+    assert core.responding and core.checkpoint() is None
+    core.receive(msg.CancelResponse(), T0)
+    core.events_to_send()
+    assert not core.responding and core.checkpoint() is not None
+    core.receive(msg.CloseSession(), T0)
+    core.events_to_send()
+    assert core.checkpoint() is None
+
+
+def test_the_loopback_restores_its_buffer_from_the_bytes_given() -> None:
+    """The loopback keeps its turn's audio: its buffer comes back from the bytes the
+    restorer re-reads, which must be the buffer's length; a commit then answers with them."""
+    core = loopback_core("sess_loop")
+    core.receive(msg.UpdateSession(session={"audio": {"input": {"turn_detection": None}}}), T0)
+    core.receive(msg.AppendAudio(audio=_SPEECH), T0)
+    core.events_to_send()
+    state = core.checkpoint()
+    assert state is not None and state.buffer.size == len(_SPEECH)
+    with pytest.raises(ValueError, match="bytes given for a buffer"):
+        loopback_core("sess_loop").restore(state, b"")
+    twin = loopback_core("sess_loop")
+    twin.restore(decode(encode(state)), _SPEECH)
+    for each in (core, twin):
+        each.receive(msg.CommitInput(), T0 + 1)
+    assert core.events_to_send() == twin.events_to_send()
+
+
+def _rich_state() -> CoreState:
+    """A checkpoint with every optional part present."""
+    core = _frame_core(TurnMode.AUDIO)
+    core.receive(msg.CreateItem(item={"type": "message", "role": "user",
+                                      "content": [{"type": "input_text", "text": "hi"}]}), T0)
+    core.events_to_send()
+    state = core.checkpoint()
+    assert state is not None
+    return dataclasses.replace(
+        state, ref_audio=VoicePrompt("audio/wav", b"RIFF\x00\x01"),
+        unanswered=UserTurn(item_id="item_1", audio=b"\x01\x02" * 10), idle_from_ms=1200,
+        model_input_ms=800)
+
+
+def test_a_checkpoint_round_trips_through_its_encoding() -> None:
+    state = _rich_state()
+    data = encode(state)
+    assert json.loads(data)["v"] == CHECKPOINT_FORMAT
+    assert decode(data) == state
+
+
+def _edited(path: list[str], value: Any) -> bytes:
+    document = json.loads(encode(_rich_state()))
+    target = document
+    for key in path[:-1]:
+        target = target[key]
+    if value is KeyError:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return json.dumps(document).encode()
+
+
+@pytest.mark.parametrize(("data", "reason"), [
+    (b"not json", "not a checkpoint"),
+    (b"[1]", "format None"),
+    (_edited(["v"], CHECKPOINT_FORMAT + 1), f"format {CHECKPOINT_FORMAT + 1}"),
+    (_edited(["epoch"], KeyError), "'epoch' is missing"),
+    (_edited(["epoch"], True), "'epoch' is not int"),
+    (_edited(["timeline", "fed_bytes"], -1), "'timeline.fed_bytes' is negative"),
+    (_edited(["heard_input"], 1), "'heard_input' is not bool"),
+    (_edited(["responses", "gate"], "ajar"), "'responses.gate' names no state"),
+    (_edited(["ref_audio", "data"], "not base64!"), "'ref_audio.data' is not base64"),
+    (_edited(["history", "items"], [{"id": "x"}]), "'content' is missing"),
+    (_edited(["history", "items"], [{**json.loads(encode(_rich_state()))["history"]["items"][0],
+                                     "fields": [["a"]]}]), "not a checkpoint"),
+])
+def test_what_is_not_a_checkpoint_of_this_format_is_refused(data: bytes, reason: str) -> None:
+    with pytest.raises(CheckpointError, match=reason.replace("(", r"\(")):
+        decode(data)
+
+
+def test_a_checkpoint_over_the_bound_is_refused_both_ways() -> None:
+    big = dataclasses.replace(_rich_state(), unanswered=UserTurn(
+        item_id="item_1", audio=bytes(MAX_CHECKPOINT_BYTES)))
+    with pytest.raises(CheckpointError, match="over the bound"):
+        encode(big)
+    with pytest.raises(CheckpointError, match="over the bound"):
+        decode(b" " * (MAX_CHECKPOINT_BYTES + 1))
+    assert len(base64.b64encode(bytes(MAX_CHECKPOINT_BYTES))) > MAX_CHECKPOINT_BYTES
