@@ -257,10 +257,9 @@ class ConversationCore:
         self._conversation.restore(state.history)
         self._responses.restore(state.responses)
         self._input.restore(state.buffer, buffered)
-        self._server_turns.restore(turn_start_ms=state.turn_start_ms,
-                                   idle_from_ms=state.idle_from_ms)
-        self._model_turns.input_ms = state.model_input_ms
-        self._heard_input, self._unanswered = state.heard_input, state.unanswered
+        self._server_turns.restore(state.turn_start_ms, state.idle_from_ms)
+        self._model_turns.input_ms, self._heard_input = state.model_input_ms, state.heard_input
+        self._unanswered = state.unanswered
         self._video.restore(refused=state.video_refused)
         self._model.resume_epoch(state.epoch)
         self._configure(self._seed.restore(opened=state.seed_opened, spoke=state.seed_spoke,

@@ -80,7 +80,7 @@ class ServerTurns:
         """Where the turn being spoken started on the input timeline (its speech start)."""
         return self._turn_start_ms
 
-    def restore(self, *, turn_start_ms: int, idle_from_ms: int | None) -> None:
+    def restore(self, turn_start_ms: int, idle_from_ms: int | None) -> None:
         """Continue a checkpointed session."""
         self._turn_start_ms, self.idle_from_ms = turn_start_ms, idle_from_ms
 

@@ -5,7 +5,7 @@ reason elsewhere)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
 
 import pytest
@@ -163,18 +163,19 @@ async def test_a_worker_cut_off_from_redis_is_declared_lost_and_rejoins_as_anoth
         await redis.aclose()
 
 
-async def test_a_flapping_redis_link_under_streaming_loses_nothing(
-        cut_off: Namespace, reachable_redis: EmbeddedServer) -> None:
-    """The gateway and the worker both run in the namespace and reach Redis over one link,
-    which goes down for 0.15 s every half second while three sessions stream in real time
-    (packets lost in bursts, resent late by TCP, the calls delayed): every chunk is echoed
-    once, in order, and nobody is declared lost at the default heartbeat timings."""
+async def _stream_behind(cut_off: Namespace, redis_server: EmbeddedServer,
+                         during: Callable[[], Coroutine[Any, Any, None]] | None = None,
+                         ) -> None:
+    """A gateway and a worker in the namespace, reaching Redis over its first link; three
+    sessions stream 150 chunks each in real time (``during`` runs beside them until they are
+    done): every chunk is echoed once, in order, and every session is still attached at the
+    end, at the default heartbeat timings."""
     redis_link, client_link = cut_off.links
-    redis_url = f"redis://{redis_link.host}:{reachable_redis.port}/0"
+    redis_url = f"redis://{redis_link.host}:{redis_server.port}/0"
     env = {**FAST_ENV, "DUPLEX_GATEWAY_HEARTBEAT_INTERVAL_S": "1.0",
            "DUPLEX_GATEWAY_HEARTBEAT_TTL_S": "1.5"}
-    stack = Stack(redis=reachable_redis, env=env)
-    redis = Redis.from_url(reachable_redis.url)
+    stack = Stack(redis=redis_server, env=env)
+    redis = Redis.from_url(redis_server.url)
     try:
         stack.worker(prefix=cut_off.prefix, redis_url=redis_url)
         gateway = stack.gateway(host=client_link.inside, prefix=cut_off.prefix,
@@ -183,22 +184,13 @@ async def test_a_flapping_redis_link_under_streaming_loses_nothing(
                    for _ in range(3)]
         for client in clients:
             await collect_until(client, "session.updated", [])
-
-        async def flap() -> None:
-            while True:
-                # The fault's own schedule, not a wait for a condition.
-                await asyncio.sleep(0.35)
-                await asyncio.to_thread(cut_off.cut, redis_link)
-                await asyncio.sleep(0.15)
-                await asyncio.to_thread(cut_off.heal, redis_link)
-
-        flapping = asyncio.create_task(flap())
+        fault = asyncio.create_task(during()) if during is not None else None
         try:
             await stream_in_real_time(clients, 150, spread_s=0.005)
         finally:
-            flapping.cancel()
-            await asyncio.gather(flapping, return_exceptions=True)
-            cut_off.heal(redis_link)
+            if fault is not None:
+                fault.cancel()
+                await asyncio.gather(fault, return_exceptions=True)
         for client in clients:
             assert client.session_id is not None
             state: Any = await redis.hget(SessionKeys(client.session_id).record, "state")
@@ -207,6 +199,27 @@ async def test_a_flapping_redis_link_under_streaming_loses_nothing(
     finally:
         stack.stop()
         await redis.aclose()
+
+
+async def test_a_flapping_redis_link_under_streaming_loses_nothing(
+        cut_off: Namespace, reachable_redis: EmbeddedServer) -> None:
+    """Redis's link goes down for 0.15 s every half second while three sessions stream
+    (packets lost in bursts, resent late by TCP, the calls delayed): nothing is lost and
+    nobody is declared lost."""
+    redis_link = cut_off.links[0]
+
+    async def flap() -> None:
+        try:
+            while True:
+                # The fault's own schedule, not a wait for a condition.
+                await asyncio.sleep(0.35)
+                await asyncio.to_thread(cut_off.cut, redis_link)
+                await asyncio.sleep(0.15)
+                await asyncio.to_thread(cut_off.heal, redis_link)
+        finally:
+            cut_off.heal(redis_link)
+
+    await _stream_behind(cut_off, reachable_redis, flap)
 
 
 #: Redis's link slow and lossy both ways: netem on each end's device delays every packet
@@ -216,30 +229,7 @@ NETEM: list[str] = ["netem", "delay", "5ms", "3ms", "loss", "0.5%"]
 
 async def test_a_delayed_and_lossy_redis_link_under_streaming_loses_nothing(
         cut_off: Namespace, reachable_redis: EmbeddedServer) -> None:
-    """The gateway and the worker reach Redis over a link netem delays, jitters and drops
-    packets on, in both directions, while three sessions stream in real time: every chunk is
-    echoed once, in order, and every session is still attached at the end."""
-    redis_link, client_link = cut_off.links
-    cut_off.impair(redis_link, NETEM)
-    redis_url = f"redis://{redis_link.host}:{reachable_redis.port}/0"
-    env = {**FAST_ENV, "DUPLEX_GATEWAY_HEARTBEAT_INTERVAL_S": "1.0",
-           "DUPLEX_GATEWAY_HEARTBEAT_TTL_S": "1.5"}
-    stack = Stack(redis=reachable_redis, env=env)
-    redis = Redis.from_url(reachable_redis.url)
-    try:
-        stack.worker(prefix=cut_off.prefix, redis_url=redis_url)
-        gateway = stack.gateway(host=client_link.inside, prefix=cut_off.prefix,
-                                redis_url=redis_url)
-        clients = [await DuplexClient.connect(gateway.ws_url, session=STREAM_SESSION)
-                   for _ in range(3)]
-        for client in clients:
-            await collect_until(client, "session.updated", [])
-        await stream_in_real_time(clients, 150, spread_s=0.005)
-        for client in clients:
-            assert client.session_id is not None
-            state: Any = await redis.hget(SessionKeys(client.session_id).record, "state")
-            assert state == b"attached"
-            await asyncio.wait_for(client.aclose(), 10)
-    finally:
-        stack.stop()
-        await redis.aclose()
+    """Redis's link delays, jitters and drops packets (netem) in both directions while three
+    sessions stream: nothing is lost and nobody is declared lost."""
+    cut_off.impair(cut_off.links[0], NETEM)
+    await _stream_behind(cut_off, reachable_redis)
