@@ -3,11 +3,10 @@
 It does the I/O and nothing else: what a frame, a push, a store answer or the time means is the
 core's to decide. Four tasks per connection: the reader (client frames), the pump (pushes, plus a
 periodic safety read of the log), the writer (:class:`~gateway.input_writer.InputWriter`: input
-appends, coalesced) and the housekeeping (the core's timer). Actions run under
-one lock so frames reach the client in the order the core decided; a frame that decided nothing but
-one command's append (every audio chunk) has it queued for the writer without the lock when no step
-is in progress, since queuing never waits. Frames go out through the websocket protocol's direct
-send when the socket takes them at once, else through the ASGI send.
+appends, coalesced) and the housekeeping (the core's timer). Actions run under one lock so
+frames reach the client in the order the core decided; a frame that decided only one command's
+append (every audio chunk) queues it without the lock when no step is in progress (queuing
+never waits). Frames go out by the protocol's direct send if the socket takes them, else ASGI.
 
 Output backpressure: a client that does not read blocks the send in flight (and with it the lock).
 Pushes are still counted as they arrive (:class:`OutputBacklog`), and when the client's untaken
