@@ -139,7 +139,8 @@ def encode(state: CoreState) -> bytes:
         "unanswered": None if state.unanswered is None else
         {"item_id": state.unanswered.item_id, "audio": _bytes(state.unanswered.audio)},
     }
-    data = json.dumps(document, separators=(",", ":"), ensure_ascii=False).encode()
+    # ASCII: a client's text may hold a lone surrogate, which no UTF-8 can carry.
+    data = json.dumps(document, separators=(",", ":")).encode("ascii")
     if len(data) > MAX_CHECKPOINT_BYTES:
         raise CheckpointError(f"a checkpoint of {len(data)} bytes is over the bound of "
                               f"{MAX_CHECKPOINT_BYTES}")
@@ -282,7 +283,7 @@ def decode(data: bytes) -> CoreState:
                               f"{MAX_CHECKPOINT_BYTES}")
     try:
         document = json.loads(data)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise CheckpointError(f"not a checkpoint: {exc}") from exc
     if not isinstance(document, dict) or document.get("v") != CHECKPOINT_FORMAT:
         version = document.get("v") if isinstance(document, dict) else None

@@ -146,7 +146,8 @@ class Conversation:
 
     def snapshot(self) -> HistoryState:
         """The conversation as a checkpoint keeps it (between responses)."""
-        return HistoryState(config=copy.deepcopy(self.config), items=tuple(self.items),
+        return HistoryState(config=copy.deepcopy(self.config),
+                            items=copy.deepcopy(tuple(self.items)),
                             item_count=self._items, response_count=self._responses,
                             reserved_item_id=self._reserved_item_id)
 

@@ -193,6 +193,19 @@ def test_a_checkpoint_round_trips_through_its_encoding() -> None:
     assert decode(data) == state
 
 
+def test_any_text_a_client_sent_survives_the_encoding() -> None:
+    """Instructions holding a lone surrogate (valid JSON text, no valid UTF-8) and other
+    scripts round trip: the encoding is ASCII."""
+    core = _frame_core(TurnMode.AUDIO)
+    text = "be brief \ud800 \u00e9\u4e2d \U0001f600"
+    core.receive(msg.UpdateSession(session={"instructions": json.loads(f'"{text}"')}), T0)
+    core.events_to_send()
+    state = core.checkpoint()
+    assert state is not None
+    data = encode(state)
+    assert data.isascii() and decode(data) == state
+
+
 def _edited(path: list[str], value: Any) -> bytes:
     document = json.loads(encode(_rich_state()))
     target = document
