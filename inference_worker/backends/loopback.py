@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Final
 
 from contract.messages import JsonObject
-from inference_worker.conversation.model_port import PendingInput
+from inference_worker.conversation.model_port import ModelState, PendingInput
 from inference_worker.conversation.reports import (
     AUDIBLE,
     Output,
@@ -103,9 +103,15 @@ class LoopbackModel:
         """The stops so far: each takes effect at once (nothing of a stopped turn is queued)."""
         return self._epoch
 
-    def resume_epoch(self, epoch: int) -> None:
-        """Count stops from ``epoch`` (a checkpointed session continues here)."""
-        self._epoch = epoch
+    def checkpoint(self) -> ModelState | None:
+        """Its stops and commits, while nothing plays or waits to be reported (None then)."""
+        if self._playback is not None or self._queued or self._streaming:
+            return None
+        return ModelState(self._epoch, self._commits)
+
+    def restore(self, state: ModelState) -> None:
+        """Continue a checkpointed session: its stops and commits so far."""
+        self._epoch, self._commits = state.epoch, state.commits
 
     def configure(self, config: JsonObject) -> None:
         """Read the mode, ``auto_response`` and ``force_listen_count`` of ``extra_body``."""

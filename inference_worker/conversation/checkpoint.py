@@ -7,9 +7,11 @@ can continue the session from it (DESIGN §2.9; ``docs/design/hand-over.md``).
 :class:`~inference_worker.conversation.user_input.BufferState`) and the core adds the rest
 (:meth:`~inference_worker.conversation.core.ConversationCore.checkpoint`). What it does not
 hold, and why a checkpoint is only taken without it: events not yet taken, an active
-response, a user item awaiting its transcript, a turn detector in the middle of speech. The
-input buffer's bytes are not in it either (the input log holds them, and the restorer gives
-them back); the turn detector restarts at the checkpoint's place on the input timeline.
+response, a user item awaiting its transcript, a turn detector with something in progress,
+a model port holding what it has not reported or handed to its engine, a closing session. The
+input buffer's bytes are not in it either: the buffer is always the last ``buffer.size`` bytes
+of the input audio (a commit or clear empties it, a detected turn takes its head), so the
+restorer reads them back from the input log; the turn detector resumes from its place.
 
 :func:`encode` writes it as versioned JSON, at most :data:`MAX_CHECKPOINT_BYTES`;
 :func:`decode` reads it back once, checking every field, and refuses a format it does not
@@ -28,6 +30,7 @@ from typing import Any, Final, TypeVar
 from contract.messages import JsonObject
 from inference_worker.conversation.history import HistoryState
 from inference_worker.conversation.items import Item
+from inference_worker.conversation.model_port import ModelState
 from inference_worker.conversation.playback import Ledger
 from inference_worker.conversation.responses import ResponsesState
 from inference_worker.conversation.seed_settings import VoicePrompt
@@ -62,7 +65,8 @@ class CoreState:
         history: the session object, the items and the id counters.
         responses: the output gate, the seed's turn state, the playback ledgers.
         buffer: the input machine and what the buffered appends said (not their bytes).
-        epoch: the stops so far (frames of older epochs are a cancelled response's).
+        model: the model port's: the stops so far (frames of older epochs are a cancelled
+            response's) and the turns it heard committed.
         timeline: the input timeline's end (every ``audio_*_ms`` counts from its start) and
             its turn detector's place.
         turn_start_ms: where the turn being spoken started.
@@ -79,7 +83,7 @@ class CoreState:
     history: HistoryState
     responses: ResponsesState
     buffer: BufferState
-    epoch: int
+    model: ModelState
     timeline: TimelinePlace
     turn_start_ms: int
     idle_from_ms: int | None
@@ -124,7 +128,7 @@ def encode(state: CoreState) -> bytes:
                       "ledgers": [asdict(ledger) for ledger in responses.ledgers]},
         "buffer": {"state": buffer.state.value, "size": buffer.size,
                    "marks": asdict(buffer.marks), "taken": asdict(buffer.taken)},
-        "epoch": state.epoch,
+        "model": {"epoch": state.model.epoch, "commits": state.model.commits},
         "timeline": {"fed_bytes": state.timeline.fed_bytes,
                      "detector_origin_ms": state.timeline.detector_origin_ms,
                      "detector": None if state.timeline.detector is None else
@@ -210,6 +214,11 @@ def _read_marks(value: Any, name: str) -> TurnMarks:
                      transcript=_typed(marks["transcript"], str, f"{name}.transcript"))
 
 
+def _read_model(model: JsonObject) -> ModelState:
+    return ModelState(_count(model["epoch"], "model.epoch"),
+                      _count(model["commits"], "model.commits"))
+
+
 def _read_timeline(timeline: JsonObject) -> TimelinePlace:
     detector = _optional(timeline["detector"], dict, "timeline.detector")
     return TimelinePlace(
@@ -253,7 +262,7 @@ def _read(document: JsonObject) -> CoreState:
                            size=_count(buffer["size"], "buffer.size"),
                            marks=_read_marks(buffer["marks"], "buffer.marks"),
                            taken=_read_marks(buffer["taken"], "buffer.taken")),
-        epoch=_count(document["epoch"], "epoch"),
+        model=_read_model(_typed(document["model"], dict, "model")),
         timeline=_read_timeline(_typed(document["timeline"], dict, "timeline")),
         turn_start_ms=_count(document["turn_start_ms"], "turn_start_ms"),
         idle_from_ms=_optional(document["idle_from_ms"], int, "idle_from_ms"),

@@ -235,15 +235,15 @@ class ConversationCore:
         return self._model.take_input()
 
     def checkpoint(self) -> CoreState | None:
-        """The state another worker's core continues from; None off a safe point (an event
-        not taken, a response, a user item awaiting its transcript, speech, a close)."""
-        timeline = self._timeline.place
-        if (timeline is None or self._close_reason is not None or not self._conversation.quiet
-                or self._responses.current is not None or self._model_turns.awaiting_transcript):
+        """The state another core continues from; None off a safe point (``checkpoint.py``)."""
+        timeline, model = self._timeline.place, self._model.checkpoint()
+        if (timeline is None or model is None or self._close_reason is not None
+                or not self._conversation.quiet or self._responses.current is not None
+                or self._model_turns.awaiting_transcript):
             return None
         return CoreState(
             history=self._conversation.snapshot(), responses=self._responses.snapshot(),
-            buffer=self._input.snapshot(), epoch=self.epoch, timeline=timeline,
+            buffer=self._input.snapshot(), model=model, timeline=timeline,
             turn_start_ms=self._server_turns.turn_start_ms,
             idle_from_ms=self._server_turns.idle_from_ms,
             model_input_ms=self._model_turns.input_ms, heard_input=self._heard_input,
@@ -261,7 +261,7 @@ class ConversationCore:
         self._model_turns.input_ms, self._heard_input = state.model_input_ms, state.heard_input
         self._unanswered = state.unanswered
         self._video.restore(refused=state.video_refused)
-        self._model.resume_epoch(state.epoch)
+        self._model.restore(state.model)
         self._configure(self._seed.restore(opened=state.seed_opened, spoke=state.seed_spoke,
                                            ref_audio=state.ref_audio, config=self._config))
         self._timeline.resume(state.timeline)

@@ -17,7 +17,7 @@ from contract.messages import JsonObject
 from inference_worker.conversation.reports import Report
 from inference_worker.conversation.seed_settings import SlotConfig
 
-__all__ = ["EngineModel", "ModelPort", "PendingInput"]
+__all__ = ["EngineModel", "ModelPort", "ModelState", "PendingInput"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,6 +35,15 @@ class PendingInput:
     config: SlotConfig | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class ModelState:
+    """What a checkpoint keeps of a model port: the stops so far (its epoch) and the turns it
+    heard committed (the loopback counts them for ``force_listen_count``)."""
+
+    epoch: int
+    commits: int = 0
+
+
 class ModelPort(Protocol):
     """One session's model, as the core sees it."""
 
@@ -50,8 +59,13 @@ class ModelPort(Protocol):
         them took effect (an engine frame of an older epoch) belongs to a cancelled response."""
         ...
 
-    def resume_epoch(self, epoch: int) -> None:
-        """A checkpointed session continues here: count stops from ``epoch``."""
+    def checkpoint(self) -> ModelState | None:
+        """Its state, or None while it holds something a checkpoint cannot carry (output not
+        reported yet, input not handed to its engine)."""
+        ...
+
+    def restore(self, state: ModelState) -> None:
+        """A checkpointed session continues here, from ``state``."""
 
     def configure(self, config: JsonObject) -> None:
         """The session's effective configuration changed to ``config``."""
@@ -117,9 +131,16 @@ class EngineModel:
         """The stops asked for so far (the engine stamps each frame with those it applied)."""
         return self._epoch
 
-    def resume_epoch(self, epoch: int) -> None:
-        """Count stops from ``epoch`` (the engine's slot must stamp its frames from there)."""
-        self._epoch = epoch
+    def checkpoint(self) -> ModelState | None:
+        """Its epoch, once the engine took everything asked of it (None before)."""
+        if self._audio or self._video or self._clear or self._stops or self._config:
+            return None
+        return ModelState(self._epoch)
+
+    def restore(self, state: ModelState) -> None:
+        """Count stops from the state's epoch (the engine's slot must stamp its frames from
+        there)."""
+        self._epoch = state.epoch
 
     def configure(self, config: JsonObject) -> None:
         """Nothing to do: the slot's settings come typed (:meth:`configure_slot`)."""

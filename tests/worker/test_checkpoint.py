@@ -38,6 +38,12 @@ from tests.worker.feeding import feed
 from tests.worker.test_core_stateful import FRAME_S, FRAMES, T0
 
 _SPEECH = bytes((i * 7 + 3) % 251 for i in range(4800)) * 2  # 100 ms, loud enough for the VAD
+_LOOPBACK_UPDATES = [
+    msg.UpdateSession(session={"extra_body": {"loopback_mode": "stream"}}),
+    msg.UpdateSession(session={"extra_body": {"loopback_mode": "turn"}}),
+    msg.UpdateSession(session={"extra_body": {"auto_response": True,
+                                              "force_listen_count": 2}}),
+]
 _COMMANDS = [
     msg.CommitInput(), msg.ClearInput(), msg.CreateResponse(), msg.CancelResponse(),
     msg.ClearOutputAudio(), msg.CancelInput(), msg.BargeIn(), msg.Heartbeat(),
@@ -53,23 +59,28 @@ def _frame_core(mode: TurnMode) -> ConversationCore:
     return frame_core("sess_twin", model="fake", frame_seconds=FRAME_S, turns=mode)
 
 
+def _core(mode: TurnMode) -> ConversationCore:
+    return loopback_core("sess_twin") if mode is TurnMode.LOOPBACK else _frame_core(mode)
+
+
 def _feeding(frame: FrameOutput, now: float) -> Callable[[ConversationCore], None]:
     return lambda core: feed(core, frame, now)
 
 
 class TwinMachine(RuleBasedStateMachine):
-    """A frame backend's session at random; at a safe point its checkpoint restores a twin."""
+    """A session at random; at a safe point its checkpoint restores a twin."""
 
     def __init__(self) -> None:
         super().__init__()
         self.cores: list[ConversationCore] = []
         self.mode = TurnMode.AUDIO
         self.now = T0
+        self.heard = bytearray()  # every byte of input audio appended, in order
 
-    @initialize(mode=st.sampled_from([TurnMode.AUDIO, TurnMode.EVENTS]))
+    @initialize(mode=st.sampled_from(list(TurnMode)))
     def start(self, mode: TurnMode) -> None:
         self.mode = mode
-        self.cores = [_frame_core(mode)]
+        self.cores = [_core(mode)]
 
     def _step(self, act: Callable[[ConversationCore], None]) -> None:
         for core in self.cores:
@@ -86,12 +97,18 @@ class TwinMachine(RuleBasedStateMachine):
     def append(self, chunks: int, loud: bool) -> None:
         audio = _SPEECH if loud else bytes(len(_SPEECH))
         for _ in range(chunks):
+            self.heard += audio
             self._step(lambda core: core.receive(msg.AppendAudio(audio=audio), self.now))
             self.now += 0.1
 
     @rule(command=st.sampled_from(_COMMANDS))
     def command(self, command: msg.Command) -> None:
         self._step(lambda core: core.receive(command, self.now))
+
+    @rule(update=st.sampled_from(_LOOPBACK_UPDATES))
+    @precondition(lambda self: self.mode is TurnMode.LOOPBACK)
+    def loopback_mode(self, update: msg.Command) -> None:
+        self._step(lambda core: core.receive(update, self.now))
 
     @rule(value=st.sampled_from([None, {"type": "server_vad", "silence_duration_ms": 200},
                                  {"type": "server_vad", "create_response": False}]))
@@ -105,6 +122,7 @@ class TwinMachine(RuleBasedStateMachine):
         self._step(lambda core: core.receive(ack, self.now))
 
     @rule(names=st.lists(st.sampled_from(sorted(FRAMES)), min_size=1, max_size=12))
+    @precondition(lambda self: self.mode is not TurnMode.LOOPBACK)
     def model_output(self, names: list[str]) -> None:
         for name in names:
             self.now += FRAME_S
@@ -123,8 +141,13 @@ class TwinMachine(RuleBasedStateMachine):
             return  # not at a safe point: nothing to continue from here
         restored = decode(encode(state))
         assert restored == state
-        twin = _frame_core(self.mode)
-        twin.restore(restored)
+        twin = _core(self.mode)
+        # The buffer is the last bytes of the input audio: what a restorer reads back.
+        size = state.buffer.size
+        twin.restore(restored, bytes(self.heard[len(self.heard) - size:]) if size else b"")
+        # A new engine slot is given the session's configuration before anything else.
+        handed = twin.take_input()
+        assert (handed.config is not None) == (self.mode is not TurnMode.LOOPBACK)
         assert twin.checkpoint() == state, "the twin's state is not the one it was given"
         assert twin.session == self.cores[0].session
         assert twin.history == self.cores[0].history
@@ -148,7 +171,8 @@ def test_no_checkpoint_off_a_safe_point() -> None:
     assert core.responding and core.checkpoint() is None
     core.receive(msg.CancelResponse(), T0)
     core.events_to_send()
-    assert not core.responding and core.checkpoint() is not None
+    assert not core.responding and core.checkpoint() is None  # the engine has the stop to take
+    assert core.take_input().stops == 1 and core.checkpoint() is not None
     core.receive(msg.CloseSession(), T0)
     core.events_to_send()
     assert core.checkpoint() is None
@@ -200,6 +224,7 @@ def test_any_text_a_client_sent_survives_the_encoding() -> None:
     text = "be brief \ud800 \u00e9\u4e2d \U0001f600"
     core.receive(msg.UpdateSession(session={"instructions": json.loads(f'"{text}"')}), T0)
     core.events_to_send()
+    core.take_input()  # the engine takes the new slot configuration
     state = core.checkpoint()
     assert state is not None
     data = encode(state)
@@ -222,8 +247,8 @@ def _edited(path: list[str], value: Any) -> bytes:
     (b"not json", "not a checkpoint"),
     (b"[1]", "format None"),
     (_edited(["v"], CHECKPOINT_FORMAT + 1), f"format {CHECKPOINT_FORMAT + 1}"),
-    (_edited(["epoch"], KeyError), "'epoch' is missing"),
-    (_edited(["epoch"], True), "'epoch' is not int"),
+    (_edited(["model"], KeyError), "'model' is missing"),
+    (_edited(["model", "epoch"], True), "'model.epoch' is not int"),
     (_edited(["timeline", "fed_bytes"], -1), "'timeline.fed_bytes' is negative"),
     (_edited(["heard_input"], 1), "'heard_input' is not bool"),
     (_edited(["responses", "gate"], "ajar"), "'responses.gate' names no state"),
