@@ -46,6 +46,8 @@ _FRAMES_SESSION_UPDATE: Final = json.dumps(
 _CLOSE: Final = json.dumps({"type": "session.close"})
 # A frame backend's input is cut on 80 ms frames: a tail short of one waits for the rest.
 _FRAME_CHUNKS: Final = 4
+# The client modes that talk to a gateway (session.updated, session.close).
+_GATEWAY_MODES: Final = frozenset({"gateway", "frames"})
 
 
 # ============================================================================ frames
@@ -158,12 +160,11 @@ class LoadSession:
 
         self._ws = await connect(self._url, max_size=None, open_timeout=OPEN_TIMEOUT_S,
                                  compression="deflate" if self._spec.compression else None)
-        gateway = self._spec.mode in ("gateway", "frames")
         await self._ws.send(_FRAMES_SESSION_UPDATE if self._spec.mode == "frames"
                             else _SESSION_UPDATE)
         # The gateway answers session.created, then the worker's session.updated (stream
         # mode is on); the echo returns the update itself.
-        wanted = "session.updated" if gateway else "session.update"
+        wanted = "session.updated" if self._spec.mode in _GATEWAY_MODES else "session.update"
         while True:
             raw = await asyncio.wait_for(self._ws.recv(), OPEN_TIMEOUT_S)
             data = json.loads(raw)
@@ -277,7 +278,7 @@ class LoadSession:
             return
         self._stop_counting()
         with contextlib.suppress(Exception):
-            if self._spec.mode in ("gateway", "frames"):
+            if self._spec.mode in _GATEWAY_MODES:
                 await self._ws.send(_CLOSE)
                 if self._reader is not None:
                     # The gateway closes the socket after session.closed.
