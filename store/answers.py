@@ -230,6 +230,9 @@ class OutputAppend:
         top_known_at: :attr:`Scripts.route_changes` when an append of this session that
             ended just before ``first_seq`` was answered (None: not known). While it stays
             the same, the append skips reading the log's end (``store/output_appends.py``).
+        owner_epoch: the owner epoch the worker serves the session under (1 from its open;
+            each hand-over adds one): under another than the record's, nothing is written
+            (``Gone.MOVED``).
     """
 
     session_id: str
@@ -241,6 +244,7 @@ class OutputAppend:
     output_log_max_entries: int | None = None
     session: JsonObject | None = None
     top_known_at: int | None = None
+    owner_epoch: int = 1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

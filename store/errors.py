@@ -55,6 +55,9 @@ class Gone(enum.StrEnum):
     UNKNOWN = "unknown"
     #: Its record is of another format (``store/formats.py``): nothing of it is read.
     OTHER_FORMAT = "other_format"
+    #: Another worker serves it now (its record's owner epoch is past the writer's:
+    #: ``docs/design/hand-over.md``); nothing was written.
+    MOVED = "moved"
 
 
 class Mismatch(enum.StrEnum):

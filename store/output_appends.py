@@ -89,9 +89,9 @@ async def _flush(fast: RunScript, worker: WorkerKeys, batch: Sequence[OutputAppe
     args: list[Any] = []
     for item in batch:
         k = session_keys(item.session_id)
-        keys += [k.output_log, k.output_channel, k.input_log]
-        args += [item.first_seq, item.output_log_max_entries, _trim_id(item), len(item.events),
-                 *item.events]
+        keys += [k.output_log, k.output_channel, k.input_log, k.record]
+        args += [item.owner_epoch, item.first_seq, item.output_log_max_entries, _trim_id(item),
+                 len(item.events), *item.events]
     try:
         answer = await fast(keys, args)
     except REDIS_ERRORS:
@@ -115,9 +115,10 @@ async def _append_carefully(careful: RunScript, worker: WorkerKeys,
         if item.close_reason is not None:
             terminal = encode_message(SessionClosed(reason=item.close_reason))
         bound = item.output_log_max_entries
-        args += [item.session_id, item.first_seq, "" if bound is None else bound,
-                 _trim_id(item), terminal, item.close_reason or "", json_argument(item.session),
-                 len(item.events), *item.events]
+        args += [item.session_id, item.owner_epoch, item.first_seq,
+                 "" if bound is None else bound, _trim_id(item), terminal,
+                 item.close_reason or "", json_argument(item.session), len(item.events),
+                 *item.events]
     answers = await careful(keys, args)
     if answers and reply_text(answers[0]) == "fenced":
         raise WorkerFenced(f"worker {worker.worker_id} was declared lost")

@@ -56,6 +56,13 @@ from store.answers import (
     reply_text,
 )
 from store.census import NO_ENGINE, TickTime, encode_tick
+from store.checkpoints import (
+    Adoption,
+    CheckpointStatus,
+    CheckpointWrite,
+    adopt_session,
+    write_checkpoints,
+)
 from store.client import REDIS_ERRORS
 from store.cluster_lane import ClusterLane
 from store.directory import WorkerProfile
@@ -183,6 +190,8 @@ class Scripts:
         self._tenant_opens = register(lua.TENANT_OPEN_RATE)
         self._gateway_lease = register(lua.GATEWAY_LEASE)
         self._gateway_announce = register(lua.GATEWAY_ANNOUNCE)
+        self._write_checkpoint = register(lua.WRITE_CHECKPOINT)
+        self._adopt = register(lua.ADOPT_SESSION)
 
     async def _run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any], *,
                    resent: Callable[[], Sequence[Any]] | None = None) -> Any:
@@ -410,7 +419,7 @@ class Scripts:
 
     async def append_output(
         self, session_id: str, payloads: Sequence[bytes], *, first_seq: int = 0,
-        close_reason: str | None = None,
+        close_reason: str | None = None, owner_epoch: int = 1,
     ) -> int:
         """A worker's fenced append of encoded events; returns the first seq (0 if none).
 
@@ -420,12 +429,13 @@ class Scripts:
 
         Raises:
             WorkerFenced: the worker was declared lost.
-            SessionGone: the session is closed or unknown.
+            SessionGone: the session is closed, unknown or served under another owner epoch
+                than ``owner_epoch``.
             OutputMismatch: ``first_seq`` disagrees with the log.
         """
         (outcome,) = await self.append_output_many([OutputAppend(
             session_id=session_id, events=payloads, first_seq=first_seq,
-            close_reason=close_reason)])
+            close_reason=close_reason, owner_epoch=owner_epoch)])
         if isinstance(outcome, StoreError):
             raise outcome
         return outcome
@@ -453,6 +463,19 @@ class Scripts:
         return await append_output(
             batch, careful=lambda keys, args: self._run(self._append_output, keys, args),
             fast=fast, route_changes=routes)
+
+    async def write_checkpoints(self, batch: Sequence[CheckpointWrite],
+                                ) -> list[CheckpointStatus]:
+        """Record where sessions of one home stand (``store/checkpoints.py``)."""
+        return await write_checkpoints(
+            lambda keys, args: self._run(self._write_checkpoint, keys, args), batch)
+
+    async def adopt_session(self, session_id: str, *, replaces_epoch: int, adopter: str,
+                            checkpoint_seq: int | None = None) -> Adoption:
+        """Take a session over from its checkpoint (``store/checkpoints.py``)."""
+        return await adopt_session(
+            lambda keys, args: self._run(self._adopt, keys, args), session_id,
+            replaces_epoch=replaces_epoch, adopter=adopter, checkpoint_seq=checkpoint_seq)
 
     @property
     def route_changes(self) -> int | None:

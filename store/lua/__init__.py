@@ -47,6 +47,7 @@ from store.formats import FORMAT_FIELD, SESSION_FORMAT, WORKER_FORMAT
 
 __all__ = [
     "ABANDON_OPEN",
+    "ADOPT_SESSION",
     "APPEND_INPUT",
     "APPEND_OUTPUT",
     "CLOSE_SESSION",
@@ -61,6 +62,7 @@ __all__ = [
     "TENANT_OPEN_RATE",
     "TENANT_RESERVE",
     "WORKER_HEARTBEAT",
+    "WRITE_CHECKPOINT",
     "reasons_written",
 ]
 
@@ -112,3 +114,5 @@ REAP_SESSIONS = _PRELUDE + _source("reap_sessions")
 GATEWAY_LEASE = _PRELUDE + _source("gateway_lease")
 GATEWAY_ANNOUNCE = _PRELUDE + _source("gateway_announce")
 WORKER_HEARTBEAT = _PRELUDE + _source("worker_heartbeat")
+WRITE_CHECKPOINT = _PRELUDE + _source("write_checkpoint")
+ADOPT_SESSION = _PRELUDE + _source("adopt_session")

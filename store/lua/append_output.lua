@@ -17,7 +17,9 @@
 -- KEYS[4] worker channel  KEYS[5] worker ended list  KEYS[6] worker gateways
 -- KEYS[7] worker held set (see attach_to)
 -- KEYS[4i+4] .. KEYS[4i+7] (i = 1..n): session record, input log, output log, output channel
--- ARGV per session: session id, the server_event_seq of the first event (0: whatever comes
+-- ARGV per session: session id, the owner epoch the worker serves it under (a session another
+--   worker took over, its record's epoch past this one, is refused: docs/design/hand-over.md),
+--   the server_event_seq of the first event (0: whatever comes
 --   next), the output log's entry bound (MAXLEN ~; '': the record's, one read more), the ID
 --   of the input entry to trim the input log to ('<fence>-<index>', kept with everything
 --   after it; '' leaves it alone), terminal payload ('' none), terminal reason, the session
@@ -25,7 +27,8 @@
 -- returns {'fenced'} if the worker was declared lost (or its record is gone), else per
 --   session in order {status, first seq (0 if no events) or, for gap and conflict, the log's
 --   last seq}: status ok | closed | unknown | gap | conflict | other_format (the
---   last two for a terminal or a session object, the only parts that read the record)
+--   last two for a terminal or a session object, the only parts that read the record) |
+--   moved (another worker serves it; nothing written)
 -- Numbered events make a resend exactly-once: a call whose reply was lost (the client library
 -- resends it) or a flush retried with more events finds its first events stored already and
 -- appends only the rest. A first seq past the log's end (gap), or a resent event that differs
@@ -66,8 +69,9 @@ local function store_session(sid, rec, session)
   end
 end
 
-local function append_one(sid, keys, first, out_max, trim_to, terminal, reason, session, at,
-                          count)
+local function append_one(sid, keys, owner_epoch, first, out_max, trim_to, terminal, reason,
+                          session, at, count)
+  if owner_epoch_of(keys.rec) ~= owner_epoch then return {'moved', 0} end
   local top = output_top(keys.out_log)
   if top.closed then return {'closed', 0} end
   if first == 0 then first = top.seq + 1 end
@@ -116,11 +120,11 @@ end
 local answers = {}
 local at = 1
 for k = 8, #KEYS, 4 do
-  local count = tonumber(ARGV[at + 7])
+  local count = tonumber(ARGV[at + 8])
   local keys = session_keys(KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3])
-  answers[#answers + 1] = append_one(ARGV[at], keys, tonumber(ARGV[at + 1]), ARGV[at + 2],
+  answers[#answers + 1] = append_one(ARGV[at], keys, ARGV[at + 1], tonumber(ARGV[at + 2]),
                                      ARGV[at + 3], ARGV[at + 4], ARGV[at + 5], ARGV[at + 6],
-                                     at + 8, count)
-  at = at + 8 + count
+                                     ARGV[at + 7], at + 9, count)
+  at = at + 9 + count
 end
 return answers

@@ -6,26 +6,34 @@
 -- an event stored already (a resend), and a log that is gone (NOMKSTREAM). A session so
 -- refused is answered 'r' or 'g' and nothing of it is pushed: the worker sends it again through
 -- append_output.lua, which reads the log's end and says why. A worker declared lost is refused
--- whole, as there (one read of its state per call).
+-- whole, as there (one read of its state per call), and a session another worker took over
+-- (its record's owner epoch is past the writer's: docs/design/hand-over.md) is refused alone
+-- ('m', one read of the record per session).
 -- Runs without the prelude: nothing here reads or ends a session.
--- KEYS[1] worker record; KEYS[3i-1] .. KEYS[3i+1] (i = 1..n): output log, output channel,
---   input log of session i
--- ARGV per session: the server_event_seq of its first event, the output log's entry bound
---   (MAXLEN ~), the ID of the input entry to trim the input log to ('' leaves it alone),
---   event count c, then c encoded events
+-- KEYS[1] worker record; KEYS[4i-2] .. KEYS[4i+1] (i = 1..n): output log, output channel,
+--   input log, record of session i
+-- ARGV per session: the owner epoch the worker serves it under, the server_event_seq of its
+--   first event, the output log's entry bound (MAXLEN ~), the ID of the input entry to trim
+--   the input log to ('' leaves it alone), event count c, then c encoded events
 -- returns 'fenced', or one letter per session in order: o (every event written and pushed,
 --   and the trim done), r (the first event's ID was refused, or a later one failed: what
---   landed is pushed), g (the output log is gone)
+--   landed is pushed), g (the output log is gone), m (another worker serves it: nothing
+--   written)
 local worker_state = redis.call('HGET', KEYS[1], 'state')
 if not worker_state or worker_state == 'lost' then return 'fenced' end
 
 local answers = {}
 local at = 1
-for k = 2, #KEYS, 3 do
-  local out_log, first, bound, trim_to = KEYS[k], tonumber(ARGV[at]), ARGV[at + 1], ARGV[at + 2]
-  local count = tonumber(ARGV[at + 3])
-  local events = at + 4
+for k = 2, #KEYS, 4 do
+  local out_log, owner_epoch = KEYS[k], ARGV[at]
+  local first, bound, trim_to = tonumber(ARGV[at + 1]), ARGV[at + 2], ARGV[at + 3]
+  local count = tonumber(ARGV[at + 4])
+  local events = at + 5
   local landed, status = {}, 'o'
+  -- A record written before owners were has none: its opener serves it (epoch 1).
+  if (redis.call('HGET', KEYS[k + 3], 'owner_epoch') or '1') ~= owner_epoch then
+    status, count = 'm', 0
+  end
   for i = 0, count - 1 do
     local payload = ARGV[events + i]
     local id = redis.pcall('XADD', out_log, 'NOMKSTREAM', 'MAXLEN', '~', bound,
@@ -41,6 +49,6 @@ for k = 2, #KEYS, 3 do
   -- The worker applied the commands before this entry (see append_output.lua).
   if status == 'o' and trim_to ~= '' then redis.call('XTRIM', KEYS[k + 2], 'MINID', trim_to) end
   answers[#answers + 1] = status
-  at = events + count
+  at = events + tonumber(ARGV[at + 4])
 end
 return table.concat(answers)

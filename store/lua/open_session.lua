@@ -54,7 +54,8 @@ redis.call('HSET', rec, FORMAT_FIELD, SESSION_FORMAT, 'state', 'attached', 'epoc
   'gen', 1, 'digest', digest, 'rcid', '', 'tenant', tenant,
   'created_ms', now, 'active_ms', now, 'detached_ms', 0,
   'grace_ms', grace_ms, 'idle_ms', idle_ms,
-  'out_max', out_max, 'retention_ms', retention_ms)
+  'out_max', out_max, 'retention_ms', retention_ms,
+  'owner', string.match(sid, '^sess_([^.]+)%.'), 'owner_epoch', 1)
 -- What a resume through any gateway announces: the session as session.created showed it
 -- (the worker's later session.updated replace it, see APPEND_OUTPUT) and its capabilities.
 if session ~= '' then redis.call('HSET', rec, 'session', session) end

@@ -96,6 +96,27 @@ local function let_go(rec, sid, held)
   end
 end
 
+-- A session's checkpoint (docs/design/hand-over.md): fields of its record, written by
+-- write_checkpoint.lua, read by adopt_session.lua, dropped by terminate. ck_epoch: the owner
+-- epoch that wrote it; ck_in: the ID of the last input entry it reflects; ck_keep: the ID of
+-- the oldest input entry an adopter reads back (the input buffer's audio); ck_seq: the last
+-- output event it reflects; ck_ms: when (Redis clock); ck_core: the conversation core's state.
+local CHECKPOINT_FIELDS = {'ck_epoch', 'ck_in', 'ck_keep', 'ck_seq', 'ck_ms', 'ck_core'}
+
+-- The owner epoch of a session's record: 1 for a record written before owners were (the
+-- worker that opened it has served it since).
+local function owner_epoch_of(rec)
+  return redis.call('HGET', rec, 'owner_epoch') or '1'
+end
+
+-- Whether input entry ID a is older than b (both '<fence>-<index>').
+local function entry_before(a, b)
+  local fa, ia = string.match(a, '^(%d+)-(%d+)$')
+  local fb, ib = string.match(b, '^(%d+)-(%d+)$')
+  fa, ia, fb, ib = tonumber(fa), tonumber(ia), tonumber(fb), tonumber(ib)
+  return fa < fb or (fa == fb and ia < ib)
+end
+
 -- The highest stream ID there is: an output log whose last ID is set to it takes no entry more.
 local LAST_STREAM_ID = '18446744073709551615-18446744073709551615'
 
@@ -134,6 +155,8 @@ local function terminate(sid, keys, wk, terminal, reason)
   local top = input_top(keys.in_log)
   if top ~= nil then redis.call('HSET', rec, 'cseq_end', top.h) end
   redis.call('DEL', keys.in_log)
+  -- An ended session moves nowhere: its checkpoint goes with its input log.
+  redis.call('HDEL', rec, unpack(CHECKPOINT_FIELDS))
 end
 
 -- A session's keys, as the scripts that end sessions receive them.
