@@ -10,6 +10,8 @@ trim, no checkpoint, no close.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from redis.asyncio import Redis
 
@@ -41,7 +43,7 @@ async def written(scripts: Scripts, session_id: str, first: int, count: int, *,
 
 
 async def record(client: Redis, session_id: str) -> dict[bytes, bytes]:
-    fields: dict[bytes, bytes] = await client.hgetall(SessionKeys(session_id).record)
+    fields: dict[Any, Any] = await client.hgetall(SessionKeys(session_id).record)
     return fields
 
 
