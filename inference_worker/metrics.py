@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from runtime.heap import GENERATIONS, PAUSE_BUCKETS
 from runtime.loop_lag import LAG_BUCKETS, PROBE_INTERVAL_S
 
-__all__ = ["FAILURE_STAGES", "WorkerMetrics", "serve_metrics"]
+__all__ = ["CHECKPOINT_OUTCOMES", "FAILURE_STAGES", "WorkerMetrics", "serve_metrics"]
 
 _NS = "duplex_worker"
 #: Where a session can fail inside the worker (``session_failures`` ``stage`` label): applying
@@ -29,6 +29,9 @@ _TICK_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07,
 _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 2.0, 4.0)
 _TTFA_BUCKETS = (0.05, 0.1, 0.16, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 _BATCH_BUCKETS = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+_CHECKPOINT_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
+#: What became of a checkpoint taken (``checkpoints`` ``outcome`` label).
+CHECKPOINT_OUTCOMES = ("written", "behind", "ended", "too_large", "input_gone", "unavailable")
 
 
 class WorkerMetrics:
@@ -118,6 +121,28 @@ class WorkerMetrics:
             f"{_NS}_gc_frozen_objects",
             "Objects of the startup heap (the model's included) moved out of the collector's"
             " passes", label, registry=r).labels(backend)
+        self._checkpoints = Counter(
+            f"{_NS}_checkpoints",
+            "Checkpoints taken of sessions, by outcome (written; behind: a write came between,"
+            " taken again; ended: the session ended or moved first; too_large: over the bound,"
+            " not written; input_gone: the input it"
+            " would need read back was trimmed; unavailable: the store could not be reached)",
+            ["backend", "outcome"], registry=r)
+        for outcome in CHECKPOINT_OUTCOMES:
+            self._checkpoints.labels(backend, outcome)
+        self.checkpoint_bytes = Histogram(
+            f"{_NS}_checkpoint_bytes", "Size of each checkpoint written (the encoded state)",
+            label, registry=r, buckets=_CHECKPOINT_BUCKETS).labels(backend)
+        self.checkpoint_age_seconds = Gauge(
+            f"{_NS}_checkpoint_age_seconds",
+            "Age of the oldest newest checkpoint among the sessions served (since it was"
+            " written, or since the session was served here when it has none)", label,
+            registry=r).labels(backend)
+        self.checkpoint_forfeits = Counter(
+            f"{_NS}_checkpoint_forfeits",
+            "Input trims that overtook a session's checkpoint (it held input past"
+            " CHECKPOINT_HOLD_ENTRIES or _BYTES): the session cannot move until its next one",
+            label, registry=r).labels(backend)
         self._backend = backend
         capacity = ["backend", "model"]
         model = model or backend
@@ -137,6 +162,10 @@ class WorkerMetrics:
     def observe_gc_pause(self, generation: int, seconds: float) -> None:
         """One collector pass (:class:`runtime.heap.CollectorPauses`): no ``labels()`` here."""
         self._gc_pause_by_generation[generation].observe(seconds)
+
+    def checkpoint(self, outcome: str) -> None:
+        """Count one checkpoint's ``outcome`` (one of :data:`CHECKPOINT_OUTCOMES`)."""
+        self._checkpoints.labels(self._backend, outcome).inc()
 
     def session_failed(self, stage: str) -> None:
         """Count one session ended by a failure at ``stage`` (one of :data:`FAILURE_STAGES`)."""

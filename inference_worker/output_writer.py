@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from contract.reasons import CloseReason
@@ -32,7 +32,7 @@ from store.errors import raise_if_cancelled
 from store.logs import INPUT_TRIM_EVERY
 from store.outages import OutageLog, plain_reason
 
-__all__ = ["REPORT_APPLIED_BYTES", "REPORT_APPLIED_EVERY", "OutputWriter", "Pending"]
+__all__ = ["REPORT_APPLIED_BYTES", "REPORT_APPLIED_EVERY", "OutputWriter", "Pending", "trim_due"]
 
 _log = logging.getLogger("inference_worker.worker")
 # Sessions per output script call: bounds one call's size (and its time inside Redis).
@@ -54,17 +54,24 @@ REPORT_APPLIED_EVERY = 64
 REPORT_APPLIED_BYTES = 512 * 1024
 
 
-def _trim_due(session: Session) -> int:
+def trim_due(session: Session, forfeit: Callable[[], None]) -> int:
     """The input position a write for ``session`` trims its input log to (0: none): what it
-    applied, when the write has no events (it is sent to trim) or the position crossed a
-    multiple of INPUT_TRIM_EVERY since the last trim, so a busy session costs one trim per
-    that many commands, not one per chunk."""
+    applied, no further than its checkpoints hold (``inference_worker/input_hold.py``; a
+    hold past its bounds is overtaken and ``forfeit`` called), when the write has no events
+    (it is sent to trim) or the position crossed a multiple of INPUT_TRIM_EVERY since the
+    last trim, so a busy session costs one trim per that many commands, not one per chunk."""
     applied = session.follower.next_index - 1
     if applied <= session.trimmed_to:
         return 0
     if session.unsent and applied // INPUT_TRIM_EVERY <= session.trimmed_to // INPUT_TRIM_EVERY:
         return 0
-    return applied
+    if session.checkpoints is None:
+        return applied
+    heard, kept = session.core.input_audio
+    bound, overtaken = session.checkpoints.hold.trim_to(applied, heard, kept)
+    if overtaken:
+        forfeit()
+    return bound if bound > session.trimmed_to else 0
 
 
 class Pending:
@@ -80,6 +87,18 @@ class Pending:
         self.report_applied: set[str] = set()
         self.wake = asyncio.Event()
 
+    def applied(self, session_id: str, session: Session, applied_before: int,
+                fresh: Sequence[tuple[int, bytes]]) -> None:
+        """``fresh`` commands were applied after ``applied_before``: the position is due to
+        be reported when it crossed a multiple of :data:`REPORT_APPLIED_EVERY`, or
+        :data:`REPORT_APPLIED_BYTES` were applied since it last was."""
+        session.unreported_bytes += sum(len(payload) for _, payload in fresh)
+        if ((applied_before + len(fresh)) // REPORT_APPLIED_EVERY
+                > applied_before // REPORT_APPLIED_EVERY
+                or session.unreported_bytes >= REPORT_APPLIED_BYTES):
+            session.unreported_bytes = 0
+            self.report_applied.add(session_id)
+
     def mark_dirty(self, session_id: str) -> None:
         """``session_id`` has something new to write: the next flush takes it."""
         self.dirty.add(session_id)
@@ -91,16 +110,21 @@ class OutputWriter:
 
     def __init__(self, scripts: Scripts, sessions: SessionTable, pending: Pending,
                  outages: OutageLog, *, fence: Callable[[], None],
-                 spawn: Callable[[Coroutine[Any, Any, None]], None]) -> None:
+                 spawn: Callable[[Coroutine[Any, Any, None]], None],
+                 events_written: Callable[[Session], None] = lambda session: None,
+                 forfeit: Callable[[], None] = lambda: None) -> None:
         """Write through ``scripts`` what ``pending`` names of the sessions of ``sessions``; a
         write refused because this worker was declared lost calls ``fence``; ``spawn`` runs
-        a close in the background."""
+        a close in the background; ``events_written`` is told of each session whose events
+        landed (its checkpoint is due), ``forfeit`` of each trim that overtook one."""
         self._scripts = scripts
         self._sessions = sessions
         self._pending = pending
         self._outages = outages
         self._fence = fence
         self._spawn = spawn
+        self._events_written = events_written
+        self._forfeit = forfeit
 
     async def run(self) -> None:
         """Write what the dirty sessions hold whenever one is marked; runs until cancelled."""
@@ -149,7 +173,7 @@ class OutputWriter:
         Returns False when writing must stop (fenced).
         """
         trims = {session_id: trim for session_id, session, _ in batch
-                 if (trim := _trim_due(session))}
+                 if (trim := trim_due(session, self._forfeit))}
         routes = self._scripts.route_changes
         try:
             outcomes = await self._scripts.append_output_many(
@@ -159,7 +183,8 @@ class OutputWriter:
                               input_trim_fence=session.applied_fence,
                               output_log_max_entries=session.output_log_max_entries,
                               session=session.unsent_session,
-                              top_known_at=session.output_known_at)
+                              top_known_at=session.output_known_at,
+                              owner_epoch=session.owner_epoch)
                  for session_id, session, reason in batch])
         except WorkerFenced:
             self._fence()
@@ -189,11 +214,11 @@ class OutputWriter:
                 if not await self._write([part]):
                     return False
             return True
-        session_id, _, _ = batch[0]
+        session_id, session, _ = batch[0]
         self._sessions.fail(session_id, "write", exc)
         # Its output itself cannot be written: the terminal event goes alone.
         self._sessions.forget(session_id)
-        self._spawn(self.close(session_id, FAILED_REASON))
+        self._spawn(self.close(session_id, FAILED_REASON, owner_epoch=session.owner_epoch))
         return True
 
     def _settle(self, batch: list[OutputPart],
@@ -215,6 +240,7 @@ class OutputWriter:
                 continue
             if session.unsent:
                 session.output_known_at = routes
+                self._events_written(session)
             session.next_seq += len(session.unsent)
             session.unsent, session.unsent_session = [], None
             if reason is not None:
@@ -224,18 +250,23 @@ class OutputWriter:
         """Stop serving a session whose state here no longer matches the store's, and end it
         with ``reason`` (the terminal event alone: what this worker holds is not trusted)."""
         _log.error("session %s: %s; ending it", session_id, why, extra=log_ids(session_id))
+        session = self._sessions.get(session_id)
         self._sessions.forget(session_id)
-        self._spawn(self.close(session_id, reason))
+        self._spawn(self.close(session_id, reason,
+                               owner_epoch=1 if session is None else session.owner_epoch))
 
-    async def close(self, session_id: str, reason: CloseReason, *, retry: bool = True) -> None:
-        """End ``session_id`` with ``session.closed`` ``reason``. A session this worker stops
-        serving must not stay open and silent, its client heartbeating into a void: while
-        the store is away (its slot failing over, say) the close is tried again, with
-        backoff, until it lands, the session is gone, or this incarnation ends (``retry``
-        False: one try, for a shutdown whose leftovers the reaper ends worker_lost)."""
+    async def close(self, session_id: str, reason: CloseReason, *, retry: bool = True,
+                    owner_epoch: int = 1) -> None:
+        """End ``session_id`` (served under ``owner_epoch``) with ``session.closed``
+        ``reason``. A session this worker stops serving must not stay open and silent, its
+        client heartbeating into a void: while the store is away (its slot failing over, say)
+        the close is tried again, with backoff, until it lands, the session is gone (or moved
+        on), or this incarnation ends (``retry`` False: one try, for a shutdown whose
+        leftovers the reaper ends worker_lost)."""
         for attempt in itertools.count():
             try:
-                await self._scripts.append_output(session_id, [], close_reason=reason)
+                await self._scripts.append_output(session_id, [], close_reason=reason,
+                                                  owner_epoch=owner_epoch)
                 self._outages.succeeded()
                 break
             except (SessionGone, WorkerFenced):

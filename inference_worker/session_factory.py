@@ -17,6 +17,7 @@ from inference_worker.backends.registry import (
 from inference_worker.conversation.core import ConversationCore
 from inference_worker.conversation.seed_settings import slot_config_of
 from inference_worker.engine import Engine
+from inference_worker.input_hold import InputHold, SessionCheckpoints
 from inference_worker.sessions import Session
 from inference_worker.settings import WorkerSettings
 from inference_worker.turn_detection.vad import Vad, VadConfig
@@ -36,19 +37,28 @@ class SessionFactory:
         self._own_name = settings.models[0]
         self._detector = detector
         self._slots = settings.slots
+        self._settings = settings
 
     def session(self, session_id: str, engine: Engine | None,
                 name: str | None = None) -> Session | None:
-        """A new session, named ``name`` (see :meth:`core`); None: no engine slot is free."""
+        """A new session, named ``name`` (see :meth:`core`), checkpointed where the settings
+        say so; None: no engine slot is free."""
         core = self.core(session_id, engine, name)
-        if engine is None:
-            return Session(core=core)
-        # The slot opens with the new session's settings; a session.update applied before the
-        # engine thread opened it rides the open (Engine.configure).
-        handle = engine.open(session_id, slot_config_of(core.session))
-        if handle is None:  # more placements than slots: cannot happen while capacity holds
+        handle = None
+        if engine is not None:
+            # The slot opens with the new session's settings; a session.update applied before
+            # the engine thread opened it rides the open (Engine.configure).
+            handle = engine.open(session_id, slot_config_of(core.session))
+            if handle is None:  # more placements than slots: cannot while capacity holds
+                return None
+        return Session(core=core, handle=handle, checkpoints=self._checkpoints())
+
+    def _checkpoints(self) -> SessionCheckpoints | None:
+        settings = self._settings
+        if not settings.checkpoint_interval_s:
             return None
-        return Session(core=core, handle=handle)
+        return SessionCheckpoints(InputHold(max_entries=settings.checkpoint_hold_entries,
+                                            max_bytes=settings.checkpoint_hold_bytes))
 
     def core(self, session_id: str, engine: Engine | None,
              name: str | None = None) -> ConversationCore:

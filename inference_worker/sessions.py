@@ -43,6 +43,7 @@ from contract.reasons import CloseReason
 from inference_worker.audio_frames import FrameOutput
 from inference_worker.conversation.core import ConversationCore
 from inference_worker.engine import Engine, SlotHandle
+from inference_worker.input_hold import SessionCheckpoints
 from inference_worker.metrics import WorkerMetrics
 from runtime.ratelog import RateLimitedLog, cause_of
 from store.keys import worker_of_session
@@ -139,6 +140,11 @@ class Session:
     # again, and the flusher writes the events encoded before the failure, then
     # session.closed internal_error.
     failed: bool = False
+    # The owner epoch this worker serves it under (its record's when adopted): every write
+    # names it, and the store refuses one under an epoch a hand-over left behind.
+    owner_epoch: int = 1
+    # Its checkpoints and the input they hold (None: this worker takes none).
+    checkpoints: SessionCheckpoints | None = None
 
 
 # One session's part of a batched output write: its id, its record and its close reason.
@@ -253,17 +259,20 @@ class SessionTable:
         counted and logged; the caller's log position moves past it all the same."""
         if entries:
             session.applied_fence = entries[-1].fence
+        hold = session.checkpoints.hold if session.checkpoints is not None else None
         try:
             for entry in entries:
-                if not self._admit(session_id, session, entry):
-                    continue
-                try:
-                    command = decode_command(entry.payload)
-                except MessageDecodeError:
-                    self._log.error("undecodable input entry for %s; skipped", session_id,
-                                    extra=log_ids(session_id))
-                    continue
-                session.core.receive(command, now)
+                if self._admit(session_id, session, entry):
+                    try:
+                        command = decode_command(entry.payload)
+                    except MessageDecodeError:
+                        self._log.error("undecodable input entry for %s; skipped", session_id,
+                                        extra=log_ids(session_id))
+                    else:
+                        session.core.receive(command, now)
+                if hold is not None:  # what the input log must keep for a checkpoint
+                    hold.applied(entry.fence, entry.index, session.core.input_audio[0],
+                                 len(entry.payload))
             self._pump(session)
         except Exception as exc:
             self.fail(session_id, "receive", exc)

@@ -86,6 +86,23 @@ class WorkerSettings:
         metadata={"help": "on SIGTERM, sessions get this long to finish",
                   "flag": "--drain-timeout"},
     )
+    checkpoint_interval_s: float = field(
+        default=5.0,
+        metadata={"help": "a session that changed is checkpointed at least this often (and at"
+                          " each response end and item change); 0: no checkpoints"},
+    )
+    checkpoint_hold_entries: int = field(
+        default=1024,
+        metadata={"help": "input entries a session's log keeps for its last checkpoint; past"
+                          " them the trim overtakes it (below the gateway's"
+                          " INPUT_LOG_MAX_ENTRIES)", "accepts": POSITIVE_COUNT},
+    )
+    checkpoint_hold_bytes: int = field(
+        default=4 << 20,
+        metadata={"help": "bytes of input commands a session's log keeps for its last"
+                          " checkpoint; past them the trim overtakes it (below the gateway's"
+                          " INPUT_LOG_MAX_BYTES)", "accepts": POSITIVE_COUNT},
+    )
     model_path: str = field(
         default="", metadata={"help": "weights of the backend: a save_pretrained directory"}
     )

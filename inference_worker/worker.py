@@ -8,7 +8,8 @@ backend), and appends what the core emits to the session's output log. Every wri
 in Redis: once this worker is declared lost its output appends are refused, the reaper ends
 its sessions, and its next heartbeat stops it (DESIGN §2.9). Every input entry is
 checked again here against the token it was written under, so a writer that went around the
-scripts is refused at the resource too (:func:`~inference_worker.sessions.is_current`).
+scripts is refused at the resource too (:func:`~inference_worker.sessions.is_current`). Each
+session's state is checkpointed at safe points (:mod:`inference_worker.checkpoints`).
 
 With a frame backend (``fake``, ``moshi``, ``cascade``) each session holds a slot of the
 :class:`~inference_worker.engine.Engine`, whose model thread steps all of them together, and
@@ -39,16 +40,12 @@ from inference_worker.backends.registry import (
     create_backend,
     parse_options as parse_backend_options,
 )
+from inference_worker.checkpoints import Checkpointer
 from inference_worker.engine import Engine, TickReport
 from inference_worker.input_fences import FenceKeeper, PushVerdict, fence_raised, verdict
 from inference_worker.input_pull import InputPuller
 from inference_worker.metrics import WorkerMetrics
-from inference_worker.output_writer import (
-    REPORT_APPLIED_BYTES,
-    REPORT_APPLIED_EVERY,
-    OutputWriter,
-    Pending,
-)
+from inference_worker.output_writer import OutputWriter, Pending, trim_due
 from inference_worker.session_factory import SessionFactory
 from inference_worker.sessions import Session, SessionTable, log_ids
 from inference_worker.settings import WorkerSettings
@@ -132,8 +129,13 @@ class Worker:
         self._sessions = self.session_table(self.metrics, _log,
                                             mark_dirty=self._pending.mark_dirty,
                                             engine=lambda: self._engine)
-        self._writer = OutputWriter(self._scripts, self._sessions, self._pending, self._outages,
-                                    fence=self._fence, spawn=self._spawn)
+        self._checkpointer = Checkpointer(self._scripts, self._sessions, self.metrics,
+                                          self._outages,
+                                          interval_s=settings.checkpoint_interval_s)
+        self._writer = OutputWriter(
+            self._scripts, self._sessions, self._pending, self._outages, fence=self._fence,
+            spawn=self._spawn, events_written=self._checkpointer.events_written,
+            forfeit=self.metrics.checkpoint_forfeits.inc)
         self._puller = InputPuller(client, self._sessions, self._offer, self._outages,
                                    self._spawn)
         self._notices: PushQueue[Push | None] = PushQueue()
@@ -200,9 +202,12 @@ class Worker:
             await self._discover()
         except StoreError as exc:  # the poll loop reads them again
             self._outages.failed("session discovery", exc)
-        tasks = [asyncio.create_task(coro) for coro in (
-            self._heartbeat_loop(), self._notice_loop(), self._tick_loop(), self._poll_loop(),
-            self._writer.run(), watch_loop_lag(self.metrics.event_loop_lag_seconds.observe))]
+        loops = [self._heartbeat_loop(), self._notice_loop(), self._tick_loop(),
+                 self._poll_loop(), self._writer.run(),
+                 watch_loop_lag(self.metrics.event_loop_lag_seconds.observe)]
+        if self.settings.checkpoint_interval_s:
+            loops.append(self._checkpointer.run())
+        tasks = [asyncio.create_task(coro) for coro in loops]
         stopping: asyncio.Task[Any] = asyncio.create_task(self._stopping.wait())
         try:
             await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
@@ -394,14 +399,14 @@ class Worker:
             self._sessions.end(session_id, CloseReason.WORKER_SHUTDOWN, time.monotonic())
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._sessions.no_sessions.wait(), _CLOSE_FLUSH_S)
-        for session_id in self._sessions.ids():
-            await self._writer.close(session_id, CloseReason.WORKER_SHUTDOWN, retry=False)
+        for session_id, session in self._sessions.items():
+            await self._writer.close(session_id, CloseReason.WORKER_SHUTDOWN, retry=False,
+                                     owner_epoch=session.owner_epoch)
 
     def _fence(self) -> None:
         # Fenced: a reaper declared it lost, or its record is gone (Redis lost its data).
         _log.error("worker %s was declared lost or its record is gone; it stops writing now",
-                   self.worker_id,
-                   extra=self._log_ids())
+                   self.worker_id, extra=self._log_ids())
         self.fenced = True
         for session_id in self._sessions.ids():
             self._sessions.forget(session_id)
@@ -479,7 +484,7 @@ class Worker:
             quiet, session.pushed = not session.pushed, False
             if quiet or not pulls:  # a pull read a session that had input on the last tick
                 await self._catch_up(session_id, session, check_rewind=quiet)
-            if quiet and session.follower.next_index - 1 > session.trimmed_to:
+            if quiet and trim_due(session, self.metrics.checkpoint_forfeits.inc):
                 self._pending.report_applied.add(session_id)  # see Session.trimmed_to
                 self._pending.mark_dirty(session_id)
             if session.unsent:
@@ -495,16 +500,17 @@ class Worker:
         start = await session_start(self._client, session_id)
         if session_id in self._sessions or self.fenced:  # a push and a poll adopted it at once
             return self._sessions.get(session_id)
-        if start is None or start.closed or start.other_format:
+        if (start is None or start.closed or start.other_format
+                or start.owner not in (None, self.worker_id)):
             # Ended (or expired) before this look: a late push or a stale member of the
             # worker's set must not take a slot and start a model for it. A record of
-            # another format is other code's to serve.
+            # another format is other code's to serve, one another worker took over its.
             return None
         session = self._new_session(session_id, start.model)
         if session is None:
             self._spawn(self._writer.close(session_id, CloseReason.NO_FREE_SLOT))
             return None
-        session.applied_under = WriteToken(start.epoch, 0)
+        session.applied_under, session.owner_epoch = WriteToken(start.epoch, 0), start.owner_epoch
         session.output_log_max_entries = start.output_log_max_entries
         self._fences.learned(reading, session, start)
         self._sessions.add(session_id, session)
@@ -563,12 +569,7 @@ class Worker:
             # session stands (else it ends the session), so this cannot come back here.
             await self._catch_up(session_id, session)
             return
-        session.unreported_bytes += sum(len(payload) for _, payload in fresh)
-        if (applied_before + len(fresh)) // REPORT_APPLIED_EVERY > (
-                applied_before // REPORT_APPLIED_EVERY
-                ) or session.unreported_bytes >= REPORT_APPLIED_BYTES:
-            session.unreported_bytes = 0
-            self._pending.report_applied.add(session_id)  # apply() below marks it for the flusher
+        self._pending.applied(session_id, session, applied_before, fresh)  # apply() marks it
         # The follower delivers a suffix (what it had not delivered yet). Refused entries are
         # delivered too: the position moves past them, so they are never read again.
         self._sessions.apply(session_id, session, entries[len(entries) - len(fresh):],

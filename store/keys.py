@@ -186,8 +186,8 @@ class SessionKeys:
         base = self.worker.session_prefix + session_id.rsplit(".", 1)[1]
         record, input_log, output_log, output_channel = SESSION_KEY_SUFFIXES
         #: hash: the session record (v, its format: store/formats.py; state, generation,
-        #: epoch, token digest, counters, and the JSON public session and capabilities a
-        #: resume announces).
+        #: epoch, token digest, counters, the JSON public session and capabilities a resume
+        #: announces, its owner and owner epoch, and its checkpoint: docs/design/store.md).
         self.record = base + record
         #: stream of client commands, entry id ``<n>-0`` for input index n.
         self.input_log = base + input_log

@@ -255,6 +255,9 @@ class SessionStart:
             other code, whose worker serves it; nothing else of it was read.
         input_fence: the input log's write fence now (``store/lua/prelude.lua``): 2g while
             generation g is attached, 2g + 1 once it detached.
+        owner: the worker that serves it (None: a record written before owners were, served
+            by the worker that opened it); another worker than the reader's took it over.
+        owner_epoch: the owner epoch that worker serves it under; every write names it.
     """
 
     epoch: str
@@ -263,16 +266,18 @@ class SessionStart:
     closed: bool = False
     other_format: bool = False
     input_fence: int = 0
+    owner: str | None = None
+    owner_epoch: int = 1
 
 
 async def session_start(client: Redis | RedisCluster, session_id: str) -> SessionStart | None:
-    """The epoch, announced model, output bound, input fence and end of the session's record
-    (None: no record)."""
+    """The epoch, announced model, output bound, input fence, owner and end of the session's
+    record (None: no record)."""
     key = SessionKeys(session_id).record
     try:
         fields: Any = await client.hmget(key, ["epoch", "session", "state", "out_max",
-                                               FORMAT_FIELD, "gen"])
-        epoch, session, state, out_max, version, generation = fields
+                                               FORMAT_FIELD, "gen", "owner", "owner_epoch"])
+        epoch, session, state, out_max, version, generation, owner, owner_epoch = fields
     except REDIS_ERRORS as exc:
         raise_if_cancelled()
         raise StoreUnavailable(f"HMGET {key} failed: {exc}") from exc
@@ -283,7 +288,9 @@ async def session_start(client: Redis | RedisCluster, session_id: str) -> Sessio
         return SessionStart(epoch="", model=None, other_format=True)
     return SessionStart(epoch=epoch.decode(), model=_announced_model(session),
                         output_log_max_entries=int(out_max), closed=state == b"closed",
-                        input_fence=2 * int(generation or 0) + (state == b"detached"))
+                        input_fence=2 * int(generation or 0) + (state == b"detached"),
+                        owner=None if owner is None else owner.decode(),
+                        owner_epoch=int(owner_epoch or 1))
 
 
 def _announced_model(raw: Any) -> str | None:

@@ -154,8 +154,7 @@ class ConversationCore:
         model.configure(config)
 
     def name(self, model: str) -> None:
-        """Name the session's ``model`` (the name its client opened it with) before any
-        command: later updates may repeat it, never change it."""
+        """Name the session's ``model`` (its client's name) before any command."""
         self._conversation.config["model"] = model
 
     # ------------------------------------------------------------------ public API
@@ -190,15 +189,19 @@ class ConversationCore:
         return self._conversation.item(item_id)
 
     @property
+    def input_audio(self) -> tuple[int, int]:
+        """Bytes of input audio heard, and how many of the newest a restore needs back."""
+        return self._input.heard, self._input.kept
+
+    @property
     def epoch(self) -> int:
-        """How many times the model was told to stop: each stop fences its output (a frame
-        of an older epoch is a cancelled response's)."""
+        """How many times the model was told to stop (a frame of an older epoch is fenced)."""
         return self._model.epoch
 
     def receive(self, command: msg.Command, now: float) -> None:
         """Apply one command, in log order (``now``: monotonic seconds)."""
-        if self._close_reason is not None:
-            return  # after session.close every command is ignored: the session is ending
+        if self._close_reason is not None:  # after session.close every command is ignored
+            return
         COMMANDS[type(command)](self, command, now)
         self._drain_model(now)
 
@@ -439,8 +442,8 @@ class ConversationCore:
                                    SeedReason.OUTPUT_AUDIO_BUFFER_CLEAR)
 
     def _cancel_input(self) -> None:
-        """``input.cancel``: the active response ends ``client_cancelled``, the pending input
-        and an unanswered turn are dropped, and the epoch advances even when nothing ran."""
+        """``input.cancel``: the response ends ``client_cancelled``, pending input and an
+        unanswered turn are dropped, the epoch advances even when nothing ran."""
         if self._responses.cancellable() is not None:
             self._responses.cancel(CancelReason.CLIENT_CANCELLED, SeedReason.BARGE_IN)
         else:
@@ -450,9 +453,8 @@ class ConversationCore:
         self._clear()
 
     def _barge_in(self) -> None:
-        """``barge_in``: the client heard the user talk over the model; the active response
-        ends ``turn_detected`` (as a detected speech start ends it; the seed's ``barge_in``)
-        and the input buffered before the interruption is dropped."""
+        """``barge_in``: the active response ends ``turn_detected`` (the seed's ``barge_in``),
+        the input buffered before the interruption dropped."""
         if self._responses.cancellable() is not None:
             self._responses.cancel(CancelReason.TURN_DETECTED, SeedReason.BARGE_IN)
         else:
@@ -460,9 +462,8 @@ class ConversationCore:
         self._clear()
 
     def _signal_turn(self, command: msg.SignalTurn) -> None:
-        """``turn.signal`` with an event no command stands for: the seed's turn-event names
-        set the turn state (``playback_ack`` acknowledges playback first); every signal is
-        echoed as ``turn.event`` with the turn state after it and the epoch."""
+        """``turn.signal``: the seed's turn-event names set the turn state (``playback_ack``
+        acknowledges first); each is echoed as ``turn.event`` with that state and the epoch."""
         if command.event == TurnSignal.PLAYBACK_ACK:
             ack = signalled_ack(command.payload, command.event_id)
             if isinstance(ack, Refusal):
@@ -476,8 +477,7 @@ class ConversationCore:
 
     def _output_backpressure(self) -> None:
         """The client is not reading its output: the active response ends ``failed``
-        (``output_backpressure``, the seed's reason) and the model stops, so the output stops
-        growing; what was written stays in the log for the client to read."""
+        (``output_backpressure``) and the model stops; what was written stays in the log."""
         if self._responses.cancellable() is None:
             return
         self._responses.end(Trigger.CANCEL, ResponseStatus.FAILED, "output_backpressure")

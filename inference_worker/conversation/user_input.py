@@ -132,7 +132,7 @@ class UserInput:
             only their count.
     """
 
-    __slots__ = ("_audio", "_keep", "_marks", "_size", "state", "taken")
+    __slots__ = ("_audio", "_keep", "_marks", "_size", "heard", "state", "taken")
 
     def __init__(self, *, keep: bool) -> None:
         self._keep = keep
@@ -142,11 +142,18 @@ class UserInput:
         self._marks = TurnMarks()  # of the appends buffered
         #: What the appends of the turn last committed said of it.
         self.taken = TurnMarks()
+        #: Bytes of audio appended since this machine began (a restore counts its buffer).
+        self.heard = 0
 
     @property
     def size(self) -> int:
         """Bytes buffered."""
         return self._size
+
+    @property
+    def kept(self) -> int:
+        """Bytes buffered whose audio a restore needs back (none where they are not kept)."""
+        return self._size if self._keep else 0
 
     @property
     def marks(self) -> TurnMarks:
@@ -170,6 +177,7 @@ class UserInput:
         self.state, self._size, self._marks, self.taken = (state.state, state.size,
                                                             state.marks, state.taken)
         self._audio = bytearray(buffered) if self._keep else bytearray()
+        self.heard = state.size
 
     def silent(self, verdict: bool | None) -> bool:
         """Whether a commit with the client's ``verdict`` (its ``is_speech``) is a silent one:
@@ -181,6 +189,7 @@ class UserInput:
         """Buffer ``audio`` (not empty), and what its append (``command``) said of it; what
         the append said."""
         self.state = move(self.state, Trigger.APPEND)
+        self.heard += len(audio)
         meaning = _PLAIN
         if command is not None and (command.hints is not None or command.is_speech is not None):
             meaning = append_meaning(command)

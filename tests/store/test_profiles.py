@@ -29,7 +29,7 @@ from store import (
     WorkerFenced,
 )
 from store.directory import MAX_PROFILE_BYTES, WorkerProfile, decode_profile, worker_loads
-from store.keys import WorkerKeys, new_session_id, new_worker_id
+from store.keys import WorkerKeys, new_session_id, new_worker_id, worker_of_session
 from store.logs import SessionStart, session_start
 from tests.store._support import (
     EPOCH,
@@ -214,16 +214,19 @@ async def test_an_adopting_worker_reads_the_epoch_and_the_announced_model(
 ) -> None:
     """session_start gives the worker the record's epoch and the model session.created
     announced (the name the client opened the session with), so its own session object
-    names the same model; a record without an announced session gives no model; a closed
-    session says so (a late push must not bring it back); no record, nothing."""
+    names the same model, and its owner (the opener, epoch 1); a record without an announced
+    session gives no model; a closed session says so (a late push must not bring it back);
+    no record, nothing."""
     opened = await open_with_session(scripts, await register_with_profile(scripts))
     start = await session_start(redis_client, opened.session_id)
     bound = int(await session_field(redis_client, opened.session_id, "out_max") or 0)
+    owner = worker_of_session(opened.session_id)
     assert start == SessionStart(epoch=EPOCH, model="m", output_log_max_entries=bound,
-                                 closed=False, input_fence=2)
+                                 closed=False, input_fence=2, owner=owner, owner_epoch=1)
     await scripts.close_session(opened.session_id, CloseReason.CLIENT_CLOSE)
     assert await session_start(redis_client, opened.session_id) == SessionStart(
-        epoch=EPOCH, model="m", output_log_max_entries=bound, closed=True, input_fence=2)
+        epoch=EPOCH, model="m", output_log_max_entries=bound, closed=True, input_fence=2,
+        owner=owner, owner_epoch=1)
     bare = await open_session(scripts, await register_worker(scripts))
     bare_start = await session_start(redis_client, bare.session_id)
     assert bare_start is not None and bare_start.model is None

@@ -10,6 +10,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -34,11 +35,14 @@ class Running:
 
 
 @asynccontextmanager
-async def running_worker(client: Redis, *, slots: int) -> AsyncIterator[Running]:
-    """Run a loopback worker with ``slots`` slots until the block ends."""
-    settings = WorkerSettings(backend="loopback", slots=slots, heartbeat_interval_s=0.2,
-                              heartbeat_ttl_s=5.0, input_poll_interval_s=0.05,
-                              drain_timeout_s=0.1)
+async def running_worker(client: Redis, *, slots: int,
+                         **changes: Any) -> AsyncIterator[Running]:
+    """Run a loopback worker with ``slots`` slots (and settings ``changes``) until the block
+    ends."""
+    settings = WorkerSettings(**{
+        "backend": "loopback", "slots": slots, "heartbeat_interval_s": 0.2,
+        "heartbeat_ttl_s": 5.0, "input_poll_interval_s": 0.05, "drain_timeout_s": 0.1,
+        **changes})
     worker = Worker(settings, client)
     task = asyncio.create_task(worker.run())
 

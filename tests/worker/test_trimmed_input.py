@@ -94,10 +94,16 @@ async def test_a_trimmed_input_range_ends_the_session_once(running: Running,
 
 
 async def test_applied_input_is_trimmed_while_a_session_answers_nothing(
-        running: Running) -> None:
+        redis_client: Redis) -> None:
     """A turn-mode session buffers 300 appended chunks and answers none of them: the worker
-    still trims what it applied from the input log, so the gateway's cap on unread input
-    does not refuse a client whose worker keeps up."""
+    still trims what it applied from the input log past what its checkpoints may hold (64
+    entries here: the buffer's audio, which an adopter would read back), so the gateway's
+    cap on unread input does not refuse a client whose worker keeps up."""
+    async with running_worker(redis_client, slots=4, checkpoint_hold_entries=64) as running:
+        await _trimmed_while_answering_nothing(running)
+
+
+async def _trimmed_while_answering_nothing(running: Running) -> None:
     opened = await open_session(running.scripts, running.worker.worker_id)
     sid = opened.session_id
     await heartbeat(running, opened.lease, 1)
