@@ -103,7 +103,11 @@ async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetri
         # Released before anything else can fail: these entries are ours alone now. Should
         # this fail, the places lapse with their reservation lease instead.
         await scripts.release_tenant_slots(reaped.released)
-        if reaped.state in (WorkerState.LOST, WorkerState.UNKNOWN):
+        # A lost worker goes from the directory once nothing is left to end (its sessions
+        # ended by an earlier reap: their keys are gone); a home of sessions other workers
+        # took over is reaped on (store/reaping.py).
+        if reaped.state is WorkerState.UNKNOWN or (reaped.state is WorkerState.LOST
+                                                   and reaped.settled):
             await forget_worker(client, worker_id)
             if visits is not None:
                 visits.sent.pop(worker_id, None)

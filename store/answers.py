@@ -142,6 +142,9 @@ class WorkerState(enum.StrEnum):
     DRAINING = "draining"
     #: Declared lost: fenced for good.
     LOST = "lost"
+    #: Declared lost, and still the home of sessions other workers took over: its slot holds
+    #: their leases and deadlines, so the reapers visit it on (docs/design/hand-over.md).
+    HOME = "home"
     #: No record (a reap of a worker whose record is gone).
     UNKNOWN = "unknown"
     #: A record of another format (``store/formats.py``): neither read nor written.
@@ -278,6 +281,8 @@ class Reaped:
         detached: sessions detached because their gateway's attachment lease lapsed.
         outage_ms: how long no reaper had reached the worker's slot, when this call ended
             such an outage (0: none); the worker, its gateways and clients got time from now.
+        settled: a lost worker had no session left to end when this reap began: its keys
+            are gone, and no reaper needs to visit it again.
     """
 
     state: WorkerState
@@ -285,6 +290,7 @@ class Reaped:
     released: tuple[EndedSession, ...] = ()
     detached: int = 0
     outage_ms: int = 0
+    settled: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -22,6 +22,7 @@ __all__ = [
     "Adoption",
     "CheckpointStatus",
     "CheckpointWrite",
+    "ReserveStatus",
     "adopt_session",
     "write_checkpoints",
 ]
@@ -45,6 +46,19 @@ class CheckpointStatus(enum.StrEnum):
     MOVED = "moved"
     #: Its output log does not end at the event the checkpoint names (a write came between).
     BEHIND = "behind"
+
+
+class ReserveStatus(enum.StrEnum):
+    """Whether a worker could reserve a slot for a session it is to take over."""
+
+    #: Reserved (or it was already).
+    OK = "ok"
+    #: Not live: draining, lost, not beating, or of another format.
+    UNAVAILABLE = "unavailable"
+    #: Every slot is taken.
+    FULL = "full"
+    #: It does not serve the session's model.
+    OTHER_MODEL = "other_model"
 
 
 class AdoptStatus(enum.StrEnum):
@@ -133,9 +147,12 @@ async def adopt_session(run: RunScript, session_id: str, *, replaces_epoch: int,
     """Take ``session_id`` over for worker ``adopter`` from owner epoch ``replaces_epoch``,
     from the checkpoint of ``checkpoint_seq`` (None: whichever the record holds)."""
     k = session_keys(session_id)
-    answer = await run([k.record, k.input_log, k.output_log],
+    if adopter == k.worker.worker_id:
+        raise ValueError(f"{adopter} is {session_id}'s home: a home never takes a session back")
+    answer = await run([k.record, k.input_log, k.output_log, k.worker.record,
+                        k.worker.sessions, k.worker.moved],
                        [replaces_epoch, adopter,
-                        "" if checkpoint_seq is None else checkpoint_seq])
+                        "" if checkpoint_seq is None else checkpoint_seq, session_id])
     status = AdoptStatus(reply_text(answer[0]))
     if status is not AdoptStatus.OK:
         return Adoption(status=status, owner_epoch=int(answer[1]))

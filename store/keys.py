@@ -127,8 +127,8 @@ def worker_of_session(session_id: str) -> str:
 class WorkerKeys:
     """Keys of one worker; all share the hash tag ``{<worker_id>}``."""
 
-    __slots__ = ("deadlines", "ended", "gateways", "held", "input_channel", "record",
-                 "session_prefix", "sessions", "worker_id")
+    __slots__ = ("adopted", "deadlines", "ended", "gateways", "held", "input_channel", "moved",
+                 "record", "session_prefix", "sessions", "worker_id")
 
     def __init__(self, worker_id: str) -> None:
         if not _WORKER_ID.match(worker_id):
@@ -157,9 +157,24 @@ class WorkerKeys:
         #: holds attached on this worker (:func:`held_member`), so the sessions of one gateway
         #: are one lexicographic range of one key.
         self.held = f"{base}:held"
+        #: set of the sessions opened here (their home: their keys stay in this slot) that
+        #: another worker took over and serves now (docs/design/hand-over.md); the reapers
+        #: keep reaping this slot while it holds any, whatever this worker's state.
+        self.moved = f"{base}:moved"
+        #: sorted set: session id -> when its slot here was reserved (ms), for each session
+        #: homed elsewhere that this worker serves, or is about to take over.
+        self.adopted = f"{base}:adopted"
         #: what each of this worker's session keys starts with; a session's keys are this, the
         #: random part of its id and one of :data:`SESSION_KEY_SUFFIXES`.
         self.session_prefix = f"{base}:s:"
+
+
+    @property
+    def ending(self) -> list[str]:
+        """The keys every script that can end a session here receives, in this order (its
+        terminal event releases the slot, queues the tenant's place, lets go of leases)."""
+        return [self.record, self.sessions, self.deadlines, self.input_channel, self.ended,
+                self.gateways, self.held, self.moved]
 
 
 def held_member(gateway_id: str, session_id: str) -> str:

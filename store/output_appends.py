@@ -105,8 +105,7 @@ async def _flush(fast: RunScript, worker: WorkerKeys, batch: Sequence[OutputAppe
 
 async def _append_carefully(careful: RunScript, worker: WorkerKeys,
                             batch: Sequence[OutputAppend]) -> list[OutputOutcome]:
-    keys = [worker.record, worker.sessions, worker.deadlines, worker.input_channel,
-            worker.ended, worker.gateways, worker.held]
+    keys = worker.ending
     args: list[Any] = []
     for item in batch:
         k = session_keys(item.session_id)

@@ -29,7 +29,7 @@ from redis.exceptions import (
     TryAgainError,
 )
 
-from contract.messages import JsonObject, SessionClosed, SessionExpired, encode_message
+from contract.messages import JsonObject, SessionClosed, encode_message
 from contract.models import encode_models
 from contract.reasons import CloseReason
 from store import lua
@@ -60,6 +60,7 @@ from store.checkpoints import (
     Adoption,
     CheckpointStatus,
     CheckpointWrite,
+    ReserveStatus,
     adopt_session,
     write_checkpoints,
 )
@@ -81,11 +82,11 @@ from store.keys import (
     GATEWAY_DIRECTORY,
     SessionKeys,
     WorkerKeys,
-    session_keys,
     tenant_opens,
     tenant_sessions,
 )
 from store.output_appends import append_output
+from store.reaping import reap
 from store.resp import endpoint_of
 from store.script_lane import ScriptLane
 
@@ -109,10 +110,6 @@ def _holder_args(holder: AttachmentHolder | None) -> tuple[str, int]:
 #: is still accepted: long enough for a client to reconnect through another gateway.
 RESUME_RETRY_WINDOW_MS = 60_000
 
-# The terminal events a reaper writes: the same bytes for every session, encoded once.
-_WORKER_LOST = encode_message(SessionClosed(reason=CloseReason.WORKER_LOST))
-_GRACE_EXPIRED = encode_message(SessionExpired(reason=CloseReason.DISCONNECT_GRACE_EXPIRED))
-_IDLE_EXPIRED = encode_message(SessionExpired(reason=CloseReason.IDLE_TTL_EXPIRED))
 
 #: Pauses before each resend of a script after a transient error; then the error stands.
 RESEND_BACKOFF_S = (0.01, 0.05, 0.25)
@@ -192,6 +189,8 @@ class Scripts:
         self._gateway_announce = register(lua.GATEWAY_ANNOUNCE)
         self._write_checkpoint = register(lua.WRITE_CHECKPOINT)
         self._adopt = register(lua.ADOPT_SESSION)
+        self._reserve_slot = register(lua.RESERVE_SLOT)
+        self._release_slot = register(lua.RELEASE_SLOT)
 
     async def _run(self, script: AsyncScript, keys: Sequence[str], args: Sequence[Any], *,
                    resent: Callable[[], Sequence[Any]] | None = None) -> Any:
@@ -413,9 +412,7 @@ class Scripts:
 
     def _close_keys(self, session_id: str) -> list[str]:
         k = SessionKeys(session_id)
-        w = k.worker
-        return [k.record, k.input_log, k.output_log, k.output_channel, w.record, w.sessions,
-                w.deadlines, w.input_channel, w.ended, w.gateways, w.held]
+        return [k.record, k.input_log, k.output_log, k.output_channel, *k.worker.ending]
 
     async def append_output(
         self, session_id: str, payloads: Sequence[bytes], *, first_seq: int = 0,
@@ -477,6 +474,19 @@ class Scripts:
             lambda keys, args: self._run(self._adopt, keys, args), session_id,
             replaces_epoch=replaces_epoch, adopter=adopter, checkpoint_seq=checkpoint_seq)
 
+    async def reserve_slot(self, worker_id: str, session_id: str, *,
+                           model: str = "") -> ReserveStatus:
+        """Reserve a slot on ``worker_id`` for ``session_id``, homed elsewhere, which it is
+        about to take over, served as ``model`` ('' any)."""
+        w = WorkerKeys(worker_id)
+        answer = await self._run(self._reserve_slot, [w.record, w.adopted], [session_id, model])
+        return ReserveStatus(reply_text(answer))
+
+    async def release_slot(self, worker_id: str, session_id: str) -> bool:
+        """Let go of ``worker_id``'s slot for ``session_id`` (whether it held one)."""
+        w = WorkerKeys(worker_id)
+        return bool(await self._run(self._release_slot, [w.record, w.adopted], [session_id]))
+
     @property
     def route_changes(self) -> int | None:
         """How many connections the store's own connections made and redirections they
@@ -503,50 +513,13 @@ class Scripts:
     async def reap(self, worker_id: str, *, budget: int = 100,
                    outage_ms: int = DEFAULT_REAP_OUTAGE_MS, release_budget: int = 1000,
                    lease_ms: int = DEFAULT_ATTACHMENT_LEASE_MS) -> Reaped:
-        """Declare ``worker_id`` lost if its heartbeat lapsed, ending its sessions; else detach
-        the sessions of gateways whose attachment lease (``lease_ms`` long) lapsed, and expire
-        up to ``budget`` due sessions. Take up to ``release_budget`` of its ended sessions,
-        whose tenant places the caller releases.
-
-        One call (REAP) does the worker's part and names the sessions that need more; only
-        then, ``budget`` sessions per call, REAP_SESSIONS (whose keys name them) acts on each,
-        checking it again: a pass with nothing to do is one call.
-
-        ``outage_ms``: a longer gap since any reaper last reached the worker's slot is an
-        outage of that slot (a failover, a restart). The worker then gets a full heartbeat TTL
-        from now to beat before it can be declared lost, lapsed gateways a full lease to
-        renew, clients their grace and idle time from now. Keep it above the gap between two
-        of the caller's passes (see ``gateway/reaper.py``).
-        """
-        w = WorkerKeys(worker_id)
-        worker_keys = [w.record, w.sessions, w.deadlines, w.input_channel, w.ended, w.gateways,
-                       w.held]
-        answer = await self._run(self._reap, worker_keys,
-                                 [budget, outage_ms, release_budget, lease_ms])
-        released = EndedSession.parse_all(answer[2])
-        actions = [("lost", reply_text(sid), "") for sid in answer[1]]
-        for member in answer[3]:
-            gateway_id, _, session_id = reply_text(member).partition(" ")
-            actions.append(("detach", session_id, gateway_id))
-        actions += [("due", reply_text(sid), "") for sid in answer[4]]
-        ended = detached = 0
-        batch = max(budget, 1)
-        for start in range(0, len(actions), batch):
-            keys = list(worker_keys)
-            args: list[Any] = [_WORKER_LOST, _GRACE_EXPIRED, _IDLE_EXPIRED, release_budget,
-                               lease_ms]
-            for action, session_id, gateway_id in actions[start:start + batch]:
-                k = session_keys(session_id)
-                if k.worker.worker_id != worker_id:
-                    raise ValueError(f"session {session_id} is not worker {worker_id}'s")
-                keys += [k.record, k.input_log, k.output_log, k.output_channel]
-                args += [action, session_id, gateway_id]
-            done = await self._run(self._reap_sessions, keys, args)
-            ended += int(done[0])
-            detached += int(done[1])
-            released += EndedSession.parse_all(done[2])
-        return Reaped(state=WorkerState(reply_text(answer[0])), ended=ended,
-                      released=tuple(released), detached=detached, outage_ms=int(answer[5]))
+        """One reap of ``worker_id`` (``store/reaping.py``, which says what it does)."""
+        return await reap(
+            lambda keys, args: self._run(self._reap, keys, args),
+            lambda keys, args: self._run(self._reap_sessions, keys, args),
+            lambda keys, args: self._run(self._release_slot, keys, args),
+            worker_id, budget=budget, outage_ms=outage_ms, release_budget=release_budget,
+            lease_ms=lease_ms)
 
     async def announce_gateway(self, gateway_id: str, *, ttl_ms: int) -> tuple[str, ...]:
         """List ``gateway_id`` among the live gateways for ``ttl_ms``; returns every gateway

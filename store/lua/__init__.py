@@ -58,6 +58,8 @@ __all__ = [
     "OPEN_SESSION",
     "REAP",
     "REAP_SESSIONS",
+    "RELEASE_SLOT",
+    "RESERVE_SLOT",
     "RESUME",
     "TENANT_OPEN_RATE",
     "TENANT_RESERVE",
@@ -115,4 +117,6 @@ GATEWAY_LEASE = _PRELUDE + _source("gateway_lease")
 GATEWAY_ANNOUNCE = _PRELUDE + _source("gateway_announce")
 WORKER_HEARTBEAT = _PRELUDE + _source("worker_heartbeat")
 WRITE_CHECKPOINT = _PRELUDE + _source("write_checkpoint")
+RESERVE_SLOT = _PRELUDE + _source("reserve_slot")
+RELEASE_SLOT = _source("release_slot")
 ADOPT_SESSION = _PRELUDE + _source("adopt_session")

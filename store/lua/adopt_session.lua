@@ -3,10 +3,14 @@
 -- record holds, so what it continues from is what the old owner last recorded. From here on
 -- the old owner's writes are refused (both output scripts and write_checkpoint.lua compare
 -- the epoch they are sent under with the record's). The adopter's slot is reserved first, in
--- its own worker's hash slot (not here: a session's keys never leave its home slot).
+-- its own worker's hash slot (reserve_slot.lua: a session's keys never leave its home slot).
+-- The first adoption moves the session from its home's session set (its home's slot freed) to
+-- its moved set, so the reapers keep reaping the home for it whatever becomes of its worker.
 -- KEYS[1] session record  KEYS[2] input log  KEYS[3] output log
+-- KEYS[4] home worker record  KEYS[5] home session set  KEYS[6] home moved set
 -- ARGV[1] the owner epoch this adoption replaces  ARGV[2] the adopting worker's id
 -- ARGV[3] the server_event_seq of the checkpoint it adopts from ('' whichever is there)
+-- ARGV[4] session id
 -- returns {status, owner epoch now, and for ok: checkpoint input ID, kept input ID,
 --   checkpoint seq, core state, the output log's last seq}: status ok | closed | unknown |
 --   other_format | moved (the epoch is not the one named) | no_checkpoint | other_checkpoint
@@ -32,5 +36,9 @@ if #first == 0 or entry_before(f[6], first[1][1]) then return {'input_gone', epo
 if not resent then
   epoch = epoch + 1
   redis.call('HSET', rec, 'owner', adopter, 'owner_epoch', epoch)
+  if redis.call('SREM', KEYS[5], ARGV[4]) == 1 then
+    redis.call('HINCRBY', KEYS[4], 'used', -1)
+    redis.call('SADD', KEYS[6], ARGV[4])
+  end
 end
 return {'ok', epoch, f[5], f[6], tonumber(f[7]), f[8], output_top(out_log).seq}

@@ -15,8 +15,8 @@
 -- are rare, and only they read the record.
 -- KEYS[1] worker record  KEYS[2] worker session set  KEYS[3] worker deadlines
 -- KEYS[4] worker channel  KEYS[5] worker ended list  KEYS[6] worker gateways
--- KEYS[7] worker held set (see attach_to)
--- KEYS[4i+4] .. KEYS[4i+7] (i = 1..n): session record, input log, output log, output channel
+-- KEYS[7] worker held set (see attach_to)  KEYS[8] worker moved set
+-- KEYS[4i+5] .. KEYS[4i+8] (i = 1..n): session record, input log, output log, output channel
 -- ARGV per session: session id, the owner epoch the worker serves it under (a session another
 --   worker took over, its record's epoch past this one, is refused: docs/design/hand-over.md),
 --   the server_event_seq of the first event (0: whatever comes
@@ -34,7 +34,7 @@
 -- appends only the rest. A first seq past the log's end (gap), or a resent event that differs
 -- from the stored one (conflict), means the worker and the store disagree (a bug, or a
 -- failover that lost writes): nothing is written, and the worker ends the session loudly.
-local wk = worker_keys(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7])
+local wk = worker_keys(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8])
 
 local worker_state = redis.call('HGET', KEYS[1], 'state')
 if not worker_state or worker_state == 'lost' then return {'fenced'} end
@@ -119,7 +119,7 @@ end
 
 local answers = {}
 local at = 1
-for k = 8, #KEYS, 4 do
+for k = 9, #KEYS, 4 do
   local count = tonumber(ARGV[at + 8])
   local keys = session_keys(KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3])
   answers[#answers + 1] = append_one(ARGV[at], keys, ARGV[at + 1], tonumber(ARGV[at + 2]),

@@ -65,10 +65,11 @@ local function output_top(out_log)
   return {seq = tonumber(string.match(top[1][1], '^(%d+)')), closed = closed}
 end
 
--- A worker's keys, as the scripts that end sessions receive them (all in the worker's slot).
-local function worker_keys(record, sessions, deadlines, channel, ended, gateways, held)
+-- A worker's keys, as the scripts that end sessions receive them (all in the worker's slot;
+-- WorkerKeys.ending in store/keys.py).
+local function worker_keys(record, sessions, deadlines, channel, ended, gateways, held, moved)
   return {record = record, sessions = sessions, deadlines = deadlines, channel = channel,
-          ended = ended, gateways = gateways, held = held}
+          ended = ended, gateways = gateways, held = held, moved = moved}
 end
 
 -- Attachment leases (DESIGN §2.6). A gateway holds the sessions it serves on a worker under one
@@ -139,8 +140,12 @@ local function terminate(sid, keys, wk, terminal, reason)
   redis.call('XSETID', out_log, LAST_STREAM_ID)
   let_go(rec, sid, wk.held)
   redis.call('HSET', rec, 'state', 'closed', 'reason', reason)
+  -- A session another worker serves counts against that worker's slots, not its home's: that
+  -- worker lets its slot go when told of the end (the 'c' notice below).
   if redis.call('SREM', wk.sessions, sid) == 1 then
     redis.call('HINCRBY', wk.record, 'used', -1)
+  else
+    redis.call('SREM', wk.moved, sid)
   end
   local tenant = f[3]
   if tenant then

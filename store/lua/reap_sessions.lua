@@ -1,5 +1,6 @@
 -- Run by a reaper after REAP, for sessions of one worker that REAP named: ends each session of
--- a lost worker (worker_lost), detaches each session held by a gateway whose attachment lease
+-- a lost worker (worker_lost), and each session homed here that a lost worker had taken over
+-- (an orphan: its owner, named, is the lost one), detaches each session held by a gateway whose attachment lease
 -- lapsed (its grace starts), and expires each due session (grace or idle), or sets its next
 -- deadline. Every condition is checked again here: between the two calls a session may have
 -- been resumed, closed or re-attached, and another reaper may have done the work, which then
@@ -7,19 +8,19 @@
 -- written (DESIGN §2.6, §2.8, §2.9); sent twice, the second run changes nothing.
 -- KEYS[1] worker record  KEYS[2] worker session set  KEYS[3] worker deadlines
 -- KEYS[4] worker channel  KEYS[5] worker ended list  KEYS[6] worker gateways
--- KEYS[7] worker held set (see attach_to)
--- KEYS[4i+4] .. KEYS[4i+7] session i's record, input log, output log and output channel
+-- KEYS[7] worker held set (see attach_to)  KEYS[8] worker moved set
+-- KEYS[4i+5] .. KEYS[4i+8] session i's record, input log, output log and output channel
 -- ARGV[1] terminal payload: worker lost  ARGV[2] terminal: grace expired
 -- ARGV[3] terminal: idle expired         ARGV[4] most ended sessions to hand back
 -- ARGV[5] attachment lease ms (a lapsed lease counts only a full lease after an outage)
--- ARGV[3i+3] .. ARGV[3i+5] session i's action (lost | detach | due), its id, and for detach
---         the gateway id whose lease lapsed ('' otherwise)
+-- ARGV[3i+3] .. ARGV[3i+5] session i's action (lost | orphan | detach | due), its id, and
+--         for detach the gateway id whose lease lapsed, for orphan the lost owner's id ('' else)
 -- returns {sessions ended, sessions detached, {'<tenant> <session id>', ...}}: the list as
 --   REAP's; once a lost worker has no session left, its sets go and the whole list comes back
 local worker, sessions, deadlines, worker_channel = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local ended_list, gateways, held = KEYS[5], KEYS[6], KEYS[7]
+local ended_list, gateways, held, moved = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local wk = worker_keys(worker, sessions, deadlines, worker_channel, ended_list, gateways,
-                      held)
+                      held, moved)
 local lost_event, grace_event, idle_event = ARGV[1], ARGV[2], ARGV[3]
 local release_budget, lease_ms = ARGV[4], tonumber(ARGV[5])
 
@@ -31,7 +32,8 @@ local recovered = tonumber(w[2] or '0')
 local ended, detached, lapsed_gateways = 0, 0, {}
 
 local function end_lost(sid, keys)
-  if not lost then return end
+  -- One taken over by another worker since REAP named it lives on there.
+  if not lost or redis.call('SISMEMBER', sessions, sid) == 0 then return end
   local f = redis.call('HMGET', keys.rec, 'state', FORMAT_FIELD)
   -- A record of another format is not this code's to end.
   if f[1] and f[1] ~= 'closed' and f[2] == SESSION_FORMAT then
@@ -39,6 +41,14 @@ local function end_lost(sid, keys)
     ended = ended + 1
   end
   redis.call('SREM', sessions, sid)
+end
+
+local function end_orphan(sid, keys, owner)
+  local f = redis.call('HMGET', keys.rec, 'state', FORMAT_FIELD, 'owner')
+  if f[1] and f[1] ~= 'closed' and f[2] == SESSION_FORMAT and f[3] == owner then
+    terminate(sid, keys, wk, lost_event, REASON.worker_lost)
+    ended = ended + 1
+  end
 end
 
 local function detach_lapsed(sid, gid, rec, in_log)
@@ -82,10 +92,12 @@ end
 
 for i = 0, (#ARGV - 5) / 3 - 1 do
   local action, sid, gid = ARGV[3 * i + 6], ARGV[3 * i + 7], ARGV[3 * i + 8]
-  local keys = session_keys(KEYS[4 * i + 8], KEYS[4 * i + 9], KEYS[4 * i + 10],
-                            KEYS[4 * i + 11])
+  local keys = session_keys(KEYS[4 * i + 9], KEYS[4 * i + 10], KEYS[4 * i + 11],
+                            KEYS[4 * i + 12])
   if action == 'lost' then
     end_lost(sid, keys)
+  elseif action == 'orphan' then
+    end_orphan(sid, keys, gid)
   elseif action == 'detach' then
     detach_lapsed(sid, gid, keys.rec, keys.in_log)
   else
@@ -99,7 +111,7 @@ for gid in pairs(lapsed_gateways) do
     redis.call('ZREM', gateways, gid)
   end
 end
-if lost and redis.call('SCARD', sessions) == 0 then
+if lost and redis.call('SCARD', sessions) == 0 and redis.call('SCARD', moved) == 0 then
   redis.call('DEL', sessions, deadlines, gateways, held)
   -- No reaper visits a lost worker again: hand back every ended session now.
   release_budget = redis.call('LLEN', ended_list) + 1

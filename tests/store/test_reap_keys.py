@@ -148,7 +148,7 @@ async def test_sessions_left_by_a_reaper_that_stopped_are_ended_by_the_next(
     opened = [await open_session(scripts, wid) for _ in range(3)]
     await expire_heartbeat(redis_client, scripts, wid)
     w = WorkerKeys(wid)
-    keys = [w.record, w.sessions, w.deadlines, w.input_channel, w.ended, w.gateways, w.held]
+    keys = [*w.ending, w.adopted]
     first: Any = await redis_client.eval(lua.REAP, len(keys), *keys, 100, 500, 1000, 60_000)
     assert first[0] == b"lost" and len(first[1]) == 3
     reaped = await scripts.reap(wid)
@@ -175,7 +175,7 @@ async def test_reap_sessions_sent_twice_changes_nothing(
     renewal = await scripts.renew_attachment_lease(wid, short)
     await wait_redis_clock_past(redis_client, renewal.until_ms)
     w = WorkerKeys(wid)
-    keys = [w.record, w.sessions, w.deadlines, w.input_channel, w.ended, w.gateways, w.held]
+    keys = list(w.ending)
     args: list[Any] = [b"lost", b"grace", b"idle", 1000, 1]
     for action, session_id, gateway_id in (("due", due.session_id, ""),
                                            ("detach", attached.session_id, A.gateway_id)):

@@ -646,8 +646,7 @@ async def test_append_output_is_refused_from_the_moment_the_worker_is_declared_l
 
     async def declare_lost() -> Any:
         return await redis_client.eval(
-            lua.REAP, 7, w.record, w.sessions, w.deadlines, w.input_channel, w.ended,
-            w.gateways, w.held, 100, LONG_MS, 1000, DEFAULT_ATTACHMENT_LEASE_MS)
+            lua.REAP, 9, *w.ending, w.adopted, 100, LONG_MS, 1000, DEFAULT_ATTACHMENT_LEASE_MS)
 
     answer = (await poll_until(declare_lost, lambda a: a[0] == b"lost"))[-1]
     assert answer[1] == [opened.session_id.encode()], "its session is left to end"
