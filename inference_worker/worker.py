@@ -523,7 +523,8 @@ class Worker:
     async def _catch_up(self, session_id: str, session: Session, *,
                         check_rewind: bool = False) -> None:
         applied = session.follower.next_index - 1
-        rows = await read_input_entries(self._client, session_id, applied)
+        rows = await read_input_entries(self._client, session_id, applied,
+                                        after_fence=session.applied_fence)
         if self._sessions.get(session_id) is not session:
             return  # abandoned or closed while the log was read
         if rows and rows[0].index > session.follower.next_index:

@@ -116,18 +116,23 @@ async def read_output(
 
 
 async def read_input_entries(
-    client: Redis | RedisCluster, session_id: str, after_index: int, count: int = 512
+    client: Redis | RedisCluster, session_id: str, after_index: int, count: int = 512, *,
+    after_fence: int = 0,
 ) -> list[InputEntry]:
     """Input entries with index > ``after_index``, oldest first, at most ``count``, each with
     the fencing token it was written under (what the worker checks before applying it).
 
-    Entry IDs are ``<fence>-<index>``, so the log is read from its start: it holds what the
-    worker has not applied and at most a few entries it has (its trim keeps the last). The
-    markers that raised the fence carry no command and are left out.
+    Entry IDs are ``<fence>-<index>`` and only grow (a fence marker takes the index of the
+    entry before it, under a higher fence), so with the fence of entry ``after_index``
+    (``after_fence``) the read starts right after it, however much applied input the log
+    still holds (a checkpoint's, docs/design/hand-over.md); without it (0), from the log's
+    start, reading up to a trim's worth of applied entries more. The markers that raised the
+    fence carry no command and are left out.
     """
     key = SessionKeys(session_id).input_log
+    start, extra = (f"({after_fence}-{after_index}", 0) if after_fence else ("-", _APPLIED_KEPT)
     try:
-        rows: Any = await client.xrange(key, min="-", max="+", count=count + _APPLIED_KEPT)
+        rows: Any = await client.xrange(key, min=start, max="+", count=count + extra)
     except REDIS_ERRORS as exc:
         raise_if_cancelled()
         raise StoreUnavailable(f"XRANGE {key} failed: {exc}") from exc

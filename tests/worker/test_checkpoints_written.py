@@ -22,7 +22,7 @@ from inference_worker.conversation.checkpoint import decode
 from inference_worker.worker import Worker
 from store.checkpoints import AdoptStatus
 from store.keys import SessionKeys, new_worker_id
-from tests.store._support import events_of, open_session, until
+from tests.store._support import EPOCH, events_of, open_session, until
 from tests.worker._running import Running, acks, heartbeat, running_worker
 
 pytestmark = pytest.mark.timeout(30)
@@ -144,3 +144,27 @@ async def test_a_session_taken_over_is_let_go_without_an_end(redis_client: Redis
         assert await acks(running, sid) == 1
         assert not any(msg.is_terminal(event) for _, event in await events_of(redis_client, sid))
         assert await redis_client.hget(SessionKeys(sid).record, "state") != b"closed"
+
+
+async def test_the_poll_reads_past_a_long_hold(redis_client: Redis) -> None:
+    """700 chunks buffered after a checkpoint are held in the log (the buffer's audio, under
+    the hold's bound); a heartbeat then written around the scripts (no push) is still found
+    by the safety poll, which reads after what was applied, not from the log's start."""
+    async with running_worker(redis_client, slots=2,
+                              checkpoint_interval_s=INTERVAL_S) as running:
+        opened = await open_session(running.scripts, running.worker.worker_id)
+        sid = opened.session_id
+        await heartbeat(running, opened.lease, 1)
+        for _ in range(7):
+            await running.scripts.append_input(opened.lease, [(None, CHUNK)] * 100,
+                                               max_entries=2000)
+        await redis_client.xadd(SessionKeys(sid).input_log,
+                                {"d": encode_message(msg.Heartbeat()), f"e:{EPOCH}": "1"},
+                                id="2-702")
+
+        async def answered() -> bool:
+            return await acks(running, sid) == 2
+
+        await until(answered, "the unpushed heartbeat answered")
+        # Applied, all of it, and held: the buffer's entries were not trimmed.
+        assert int(await redis_client.xlen(SessionKeys(sid).input_log)) > 700
