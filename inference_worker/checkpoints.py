@@ -105,16 +105,21 @@ class Checkpointer:
 
     def _take(self, session_id: str, session: Session, marks: SessionCheckpoints,
               now: float) -> tuple[CheckpointWrite, Mark] | None:
-        """The session's checkpoint when it is due and at a safe point: the state, the
-        input applied and the events written read together, nothing awaited between."""
-        applied, seq = session.follower.next_index - 1, session.next_seq - 1
-        if session.failed or session.unsent or applied == 0:
-            return None  # nothing applied yet: a fresh core is the same
-        if (applied, seq) == (marks.applied, marks.seq):
+        """The session's checkpoint when it is due and at a safe point."""
+        if (session.follower.next_index - 1, session.next_seq - 1) == (marks.applied,
+                                                                        marks.seq):
             return None
         if not marks.events_since and now - marks.written_at < self._interval_s:
             return None
-        if session.core.responding:
+        return self.take_now(session_id, session, marks, now)
+
+    def take_now(self, session_id: str, session: Session, marks: SessionCheckpoints,
+                 now: float) -> tuple[CheckpointWrite, Mark] | None:
+        """The session's checkpoint at a safe point with nothing unsent (None: off one, or
+        it cannot be taken): the state, the input applied and the events written read
+        together, nothing awaited between. Nothing applied yet is input position 0-0."""
+        applied, seq = session.follower.next_index - 1, session.next_seq - 1
+        if session.failed or session.unsent or session.core.responding:
             return None  # the common case off a safe point, without building a state
         state = session.core.checkpoint()
         if state is None:

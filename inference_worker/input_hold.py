@@ -46,6 +46,11 @@ class InputHold:
         #: The last checkpoint's oldest entry to read back; None: none written, or forfeit.
         self.keep: Mark | None = None
 
+    def resume(self, heard: int) -> None:
+        """Continue a session taken over from a checkpoint: ``heard`` is the input audio heard
+        before the first entry read back (:meth:`applied` follows for each)."""
+        self._heard = heard
+
     def applied(self, fence: int, index: int, heard: int, size: int) -> None:
         """Entry ``<fence>-<index>`` (``size`` bytes) was applied; ``heard``: the input audio
         heard once it was (:attr:`ConversationCore.input_audio`)."""
@@ -98,6 +103,10 @@ class InputHold:
         self.keep = None
         self._marks.clear()
         return applied, overtaken
+
+    def oldest(self) -> Mark | None:
+        """The oldest entry held (None: none)."""
+        return self._marks[0] if self._marks else None
 
     def written(self, keep: Mark) -> None:
         """A checkpoint that keeps input from ``keep`` was written."""

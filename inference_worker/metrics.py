@@ -16,7 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 from runtime.heap import GENERATIONS, PAUSE_BUCKETS
 from runtime.loop_lag import LAG_BUCKETS, PROBE_INTERVAL_S
 
-__all__ = ["CHECKPOINT_OUTCOMES", "FAILURE_STAGES", "WorkerMetrics", "serve_metrics"]
+__all__ = ["CHECKPOINT_OUTCOMES", "FAILURE_STAGES", "HAND_OVER_OUTCOMES", "TAKE_OVER_OUTCOMES",
+           "WorkerMetrics", "serve_metrics"]
 
 _NS = "duplex_worker"
 #: Where a session can fail inside the worker (``session_failures`` ``stage`` label): applying
@@ -30,6 +31,11 @@ _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.
 _TTFA_BUCKETS = (0.05, 0.1, 0.16, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 _BATCH_BUCKETS = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 _CHECKPOINT_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
+_HAND_OVER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: What became of a session a draining worker tried to hand over (``hand_overs``).
+HAND_OVER_OUTCOMES = ("moved", "no_room", "no_safe_point", "failed")
+#: What became of a session handed to this worker (``take_overs``).
+TAKE_OVER_OUTCOMES = ("taken", "ended")
 #: What became of a checkpoint taken (``checkpoints`` ``outcome`` label).
 CHECKPOINT_OUTCOMES = ("written", "behind", "ended", "too_large", "input_gone", "unavailable")
 
@@ -143,6 +149,26 @@ class WorkerMetrics:
             "Input trims that overtook a session's checkpoint (it held input past"
             " CHECKPOINT_HOLD_ENTRIES or _BYTES): the session cannot move until its next one",
             label, registry=r).labels(backend)
+        self._hand_overs = Counter(
+            f"{_NS}_hand_overs",
+            "Sessions a draining worker tried to hand over, by outcome (moved; no_room: no"
+            " live worker of the model had a free slot; no_safe_point: none came before the"
+            " drain's deadline; failed: the store refused or could not be reached)",
+            ["backend", "outcome"], registry=r)
+        self._take_overs = Counter(
+            f"{_NS}_take_overs",
+            "Sessions handed to this worker, by outcome (taken: continued from their"
+            " checkpoint; ended: it could not be continued, ended worker_lost)",
+            ["backend", "outcome"], registry=r)
+        for outcome in HAND_OVER_OUTCOMES:
+            self._hand_overs.labels(backend, outcome)
+        for outcome in TAKE_OVER_OUTCOMES:
+            self._take_overs.labels(backend, outcome)
+        self.hand_over_seconds = Histogram(
+            f"{_NS}_hand_over_seconds",
+            "From a session's hand-over starting (its adopter's slot reserved) to its owner"
+            " changing, on the draining worker", label, registry=r,
+            buckets=_HAND_OVER_BUCKETS).labels(backend)
         self._backend = backend
         capacity = ["backend", "model"]
         model = model or backend
@@ -166,6 +192,14 @@ class WorkerMetrics:
     def checkpoint(self, outcome: str) -> None:
         """Count one checkpoint's ``outcome`` (one of :data:`CHECKPOINT_OUTCOMES`)."""
         self._checkpoints.labels(self._backend, outcome).inc()
+
+    def hand_over(self, outcome: str) -> None:
+        """Count one hand-over's ``outcome`` (one of :data:`HAND_OVER_OUTCOMES`)."""
+        self._hand_overs.labels(self._backend, outcome).inc()
+
+    def take_over(self, outcome: str) -> None:
+        """Count one take-over's ``outcome`` (one of :data:`TAKE_OVER_OUTCOMES`)."""
+        self._take_overs.labels(self._backend, outcome).inc()
 
     def session_failed(self, stage: str) -> None:
         """Count one session ended by a failure at ``stage`` (one of :data:`FAILURE_STAGES`)."""

@@ -6,10 +6,10 @@ each session's input log in order to the session's conversation core
 (:class:`~inference_worker.conversation.core.ConversationCore`, one per session whatever the
 backend), and appends what the core emits to the session's output log. Every write is fenced
 in Redis: once this worker is declared lost its output appends are refused, the reaper ends
-its sessions, and its next heartbeat stops it (DESIGN §2.9). Every input entry is
-checked again here against the token it was written under, so a writer that went around the
-scripts is refused at the resource too (:func:`~inference_worker.sessions.is_current`). Each
-session's state is checkpointed at safe points (:mod:`inference_worker.checkpoints`).
+its sessions, and its next heartbeat stops it (DESIGN §2.9). Every input entry is checked
+again against the token it was written under (:func:`~inference_worker.sessions.is_current`).
+Sessions are checkpointed (:mod:`inference_worker.checkpoints`); a drain hands them over to
+other workers (:mod:`inference_worker.hand_over`), and this worker takes over those handed to it.
 
 With a frame backend (``fake``, ``moshi``, ``cascade``) each session holds a slot of the
 :class:`~inference_worker.engine.Engine`, whose model thread steps all of them together, and
@@ -42,6 +42,8 @@ from inference_worker.backends.registry import (
 )
 from inference_worker.checkpoints import Checkpointer
 from inference_worker.engine import Engine, TickReport
+from inference_worker.hand_over import HandOver
+from inference_worker.heartbeat import beat
 from inference_worker.input_fences import FenceKeeper, PushVerdict, fence_raised, verdict
 from inference_worker.input_pull import InputPuller
 from inference_worker.metrics import WorkerMetrics
@@ -53,11 +55,10 @@ from inference_worker.turn_detection.silero import detector_factory, load_weight
 from runtime.fairness import PushQueue
 from runtime.loop_lag import watch_loop_lag
 from store import Scripts, StoreError, WorkerFenced
-from store.census import NO_ENGINE, TickTime
 from store.client import RedisClient
-from store.directory import WorkerProfile, announce_worker, sessions_of_worker
+from store.directory import WorkerProfile, sessions_of_worker
 from store.errors import raise_if_cancelled
-from store.keys import WorkerKeys, new_worker_id, placed_on, worker_pulls_input
+from store.keys import WorkerKeys, new_worker_id, worker_of_session, worker_pulls_input
 from store.logs import InputEntry, WriteToken, log_ends, read_input_entries, session_start
 from store.outages import (
     OutageLog,
@@ -73,14 +74,14 @@ from store.pushes import (
     InputPushed,
     Push,
     SessionEnded,
+    SessionHandedOver,
     SessionPlaced,
 )
 
 __all__ = ["Worker"]
 
 _log = logging.getLogger(__name__)
-# How long a drain lets the flusher write the sessions' last events before it writes their
-# terminal events alone.
+# How long a drain lets the flusher write the sessions' last events (then terminals alone).
 _CLOSE_FLUSH_S = 5.0
 # After a failed beat the next comes this soon, not a whole interval later: when the outage
 # ends (a failover completes) the reapers give the worker one TTL to beat, and this keeps the
@@ -140,6 +141,12 @@ class Worker:
                                    self._spawn)
         self._notices: PushQueue[Push | None] = PushQueue()
         self._fences = FenceKeeper(client)
+        self._hand_over = HandOver(
+            client=client, scripts=self._scripts, sessions=self._sessions,
+            factory=self._factory, checkpointer=self._checkpointer, writer=self._writer,
+            fences=self._fences, subscriber=self._subscriber,
+            notices=lambda notice: self._notices.put(notice), metrics=self.metrics,
+            worker_id=lambda: self.worker_id, catch_up=self._catch_up, frames=self._frames)
         self._tick_wake = asyncio.Event()
         self._next_tick_at = 0.0  # when the tick loop will next look (monotonic)
         self._stopping = asyncio.Event()
@@ -228,6 +235,7 @@ class Worker:
                 task.cancel()
             await asyncio.gather(stopping, *tasks, *self._background, return_exceptions=True)
             await self._subscriber.unsubscribe(self._keys.input_channel)
+            await self._hand_over.leave_homes()
             # The directory entry stays, whatever the way out: the reaper visits listed
             # workers only, and removes this one once it reports it lost. A crash leaves
             # sessions for it to end worker_lost; a drained worker has none left, and its
@@ -237,8 +245,7 @@ class Worker:
             else:
                 await self._subscriber.aclose()
 
-    def _log_ids(self) -> dict[str, str]:
-        """What this worker's own log lines carry (``extra=``): its id now."""
+    def _log_ids(self) -> dict[str, str]:  # what its own log lines carry: its id now
         return {"worker_id": self.worker_id}
 
     def stop(self) -> None:
@@ -308,26 +315,10 @@ class Worker:
     # ------------------------------------------------------------------ lifecycle
 
     async def _heartbeat(self, *, register: bool = False) -> None:
-        admit = self._admitting()
-        admitting = admit and not self._draining
-        capacity = self._capacity
-        self.metrics.admitting.set(int(admitting))
-        self.metrics.slots.set(capacity)
-        self.metrics.free_slots.set(max(0, capacity - len(self._sessions)) if admitting else 0)
-        beat = await self._scripts.worker_heartbeat(
-            self.worker_id, slots=capacity,
-            ttl_ms=int(self.settings.heartbeat_ttl_s * 1000), register=register,
-            drain=self._draining, admit=admit, profile=self._profile,
-            backend=self.settings.backend, tick=self._tick_time(), models=self.settings.models)
-        await announce_worker(self._client, self.worker_id, beat.alive_until_ms)
-
-    def _tick_time(self) -> TickTime:
-        """What the heartbeat tells operators of the engine's tick time (``status``)."""
-        engine = self._engine
-        if engine is None:
-            return NO_ENGINE
-        p99 = engine.tick_p99()
-        return TickTime(engine=True, p99_ms=None if p99 is None else p99 * 1000)
+        await beat(self._scripts, self._client, self.metrics, self.settings, self.worker_id,
+                   capacity=self._capacity, admit=self._admitting(), draining=self._draining,
+                   profile=self._profile, engine=self._engine, sessions=len(self._sessions),
+                   register=register)
 
     async def _register(self) -> bool:
         """Register this incarnation, trying again while Redis is away (a rejoin after
@@ -383,12 +374,15 @@ class Worker:
             return
         except StoreError as exc:  # Redis away: the sessions still get their time below
             self._outages.failed("drain announcement", exc)
+        deadline = time.monotonic() + self.settings.drain_timeout_s
+        if self._sessions and self.settings.checkpoint_interval_s and not self._frames:
+            await self._hand_over.hand_over_all(deadline)  # see inference_worker/hand_over.py
         if self._sessions:
             self._sessions.no_sessions.clear()
             # Sessions end on their own schedule (client close, expiry); wait for the last.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._sessions.no_sessions.wait(),
-                                       self.settings.drain_timeout_s)
+                                       max(0.0, deadline - time.monotonic()))
         if not self._sessions:
             return
         # Each core ends its session (an active response ends cancelled) and the flusher
@@ -431,18 +425,23 @@ class Worker:
 
     async def _on_notice(self, notice: Push | None) -> None:
         match notice:
+            # Pushes come on this worker's channel and on those of the homes of sessions it
+            # took over (inference_worker/hand_over.py), whose other sessions it ignores.
             case InputPushed(session_id=session_id):
-                await self._on_input(placed_on(session_id, self.worker_id), notice)
+                await self._on_input(session_id, notice)
             case InputBatch(parts=parts):  # one input append for several sessions
                 for part in parts:
-                    await self._on_input(placed_on(part.session_id, self.worker_id), part)
+                    await self._on_input(part.session_id, part)
             case FenceRaised(session_id=session_id, fence=fence):
-                if session := self._sessions.get(placed_on(session_id, self.worker_id)):
+                if session := self._sessions.get(session_id):
                     fence_raised(session, fence)
             case SessionEnded(session_id=session_id):
-                self._sessions.forget(placed_on(session_id, self.worker_id))
+                self._sessions.forget(session_id)
+                await self._hand_over.ended(session_id)
             case SessionPlaced(session_id=session_id):
-                await self._adopt(placed_on(session_id, self.worker_id))
+                await self._adopt(session_id)
+            case SessionHandedOver(session_id=session_id):
+                await self._hand_over.take_over(session_id)
             case None:  # the subscription was re-established: catch up from Redis
                 self._fences.resubscribed(session for _, session in self._sessions.items())
                 await self._discover()
@@ -473,7 +472,9 @@ class Worker:
                 self._outages.succeeded()
 
     async def _discover(self) -> None:
-        """Adopt sessions placed here whose push was lost, and read every input log."""
+        """Adopt sessions placed or handed here whose push was lost, and read every input
+        log."""
+        await self._hand_over.discover()
         for session_id in await sessions_of_worker(self._client, self.worker_id):
             if session_id not in self._sessions:
                 await self._adopt(session_id)
@@ -491,7 +492,8 @@ class Worker:
                 self._pending.mark_dirty(session_id)
 
     async def _adopt(self, session_id: str) -> Session | None:
-        if session_id in self._sessions or self.fenced:
+        if (session_id in self._sessions or self.fenced
+                or worker_of_session(session_id) != self.worker_id):  # not placed here
             return self._sessions.get(session_id)
         # The epoch this worker serves the session under: input written under another (a
         # record re-created after a lossy failover) is refused. The model its session.created

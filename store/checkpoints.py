@@ -14,16 +14,25 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+
 from store.answers import reply_text
-from store.keys import session_keys
+from store.client import store_call
+from store.keys import WorkerKeys, session_keys
+from store.pushes import encode_hand_over
 
 __all__ = [
     "AdoptStatus",
     "Adoption",
+    "Checkpoint",
     "CheckpointStatus",
     "CheckpointWrite",
     "ReserveStatus",
     "adopt_session",
+    "adopted_sessions",
+    "read_checkpoint",
+    "tell_adopter",
     "write_checkpoints",
 ]
 
@@ -124,6 +133,59 @@ class Adoption:
     seq: int = 0
     core: bytes = b""
     output_seq: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Checkpoint:
+    """A session's checkpoint as its record holds it (see :class:`CheckpointWrite`)."""
+
+    owner_epoch: int
+    applied: str
+    keep: str
+    seq: int
+    core: bytes
+
+
+async def read_checkpoint(client: Redis | RedisCluster, session_id: str) -> Checkpoint | None:
+    """The session's checkpoint (None: it has none).
+
+    Raises:
+        StoreUnavailable: Redis could not be read.
+    """
+    key = session_keys(session_id).record
+    with store_call(f"HMGET {key} checkpoint"):
+        fields: Any = await client.hmget(key, ["ck_epoch", "ck_in", "ck_keep", "ck_seq",
+                                               "ck_core"])
+    epoch, applied, keep, seq, core = fields
+    if epoch is None or core is None:
+        return None
+    return Checkpoint(owner_epoch=int(epoch), applied=reply_text(applied),
+                      keep=reply_text(keep), seq=int(seq),
+                      core=core if isinstance(core, bytes) else str(core).encode())
+
+
+async def adopted_sessions(client: Redis | RedisCluster, worker_id: str) -> dict[str, int]:
+    """The sessions homed elsewhere that ``worker_id`` holds a slot for, with when each was
+    reserved (Redis clock, ms).
+
+    Raises:
+        StoreUnavailable: Redis could not be read.
+    """
+    key = WorkerKeys(worker_id).adopted
+    with store_call(f"ZRANGE {key}"):
+        members: Any = await client.zrange(key, 0, -1, withscores=True)
+    return {reply_text(member): int(score) for member, score in members}
+
+
+async def tell_adopter(client: Redis | RedisCluster, adopter: str, session_id: str) -> None:
+    """Wake ``adopter`` for the session just handed to it (its poll finds it otherwise).
+
+    Raises:
+        StoreUnavailable: Redis could not be reached.
+    """
+    channel = WorkerKeys(adopter).input_channel
+    with store_call(f"SPUBLISH {channel}"):
+        await client.spublish(channel, encode_hand_over(session_id))
 
 
 async def write_checkpoints(run: RunScript, batch: Sequence[CheckpointWrite],

@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.typing import KeyT, StreamIdT
 
-from store.client import REDIS_ERRORS
+from store.client import REDIS_ERRORS, store_call
 from store.errors import StoreUnavailable, raise_if_cancelled
 from store.formats import FORMAT_FIELD, SESSION_FORMAT
 from store.keys import SessionKeys
@@ -31,6 +31,7 @@ __all__ = [
     "pull_input",
     "read_input",
     "read_input_entries",
+    "read_input_range",
     "read_output",
     "session_start",
 ]
@@ -140,6 +141,20 @@ async def read_input_entries(
     entries = [entry for entry_id, fields in rows
                for entry in _input_entries(entry_id, fields) if entry.index > after_index]
     return entries[:count]
+
+
+async def read_input_range(client: Redis | RedisCluster, session_id: str, first: str,
+                           last: str) -> list[InputEntry]:
+    """The input entries from ID ``first`` to ``last`` (both ``<fence>-<index>``, both
+    included), oldest first: what a worker taking a session over reads back of what its
+    checkpoint applied (the input buffer's audio). A packed entry's commands before
+    ``first``'s index are left out."""
+    key = SessionKeys(session_id).input_log
+    first_index = int(first.rsplit("-", 1)[1])
+    with store_call(f"XRANGE {key}"):
+        rows: Any = await client.xrange(key, min=first, max=last)
+    return [entry for entry_id, fields in rows
+            for entry in _input_entries(entry_id, fields) if entry.index >= first_index]
 
 
 def pack_commands(payloads: Sequence[bytes]) -> bytes:

@@ -1,7 +1,7 @@
 """The pushes the store's scripts publish (``store/lua/``), decoded once into types.
 
 Every push is a MessagePack array whose first element names its kind; the scripts (and the
-plain input append, ``store/input_appends.py``) publish seven kinds on two sorts of channel:
+plain input append, ``store/input_appends.py``) publish eight kinds on two sorts of channel:
 
 * a session's output channel (``SessionKeys.output_channel``, the gateway listens):
   ``{'e', first_seq, {payload, ...}}`` (:class:`OutputPushed`, ``append_events`` and
@@ -12,8 +12,9 @@ plain input append, ``store/input_appends.py``) publish seven kinds on two sorts
   epoch, generation, fence}, ...}}``
   (:class:`InputBatch`, both ``APPEND_INPUT`` and the plain append), ``{'f', session_id,
   fence}`` (:class:`FenceRaised`, ``raise_fence``), ``{'o', session_id}``
-  (:class:`SessionPlaced`, ``OPEN_SESSION``) and ``{'c', session_id}`` (:class:`SessionEnded`,
-  ``end_session``).
+  (:class:`SessionPlaced`, ``OPEN_SESSION``), ``{'c', session_id}`` (:class:`SessionEnded`,
+  ``end_session``) and ``{'a', session_id}`` (:class:`SessionHandedOver`: the worker that
+  handed the session over says so, :func:`encode_hand_over`).
 
 :func:`decode_push` is the one place that reads those shapes; consumers ``match`` on the types.
 A push is a wake-up, never the truth (the logs are): a malformed one is refused here
@@ -39,8 +40,10 @@ __all__ = [
     "Push",
     "PushDecodeError",
     "SessionEnded",
+    "SessionHandedOver",
     "SessionPlaced",
     "decode_push",
+    "encode_hand_over",
     "encode_input_notice",
 ]
 
@@ -115,10 +118,25 @@ class SessionEnded:
     session_id: str
 
 
+@dataclass(frozen=True, slots=True)
+class SessionHandedOver:
+    """Another worker handed a session over to the worker (it owns it now, from its
+    checkpoint: docs/design/hand-over.md)."""
+
+    session_id: str
+
+
 Push: TypeAlias = (
     OutputPushed | LeaseMoved | InputPushed | InputBatch | FenceRaised | SessionPlaced
-    | SessionEnded
+    | SessionEnded | SessionHandedOver
 )
+
+
+def encode_hand_over(session_id: str) -> bytes:
+    """The notice a worker publishes on its adopter's input channel once it handed
+    ``session_id`` over (a wake-up: the adopter's poll finds the session too)."""
+    packed: bytes = msgpack.packb(["a", session_id], use_bin_type=True)
+    return packed
 
 
 def _check_payloads(value: Any) -> None:
@@ -180,6 +198,8 @@ def decode_push(data: bytes) -> Push:
             return SessionEnded(push[1].decode())
         if kind == b"f":
             return FenceRaised(push[1].decode(), int(push[2]))
+        if kind == b"a":
+            return SessionHandedOver(push[1].decode())
     except PushDecodeError:
         raise
     except (msgpack.UnpackException, ValueError, TypeError, IndexError, KeyError,

@@ -31,8 +31,11 @@ local resent = epoch == tonumber(replaced) + 1 and f[4] == adopter
 if epoch ~= tonumber(replaced) and not resent then return {'moved', epoch} end
 if not f[5] then return {'no_checkpoint', epoch} end
 if named_seq ~= '' and f[7] ~= named_seq then return {'other_checkpoint', epoch} end
+-- '0-0': a checkpoint taken before any input was applied, with nothing to read back.
 local first = redis.call('XRANGE', in_log, '-', '+', 'COUNT', 1)
-if #first == 0 or entry_before(f[6], first[1][1]) then return {'input_gone', epoch} end
+if #first == 0 or (f[6] ~= '0-0' and entry_before(f[6], first[1][1])) then
+  return {'input_gone', epoch}
+end
 if not resent then
   epoch = epoch + 1
   redis.call('HSET', rec, 'owner', adopter, 'owner_epoch', epoch)

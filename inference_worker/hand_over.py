@@ -1,0 +1,339 @@
+"""Hand-over between workers (docs/design/hand-over.md): a draining worker moves each of its
+sessions to a live worker of the session's model, and a worker takes over the sessions handed
+to it, so a rolling restart cuts no conversation.
+
+The draining side (:meth:`HandOver.hand_over_all`), per session: reserve a slot on the
+adopter (the least loaded live worker serving the session's model, itself and the session's
+home left out), wait for the session's safe point (:meth:`Checkpointer.take_now`), then,
+holding the session's lock so that none of its writes can come between: write its last
+checkpoint, move its ownership naming that checkpoint (``adopt_session.lua``; from then on
+Redis refuses this worker's writes for it), stop serving it without ending it, and wake the
+adopter. A session with no safe point before the drain's deadline, or no worker with room,
+stays, and ends as a drain ends sessions.
+
+The adopting side (:meth:`HandOver.take_over`): reads the record (this worker must own it)
+and the checkpoint, restores a fresh core from it with the input buffer's audio read back from
+the input log, numbers its events on from the checkpoint's, and applies the input after the
+checkpoint's position through the usual path. It listens on the input channel of each home it
+serves sessions of, and lets its slot for a session go once it no longer serves it.
+
+Only the loopback backend hands over today: a frame model's context is not in the checkpoint
+yet, and its sessions end as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+
+from contract.follower import LogFollower
+from contract.messages import AppendAudio, MessageDecodeError, decode_command
+from contract.reasons import CloseReason
+from inference_worker.audio_formats import AppendDecoder
+from inference_worker.checkpoints import Checkpointer
+from inference_worker.conversation.checkpoint import CheckpointError, CoreState, decode
+from inference_worker.conversation.items import format_of
+from inference_worker.input_fences import FenceKeeper
+from inference_worker.input_hold import SessionCheckpoints
+from inference_worker.metrics import WorkerMetrics
+from inference_worker.output_writer import OutputWriter
+from inference_worker.session_factory import SessionFactory
+from inference_worker.sessions import Session, SessionTable, log_ids
+from store import Scripts, StoreError
+from store.checkpoints import (
+    AdoptStatus,
+    Checkpoint,
+    CheckpointStatus,
+    ReserveStatus,
+    adopted_sessions,
+    read_checkpoint,
+    tell_adopter,
+)
+from store.client import RedisClient
+from store.directory import list_workers, server_time_ms, worker_loads
+from store.keys import WorkerKeys, worker_of_session
+from store.logs import InputEntry, WriteToken, log_ends, read_input_range, session_start
+from store.pubsub import Subscriber
+from store.pushes import Push
+
+__all__ = ["HandOver"]
+
+_log = logging.getLogger("inference_worker.worker")
+# How often a session waiting for its safe point is looked at again.
+_SAFE_POINT_POLL_S = 0.02
+# A reservation on this worker for a session it does not serve, and that another worker
+# owns, is let go after this long (a hand-over to here that failed after reserving).
+_STALE_RESERVATION_MS = 60_000
+
+
+def _entry_id(entry_id: str) -> tuple[int, int]:
+    fence, index = entry_id.split("-")
+    return int(fence), int(index)
+
+
+def read_back(entries: Sequence[InputEntry], state: CoreState) -> tuple[bytes, list[int]]:
+    """The input buffer's audio as ``state`` counts it, decoded from the appends in
+    ``entries`` as a core decodes them (in the session's input format, or the one an append
+    names), and the decoded audio of each entry.
+
+    Raises:
+        ValueError: the appends hold less audio than the buffer.
+    """
+    decoder = AppendDecoder(format_of(state.history.config["audio"]["input"]["format"]))
+    heard: list[int] = []
+    audio = bytearray()
+    for entry in entries:
+        try:
+            command = decode_command(entry.payload)
+        except MessageDecodeError:
+            command = None
+        decoded = (decoder.decode(command.audio, command.format, command.sample_rate_hz)
+                   if isinstance(command, AppendAudio) else b"")
+        chunk = decoded if isinstance(decoded, bytes) else b""
+        audio += chunk
+        heard.append(len(chunk))
+    size = state.buffer.size
+    if len(audio) < size:
+        raise ValueError(f"{len(audio)} bytes of audio read back for a buffer of {size}")
+    return bytes(audio[len(audio) - size:]), heard
+
+
+class HandOver:
+    """Both sides of the hand-over, for one worker (see the module docstring)."""
+
+    def __init__(self, *, client: RedisClient, scripts: Scripts, sessions: SessionTable,
+                 factory: SessionFactory, checkpointer: Checkpointer, writer: OutputWriter,
+                 fences: FenceKeeper, subscriber: Subscriber,
+                 notices: Callable[[Push | None], None], metrics: WorkerMetrics,
+                 worker_id: Callable[[], str],
+                 catch_up: Callable[[str, Session], Awaitable[None]], frames: bool) -> None:
+        self._client = client
+        self._scripts = scripts
+        self._sessions = sessions
+        self._factory = factory
+        self._checkpointer = checkpointer
+        self._writer = writer
+        self._fences = fences
+        self._subscriber = subscriber
+        self._notices = notices
+        self._metrics = metrics
+        self._worker_id = worker_id
+        self._catch_up = catch_up
+        self._frames = frames  # a frame backend's worker: it takes no session over yet
+        self._homes: set[str] = set()  # the homes whose input channel this worker listens to
+
+    # ------------------------------------------------------------------ handing over
+
+    async def hand_over_all(self, deadline: float) -> None:
+        """Hand every session served here over, each by ``deadline`` (monotonic)."""
+        await asyncio.gather(*(self._hand_over(session_id, session, deadline)
+                               for session_id, session in self._sessions.items()))
+
+    async def _hand_over(self, session_id: str, session: Session, deadline: float) -> None:
+        started = time.monotonic()
+        try:
+            adopter = await self._reserve(session_id, session)
+        except StoreError as exc:
+            _log.warning("session %s: no hand-over: %s", session_id, exc,
+                         extra=log_ids(session_id))
+            self._metrics.hand_over("failed")
+            return
+        if adopter is None:
+            self._metrics.hand_over("no_room")
+            return
+        outcome = "failed"
+        try:
+            outcome = await self._move_at_safe_point(session_id, session, adopter, deadline)
+        except StoreError as exc:
+            # Whether the adoption landed is unknown: the reservation stays, and the adopter
+            # takes the session over if it owns it, or lets the slot go if it does not.
+            _log.warning("session %s: hand-over to %s unsettled: %s", session_id, adopter,
+                         exc, extra=log_ids(session_id))
+            self._metrics.hand_over("failed")
+            return
+        self._metrics.hand_over(outcome)
+        if outcome != "moved":
+            with contextlib.suppress(StoreError):
+                await self._scripts.release_slot(adopter, session_id)
+            return
+        self._metrics.hand_over_seconds.observe(time.monotonic() - started)
+        _log.info("session %s handed over to worker %s", session_id, adopter,
+                  extra=log_ids(session_id))
+        if worker_of_session(session_id) != self._worker_id():
+            with contextlib.suppress(StoreError):  # its slot here, reserved when taken over
+                await self._scripts.release_slot(self._worker_id(), session_id)
+        with contextlib.suppress(StoreError):  # the adopter's poll finds it otherwise
+            await tell_adopter(self._client, adopter, session_id)
+
+    async def _reserve(self, session_id: str, session: Session) -> str | None:
+        """The least loaded live worker of the session's model that reserved a slot for it."""
+        model = session.core.session.get("model")
+        wanted = model if isinstance(model, str) else ""
+        now_ms = await server_time_ms(self._client)
+        loads = await worker_loads(self._client, await list_workers(self._client, now_ms))
+        left_out = {self._worker_id(), worker_of_session(session_id)}
+        for load in loads:
+            if (load.worker_id in left_out or load.state != "live" or load.free == 0
+                    or (wanted and wanted not in load.models)):
+                continue
+            status = await self._scripts.reserve_slot(load.worker_id, session_id,
+                                                      model=wanted)
+            if status is ReserveStatus.OK:
+                return load.worker_id
+        return None
+
+    async def _move_at_safe_point(self, session_id: str, session: Session, adopter: str,
+                                  deadline: float) -> str:
+        """Move the session once it is at a safe point; its outcome."""
+        marks = session.checkpoints
+        while marks is not None and time.monotonic() < deadline:
+            async with session.lock:
+                if self._sessions.get(session_id) is not session or session.failed:
+                    return "failed"  # it ended meanwhile
+                taken = self._checkpointer.take_now(session_id, session, marks,
+                                                    time.monotonic())
+                if taken is not None:
+                    item, _ = taken
+                    if await self._scripts.write_checkpoints([item]) != [CheckpointStatus.OK]:
+                        return "failed"
+                    adoption = await self._scripts.adopt_session(
+                        session_id, replaces_epoch=session.owner_epoch, adopter=adopter,
+                        checkpoint_seq=item.seq)
+                    if adoption.status is not AdoptStatus.OK:
+                        return "failed"
+                    # It lives on at the adopter: no terminal event; any write of ours still
+                    # under way is refused (moved).
+                    self._sessions.forget(session_id)
+                    return "moved"
+            await asyncio.sleep(_SAFE_POINT_POLL_S)
+        return "no_safe_point"
+
+    # ------------------------------------------------------------------ taking over
+
+    async def take_over(self, session_id: str) -> Session | None:
+        """Serve ``session_id``, handed to this worker, from its checkpoint (None: it is not
+        this worker's, or it could not be continued and was ended)."""
+        if (session := self._sessions.get(session_id)) is not None:
+            return session
+        reading = self._fences.reading()
+        start = await session_start(self._client, session_id)
+        if (start is None or start.closed or start.other_format
+                or start.owner != self._worker_id()):
+            return None
+        checkpoint = await read_checkpoint(self._client, session_id)
+        ends = await log_ends(self._client, session_id)
+        if session_id in self._sessions:  # a notice and a poll took it at once
+            return self._sessions.get(session_id)
+        try:
+            session = await self._restored(session_id, start.model, checkpoint,
+                                           ends.last_output)
+        except (ValueError, CheckpointError) as exc:
+            # Never continued on a guess: the session ends, as its worker's loss would.
+            _log.error("session %s: cannot be taken over (%s); ending it", session_id, exc,
+                       extra=log_ids(session_id))
+            self._metrics.take_over("ended")
+            await self._writer.close(session_id, CloseReason.WORKER_LOST,
+                                     owner_epoch=start.owner_epoch)
+            return None
+        if session is None:  # no free slot: cannot happen while the reservation holds
+            return None
+        session.applied_under = WriteToken(start.epoch, 0)
+        session.owner_epoch = start.owner_epoch
+        session.output_log_max_entries = start.output_log_max_entries
+        self._fences.learned(reading, session, start)
+        await self._listen_to_home(worker_of_session(session_id))
+        self._sessions.add(session_id, session)
+        self._metrics.take_over("taken")
+        await self._catch_up(session_id, session)
+        return session
+
+    async def _restored(self, session_id: str, model: str | None,
+                        checkpoint: Checkpoint | None, last_output: int) -> Session | None:
+        """A new session continuing ``checkpoint``.
+
+        Raises:
+            ValueError: there is none, its events are not the log's last (the old owner
+                wrote past it), or its input is no longer there to read back.
+            CheckpointError: it is not a checkpoint this code can read.
+        """
+        if self._frames:
+            raise ValueError("a frame backend's worker takes no session over yet")
+        if checkpoint is None:
+            raise ValueError("it has no checkpoint")
+        if checkpoint.seq != last_output:
+            raise ValueError(f"its checkpoint is at event {checkpoint.seq}, the log at"
+                             f" {last_output}")
+        state = decode(checkpoint.core)
+        entries: list[InputEntry] = []
+        if checkpoint.keep != "0-0":
+            entries = await read_input_range(self._client, session_id, checkpoint.keep,
+                                             checkpoint.applied)
+            if not entries or entries[0].index != _entry_id(checkpoint.keep)[1]:
+                raise ValueError("the input it needs read back is gone")
+        buffered, heard = read_back(entries, state)
+        session = self._factory.session(session_id, None, model)
+        if session is None:
+            return None
+        session.core.restore(state, buffered)
+        applied_fence, applied = _entry_id(checkpoint.applied)
+        session.follower = LogFollower(applied)
+        session.applied_fence, session.next_seq = applied_fence, checkpoint.seq + 1
+        session.trimmed_to = _entry_id(checkpoint.keep)[1]
+        if session.checkpoints is not None:
+            self._resume_hold(session.checkpoints, entries, heard, state.buffer.size)
+            marks = session.checkpoints
+            marks.applied, marks.seq = applied, checkpoint.seq
+        return session
+
+    @staticmethod
+    def _resume_hold(marks: SessionCheckpoints, entries: Sequence[InputEntry],
+                     heard: Sequence[int], buffered: int) -> None:
+        """Hold what the checkpoint holds: the entries read back, the buffer their audio."""
+        hold = marks.hold
+        total = buffered - sum(heard)  # the audio heard before the first entry read back
+        hold.resume(total)
+        for entry, audio in zip(entries, heard, strict=True):
+            total += audio
+            hold.applied(entry.fence, entry.index, total, len(entry.payload))
+        if (oldest := hold.oldest()) is not None:
+            hold.written(oldest)
+
+    async def _listen_to_home(self, home: str) -> None:
+        if home != self._worker_id() and home not in self._homes:
+            self._homes.add(home)
+            await self._subscriber.subscribe(WorkerKeys(home).input_channel, self._notices)
+
+    # ------------------------------------------------------------------ upkeep
+
+    async def discover(self) -> None:
+        """Take over what was handed here and not taken yet (its notice lost), let go of the
+        slots of sessions no longer served here, and stop listening to homes none of whose
+        sessions are."""
+        me = self._worker_id()
+        reserved = await adopted_sessions(self._client, me)
+        now_ms = await server_time_ms(self._client) if reserved else 0
+        for session_id, since_ms in reserved.items():
+            if session_id in self._sessions or await self.take_over(session_id) is not None:
+                continue
+            start = await session_start(self._client, session_id)
+            if (start is None or start.closed or start.other_format
+                    or (start.owner != me and now_ms - since_ms > _STALE_RESERVATION_MS)):
+                await self._scripts.release_slot(me, session_id)
+        served = {worker_of_session(session_id) for session_id in self._sessions.ids()}
+        for home in self._homes - served:
+            self._homes.discard(home)
+            await self._subscriber.unsubscribe(WorkerKeys(home).input_channel, self._notices)
+
+    async def ended(self, session_id: str) -> None:
+        """``session_id`` ended: let its slot here go, when it was homed elsewhere."""
+        if worker_of_session(session_id) != self._worker_id():
+            await self._scripts.release_slot(self._worker_id(), session_id)
+
+    async def leave_homes(self) -> None:
+        """Stop listening to every home (the incarnation ends)."""
+        for home in self._homes:
+            await self._subscriber.unsubscribe(WorkerKeys(home).input_channel, self._notices)
+        self._homes.clear()

@@ -1,0 +1,102 @@
+"""A draining worker hands its sessions over (``inference_worker/hand_over.py``).
+
+Two real loopback workers, in process on a real Redis. A session is opened on each; both get
+the same commands, and the first worker drains mid-way: its session moves to the other worker
+at a safe point, without an end, and goes on there. Moved equals unmoved: the two output logs
+hold the same events under the same numbers (the loopback is deterministic), the moved one's
+answer plays back the audio buffered before the move, read back from the input log, and the
+input sent while it moved, replayed there. The slots follow the session: the home's is freed,
+the adopter's held until the session ends.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from contract import messages as msg
+from contract.messages import Event, encode_message
+from store import Lease
+from store.keys import SessionKeys, WorkerKeys
+from tests.store._support import events_of, open_session, until, used_slots
+from tests.worker._running import Running, running_worker
+
+pytestmark = pytest.mark.timeout(60)
+
+#: 20 ms of a quiet tone: audio a playback must reproduce byte for byte.
+CHUNK = b"".join(int(800 * math.sin(n / 7)).to_bytes(2, "little", signed=True)
+                 for n in range(480))
+MANUAL = encode_message(msg.UpdateSession(session={"audio": {"input": {"turn_detection": None}}}))
+
+
+async def send(running: Running, lease: Lease, *commands: bytes) -> None:
+    await running.scripts.append_input(lease, [(None, command) for command in commands],
+                                       max_entries=1000)
+
+
+async def events(client: Redis, session_id: str) -> list[tuple[int, Event]]:
+    return await events_of(client, session_id)
+
+
+async def answered(client: Redis, session_id: str, count: int) -> None:
+    async def done() -> bool:
+        return sum(isinstance(event, msg.ResponseDone)
+                   for _, event in await events(client, session_id)) >= count
+
+    await until(done, f"{count} responses done", timeout=20.0)
+
+
+async def test_a_drained_session_goes_on_at_another_worker_as_if_unmoved(
+        redis_client: Redis) -> None:
+    async with running_worker(redis_client, slots=4, checkpoint_interval_s=0.2) as adopter:
+        async with running_worker(redis_client, slots=4, checkpoint_interval_s=0.2,
+                                  drain_timeout_s=10.0) as draining:
+            moved = await open_session(draining.scripts, draining.worker.worker_id)
+            unmoved = await open_session(adopter.scripts, adopter.worker.worker_id)
+            both = ((draining, moved.lease), (adopter, unmoved.lease))
+            for running, lease in both:
+                await send(running, lease, MANUAL, encode_message(msg.Heartbeat()),
+                           *[encode_message(msg.AppendAudio(audio=CHUNK))] * 25)
+            await until(lambda: redis_client.hexists(SessionKeys(moved.session_id).record,
+                                                     "ck_core"), "a first checkpoint")
+            draining.worker.stop()
+            for running, lease in both:  # while it is being handed over: replayed there
+                await send(running, lease, *[encode_message(msg.AppendAudio(audio=CHUNK))] * 10)
+            await until(lambda: moved.session_id in adopter.worker.session_ids,
+                        "the session taken over")
+        home = draining.worker.worker_id
+        record: Any = await redis_client.hgetall(SessionKeys(moved.session_id).record)
+        assert (record[b"owner"].decode(), record[b"owner_epoch"]) == (
+            adopter.worker.worker_id, b"2")
+        assert await redis_client.sismember(WorkerKeys(home).moved, moved.session_id)
+        assert await used_slots(redis_client, home) == 0
+        assert await used_slots(redis_client, adopter.worker.worker_id) == 2
+
+        for running, lease in ((adopter, moved.lease), (adopter, unmoved.lease)):
+            await send(running, lease, *[encode_message(msg.AppendAudio(audio=CHUNK))] * 15,
+                       encode_message(msg.CommitInput()), encode_message(msg.CreateResponse()),
+                       encode_message(msg.Heartbeat()))
+        for lease in (moved.lease, unmoved.lease):
+            await answered(redis_client, lease.session_id, 1)
+        moved_events = await events(redis_client, moved.session_id)
+        unmoved_events = await events(redis_client, unmoved.session_id)
+        assert [(seq, encode_message(event).replace(moved.session_id.encode(),
+                                                    unmoved.session_id.encode()))
+                for seq, event in moved_events] == [
+            (seq, encode_message(event)) for seq, event in unmoved_events]
+        assert [seq for seq, _ in moved_events] == list(range(1, len(moved_events) + 1))
+        assert not any(msg.is_terminal(event) for _, event in moved_events)
+        played = b"".join(event.audio for _, event in moved_events
+                          if isinstance(event, msg.AudioDelta))
+        assert played == CHUNK * 50, "the answer plays back what was buffered, moved or not"
+
+        await send(adopter, moved.lease, encode_message(msg.CloseSession(reason="done")))
+
+        async def slot_let_go() -> bool:
+            return await used_slots(redis_client, adopter.worker.worker_id) == 1
+
+        await until(slot_let_go, "the adopter's slot let go at the session's end")
+        assert not await redis_client.sismember(WorkerKeys(home).moved, moved.session_id)
