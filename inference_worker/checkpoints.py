@@ -20,6 +20,7 @@ for it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -64,12 +65,27 @@ class Checkpointer:
         self._interval_s = interval_s
         self._clock = clock
         self.wake = asyncio.Event()
+        self._written = asyncio.Event()  # set (and replaced) at each write with events
+        self._watchers = 0  # how many wait for one (a drain's hand-overs)
 
     def events_written(self, session: Session) -> None:
         """``session``'s events were written: a checkpoint is due at its next safe point."""
         if session.checkpoints is not None:
             session.checkpoints.events_since = True
             self.wake.set()
+        if self._watchers:
+            written, self._written = self._written, asyncio.Event()
+            written.set()
+
+    async def next_write(self, timeout: float) -> None:
+        """Until the next write with events landed (a response's end is one: a safe point
+        may follow it), or ``timeout`` passed."""
+        self._watchers += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._written.wait(), timeout)
+        finally:
+            self._watchers -= 1
 
     async def run(self) -> None:
         """Write the checkpoints due whenever a write woke it (a pass at most every

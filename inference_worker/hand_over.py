@@ -62,7 +62,8 @@ from store.pushes import Push
 __all__ = ["HandOver"]
 
 _log = logging.getLogger("inference_worker.worker")
-# How often a session waiting for its safe point is looked at again.
+# A session waiting for its safe point is looked at again after each write with events (a
+# response's end), and at least this often.
 _SAFE_POINT_POLL_S = 0.02
 # A reservation on this worker for a session it does not serve, and that another worker
 # owns, is let go after this long (a hand-over to here that failed after reserving).
@@ -208,7 +209,7 @@ class HandOver:
                     # under way is refused (moved).
                     self._sessions.forget(session_id)
                     return "moved"
-            await asyncio.sleep(_SAFE_POINT_POLL_S)
+            await self._checkpointer.next_write(_SAFE_POINT_POLL_S)
         return "no_safe_point"
 
     # ------------------------------------------------------------------ taking over

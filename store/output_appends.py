@@ -1,5 +1,5 @@
-"""The worker's output append: one call per flush for all the sessions it writes, each
-session's events under the numbers the worker gave them (``server_event_seq``).
+"""The worker's output append: one call per flush and home for all the sessions it writes,
+each session's events under the numbers the worker gave them (``server_event_seq``).
 
 Two scripts write them. ``store/lua/append_output.lua`` reads each session's log end first
 (its last event, to tell a resend, a gap or a conflict) and does the rare parts: a terminal
@@ -47,18 +47,34 @@ _WRITTEN = "o"
 async def append_output(batch: Sequence[OutputAppend], *, careful: RunScript,
                         fast: RunScript | None, route_changes: int | None,
                         ) -> list[OutputOutcome]:
-    """Append ``batch`` (sessions of ONE worker): the sessions whose log end is known at
-    ``route_changes`` by ``fast`` (sent once: a failed call is sent again as ``careful``),
-    the others, and those ``fast`` was refused, by ``careful``.
+    """Append ``batch``, one home (hash slot) at a time: a worker writes the sessions it
+    opened, and those it took over from other homes (docs/design/hand-over.md).
 
     Raises:
-        WorkerFenced: the worker was declared lost (nothing was written).
+        WorkerFenced: the worker was declared lost (nothing more was written).
         StoreUnavailable: (from ``careful``) the store could not be reached.
     """
+    homes: dict[str, list[int]] = {}
+    for at, item in enumerate(batch):
+        homes.setdefault(session_keys(item.session_id).worker.worker_id, []).append(at)
+    outcomes: list[OutputOutcome] = [0] * len(batch)
+    for positions in homes.values():
+        written = await _append_home([batch[at] for at in positions], careful=careful,
+                                     fast=fast, route_changes=route_changes)
+        for at, outcome in zip(positions, written, strict=True):
+            outcomes[at] = outcome
+    return outcomes
+
+
+async def _append_home(batch: Sequence[OutputAppend], *, careful: RunScript,
+                       fast: RunScript | None, route_changes: int | None,
+                       ) -> list[OutputOutcome]:
+    """Append ``batch`` (sessions of ONE home): the sessions whose log end is known at
+    ``route_changes`` by ``fast`` (sent once: a failed call is sent again as ``careful``),
+    the others, and those ``fast`` was refused, by ``careful``. The home's worker writing
+    its own sessions (owner epoch 1: a home never takes a session back) is refused whole
+    once lost; a worker writing sessions it took over is fenced by their owner epochs."""
     worker = session_keys(batch[0].session_id).worker
-    for item in batch:
-        if session_keys(item.session_id).worker.worker_id != worker.worker_id:
-            raise ValueError("append_output_many takes sessions of one worker only")
     outcomes: list[OutputOutcome | None] = [None] * len(batch)
     known = ([] if fast is None or route_changes is None else
              [at for at, item in enumerate(batch) if _end_known(item, route_changes)])
@@ -86,7 +102,7 @@ def _end_known(item: OutputAppend, route_changes: int) -> bool:
 async def _flush(fast: RunScript, worker: WorkerKeys, batch: Sequence[OutputAppend]) -> str:
     """The fast script's letters for ``batch`` (all of them "sent again" when it failed)."""
     keys = [worker.record]
-    args: list[Any] = []
+    args: list[Any] = [_home_writes(batch)]
     for item in batch:
         k = session_keys(item.session_id)
         keys += [k.output_log, k.output_channel, k.input_log, k.record]
@@ -106,7 +122,7 @@ async def _flush(fast: RunScript, worker: WorkerKeys, batch: Sequence[OutputAppe
 async def _append_carefully(careful: RunScript, worker: WorkerKeys,
                             batch: Sequence[OutputAppend]) -> list[OutputOutcome]:
     keys = worker.ending
-    args: list[Any] = []
+    args: list[Any] = [_home_writes(batch)]
     for item in batch:
         k = session_keys(item.session_id)
         keys += [k.record, k.input_log, k.output_log, k.output_channel]
@@ -132,6 +148,12 @@ async def _append_carefully(careful: RunScript, worker: WorkerKeys,
         else:
             results.append(SessionGone(item.session_id, Gone(status)))
     return results
+
+
+def _home_writes(batch: Sequence[OutputAppend]) -> str:
+    """The scripts' first argument: '1' when the home's own worker writes (refused whole once
+    lost), '0' when another that took these sessions over does."""
+    return "1" if all(item.owner_epoch == 1 for item in batch) else "0"
 
 
 def _trim_id(item: OutputAppend) -> str:

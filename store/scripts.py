@@ -440,8 +440,8 @@ class Scripts:
     async def append_output_many(
         self, batch: Sequence[OutputAppend]
     ) -> list[int | SessionGone | OutputMismatch]:
-        """One call for several sessions of ONE worker (two when some go the fast way and
-        are refused there: ``store/output_appends.py``).
+        """One call per home for several sessions a worker writes (two when some go the fast
+        way and are refused there: ``store/output_appends.py``).
 
         Returns per session its first seq (0 if it had no events) or its error; each
         session's input log is trimmed to its ``input_trim_to``.

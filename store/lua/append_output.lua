@@ -17,7 +17,10 @@
 -- KEYS[4] worker channel  KEYS[5] worker ended list  KEYS[6] worker gateways
 -- KEYS[7] worker held set (see attach_to)  KEYS[8] worker moved set
 -- KEYS[4i+5] .. KEYS[4i+8] (i = 1..n): session record, input log, output log, output channel
--- ARGV per session: session id, the owner epoch the worker serves it under (a session another
+-- ARGV[1] '1': the writer is the worker of KEYS[1] (the sessions' home), refused whole once
+--   lost; '0': it writes sessions of this home it took over, which their owner epochs alone
+--   fence (the home's worker may be long gone)
+-- then per session: session id, the owner epoch the worker serves it under (a session another
 --   worker took over, its record's epoch past this one, is refused: docs/design/hand-over.md),
 --   the server_event_seq of the first event (0: whatever comes
 --   next), the output log's entry bound (MAXLEN ~; '': the record's, one read more), the ID
@@ -36,8 +39,10 @@
 -- failover that lost writes): nothing is written, and the worker ends the session loudly.
 local wk = worker_keys(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8])
 
-local worker_state = redis.call('HGET', KEYS[1], 'state')
-if not worker_state or worker_state == 'lost' then return {'fenced'} end
+if ARGV[1] == '1' then
+  local worker_state = redis.call('HGET', KEYS[1], 'state')
+  if not worker_state or worker_state == 'lost' then return {'fenced'} end
+end
 
 -- Whether the events a resend carries again are the ones the log holds under their numbers
 -- (those trimmed since cannot be compared, and are taken as stored).
@@ -118,7 +123,7 @@ local function append_one(sid, keys, owner_epoch, first, out_max, trim_to, termi
 end
 
 local answers = {}
-local at = 1
+local at = 2
 for k = 9, #KEYS, 4 do
   local count = tonumber(ARGV[at + 8])
   local keys = session_keys(KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3])

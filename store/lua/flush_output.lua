@@ -12,18 +12,23 @@
 -- Runs without the prelude: nothing here reads or ends a session.
 -- KEYS[1] worker record; KEYS[4i-2] .. KEYS[4i+1] (i = 1..n): output log, output channel,
 --   input log, record of session i
--- ARGV per session: the owner epoch the worker serves it under, the server_event_seq of its
+-- ARGV[1] '1': the writer is the worker of KEYS[1] (the sessions' home), refused whole once
+--   lost; '0': it writes sessions of this home it took over, which their owner epochs alone
+--   fence (the home's worker may be long gone)
+-- then per session: the owner epoch the worker serves it under, the server_event_seq of its
 --   first event, the output log's entry bound (MAXLEN ~), the ID of the input entry to trim
 --   the input log to ('' leaves it alone), event count c, then c encoded events
 -- returns 'fenced', or one letter per session in order: o (every event written and pushed,
 --   and the trim done), r (the first event's ID was refused, or a later one failed: what
 --   landed is pushed), g (the output log is gone), m (another worker serves it: nothing
 --   written)
-local worker_state = redis.call('HGET', KEYS[1], 'state')
-if not worker_state or worker_state == 'lost' then return 'fenced' end
+if ARGV[1] == '1' then
+  local worker_state = redis.call('HGET', KEYS[1], 'state')
+  if not worker_state or worker_state == 'lost' then return 'fenced' end
+end
 
 local answers = {}
-local at = 1
+local at = 2
 for k = 2, #KEYS, 4 do
   local out_log, owner_epoch = KEYS[k], ARGV[at]
   local first, bound, trim_to = tonumber(ARGV[at + 1]), ARGV[at + 2], ARGV[at + 3]

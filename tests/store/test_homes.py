@@ -16,12 +16,14 @@ import pytest
 from redis.asyncio import Redis
 
 from contract.reasons import CloseReason
-from store import Scripts, lua
+from store import OutputAppend, Scripts, WorkerFenced, lua
 from store.answers import WorkerState
 from store.checkpoints import AdoptStatus, CheckpointStatus, CheckpointWrite, ReserveStatus
 from store.keys import WorkerKeys, session_keys
 from tests.store._support import (
     assert_one_terminal,
+    ev,
+    events_of,
     expire_heartbeat,
     make_policy,
     open_session,
@@ -167,3 +169,25 @@ async def test_a_session_taken_over_between_the_two_reap_calls_lives_on(
                                         b"grace", b"idle", 1000, 60_000, "lost", session_id, "")
     assert int(done[0]) == 0
     assert await session_field(redis_client, session_id, "state") != "closed"
+
+
+async def test_a_taken_over_session_is_written_on_after_its_home_is_lost(
+        scripts: Scripts, redis_client: Redis) -> None:
+    """The home's worker is declared lost: its own writes are refused whole (fenced), while
+    the worker that took a session over from it writes on there, its log end known or not,
+    fenced by the owner epoch alone."""
+    home = await register_worker(scripts, slots=4)
+    moved = (await open_session(scripts, home)).session_id
+    kept = (await open_session(scripts, home)).session_id
+    await adopted_by(scripts, moved, await register_worker(scripts))
+    await expire_heartbeat(redis_client, scripts, home)
+    assert (await scripts.reap(home)).state is WorkerState.LOST
+    with pytest.raises(WorkerFenced):
+        await scripts.append_output_many([OutputAppend(session_id=kept, events=[ev(1)],
+                                                       first_seq=1)])
+    routes = scripts.route_changes
+    for first, known in ((1, None), (2, routes)):
+        assert await scripts.append_output_many([OutputAppend(
+            session_id=moved, events=[ev(first)], first_seq=first, owner_epoch=2,
+            output_log_max_entries=100, top_known_at=known)]) == [first]
+    assert [seq for seq, _ in await events_of(redis_client, moved)] == [1, 2]
