@@ -55,6 +55,7 @@ def session_policy(s: GatewaySettings) -> SessionPolicy:
         idle_ttl_ms=int(s.idle_ttl_s * 1000),
         output_log_max_entries=s.output_log_max_entries,
         input_log_max_entries=s.input_log_max_entries,
+        input_log_max_bytes=s.input_log_max_bytes,
         closed_retention_ms=int(s.closed_retention_s * 1000),
     )
 

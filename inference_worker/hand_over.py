@@ -55,7 +55,14 @@ from store.checkpoints import (
 from store.client import RedisClient
 from store.directory import list_workers, server_time_ms, worker_loads
 from store.keys import WorkerKeys, worker_of_session
-from store.logs import InputEntry, WriteToken, log_ends, read_input_range, session_start
+from store.logs import (
+    InputEntry,
+    SessionStart,
+    WriteToken,
+    log_ends,
+    read_input_range,
+    session_start,
+)
 from store.pubsub import Subscriber
 from store.pushes import Push
 
@@ -229,8 +236,7 @@ class HandOver:
         if session_id in self._sessions:  # a notice and a poll took it at once
             return self._sessions.get(session_id)
         try:
-            session = await self._restored(session_id, start.model, checkpoint,
-                                           ends.last_output)
+            session = await self._restored(session_id, start, checkpoint, ends.last_output)
         except (ValueError, CheckpointError) as exc:
             # Never continued on a guess: the session ends, as its worker's loss would.
             _log.error("session %s: cannot be taken over (%s); ending it", session_id, exc,
@@ -251,7 +257,7 @@ class HandOver:
         await self._catch_up(session_id, session)
         return session
 
-    async def _restored(self, session_id: str, model: str | None,
+    async def _restored(self, session_id: str, start: SessionStart,
                         checkpoint: Checkpoint | None, last_output: int) -> Session | None:
         """A new session continuing ``checkpoint``.
 
@@ -275,7 +281,7 @@ class HandOver:
             if not entries or entries[0].index != _entry_id(checkpoint.keep)[1]:
                 raise ValueError("the input it needs read back is gone")
         buffered, heard = read_back(entries, state)
-        session = self._factory.session(session_id, None, model)
+        session = self._factory.session(session_id, None, start)
         if session is None:
             return None
         session.core.restore(state, buffered)

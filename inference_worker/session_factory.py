@@ -22,6 +22,7 @@ from inference_worker.sessions import Session
 from inference_worker.settings import WorkerSettings
 from inference_worker.turn_detection.vad import Vad, VadConfig
 from store.directory import WorkerProfile
+from store.logs import SessionStart
 
 __all__ = ["SessionFactory"]
 
@@ -40,10 +41,11 @@ class SessionFactory:
         self._settings = settings
 
     def session(self, session_id: str, engine: Engine | None,
-                name: str | None = None) -> Session | None:
-        """A new session, named ``name`` (see :meth:`core`), checkpointed where the settings
-        say so; None: no engine slot is free."""
-        core = self.core(session_id, engine, name)
+                start: SessionStart) -> Session | None:
+        """A new session as its record ``start`` describes it: named after its announced
+        model (see :meth:`core`), checkpointed where the settings say so, holding input for
+        its checkpoints within its input bounds; None: no engine slot is free."""
+        core = self.core(session_id, engine, start.model)
         handle = None
         if engine is not None:
             # The slot opens with the new session's settings; a session.update applied before
@@ -51,14 +53,20 @@ class SessionFactory:
             handle = engine.open(session_id, slot_config_of(core.session))
             if handle is None:  # more placements than slots: cannot while capacity holds
                 return None
-        return Session(core=core, handle=handle, checkpoints=self._checkpoints())
+        return Session(core=core, handle=handle, checkpoints=self._checkpoints(start))
 
-    def _checkpoints(self) -> SessionCheckpoints | None:
+    def _checkpoints(self, start: SessionStart) -> SessionCheckpoints | None:
+        """What the session's checkpoints hold: at most the settings' bounds, and at most a
+        quarter of each of its input log's bounds, so its unread input keeps the rest."""
         settings = self._settings
         if not settings.checkpoint_interval_s:
             return None
-        return SessionCheckpoints(InputHold(max_entries=settings.checkpoint_hold_entries,
-                                            max_bytes=settings.checkpoint_hold_bytes))
+        entries, size = settings.checkpoint_hold_entries, settings.checkpoint_hold_bytes
+        if start.input_log_max_entries:
+            entries = min(entries, max(1, start.input_log_max_entries // 4))
+        if start.input_log_max_bytes:
+            size = min(size, max(1, start.input_log_max_bytes // 4))
+        return SessionCheckpoints(InputHold(max_entries=entries, max_bytes=size))
 
     def core(self, session_id: str, engine: Engine | None,
              name: str | None = None) -> ConversationCore:

@@ -87,21 +87,23 @@ class WorkerSettings:
                   "flag": "--drain-timeout"},
     )
     checkpoint_interval_s: float = field(
-        default=5.0,
+        default=2.0,
         metadata={"help": "a session that changed is checkpointed at least this often (and at"
                           " each response end and item change); 0: no checkpoints"},
     )
+    # What a session's input log holds for its checkpoint counts against Redis's memory per
+    # session (DESIGN §5: 256 KiB), and against the gateway's input bounds (a quarter at most).
     checkpoint_hold_entries: int = field(
-        default=1024,
-        metadata={"help": "input entries a session's log keeps for its last checkpoint; past"
-                          " them the trim overtakes it (below the gateway's"
-                          " INPUT_LOG_MAX_ENTRIES)", "accepts": POSITIVE_COUNT},
+        default=256,
+        metadata={"help": "input entries a session's log keeps for its last checkpoint, at"
+                          " most a quarter of its INPUT_LOG_MAX_ENTRIES; past them the trim"
+                          " overtakes it", "accepts": POSITIVE_COUNT},
     )
     checkpoint_hold_bytes: int = field(
-        default=4 << 20,
+        default=128 << 10,
         metadata={"help": "bytes of input commands a session's log keeps for its last"
-                          " checkpoint; past them the trim overtakes it (below the gateway's"
-                          " INPUT_LOG_MAX_BYTES)", "accepts": POSITIVE_COUNT},
+                          " checkpoint, at most a quarter of its INPUT_LOG_MAX_BYTES; past them"
+                          " the trim overtakes it", "accepts": POSITIVE_COUNT},
     )
     model_path: str = field(
         default="", metadata={"help": "weights of the backend: a save_pretrained directory"}

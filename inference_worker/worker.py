@@ -59,7 +59,14 @@ from store.client import RedisClient
 from store.directory import WorkerProfile, sessions_of_worker
 from store.errors import raise_if_cancelled
 from store.keys import WorkerKeys, new_worker_id, worker_of_session, worker_pulls_input
-from store.logs import InputEntry, WriteToken, log_ends, read_input_entries, session_start
+from store.logs import (
+    InputEntry,
+    SessionStart,
+    WriteToken,
+    log_ends,
+    read_input_entries,
+    session_start,
+)
 from store.outages import (
     OutageLog,
     RedisRefused,
@@ -83,9 +90,8 @@ __all__ = ["Worker"]
 _log = logging.getLogger(__name__)
 # How long a drain lets the flusher write the sessions' last events (then terminals alone).
 _CLOSE_FLUSH_S = 5.0
-# After a failed beat the next comes this soon, not a whole interval later: when the outage
-# ends (a failover completes) the reapers give the worker one TTL to beat, and this keeps the
-# beat well inside it.
+# After a failed beat the next comes this soon: when an outage ends the reapers give the
+# worker one TTL to beat, and this keeps the beat well inside it.
 _BEAT_RETRY_S = 0.1
 #: Pauses between tries of the registration while the store is away; the last one repeats.
 _REGISTER_RETRY_S = (0.1, 0.2, 0.5, 1.0)
@@ -218,10 +224,9 @@ class Worker:
         stopping: asyncio.Task[Any] = asyncio.create_task(self._stopping.wait())
         try:
             await asyncio.wait([stopping, *tasks], return_when=asyncio.FIRST_COMPLETED)
-            # The loops run until cancelled (the heartbeat ends after fencing, which stops
-            # us); one that ended otherwise hit a bug. A worker limping on without it, still
-            # heartbeating, would hold its sessions silently: fail loudly instead, so the
-            # process exits, its heartbeat lapses and the reaper ends its sessions worker_lost.
+            # The loops run until cancelled (the heartbeat ends after fencing); one that ended
+            # otherwise hit a bug: fail loudly rather than limp on holding sessions silently
+            # (the process exits, its heartbeat lapses, the reaper ends its sessions).
             for task in tasks:
                 if task.done() and (task.exception() or not self._stopping.is_set()):
                     raise RuntimeError(f"worker loop {task.get_coro()!r} ended") from (
@@ -236,10 +241,8 @@ class Worker:
             await asyncio.gather(stopping, *tasks, *self._background, return_exceptions=True)
             await self._subscriber.unsubscribe(self._keys.input_channel)
             await self._hand_over.leave_homes()
-            # The directory entry stays, whatever the way out: the reaper visits listed
-            # workers only, and removes this one once it reports it lost. A crash leaves
-            # sessions for it to end worker_lost; a drained worker has none left, and its
-            # lapsed record is then marked lost (and expires) rather than kept for ever.
+            # The directory entry stays, whatever the way out: the reaper removes it once it
+            # reports this worker lost (a crash's sessions ended worker_lost first).
             if self.fenced:
                 self._notices = PushQueue()
             else:
@@ -508,7 +511,7 @@ class Worker:
             # worker's set must not take a slot and start a model for it. A record of
             # another format is other code's to serve, one another worker took over its.
             return None
-        session = self._new_session(session_id, start.model)
+        session = self._new_session(session_id, start)
         if session is None:
             self._spawn(self._writer.close(session_id, CloseReason.NO_FREE_SLOT))
             return None
@@ -519,8 +522,8 @@ class Worker:
         await self._catch_up(session_id, session)
         return session
 
-    def _new_session(self, session_id: str, name: str | None = None) -> Session | None:
-        return self._factory.session(session_id, self._engine, name)
+    def _new_session(self, session_id: str, start: SessionStart) -> Session | None:
+        return self._factory.session(session_id, self._engine, start)
 
     async def _catch_up(self, session_id: str, session: Session, *,
                         check_rewind: bool = False) -> None:
@@ -530,11 +533,9 @@ class Worker:
         if self._sessions.get(session_id) is not session:
             return  # abandoned or closed while the log was read
         if rows and rows[0].index > session.follower.next_index:
-            # The commands after what this session applied are gone from its log: a failover
-            # to a replica that lacked them (the log went back, and this worker's own trim to
-            # what it applied took the new commands under the reused indices). Reading again
-            # would find the same range missing forever, and applying what follows would run
-            # the session without them: the store lost input, so the session ends log_rewound.
+            # The commands after what this session applied are gone from its log (a failover
+            # to a replica that lacked them): reading again would find them missing forever,
+            # and applying what follows would run without them. The session ends log_rewound.
             missing = f"{session.follower.next_index}-{rows[0].index - 1}"
             self._writer.abandon(session_id, CloseReason.LOG_REWOUND,
                                  f"input {missing} is gone from the log before it was applied")
@@ -579,8 +580,7 @@ class Worker:
                              time.monotonic())
         deadline = self._sessions.deadline_of(session_id, session)
         if deadline is not None and deadline < self._next_tick_at:
-            # Only an earlier deadline needs the tick loop now; waking it for every command
-            # (each audio chunk) would rescan every session per chunk.
+            # Only an earlier deadline wakes the tick loop (not each chunk: a rescan each).
             self._tick_wake.set()
 
     # ------------------------------------------------------------------ output

@@ -172,6 +172,8 @@ class SessionPolicy:
     idle_ttl_ms: int
     output_log_max_entries: int
     input_log_max_entries: int
+    #: Bytes of Redis memory a session's input log may take (0: no bound).
+    input_log_max_bytes: int
     closed_retention_ms: int
 
 

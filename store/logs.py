@@ -278,6 +278,9 @@ class SessionStart:
         owner: the worker that serves it (None: a record written before owners were, served
             by the worker that opened it); another worker than the reader's took it over.
         owner_epoch: the owner epoch that worker serves it under; every write names it.
+        input_log_max_entries: the gateway's bound on its input log's entries (0: the record
+            does not say).
+        input_log_max_bytes: the same in bytes (0: no bound, or the record does not say).
     """
 
     epoch: str
@@ -288,6 +291,8 @@ class SessionStart:
     input_fence: int = 0
     owner: str | None = None
     owner_epoch: int = 1
+    input_log_max_entries: int = 0
+    input_log_max_bytes: int = 0
 
 
 async def session_start(client: Redis | RedisCluster, session_id: str) -> SessionStart | None:
@@ -296,8 +301,10 @@ async def session_start(client: Redis | RedisCluster, session_id: str) -> Sessio
     key = SessionKeys(session_id).record
     try:
         fields: Any = await client.hmget(key, ["epoch", "session", "state", "out_max",
-                                               FORMAT_FIELD, "gen", "owner", "owner_epoch"])
-        epoch, session, state, out_max, version, generation, owner, owner_epoch = fields
+                                               FORMAT_FIELD, "gen", "owner", "owner_epoch",
+                                               "in_max", "in_max_bytes"])
+        (epoch, session, state, out_max, version, generation, owner, owner_epoch, in_max,
+         in_max_bytes) = fields
     except REDIS_ERRORS as exc:
         raise_if_cancelled()
         raise StoreUnavailable(f"HMGET {key} failed: {exc}") from exc
@@ -310,7 +317,8 @@ async def session_start(client: Redis | RedisCluster, session_id: str) -> Sessio
                         output_log_max_entries=int(out_max), closed=state == b"closed",
                         input_fence=2 * int(generation or 0) + (state == b"detached"),
                         owner=None if owner is None else owner.decode(),
-                        owner_epoch=int(owner_epoch or 1))
+                        owner_epoch=int(owner_epoch or 1), input_log_max_entries=int(in_max or 0),
+                        input_log_max_bytes=int(in_max_bytes or 0))
 
 
 def _announced_model(raw: Any) -> str | None:

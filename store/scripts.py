@@ -267,7 +267,7 @@ class Scripts:
             [session_id, epoch, token_digest, tenant, policy.disconnect_grace_ms,
              policy.idle_ttl_ms, policy.output_log_max_entries, policy.closed_retention_ms,
              gateway_id, lease_ms, json_argument(session), json_argument(capabilities),
-             model or ""],
+             model or "", policy.input_log_max_entries, policy.input_log_max_bytes],
         )
         status = OpenStatus(reply_text(answer[0]))
         if status is OpenStatus.OK:

@@ -40,7 +40,9 @@ if not resent then
   epoch = epoch + 1
   redis.call('HSET', rec, 'owner', adopter, 'owner_epoch', epoch)
   if redis.call('SREM', KEYS[5], ARGV[4]) == 1 then
+    -- The home's 'moved' counts them: its own worker's flushes read owner epochs only then.
     redis.call('HINCRBY', KEYS[4], 'used', -1)
+    redis.call('HINCRBY', KEYS[4], 'moved', 1)
     redis.call('SADD', KEYS[6], ARGV[4])
   end
 end

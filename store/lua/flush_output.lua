@@ -8,7 +8,9 @@
 -- append_output.lua, which reads the log's end and says why. A worker declared lost is refused
 -- whole, as there (one read of its state per call), and a session another worker took over
 -- (its record's owner epoch is past the writer's: docs/design/hand-over.md) is refused alone
--- ('m', one read of the record per session).
+-- ('m'). The owner epoch is read per session only where it can differ: in a call of the
+-- home's own worker once the home counts a session taken over from it (its record's
+-- 'moved', read with its state), and always in a call of a worker that took sessions over.
 -- Runs without the prelude: nothing here reads or ends a session.
 -- KEYS[1] worker record; KEYS[4i-2] .. KEYS[4i+1] (i = 1..n): output log, output channel,
 --   input log, record of session i
@@ -22,9 +24,11 @@
 --   and the trim done), r (the first event's ID was refused, or a later one failed: what
 --   landed is pushed), g (the output log is gone), m (another worker serves it: nothing
 --   written)
+local check_owners = true
 if ARGV[1] == '1' then
-  local worker_state = redis.call('HGET', KEYS[1], 'state')
-  if not worker_state or worker_state == 'lost' then return 'fenced' end
+  local w = redis.call('HMGET', KEYS[1], 'state', 'moved')
+  if not w[1] or w[1] == 'lost' then return 'fenced' end
+  check_owners = tonumber(w[2] or '0') > 0
 end
 
 local answers = {}
@@ -36,7 +40,8 @@ for k = 2, #KEYS, 4 do
   local events = at + 5
   local landed, status = {}, 'o'
   -- A record written before owners were has none: its opener serves it (epoch 1).
-  if (redis.call('HGET', KEYS[k + 3], 'owner_epoch') or '1') ~= owner_epoch then
+  if check_owners and (redis.call('HGET', KEYS[k + 3], 'owner_epoch') or '1') ~= owner_epoch
+  then
     status, count = 'm', 0
   end
   for i = 0, count - 1 do

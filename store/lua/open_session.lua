@@ -10,6 +10,8 @@
 -- ARGV[11] the public session object (JSON; '' none: its worker published no profile)
 -- ARGV[12] the session's capabilities (JSON; '' none)
 -- ARGV[13] the model name the session asks for ('' any): the worker must list it
+-- ARGV[14] input log max entries  ARGV[15] input log max bytes (0: none): the gateway's
+--   bounds, which its worker keeps what it holds for checkpoints well inside
 -- returns {status, generation}: status ok | abandoned | exists | unavailable | full |
 --   other_model (the worker does not serve that name)
 --   (a resend of an open that landed, same epoch and digest, answers ok again)
@@ -54,7 +56,8 @@ redis.call('HSET', rec, FORMAT_FIELD, SESSION_FORMAT, 'state', 'attached', 'epoc
   'gen', 1, 'digest', digest, 'rcid', '', 'tenant', tenant,
   'created_ms', now, 'active_ms', now, 'detached_ms', 0,
   'grace_ms', grace_ms, 'idle_ms', idle_ms,
-  'out_max', out_max, 'retention_ms', retention_ms,
+  'out_max', out_max, 'retention_ms', retention_ms, 'in_max', ARGV[14],
+  'in_max_bytes', ARGV[15],
   'owner', string.match(sid, '^sess_([^.]+)%.'), 'owner_epoch', 1)
 -- What a resume through any gateway announces: the session as session.created showed it
 -- (the worker's later session.updated replace it, see APPEND_OUTPUT) and its capabilities.

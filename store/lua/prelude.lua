@@ -144,8 +144,8 @@ local function terminate(sid, keys, wk, terminal, reason)
   -- worker lets its slot go when told of the end (the 'c' notice below).
   if redis.call('SREM', wk.sessions, sid) == 1 then
     redis.call('HINCRBY', wk.record, 'used', -1)
-  else
-    redis.call('SREM', wk.moved, sid)
+  elseif redis.call('SREM', wk.moved, sid) == 1 then
+    redis.call('HINCRBY', wk.record, 'moved', -1)
   end
   local tenant = f[3]
   if tenant then

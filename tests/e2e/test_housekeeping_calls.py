@@ -2,8 +2,9 @@
 plane grows with workers, never with sessions).
 
 S sessions of one tenant stream on one gateway and one loopback worker while Redis's MONITOR
-names every script run. Besides the data path (input and output appends), the reaper and the
-worker's heartbeat, the only scripts are the lease renewal, one call per round carrying every
+names every script run. Besides the data path (input and output appends), the reaper, the
+worker's heartbeat and its checkpoints (one call per pass for all its sessions), the only
+scripts are the lease renewal, one call per round carrying every
 session's output trims and client activity, and one tenant renewal per round carrying every
 session: no call is made per session, so the calls per round are the same for S = 1 and S = 8.
 Asserted as counts, never as times.
@@ -36,7 +37,7 @@ _SCRIPTS = {hashlib.sha1(getattr(lua, name).encode()).hexdigest(): name
             for name in lua.__all__ if name.isupper()}
 #: What runs beside the housekeeping, at rates that do not depend on it.
 _OTHERS = {"APPEND_INPUT", "APPEND_OUTPUT", "FLUSH_OUTPUT", "REAP", "REAP_SESSIONS",
-           "GATEWAY_ANNOUNCE", "WORKER_HEARTBEAT"}
+           "GATEWAY_ANNOUNCE", "WORKER_HEARTBEAT", "WRITE_CHECKPOINT"}
 _START, _END = "housekeeping-window-start", "housekeeping-window-end"
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 

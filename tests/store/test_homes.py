@@ -77,9 +77,10 @@ async def test_a_reserved_slot_counts_until_it_is_let_go(
 
 async def test_an_adopted_session_frees_its_home_and_ends_there_once(
         scripts: Scripts, redis_client: Redis) -> None:
-    """The adoption frees the home's slot and lists the session as moved; its end (by its
-    owner) removes it from there, frees nothing more of the home's, and says so on the
-    home's channel; a home never takes a session back."""
+    """The adoption frees the home's slot, lists the session as moved and counts it in the
+    home's record (its own flushes read owner epochs only while it counts any); its end (by
+    its owner) undoes both and frees nothing more of the home's; a home never takes a
+    session back."""
     home = await register_worker(scripts)
     session_id = (await open_session(scripts, home)).session_id
     adopter = await register_worker(scripts)
@@ -91,8 +92,10 @@ async def test_an_adopted_session_frees_its_home_and_ends_there_once(
     assert (await members(redis_client, w.sessions), await members(redis_client, w.moved)) == (
         set(), {session_id})
     assert await used_slots(redis_client, adopter) == 1
+    assert await redis_client.hget(w.record, "moved") == b"1"
     await scripts.append_output(session_id, [], close_reason=CloseReason.CLIENT_CLOSE,
                                 owner_epoch=2)
+    assert await redis_client.hget(w.record, "moved") == b"0"
     await assert_one_terminal(redis_client, session_id, "session.closed", "client_close")
     assert await members(redis_client, w.moved) == set()
     assert await used_slots(redis_client, home) == 0

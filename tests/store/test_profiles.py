@@ -214,19 +214,23 @@ async def test_an_adopting_worker_reads_the_epoch_and_the_announced_model(
 ) -> None:
     """session_start gives the worker the record's epoch and the model session.created
     announced (the name the client opened the session with), so its own session object
-    names the same model, and its owner (the opener, epoch 1); a record without an announced
-    session gives no model; a closed session says so (a late push must not bring it back);
-    no record, nothing."""
+    names the same model, its owner (the opener, epoch 1) and its input bounds (which the
+    worker's checkpoints hold input well inside); a record without an announced session
+    gives no model; a closed session says so (a late push must not bring it back); no
+    record, nothing."""
     opened = await open_with_session(scripts, await register_with_profile(scripts))
     start = await session_start(redis_client, opened.session_id)
     bound = int(await session_field(redis_client, opened.session_id, "out_max") or 0)
     owner = worker_of_session(opened.session_id)
+    record: dict[str, Any] = {"owner": owner, "owner_epoch": 1,
+              "input_log_max_entries": LONG_POLICY.input_log_max_entries,
+              "input_log_max_bytes": LONG_POLICY.input_log_max_bytes}
     assert start == SessionStart(epoch=EPOCH, model="m", output_log_max_entries=bound,
-                                 closed=False, input_fence=2, owner=owner, owner_epoch=1)
+                                 closed=False, input_fence=2, **record)
     await scripts.close_session(opened.session_id, CloseReason.CLIENT_CLOSE)
     assert await session_start(redis_client, opened.session_id) == SessionStart(
         epoch=EPOCH, model="m", output_log_max_entries=bound, closed=True, input_fence=2,
-        owner=owner, owner_epoch=1)
+        **record)
     bare = await open_session(scripts, await register_worker(scripts))
     bare_start = await session_start(redis_client, bare.session_id)
     assert bare_start is not None and bare_start.model is None

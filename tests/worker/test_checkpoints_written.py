@@ -148,10 +148,12 @@ async def test_a_session_taken_over_is_let_go_without_an_end(redis_client: Redis
 
 async def test_the_poll_reads_past_a_long_hold(redis_client: Redis) -> None:
     """700 chunks buffered after a checkpoint are held in the log (the buffer's audio, under
-    the hold's bound); a heartbeat then written around the scripts (no push) is still found
-    by the safety poll, which reads after what was applied, not from the log's start."""
-    async with running_worker(redis_client, slots=2,
-                              checkpoint_interval_s=INTERVAL_S) as running:
+    a hold of 1024 entries, a quarter of the session's input bound); a heartbeat then
+    written around the scripts (no push) is still found by the safety poll, which reads
+    after what was applied, not from the log's start."""
+    async with running_worker(redis_client, slots=2, checkpoint_interval_s=INTERVAL_S,
+                              checkpoint_hold_entries=1024,
+                              checkpoint_hold_bytes=4 << 20) as running:
         opened = await open_session(running.scripts, running.worker.worker_id)
         sid = opened.session_id
         await heartbeat(running, opened.lease, 1)

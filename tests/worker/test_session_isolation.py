@@ -31,6 +31,7 @@ from inference_worker.sessions import Session, SessionTable
 from inference_worker.settings import WorkerSettings
 from inference_worker.worker import Worker
 from store import Lease, Scripts
+from store.logs import SessionStart
 from tests.store._support import assert_one_terminal, events_of, open_session, until
 
 POISON = "poison"  # the event id of the heartbeat that arms a planted bug
@@ -94,8 +95,8 @@ class PlantedWorker(Worker):
         super().__init__(*args, **kwargs)
         self.stage = stage
 
-    def _new_session(self, session_id: str, name: str | None = None) -> Session | None:
-        session = super()._new_session(session_id, name)
+    def _new_session(self, session_id: str, start: SessionStart) -> Session | None:
+        session = super()._new_session(session_id, start)
         if session is not None:
             planted = loopback_core(session_id, core=PlantedLoopback)
             assert isinstance(planted, PlantedLoopback)
@@ -274,8 +275,8 @@ class PlantedDuplex(ConversationCore):
 class PlantedFrameWorker(Worker):
     """A fake-backend worker whose sessions run :class:`PlantedDuplex`."""
 
-    def _new_session(self, session_id: str, name: str | None = None) -> Session | None:
-        session = super()._new_session(session_id, name)
+    def _new_session(self, session_id: str, start: SessionStart) -> Session | None:
+        session = super()._new_session(session_id, start)
         engine = self.engine
         if session is not None and engine is not None:
             session.core = frame_core(session_id, model="fake",
