@@ -83,7 +83,8 @@ class WorkerSettings:
     )
     drain_timeout_s: float = field(
         default=30.0,
-        metadata={"help": "on SIGTERM, sessions get this long to finish",
+        metadata={"help": "on SIGTERM, sessions get this long to be handed over to another"
+                          " worker, or to finish",
                   "flag": "--drain-timeout"},
     )
     checkpoint_interval_s: float = field(
