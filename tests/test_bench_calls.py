@@ -84,11 +84,12 @@ def test_a_small_run_measures_every_shape_and_both_clients(
             # its own, not the script's.
             pushed = {"spublish"} if row["shape"] == SCRIPT else set()
             assert set(by_name) == {"xlen", "xadd", *pushed}, by_name
-        elif row["shape"] == OUTPUT:  # the worker's state (the lost-worker fence), the
-            # output log's last entry, the event, its push; nothing of the record
-            assert set(by_name) == {"hget", "xrevrange", "xadd", "spublish"}, by_name
+        elif row["shape"] == OUTPUT:  # the worker's state (the lost-worker fence, and
+            # whether any session was taken over from it), the output log's last entry, the
+            # event, its push; nothing of the record
+            assert set(by_name) == {"hmget", "xrevrange", "xadd", "spublish"}, by_name
         else:  # with the log's end known, nothing read but the worker's state
-            assert set(by_name) == {"hget", "xadd", "spublish"}, by_name
+            assert set(by_name) == {"hmget", "xadd", "spublish"}, by_name
         assert row["commands_us_per_chunk"] == pytest.approx(sum(by_name.values()))
         assert 0 < row["commands_us_per_chunk"] < row["script_us_per_chunk"]
     assert [row["client"] for row in report["clients"]] == [

@@ -26,7 +26,7 @@ from duplex_gateway.bench.resume import cuts_per_session
 from duplex_gateway.cli import _parser
 
 ROOT = Path(__file__).resolve().parent.parent
-BENCHES = ("relay", "resume", "leases", "worker", "calls", "open", "video")
+BENCHES = ("relay", "resume", "leases", "worker", "calls", "open", "video", "migrate")
 
 # (command line after `bench`, the flag argparse names, what its message says)
 BAD_ARGUMENTS = [

@@ -57,6 +57,12 @@ def _worker(args: argparse.Namespace) -> int:
     return run_worker_bench(args)
 
 
+def _migrate(args: argparse.Namespace) -> int:
+    from duplex_gateway.bench.migrate import run_migrate_bench
+
+    return run_migrate_bench(sessions=args.sessions, output=args.output)
+
+
 def _video(args: argparse.Namespace) -> int:
     from duplex_gateway.bench.video import run_video_bench
 
@@ -65,11 +71,12 @@ def _video(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``bench relay|resume|leases|worker|calls|open|video``: each bench module declares its
-    own flags."""
+    """``bench relay|resume|leases|worker|calls|open|video|migrate``: each bench module
+    declares its own flags."""
     from duplex_gateway.bench import (
         calls,
         leases,
+        migrate,
         open as open_bench,
         relay,
         resume,
@@ -94,6 +101,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
          " period", open_bench.add_arguments, _open),
         ("video", "Redis memory per session streaming camera frames, second by second",
          video.add_arguments, _video),
+        ("migrate", "a worker drained under talking sessions: how long each goes without an"
+         " event while it is handed over", migrate.add_arguments, _migrate),
     )
     for name, summary, add_arguments, run in commands:
         command = bench_sub.add_parser(name, help=summary, description=summary)

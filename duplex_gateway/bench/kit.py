@@ -234,7 +234,9 @@ def start_http_server(stack: contextlib.ExitStack, name: str, module_args: list[
 
 def start_worker(stack: contextlib.ExitStack, redis_url: str, slots: int,
                   log_dir: Path, *, profile_to: Path | None = None,
-                  metrics_port: int | None = None, backend: str = "loopback") -> Server:
+                  metrics_port: int | None = None, backend: str = "loopback",
+                  listed: int = 1) -> Server:
+    """Start a worker and wait until ``listed`` workers are in the directory (it too)."""
     from redis import Redis
 
     from store.keys import WORKER_DIRECTORY
@@ -248,7 +250,8 @@ def start_worker(stack: contextlib.ExitStack, redis_url: str, slots: int,
     stack.callback(stop_process, server.process)
     client = Redis.from_url(redis_url)
     try:
-        wait_until(lambda: bool(client.zcard(WORKER_DIRECTORY)), server, "worker registration")
+        wait_until(lambda: int(client.zcard(WORKER_DIRECTORY)) >= listed, server,
+                   "worker registration")
     finally:
         client.close()
     return server

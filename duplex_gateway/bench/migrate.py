@@ -1,0 +1,246 @@
+"""``duplex-gateway bench migrate``: a worker drained under talking sessions, each handed over.
+
+The project's design target for a drained worker: every session continues on another worker
+of its model, 0 lost and 0 duplicated events, every response ended once, hand-over p99 <= 1 s.
+For each N of ``--sessions`` the bench starts its own stack (embedded Redis, a gateway, a
+loopback worker with N slots), opens N sessions that talk in turns (marked 20 ms chunks, a
+commit, a response that plays them back), starts a second worker, then sends the first one
+SIGTERM: it hands each session over at a pause and exits. Each client times every event it
+receives; a session's **stall** is the longest time it went without an event from the
+SIGTERM to the end of the window, beside its longest over an equal window before (what a
+talking session's pauses between turns are anyway). It checks every session's events:
+``server_event_seq`` without a gap or a repeat, every answer its own turn's audio, every
+response done once, no session ended.
+
+It prints a table, writes JSON (by default ``bench-results/migrate-<UTC time>.json``) and a
+plot of the stalls against N next to it, and exits 0 when it ran and lost nothing (it
+asserts nothing about speed: a MISSED target is a finding about this machine), 1 when an
+event was lost, duplicated or reordered or a session ended, 2 when its arguments are out of
+range. Only a drain is measured: a worker's loss ends its sessions ``worker_lost`` until
+sessions are re-placed from their checkpoints (docs/design/hand-over.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import shutil
+import signal
+import struct
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from duplex_gateway.bench.kit import (
+    distribution,
+    output_help,
+    output_path,
+    positive_int_list,
+    start_http_server,
+    start_worker,
+)
+from duplex_gateway.bench.svgplot import Chart, write_chart
+
+__all__ = ["add_arguments", "run_migrate_bench"]
+
+TARGET_HAND_OVER_P99_MS = 1000.0
+_SESSION = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+_CHUNK = 960
+_TURN_CHUNKS = 5
+# How long each window lasts: before the SIGTERM (the baseline) and from it.
+_WINDOW_S = 3.0
+
+
+@dataclass(slots=True)
+class _Talk:
+    """One session's view: when each event came, its numbers, and its turns."""
+
+    session_id: str = ""
+    times: list[float] = field(default_factory=list)
+    seqs: list[int] = field(default_factory=list)
+    turns: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def _chunk(session: int, index: int) -> bytes:
+    return struct.pack("<II", session, index) + bytes(_CHUNK - 8)
+
+
+@dataclass(slots=True)
+class _Start:
+    """Sessions that finished their first turn; ``all`` is set once every one did."""
+
+    sessions: int
+    done: int = 0
+    all: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def one(self) -> None:
+        self.done += 1
+        if self.done == self.sessions:
+            self.all.set()
+
+
+async def _talk(index: int, url: str, stop: asyncio.Event, start: _Start) -> _Talk:
+    """Talk in turns until ``stop``."""
+    from duplex_client import DuplexClient
+
+    talk = _Talk()
+    client = await DuplexClient.connect(url, session=_SESSION)
+    talk.session_id = client.session_id or ""
+    while not stop.is_set():
+        chunks = [_chunk(index, talk.turns * _TURN_CHUNKS + i) for i in range(_TURN_CHUNKS)]
+        for chunk in chunks:
+            await client.append_audio(chunk)
+        await client.commit()
+        await client.create_response()
+        played = b""
+        while True:
+            event = await asyncio.wait_for(client.recv(), 30)
+            talk.times.append(time.monotonic())
+            if event.server_event_seq is not None:
+                talk.seqs.append(event.server_event_seq)
+            if event.type in ("session.closed", "session.expired"):
+                talk.problems.append(f"session {index} ended: {event.data.get('reason')}")
+                return talk
+            played += event.audio
+            if event.type == "response.done":
+                break
+        if played != b"".join(chunks):
+            talk.problems.append(f"session {index}: turn {talk.turns} played other audio")
+        talk.turns += 1
+        if talk.turns == 1:
+            start.one()
+    await client.close()
+    await client.aclose()
+    return talk
+
+
+def _longest_gap(times: list[float], start: float, end: float) -> float:
+    """The longest time without an event between ``start`` and ``end`` (seconds)."""
+    inside = [t for t in times if start <= t <= end]
+    marks = [start, *inside, end]
+    return max(b - a for a, b in itertools.pairwise(marks))
+
+
+async def _drive(sessions: int, url: str, drain: Any) -> tuple[list[_Talk], float]:
+    stop, start = asyncio.Event(), _Start(sessions)
+    tasks = [asyncio.create_task(_talk(i, url, stop, start)) for i in range(sessions)]
+    await asyncio.wait_for(start.all.wait(), 60)
+    await asyncio.sleep(_WINDOW_S)  # the baseline window: talking, nothing moved
+    sent = time.monotonic()
+    await asyncio.to_thread(drain)
+    await asyncio.sleep(max(0.0, sent + _WINDOW_S - time.monotonic()))
+    stop.set()
+    return list(await asyncio.gather(*tasks)), sent
+
+
+def _measure(sessions: int, log_dir: Path) -> dict[str, Any]:
+    from runtime.embedded import free_port, start_server
+
+    with contextlib.ExitStack() as stack:
+        redis = start_server("auto")
+        stack.callback(redis.stop)
+        first = start_worker(stack, redis.url, sessions, log_dir)
+        port = free_port()
+        start_http_server(stack, "gateway", [
+            "duplex_gateway", "--log-level", "warning", "serve", "--host", "127.0.0.1",
+            "--port", str(port), "--redis-url", redis.url], port, log_dir)
+        url = f"ws://127.0.0.1:{port}/v1/realtime"
+
+        def drain() -> None:
+            # The replacement first, as a rolling update with surge starts it.
+            start_worker(stack, redis.url, sessions, log_dir, listed=2)
+            first.process.send_signal(signal.SIGTERM)
+            first.process.wait(timeout=60)
+
+        talks, sent = asyncio.run(_drive(sessions, url, drain))
+        moved = _moved(redis.url, [talk.session_id for talk in talks])
+    problems = [problem for talk in talks for problem in talk.problems]
+    problems += [f"session {index}: not handed over" for index, ok in enumerate(moved)
+                 if not ok]
+    for index, talk in enumerate(talks):
+        if talk.seqs != list(range(talk.seqs[0], talk.seqs[0] + len(talk.seqs))):
+            problems.append(f"session {index}: server_event_seq with a gap or a repeat")
+    before = [_longest_gap(t.times, sent - _WINDOW_S, sent) for t in talks]
+    during = [_longest_gap(t.times, sent, sent + _WINDOW_S) for t in talks]
+    return {"sessions": sessions, "stall_ms": distribution(during),
+            "baseline_gap_ms": distribution(before), "turns": sum(t.turns for t in talks),
+            "events_checked": sum(len(t.seqs) for t in talks), "problems": problems}
+
+
+def _moved(redis_url: str, session_ids: list[str]) -> list[bool]:
+    """Whether each session is served by another worker than the one that opened it."""
+    from redis import Redis
+
+    from store.keys import SessionKeys, worker_of_session
+
+    with Redis.from_url(redis_url) as client:
+        owners: list[Any] = [client.hget(SessionKeys(sid).record, "owner")
+                             for sid in session_ids]
+    return [owner is not None and owner.decode() != worker_of_session(sid)
+            for sid, owner in zip(session_ids, owners, strict=True)]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``bench migrate``."""
+    parser.add_argument("--sessions", type=positive_int_list, default=[1, 10, 20, 40],
+                        help="talking sessions on the drained worker, one run each "
+                             "(comma-separated; default: 1,10,20,40)")
+    parser.add_argument("--output", help=output_help("migrate"))
+
+
+def run_migrate_bench(*, sessions: list[int],
+                      output: str | os.PathLike[str] | None = None) -> int:
+    """Run the bench; returns the exit status (0 ran cleanly, 1 something was lost or a
+    session ended, 2 the counts are out of range)."""
+    if not sessions or min(sessions) < 1:
+        print("bench migrate: need --sessions >= 1", file=sys.stderr)
+        return 2
+    out = output_path(output, "migrate")
+    log_dir = Path(tempfile.mkdtemp(prefix="dg-bench-migrate-"))
+    try:
+        rows = [_measure(n, log_dir) for n in sessions]
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    report = {"config": {"sessions": sessions, "window_s": _WINDOW_S,
+                         "turn_chunks": _TURN_CHUNKS, "backend": "loopback"},
+              "target_p99_ms": TARGET_HAND_OVER_P99_MS, "rows": rows}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    plot = out.with_suffix(".svg")
+    write_chart(plot, Chart(
+        title="drain under talking sessions: longest time without an event",
+        x_label="sessions on the drained worker", y_label="ms",
+        series={"stall p50": [(r["sessions"], r["stall_ms"]["p50"]) for r in rows],
+                "stall p99": [(r["sessions"], r["stall_ms"]["p99"]) for r in rows],
+                "between turns before, p99": [(r["sessions"], r["baseline_gap_ms"]["p99"])
+                                              for r in rows]},
+        reference=(TARGET_HAND_OVER_P99_MS, "target p99"), integer_x=True))
+    _print(report, out, plot)
+    return 1 if any(row["problems"] for row in rows) else 0
+
+
+def _print(report: dict[str, Any], out: Path, plot: Path) -> None:
+    print("migrate bench: a loopback worker drained under N talking sessions, each handed over "
+          f"(windows of {report['config']['window_s']:g} s before and from the SIGTERM)")
+    print(f"  {'sessions':>8}  {'stall p50':>10}  {'stall p99':>10}  {'baseline p99':>12}"
+          f"  {'turns':>6}  {'problems':>8}")
+    for row in report["rows"]:
+        stall, base = row["stall_ms"], row["baseline_gap_ms"]
+        print(f"  {row['sessions']:>8}  {stall['p50']:>8.0f}ms  {stall['p99']:>8.0f}ms"
+              f"  {base['p99']:>10.0f}ms  {row['turns']:>6}  {len(row['problems']):>8}")
+        for problem in row["problems"][:5]:
+            print(f"    {problem}")
+    worst = max(row["stall_ms"]["p99"] or 0.0 for row in report["rows"])
+    verdict = "met" if worst <= TARGET_HAND_OVER_P99_MS else "MISSED"
+    print(f"  target: hand-over p99 <= {TARGET_HAND_OVER_P99_MS:g} ms (the stall bounds it "
+          f"from above: it adds the session's own pause): {verdict}")
+    print(f"results: {out}")
+    print(f"plot: {plot}")
