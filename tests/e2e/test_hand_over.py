@@ -11,8 +11,6 @@ ends once, completed, and no session ends.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -21,6 +19,7 @@ from duplex_client import DuplexClient, RealtimeEvent
 from store.keys import SessionKeys, WorkerKeys, worker_of_session
 from tests.e2e.helpers import PUSH_TO_TALK_SESSION, collect_until, marked_chunk, next_event
 from tests.e2e.stack import Stack
+from tests.store._support import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -59,20 +58,6 @@ class Talker:
             self.turns += 1
 
 
-async def until_async(condition: Callable[[], bool | Awaitable[bool]], what: str,
-                      timeout: float) -> None:
-    """Poll ``condition`` while the talkers run, failing with ``what`` after ``timeout`` s."""
-    deadline = time.monotonic() + timeout
-    while True:
-        answer = condition()
-        if not isinstance(answer, bool):
-            answer = await answer
-        if answer:
-            return
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)  # the talkers run meanwhile: this polls their counts
-
-
 async def test_a_rolling_restart_moves_every_session_and_loses_nothing(stack: Stack) -> None:
     gateway = stack.gateway()
     old = [stack.worker(slots=SESSIONS) for _ in range(2)]
@@ -83,7 +68,7 @@ async def test_a_rolling_restart_moves_every_session_and_loses_nothing(stack: St
         await collect_until(client, "session.updated", talker.log)
         talkers.append(talker)
     tasks = [asyncio.create_task(talker.talk()) for talker in talkers]
-    await until_async(lambda: all(t.turns >= 2 for t in talkers), "two turns each", 60)
+    await until(lambda: all(t.turns >= 2 for t in talkers), "two turns each", 60)
     for worker in old:
         stack.worker(slots=SESSIONS)
         code = await asyncio.to_thread(worker.terminate, 60)
@@ -98,11 +83,10 @@ async def test_a_rolling_restart_moves_every_session_and_loses_nothing(stack: St
 
     # The old workers' heartbeats lapse: their slots go on holding the moved sessions' keys,
     # and the new owners' writes there are fenced by owner epoch alone.
-    await until_async(homes_lost, "the drained workers declared lost", 30)
+    await until(homes_lost, "the drained workers declared lost", 30)
     after = [t.turns for t in talkers]
-    await until_async(lambda: all(t.turns >= a + 2 for t, a in zip(talkers, after,
-                                                                  strict=True)),
-                      "two more turns each after the restart", 60)
+    await until(lambda: all(t.turns >= a + 2 for t, a in zip(talkers, after, strict=True)),
+                "two more turns each after the restart", 60)
     for talker in talkers:
         talker.stop = True
     await asyncio.gather(*tasks)
