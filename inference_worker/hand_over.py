@@ -247,6 +247,8 @@ class HandOver:
             return None
         if session is None:  # no free slot: cannot happen while the reservation holds
             return None
+        if session_id in self._sessions:  # a notice and a poll restored it at once
+            return self._sessions.get(session_id)
         session.applied_under = WriteToken(start.epoch, 0)
         session.owner_epoch = start.owner_epoch
         session.output_log_max_entries = start.output_log_max_entries
@@ -335,8 +337,11 @@ class HandOver:
             await self._subscriber.unsubscribe(WorkerKeys(home).input_channel, self._notices)
 
     async def ended(self, session_id: str) -> None:
-        """``session_id`` ended: let its slot here go, when it was homed elsewhere."""
-        if worker_of_session(session_id) != self._worker_id():
+        """``session_id`` ended (told before it is forgotten): let its slot here go, when
+        this worker served it and it was homed elsewhere. The home's other sessions' ends
+        come on the same channel and concern it not; a reservation of one not taken over yet
+        is let go by :meth:`discover`."""
+        if session_id in self._sessions and worker_of_session(session_id) != self._worker_id():
             await self._scripts.release_slot(self._worker_id(), session_id)
 
     async def leave_homes(self) -> None:

@@ -439,8 +439,8 @@ class Worker:
                 if session := self._sessions.get(session_id):
                     fence_raised(session, fence)
             case SessionEnded(session_id=session_id):
-                self._sessions.forget(session_id)
                 await self._hand_over.ended(session_id)
+                self._sessions.forget(session_id)
             case SessionPlaced(session_id=session_id):
                 await self._adopt(session_id)
             case SessionHandedOver(session_id=session_id):
