@@ -6,7 +6,8 @@ at a safe point, without an end, and goes on there. Moved equals unmoved: the tw
 hold the same events under the same numbers (the loopback is deterministic), the moved one's
 answer plays back the audio buffered before the move, read back from the input log, and the
 input sent while it moved, replayed there. The slots follow the session: the home's is freed,
-the adopter's held until the session ends.
+the adopter's held until the session ends. With no worker to take it, a drained session ends
+as it did before hand-overs.
 """
 
 from __future__ import annotations
@@ -100,3 +101,32 @@ async def test_a_drained_session_goes_on_at_another_worker_as_if_unmoved(
 
         await until(slot_let_go, "the adopter's slot let go at the session's end")
         assert not await redis_client.sismember(WorkerKeys(home).moved, moved.session_id)
+
+
+async def test_with_no_worker_to_take_it_a_drained_session_ends_as_before(
+        redis_client: Redis) -> None:
+    """The only worker of the model drains: no slot to reserve anywhere, so the session is
+    not handed over (counted no_room) and ends worker_shutdown at the drain's timeout, once."""
+    async with running_worker(redis_client, slots=2, checkpoint_interval_s=0.2,
+                              drain_timeout_s=0.5) as alone:
+        opened = await open_session(alone.scripts, alone.worker.worker_id)
+        await send(alone, opened.lease, MANUAL, encode_message(msg.Heartbeat()))
+
+        async def acked() -> bool:
+            return any(isinstance(event, msg.HeartbeatAck)
+                       for _, event in await events(redis_client, opened.session_id))
+
+        await until(acked, "the heartbeat answered")
+        alone.worker.stop()
+
+        async def ended() -> bool:
+            return any(msg.is_terminal(event)
+                       for _, event in await events(redis_client, opened.session_id))
+
+        await until(ended, "the session ended")
+        metrics = alone.worker.metrics.registry
+        assert metrics.get_sample_value("duplex_worker_hand_overs_total",
+                                        {"backend": "loopback", "outcome": "no_room"}) == 1
+    terminals = [event for _, event in await events(redis_client, opened.session_id)
+                 if msg.is_terminal(event)]
+    assert [getattr(event, "reason", None) for event in terminals] == ["worker_shutdown"]
