@@ -200,7 +200,7 @@ class HandOver:
         while marks is not None and time.monotonic() < deadline:
             async with session.lock:
                 if self._sessions.get(session_id) is not session or session.failed:
-                    return "failed"  # it ended meanwhile
+                    return "ended"  # on its own, meanwhile: nothing to move
                 taken = self._checkpointer.take_now(session_id, session, marks,
                                                     time.monotonic())
                 if taken is not None:
