@@ -134,6 +134,11 @@ class GatewayMetrics:
             " OUTPUT_STALL_TIMEOUT_S (the session is detached, resumable)", registry=r)
         self.reaped = Counter(f"{_NS}_sessions_reaped", "Sessions ended by this reaper",
                               registry=r)
+        self.re_placements = Counter(
+            f"{_NS}_re_placements",
+            "Sessions of lost workers this reaper offered to live workers, by outcome: moved"
+            " (re-placed from its checkpoint), no_checkpoint, no_room, not_owned, failed (all"
+            " but moved end worker_lost)", ["outcome"], registry=r)
         self.worker_reaps = Counter(
             f"{_NS}_worker_reaps",
             "Reaps of one worker this reaper ran (only the workers of its share:"

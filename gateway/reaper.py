@@ -10,6 +10,9 @@ failing over), so a lapsed heartbeat right after such an outage is no proof of d
 script sees the outage itself, per slot, as a gap between reaps longer than ``outage_ms``, and
 then gives the worker a full TTL from that moment; see ``store/lua/reap.lua``. Outages shorter than
 that are the worker's own slack (its TTL minus its beat interval) to absorb.
+
+A lost worker's sessions are offered to live workers of their models before they are ended
+(``store/replacement.py``): those with a checkpoint and a worker with room move and go on.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from store.client import RedisClient
 from store.directory import forget_worker, listed_workers
 from store.errors import raise_if_cancelled
 from store.outages import OutageLog
+from store.replacement import Replacer
 from store.scripts import DEFAULT_REAP_OUTAGE_MS
 
 __all__ = ["Visits", "listing_ttl_ms", "outage_threshold_ms", "reap_once", "run_reaper"]
@@ -81,6 +85,8 @@ async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetri
     gap is told as a possible outage.
     """
     ended = 0
+    replacer = Replacer(client, scripts,
+                        counted=lambda status: metrics.re_placements.labels(status).inc())
     if share is not None:
         share.live(await scripts.announce_gateway(share.gateway_id, ttl_ms=ttl_ms))
     # Every listed worker, however long ago it last beat: only a reap that finds it lost (or
@@ -93,7 +99,8 @@ async def reap_once(client: RedisClient, scripts: Scripts, metrics: GatewayMetri
             continue
         sent = time.monotonic()
         metrics.worker_reaps.inc()
-        reaped = await scripts.reap(worker_id, outage_ms=outage_ms, lease_ms=lease_ms)
+        reaped = await scripts.reap(worker_id, outage_ms=outage_ms, lease_ms=lease_ms,
+                                    re_place=replacer.moved)
         ended += reaped.ended
         metrics.lapsed_detached.inc(reaped.detached)
         if reaped.outage_ms:

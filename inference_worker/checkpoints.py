@@ -135,7 +135,7 @@ class Checkpointer:
         it cannot be taken): the state, the input applied and the events written read
         together, nothing awaited between. Nothing applied yet is input position 0-0."""
         applied, seq = session.follower.next_index - 1, session.next_seq - 1
-        if session.failed or session.unsent or session.core.responding:
+        if session.failed or session.unsent or session.core.active_response is not None:
             return None  # the common case off a safe point, without building a state
         state = session.core.checkpoint()
         if state is None:

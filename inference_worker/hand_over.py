@@ -30,7 +30,15 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from contract.follower import LogFollower
-from contract.messages import AppendAudio, MessageDecodeError, decode_command
+from contract.messages import (
+    AppendAudio,
+    Event,
+    MessageDecodeError,
+    SessionUpdated,
+    decode_command,
+    decode_event,
+    encode_message,
+)
 from contract.reasons import CloseReason
 from inference_worker.audio_formats import AppendDecoder
 from inference_worker.checkpoints import Checkpointer
@@ -42,6 +50,7 @@ from inference_worker.metrics import WorkerMetrics
 from inference_worker.output_writer import OutputWriter
 from inference_worker.session_factory import SessionFactory
 from inference_worker.sessions import Session, SessionTable, log_ids
+from inference_worker.tail_replay import ReplayDiverged, replay_tail
 from store import Scripts, StoreError
 from store.checkpoints import (
     AdoptStatus,
@@ -60,7 +69,9 @@ from store.logs import (
     SessionStart,
     WriteToken,
     log_ends,
+    read_input_entries,
     read_input_range,
+    read_output,
     session_start,
 )
 from store.pubsub import Subscriber
@@ -72,6 +83,9 @@ _log = logging.getLogger("inference_worker.worker")
 # A session waiting for its safe point is looked at again after each write with events (a
 # response's end), and at least this often.
 _SAFE_POINT_POLL_S = 0.02
+# The most input entries after a checkpoint a take-over replays at once (the input log's own
+# bound is far below it).
+_REPLAY_READ = 1 << 20
 # A reservation on this worker for a session it does not serve, and that another worker
 # owns, is let go after this long (a hand-over to here that failed after reserving).
 _STALE_RESERVATION_MS = 60_000
@@ -236,8 +250,8 @@ class HandOver:
         if session_id in self._sessions:  # a notice and a poll took it at once
             return self._sessions.get(session_id)
         try:
-            session = await self._restored(session_id, start, checkpoint, ends.last_output)
-        except (ValueError, CheckpointError) as exc:
+            restored = await self._restored(session_id, start, checkpoint, ends.last_output)
+        except (ValueError, CheckpointError, ReplayDiverged) as exc:
             # Never continued on a guess: the session ends, as its worker's loss would.
             _log.error("session %s: cannot be taken over (%s); ending it", session_id, exc,
                        extra=log_ids(session_id))
@@ -245,36 +259,40 @@ class HandOver:
             await self._writer.close(session_id, CloseReason.WORKER_LOST,
                                      owner_epoch=start.owner_epoch)
             return None
-        if session is None:  # no free slot: cannot happen while the reservation holds
+        if restored is None:  # no free slot: cannot happen while the reservation holds
             return None
         if session_id in self._sessions:  # a notice and a poll restored it at once
             return self._sessions.get(session_id)
-        session.applied_under = WriteToken(start.epoch, 0)
+        session, lost_response = restored
         session.owner_epoch = start.owner_epoch
         session.output_log_max_entries = start.output_log_max_entries
         self._fences.learned(reading, session, start)
         await self._listen_to_home(worker_of_session(session_id))
         self._sessions.add(session_id, session)
-        self._metrics.take_over("taken")
+        self._metrics.take_over("taken" if checkpoint is not None
+                                and checkpoint.seq == ends.last_output else "reconciled")
+        if lost_response:
+            self._metrics.lost_responses.inc()
         await self._catch_up(session_id, session)
         return session
 
     async def _restored(self, session_id: str, start: SessionStart,
-                        checkpoint: Checkpoint | None, last_output: int) -> Session | None:
-        """A new session continuing ``checkpoint``.
+                        checkpoint: Checkpoint | None,
+                        last_output: int) -> tuple[Session, bool] | None:
+        """A new session continuing ``checkpoint``, reconciled with the events its lost
+        worker wrote past it (``inference_worker/tail_replay.py``), and whether that ended
+        a response they left open; None: no engine slot is free.
 
         Raises:
-            ValueError: there is none, its events are not the log's last (the old owner
-                wrote past it), or its input is no longer there to read back.
+            ValueError: there is none, or the input or events it needs are no longer there.
             CheckpointError: it is not a checkpoint this code can read.
+            ReplayDiverged: replaying the input after it does not reproduce those events.
         """
         if self._frames:
             raise ValueError("a frame backend's worker takes no session over yet")
         if checkpoint is None:
             raise ValueError("it has no checkpoint")
-        if checkpoint.seq != last_output:
-            raise ValueError(f"its checkpoint is at event {checkpoint.seq}, the log at"
-                             f" {last_output}")
+        tail = await self._tail(session_id, checkpoint.seq, last_output)
         state = decode(checkpoint.core)
         entries: list[InputEntry] = []
         if checkpoint.keep != "0-0":
@@ -287,15 +305,47 @@ class HandOver:
         if session is None:
             return None
         session.core.restore(state, buffered)
+        session.applied_under = WriteToken(start.epoch, 0)
         applied_fence, applied = _entry_id(checkpoint.applied)
-        session.follower = LogFollower(applied)
-        session.applied_fence, session.next_seq = applied_fence, checkpoint.seq + 1
+        session.applied_fence, session.next_seq = applied_fence, last_output + 1
         session.trimmed_to = _entry_id(checkpoint.keep)[1]
         if session.checkpoints is not None:
             self._resume_hold(session.checkpoints, entries, heard, state.buffer.size)
             marks = session.checkpoints
             marks.applied, marks.seq = applied, checkpoint.seq
-        return session
+        lost_response = False
+        if tail:
+            after = await read_input_entries(self._client, session_id, applied,
+                                             _REPLAY_READ, after_fence=applied_fence)
+            replayed = replay_tail(session, after, tail, now=time.monotonic())
+            lost_response = replayed.lost_response is not None
+            if replayed.applied:
+                applied = after[replayed.applied - 1].index
+            for event in replayed.events:
+                session.unsent.append(encode_message(event))
+                if isinstance(event, SessionUpdated):
+                    session.unsent_session = event.session
+            if session.checkpoints is not None:
+                session.checkpoints.events_since = True
+        session.follower = LogFollower(applied)
+        return session, lost_response
+
+    async def _tail(self, session_id: str, seq: int, last_output: int) -> list[Event]:
+        """The events the old owner wrote after event ``seq``, the log's last being
+        ``last_output`` (none after a hand-over: it wrote its last checkpoint last).
+
+        Raises:
+            ValueError: they are not all there, or one is not an event.
+        """
+        if last_output <= seq:
+            return []
+        rows = await read_output(self._client, session_id, seq, last_output - seq)
+        if [row_seq for row_seq, _ in rows] != list(range(seq + 1, last_output + 1)):
+            raise ValueError(f"the events after its checkpoint's ({seq}) are not all there")
+        try:
+            return [decode_event(data) for _, data in rows]
+        except MessageDecodeError as exc:
+            raise ValueError(f"an event after its checkpoint is unreadable: {exc}") from exc
 
     @staticmethod
     def _resume_hold(marks: SessionCheckpoints, entries: Sequence[InputEntry],

@@ -35,7 +35,7 @@ _HAND_OVER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 1
 #: What became of a session a draining worker tried to hand over (``hand_overs``).
 HAND_OVER_OUTCOMES = ("moved", "ended", "no_room", "no_safe_point", "failed")
 #: What became of a session handed to this worker (``take_overs``).
-TAKE_OVER_OUTCOMES = ("taken", "ended")
+TAKE_OVER_OUTCOMES = ("taken", "reconciled", "ended")
 #: What became of a checkpoint taken (``checkpoints`` ``outcome`` label).
 CHECKPOINT_OUTCOMES = ("written", "behind", "ended", "too_large", "input_gone", "unavailable")
 
@@ -159,8 +159,13 @@ class WorkerMetrics:
         self._take_overs = Counter(
             f"{_NS}_take_overs",
             "Sessions handed to this worker, by outcome (taken: continued from their"
-            " checkpoint; ended: it could not be continued, ended worker_lost)",
+            " checkpoint; reconciled: the same, after replaying what their lost worker wrote"
+            " past it; ended: it could not be continued, ended worker_lost)",
             ["backend", "outcome"], registry=r)
+        self.lost_responses = Counter(
+            f"{_NS}_lost_responses",
+            "Responses a lost worker left open that the worker taking its session over ended"
+            " (response.done failed, error code worker_lost)", label, registry=r).labels(backend)
         for outcome in HAND_OVER_OUTCOMES:
             self._hand_overs.labels(backend, outcome)
         for outcome in TAKE_OVER_OUTCOMES:

@@ -57,9 +57,11 @@ class SessionFactory:
 
     def _checkpoints(self, start: SessionStart) -> SessionCheckpoints | None:
         """What the session's checkpoints hold: at most the settings' bounds, and at most a
-        quarter of each of its input log's bounds, so its unread input keeps the rest."""
+        quarter of each of its input log's bounds, so its unread input keeps the rest. None
+        for a frame backend's: its model's context is not in a checkpoint yet, so no worker
+        could continue one (docs/design/hand-over.md), and a lost worker's reaper ends them."""
         settings = self._settings
-        if not settings.checkpoint_interval_s:
+        if not settings.checkpoint_interval_s or self._entry.frames:
             return None
         entries, size = settings.checkpoint_hold_entries, settings.checkpoint_hold_bytes
         if start.input_log_max_entries:

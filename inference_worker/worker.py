@@ -19,9 +19,8 @@ a slot is free and the rolling p99 tick time is inside ``tick_budget_fraction`` 
 
 One session's failure ends that session alone (:mod:`inference_worker.sessions`). A failure
 of the worker itself (one of its loops ends) stops the process, and the reaper then declares
-it lost: its sessions end ``worker_lost``. The worker never takes itself out of the
-directory: the reaper does once it reports the worker lost, so no way of dying hides it.
-"""
+it lost: its sessions move to other workers or end ``worker_lost``. The worker never takes
+itself out of the directory: the reaper does once it reports the worker lost."""
 
 from __future__ import annotations
 
@@ -587,8 +586,9 @@ class Worker:
 
     async def _tick_loop(self) -> None:
         while True:
-            deadline = self._sessions.next_deadline()
-            now = time.monotonic()
+            # wait_for swallows a cancel that lands as its wait ends: see _heartbeat_loop.
+            raise_if_cancelled()
+            deadline, now = self._sessions.next_deadline(), time.monotonic()
             self._next_tick_at = deadline if deadline is not None else now + 1.0
             delay = max(0.0, self._next_tick_at - now)
             self._tick_wake.clear()

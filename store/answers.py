@@ -285,6 +285,8 @@ class Reaped:
             such an outage (0: none); the worker, its gateways and clients got time from now.
         settled: a lost worker had no session left to end when this reap began: its keys
             are gone, and no reaper needs to visit it again.
+        moved: sessions of a lost worker this call moved to live workers instead of ending
+            them (``store/replacement.py``).
     """
 
     state: WorkerState
@@ -293,6 +295,7 @@ class Reaped:
     detached: int = 0
     outage_ms: int = 0
     settled: bool = True
+    moved: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

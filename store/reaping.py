@@ -13,7 +13,7 @@ on: their leases, deadlines and ends live in its slot.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 from contract.messages import SessionClosed, SessionExpired, encode_message
@@ -21,10 +21,14 @@ from contract.reasons import CloseReason
 from store.answers import EndedSession, Reaped, WorkerState, reply_text
 from store.keys import WorkerKeys, session_keys
 
-__all__ = ["RunScript", "reap"]
+__all__ = ["ReplaceSessions", "RunScript", "reap"]
 
 #: Runs a script with these keys and arguments and returns its answer.
 RunScript = Callable[[Sequence[str], Sequence[Any]], Awaitable[Any]]
+
+#: Offers a lost worker's sessions (its id, theirs) to live workers; those that moved
+#: (``store/replacement.py``).
+ReplaceSessions = Callable[[str, Sequence[str]], Awaitable[Collection[str]]]
 
 # The terminal events a reaper writes: the same bytes for every session, encoded once.
 _WORKER_LOST = encode_message(SessionClosed(reason=CloseReason.WORKER_LOST))
@@ -37,11 +41,12 @@ _Action = tuple[str, str, str]
 
 async def reap(reap_worker: RunScript, reap_sessions: RunScript, release_slot: RunScript,
                worker_id: str, *, budget: int, outage_ms: int, release_budget: int,
-               lease_ms: int) -> Reaped:
+               lease_ms: int, re_place: ReplaceSessions | None = None) -> Reaped:
     """Declare ``worker_id`` lost if its heartbeat lapsed, ending its sessions (those it took
-    over from other homes too); else detach the sessions of gateways whose attachment lease
-    (``lease_ms`` long) lapsed, and expire up to ``budget`` due sessions. Take up to
-    ``release_budget`` of its ended sessions, whose tenant places the caller releases.
+    over from other homes too) but those ``re_place`` moves to live workers; else detach the
+    sessions of gateways whose attachment lease (``lease_ms`` long) lapsed, and expire up to
+    ``budget`` due sessions. Take up to ``release_budget`` of its ended sessions, whose tenant
+    places the caller releases.
 
     One call (REAP) does the worker's part and names the sessions that need more; only
     then, ``budget`` sessions per call, REAP_SESSIONS (whose keys name them) acts on each,
@@ -57,7 +62,12 @@ async def reap(reap_worker: RunScript, reap_sessions: RunScript, release_slot: R
     answer = await reap_worker([*w.ending, w.adopted],
                                [budget, outage_ms, release_budget, lease_ms])
     released = EndedSession.parse_all(answer[2])
-    actions: list[_Action] = [("lost", reply_text(sid), "") for sid in answer[1]]
+    lost = [reply_text(sid) for sid in answer[1]]
+    taken_over = [reply_text(member) for member in answer[6]]
+    moved: Collection[str] = ()
+    if re_place is not None and (lost or taken_over):
+        moved = await re_place(worker_id, lost + taken_over)
+    actions: list[_Action] = [("lost", sid, "") for sid in lost if sid not in moved]
     for member in answer[3]:
         gateway_id, _, session_id = reply_text(member).partition(" ")
         actions.append(("detach", session_id, gateway_id))
@@ -66,17 +76,18 @@ async def reap(reap_worker: RunScript, reap_sessions: RunScript, release_slot: R
                        lease_ms=lease_ms)
     await run.act(worker_id, actions)
     orphans: dict[str, list[_Action]] = {}
-    for member in answer[6]:
-        session_id = reply_text(member)
-        home = session_keys(session_id).worker.worker_id
-        orphans.setdefault(home, []).append(("orphan", session_id, worker_id))
+    for session_id in taken_over:
+        if session_id not in moved:
+            home = session_keys(session_id).worker.worker_id
+            orphans.setdefault(home, []).append(("orphan", session_id, worker_id))
     for home, ended_there in orphans.items():
         await run.act(home, ended_there)
-        for _, session_id, _ in ended_there:
-            await release_slot([w.record, w.adopted], [session_id])
+    for session_id in taken_over:  # ended or moved on: its slot here goes either way
+        await release_slot([w.record, w.adopted], [session_id])
     return Reaped(state=WorkerState(reply_text(answer[0])), ended=run.ended,
                   released=tuple(released + run.released), detached=run.detached,
-                  outage_ms=int(answer[5]), settled=not answer[1] and not answer[6])
+                  outage_ms=int(answer[5]), settled=not answer[1] and not answer[6],
+                  moved=len(moved))
 
 
 class _SessionsRun:

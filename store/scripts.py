@@ -86,7 +86,7 @@ from store.keys import (
     tenant_sessions,
 )
 from store.output_appends import append_output
-from store.reaping import reap
+from store.reaping import ReplaceSessions, reap
 from store.resp import endpoint_of
 from store.script_lane import ScriptLane
 
@@ -512,14 +512,15 @@ class Scripts:
 
     async def reap(self, worker_id: str, *, budget: int = 100,
                    outage_ms: int = DEFAULT_REAP_OUTAGE_MS, release_budget: int = 1000,
-                   lease_ms: int = DEFAULT_ATTACHMENT_LEASE_MS) -> Reaped:
+                   lease_ms: int = DEFAULT_ATTACHMENT_LEASE_MS,
+                   re_place: ReplaceSessions | None = None) -> Reaped:
         """One reap of ``worker_id`` (``store/reaping.py``, which says what it does)."""
         return await reap(
             lambda keys, args: self._run(self._reap, keys, args),
             lambda keys, args: self._run(self._reap_sessions, keys, args),
             lambda keys, args: self._run(self._release_slot, keys, args),
             worker_id, budget=budget, outage_ms=outage_ms, release_budget=release_budget,
-            lease_ms=lease_ms)
+            lease_ms=lease_ms, re_place=re_place)
 
     async def announce_gateway(self, gateway_id: str, *, ttl_ms: int) -> tuple[str, ...]:
         """List ``gateway_id`` among the live gateways for ``ttl_ms``; returns every gateway

@@ -15,19 +15,28 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 
 def test_bench_migrate_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """One and three sessions on the drained worker: exit 0, each session handed over (the
-    bench checks every record's owner) with every event once and in order, turns talked in
-    both windows, a stall and a baseline for each run, the plot's series, and the table."""
+    """One and three sessions on the first worker, drained then killed: exit 0, each session
+    moved (the bench checks every record's owner) with every event once and in order, turns
+    talked in both windows, a stall and a baseline for each run, no answer cut by the drain,
+    the plot's series, and the table."""
     out = tmp_path / "migrate.json"
     assert run_migrate_bench(sessions=[1, 3], output=str(out)) == 0
     report = json.loads(out.read_text())
-    assert [row["sessions"] for row in report["rows"]] == [1, 3]
+    assert [(row["event"], row["sessions"]) for row in report["rows"]] == [
+        ("drain", 1), ("drain", 3), ("kill", 1), ("kill", 3)]
     for row in report["rows"]:
         assert row["problems"] == []
         assert row["stall_ms"]["p99"] > 0 and row["baseline_gap_ms"]["p99"] > 0
         assert row["turns"] > 2 * row["sessions"] and row["events_checked"] > row["turns"]
+        assert row["cut_short"] <= (0 if row["event"] == "drain" else row["sessions"])
     plot = ET.parse(out.with_suffix(".svg")).getroot()
     titles = [t.text for t in plot.iter("{http://www.w3.org/2000/svg}title")]
-    assert titles == ["stall p50", "stall p99", "between turns before, p99"]
+    assert titles == [f"{event}: {name}" for event in ("drain", "kill")
+                      for name in ("stall p50", "stall p99", "between turns before, p99")]
     printed = capsys.readouterr().out
-    assert "each handed over" in printed and f"results: {out}" in printed
+    assert "each re-placed" in printed and f"results: {out}" in printed
+
+
+def test_bench_migrate_refuses_an_unknown_event(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_migrate_bench(sessions=[1], events=["reboot"]) == 2
+    assert "--event" in capsys.readouterr().err

@@ -60,7 +60,7 @@ def _worker(args: argparse.Namespace) -> int:
 def _migrate(args: argparse.Namespace) -> int:
     from duplex_gateway.bench.migrate import run_migrate_bench
 
-    return run_migrate_bench(sessions=args.sessions, output=args.output)
+    return run_migrate_bench(sessions=args.sessions, events=args.event, output=args.output)
 
 
 def _video(args: argparse.Namespace) -> int:
@@ -101,8 +101,8 @@ def add_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
          " period", open_bench.add_arguments, _open),
         ("video", "Redis memory per session streaming camera frames, second by second",
          video.add_arguments, _video),
-        ("migrate", "a worker drained under talking sessions: how long each goes without an"
-         " event while it is handed over", migrate.add_arguments, _migrate),
+        ("migrate", "a worker drained or killed under talking sessions: how long each goes"
+         " without an event while it moves", migrate.add_arguments, _migrate),
     )
     for name, summary, add_arguments, run in commands:
         command = bench_sub.add_parser(name, help=summary, description=summary)

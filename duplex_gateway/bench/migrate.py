@@ -1,23 +1,25 @@
-"""``duplex-gateway bench migrate``: a worker drained under talking sessions, each handed over.
+"""``duplex-gateway bench migrate``: a worker drained, or killed, under talking sessions.
 
-The project's design target for a drained worker: every session continues on another worker
-of its model, 0 lost and 0 duplicated events, every response ended once, hand-over p99 <= 1 s.
-For each N of ``--sessions`` the bench starts its own stack (embedded Redis, a gateway, a
-loopback worker with N slots), opens N sessions that talk in turns (marked 20 ms chunks, a
-commit, a response that plays them back), starts a second worker, then sends the first one
-SIGTERM: it hands each session over at a pause and exits. Each client times every event it
-receives; a session's **stall** is the longest time it went without an event from the
-SIGTERM to the end of the window, beside its longest over an equal window before (what a
-talking session's pauses between turns are anyway). It checks every session's events:
-``server_event_seq`` without a gap or a repeat, every answer its own turn's audio, every
-response done once, no session ended.
+The project's design targets: a drained worker's sessions each continue on another worker of
+their model at a pause, 0 lost and 0 duplicated events, every response ended once, hand-over
+p99 <= 1 s; a lost worker's continue too, from their checkpoints, the first new output within
+two heartbeat periods and an adoption. For each ``--event`` and each N of ``--sessions`` the
+bench starts its own stack (embedded Redis, a gateway, a loopback worker with N slots), opens
+N sessions that talk in turns (marked 20 ms chunks, a commit, a response that plays them
+back), starts a second worker, then sends the first one SIGTERM (``drain``: it hands each
+session over at a pause and exits) or SIGKILL (``kill``: the reapers re-place its sessions,
+and an answer it cut short ends ``failed`` ``worker_lost`` having played a prefix of its
+turn). Each client times every event it receives; a session's **stall** is the longest time it
+went without an event from the signal to the end of the window, beside its longest over an
+equal window before (what a talking session's pauses between turns are anyway). It checks
+every session's events: ``server_event_seq`` without a gap or a repeat, every answer its own
+turn's audio (or a prefix of it, cut by the kill), every response done once, no session ended.
 
 It prints a table, writes JSON (by default ``bench-results/migrate-<UTC time>.json``) and a
 plot of the stalls against N next to it, and exits 0 when it ran and lost nothing (it
 asserts nothing about speed: a MISSED target is a finding about this machine), 1 when an
 event was lost, duplicated or reordered or a session ended, 2 when its arguments are out of
-range. Only a drain is measured: a worker's loss ends its sessions ``worker_lost`` until
-sessions are re-placed from their checkpoints (docs/design/hand-over.md).
+range.
 """
 
 from __future__ import annotations
@@ -51,11 +53,16 @@ from duplex_gateway.bench.svgplot import Chart, write_chart
 __all__ = ["add_arguments", "run_migrate_bench"]
 
 TARGET_HAND_OVER_P99_MS = 1000.0
+#: Loss to first new output: two heartbeat periods (the default 1 s) and an adoption (1 s).
+TARGET_LOSS_P99_MS = 3000.0
+#: What happens to the first worker: SIGTERM (it hands its sessions over) or SIGKILL.
+EVENTS = ("drain", "kill")
 _SESSION = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
 _CHUNK = 960
 _TURN_CHUNKS = 5
-# How long each window lasts: before the SIGTERM (the baseline) and from it.
-_WINDOW_S = 3.0
+# How long each window lasts: before the signal (the baseline) and from it; a kill's takes
+# the heartbeat's lapse as well.
+_WINDOW_S = {"drain": 3.0, "kill": 5.0}
 
 
 @dataclass(slots=True)
@@ -66,6 +73,7 @@ class _Talk:
     times: list[float] = field(default_factory=list)
     seqs: list[int] = field(default_factory=list)
     turns: int = 0
+    cut_short: int = 0  # answers ended failed worker_lost (a kill's)
     problems: list[str] = field(default_factory=list)
 
 
@@ -112,7 +120,14 @@ async def _talk(index: int, url: str, stop: asyncio.Event, start: _Start) -> _Ta
             played += event.audio
             if event.type == "response.done":
                 break
-        if played != b"".join(chunks):
+        response = event.data.get("response") or {}
+        if response.get("status") == "failed" and talk.cut_short == 0 and (
+                (response.get("status_details") or {}).get("error", {}).get("code")
+                == "worker_lost"):
+            talk.cut_short += 1  # a kill cut it short: a prefix of the turn was played
+            if not b"".join(chunks).startswith(played):
+                talk.problems.append(f"session {index}: turn {talk.turns} cut, other audio")
+        elif played != b"".join(chunks):
             talk.problems.append(f"session {index}: turn {talk.turns} played other audio")
         talk.turns += 1
         if talk.turns == 1:
@@ -129,19 +144,20 @@ def _longest_gap(times: list[float], start: float, end: float) -> float:
     return max(b - a for a, b in itertools.pairwise(marks))
 
 
-async def _drive(sessions: int, url: str, drain: Any) -> tuple[list[_Talk], float]:
+async def _drive(sessions: int, url: str, move: Any,
+                 window_s: float) -> tuple[list[_Talk], float]:
     stop, start = asyncio.Event(), _Start(sessions)
     tasks = [asyncio.create_task(_talk(i, url, stop, start)) for i in range(sessions)]
     await asyncio.wait_for(start.all.wait(), 60)
-    await asyncio.sleep(_WINDOW_S)  # the baseline window: talking, nothing moved
+    await asyncio.sleep(window_s)  # the baseline window: talking, nothing moved
     sent = time.monotonic()
-    await asyncio.to_thread(drain)
-    await asyncio.sleep(max(0.0, sent + _WINDOW_S - time.monotonic()))
+    await asyncio.to_thread(move)
+    await asyncio.sleep(max(0.0, sent + window_s - time.monotonic()))
     stop.set()
     return list(await asyncio.gather(*tasks)), sent
 
 
-def _measure(sessions: int, log_dir: Path) -> dict[str, Any]:
+def _measure(sessions: int, event: str, log_dir: Path) -> dict[str, Any]:
     from runtime.embedded import free_port, start_server
 
     with contextlib.ExitStack() as stack:
@@ -154,24 +170,28 @@ def _measure(sessions: int, log_dir: Path) -> dict[str, Any]:
             "--port", str(port), "--redis-url", redis.url], port, log_dir)
         url = f"ws://127.0.0.1:{port}/v1/realtime"
 
-        def drain() -> None:
-            # The replacement first, as a rolling update with surge starts it.
+        def move() -> None:
+            # The replacement first, as a rolling update with surge starts it (and as a
+            # fleet with room has).
             start_worker(stack, redis.url, sessions, log_dir, listed=2)
-            first.process.send_signal(signal.SIGTERM)
+            first.process.send_signal(signal.SIGTERM if event == "drain" else signal.SIGKILL)
             first.process.wait(timeout=60)
 
-        talks, sent = asyncio.run(_drive(sessions, url, drain))
+        window_s = _WINDOW_S[event]
+        talks, sent = asyncio.run(_drive(sessions, url, move, window_s))
         moved = _moved(redis.url, [talk.session_id for talk in talks])
     problems = [problem for talk in talks for problem in talk.problems]
-    problems += [f"session {index}: not handed over" for index, ok in enumerate(moved)
-                 if not ok]
+    problems += [f"session {index}: not moved" for index, ok in enumerate(moved) if not ok]
     for index, talk in enumerate(talks):
         if talk.seqs != list(range(talk.seqs[0], talk.seqs[0] + len(talk.seqs))):
             problems.append(f"session {index}: server_event_seq with a gap or a repeat")
-    before = [_longest_gap(t.times, sent - _WINDOW_S, sent) for t in talks]
-    during = [_longest_gap(t.times, sent, sent + _WINDOW_S) for t in talks]
-    return {"sessions": sessions, "stall_ms": distribution(during),
+        if event == "drain" and talk.cut_short:
+            problems.append(f"session {index}: an answer cut short by a drain")
+    before = [_longest_gap(t.times, sent - window_s, sent) for t in talks]
+    during = [_longest_gap(t.times, sent, sent + window_s) for t in talks]
+    return {"event": event, "sessions": sessions, "stall_ms": distribution(during),
             "baseline_gap_ms": distribution(before), "turns": sum(t.turns for t in talks),
+            "cut_short": sum(t.cut_short for t in talks),
             "events_checked": sum(len(t.seqs) for t in talks), "problems": problems}
 
 
@@ -193,54 +213,80 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sessions", type=positive_int_list, default=[1, 10, 20, 40],
                         help="talking sessions on the drained worker, one run each "
                              "(comma-separated; default: 1,10,20,40)")
+    parser.add_argument("--event", type=_events, default=list(EVENTS),
+                        help="what happens to the first worker: drain (SIGTERM), kill "
+                             "(SIGKILL), or both (comma-separated; default: drain,kill)")
     parser.add_argument("--output", help=output_help("migrate"))
 
 
-def run_migrate_bench(*, sessions: list[int],
+def _events(text: str) -> list[str]:
+    """An argparse type: ``"kill,drain"`` -> ``["drain", "kill"]``."""
+    chosen = {part.strip() for part in text.split(",") if part.strip()}
+    if not chosen or chosen - set(EVENTS):
+        raise argparse.ArgumentTypeError(f"expected drain, kill or both, got {text!r}")
+    return [event for event in EVENTS if event in chosen]
+
+
+def run_migrate_bench(*, sessions: list[int], events: list[str] | None = None,
                       output: str | os.PathLike[str] | None = None) -> int:
     """Run the bench; returns the exit status (0 ran cleanly, 1 something was lost or a
     session ended, 2 the counts are out of range)."""
-    if not sessions or min(sessions) < 1:
-        print("bench migrate: need --sessions >= 1", file=sys.stderr)
+    events = list(EVENTS) if events is None else events
+    if not sessions or min(sessions) < 1 or not events or set(events) - set(EVENTS):
+        print("bench migrate: need --sessions >= 1 and --event drain, kill or both",
+              file=sys.stderr)
         return 2
     out = output_path(output, "migrate")
     log_dir = Path(tempfile.mkdtemp(prefix="dg-bench-migrate-"))
     try:
-        rows = [_measure(n, log_dir) for n in sessions]
+        rows = [_measure(n, event, log_dir) for event in events for n in sessions]
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
-    report = {"config": {"sessions": sessions, "window_s": _WINDOW_S,
+    targets = {"drain": TARGET_HAND_OVER_P99_MS, "kill": TARGET_LOSS_P99_MS}
+    report = {"config": {"sessions": sessions, "events": events,
+                         "window_s": {e: _WINDOW_S[e] for e in events},
                          "turn_chunks": _TURN_CHUNKS, "backend": "loopback"},
-              "target_p99_ms": TARGET_HAND_OVER_P99_MS, "rows": rows}
+              "target_p99_ms": {e: targets[e] for e in events}, "rows": rows}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
     plot = out.with_suffix(".svg")
+    series: dict[str, list[tuple[float, float]]] = {}
+    for event in events:
+        mine = [r for r in rows if r["event"] == event]
+        series[f"{event}: stall p50"] = [(r["sessions"], r["stall_ms"]["p50"]) for r in mine]
+        series[f"{event}: stall p99"] = [(r["sessions"], r["stall_ms"]["p99"]) for r in mine]
+        series[f"{event}: between turns before, p99"] = [
+            (r["sessions"], r["baseline_gap_ms"]["p99"]) for r in mine]
     write_chart(plot, Chart(
-        title="drain under talking sessions: longest time without an event",
-        x_label="sessions on the drained worker", y_label="ms",
-        series={"stall p50": [(r["sessions"], r["stall_ms"]["p50"]) for r in rows],
-                "stall p99": [(r["sessions"], r["stall_ms"]["p99"]) for r in rows],
-                "between turns before, p99": [(r["sessions"], r["baseline_gap_ms"]["p99"])
-                                              for r in rows]},
-        reference=(TARGET_HAND_OVER_P99_MS, "target p99"), integer_x=True))
+        title="a worker drained or killed under talking sessions: longest time without an"
+              " event", x_label="sessions on the first worker", y_label="ms", series=series,
+        reference=(TARGET_HAND_OVER_P99_MS, "drain target p99"), integer_x=True))
     _print(report, out, plot)
     return 1 if any(row["problems"] for row in rows) else 0
 
 
 def _print(report: dict[str, Any], out: Path, plot: Path) -> None:
-    print("migrate bench: a loopback worker drained under N talking sessions, each handed over "
-          f"(windows of {report['config']['window_s']:g} s before and from the SIGTERM)")
-    print(f"  {'sessions':>8}  {'stall p50':>10}  {'stall p99':>10}  {'baseline p99':>12}"
-          f"  {'turns':>6}  {'problems':>8}")
+    windows = ", ".join(f"{event} {seconds:g} s"
+                        for event, seconds in report["config"]["window_s"].items())
+    print("migrate bench: a loopback worker drained (each session handed over) or killed (each"
+          f" re-placed) under N talking sessions (windows before and from the signal:"
+          f" {windows})")
+    print(f"  {'event':>5}  {'sessions':>8}  {'stall p50':>10}  {'stall p99':>10}"
+          f"  {'baseline p99':>12}  {'turns':>6}  {'cut':>4}  {'problems':>8}")
     for row in report["rows"]:
         stall, base = row["stall_ms"], row["baseline_gap_ms"]
-        print(f"  {row['sessions']:>8}  {stall['p50']:>8.0f}ms  {stall['p99']:>8.0f}ms"
-              f"  {base['p99']:>10.0f}ms  {row['turns']:>6}  {len(row['problems']):>8}")
+        print(f"  {row['event']:>5}  {row['sessions']:>8}  {stall['p50']:>8.0f}ms"
+              f"  {stall['p99']:>8.0f}ms  {base['p99']:>10.0f}ms  {row['turns']:>6}"
+              f"  {row['cut_short']:>4}  {len(row['problems']):>8}")
         for problem in row["problems"][:5]:
             print(f"    {problem}")
-    worst = max(row["stall_ms"]["p99"] or 0.0 for row in report["rows"])
-    verdict = "met" if worst <= TARGET_HAND_OVER_P99_MS else "MISSED"
-    print(f"  target: hand-over p99 <= {TARGET_HAND_OVER_P99_MS:g} ms (the stall bounds it "
-          f"from above: it adds the session's own pause): {verdict}")
+    for event, target in report["target_p99_ms"].items():
+        worst = max(row["stall_ms"]["p99"] or 0.0 for row in report["rows"]
+                    if row["event"] == event)
+        verdict = "met" if worst <= target else "MISSED"
+        what = ("hand-over" if event == "drain"
+                else "loss to first new output (heartbeat lapse and adoption)")
+        print(f"  target ({event}): {what} p99 <= {target:g} ms (the stall bounds it from"
+              f" above: it adds the session's own pause): {verdict}")
     print(f"results: {out}")
     print(f"plot: {plot}")

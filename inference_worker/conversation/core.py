@@ -31,14 +31,13 @@ every event, following the session's :class:`~inference_worker.conversation.turn
 * **Cancel.** ``response.cancel``, an interrupting speech start, ``output_audio_buffer.clear``
   and a truncation of the active item end it ``cancelled`` and stop the model; each stop
   advances the epoch, and a frame of an older epoch is fenced. ``output.backpressure`` ends
-  it ``failed`` the same way.
+  it ``failed`` the same way, as does a lost worker's take-over.
 * **Playback, formats, items.** ``playback.ack`` moves the response's ledger
   (:mod:`~inference_worker.conversation.playback`: an interrupted answer keeps only what was
   acknowledged); G.711 is decoded at the edge and output encoded per response;
-  ``conversation.item.*`` keep the history, and where a response answers a committed turn
-  (the loopback) a created user message is the turn the next ``response.create`` answers.
-* **Checkpoints.** At a safe point the state is data another worker's core continues from
-  (:meth:`ConversationCore.checkpoint`, :mod:`~inference_worker.conversation.checkpoint`).
+  ``conversation.item.*`` keep the history (a created user message is the turn the next
+  ``response.create`` answers, where responses answer turns). At a safe point the state is
+  data another worker's core continues from (:mod:`~inference_worker.conversation.checkpoint`).
 
 Every move of the input (:mod:`~inference_worker.conversation.user_input`), response and gate
 machines is looked up in :data:`~inference_worker.conversation.states.TRANSITIONS`; an illegal
@@ -175,9 +174,13 @@ class ConversationCore:
         return copy.deepcopy(self._config)
 
     @property
-    def responding(self) -> bool:
-        """Whether a response is active."""
-        return self._responses.active
+    def active_response(self) -> str | None:
+        """The active response's id (None: none is active)."""
+        return self._responses.active_id
+
+    def lose_response(self) -> None:
+        """End the active response ``failed`` ``worker_lost`` (``Responses.lose``)."""
+        self._responses.lose()
 
     @property
     def history(self) -> list[Item]:
@@ -206,12 +209,9 @@ class ConversationCore:
         self._drain_model(now)
 
     def on_frame(self, frame: FrameOutput, now: float) -> None:
-        """One engine tick's output of this session's slot (``now``: its arrival).
-
-        A frame of an older epoch than the model's (the step ran before the engine applied
-        the last stop) is fenced: what the model said in it belonged to a cancelled response,
-        so only what it heard of the user (speech, transcript) and its failures count.
-        """
+        """One engine tick's output of this session's slot (``now``: its arrival). A frame of
+        an older epoch than the model's (stepped before the engine applied the last stop) is
+        fenced: only what it heard of the user (speech, transcript) and its failures count."""
         if self._close_reason is not None:
             return
         reports = frame.all_reports()

@@ -32,6 +32,7 @@ from typing import Final
 
 from contract import messages as msg
 from contract.messages import JsonObject
+from contract.reasons import CloseReason
 from inference_worker.conversation.history import Conversation, OpenResponse
 from inference_worker.conversation.model_port import ModelPort
 from inference_worker.conversation.objects import CancelReason, ResponseStatus
@@ -132,6 +133,11 @@ class Responses:
         """Whether a response is active (opened and not ended)."""
         return self.state in _ACTIVE
 
+    @property
+    def active_id(self) -> str | None:
+        """The active response's id (None: none is active)."""
+        return None if self.current is None else self.current.opened.id
+
     def configure(self, config: JsonObject) -> None:
         """The session's configuration changed: count sustained silence by its
         ``end_of_turn_silence_ms``."""
@@ -204,6 +210,13 @@ class Responses:
         mid-word, mute the rest of its turn)."""
         self.end(Trigger.CANCEL, ResponseStatus.CANCELLED, reason, seed_reason)
         self.stop_model()
+
+    def lose(self) -> None:
+        """End the active response, if any, ``failed`` with error code ``worker_lost`` (its
+        worker was lost while it played: the client heard part of it), and stop the model."""
+        if self.cancellable() is not None:
+            self.end(Trigger.CANCEL, ResponseStatus.FAILED, CloseReason.WORKER_LOST)
+            self.stop_model()
 
     def stop_model(self) -> None:
         """Tell the model to stop its response; one that cannot stop mid-word is muted for

@@ -34,6 +34,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 LEASE_S = 1.0
 TEN_SECONDS = bytes(480_000)  # 10 s of pcm16 at 24 kHz: the model talks for 10 s
+# 1 s: an answer long enough to be cut, in an append small enough for a checkpoint to hold.
+ONE_SECOND = bytes(48_000)
 
 
 @pytest.fixture
@@ -115,8 +117,8 @@ async def test_a_worker_cut_off_from_redis_is_declared_lost_and_rejoins_as_anoth
         cut_off: Namespace, reachable_redis: EmbeddedServer) -> None:
     """The worker runs in a namespace and its Redis link goes down while its model speaks
     (ten seconds of loopback playback): the gateways' reapers declare it lost and the
-    session ends ``worker_lost``, exactly once and last (until sessions move to another
-    worker). Healed, the worker finds itself fenced: what it generated meanwhile and sends
+    session ends ``worker_lost``, exactly once and last (no other worker to move it to).
+    Healed, the worker finds itself fenced: what it generated meanwhile and sends
     once the link is back is refused, so the log still ends with that terminal event, and it
     rejoins under a new id that serves new sessions."""
     redis_link = cut_off.links[0]
@@ -157,6 +159,85 @@ async def test_a_worker_cut_off_from_redis_is_declared_lost_and_rejoins_as_anoth
         echoed = await collect_until(fresh, "response.output_audio.delta", [])
         assert chunk_index(echoed.audio) == 0
         await fresh.aclose()
+        await asyncio.wait_for(client.aclose(), 10)
+    finally:
+        stack.stop()
+        await redis.aclose()
+
+
+@pytest.mark.logs_errors  # the cut-off worker's own line: declared lost, it stops writing
+async def test_a_cut_off_worker_s_session_moves_to_the_other_worker_and_talks_on(
+        cut_off: Namespace, reachable_redis: EmbeddedServer) -> None:
+    """Two workers; the session's, in a namespace, loses its Redis link while its model
+    speaks. The reapers declare it lost and re-place the session on the other worker from its
+    checkpoint: the answer the cut interrupted ends once (``failed`` ``worker_lost``), the
+    session is not closed, and its next turn is answered by the other worker. Healed, the cut
+    worker's writes are refused (each event once, in order), and it rejoins under a new id."""
+    redis_link = cut_off.links[0]
+    stack = Stack(redis=reachable_redis, env=dict(FAST_ENV))
+    redis = Redis.from_url(reachable_redis.url)
+    try:
+        gateway = stack.gateway()
+        stack.worker(prefix=cut_off.prefix,
+                     redis_url=f"redis://{redis_link.host}:{reachable_redis.port}/0")
+        [cut_id] = await redis.zrange(WORKER_DIRECTORY, 0, -1)
+        client = await DuplexClient.connect(gateway.ws_url, session=PUSH_TO_TALK_SESSION)
+        events: list[RealtimeEvent] = []
+        await collect_until(client, "session.updated", events)
+        stack.worker()
+        assert client.session_id is not None
+        record = SessionKeys(client.session_id).record
+        for index in range(5):  # 100 ms: the least a commit takes
+            await client.append_audio(marked_chunk(0, index))
+        await client.commit()
+        await client.create_response()
+        await collect_until(client, "response.done", events)
+
+        async def checkpointed() -> bool:
+            return bool(await redis.hexists(record, "ck_core"))
+
+        await until(checkpointed, "a checkpoint after the first answer")
+        await client.append_audio(ONE_SECOND)
+        await client.commit()
+        await client.create_response()
+        await collect_until(client, "response.output_audio.delta", events)
+
+        cut_off.cut(redis_link)
+        done = await collect_until(client, "response.done", events, timeout=20)
+        assert done.data["response"]["status"] == "failed", done.data
+        assert done.data["response"]["status_details"]["error"]["code"] == "worker_lost"
+
+        async def moved() -> bool:
+            owner = await redis.hget(record, "owner")
+            return owner is not None and owner != cut_id
+
+        await until(moved, "the session re-placed on the other worker")
+        for index in range(10, 15):
+            await client.append_audio(marked_chunk(0, index))
+        await client.commit()
+        await client.create_response()
+        answered = await collect_until(client, "response.done", events, timeout=20)
+        assert answered.data["response"]["status"] == "completed"
+        played = b"".join(e.audio for e in events[events.index(done) + 1:]
+                          if e.type == "response.output_audio.delta")
+        assert played == b"".join(marked_chunk(0, index) for index in range(10, 15))
+
+        cut_off.heal(redis_link)
+
+        owner = await redis.hget(record, "owner")
+
+        async def rejoined() -> bool:
+            return any(member not in (cut_id, owner)
+                       for member in await redis.zrange(WORKER_DIRECTORY, 0, -1))
+
+        await until(rejoined, "the fenced worker to rejoin under a new id", timeout=60)
+        await client.heartbeat()
+        await collect_until(client, "session.heartbeat_ack", events)
+        assert not [e for e in events if e.type in ("session.closed", "session.expired")]
+        seqs = [e.server_event_seq for e in events if e.server_event_seq is not None]
+        assert seqs == list(range(1, len(seqs) + 1)), "each event once, in order"
+        created = [e.response_id for e in events if e.type == "response.created"]
+        assert created == [e.response_id for e in events if e.type == "response.done"]
         await asyncio.wait_for(client.aclose(), 10)
     finally:
         stack.stop()

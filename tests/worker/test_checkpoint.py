@@ -168,10 +168,11 @@ def test_no_checkpoint_off_a_safe_point() -> None:
     core.events_to_send()
     core.receive(msg.CreateResponse(), T0)
     core.events_to_send()
-    assert core.responding and core.checkpoint() is None
+    assert core.active_response is not None and core.checkpoint() is None
     core.receive(msg.CancelResponse(), T0)
     core.events_to_send()
-    assert not core.responding and core.checkpoint() is None  # the engine has the stop to take
+    # The engine has the stop to take.
+    assert core.active_response is None and core.checkpoint() is None
     assert core.take_input().stops == 1 and core.checkpoint() is not None
     core.receive(msg.CloseSession(), T0)
     core.events_to_send()

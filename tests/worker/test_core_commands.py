@@ -113,7 +113,7 @@ def test_input_cancel_ends_the_response_and_drops_the_input(
     done = done_of(events).response
     assert (done["status"], done["status_details"]["reason"]) == ("cancelled",
                                                                   "client_cancelled")
-    assert core.epoch == epoch + 1 and not core.responding
+    assert core.epoch == epoch + 1 and core.active_response is None
     assert refusal(send(core, msg.CommitInput(), T0 + 1))[0] == "input_audio_buffer_commit_empty"
 
 
@@ -151,7 +151,7 @@ def test_barge_in_ends_the_response_turn_detected(make: Callable[[], Conversatio
     done = done_of(events).response
     assert done["status_details"] == {"type": "cancelled", "reason": "turn_detected"}
     assert kinds(events)[-1] == "input.cleared"
-    assert not core.responding
+    assert core.active_response is None
 
 
 def test_barge_in_mutes_a_model_that_cannot_stop() -> None:
@@ -377,6 +377,6 @@ def test_output_backpressure_fails_the_active_response(
     assert done["status"] == "failed"
     assert done["status_details"] == {"type": "failed", "error": {
         "type": "server_error", "code": "output_backpressure"}}
-    assert core.epoch == epoch + 1 and not core.responding
+    assert core.epoch == epoch + 1 and core.active_response is None
     assert kinds(send(core, msg.OutputBackpressure(pending_events=600, pending_bytes=0),
                       T0 + 0.4)) == []  # nothing active: nothing to do

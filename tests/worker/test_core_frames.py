@@ -179,7 +179,7 @@ def test_silence_is_dropped_and_speech_opens_a_response() -> None:
     assert kinds(events) == [*OPENING, "audio.delta"]
     delta = events[-1]
     assert isinstance(delta, msg.AudioDelta) and delta.audio == LOUD.audio
-    assert r.responding
+    assert r.active_response is not None
 
 
 def test_sustained_silence_completes_the_response_with_its_transcript() -> None:
@@ -199,7 +199,7 @@ def test_sustained_silence_completes_the_response_with_its_transcript() -> None:
     assert done["output"][0]["content"][0]["transcript"] == "Hello"
     transcript = events[2]
     assert isinstance(transcript, msg.TranscriptDone) and transcript.transcript == "Hello"
-    assert not r.responding
+    assert r.active_response is None
 
 
 def test_held_text_without_speech_is_forgotten() -> None:

@@ -71,7 +71,7 @@ def test_create_response_false_leaves_an_answering_session_unanswered() -> None:
     """response_create false: no response, although the session answers every commit."""
     core = auto_loopback()
     assert kinds(commit(core, msg.CommitInput(create_response=False))) == USER_TURN
-    assert not core.responding
+    assert core.active_response is None
     # Left unanswered, not dropped: response.create answers it later.
     assert "response.created" in kinds(send(core, msg.CreateResponse()))
 
@@ -102,7 +102,7 @@ def test_create_response_true_opens_a_response_a_frame_model_fills() -> None:
     """On a full-duplex model a commit that asks for a response opens one for the model."""
     core = frames()
     events = commit(core, msg.CommitInput(create_response=True))
-    assert "response.created" in kinds(events) and core.responding
+    assert "response.created" in kinds(events) and core.active_response is not None
     feed(core, LOUD, T0 + 0.1)
     assert kinds(drain(core))[:1] == ["audio.delta"]
 
@@ -129,7 +129,7 @@ def test_is_speech_false_is_a_silent_commit(make: Callable[[], ConversationCore]
     [committed] = of_type(events, msg.InputCommitted)
     assert committed.silent
     assert (committed.listen, committed.listen_epoch) == ("silence_or_noise", core.epoch)
-    assert not core.responding
+    assert core.active_response is None
     assert refusal(send(core, msg.CommitInput()))[0] == "input_audio_buffer_commit_empty"
 
 
@@ -144,7 +144,7 @@ def test_a_silent_commit_overrides_the_sessions_answer() -> None:
     """auto_response answers commits; a silent one gets the listen decision instead."""
     core = auto_loopback()
     events = commit(core, msg.CommitInput(is_speech=False))
-    assert "response.created" not in kinds(events) and not core.responding
+    assert "response.created" not in kinds(events) and core.active_response is None
 
 
 def test_appends_that_all_said_silence_make_a_silent_commit() -> None:
@@ -186,7 +186,7 @@ def test_force_listen_leaves_the_turn_unanswered() -> None:
     assert kinds(events) == USER_TURN
     [committed] = of_type(events, msg.InputCommitted)
     assert (committed.listen, committed.listen_epoch) == ("model_listen", core.epoch)
-    assert not core.responding
+    assert core.active_response is None
 
 
 def test_a_commit_that_asks_for_a_response_overrides_force_listen() -> None:
@@ -218,7 +218,7 @@ def test_hints_that_keep_listening_change_nothing() -> None:
     core = loopback()
     speak(core)
     core.receive(msg.AppendAudio(audio=TURN, hints={"overlap_action": "listen"}), T0 + 0.1)
-    assert not of_type(drain(core), msg.ResponseDone) and core.responding
+    assert not of_type(drain(core), msg.ResponseDone) and core.active_response is not None
 
 
 def test_the_appends_transcripts_become_the_user_items() -> None:
@@ -268,7 +268,7 @@ def test_clear_naming_another_response_is_refused(make: Callable[[], Conversatio
     speak(core)
     events = send(core, msg.ClearOutputAudio(response_id="resp_9", event_id="x"), T0 + 0.5)
     assert refusal(events) == ("response_cancel_not_active", "response_id")
-    assert core.responding
+    assert core.active_response is not None
 
 
 def test_clear_naming_the_newest_finished_response_is_answered() -> None:

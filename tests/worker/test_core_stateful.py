@@ -175,7 +175,7 @@ class CoreMachine(RuleBasedStateMachine):
             self.now += FRAME_S
             if stale and self.core.epoch:
                 frame = dataclasses.replace(FRAMES[name], epoch=self.core.epoch - 1)
-                responding = self.core.responding
+                responding = self.core.active_response is not None
                 self.core.on_frame(frame, self.now)
                 events = self.core.events_to_send()
                 assert not (not responding and any(isinstance(e, msg.ResponseCreated)
@@ -240,7 +240,8 @@ class CoreMachine(RuleBasedStateMachine):
 
     @invariant()
     def one_response_at_most(self) -> None:
-        assert self.core is None or self.core.responding == (self.open is not None)
+        assert self.core is None or (
+            (self.core.active_response is not None) == (self.open is not None))
 
     def teardown(self) -> None:
         if self.core is not None and not self.closed:

@@ -421,7 +421,7 @@ def test_frame_runner_create_response_false_leaves_answering_to_the_model() -> N
     update(runner, {"type": "semantic_vad", "eagerness": "high", "create_response": False})
     events = append(runner, utterance())
     assert kinds(events) == ["input.speech_started", "input.speech_stopped", *USER_TURN]
-    assert not runner.responding
+    assert runner.active_response is None
 
 
 def test_frame_runner_turn_detection_back_to_null() -> None:

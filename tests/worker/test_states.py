@@ -119,7 +119,7 @@ def test_an_illegal_move_in_the_core_raises_and_leaves_the_state() -> None:
         responses.move_gate(Trigger.AUDIBLE)  # the gate has no such trigger
     assert (responses.state, core._input.state, responses.gate) == (
         ResponseState.IDLE, InputState.EMPTY, GateState.LIVE)
-    assert not core.responding
+    assert core.active_response is None
 
 
 def test_table_is_read_only() -> None:
