@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from runtime.heap import GENERATIONS, PAUSE_BUCKETS
 from runtime.loop_lag import LAG_BUCKETS, PROBE_INTERVAL_S
+from store.replacement import ReplaceStatus
 
 __all__ = ["GatewayMetrics", "HotCounter", "HotHistogram"]
 
@@ -139,6 +140,8 @@ class GatewayMetrics:
             "Sessions of lost workers this reaper offered to live workers, by outcome: moved"
             " (re-placed from its checkpoint), no_checkpoint, no_room, not_owned, failed (all"
             " but moved end worker_lost)", ["outcome"], registry=r)
+        for outcome in ReplaceStatus:  # each exported at 0 from the start
+            self.re_placements.labels(outcome)
         self.worker_reaps = Counter(
             f"{_NS}_worker_reaps",
             "Reaps of one worker this reaper ran (only the workers of its share:"
