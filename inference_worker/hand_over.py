@@ -86,6 +86,9 @@ _SAFE_POINT_POLL_S = 0.02
 # The most input entries after a checkpoint a take-over replays at once (the input log's own
 # bound is far below it).
 _REPLAY_READ = 1 << 20
+# A session still off a safe point this close to its drain's deadline moves from its last
+# checkpoint (what it wrote since reconciled by the adopter, an answer playing cut short).
+_LATE_MOVE_S = 1.0
 # A reservation on this worker for a session it does not serve, and that another worker
 # owns, is let go after this long (a hand-over to here that failed after reserving).
 _STALE_RESERVATION_MS = 60_000
@@ -177,7 +180,7 @@ class HandOver:
             self._metrics.hand_over("failed")
             return
         self._metrics.hand_over(outcome)
-        if outcome != "moved":
+        if outcome not in ("moved", "late"):
             with contextlib.suppress(StoreError):
                 await self._scripts.release_slot(adopter, session_id)
             return
@@ -209,7 +212,8 @@ class HandOver:
 
     async def _move_at_safe_point(self, session_id: str, session: Session, adopter: str,
                                   deadline: float) -> str:
-        """Move the session once it is at a safe point; its outcome."""
+        """Move the session once it is at a safe point, or off one from its last checkpoint
+        as the deadline nears; its outcome."""
         marks = session.checkpoints
         while marks is not None and time.monotonic() < deadline:
             async with session.lock:
@@ -221,17 +225,27 @@ class HandOver:
                     item, _ = taken
                     if await self._scripts.write_checkpoints([item]) != [CheckpointStatus.OK]:
                         return "failed"
-                    adoption = await self._scripts.adopt_session(
-                        session_id, replaces_epoch=session.owner_epoch, adopter=adopter,
-                        checkpoint_seq=item.seq)
-                    if adoption.status is not AdoptStatus.OK:
-                        return "failed"
-                    # It lives on at the adopter: no terminal event; any write of ours still
-                    # under way is refused (moved).
-                    self._sessions.forget(session_id)
-                    return "moved"
+                    return await self._move(session_id, session, adopter, item.seq, "moved")
+                if deadline - time.monotonic() < _LATE_MOVE_S and marks.hold.keep is not None:
+                    # No pause in time: the adopter continues from the last checkpoint and
+                    # reconciles what was written since, as after a loss.
+                    return await self._move(session_id, session, adopter, marks.seq, "late")
             await self._checkpointer.next_write(_SAFE_POINT_POLL_S)
         return "no_safe_point"
+
+    async def _move(self, session_id: str, session: Session, adopter: str, seq: int,
+                    outcome: str) -> str:
+        """Move the session's ownership to ``adopter`` from its checkpoint of event ``seq``
+        (its lock held); ``outcome`` when it moved."""
+        adoption = await self._scripts.adopt_session(
+            session_id, replaces_epoch=session.owner_epoch, adopter=adopter,
+            checkpoint_seq=seq)
+        if adoption.status is not AdoptStatus.OK:
+            return "failed" if outcome == "moved" else "no_safe_point"
+        # It lives on at the adopter: no terminal event; any write of ours still under way
+        # is refused (moved).
+        self._sessions.forget(session_id)
+        return outcome
 
     # ------------------------------------------------------------------ taking over
 

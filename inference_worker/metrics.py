@@ -33,7 +33,7 @@ _BATCH_BUCKETS = (0, 1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 _CHECKPOINT_BUCKETS = (256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304)
 _HAND_OVER_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: What became of a session a draining worker tried to hand over (``hand_overs``).
-HAND_OVER_OUTCOMES = ("moved", "ended", "no_room", "no_safe_point", "failed")
+HAND_OVER_OUTCOMES = ("moved", "late", "ended", "no_room", "no_safe_point", "failed")
 #: What became of a session handed to this worker (``take_overs``).
 TAKE_OVER_OUTCOMES = ("taken", "reconciled", "ended")
 #: What became of a checkpoint taken (``checkpoints`` ``outcome`` label).
@@ -151,10 +151,12 @@ class WorkerMetrics:
             label, registry=r).labels(backend)
         self._hand_overs = Counter(
             f"{_NS}_hand_overs",
-            "Sessions a draining worker tried to hand over, by outcome (moved; ended: it ended"
-            " on its own first; no_room: no live worker of the model had a free slot;"
-            " no_safe_point: none came before the drain's deadline; failed: the store refused"
-            " or could not be reached)",
+            "Sessions a draining worker tried to hand over, by outcome (moved; late: moved off"
+            " a safe point from its last checkpoint as the drain's deadline neared, an answer"
+            " playing cut short; ended: it ended on its own first; no_room: no live worker of"
+            " the model had a free slot; no_safe_point: none came before the drain's deadline"
+            " and it had no checkpoint to move from; failed: the store refused or could not be"
+            " reached)",
             ["backend", "outcome"], registry=r)
         self._take_overs = Counter(
             f"{_NS}_take_overs",

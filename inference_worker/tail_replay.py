@@ -7,19 +7,19 @@ checkpoint replays that input (:func:`replay_tail`) and its events are matched a
 tail, one for one and in order, by what identifies them (their type, the response and item
 they belong to, a response's final status; the content of deltas is not compared, nor how
 the model's output was cut into them): a matched event is not written again. Once the whole
-tail is matched the session is where its client is, and what follows is new: the response the
-tail left open (the client saw it start, not end) ends once, ``response.done`` ``failed``
-with error code ``worker_lost``, its item keeping what the replay accounts for (the audio the
-client heard past it is dropped as a truncation drops it), and the input after is applied as
-usual.
+tail is matched, and the response it left open (the client saw it start, not end) has produced
+as much output as the client got of it, the session is where its client is, and what follows
+is new: that response ends once, ``response.done`` ``failed`` with error code ``worker_lost``,
+its item keeping what the replay produced (none of its output is sent again), and the input
+after is applied as usual.
 
 The replay runs on a clock of its own: every entry at the time reached so far, which moves only
-to let the active response end as the tail shows it ended by itself (a completed answer), so
-an answer that ended before the next turn was heard ends before it here too, and one cut
-short by input is cut by that input. A replay that does not reproduce the tail (a backend that
-is not deterministic given its input, a client that paced its commands by a clock this replay
-does not see) raises :class:`ReplayDiverged`: the session ends ``worker_lost``, never continues
-on a guess.
+to let the active response end as the tail shows it ended by itself (a completed answer), or
+play the open one as far as the client heard it, so an answer that ended before the next turn
+was heard ends before it here too, and one cut short by input is cut by that input. A replay
+that does not reproduce the tail (a backend that is not deterministic given its input, a
+client that paced its commands by a clock this replay does not see) raises
+:class:`ReplayDiverged`: the session ends ``worker_lost``, never continues on a guess.
 
 It does no I/O: the caller reads the tail and the input and writes what it returns.
 """
@@ -89,6 +89,14 @@ def event_key(event: msg.Event) -> EventKey | None:
     return (event.KIND, response_id, item_id, status)
 
 
+def _size(event: msg.Event) -> int:
+    """How much output a loose event carries (audio bytes, or text bytes)."""
+    if isinstance(event, msg.AudioDelta):
+        return len(event.audio)
+    delta = getattr(event, "delta", "")
+    return len(delta.encode()) if isinstance(delta, str) else 0
+
+
 def _response_of(event: msg.Event) -> str | None:
     if isinstance(event, msg.ResponseCreated | msg.ResponseDone):
         return str(event.response.get("id"))
@@ -113,10 +121,27 @@ class _TailMatch:
         left_open = [rid for rid in opened if rid not in self._ends]
         #: The response the client saw start and not end (None: none).
         self.open_response = left_open[-1] if left_open else None
+        # How much of its output the client got, and how much of it the replay produced.
+        self._heard = sum(_size(e) for e in tail
+                          if event_key(e) is None and _response_of(e) == self.open_response)
+        self._replayed = 0
 
     @property
     def matched(self) -> bool:
+        """Whether every event of the tail but the loose ones was reproduced."""
         return not self._expected
+
+    def behind(self, active: str | None) -> bool:
+        """Whether the tail is matched but ``active``, the response it left open, has not
+        produced as much output as the client got of it yet."""
+        return (not self._expected and active is not None and active == self.open_response
+                and self._replayed < self._heard)
+
+    def caught_up(self, active: str | None) -> bool:
+        """Whether the replay stands where the client does (``active``: the core's active
+        response): the tail matched, and the response it left open, still active, produced
+        what the client got of it."""
+        return self.matched and not self.behind(active)
 
     def ends_by_itself(self, response_id: str | None) -> bool:
         """Whether the next event to match is ``response_id``'s own and the tail shows it
@@ -138,7 +163,9 @@ class _TailMatch:
             if key is None:
                 # Within the tail, or of the response the client heard up to the loss (which
                 # ends at once): the client had this output, cut its own way.
-                if not self._expected and _response_of(event) != self.open_response:
+                if _response_of(event) == self.open_response:
+                    self._replayed += _size(event)
+                elif not self._expected:
                     fresh.append(event)
                 continue
             if self._expected:
@@ -169,7 +196,7 @@ def replay_tail(session: Session, entries: Sequence[InputEntry], tail: Sequence[
     applied = 0
     for entry in entries:
         clock = _play_on(core, match, clock, start, fresh)
-        if match.matched:
+        if match.caught_up(core.active_response):
             break
         if is_current(entry.token, session.applied_under):
             session.applied_under = entry.token
@@ -198,10 +225,11 @@ def replay_tail(session: Session, entries: Sequence[InputEntry], tail: Sequence[
 
 def _play_on(core: ConversationCore, match: _TailMatch, clock: float, start: float,
              fresh: list[msg.Event]) -> float:
-    """Let the active response play on while the tail shows it ending by itself next; the
+    """Let the active response play on while the tail shows it ending by itself next, or
+    while it is the one the tail left open and has not played what the client got of it; the
     clock reached."""
     last_due = None
-    while match.ends_by_itself(core.active_response):
+    while match.ends_by_itself(core.active_response) or match.behind(core.active_response):
         due = core.next_deadline()
         if due is None or due == last_due:
             break

@@ -130,3 +130,59 @@ async def test_with_no_worker_to_take_it_a_drained_session_ends_as_before(
     terminals = [event for _, event in await events(redis_client, opened.session_id)
                  if msg.is_terminal(event)]
     assert [getattr(event, "reason", None) for event in terminals] == ["worker_shutdown"]
+
+
+async def test_a_session_that_never_pauses_moves_late_from_its_last_checkpoint(
+        redis_client: Redis) -> None:
+    """A stream-mode echo (a response that never pauses) has no safe point in the drain's
+    time: a second before the deadline it moves from its last checkpoint (outcome late), the
+    adopter replays what came after it against what was written, the echo playing ends once
+    (failed, worker_lost), and the session echoes on at the adopter, each event once, in
+    order, no terminal event."""
+    stream = encode_message(msg.UpdateSession(session={
+        "audio": {"input": {"turn_detection": None}},
+        "extra_body": {"loopback_mode": "stream"}}))
+    async with running_worker(redis_client, slots=4, checkpoint_interval_s=0.2) as adopter:
+        async with running_worker(redis_client, slots=4, checkpoint_interval_s=0.2,
+                                  drain_timeout_s=1.5) as draining:
+            opened = await open_session(draining.scripts, draining.worker.worker_id)
+            await send(draining, opened.lease, stream, encode_message(msg.Heartbeat()))
+            await until(lambda: redis_client.hexists(SessionKeys(opened.session_id).record,
+                                                     "ck_core"), "a first checkpoint")
+            await send(draining, opened.lease,
+                       *[encode_message(msg.AppendAudio(audio=CHUNK))] * 5)
+
+            async def echoing() -> bool:
+                return any(isinstance(event, msg.AudioDelta)
+                           for _, event in await events(redis_client, opened.session_id))
+
+            await until(echoing, "the echo playing")
+            draining.worker.stop()
+            await until(lambda: opened.session_id in adopter.worker.session_ids,
+                        "the session taken over")
+            metrics = draining.worker.metrics.registry
+            assert metrics.get_sample_value("duplex_worker_hand_overs_total",
+                                            {"backend": "loopback", "outcome": "late"}) == 1
+        await send(adopter, opened.lease, *[encode_message(msg.AppendAudio(audio=CHUNK))] * 3,
+                   encode_message(msg.Heartbeat()))
+
+        async def acked_twice() -> bool:
+            return sum(isinstance(event, msg.HeartbeatAck)
+                       for _, event in await events(redis_client, opened.session_id)) == 2
+
+        await until(acked_twice, "the adopter answering")
+        logged = await events(redis_client, opened.session_id)
+        assert [seq for seq, _ in logged] == list(range(1, len(logged) + 1))
+        assert not any(msg.is_terminal(event) for _, event in logged)
+        created = [e.response["id"] for _, e in logged if isinstance(e, msg.ResponseCreated)]
+        done = [(e.response["id"], e.response["status"]) for _, e in logged
+                if isinstance(e, msg.ResponseDone)]
+        assert len(created) == len(set(created)) and [rid for rid, _ in done] == created[
+            :len(done)], "every response ends once, in order"
+        assert done[0][1] == "failed", "the echo playing at the move is cut short"
+        cut = next(n for n, (_, e) in enumerate(logged) if isinstance(e, msg.ResponseDone))
+        echoed = b"".join(e.audio for _, e in logged[cut:] if isinstance(e, msg.AudioDelta))
+        assert echoed == CHUNK * 3, "what came after is echoed at the adopter, once"
+        assert adopter.worker.metrics.registry.get_sample_value(
+            "duplex_worker_take_overs_total",
+            {"backend": "loopback", "outcome": "reconciled"}) == 1

@@ -142,6 +142,11 @@ def test_an_answer_cut_short_by_the_loss_ends_once_and_the_session_goes_on() -> 
     assert [(item.role, item.status) for item in core.history] == [
         ("user", "completed"), ("assistant", "completed"),
         ("user", "completed"), ("assistant", "incomplete")]
+    heard_of_cut = sum(len(e.audio) for e in lost.tail
+                       if isinstance(e, msg.AudioDelta) and e.response_id == created[1])
+    assert heard_of_cut > 0
+    assert core.history[-1].audio_bytes == heard_of_cut, (
+        "the replay played the cut answer as far as the client heard it")
 
     later = go_on(session, core, lost.entries[replayed.applied:], 1000.0)
     assert later == [], "the audio that came while it was lost is buffered"
@@ -200,3 +205,20 @@ def test_deltas_are_loose_and_structural_events_are_keyed() -> None:
     assert event_key(delta) is None
     done = msg.ResponseDone(response={"id": "r", "status": "completed"})
     assert event_key(done) == ("response.done", "r", None, "completed")
+
+
+def test_an_echo_driven_by_input_is_replayed_as_far_as_the_client_heard_it() -> None:
+    """Stream mode echoes each append at once: the replay applies the appends whose echo the
+    client got (the tail's structure is matched after the first), then ends the echo, and
+    leaves the rest, whose echo nobody sent, to be applied as usual."""
+    lost = LostWorker()
+    lost.send(msg.UpdateSession(session={"extra_body": {"loopback_mode": "stream"}}))
+    lost.send(*[msg.AppendAudio(audio=chunk(700 + i)) for i in range(5)])
+    lost.arrived_while_lost(*[msg.AppendAudio(audio=chunk(800 + i)) for i in range(2)])
+    assert len(audio_of(lost.tail)) == 5 * len(chunk(0))
+    session, _ = adopter_of(lost)
+
+    replayed = replay_tail(session, lost.entries, lost.tail, now=1000.0)
+
+    assert replayed.applied == 6, "the update and the five echoed appends"
+    assert replayed.lost_response is not None and audio_of(replayed.events) == b""
