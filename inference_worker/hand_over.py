@@ -86,8 +86,9 @@ _SAFE_POINT_POLL_S = 0.02
 # The most input entries after a checkpoint a take-over replays at once (the input log's own
 # bound is far below it).
 _REPLAY_READ = 1 << 20
-# A session still off a safe point this close to its drain's deadline moves from its last
-# checkpoint (what it wrote since reconciled by the adopter, an answer playing cut short).
+# A session still off a safe point this close to its drain's deadline (or in the last quarter
+# of a shorter drain) moves from its last checkpoint (what it wrote since reconciled by the
+# adopter, an answer playing cut short).
 _LATE_MOVE_S = 1.0
 # A reservation on this worker for a session it does not serve, and that another worker
 # owns, is let go after this long (a hand-over to here that failed after reserving).
@@ -153,11 +154,15 @@ class HandOver:
     # ------------------------------------------------------------------ handing over
 
     async def hand_over_all(self, deadline: float) -> None:
-        """Hand every session served here over, each by ``deadline`` (monotonic)."""
-        await asyncio.gather(*(self._hand_over(session_id, session, deadline)
+        """Hand every session served here over, each by ``deadline`` (monotonic): at a safe
+        point, or off one from its last checkpoint once the drain's last second (its last
+        quarter, for a shorter one) has come."""
+        late = deadline - min(_LATE_MOVE_S, max(0.0, deadline - time.monotonic()) / 4)
+        await asyncio.gather(*(self._hand_over(session_id, session, deadline, late)
                                for session_id, session in self._sessions.items()))
 
-    async def _hand_over(self, session_id: str, session: Session, deadline: float) -> None:
+    async def _hand_over(self, session_id: str, session: Session, deadline: float,
+                         late: float) -> None:
         started = time.monotonic()
         try:
             adopter = await self._reserve(session_id, session)
@@ -171,7 +176,8 @@ class HandOver:
             return
         outcome = "failed"
         try:
-            outcome = await self._move_at_safe_point(session_id, session, adopter, deadline)
+            outcome = await self._move_at_safe_point(session_id, session, adopter, deadline,
+                                                     late)
         except StoreError as exc:
             # Whether the adoption landed is unknown: the reservation stays, and the adopter
             # takes the session over if it owns it, or lets the slot go if it does not.
@@ -211,9 +217,9 @@ class HandOver:
         return None
 
     async def _move_at_safe_point(self, session_id: str, session: Session, adopter: str,
-                                  deadline: float) -> str:
+                                  deadline: float, late: float) -> str:
         """Move the session once it is at a safe point, or off one from its last checkpoint
-        as the deadline nears; its outcome."""
+        from ``late`` on; its outcome."""
         marks = session.checkpoints
         while marks is not None and time.monotonic() < deadline:
             async with session.lock:
@@ -226,7 +232,7 @@ class HandOver:
                     if await self._scripts.write_checkpoints([item]) != [CheckpointStatus.OK]:
                         return "failed"
                     return await self._move(session_id, session, adopter, item.seq, "moved")
-                if deadline - time.monotonic() < _LATE_MOVE_S and marks.hold.keep is not None:
+                if time.monotonic() >= late and marks.hold.keep is not None:
                     # No pause in time: the adopter continues from the last checkpoint and
                     # reconciles what was written since, as after a loss.
                     return await self._move(session_id, session, adopter, marks.seq, "late")
