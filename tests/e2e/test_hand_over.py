@@ -21,7 +21,7 @@ import pytest
 from duplex_client import DuplexClient, RealtimeEvent
 from store.keys import SessionKeys, WorkerKeys, worker_of_session
 from tests.e2e.helpers import PUSH_TO_TALK_SESSION, collect_until, marked_chunk, next_event
-from tests.e2e.stack import Stack
+from tests.e2e.stack import Proc, Stack
 from tests.store._support import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -73,15 +73,21 @@ class Talker:
         self.turns += 1
 
 
-async def test_a_rolling_restart_moves_every_session_and_loses_nothing(stack: Stack) -> None:
-    gateway = stack.gateway()
-    old = [stack.worker(slots=SESSIONS) for _ in range(2)]
+async def connected(gateway: Proc, count: int) -> list[Talker]:
+    """``count`` push-to-talk clients, each opened and configured."""
     talkers = []
-    for n in range(SESSIONS):
+    for n in range(count):
         client = await DuplexClient.connect(gateway.ws_url, session=PUSH_TO_TALK_SESSION)
         talker = Talker(n, client)
         await collect_until(client, "session.updated", talker.log)
         talkers.append(talker)
+    return talkers
+
+
+async def test_a_rolling_restart_moves_every_session_and_loses_nothing(stack: Stack) -> None:
+    gateway = stack.gateway()
+    old = [stack.worker(slots=SESSIONS) for _ in range(2)]
+    talkers = await connected(gateway, SESSIONS)
     tasks = [asyncio.create_task(talker.talk()) for talker in talkers]
     await until(lambda: all(t.turns >= 2 for t in talkers), "two turns each", 60)
     for worker in old:
@@ -136,12 +142,7 @@ async def test_a_sigkilled_worker_s_sessions_move_to_the_live_one_and_talk_on(
     all 10 continue (re-placed from their checkpoints), none ends, each response ends once."""
     gateway = stack.gateway()
     doomed = stack.worker(slots=KILLED_SESSIONS)
-    talkers = []
-    for n in range(KILLED_SESSIONS):
-        client = await DuplexClient.connect(gateway.ws_url, session=PUSH_TO_TALK_SESSION)
-        talker = Talker(n, client)
-        await collect_until(client, "session.updated", talker.log)
-        talkers.append(talker)
+    talkers = await connected(gateway, KILLED_SESSIONS)
     stack.worker(slots=KILLED_SESSIONS)  # the survivor: every session opened on the other
     tasks = [asyncio.create_task(talker.talk()) for talker in talkers]
     await until(lambda: all(t.turns >= 2 for t in talkers), "two turns each", 60)
@@ -173,12 +174,7 @@ async def test_with_no_room_left_a_sigkilled_worker_s_sessions_end_worker_lost(
     to go and end worker_lost, once; the other worker's session is untouched."""
     gateway = stack.gateway()
     doomed = stack.worker(slots=3)
-    talkers = []
-    for n in range(3):
-        client = await DuplexClient.connect(gateway.ws_url, session=PUSH_TO_TALK_SESSION)
-        talker = Talker(n, client)
-        await collect_until(client, "session.updated", talker.log)
-        talkers.append(talker)
+    talkers = await connected(gateway, 3)
     stack.worker(slots=1)
     bystander = await DuplexClient.connect(gateway.ws_url, session=PUSH_TO_TALK_SESSION)
     await collect_until(bystander, "session.updated", [])

@@ -25,7 +25,7 @@ from tests.e2e.helpers import (
     next_event,
     stream_in_real_time,
 )
-from tests.e2e.stack import Stack
+from tests.e2e.stack import Proc, Stack
 from tests.e2e.test_endpoints import get, metric_value
 from tests.netns import Namespace, namespace
 from tests.store._support import assert_one_terminal, until
@@ -112,6 +112,31 @@ async def test_a_gateway_cut_off_from_redis_closes_1012_and_its_client_resumes_e
         await redis.aclose()
 
 
+async def _on_a_cut_off_worker(
+        stack: Stack, cut_off: Namespace, server: EmbeddedServer, redis: Redis,
+) -> tuple[Proc, bytes, DuplexClient, list[RealtimeEvent]]:
+    """A gateway, a worker in the namespace (reaching Redis over its first link), and a
+    push-to-talk session on it: the gateway, the worker's id, the client and its events."""
+    gateway = stack.gateway()
+    stack.worker(prefix=cut_off.prefix,
+                 redis_url=f"redis://{cut_off.links[0].host}:{server.port}/0")
+    listed: Any = await redis.zrange(WORKER_DIRECTORY, 0, -1)
+    client = await DuplexClient.connect(gateway.ws_url, session=PUSH_TO_TALK_SESSION)
+    events: list[RealtimeEvent] = []
+    await collect_until(client, "session.updated", events)
+    return gateway, listed[0], client, events
+
+
+async def _cut_while_it_answers(client: DuplexClient, audio: bytes,
+                                events: list[RealtimeEvent], cut_off: Namespace) -> None:
+    """A turn of ``audio``; once its answer plays, the worker's Redis link goes down."""
+    await client.append_audio(audio)
+    await client.commit()
+    await client.create_response()
+    await collect_until(client, "response.output_audio.delta", events)
+    cut_off.cut(cut_off.links[0])
+
+
 @pytest.mark.logs_errors  # the worker's own line: declared lost, it stops writing
 async def test_a_worker_cut_off_from_redis_is_declared_lost_and_rejoins_as_another(
         cut_off: Namespace, reachable_redis: EmbeddedServer) -> None:
@@ -125,21 +150,11 @@ async def test_a_worker_cut_off_from_redis_is_declared_lost_and_rejoins_as_anoth
     stack = Stack(redis=reachable_redis, env=dict(FAST_ENV))
     redis = Redis.from_url(reachable_redis.url)
     try:
-        gateway = stack.gateway()
-        stack.worker(prefix=cut_off.prefix,
-                     redis_url=f"redis://{redis_link.host}:{reachable_redis.port}/0")
-        [first_id] = await redis.zrange(WORKER_DIRECTORY, 0, -1)
-        client = await DuplexClient.connect(gateway.ws_url, session=PUSH_TO_TALK_SESSION)
-        events: list[RealtimeEvent] = []
-        await collect_until(client, "session.updated", events)
+        gateway, first_id, client, events = await _on_a_cut_off_worker(
+            stack, cut_off, reachable_redis, redis)
         assert client.session_id is not None
         session_id = client.session_id
-        await client.append_audio(TEN_SECONDS)
-        await client.commit()
-        await client.create_response()
-        await collect_until(client, "response.output_audio.delta", events)
-
-        cut_off.cut(redis_link)
+        await _cut_while_it_answers(client, TEN_SECONDS, events, cut_off)
         closed = await collect_until(client, "session.closed", events, timeout=20)
         assert closed.data["reason"] == "worker_lost"
         seqs = [e.server_event_seq for e in events if e.server_event_seq is not None]
@@ -177,13 +192,8 @@ async def test_a_cut_off_worker_s_session_moves_to_the_other_worker_and_talks_on
     stack = Stack(redis=reachable_redis, env=dict(FAST_ENV))
     redis = Redis.from_url(reachable_redis.url)
     try:
-        gateway = stack.gateway()
-        stack.worker(prefix=cut_off.prefix,
-                     redis_url=f"redis://{redis_link.host}:{reachable_redis.port}/0")
-        [cut_id] = await redis.zrange(WORKER_DIRECTORY, 0, -1)
-        client = await DuplexClient.connect(gateway.ws_url, session=PUSH_TO_TALK_SESSION)
-        events: list[RealtimeEvent] = []
-        await collect_until(client, "session.updated", events)
+        _, cut_id, client, events = await _on_a_cut_off_worker(
+            stack, cut_off, reachable_redis, redis)
         stack.worker()
         assert client.session_id is not None
         record = SessionKeys(client.session_id).record
@@ -197,12 +207,7 @@ async def test_a_cut_off_worker_s_session_moves_to_the_other_worker_and_talks_on
             return bool(await redis.hexists(record, "ck_core"))
 
         await until(checkpointed, "a checkpoint after the first answer")
-        await client.append_audio(ONE_SECOND)
-        await client.commit()
-        await client.create_response()
-        await collect_until(client, "response.output_audio.delta", events)
-
-        cut_off.cut(redis_link)
+        await _cut_while_it_answers(client, ONE_SECOND, events, cut_off)
         done = await collect_until(client, "response.done", events, timeout=20)
         assert done.data["response"]["status"] == "failed", done.data
         assert done.data["response"]["status_details"]["error"]["code"] == "worker_lost"
