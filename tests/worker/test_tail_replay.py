@@ -222,3 +222,31 @@ def test_an_echo_driven_by_input_is_replayed_as_far_as_the_client_heard_it() -> 
 
     assert replayed.applied == 6, "the update and the five echoed appends"
     assert replayed.lost_response is not None and audio_of(replayed.events) == b""
+
+
+_SPEECH = bytes((i * 7 + 3) % 251 for i in range(4800)) * 2  # 100 ms, loud enough for the VAD
+_QUIET = bytes(len(_SPEECH))
+
+
+def test_a_turn_the_server_vad_heard_is_answered_once_across_the_loss() -> None:
+    """Server VAD: the lost worker heard a turn (speech, then silence), committed it and began
+    answering; the replay hears the same turn from the same audio (the detector runs on the
+    audio, not the clock), matches every event, and ends the answer once."""
+    lost = LostWorker()
+    lost.send(msg.UpdateSession(session={"audio": {"input": {"turn_detection": {
+        "type": "server_vad", "silence_duration_ms": 200}}}}))
+    lost.send(*[msg.AppendAudio(audio=_SPEECH)] * 4, *[msg.AppendAudio(audio=_QUIET)] * 4)
+    lost.advance(0.05)
+    created, done = responses(lost.tail)
+    assert len(created) == 1 and done == [], "lost mid-answer"
+    assert any(isinstance(e, msg.InputSpeechStopped) for e in lost.tail)
+    lost.arrived_while_lost(*[msg.AppendAudio(audio=_QUIET)] * 3)
+    session, core = adopter_of(lost)
+
+    replayed = replay_tail(session, lost.entries, lost.tail, now=1000.0)
+
+    assert replayed.lost_response == created[0]
+    assert responses(replayed.events) == ([], [(created[0], "failed")])
+    assert replayed.applied <= len(lost.entries) - 3, "the audio after the loss left"
+    later = go_on(session, core, lost.entries[replayed.applied:], 1000.0)
+    assert responses(later) == ([], []), "the silence after it answers nothing"
