@@ -36,7 +36,7 @@ from inference_worker.conversation.core import ConversationCore
 from inference_worker.sessions import Session, is_current
 from store.logs import InputEntry
 
-__all__ = ["ReplayDiverged", "Replayed", "event_key", "replay_tail"]
+__all__ = ["ReplayDiverged", "Replayed", "TailMatch", "event_key", "replay_tail"]
 
 # Events whose number and cut depend on when the model's output was taken, not on the input:
 # never compared, and suppressed while they belong to a response the client saw.
@@ -104,7 +104,7 @@ def _response_of(event: msg.Event) -> str | None:
     return found if isinstance(found, str) else None
 
 
-class _TailMatch:
+class TailMatch:
     """The tail's events still to match, and the responses it opened."""
 
     def __init__(self, tail: Sequence[msg.Event]) -> None:
@@ -122,9 +122,12 @@ class _TailMatch:
         #: The response the client saw start and not end (None: none).
         self.open_response = left_open[-1] if left_open else None
         # How much of its output the client got, and how much of it the replay produced.
-        self._heard = sum(_size(e) for e in tail
-                          if event_key(e) is None and _response_of(e) == self.open_response)
+        self._heard = sum(_size(e) for e in tail if event_key(e) is None and self._of_open(e))
         self._replayed = 0
+
+    def _of_open(self, event: msg.Event) -> bool:
+        """Whether ``event`` belongs to the response the tail left open."""
+        return self.open_response is not None and _response_of(event) == self.open_response
 
     @property
     def matched(self) -> bool:
@@ -163,7 +166,7 @@ class _TailMatch:
             if key is None:
                 # Within the tail, or of the response the client heard up to the loss (which
                 # ends at once): the client had this output, cut its own way.
-                if _response_of(event) == self.open_response:
+                if self._of_open(event):
                     self._replayed += _size(event)
                 elif not self._expected:
                     fresh.append(event)
@@ -189,7 +192,7 @@ def replay_tail(session: Session, entries: Sequence[InputEntry], tail: Sequence[
         ReplayDiverged: the replay does not reproduce the tail.
     """
     core = session.core
-    match = _TailMatch(tail)
+    match = TailMatch(tail)
     hold = session.checkpoints.hold if session.checkpoints is not None else None
     start = clock = now - _MAX_ADVANCE_S
     fresh: list[msg.Event] = []
@@ -223,7 +226,7 @@ def replay_tail(session: Session, entries: Sequence[InputEntry], tail: Sequence[
     return Replayed(events=tuple(fresh), applied=applied, lost_response=lost_response)
 
 
-def _play_on(core: ConversationCore, match: _TailMatch, clock: float, start: float,
+def _play_on(core: ConversationCore, match: TailMatch, clock: float, start: float,
              fresh: list[msg.Event]) -> float:
     """Let the active response play on while the tail shows it ending by itself next, or
     while it is the one the tail left open and has not played what the client got of it; the

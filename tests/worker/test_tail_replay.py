@@ -20,7 +20,7 @@ from inference_worker.backends.registry import loopback_core
 from inference_worker.conversation.checkpoint import decode, encode
 from inference_worker.conversation.core import ConversationCore
 from inference_worker.sessions import Session
-from inference_worker.tail_replay import ReplayDiverged, event_key, replay_tail
+from inference_worker.tail_replay import ReplayDiverged, TailMatch, event_key, replay_tail
 from store.logs import InputEntry, WriteToken
 
 pytestmark = pytest.mark.timeout(30)
@@ -250,3 +250,15 @@ def test_a_turn_the_server_vad_heard_is_answered_once_across_the_loss() -> None:
     assert replayed.applied <= len(lost.entries) - 3, "the audio after the loss left"
     later = go_on(session, core, lost.entries[replayed.applied:], 1000.0)
     assert responses(later) == ([], []), "the silence after it answers nothing"
+
+
+def test_loose_events_of_no_response_are_sent_once_the_tail_is_matched() -> None:
+    """An input transcript's delta belongs to no response: past the tail it is fresh, not
+    taken for output of a response the client heard (there is none open)."""
+    lost = LostWorker()
+    lost.turn(1)
+    lost.advance(1.0)
+    match = TailMatch(lost.tail)
+    assert match.take(lost.tail) == [] and match.matched and match.open_response is None
+    delta = msg.InputTranscriptionDelta(item_id="item_9", content_index=0, delta="hi")
+    assert match.take([delta]) == [delta]
