@@ -68,6 +68,9 @@ class FrameOutput:
     #: in whole frames. What the model reports of the user's speech happened there, however
     #: far ahead the client's appends are. None: not known (a frame not from an engine).
     input_ms: int | None = None
+    #: What the step added to the slot's context (``SlotResult.context``): what another
+    #: worker continues the slot from.
+    context: bytes = b""
 
     def all_reports(self) -> list[Report]:
         """The tick's reports in the order they happened: the model's, with the tick's output

@@ -14,6 +14,7 @@ slot's output (no cross-talk), which the backends' tests assert.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -27,6 +28,7 @@ __all__ = [
     "NO_SLOT_CONFIG",
     "Backend",
     "FrameSpec",
+    "Resumable",
     "SlotConfig",
     "SlotResult",
     "SlotStep",
@@ -47,7 +49,11 @@ class FrameSpec:
         in_samples: input samples per slot per tick (Moshi: 1920 = 80 ms at 24 kHz).
         out_rate: output sample rate (Hz).
         out_samples: output samples per slot per tick (at most; a result may carry fewer).
-        max_slots: slots allocated at load time; slot ids are ``0 .. max_slots - 1``.
+        max_slots: slot ids are ``0 .. max_slots - 1``, allocated at load time.
+        context_steps: how many of a slot's newest step records
+            (:attr:`SlotResult.context`) another slot continues it from
+            (:meth:`Resumable.resume_slot`); 0: its slots cannot be continued elsewhere, so a
+            worker of this backend takes no checkpoints.
     """
 
     in_rate: int
@@ -55,6 +61,7 @@ class FrameSpec:
     out_rate: int
     out_samples: int
     max_slots: int
+    context_steps: int = 0
 
     @property
     def frame_seconds(self) -> float:
@@ -98,6 +105,10 @@ class SlotResult:
     #: user's speech, transcript, its own turn starting, a barge-in, a failure. A
     #: :class:`~inference_worker.conversation.reports.TurnEnded` comes after the tick's output.
     reports: tuple[ModelReport, ...] = ()
+    #: What this step added to the slot's context, in the backend's own encoding: the newest
+    #: ``context_steps`` of them continue the slot elsewhere (:class:`Resumable`); empty for a
+    #: backend whose slots cannot be continued.
+    context: bytes = b""
 
 
 @runtime_checkable
@@ -139,6 +150,22 @@ class Backend(Protocol):
 
         Runs on the worker's model thread, never on the event loop. Returns one result per
         input, in the same order.
+        """
+
+
+@runtime_checkable
+class Resumable(Backend, Protocol):
+    """A backend whose slot continues from another slot's context: a session moved to another
+    worker (``docs/design/hand-over.md``) goes on as if it had never moved."""
+
+    def resume_slot(self, slot: int, config: SlotConfig, context: Sequence[bytes]) -> None:
+        """Open ``slot`` as the slot whose newest step records (:attr:`SlotResult.context`, at
+        most ``spec.context_steps``, oldest first) are ``context`` was after its last step,
+        configured as ``config`` says: its next step gives what that slot's next step would
+        have given for the same input. No records: a fresh open.
+
+        Raises:
+            ValueError: a record this backend did not write (the slot stays closed).
         """
 
 

@@ -9,7 +9,9 @@ after a write that carried events (a response's end, an item's change) and at le
 ``CHECKPOINT_INTERVAL_S`` while the session changed, whenever the session is at a safe point
 with nothing unsent: between the state read here and the call nothing can reach the store
 that the state does not reflect, and a write that came between is caught by the script
-(``behind``: taken again).
+(``behind``: taken again). A frame backend's session's checkpoint carries its slot's newest
+step records too, taken only where the slot has consumed all the core gave it
+(``inference_worker/slot_context.py``).
 
 The input log keeps what an adopter needs (``inference_worker/input_hold.py``), within bounds:
 a session off a safe point for long (a model that talks on) has its checkpoint overtaken by
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -140,6 +143,11 @@ class Checkpointer:
         state = session.core.checkpoint()
         if state is None:
             return None
+        if session.slot_context is not None:
+            model_context = self._sessions.slot_context_at(session, state)
+            if model_context is None:
+                return None  # its slot holds input or a change not yet reflected
+            state = dataclasses.replace(state, model_context=model_context)
         heard, kept = session.core.input_audio
         try:
             keep = (marks.hold.buffer_start(heard, kept)

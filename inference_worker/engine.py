@@ -31,7 +31,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 import numpy as np
@@ -50,15 +49,17 @@ from inference_worker.backend import (
     NO_SLOT_CONFIG,
     Backend,
     FrameSpec,
+    Resumable,
     SlotConfig,
     SlotResult,
     SlotStep,
     VideoFrame,
     silence,
 )
+from inference_worker.engine_slots import SlotHandle, SlotResume, TickReport
 from inference_worker.metrics import WorkerMetrics
 
-__all__ = ["Engine", "SlotHandle", "TickReport"]
+__all__ = ["Engine", "SlotHandle", "SlotResume", "TickReport"]
 
 _log = logging.getLogger(__name__)
 
@@ -78,35 +79,6 @@ _OpKind = Literal["open", "close", "stop", "configure"]
 _BACKEND_CALL: Final[dict[_OpKind, str]] = {
     "open": "open_slot", "close": "close_slot", "stop": "stop_response",
     "configure": "configure_slot"}
-
-
-@dataclass(frozen=True, slots=True)
-class SlotHandle:
-    """One session's hold on a slot: ``serial`` is unique per open, ``slot`` is reused;
-    ``session_id`` names the session in the engine's log lines ("": not told)."""
-
-    serial: int
-    slot: int
-    session_id: str = ""
-
-    def log_ids(self) -> dict[str, str]:
-        """What a log line about this slot carries (``extra=``): its session's id, if known."""
-        return {"session_id": self.session_id} if self.session_id else {}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TickReport:
-    """What one tick produced, delivered on the event loop."""
-
-    index: int
-    #: When the tick was due (monotonic seconds) and how long its work took.
-    scheduled: float
-    seconds: float
-    #: serial -> that slot's output.
-    outputs: dict[int, FrameOutput] = field(default_factory=dict)
-    #: Serials whose slot failed (the step raised, or opening or stopping the slot did).
-    failed: tuple[int, ...] = ()
-    error: str | None = None
 
 
 class _SlotInput:
@@ -158,6 +130,7 @@ class Engine:
         self._inputs: dict[int, _SlotInput] = {}  # every handle not yet closed, by serial
         # for the thread, in order; an open or configure carries the slot's configuration
         self._ops: list[tuple[_OpKind, SlotHandle, SlotConfig | None]] = []
+        self._resumes: dict[int, SlotResume] = {}  # by serial: the opens that continue a slot
         self._active: dict[int, SlotHandle] = {}  # model thread only: opened in the backend
         self._epochs: dict[int, int] = {}  # model thread only: stops applied, by active serial
         # model thread only: each stepped handle's place on its input timeline, in frames
@@ -185,17 +158,22 @@ class Engine:
         with self._lock:
             return len(self._inputs)
 
-    def open(self, session_id: str = "",
-             config: SlotConfig = NO_SLOT_CONFIG) -> SlotHandle | None:
+    def open(self, session_id: str = "", config: SlotConfig = NO_SLOT_CONFIG,
+             resume: SlotResume | None = None) -> SlotHandle | None:
         """Reserve the lowest free slot for session ``session_id`` (named in the log lines
-        about its slot), which the backend opens with ``config``; None when every slot is
-        held."""
+        about its slot), which the backend opens with ``config``, continuing where ``resume``
+        says (the backend must be :class:`~inference_worker.backend.Resumable`); None when
+        every slot is held."""
         with self._lock:
             if not self._free:
                 return None
             self._serial += 1
             handle = SlotHandle(self._serial, heapq.heappop(self._free), session_id)
-            self._inputs[handle.serial] = _SlotInput(self.spec)
+            slot_input = _SlotInput(self.spec)
+            self._inputs[handle.serial] = slot_input
+            if resume is not None:
+                slot_input.passed = resume.input_frames
+                self._resumes[handle.serial] = resume
             self._ops.append(("open", handle, config))
         self._wake.set()
         return handle
@@ -306,6 +284,20 @@ class Engine:
             slot_input.video.clear()
         slot_input.partial, slot_input.partial_len, slot_input.carry = [], 0, b""
         slot_input.partial_video = []
+
+    def settled(self, handle: SlotHandle, input_ms: int | None) -> bool:
+        """Whether ``handle``'s slot consumed all the input it was given by the steps whose
+        frames are stamped ``input_ms``, and holds no change still to apply: the newest
+        output its session consumed then reflects all its session gave it, the point at which
+        a checkpoint of a frame backend's session may be taken. Event loop only."""
+        with self._lock:
+            slot_input = self._inputs.get(handle.serial)
+            if (slot_input is None or slot_input.frames or slot_input.partial_len
+                    or slot_input.carry or slot_input.partial_video
+                    or any(queued.serial == handle.serial for _, queued, _ in self._ops)):
+                return False
+            passed = slot_input.passed
+        return input_ms == round(passed * self.spec.frame_seconds * 1000)
 
     def _enqueue(self, handle: SlotHandle, frames: list[Audio],
                  video: _Marks | None = None) -> None:
@@ -486,13 +478,22 @@ class Engine:
     def _apply(self, kind: _OpKind, handle: SlotHandle, config: SlotConfig | None) -> None:
         """Apply one queued slot change to the backend (model thread)."""
         if kind == "open":
-            self.backend.open_slot(handle.slot, config or NO_SLOT_CONFIG)
+            with self._lock:
+                resume = self._resumes.pop(handle.serial, None)
+            if resume is None:
+                self.backend.open_slot(handle.slot, config or NO_SLOT_CONFIG)
+            elif isinstance(self.backend, Resumable):
+                self.backend.resume_slot(handle.slot, config or NO_SLOT_CONFIG, resume.context)
+            else:
+                raise TypeError(f"{type(self.backend).__name__} cannot continue a slot")
             self._active[handle.serial] = handle
-            self._epochs[handle.serial] = 0
+            self._epochs[handle.serial] = 0 if resume is None else resume.epoch
         elif kind == "configure":
             if handle.serial in self._active and config is not None:
                 self.backend.configure_slot(handle.slot, config)
         elif kind == "close":
+            with self._lock:
+                self._resumes.pop(handle.serial, None)
             self._epochs.pop(handle.serial, None)
             self._positions.pop(handle.serial, None)
             if self._active.pop(handle.serial, None) is not None:
@@ -579,7 +580,8 @@ class Engine:
         return FrameOutput(audio=float_to_pcm16(pcm), level=level(pcm), text=result.text,
                            reports=result.reports, epoch=self._epochs.get(handle.serial, 0),
                            input_ms=None if position is None
-                           else round(position * self.spec.frame_seconds * 1000))
+                           else round(position * self.spec.frame_seconds * 1000),
+                           context=result.context)
 
     def _record(self, seconds: float, batch: int) -> None:
         with self._lock:

@@ -17,8 +17,14 @@ the input log, numbers its events on from the checkpoint's, and applies the inpu
 checkpoint's position through the usual path. It listens on the input channel of each home it
 serves sessions of, and lets its slot for a session go once it no longer serves it.
 
-Only the loopback backend hands over today: a frame model's context is not in the checkpoint
-yet, and its sessions end as before.
+A frame backend's session moves with its engine slot: its checkpoint carries the slot's
+newest step records (``inference_worker/slot_context.py``), and the adopter's slot resumes
+from them at the checkpoint's epoch and input position. Only a session whose checkpoint is the
+output log's last event moves so: a frame model's output after it cannot be replayed, so a
+lost worker's frame session with events past its checkpoint ends ``worker_lost``, and a draining
+one moves late only when nothing was written since its last checkpoint. A backend whose slots
+cannot be continued (``FrameSpec.context_steps`` 0) takes no checkpoints: its sessions end as
+a drain or a loss ends them.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ from inference_worker.audio_formats import AppendDecoder
 from inference_worker.checkpoints import Checkpointer
 from inference_worker.conversation.checkpoint import CheckpointError, CoreState, decode
 from inference_worker.conversation.items import format_of
+from inference_worker.engine import Engine, SlotResume
 from inference_worker.input_fences import FenceKeeper
 from inference_worker.input_hold import SessionCheckpoints
 from inference_worker.metrics import WorkerMetrics
@@ -77,7 +84,7 @@ from store.logs import (
 from store.pubsub import Subscriber
 from store.pushes import Push
 
-__all__ = ["HandOver"]
+__all__ = ["HandOver", "slot_resume"]
 
 _log = logging.getLogger("inference_worker.worker")
 # A session waiting for its safe point is looked at again after each write with events (a
@@ -100,13 +107,15 @@ def _entry_id(entry_id: str) -> tuple[int, int]:
     return int(fence), int(index)
 
 
-def read_back(entries: Sequence[InputEntry], state: CoreState) -> tuple[bytes, list[int]]:
+def read_back(entries: Sequence[InputEntry], state: CoreState,
+              keep: bool = True) -> tuple[bytes, list[int]]:
     """The input buffer's audio as ``state`` counts it, decoded from the appends in
     ``entries`` as a core decodes them (in the session's input format, or the one an append
-    names), and the decoded audio of each entry.
+    names), and the decoded audio of each entry; ``keep`` False: a core that does not keep
+    the buffer's bytes (a frame model heard them already), so none are returned.
 
     Raises:
-        ValueError: the appends hold less audio than the buffer.
+        ValueError: the appends hold less audio than the buffer, where it is kept.
     """
     decoder = AppendDecoder(format_of(state.history.config["audio"]["input"]["format"]))
     heard: list[int] = []
@@ -121,10 +130,31 @@ def read_back(entries: Sequence[InputEntry], state: CoreState) -> tuple[bytes, l
         chunk = decoded if isinstance(decoded, bytes) else b""
         audio += chunk
         heard.append(len(chunk))
-    size = state.buffer.size
+    size = state.buffer.size if keep else 0
     if len(audio) < size:
         raise ValueError(f"{len(audio)} bytes of audio read back for a buffer of {size}")
     return bytes(audio[len(audio) - size:]), heard
+
+
+def slot_resume(state: CoreState, engine: Engine, tail: int) -> SlotResume:
+    """Where the slot of a frame backend's session restored from ``state``, with
+    ``tail`` events written past it, resumes.
+
+    Raises:
+        ValueError: ``state`` carries no model context (not a frame backend's), this
+            worker's backend cannot continue a slot, or there is a tail: a frame
+            model's output cannot be replayed.
+    """
+    if tail:
+        raise ValueError(f"a frame model's {tail} events past its checkpoint cannot be "
+                         "replayed")
+    if state.model_context is None:
+        raise ValueError("its checkpoint carries no model context")
+    if not engine.spec.context_steps:
+        raise ValueError("this worker's backend cannot continue a slot")
+    frame_ms = engine.spec.frame_seconds * 1000
+    return SlotResume(context=state.model_context, epoch=state.model.epoch,
+                      input_frames=round((state.model_input_ms or 0) / frame_ms))
 
 
 class HandOver:
@@ -135,7 +165,8 @@ class HandOver:
                  fences: FenceKeeper, subscriber: Subscriber,
                  notices: Callable[[Push | None], None], metrics: WorkerMetrics,
                  worker_id: Callable[[], str],
-                 catch_up: Callable[[str, Session], Awaitable[None]], frames: bool) -> None:
+                 catch_up: Callable[[str, Session], Awaitable[None]],
+                 engine: Callable[[], Engine | None]) -> None:
         self._client = client
         self._scripts = scripts
         self._sessions = sessions
@@ -148,7 +179,7 @@ class HandOver:
         self._metrics = metrics
         self._worker_id = worker_id
         self._catch_up = catch_up
-        self._frames = frames  # a frame backend's worker: it takes no session over yet
+        self._engine = engine  # the worker's frame engine now (None: the loopback)
         self._homes: set[str] = set()  # the homes whose input channel this worker listens to
 
     # ------------------------------------------------------------------ handing over
@@ -159,7 +190,8 @@ class HandOver:
         quarter, for a shorter one) has come."""
         late = deadline - min(_LATE_MOVE_S, max(0.0, deadline - time.monotonic()) / 4)
         await asyncio.gather(*(self._hand_over(session_id, session, deadline, late)
-                               for session_id, session in self._sessions.items()))
+                               for session_id, session in self._sessions.items()
+                               if session.checkpoints is not None))
 
     async def _hand_over(self, session_id: str, session: Session, deadline: float,
                          late: float) -> None:
@@ -232,7 +264,8 @@ class HandOver:
                     if await self._scripts.write_checkpoints([item]) != [CheckpointStatus.OK]:
                         return "failed"
                     return await self._move(session_id, session, adopter, item.seq, "moved")
-                if time.monotonic() >= late and marks.hold.keep is not None:
+                if time.monotonic() >= late and marks.hold.keep is not None and (
+                        session.slot_context is None or marks.seq == session.next_seq - 1):
                     # No pause in time: the adopter continues from the last checkpoint and
                     # reconciles what was written since, as after a loss.
                     return await self._move(session_id, session, adopter, marks.seq, "late")
@@ -308,20 +341,20 @@ class HandOver:
             CheckpointError: it is not a checkpoint this code can read.
             ReplayDiverged: replaying the input after it does not reproduce those events.
         """
-        if self._frames:
-            raise ValueError("a frame backend's worker takes no session over yet")
         if checkpoint is None:
             raise ValueError("it has no checkpoint")
         tail = await self._tail(session_id, checkpoint.seq, last_output)
         state = decode(checkpoint.core)
+        engine = self._engine()
+        resume = None if engine is None else slot_resume(state, engine, len(tail))
         entries: list[InputEntry] = []
         if checkpoint.keep != "0-0":
             entries = await read_input_range(self._client, session_id, checkpoint.keep,
                                              checkpoint.applied)
             if not entries or entries[0].index != _entry_id(checkpoint.keep)[1]:
                 raise ValueError("the input it needs read back is gone")
-        buffered, heard = read_back(entries, state)
-        session = self._factory.session(session_id, None, start)
+        buffered, heard = read_back(entries, state, self._factory.keeps_turn_audio)
+        session = self._factory.session(session_id, engine, start, resume)
         if session is None:
             return None
         session.core.restore(state, buffered)
@@ -335,20 +368,32 @@ class HandOver:
             marks.applied, marks.seq = applied, checkpoint.seq
         lost_response = False
         if tail:
-            after = await read_input_entries(self._client, session_id, applied,
-                                             _REPLAY_READ, after_fence=applied_fence)
-            replayed = replay_tail(session, after, tail, now=time.monotonic())
-            lost_response = replayed.lost_response is not None
-            if replayed.applied:
-                applied = after[replayed.applied - 1].index
-            for event in replayed.events:
-                session.unsent.append(encode_message(event))
-                if isinstance(event, SessionUpdated):
-                    session.unsent_session = event.session
-            if session.checkpoints is not None:
-                session.checkpoints.events_since = True
+            applied, lost_response = await self._replayed(session_id, session, applied,
+                                                          applied_fence, tail)
         session.follower = LogFollower(applied)
         return session, lost_response
+
+    async def _replayed(self, session_id: str, session: Session, applied: int,
+                        applied_fence: int, tail: list[Event]) -> tuple[int, bool]:
+        """Replay the input after the checkpoint's position ``applied`` against ``tail``:
+        the position the replay reached, and whether it ended a response the tail left
+        open; the fresh events it gave are queued to send.
+
+        Raises:
+            ReplayDiverged: the replay does not reproduce ``tail``.
+        """
+        after = await read_input_entries(self._client, session_id, applied, _REPLAY_READ,
+                                         after_fence=applied_fence)
+        replayed = replay_tail(session, after, tail, now=time.monotonic())
+        if replayed.applied:
+            applied = after[replayed.applied - 1].index
+        for event in replayed.events:
+            session.unsent.append(encode_message(event))
+            if isinstance(event, SessionUpdated):
+                session.unsent_session = event.session
+        if session.checkpoints is not None:
+            session.checkpoints.events_since = True
+        return applied, replayed.lost_response is not None
 
     async def _tail(self, session_id: str, seq: int, last_output: int) -> list[Event]:
         """The events the old owner wrote after event ``seq``, the log's last being

@@ -1,6 +1,7 @@
 """How a worker builds its sessions: each a conversation core of the worker's backend (one kind
 of core for every backend), named after the model its client opened it with, holding an engine
-slot on a frame backend; and the profile every new session here starts from, which the worker
+slot on a frame backend (with what its checkpoints keep of it, where the backend's slots can
+be continued elsewhere); and the profile every new session here starts from, which the worker
 publishes so that ``session.created`` can announce it before the worker sees the session."""
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from inference_worker.backends.registry import (
 )
 from inference_worker.conversation.core import ConversationCore
 from inference_worker.conversation.seed_settings import slot_config_of
-from inference_worker.engine import Engine
+from inference_worker.conversation.turns import POLICIES
+from inference_worker.engine import Engine, SlotResume
 from inference_worker.input_hold import InputHold, SessionCheckpoints
 from inference_worker.sessions import Session
 from inference_worker.settings import WorkerSettings
+from inference_worker.slot_context import SlotContext
 from inference_worker.turn_detection.vad import Vad, VadConfig
 from store.directory import WorkerProfile
 from store.logs import SessionStart
@@ -40,28 +43,43 @@ class SessionFactory:
         self._slots = settings.slots
         self._settings = settings
 
-    def session(self, session_id: str, engine: Engine | None,
-                start: SessionStart) -> Session | None:
+    def session(self, session_id: str, engine: Engine | None, start: SessionStart,
+                resume: SlotResume | None = None) -> Session | None:
         """A new session as its record ``start`` describes it: named after its announced
         model (see :meth:`core`), checkpointed where the settings say so, holding input for
-        its checkpoints within its input bounds; None: no engine slot is free."""
+        its checkpoints within its input bounds, its engine slot continuing where ``resume``
+        says (a moved session's); None: no engine slot is free."""
         core = self.core(session_id, engine, start.model)
-        handle = None
+        handle = slot_context = None
+        checkpoints = self._checkpoints(start, engine)
         if engine is not None:
             # The slot opens with the new session's settings; a session.update applied before
             # the engine thread opened it rides the open (Engine.configure).
-            handle = engine.open(session_id, slot_config_of(core.session))
+            handle = engine.open(session_id, slot_config_of(core.session), resume)
             if handle is None:  # more placements than slots: cannot while capacity holds
                 return None
-        return Session(core=core, handle=handle, checkpoints=self._checkpoints(start))
+            if checkpoints is not None:
+                steps = engine.spec.context_steps
+                slot_context = (SlotContext(steps) if resume is None
+                                else SlotContext(steps, resume.context, resume.epoch))
+        return Session(core=core, handle=handle, checkpoints=checkpoints,
+                       slot_context=slot_context)
 
-    def _checkpoints(self, start: SessionStart) -> SessionCheckpoints | None:
+    @property
+    def keeps_turn_audio(self) -> bool:
+        """Whether its sessions' cores keep the input buffer's bytes (a restore needs them
+        back): only a backend that answers a turn with its audio does."""
+        return POLICIES[self._entry.turns].keeps_turn_audio
+
+    def _checkpoints(self, start: SessionStart,
+                     engine: Engine | None) -> SessionCheckpoints | None:
         """What the session's checkpoints hold: at most the settings' bounds, and at most a
         quarter of each of its input log's bounds, so its unread input keeps the rest. None
-        for a frame backend's: its model's context is not in a checkpoint yet, so no worker
-        could continue one (docs/design/hand-over.md), and a lost worker's reaper ends them."""
+        where no worker could continue one: a frame backend whose slots cannot be continued
+        elsewhere (``FrameSpec.context_steps`` 0), whose lost worker's reaper ends them."""
         settings = self._settings
-        if not settings.checkpoint_interval_s or self._entry.frames:
+        if not settings.checkpoint_interval_s or (
+                engine is not None and not engine.spec.context_steps):
             return None
         entries, size = settings.checkpoint_hold_entries, settings.checkpoint_hold_bytes
         if start.input_log_max_entries:

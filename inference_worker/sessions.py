@@ -41,10 +41,12 @@ from contract.messages import (
 )
 from contract.reasons import CloseReason
 from inference_worker.audio_frames import FrameOutput
+from inference_worker.conversation.checkpoint import CoreState
 from inference_worker.conversation.core import ConversationCore
 from inference_worker.engine import Engine, SlotHandle
 from inference_worker.input_hold import SessionCheckpoints
 from inference_worker.metrics import WorkerMetrics
+from inference_worker.slot_context import SlotContext
 from runtime.ratelog import RateLimitedLog, cause_of
 from store.keys import worker_of_session
 from store.logs import InputEntry, WriteToken
@@ -145,6 +147,8 @@ class Session:
     owner_epoch: int = 1
     # Its checkpoints and the input they hold (None: this worker takes none).
     checkpoints: SessionCheckpoints | None = None
+    # A frame backend's slot as its checkpoints carry it (None: not checkpointed, or no slot).
+    slot_context: SlotContext | None = None
 
 
 # One session's part of a batched output write: its id, its record and its close reason.
@@ -318,11 +322,20 @@ class SessionTable:
         core = session.core
         try:
             core.on_frame(frame, now)
+            if session.slot_context is not None:
+                session.slot_context.consumed(frame)
             for latency in core.take_first_audio_latencies():
                 self._metrics.time_to_first_audio.observe(latency)
         except Exception as exc:
             self.fail(session_id, "tick", exc)
         self._mark_dirty(session_id)
+
+    def slot_context_at(self, session: Session, state: CoreState) -> tuple[bytes, ...] | None:
+        """The records that continue ``session``'s slot as ``state`` leaves it (None: the
+        slot is not there, see :meth:`SlotContext.at`)."""
+        if session.slot_context is None:
+            return None
+        return session.slot_context.at(state, self._engine(), session.handle)
 
     def deadline_of(self, session_id: str, session: Session) -> float | None:
         """When the session's core next needs a tick (None: never, or it failed)."""

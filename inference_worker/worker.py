@@ -151,7 +151,7 @@ class Worker:
             factory=self._factory, checkpointer=self._checkpointer, writer=self._writer,
             fences=self._fences, subscriber=self._subscriber,
             notices=lambda notice: self._notices.put(notice), metrics=self.metrics,
-            worker_id=lambda: self.worker_id, catch_up=self._catch_up, frames=self._frames)
+            worker_id=lambda: self.worker_id, catch_up=self._catch_up, engine=lambda: self._engine)
         self._tick_wake = asyncio.Event()
         self._next_tick_at = 0.0  # when the tick loop will next look (monotonic)
         self._stopping = asyncio.Event()
@@ -377,7 +377,7 @@ class Worker:
         except StoreError as exc:  # Redis away: the sessions still get their time below
             self._outages.failed("drain announcement", exc)
         deadline = time.monotonic() + self.settings.drain_timeout_s
-        if self._sessions and self.settings.checkpoint_interval_s and not self._frames:
+        if self._sessions and self.settings.checkpoint_interval_s:
             await self._hand_over.hand_over_all(deadline)  # see inference_worker/hand_over.py
         if self._sessions:
             self._sessions.no_sessions.clear()

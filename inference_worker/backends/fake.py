@@ -14,14 +14,22 @@ one-frame delay before the first output (a model's warm-up). Two behaviours:
 ``stop_response`` drops what a slot would say next: in echo mode the frame it would echo on
 the next tick, in tone mode the rest of the burst (the slot jumps to the start of a gap).
 
+Each step's record (:attr:`~inference_worker.backend.SlotResult.context`) is the slot's
+whole state after it: its tick count and the frame it will echo next. So the newest record
+alone continues a slot on another worker (:meth:`FakeBackend.resume_slot`), which then gives
+exactly what the original would have: the hand-over's deterministic-continuation tests rest
+on it.
+
 ``step_ms`` and ``per_slot_ms`` make every step sleep (a slow model, for admission tests and
 for the batch-cost table of ``bench worker``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -35,6 +43,8 @@ __all__ = ["FakeBackend", "FakeOptions"]
 _MODES: Final = ("echo", "tone")
 _TONE_HZ: Final = 440.0
 _TONE_AMPLITUDE: Final = 0.25
+# A step record: the tick count (little-endian int64), then the next echo's float32 samples.
+_TICKS: Final = struct.Struct("<q")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,7 +92,7 @@ class FakeBackend:
         samples = round(self.options.in_rate * self.options.frame_ms / 1000)
         self.spec = FrameSpec(in_rate=self.options.in_rate, in_samples=samples,
                               out_rate=self.options.in_rate, out_samples=samples,
-                              max_slots=max_slots)
+                              max_slots=max_slots, context_steps=1)
         self._open = np.zeros(max_slots, dtype=bool)
         self._ticks = np.zeros(max_slots, dtype=np.int64)
         self._previous = np.zeros((max_slots, samples), dtype=np.float32)
@@ -100,6 +110,26 @@ class FakeBackend:
         self._open[slot] = True
         self._ticks[slot] = 0
         self._previous[slot] = 0.0
+
+    def resume_slot(self, slot: int, config: SlotConfig, context: Sequence[bytes]) -> None:
+        """Open ``slot`` as the slot whose newest record is ``context``'s last was.
+
+        Raises:
+            ValueError: that record is not one of a fake slot of this frame size.
+        """
+        if not context:
+            self.open_slot(slot, config)
+            return
+        record = context[-1]
+        if len(record) != _TICKS.size + self._previous[slot].nbytes:
+            raise ValueError(f"a fake step record of {len(record)} bytes is not one of "
+                             f"{self.spec.in_samples}-sample frames")
+        (ticks,) = _TICKS.unpack_from(record)
+        if ticks < 1:
+            raise ValueError(f"a fake step record says {ticks} ticks")
+        self.open_slot(slot, config)
+        self._ticks[slot] = ticks
+        self._previous[slot] = np.frombuffer(record, dtype="<f4", offset=_TICKS.size)
 
     def configure_slot(self, slot: int, config: SlotConfig) -> None:
         """Record ``config``: the fake's sound does not depend on it."""
@@ -126,8 +156,13 @@ class FakeBackend:
         if cost_ms > 0:
             time.sleep(cost_ms / 1000)  # the model's compute, simulated
         self.batches.append([s.slot for s in inputs])
-        results = [self._step_one(s) for s in inputs]
-        return results
+        return [dataclasses.replace(self._step_one(s), context=self._record(s.slot))
+                for s in inputs]
+
+    def _record(self, slot: int) -> bytes:
+        """The slot's state after its step: what continues it elsewhere."""
+        echo: bytes = self._previous[slot].astype("<f4").tobytes()
+        return _TICKS.pack(int(self._ticks[slot])) + echo
 
     def _step_one(self, step: SlotStep) -> SlotResult:
         slot = step.slot

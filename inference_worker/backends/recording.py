@@ -61,6 +61,8 @@ class RecordingBackend(FakeBackend):
         super().__init__(max_slots=max_slots, options=options)
         if self.options.mode != "echo":
             raise ValueError("the recording backend echoes: it takes no mode but 'echo'")
+        # What a slot saw is not in the fake's step records: its slots cannot move.
+        self.spec = dataclasses.replace(self.spec, context_steps=0)
         #: The camera frames received (the newest ones), in the order the slots stepped them.
         self.received: deque[Seen] = deque(maxlen=_KEPT)
         # The text each slot says with its next echoed frame: what it saw with that audio.

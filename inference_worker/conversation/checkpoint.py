@@ -15,7 +15,10 @@ restorer reads them back from the input log; the turn detector resumes from its 
 
 :func:`encode` writes it as versioned JSON, at most :data:`MAX_CHECKPOINT_BYTES`;
 :func:`decode` reads it back once, checking every field, and refuses a format it does not
-know rather than continue a conversation on a guess. Pure: no I/O, no clock.
+know rather than continue a conversation on a guess. A frame backend's session carries its
+slot's context too (:attr:`CoreState.model_context`, the format's version 2): a reader that
+knows only version 1 refuses it, since it could not continue that session's model. Pure: no
+I/O, no clock.
 """
 
 from __future__ import annotations
@@ -43,8 +46,11 @@ from inference_worker.turn_detection.vad import DetectorPlace
 __all__ = ["CHECKPOINT_FORMAT", "MAX_CHECKPOINT_BYTES", "CheckpointError", "CoreState",
            "decode", "encode"]
 
-#: The encoding's version: a reader refuses any other.
-CHECKPOINT_FORMAT: Final = 1
+#: The encoding's newest version, written for a state with a model context; one without is
+#: written as version 1, which a worker that knows only that can still continue.
+CHECKPOINT_FORMAT: Final = 2
+# The versions this reader knows.
+_READABLE: Final = (1, 2)
 #: The largest encoded checkpoint: a conversation's items are bounded (``MAX_ITEMS``), and a
 #: voice prompt or an unanswered turn's audio are what can make one large.
 MAX_CHECKPOINT_BYTES: Final = 4 * 1024 * 1024
@@ -78,6 +84,9 @@ class CoreState:
         seed_spoke: whether the model was seen to answer in audio.
         ref_audio: the voice prompt in effect.
         unanswered: the committed turn the next ``response.create`` answers, with its audio.
+        model_context: a frame backend's slot's newest step records, oldest first, from
+            which another worker's slot continues it; None for a model port without (the
+            loopback's).
     """
 
     history: HistoryState
@@ -94,6 +103,7 @@ class CoreState:
     seed_spoke: bool
     ref_audio: VoicePrompt | None
     unanswered: UserTurn | None
+    model_context: tuple[bytes, ...] | None = None
 
 
 # ============================================================================ writing
@@ -116,8 +126,8 @@ def encode(state: CoreState) -> bytes:
         CheckpointError: the encoding is over :data:`MAX_CHECKPOINT_BYTES`.
     """
     history, responses, buffer = state.history, state.responses, state.buffer
-    document = {
-        "v": CHECKPOINT_FORMAT,
+    document: JsonObject = {
+        "v": 1 if state.model_context is None else CHECKPOINT_FORMAT,
         "history": {"config": history.config, "items": [_item(i) for i in history.items],
                     "item_count": history.item_count,
                     "response_count": history.response_count,
@@ -143,6 +153,8 @@ def encode(state: CoreState) -> bytes:
         "unanswered": None if state.unanswered is None else
         {"item_id": state.unanswered.item_id, "audio": _bytes(state.unanswered.audio)},
     }
+    if state.model_context is not None:
+        document["model_context"] = [_bytes(record) for record in state.model_context]
     # ASCII: a client's text may hold a lone surrogate, which no UTF-8 can carry.
     data = json.dumps(document, separators=(",", ":")).encode("ascii")
     if len(data) > MAX_CHECKPOINT_BYTES:
@@ -236,6 +248,13 @@ def _symbol(value: Any, kind: Callable[[str], _T], name: str) -> _T:
         raise CheckpointError(f"checkpoint field {name!r} names no state: {value!r}") from exc
 
 
+def _read_context(document: JsonObject) -> tuple[bytes, ...] | None:
+    if document["v"] == 1:
+        return None
+    records = _typed(document["model_context"], list, "model_context")
+    return tuple(_decoded(record, "model_context") for record in records)
+
+
 def _read(document: JsonObject) -> CoreState:
     history = _typed(document["history"], dict, "history")
     responses = _typed(document["responses"], dict, "responses")
@@ -277,6 +296,7 @@ def _read(document: JsonObject) -> CoreState:
         unanswered=None if unanswered is None else UserTurn(
             item_id=_typed(unanswered["item_id"], str, "unanswered.item_id"),
             audio=_decoded(unanswered["audio"], "unanswered.audio")),
+        model_context=_read_context(document),
     )
 
 
@@ -285,7 +305,7 @@ def decode(data: bytes) -> CoreState:
 
     Raises:
         CheckpointError: not a checkpoint, over the bound, a field missing or of the wrong
-            kind, or a format other than :data:`CHECKPOINT_FORMAT`.
+            kind, or a format this reader does not know.
     """
     if len(data) > MAX_CHECKPOINT_BYTES:
         raise CheckpointError(f"a checkpoint of {len(data)} bytes is over the bound of "
@@ -294,9 +314,9 @@ def decode(data: bytes) -> CoreState:
         document = json.loads(data)
     except (ValueError, RecursionError) as exc:
         raise CheckpointError(f"not a checkpoint: {exc}") from exc
-    if not isinstance(document, dict) or document.get("v") != CHECKPOINT_FORMAT:
-        version = document.get("v") if isinstance(document, dict) else None
-        raise CheckpointError(f"checkpoint format {version!r} is not {CHECKPOINT_FORMAT}")
+    version = document.get("v") if isinstance(document, dict) else None
+    if type(version) is not int or version not in _READABLE:
+        raise CheckpointError(f"checkpoint format {version!r} is not one of {_READABLE}")
     try:
         return _read(document)
     except KeyError as exc:

@@ -212,10 +212,17 @@ def _rich_state() -> CoreState:
 
 
 def test_a_checkpoint_round_trips_through_its_encoding() -> None:
+    """Without a model context it is written as version 1, which a worker that knows only
+    that still reads; with one, as the newest version."""
     state = _rich_state()
     data = encode(state)
-    assert json.loads(data)["v"] == CHECKPOINT_FORMAT
+    assert json.loads(data)["v"] == 1 and "model_context" not in json.loads(data)
     assert decode(data) == state
+    with_context = dataclasses.replace(state, model_context=(b"\x00\x01", b"", b"\xff" * 9))
+    data = encode(with_context)
+    assert json.loads(data)["v"] == CHECKPOINT_FORMAT == 2
+    assert decode(data) == with_context
+    assert decode(encode(dataclasses.replace(state, model_context=()))).model_context == ()
 
 
 def test_any_text_a_client_sent_survives_the_encoding() -> None:
@@ -244,10 +251,20 @@ def _edited(path: list[str], value: Any) -> bytes:
     return json.dumps(document).encode()
 
 
+def _with_context(path: list[str], value: Any) -> bytes:
+    document = json.loads(encode(dataclasses.replace(_rich_state(), model_context=(b"ok",))))
+    document[path[0]] = value
+    return json.dumps(document).encode()
+
+
 @pytest.mark.parametrize(("data", "reason"), [
     (b"not json", "not a checkpoint"),
     (b"[1]", "format None"),
     (_edited(["v"], CHECKPOINT_FORMAT + 1), f"format {CHECKPOINT_FORMAT + 1}"),
+    (_edited(["v"], True), "format True"),
+    (_edited(["v"], 2), "'model_context' is missing"),
+    (_with_context(["model_context"], "AAAA"), "'model_context' is not list"),
+    (_with_context(["model_context"], ["not base64!"]), "'model_context' is not base64"),
     (_edited(["model"], KeyError), "'model' is missing"),
     (_edited(["model", "epoch"], True), "'model.epoch' is not int"),
     (_edited(["timeline", "fed_bytes"], -1), "'timeline.fed_bytes' is negative"),

@@ -1,0 +1,51 @@
+"""What a checkpoint keeps of a frame backend's session's engine slot: the backend's newest
+step records, from which another worker's slot continues it (``docs/design/hand-over.md``).
+
+The records come with the frames the session consumes, in order, so those kept are always
+the steps whose output its core reflects; a checkpoint carries them only where the slot holds
+nothing else the core gave it (:meth:`SlotContext.at`): no input not yet stepped, no stop or
+other change not yet applied, and the newest frame consumed is of the core's epoch.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from inference_worker.audio_frames import FrameOutput
+from inference_worker.conversation.checkpoint import CoreState
+from inference_worker.engine import Engine, SlotHandle
+
+__all__ = ["SlotContext"]
+
+
+class SlotContext:
+    """One session's slot as its checkpoints need it.
+
+    Args:
+        steps: the records that continue a slot (the backend's ``context_steps``).
+        records: those a moved session's slot resumed from, oldest first.
+        epoch: the epoch of the newest frame consumed (None: none yet).
+    """
+
+    __slots__ = ("_epoch", "_records")
+
+    def __init__(self, steps: int, records: tuple[bytes, ...] = (),
+                 epoch: int | None = None) -> None:
+        self._records: deque[bytes] = deque(records, maxlen=steps)
+        self._epoch = epoch
+
+    def consumed(self, frame: FrameOutput) -> None:
+        """The session's core consumed ``frame``."""
+        self._records.append(frame.context)
+        self._epoch = frame.epoch
+
+    def at(self, state: CoreState, engine: Engine | None,
+           handle: SlotHandle | None) -> tuple[bytes, ...] | None:
+        """The records that continue the slot as ``state`` (the core's, just taken) leaves
+        it; None where the slot has moved past it or holds what the core asked of it and it
+        has not applied."""
+        if engine is None or handle is None or self._epoch != state.model.epoch:
+            return None
+        if not engine.settled(handle, state.model_input_ms):
+            return None
+        return tuple(self._records)
