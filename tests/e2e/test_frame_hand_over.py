@@ -1,0 +1,93 @@
+"""A SIGKILLed frame backend's worker (``duplex-gateway worker --backend fake``): its sessions
+are re-placed with their engine slot where nothing was written past their checkpoint, and end
+``worker_lost`` where the model had said more (a frame model's output cannot be replayed).
+
+Through a real gateway, with the seed's released ``DuplexClient``: one session is quiet at
+the kill and echoes its next word on the surviving worker, every event once, in order; the
+other is being echoed at the kill and ends once, ``worker_lost``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from duplex_client import DuplexClient, RealtimeEvent
+from inference_worker.audio_frames import float_to_pcm16
+from inference_worker.conversation.checkpoint import decode
+from store.keys import SessionKeys, worker_of_session
+from tests.e2e.helpers import PUSH_TO_TALK_SESSION, collect_until
+from tests.e2e.stack import Stack
+from tests.store._support import until
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+SAMPLES = 1920  # one 80 ms frame of the fake's, at 24 kHz
+
+
+def marked(mark: int) -> bytes:
+    return float_to_pcm16(np.full(SAMPLES, 0.2 + mark / 1000, dtype=np.float32))
+
+
+async def say(client: DuplexClient, marks: range, pause: int = 12) -> None:
+    """A word, each frame marked, then a pause long enough for its echo to end."""
+    for mark in marks:
+        await client.append_audio(marked(mark))
+    for _ in range(pause):
+        await client.append_audio(bytes(SAMPLES * 2))
+
+
+def echoed(log: list[RealtimeEvent]) -> list[bytes]:
+    audio = b"".join(event.audio for event in log)
+    return [audio[i:i + SAMPLES * 2] for i in range(0, len(audio), SAMPLES * 2)]
+
+
+async def test_a_killed_fake_worker_s_quiet_session_moves_and_its_talking_one_ends(
+        stack: Stack) -> None:
+    gateway = stack.gateway()
+    doomed = stack.worker(slots=2, backend="fake")
+    quiet, talking = [await DuplexClient.connect(gateway.ws_url, session=PUSH_TO_TALK_SESSION)
+                      for _ in range(2)]
+    logs: dict[int, list[RealtimeEvent]] = {id(quiet): [], id(talking): []}
+    for client in (quiet, talking):
+        await collect_until(client, "session.updated", logs[id(client)])
+        await say(client, range(1, 4))
+        await collect_until(client, "response.done", logs[id(client)], timeout=30)
+    stack.worker(slots=2, backend="fake")  # the survivor, with room for both
+    reader = stack.reader()
+
+    def context_checkpointed(client: DuplexClient) -> bool:
+        core: Any = reader.hget(SessionKeys(client.session_id or "").record, "ck_core")
+        return core is not None and decode(core).model_context is not None
+
+    await until(lambda: all(context_checkpointed(c) for c in (quiet, talking)),
+                "each session checkpointed with its slot's context", 30)
+    # A long word: its echo is under way, past the checkpoint, when the worker dies.
+    await say(talking, range(100, 160), pause=0)
+    await collect_until(talking, "response.output_audio.delta", logs[id(talking)], timeout=30)
+    doomed.kill()
+
+    closed = await collect_until(talking, "session.closed", logs[id(talking)], timeout=30)
+    assert closed.data["reason"] == "worker_lost"
+    await talking.aclose()
+
+    await say(quiet, range(10, 14))
+    done = await collect_until(quiet, "response.done", logs[id(quiet)], timeout=30)
+    assert done.data["response"]["status"] == "completed"
+    log = logs[id(quiet)]
+    assert not any(e.type in ("session.closed", "session.expired") for e in log)
+    seqs = [e.server_event_seq for e in log if e.server_event_seq is not None]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "every event once, in order"
+    created = [e.response_id for e in log if e.type == "response.created"]
+    done_ids = [e.response_id for e in log if e.type == "response.done"]
+    assert created == done_ids and len(set(done_ids)) == 2, "every response ends once"
+    speech = [marked(m) for m in [*range(1, 4), *range(10, 14)]]
+    assert [f for f in echoed(log) if f in speech] == speech, "each word echoed once"
+    owner: Any = reader.hget(SessionKeys(quiet.session_id or "").record, "owner")
+    assert owner.decode() != worker_of_session(quiet.session_id or "")
+    await quiet.close()
+    await collect_until(quiet, "session.closed", [])
+    await quiet.aclose()
+    reader.close()
