@@ -20,12 +20,13 @@ def test_bench_migrate_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     talked in both windows, a stall and a baseline for each run, no answer cut by the drain,
     the plot's series, and the table."""
     out = tmp_path / "migrate.json"
-    assert run_migrate_bench(sessions=[1, 3], output=str(out)) == 0
+    code = run_migrate_bench(sessions=[1, 3], output=str(out))
+    assert code == 0, capsys.readouterr().out  # its problems, and what was logged about them
     report = json.loads(out.read_text())
     assert [(row["event"], row["sessions"]) for row in report["rows"]] == [
         ("drain", 1), ("drain", 3), ("kill", 1), ("kill", 3)]
     for row in report["rows"]:
-        assert row["problems"] == []
+        assert row["problems"] == [] and row["logged"] == []
         assert row["stall_ms"]["p99"] > 0 and row["baseline_gap_ms"]["p99"] > 0
         assert row["turns"] > 2 * row["sessions"] and row["events_checked"] > row["turns"]
         assert row["cut_short"] <= (0 if row["event"] == "drain" else row["sessions"])

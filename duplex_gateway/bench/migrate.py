@@ -187,12 +187,17 @@ def _measure(sessions: int, event: str, log_dir: Path) -> dict[str, Any]:
             problems.append(f"session {index}: server_event_seq with a gap or a repeat")
         if event == "drain" and talk.cut_short:
             problems.append(f"session {index}: an answer cut short by a drain")
+    # Why, where something went wrong: what the processes logged (at warning and above).
+    logged = [line for path in sorted(log_dir.glob("*.log")) if problems
+              for line in path.read_text(errors="replace").splitlines()
+              if " ERROR " in line or " WARNING " in line]
     before = [_longest_gap(t.times, sent - window_s, sent) for t in talks]
     during = [_longest_gap(t.times, sent, sent + window_s) for t in talks]
     return {"event": event, "sessions": sessions, "stall_ms": distribution(during),
             "baseline_gap_ms": distribution(before), "turns": sum(t.turns for t in talks),
             "cut_short": sum(t.cut_short for t in talks),
-            "events_checked": sum(len(t.seqs) for t in talks), "problems": problems}
+            "events_checked": sum(len(t.seqs) for t in talks), "problems": problems,
+            "logged": logged[:20]}
 
 
 def _moved(redis_url: str, session_ids: list[str]) -> list[bool]:
@@ -280,6 +285,8 @@ def _print(report: dict[str, Any], out: Path, plot: Path) -> None:
               f"  {row['cut_short']:>4}  {len(row['problems']):>8}")
         for problem in row["problems"][:5]:
             print(f"    {problem}")
+        for line in row["logged"][:5]:
+            print(f"    logged: {line}")
     for event, target in report["target_p99_ms"].items():
         worst = max(row["stall_ms"]["p99"] or 0.0 for row in report["rows"]
                     if row["event"] == event)
