@@ -106,8 +106,9 @@ class SlotResult:
     #: :class:`~inference_worker.conversation.reports.TurnEnded` comes after the tick's output.
     reports: tuple[ModelReport, ...] = ()
     #: What this step added to the slot's context, in the backend's own encoding: the newest
-    #: ``context_steps`` of them continue the slot elsewhere (:class:`Resumable`); empty for a
-    #: backend whose slots cannot be continued.
+    #: ``context_steps`` of them continue the slot elsewhere (:class:`Resumable`). Empty: the
+    #: slot cannot be continued from this step (it holds what no record carries), or the
+    #: backend's slots cannot be continued at all.
     context: bytes = b""
 
 

@@ -42,10 +42,11 @@ class SlotContext:
     def at(self, state: CoreState, engine: Engine | None,
            handle: SlotHandle | None) -> tuple[bytes, ...] | None:
         """The records that continue the slot as ``state`` (the core's, just taken) leaves
-        it; None where the slot has moved past it or holds what the core asked of it and it
-        has not applied."""
-        if engine is None or handle is None or self._epoch != state.model.epoch:
-            return None
+        it; None where the slot has moved past it, holds what the core asked of it and it
+        has not applied, or its newest step cannot be continued from (an empty record)."""
+        if (engine is None or handle is None or self._epoch != state.model.epoch
+                or not self._records or not self._records[-1]):
+            return None  # moved past, or its newest step cannot be continued from
         if not engine.settled(handle, state.model_input_ms):
             return None
         return tuple(self._records)

@@ -90,6 +90,7 @@ from inference_worker.backends.cascade_models import (
     load_responder,
     load_tts,
 )
+from inference_worker.backends.cascade_turns import TurnDetector
 from inference_worker.conversation.reports import (
     BargedIn,
     Failed,
@@ -116,6 +117,9 @@ _log = logging.getLogger(__name__)
 Audio = npt.NDArray[np.float32]
 
 _EMPTY: Final = np.zeros(0, dtype=np.float32)
+# A step's record (``SlotResult.context``) for a slot between turns, the one place a cascade
+# slot continues from; any other step's is empty: it cannot be continued from there.
+_BETWEEN_TURNS: Final = b"between turns"
 _WINDOW_MS: Final = 1000 * SileroVad.window / SileroVad.rate  # 32 ms
 # A chunk of answer text ends at a sentence end followed by space (or a newline).
 _SENTENCE_END: Final = re.compile(r"(?<=[.!?;:])\s+|\n+")
@@ -162,58 +166,6 @@ class CascadeConfig:
     def windows(self, ms: float) -> int:
         """``ms`` in whole VAD windows (at least one)."""
         return max(1, math.ceil(ms / _WINDOW_MS))
-
-
-class TurnDetector:
-    """Speech start and end from per-window speech probabilities, with hysteresis.
-
-    A turn starts after ``min_speech`` consecutive windows at or above ``threshold`` and ends
-    after ``hangover`` windows below ``threshold - 0.15`` (windows in between neither extend
-    nor end it), as in Silero's ``VADIterator``. Pure: no audio, no model.
-    """
-
-    def __init__(self, *, threshold: float, min_speech: int, hangover: int) -> None:
-        """Counts are in windows."""
-        self._threshold = threshold
-        self._negative = max(threshold - 0.15, 0.01)
-        self._min_speech = min_speech
-        self._hangover = hangover
-        self._index = -1
-        self._run = 0
-        self._silence = 0
-        #: Whether the user is speaking (between a start and a stop).
-        self.speaking = False
-        #: Window index where the current (or last) turn's speech began.
-        self.start_window = 0
-        #: Window index of the current (or last) turn's last speech window.
-        self.last_speech_window = 0
-
-    def push(self, probability: float) -> Literal["start", "stop"] | None:
-        """Feed the next window's probability; returns a turn boundary if it makes one."""
-        self._index += 1
-        if not self.speaking:
-            if probability < self._threshold:
-                self._run = 0
-                return None
-            self._run += 1
-            if self._run < self._min_speech:
-                return None
-            self.speaking, self._silence = True, 0
-            self.start_window = self._index - self._run + 1
-            self.last_speech_window = self._index
-            return "start"
-        if probability >= self._threshold:
-            self._silence, self.last_speech_window = 0, self._index
-        elif probability < self._negative:
-            self._silence += 1
-            if self._silence >= self._hangover:
-                self.stop()
-                return "stop"
-        return None
-
-    def stop(self) -> None:
-        """End the turn now (e.g. at ``max_utterance_s``)."""
-        self.speaking, self._run, self._silence = False, 0, 0
 
 
 def speech_segments(vad: SileroVad, pcm: Audio, rate: int,
@@ -308,6 +260,13 @@ class _Tick:
     reports: list[ModelReport] = field(default_factory=list)
 
 
+def _between_turns(slot: _Slot) -> bool:
+    """Whether the slot holds nothing of a turn: no speech heard or counting towards a turn,
+    no utterance, transcript or answer under way."""
+    return (slot.response is None and not slot.turns and slot.utterance is None
+            and slot.detector.idle)
+
+
 def _drop_answers(slot: _Slot) -> bool:
     """Cancel the slot's answer and those of its transcripts still to come; whether an answer
     was under way (its end is then the caller's to report)."""
@@ -343,7 +302,7 @@ class CascadeBackend:
         cfg = self.config
         self.spec = FrameSpec(in_rate=cfg.rate, in_samples=cfg.frame_samples,
                               out_rate=cfg.rate, out_samples=cfg.frame_samples,
-                              max_slots=cfg.max_slots)
+                              max_slots=cfg.max_slots, context_steps=1)
         self._vad, self._asr, self._tts, self._responder = vad, asr, tts, responder
         self._clock = clock
         self._slots: dict[int, _Slot] = {}
@@ -406,8 +365,21 @@ class CascadeBackend:
             if slot.response is not None:
                 self._play(slot, slot.response, tick)
         return [SlotResult(slot=item.slot, pcm=tick.pcm, text=tick.text,
-                           reports=tuple(tick.reports))
-                for item, tick in zip(inputs, ticks, strict=True)]
+                           reports=tuple(tick.reports),
+                           context=_BETWEEN_TURNS if _between_turns(slot) else b"")
+                for item, tick, slot in zip(inputs, ticks, slots, strict=True)]
+
+    def resume_slot(self, slot: int, config: SlotConfig, context: Sequence[bytes]) -> None:
+        """Open ``slot`` as a slot that was between turns: its conversation is the session's
+        items, which its core carries, so a fresh slot continues it; what restarts is the
+        VAD's recurrent state, the pre-roll and the resampler's (room noise, between turns).
+
+        Raises:
+            ValueError: the record is not one of a slot between turns.
+        """
+        if context and context[-1] != _BETWEEN_TURNS:
+            raise ValueError("a cascade slot continues only from between turns")
+        self.open_slot(slot, config)
 
     # ----------------------------------------------------------------------------- extras
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from inference_worker.audio_frames import SincResampler, resample
-from inference_worker.backend import Backend, SlotResult, SlotStep
+from inference_worker.backend import NO_SLOT_CONFIG, Backend, SlotResult, SlotStep
 from inference_worker.backends import cascade_models
 from inference_worker.backends.cascade import (
     CascadeBackend,
@@ -332,6 +332,61 @@ def test_two_slots_answer_their_own_sentences(backend: CascadeBackend) -> None:
     heard = {slot: normalize(transcribe(trace.answer(0), RATE)) for slot, trace in traces.items()}
     assert normalize(FOX) in heard[1] and "journey" not in heard[1]
     assert normalize(JOURNEY) in heard[3] and "fox" not in heard[3]
+
+
+def _silent_steps(backend: CascadeBackend, slots: list[int], count: int) -> list[SlotResult]:
+    """``count`` ticks of silence for ``slots``; the last tick's results."""
+    size = backend.spec.in_samples
+    results: list[SlotResult] = []
+    for _ in range(count):
+        results = backend.step([SlotStep(slot=slot, pcm=np.zeros(size, dtype=np.float32))
+                                for slot in slots])
+    return results
+
+
+def _timeless(text: str) -> str:
+    """An echo answer without its timing (how long transcribing took differs run to run)."""
+    return re.sub(r"\d+\.\d seconds", "N seconds", text)
+
+
+def test_a_slot_resumed_between_turns_answers_the_next_turn_as_the_unmoved_one(
+        backend: CascadeBackend, vad: SileroVad) -> None:
+    """The hand-over's cascade case: a step's record says whether its slot is between turns
+    (only then can it be continued); a slot resumed from one on another backend hears and
+    answers the next utterance as the slot that never moved: the same reports on the same
+    ticks, transcript and answer. Mid-utterance the record is empty, and refused."""
+    backend.open_slot(0)
+    first = _utterance(FOX)
+    _drive(backend, {0: first}, {0: _Trace()}, responses=1, max_ticks=len(first) + 400)
+    record = _silent_steps(backend, [0], 10)[0].context
+    assert record, "between turns: a record to continue from"
+    moved = CascadeBackend(vad=vad, asr=whisper(), tts=voice(), responder=EchoResponder(),
+                           config=CascadeConfig(max_slots=1))
+    try:
+        moved.resume_slot(0, NO_SLOT_CONFIG, [record])
+        second = _utterance(JOURNEY)
+        traces = {"unmoved": _Trace(), "moved": _Trace()}
+        for name, cascade in (("unmoved", backend), ("moved", moved)):
+            _drive(cascade, {0: second}, {0: traces[name]}, responses=1,
+                   max_ticks=len(second) + 400)
+        unmoved_trace, moved_trace = traces["unmoved"], traces["moved"]
+        assert moved_trace.kinds() == unmoved_trace.kinds() == [
+            "UserSpeechStarted", "UserSpeechStopped", "UserTranscript", "ResponseStarted",
+            "TurnEnded"]
+        assert [tick for tick, _ in moved_trace.reports][:2] == [
+            tick for tick, _ in unmoved_trace.reports][:2], "speech heard on the same ticks"
+        assert moved_trace.first(UserTranscript) == unmoved_trace.first(UserTranscript)
+        assert [_timeless(t) for t in moved_trace.texts] == [
+            _timeless(t) for t in unmoved_trace.texts]
+
+        speaking = second[:len(second) // 2]  # into the utterance: a turn being heard
+        for frame in speaking:
+            result = moved.step([SlotStep(slot=0, pcm=frame)])[0]
+        assert moved.state(0) == SlotState.LISTENING and result.context == b""
+        with pytest.raises(ValueError, match="only from between turns"):
+            moved.resume_slot(0, NO_SLOT_CONFIG, [b"", result.context])
+    finally:
+        moved.close()
 
 
 def test_barge_in_stops_the_answer_and_answers_the_new_speech(
