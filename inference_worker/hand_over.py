@@ -181,6 +181,8 @@ class HandOver:
         self._catch_up = catch_up
         self._engine = engine  # the worker's frame engine now (None: the loopback)
         self._homes: set[str] = set()  # the homes whose input channel this worker listens to
+        # Per session being taken over: its lock and how many calls hold or await it.
+        self._taking: dict[str, tuple[asyncio.Lock, int]] = {}
 
     # ------------------------------------------------------------------ handing over
 
@@ -290,7 +292,25 @@ class HandOver:
 
     async def take_over(self, session_id: str) -> Session | None:
         """Serve ``session_id``, handed to this worker, from its checkpoint (None: it is not
-        this worker's, or it could not be continued and was ended)."""
+        this worker's, or it could not be continued and was ended).
+
+        One call at a time per session: a notice and a poll often ask at once, and two
+        restores racing would both serve it, or one, finding the input the other's catch-up
+        trimmed gone, would end the session the other serves.
+        """
+        lock, calls = self._taking.get(session_id, (asyncio.Lock(), 0))
+        self._taking[session_id] = (lock, calls + 1)
+        try:
+            async with lock:
+                return await self._take_over(session_id)
+        finally:
+            lock, calls = self._taking[session_id]
+            if calls == 1:
+                del self._taking[session_id]
+            else:
+                self._taking[session_id] = (lock, calls - 1)
+
+    async def _take_over(self, session_id: str) -> Session | None:
         if (session := self._sessions.get(session_id)) is not None:
             return session
         reading = self._fences.reading()
@@ -300,8 +320,6 @@ class HandOver:
             return None
         checkpoint = await read_checkpoint(self._client, session_id)
         ends = await log_ends(self._client, session_id)
-        if session_id in self._sessions:  # a notice and a poll took it at once
-            return self._sessions.get(session_id)
         try:
             restored = await self._restored(session_id, start, checkpoint, ends.last_output)
         except (ValueError, CheckpointError, ReplayDiverged) as exc:
@@ -314,8 +332,6 @@ class HandOver:
             return None
         if restored is None:  # no free slot: cannot happen while the reservation holds
             return None
-        if session_id in self._sessions:  # a notice and a poll restored it at once
-            return self._sessions.get(session_id)
         session, lost_response = restored
         session.owner_epoch = start.owner_epoch
         session.output_log_max_entries = start.output_log_max_entries

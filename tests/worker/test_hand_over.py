@@ -12,6 +12,7 @@ as it did before hand-overs.
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
@@ -21,6 +22,7 @@ from redis.asyncio import Redis
 from contract import messages as msg
 from contract.messages import Event, encode_message
 from store import Lease
+from store.checkpoints import AdoptStatus, ReserveStatus
 from store.keys import SessionKeys, WorkerKeys
 from tests.store._support import events_of, open_session, until, used_slots
 from tests.worker._running import Running, running_worker
@@ -186,3 +188,39 @@ async def test_a_session_that_never_pauses_moves_late_from_its_last_checkpoint(
         assert adopter.worker.metrics.registry.get_sample_value(
             "duplex_worker_take_overs_total",
             {"backend": "loopback", "outcome": "reconciled"}) == 1
+
+
+async def test_a_notice_and_a_poll_taking_a_session_over_at_once_restore_it_once(
+        redis_client: Redis) -> None:
+    """Two take-overs of one session at once (its notice and the adopter's poll) share one
+    restore: served once, counted once, both answered with the same session; a third after
+    them finds it served."""
+    async with running_worker(redis_client, slots=4, checkpoint_interval_s=0.2,
+                              input_poll_interval_s=30.0) as adopter:
+        async with running_worker(redis_client, slots=4, checkpoint_interval_s=0.2) as home:
+            opened = await open_session(home.scripts, home.worker.worker_id)
+            await send(home, opened.lease, MANUAL, encode_message(msg.Heartbeat()))
+            record = SessionKeys(opened.session_id).record
+            await until(lambda: redis_client.hexists(record, "ck_core"), "a checkpoint")
+            seq = int(await redis_client.hget(record, "ck_seq") or 0)
+            assert await adopter.scripts.reserve_slot(
+                adopter.worker.worker_id, opened.session_id) is ReserveStatus.OK
+            moved = await adopter.scripts.adopt_session(
+                opened.session_id, replaces_epoch=1, adopter=adopter.worker.worker_id,
+                checkpoint_seq=seq)
+            assert moved.status is AdoptStatus.OK
+            hand_over = adopter.worker._hand_over  # no notice was sent: the test is both
+            first, second = await asyncio.gather(hand_over.take_over(opened.session_id),
+                                                 hand_over.take_over(opened.session_id))
+            assert first is not None and first is second
+            assert await hand_over.take_over(opened.session_id) is first
+            assert adopter.worker.metrics.registry.get_sample_value(
+                "duplex_worker_take_overs_total",
+                {"backend": "loopback", "outcome": "taken"}) == 1
+            await send(adopter, opened.lease, encode_message(msg.Heartbeat()))
+
+            async def answered_there() -> bool:
+                return sum(isinstance(e, msg.HeartbeatAck)
+                           for _, e in await events(redis_client, opened.session_id)) == 2
+
+            await until(answered_there, "the adopter answering, once")
