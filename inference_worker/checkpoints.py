@@ -144,11 +144,13 @@ class Checkpointer:
         if state is None:
             return None
         if session.slot_context is not None:
-            model_context = self._sessions.slot_context_at(session, state)
-            if model_context is None:
-                return None  # its slot holds input or a change not yet reflected
-            state = dataclasses.replace(state, model_context=model_context)
+            place = self._sessions.slot_context_at(session, state)
+            if place is None:
+                return None  # its slot holds a change not yet reflected
+            state = dataclasses.replace(state, model_context=place.records,
+                                        model_unconsumed=place.unconsumed)
         heard, kept = session.core.input_audio
+        kept = max(kept, state.model_unconsumed)  # the adopter reads both back
         try:
             keep = (marks.hold.buffer_start(heard, kept)
                     or marks.hold.at_end(session.applied_fence, applied, heard))

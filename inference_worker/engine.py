@@ -285,19 +285,27 @@ class Engine:
         slot_input.partial, slot_input.partial_len, slot_input.carry = [], 0, b""
         slot_input.partial_video = []
 
-    def settled(self, handle: SlotHandle, input_ms: int | None) -> bool:
-        """Whether ``handle``'s slot consumed all the input it was given by the steps whose
-        frames are stamped ``input_ms``, and holds no change still to apply: the newest
-        output its session consumed then reflects all its session gave it, the point at which
-        a checkpoint of a frame backend's session may be taken. Event loop only."""
+    def unconsumed(self, handle: SlotHandle, input_ms: int | None) -> int | None:
+        """The bytes of the session's pcm16 24 kHz audio that ``handle``'s slot was given and
+        has not stepped yet, where its newest output the session consumed is stamped
+        ``input_ms`` and the slot holds no change still to apply; None where that is not so
+        (a step took input since, or a stop, configuration or open waits), or where the bytes
+        cannot be told exactly (resampled input, or camera frames, waiting). With it, a
+        checkpoint of a frame backend's session may be taken: those bytes, the newest the
+        session heard, are what the slot that continues it must be given first. Event loop
+        only."""
         with self._lock:
             slot_input = self._inputs.get(handle.serial)
-            if (slot_input is None or slot_input.frames or slot_input.partial_len
-                    or slot_input.carry or slot_input.partial_video
+            if (slot_input is None or slot_input.video or slot_input.partial_video
                     or any(queued.serial == handle.serial for _, queued, _ in self._ops)):
-                return False
-            passed = slot_input.passed
-        return input_ms == round(passed * self.spec.frame_seconds * 1000)
+                return None
+            passed, queued = slot_input.passed, len(slot_input.frames)
+        if input_ms != round(passed * self.spec.frame_seconds * 1000):
+            return None
+        samples = queued * self.spec.in_samples + slot_input.partial_len
+        if not slot_input.resampler.identity:
+            return None if samples or slot_input.carry else 0
+        return samples * 2 + len(slot_input.carry)
 
     def _enqueue(self, handle: SlotHandle, frames: list[Audio],
                  video: _Marks | None = None) -> None:

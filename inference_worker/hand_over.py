@@ -108,14 +108,15 @@ def _entry_id(entry_id: str) -> tuple[int, int]:
 
 
 def read_back(entries: Sequence[InputEntry], state: CoreState,
-              keep: bool = True) -> tuple[bytes, list[int]]:
-    """The input buffer's audio as ``state`` counts it, decoded from the appends in
-    ``entries`` as a core decodes them (in the session's input format, or the one an append
-    names), and the decoded audio of each entry; ``keep`` False: a core that does not keep
-    the buffer's bytes (a frame model heard them already), so none are returned.
+              keep: bool = True) -> tuple[bytes, bytes, list[int]]:
+    """The input buffer's audio as ``state`` counts it (``keep`` False: none, for a core
+    that does not keep its bytes: a frame model heard them already), the audio its engine
+    slot had not stepped (``state.model_unconsumed``), both the newest audio decoded from
+    the appends in ``entries`` as a core decodes them (in the session's input format, or the
+    one an append names), and the decoded audio of each entry.
 
     Raises:
-        ValueError: the appends hold less audio than the buffer, where it is kept.
+        ValueError: the appends hold less audio than either.
     """
     decoder = AppendDecoder(format_of(state.history.config["audio"]["input"]["format"]))
     heard: list[int] = []
@@ -131,9 +132,11 @@ def read_back(entries: Sequence[InputEntry], state: CoreState,
         audio += chunk
         heard.append(len(chunk))
     size = state.buffer.size if keep else 0
-    if len(audio) < size:
-        raise ValueError(f"{len(audio)} bytes of audio read back for a buffer of {size}")
-    return bytes(audio[len(audio) - size:]), heard
+    if len(audio) < max(size, state.model_unconsumed):
+        raise ValueError(f"{len(audio)} bytes of audio read back for a buffer of {size} and "
+                         f"{state.model_unconsumed} its model had not heard")
+    unconsumed = audio[len(audio) - state.model_unconsumed:] if state.model_unconsumed else b""
+    return bytes(audio[len(audio) - size:]), bytes(unconsumed), heard
 
 
 def slot_resume(state: CoreState, engine: Engine, tail: int) -> SlotResume:
@@ -336,12 +339,14 @@ class HandOver:
         session.owner_epoch = start.owner_epoch
         session.output_log_max_entries = start.output_log_max_entries
         self._fences.learned(reading, session, start)
-        await self._listen_to_home(worker_of_session(session_id))
+        # Served before anything is awaited: its slot's first frames come with the next
+        # ticks, and a frame for a slot no session holds is dropped.
         self._sessions.add(session_id, session)
         self._metrics.take_over("taken" if checkpoint is not None
                                 and checkpoint.seq == ends.last_output else "reconciled")
         if lost_response:
             self._metrics.lost_responses.inc()
+        await self._listen_to_home(worker_of_session(session_id))
         await self._catch_up(session_id, session)
         return session
 
@@ -369,11 +374,14 @@ class HandOver:
                                              checkpoint.applied)
             if not entries or entries[0].index != _entry_id(checkpoint.keep)[1]:
                 raise ValueError("the input it needs read back is gone")
-        buffered, heard = read_back(entries, state, self._factory.keeps_turn_audio)
+        buffered, unconsumed, heard = read_back(entries, state,
+                                                self._factory.keeps_turn_audio)
         session = self._factory.session(session_id, engine, start, resume)
         if session is None:
             return None
         session.core.restore(state, buffered)
+        if unconsumed and engine is not None and session.handle is not None:
+            engine.push_audio(session.handle, unconsumed)  # first, as the old slot had it
         session.applied_under = WriteToken(start.epoch, 0)
         applied_fence, applied = _entry_id(checkpoint.applied)
         session.applied_fence, session.next_seq = applied_fence, last_output + 1

@@ -46,7 +46,7 @@ from inference_worker.conversation.core import ConversationCore
 from inference_worker.engine import Engine, SlotHandle
 from inference_worker.input_hold import SessionCheckpoints
 from inference_worker.metrics import WorkerMetrics
-from inference_worker.slot_context import SlotContext
+from inference_worker.slot_context import SlotContext, SlotPlace
 from runtime.ratelog import RateLimitedLog, cause_of
 from store.keys import worker_of_session
 from store.logs import InputEntry, WriteToken
@@ -330,7 +330,7 @@ class SessionTable:
             self.fail(session_id, "tick", exc)
         self._mark_dirty(session_id)
 
-    def slot_context_at(self, session: Session, state: CoreState) -> tuple[bytes, ...] | None:
+    def slot_context_at(self, session: Session, state: CoreState) -> SlotPlace | None:
         """The records that continue ``session``'s slot as ``state`` leaves it (None: the
         slot is not there, see :meth:`SlotContext.at`)."""
         if session.slot_context is None:

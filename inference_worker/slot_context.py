@@ -2,20 +2,33 @@
 step records, from which another worker's slot continues it (``docs/design/hand-over.md``).
 
 The records come with the frames the session consumes, in order, so those kept are always
-the steps whose output its core reflects; a checkpoint carries them only where the slot holds
-nothing else the core gave it (:meth:`SlotContext.at`): no input not yet stepped, no stop or
-other change not yet applied, and the newest frame consumed is of the core's epoch.
+the steps whose output its core reflects. A checkpoint carries them where the slot holds no
+change the core asked for and has not applied (a stop, a configuration) and the newest frame
+consumed is of the core's epoch (:meth:`SlotContext.at`), with the count of the input bytes
+the slot was given and has not stepped: the newest the session heard, which the adopter reads
+back from the input log and gives its slot first.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 from inference_worker.audio_frames import FrameOutput
 from inference_worker.conversation.checkpoint import CoreState
 from inference_worker.engine import Engine, SlotHandle
 
-__all__ = ["SlotContext"]
+__all__ = ["SlotContext", "SlotPlace"]
+
+
+@dataclass(frozen=True, slots=True)
+class SlotPlace:
+    """Where a slot is, as a checkpoint carries it."""
+
+    #: Its newest step records, oldest first.
+    records: tuple[bytes, ...]
+    #: The bytes of input audio it was given and has not stepped: the newest heard.
+    unconsumed: int
 
 
 class SlotContext:
@@ -40,13 +53,14 @@ class SlotContext:
         self._epoch = frame.epoch
 
     def at(self, state: CoreState, engine: Engine | None,
-           handle: SlotHandle | None) -> tuple[bytes, ...] | None:
+           handle: SlotHandle | None) -> SlotPlace | None:
         """The records that continue the slot as ``state`` (the core's, just taken) leaves
         it; None where the slot has moved past it, holds what the core asked of it and it
         has not applied, or its newest step cannot be continued from (an empty record)."""
         if (engine is None or handle is None or self._epoch != state.model.epoch
                 or not self._records or not self._records[-1]):
             return None  # moved past, or its newest step cannot be continued from
-        if not engine.settled(handle, state.model_input_ms):
+        unconsumed = engine.unconsumed(handle, state.model_input_ms)
+        if unconsumed is None:
             return None
-        return tuple(self._records)
+        return SlotPlace(tuple(self._records), unconsumed)

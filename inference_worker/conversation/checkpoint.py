@@ -87,6 +87,8 @@ class CoreState:
         model_context: a frame backend's slot's newest step records, oldest first, from
             which another worker's slot continues it; None for a model port without (the
             loopback's).
+        model_unconsumed: the bytes of input audio that slot was given and had not stepped:
+            the newest heard, which the slot that continues it is given first.
     """
 
     history: HistoryState
@@ -104,6 +106,7 @@ class CoreState:
     ref_audio: VoicePrompt | None
     unanswered: UserTurn | None
     model_context: tuple[bytes, ...] | None = None
+    model_unconsumed: int = 0
 
 
 # ============================================================================ writing
@@ -155,6 +158,7 @@ def encode(state: CoreState) -> bytes:
     }
     if state.model_context is not None:
         document["model_context"] = [_bytes(record) for record in state.model_context]
+        document["model_unconsumed"] = state.model_unconsumed
     # ASCII: a client's text may hold a lone surrogate, which no UTF-8 can carry.
     data = json.dumps(document, separators=(",", ":")).encode("ascii")
     if len(data) > MAX_CHECKPOINT_BYTES:
@@ -297,6 +301,8 @@ def _read(document: JsonObject) -> CoreState:
             item_id=_typed(unanswered["item_id"], str, "unanswered.item_id"),
             audio=_decoded(unanswered["audio"], "unanswered.audio")),
         model_context=_read_context(document),
+        model_unconsumed=0 if document["v"] == 1 else _count(document["model_unconsumed"],
+                                                              "model_unconsumed"),
     )
 
 

@@ -1,14 +1,17 @@
-"""A SIGKILLed frame backend's worker (``duplex-gateway worker --backend fake``): its sessions
-are re-placed with their engine slot where nothing was written past their checkpoint, and end
-``worker_lost`` where the model had said more (a frame model's output cannot be replayed).
+"""Frame backends' workers (``duplex-gateway worker --backend fake``) drained and killed:
+their sessions move with their engine slot.
 
-Through a real gateway, with the seed's released ``DuplexClient``: one session is quiet at
-the kill and echoes its next word on the surviving worker, every event once, in order; the
-other is being echoed at the kill and ends once, ``worker_lost``.
+Through a real gateway, with the seed's released ``DuplexClient``. A rolling restart of two
+workers under talking sessions: every session moves at a pause between its words and echoes
+each word once, every event once, in order, every response ended once. A SIGKILL: a session
+quiet at the kill is re-placed and echoes its next word on the surviving worker; one being
+echoed at the kill, its model's output past the checkpoint (which cannot be replayed), ends
+once, ``worker_lost``.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import numpy as np
@@ -42,6 +45,75 @@ async def say(client: DuplexClient, marks: range, pause: int = 12) -> None:
 def echoed(log: list[RealtimeEvent]) -> list[bytes]:
     audio = b"".join(event.audio for event in log)
     return [audio[i:i + SAMPLES * 2] for i in range(0, len(audio), SAMPLES * 2)]
+
+
+class Talker:
+    """One client saying words, each marked frame by frame, until told to stop; each word
+    must come back echoed, once, in its own response."""
+
+    def __init__(self, n: int, client: DuplexClient) -> None:
+        self.n, self.client = n, client
+        self.log: list[RealtimeEvent] = []
+        self.words = 0
+        self.stop = False
+
+    async def talk(self) -> None:
+        while not self.stop:
+            marks = range(self.n * 1000 + self.words * 4, self.n * 1000 + self.words * 4 + 4)
+            start = len(self.log)
+            await say(self.client, marks)
+            done = await collect_until(self.client, "response.done", self.log, timeout=30)
+            assert done.data["response"]["status"] == "completed", done.data
+            assert not any(e.type in ENDS for e in self.log), f"session {self.n} ended"
+            word = [marked(m) for m in marks]
+            assert [f for f in echoed(self.log[start:]) if f in word] == word, (
+                f"session {self.n}: word {self.words}")
+            self.words += 1
+
+
+ENDS = ("session.closed", "session.expired")
+SESSIONS = 8
+
+
+async def test_a_rolling_restart_of_fake_workers_moves_every_session_and_loses_nothing(
+        stack: Stack) -> None:
+    gateway = stack.gateway()
+    old = [stack.worker(slots=SESSIONS, backend="fake") for _ in range(2)]
+    talkers = []
+    for n in range(SESSIONS):
+        client = await DuplexClient.connect(gateway.ws_url, session=PUSH_TO_TALK_SESSION)
+        talker = Talker(n, client)
+        await collect_until(client, "session.updated", talker.log)
+        talkers.append(talker)
+    tasks = [asyncio.create_task(talker.talk()) for talker in talkers]
+    await until(lambda: all(t.words >= 1 for t in talkers), "a word each", 60)
+    for worker in old:
+        stack.worker(slots=SESSIONS, backend="fake")
+        code = await asyncio.to_thread(worker.terminate, 60)
+        assert code == 0, "the drained worker exits cleanly"
+        assert not any(task.done() for task in tasks), [t.exception() for t in tasks
+                                                        if t.done()]
+    after = [t.words for t in talkers]
+    await until(lambda: all(t.words >= a + 1 for t, a in zip(talkers, after, strict=True))
+                or any(task.done() for task in tasks), "a word each after the restart", 60)
+    for talker in talkers:
+        talker.stop = True
+    await asyncio.gather(*tasks)
+    reader = stack.reader()
+    for talker in talkers:
+        session_id = talker.client.session_id or ""
+        owner: Any = reader.hget(SessionKeys(session_id).record, "owner")
+        assert owner is not None and owner.decode() != worker_of_session(session_id), (
+            "served by another worker than the one that opened it")
+        seqs = [e.server_event_seq for e in talker.log if e.server_event_seq is not None]
+        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "each event once, in order"
+        created = [e.response_id for e in talker.log if e.type == "response.created"]
+        done = [e.response_id for e in talker.log if e.type == "response.done"]
+        assert created == done and len(set(done)) == talker.words, "each response ends once"
+        await talker.client.close()
+        await collect_until(talker.client, "session.closed", [])
+        await talker.client.aclose()
+    reader.close()
 
 
 async def test_a_killed_fake_worker_s_quiet_session_moves_and_its_talking_one_ends(

@@ -97,8 +97,11 @@ class Run:
         state = self.session.core.checkpoint()
         if state is None or self.session.slot_context is None:
             return None
-        context = self.session.slot_context.at(state, self.engine, self.session.handle)
-        return None if context is None else dataclasses.replace(state, model_context=context)
+        place = self.session.slot_context.at(state, self.engine, self.session.handle)
+        if place is None:
+            return None
+        return dataclasses.replace(state, model_context=place.records,
+                                   model_unconsumed=place.unconsumed)
 
 
 def moved_from(state: CoreState, options: FakeOptions, heard: bytes) -> Run:
@@ -110,30 +113,40 @@ def moved_from(state: CoreState, options: FakeOptions, heard: bytes) -> Run:
                         input_frames=round((decoded.model_input_ms or 0) / (FRAME_S * 1000)))
     run = Run(options, resume=resume)
     run.session.core.restore(decoded, heard[len(heard) - decoded.buffer.size:])
+    if decoded.model_unconsumed:  # what the old slot had been given and not stepped, first
+        assert run.session.handle is not None
+        run.engine.push_audio(run.session.handle, heard[len(heard) - decoded.model_unconsumed:])
     run.heard = bytearray(heard)
     return run
 
 
 def both_ways(options: FakeOptions, script: Script, commands: Commands,
               move_from: int,
-              ) -> tuple[list[tuple[int, msg.Event]], list[tuple[int, msg.Event]], int]:
+              ) -> tuple[list[tuple[int, msg.Event]], list[tuple[int, msg.Event]], CoreState]:
     """The events of a session that never moved and of one moved at its first safe point
-    from tick ``move_from`` on, and the tick it moved after."""
+    from tick ``move_from`` on, and the checkpoint it moved from (its ``model_input_ms``: the
+    tick it moved after)."""
     unmoved, moving = Run(options), Run(options)
     moved: Run | None = None
-    moved_at = -1
+    moved_at: CoreState | None = None
     for index, audio in enumerate(script):
         unmoved.tick(index, audio, commands.get(index))
         if moved is None:
             moving.tick(index, audio, commands.get(index))
             state = moving.checkpoint() if index >= move_from else None
             if state is not None:
-                moved, moved_at = moved_from(state, options, bytes(moving.heard)), index
+                moved, moved_at = moved_from(state, options, bytes(moving.heard)), state
                 moved.events = list(moving.events)
         else:
             moved.tick(index, audio, commands.get(index))
-    assert moved is not None, "no safe point to move at"
+    assert moved is not None and moved_at is not None, "no safe point to move at"
     return unmoved.events, moved.events, moved_at
+
+
+def tick_of(state: CoreState) -> int:
+    """The tick a session moved after, by its model's place on the input timeline (every
+    tick of these scripts steps a frame of input)."""
+    return round((state.model_input_ms or 0) / (FRAME_S * 1000)) - 1
 
 
 def kinds(events: list[tuple[int, msg.Event]]) -> list[str]:
@@ -154,8 +167,8 @@ def test_an_echo_moved_between_answers_answers_as_if_it_never_moved() -> None:
     """The fake echo's slot moves with the frame it would echo next and its tick count: the
     second answer, after the move, is the same events, ids and audio."""
     script = talk(range(1, 6), 12) + talk(range(10, 16), 12) + [None] * 4
-    unmoved, moved, at = both_ways(FakeOptions(), script, {}, move_from=8)
-    assert 8 <= at < 17, "it moved in the pause between the two answers"
+    unmoved, moved, state = both_ways(FakeOptions(), script, {}, move_from=8)
+    assert 8 <= tick_of(state) < 17, "it moved in the pause between the two answers"
     assert moved == unmoved
     assert kinds(unmoved).count("ResponseDone") == 2
     audio = spoken(moved)
@@ -168,9 +181,7 @@ def test_a_tone_model_moved_in_its_gap_speaks_on_the_same_beat() -> None:
     """A model that takes turns on its own (its tick count is its state) keeps its rhythm
     across the move: the next bursts come on the same ticks, with the same ids."""
     options = FakeOptions(mode="tone", tone_frames=4, gap_frames=6, text="hi")
-    script: Script = [None] * 40
-    unmoved, moved, at = both_ways(options, script, {}, move_from=6)
-    assert at < 11, "it moved in the first gap"
+    unmoved, moved, _ = both_ways(options, [None] * 40, {}, move_from=6)
     assert moved == unmoved
     assert kinds(unmoved).count("ResponseDone") >= 3
 
@@ -180,30 +191,53 @@ def test_a_response_cancelled_before_the_move_stays_cancelled_after_it() -> None
     taken for the cancelled response's, and the next burst answers as it would have."""
     options = FakeOptions(mode="tone", tone_frames=5, gap_frames=6)
     commands: Commands = {3: msg.CancelResponse()}
-    unmoved, moved, at = both_ways(options, [None] * 40, commands, move_from=4)
+    unmoved, moved, state = both_ways(options, [None] * 40, commands, move_from=4)
     assert moved == unmoved
     statuses = [e.response["status"] for _, e in unmoved if isinstance(e, msg.ResponseDone)]
     assert statuses[0] == "cancelled" and "completed" in statuses[1:]
-    assert at < 12
+    assert state.model.epoch == 1, "it moved after the cancel, its epoch with it"
 
 
-def test_no_checkpoint_while_the_slot_holds_input_or_a_stop() -> None:
-    """Input queued for the slot but not stepped, or a stop not applied yet, is not in the
-    slot's records: no checkpoint is taken until the slot has consumed them."""
+def test_a_checkpoint_counts_the_input_its_slot_has_not_stepped() -> None:
+    """Input given to the slot and not stepped yet (half a frame, a whole one) is counted in
+    the checkpoint, for the slot that continues the session to be given first. A stop the
+    engine has not applied, or a step whose output the core has not consumed, holds the
+    checkpoint back: the records do not reflect them."""
     run = Run(FakeOptions(mode="tone", tone_frames=2, gap_frames=30))
     for index in range(6):
-        run.tick(index, None, None)
-    assert run.checkpoint() is not None, "quiet, in a gap: a safe point"
+        run.tick(index, quiet(), None)
+    state = run.checkpoint()
+    assert state is not None and state.model_unconsumed == 0, "quiet, in a gap: a safe point"
     handle = run.session.handle
     assert handle is not None
-    run.engine.push_audio(handle, quiet()[: SAMPLES])  # half a frame: not stepped yet
+    run.engine.push_audio(handle, quiet()[: SAMPLES])  # half a frame
+    assert (state := run.checkpoint()) is not None and state.model_unconsumed == SAMPLES
+    run.engine.push_audio(handle, quiet()[SAMPLES:])  # a whole frame queued
+    assert (state := run.checkpoint()) is not None and state.model_unconsumed == SAMPLES * 2
+    run.engine.push_audio(handle, quiet())
+    run.engine.tick_once()  # a step the core has not seen
     assert run.checkpoint() is None
-    run.engine.push_audio(handle, quiet()[SAMPLES:])
-    assert run.checkpoint() is None, "a whole frame queued"
-    run.tick(6, None, None)
-    assert run.checkpoint() is not None
+    run.tick(7, None, None)
+    assert (state := run.checkpoint()) is not None and state.model_unconsumed == 0
     run.engine.stop_response(handle)
     assert run.checkpoint() is None, "a stop the engine has not applied"
+
+
+def test_an_echo_moved_with_its_input_queued_ahead_echoes_it_as_if_unmoved() -> None:
+    """A client ahead of real time: each word and its pause appended at once, so the slot
+    holds frames it has not stepped when the session is at a safe point. They are read back
+    and given to the new slot first: the echo goes on as if the session had never moved."""
+    words = [talk(range(1, 5), 14), talk(range(30, 36), 14)]
+    # The second word comes while the first one's pause is still queued.
+    script: Script = [b"".join(f or b"" for f in words[0])] + [None] * 13 + [
+        b"".join(f or b"" for f in words[1])] + [None] * 40
+    unmoved, moved, state = both_ways(FakeOptions(), script, {}, move_from=6)
+    assert state.model_unconsumed >= 2 * SAMPLES * 2, "it moved with frames queued, unstepped"
+    assert moved == unmoved
+    audio = spoken(moved)
+    frames = [audio[i:i + SAMPLES * 2] for i in range(0, len(audio), SAMPLES * 2)]
+    speech = [marked(m) for m in [*range(1, 5), *range(30, 36)]]
+    assert [f for f in frames if f in speech] == speech
 
 
 def test_a_resumed_slot_refuses_a_record_it_did_not_write() -> None:
@@ -220,8 +254,8 @@ def test_an_echo_moved_as_a_word_begins_echoes_that_word_at_its_new_worker() -> 
     its new worker echoes it first."""
     script = talk(range(1, 4), 12) + talk(range(20, 24), 12)
     off = msg.UpdateSession(session={"audio": {"input": {"turn_detection": None}}})
-    unmoved, moved, at = both_ways(FakeOptions(), script, {0: off}, move_from=15)
-    assert at == 15, "it moved with the second word's first frame heard, not yet echoed"
+    unmoved, moved, state = both_ways(FakeOptions(), script, {0: off}, move_from=15)
+    assert tick_of(state) == 15, "it moved with the second word's first frame heard, unechoed"
     assert moved == unmoved
     audio = spoken(moved)
     frames = [audio[i:i + SAMPLES * 2] for i in range(0, len(audio), SAMPLES * 2)]
