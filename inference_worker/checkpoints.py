@@ -10,7 +10,8 @@ after a write that carried events (a response's end, an item's change) and at le
 with nothing unsent: between the state read here and the call nothing can reach the store
 that the state does not reflect, and a write that came between is caught by the script
 (``behind``: taken again). A frame backend's session's checkpoint carries its slot's newest
-step records too, taken only where the slot has consumed all the core gave it
+step records too, taken where the slot has applied all the core asked of it, with the count
+of the input it holds unstepped, which the input log then keeps for the adopter to read back
 (``inference_worker/slot_context.py``).
 
 The input log keeps what an adopter needs (``inference_worker/input_hold.py``), within bounds:

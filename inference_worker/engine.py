@@ -171,10 +171,15 @@ class Engine:
             handle = SlotHandle(self._serial, heapq.heappop(self._free), session_id)
             slot_input = _SlotInput(self.spec)
             self._inputs[handle.serial] = slot_input
-            if resume is not None:
-                slot_input.passed = resume.input_frames
+            if resume is None:
+                self._ops.append(("open", handle, config))
+        if resume is not None:
+            slot_input.passed = resume.input_frames
+            # Queued before the thread can see the open: its first step takes it.
+            self.push_audio(handle, resume.unconsumed)
+            with self._lock:
                 self._resumes[handle.serial] = resume
-            self._ops.append(("open", handle, config))
+                self._ops.append(("open", handle, config))
         self._wake.set()
         return handle
 

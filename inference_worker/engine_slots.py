@@ -35,6 +35,9 @@ class SlotResume:
     epoch: int
     #: Its place on the session's input timeline, in frames.
     input_frames: int
+    #: The pcm16 24 kHz audio it had been given and had not stepped: queued before the first
+    #: step of the slot that continues it.
+    unconsumed: bytes = b""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

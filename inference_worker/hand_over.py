@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -376,12 +377,12 @@ class HandOver:
                 raise ValueError("the input it needs read back is gone")
         buffered, unconsumed, heard = read_back(entries, state,
                                                 self._factory.keeps_turn_audio)
+        if resume is not None and unconsumed:  # its slot takes it first, as the old one would
+            resume = dataclasses.replace(resume, unconsumed=unconsumed)
         session = self._factory.session(session_id, engine, start, resume)
         if session is None:
             return None
         session.core.restore(state, buffered)
-        if unconsumed and engine is not None and session.handle is not None:
-            engine.push_audio(session.handle, unconsumed)  # first, as the old slot had it
         session.applied_under = WriteToken(start.epoch, 0)
         applied_fence, applied = _entry_id(checkpoint.applied)
         session.applied_fence, session.next_seq = applied_fence, last_output + 1

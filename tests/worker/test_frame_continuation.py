@@ -109,13 +109,12 @@ def moved_from(state: CoreState, options: FakeOptions, heard: bytes) -> Run:
     buffer read back from ``heard`` (the input log's audio)."""
     decoded = decode(encode(state))
     assert decoded.model_context is not None
+    unconsumed = heard[len(heard) - decoded.model_unconsumed:] if decoded.model_unconsumed else b""
     resume = SlotResume(context=decoded.model_context, epoch=decoded.model.epoch,
-                        input_frames=round((decoded.model_input_ms or 0) / (FRAME_S * 1000)))
+                        input_frames=round((decoded.model_input_ms or 0) / (FRAME_S * 1000)),
+                        unconsumed=unconsumed)
     run = Run(options, resume=resume)
     run.session.core.restore(decoded, heard[len(heard) - decoded.buffer.size:])
-    if decoded.model_unconsumed:  # what the old slot had been given and not stepped, first
-        assert run.session.handle is not None
-        run.engine.push_audio(run.session.handle, heard[len(heard) - decoded.model_unconsumed:])
     run.heard = bytearray(heard)
     return run
 
