@@ -41,3 +41,22 @@ def test_bench_migrate_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str])
 def test_bench_migrate_refuses_an_unknown_event(capsys: pytest.CaptureFixture[str]) -> None:
     assert run_migrate_bench(sessions=[1], events=["reboot"]) == 2
     assert "--event" in capsys.readouterr().err
+
+
+def test_bench_migrate_fake_drain_smoke(tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The frame path: two sessions talking to a fake worker that is drained: exit 0, each
+    moved with its engine slot, each word echoed once, every event once and in order."""
+    out = tmp_path / "migrate-fake.json"
+    code = run_migrate_bench(sessions=[2], events=["drain"], backend="fake", output=str(out))
+    assert code == 0, capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["config"]["backend"] == "fake"
+    [row] = report["rows"]
+    assert row["problems"] == [] and row["turns"] > 2 * row["sessions"]
+    assert "a fake worker drained" in capsys.readouterr().out
+
+
+def test_bench_migrate_refuses_an_unknown_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_migrate_bench(sessions=[1], backend="moshi") == 2
+    assert "--backend one of loopback, fake" in capsys.readouterr().err

@@ -60,7 +60,8 @@ def _worker(args: argparse.Namespace) -> int:
 def _migrate(args: argparse.Namespace) -> int:
     from duplex_gateway.bench.migrate import run_migrate_bench
 
-    return run_migrate_bench(sessions=args.sessions, events=args.event, output=args.output)
+    return run_migrate_bench(sessions=args.sessions, events=args.event, backend=args.backend,
+                             output=args.output)
 
 
 def _video(args: argparse.Namespace) -> int:

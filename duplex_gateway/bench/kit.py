@@ -235,8 +235,9 @@ def start_http_server(stack: contextlib.ExitStack, name: str, module_args: list[
 def start_worker(stack: contextlib.ExitStack, redis_url: str, slots: int,
                   log_dir: Path, *, profile_to: Path | None = None,
                   metrics_port: int | None = None, backend: str = "loopback",
-                  listed: int = 1) -> Server:
-    """Start a worker and wait until ``listed`` workers are in the directory (it too)."""
+                  listed: int = 1, name: str = "worker") -> Server:
+    """Start a worker and wait until ``listed`` workers are in the directory (it too);
+    ``name`` names its log (two of one name share one)."""
     from redis import Redis
 
     from store.keys import WORKER_DIRECTORY
@@ -245,8 +246,7 @@ def start_worker(stack: contextlib.ExitStack, redis_url: str, slots: int,
             "--backend", backend, "--slots", str(slots)]
     if metrics_port is not None:
         args += ["--metrics-port", str(metrics_port)]
-    server = spawn("worker", args if profile_to is None else profiled(args, profile_to),
-                    log_dir)
+    server = spawn(name, args if profile_to is None else profiled(args, profile_to), log_dir)
     stack.callback(stop_process, server.process)
     client = Redis.from_url(redis_url)
     try:

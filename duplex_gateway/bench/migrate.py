@@ -4,16 +4,22 @@ The project's design targets: a drained worker's sessions each continue on anoth
 their model at a pause, 0 lost and 0 duplicated events, every response ended once, hand-over
 p99 <= 1 s; a lost worker's continue too, from their checkpoints, the first new output within
 two heartbeat periods and an adoption. For each ``--event`` and each N of ``--sessions`` the
-bench starts its own stack (embedded Redis, a gateway, a loopback worker with N slots), opens
-N sessions that talk in turns (marked 20 ms chunks, a commit, a response that plays them
-back), starts a second worker, then sends the first one SIGTERM (``drain``: it hands each
-session over at a pause and exits) or SIGKILL (``kill``: the reapers re-place its sessions,
-and an answer it cut short ends ``failed`` ``worker_lost`` having played a prefix of its
-turn). Each client times every event it receives; a session's **stall** is the longest time it
-went without an event from the signal to the end of the window, beside its longest over an
-equal window before (what a talking session's pauses between turns are anyway). It checks
-every session's events: ``server_event_seq`` without a gap or a repeat, every answer its own
-turn's audio (or a prefix of it, cut by the kill), every response done once, no session ended.
+bench starts its own stack (embedded Redis, a gateway, a worker with N slots), opens N
+sessions that talk in turns, starts a second worker, then sends the first one SIGTERM
+(``drain``: it hands each session over at a pause and exits) or SIGKILL (``kill``: the reapers
+re-place its sessions, and an answer it cut short ends ``failed`` ``worker_lost`` having
+played a prefix of its turn). Each client times every event it receives; a session's **stall**
+is the longest time it went without an event from the signal to the end of the window, beside
+its longest over an equal window before (what a talking session's pauses between turns are
+anyway). It checks every session's events: ``server_event_seq`` without a gap or a repeat,
+every answer its own turn's audio (or a prefix of it, cut by the kill), every response done
+once, no session ended.
+
+``--backend`` picks the worker: ``loopback`` (a turn is marked 20 ms chunks, a commit and a
+response that plays them back) or ``fake``, the frame path (a turn is a word of marked 80 ms
+frames and a pause, all sent at once, which the fake's slot echoes as the model's answer:
+its session moves with its engine slot, and after a kill only where its model said nothing
+past its last checkpoint).
 
 It prints a table, writes JSON (by default ``bench-results/migrate-<UTC time>.json``) and a
 plot of the stalls against N next to it, and exits 0 when it ran and lost nothing (it
@@ -57,6 +63,8 @@ TARGET_HAND_OVER_P99_MS = 1000.0
 TARGET_LOSS_P99_MS = 3000.0
 #: What happens to the first worker: SIGTERM (it hands its sessions over) or SIGKILL.
 EVENTS = ("drain", "kill")
+#: The workers' backends it runs: the loopback, or the frame path's fake echo.
+BACKENDS = ("loopback", "fake")
 _SESSION = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
 _CHUNK = 960
 _TURN_CHUNKS = 5
@@ -81,6 +89,20 @@ def _chunk(session: int, index: int) -> bytes:
     return struct.pack("<II", session, index) + bytes(_CHUNK - 8)
 
 
+# The fake's turn: a word of this many 80 ms frames, then this many of silence, which end
+# its echo (the conversation core ends a frame model's answer on silence).
+_WORD_FRAMES = 4
+_PAUSE_FRAMES = 12
+_FRAME_BYTES = 3840
+
+
+def _frame(session: int, index: int) -> bytes:
+    """One loud 80 ms frame, its samples all one value that marks it: audible, and echoed
+    byte for byte (24 kHz in and out, no resampling)."""
+    value = 4000 + (session * 1009 + index * 7) % 24000
+    return struct.pack("<h", value) * (_FRAME_BYTES // 2)
+
+
 @dataclass(slots=True)
 class _Start:
     """Sessions that finished their first turn; ``all`` is set once every one did."""
@@ -95,13 +117,17 @@ class _Start:
             self.all.set()
 
 
-async def _talk(index: int, url: str, stop: asyncio.Event, start: _Start) -> _Talk:
+async def _talk(index: int, url: str, stop: asyncio.Event, start: _Start,
+                backend: str) -> _Talk:
     """Talk in turns until ``stop``."""
     from duplex_client import DuplexClient
 
     talk = _Talk()
     client = await DuplexClient.connect(url, session=_SESSION)
     talk.session_id = client.session_id or ""
+    if backend == "fake":
+        await _say_words(index, client, stop, start, talk)
+        return talk
     while not stop.is_set():
         chunks = [_chunk(index, talk.turns * _TURN_CHUNKS + i) for i in range(_TURN_CHUNKS)]
         for chunk in chunks:
@@ -137,6 +163,36 @@ async def _talk(index: int, url: str, stop: asyncio.Event, start: _Start) -> _Ta
     return talk
 
 
+async def _say_words(index: int, client: Any, stop: asyncio.Event, start: _Start,
+                     talk: _Talk) -> None:
+    """The fake's turns until ``stop``: a word and its pause sent at once, its echo awaited
+    and checked: the word's frames, once, in order."""
+    while not stop.is_set():
+        word = [_frame(index, talk.turns * _WORD_FRAMES + i) for i in range(_WORD_FRAMES)]
+        for frame in [*word, *[bytes(_FRAME_BYTES)] * _PAUSE_FRAMES]:
+            await client.append_audio(frame)
+        played = b""
+        while True:
+            event = await asyncio.wait_for(client.recv(), 30)
+            talk.times.append(time.monotonic())
+            if event.server_event_seq is not None:
+                talk.seqs.append(event.server_event_seq)
+            if event.type in ("session.closed", "session.expired"):
+                talk.problems.append(f"session {index} ended: {event.data.get('reason')}")
+                return
+            played += event.audio
+            if event.type == "response.done":
+                break
+        frames = [played[i:i + _FRAME_BYTES] for i in range(0, len(played), _FRAME_BYTES)]
+        if [frame for frame in frames if any(frame)] != word:
+            talk.problems.append(f"session {index}: word {talk.turns} echoed other audio")
+        talk.turns += 1
+        if talk.turns == 1:
+            start.one()
+    await client.close()
+    await client.aclose()
+
+
 def _longest_gap(times: list[float], start: float, end: float) -> float:
     """The longest time without an event between ``start`` and ``end`` (seconds)."""
     inside = [t for t in times if start <= t <= end]
@@ -144,10 +200,11 @@ def _longest_gap(times: list[float], start: float, end: float) -> float:
     return max(b - a for a, b in itertools.pairwise(marks))
 
 
-async def _drive(sessions: int, url: str, move: Any,
-                 window_s: float) -> tuple[list[_Talk], float]:
+async def _drive(sessions: int, url: str, move: Any, window_s: float,
+                 backend: str) -> tuple[list[_Talk], float]:
     stop, start = asyncio.Event(), _Start(sessions)
-    tasks = [asyncio.create_task(_talk(i, url, stop, start)) for i in range(sessions)]
+    tasks = [asyncio.create_task(_talk(i, url, stop, start, backend))
+             for i in range(sessions)]
     await asyncio.wait_for(start.all.wait(), 60)
     await asyncio.sleep(window_s)  # the baseline window: talking, nothing moved
     sent = time.monotonic()
@@ -157,13 +214,14 @@ async def _drive(sessions: int, url: str, move: Any,
     return list(await asyncio.gather(*tasks)), sent
 
 
-def _measure(sessions: int, event: str, log_dir: Path) -> dict[str, Any]:
+def _measure(sessions: int, event: str, backend: str, log_dir: Path) -> dict[str, Any]:
     from runtime.embedded import free_port, start_server
 
     with contextlib.ExitStack() as stack:
         redis = start_server("auto")
         stack.callback(redis.stop)
-        first = start_worker(stack, redis.url, sessions, log_dir)
+        first = start_worker(stack, redis.url, sessions, log_dir, backend=backend,
+                             name="worker-first")
         port = free_port()
         start_http_server(stack, "gateway", [
             "duplex_gateway", "--log-level", "warning", "serve", "--host", "127.0.0.1",
@@ -173,12 +231,13 @@ def _measure(sessions: int, event: str, log_dir: Path) -> dict[str, Any]:
         def move() -> None:
             # The replacement first, as a rolling update with surge starts it (and as a
             # fleet with room has).
-            start_worker(stack, redis.url, sessions, log_dir, listed=2)
+            start_worker(stack, redis.url, sessions, log_dir, backend=backend, listed=2,
+                         name="worker-second")
             first.process.send_signal(signal.SIGTERM if event == "drain" else signal.SIGKILL)
             first.process.wait(timeout=60)
 
         window_s = _WINDOW_S[event]
-        talks, sent = asyncio.run(_drive(sessions, url, move, window_s))
+        talks, sent = asyncio.run(_drive(sessions, url, move, window_s, backend))
         moved = _moved(redis.url, [talk.session_id for talk in talks])
     problems = [problem for talk in talks for problem in talk.problems]
     problems += [f"session {index}: not moved" for index, ok in enumerate(moved) if not ok]
@@ -221,6 +280,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--event", type=_events, default=list(EVENTS),
                         help="what happens to the first worker: drain (SIGTERM), kill "
                              "(SIGKILL), or both (comma-separated; default: drain,kill)")
+    parser.add_argument("--backend", choices=BACKENDS, default="loopback",
+                        help="the workers' backend: loopback (turns answered by playback) or "
+                             "fake (the frame path: words echoed by the fake's slot); "
+                             "default: loopback")
     parser.add_argument("--output", help=output_help("migrate"))
 
 
@@ -233,24 +296,26 @@ def _events(text: str) -> list[str]:
 
 
 def run_migrate_bench(*, sessions: list[int], events: list[str] | None = None,
+                      backend: str = "loopback",
                       output: str | os.PathLike[str] | None = None) -> int:
     """Run the bench; returns the exit status (0 ran cleanly, 1 something was lost or a
     session ended, 2 the counts are out of range)."""
     events = list(EVENTS) if events is None else events
-    if not sessions or min(sessions) < 1 or not events or set(events) - set(EVENTS):
-        print("bench migrate: need --sessions >= 1 and --event drain, kill or both",
-              file=sys.stderr)
+    if (not sessions or min(sessions) < 1 or not events or set(events) - set(EVENTS)
+            or backend not in BACKENDS):
+        print("bench migrate: need --sessions >= 1, --event drain, kill or both, and"
+              f" --backend one of {', '.join(BACKENDS)}", file=sys.stderr)
         return 2
     out = output_path(output, "migrate")
     log_dir = Path(tempfile.mkdtemp(prefix="dg-bench-migrate-"))
     try:
-        rows = [_measure(n, event, log_dir) for event in events for n in sessions]
+        rows = [_measure(n, event, backend, log_dir) for event in events for n in sessions]
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
     targets = {"drain": TARGET_HAND_OVER_P99_MS, "kill": TARGET_LOSS_P99_MS}
     report = {"config": {"sessions": sessions, "events": events,
                          "window_s": {e: _WINDOW_S[e] for e in events},
-                         "turn_chunks": _TURN_CHUNKS, "backend": "loopback"},
+                         "turn_chunks": _TURN_CHUNKS, "backend": backend},
               "target_p99_ms": {e: targets[e] for e in events}, "rows": rows}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2))
@@ -273,9 +338,9 @@ def run_migrate_bench(*, sessions: list[int], events: list[str] | None = None,
 def _print(report: dict[str, Any], out: Path, plot: Path) -> None:
     windows = ", ".join(f"{event} {seconds:g} s"
                         for event, seconds in report["config"]["window_s"].items())
-    print("migrate bench: a loopback worker drained (each session handed over) or killed (each"
-          f" re-placed) under N talking sessions (windows before and from the signal:"
-          f" {windows})")
+    print(f"migrate bench: a {report['config']['backend']} worker drained (each session handed"
+          " over) or killed (each re-placed) under N talking sessions (windows before and from"
+          f" the signal: {windows})")
     print(f"  {'event':>5}  {'sessions':>8}  {'stall p50':>10}  {'stall p99':>10}"
           f"  {'baseline p99':>12}  {'turns':>6}  {'cut':>4}  {'problems':>8}")
     for row in report["rows"]:
