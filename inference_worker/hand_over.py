@@ -85,7 +85,7 @@ from store.logs import (
 from store.pubsub import Subscriber
 from store.pushes import Push
 
-__all__ = ["HandOver", "slot_resume"]
+__all__ = ["HandOver", "UnreplayableTail", "slot_resume"]
 
 _log = logging.getLogger("inference_worker.worker")
 # A session waiting for its safe point is looked at again after each write with events (a
@@ -140,18 +140,23 @@ def read_back(entries: Sequence[InputEntry], state: CoreState,
     return bytes(audio[len(audio) - size:]), bytes(unconsumed), heard
 
 
+class UnreplayableTail(ValueError):
+    """A frame model's events past the checkpoint: the replay drives the conversation core,
+    not the model, so it cannot reproduce them, and the session is not continued."""
+
+
 def slot_resume(state: CoreState, engine: Engine, tail: int) -> SlotResume:
     """Where the slot of a frame backend's session restored from ``state``, with
     ``tail`` events written past it, resumes.
 
     Raises:
-        ValueError: ``state`` carries no model context (not a frame backend's), this
-            worker's backend cannot continue a slot, or there is a tail: a frame
-            model's output cannot be replayed.
+        UnreplayableTail: there is a tail.
+        ValueError: ``state`` carries no model context (not a frame backend's), or this
+            worker's backend cannot continue a slot.
     """
     if tail:
-        raise ValueError(f"a frame model's {tail} events past its checkpoint cannot be "
-                         "replayed")
+        raise UnreplayableTail(f"a frame model's {tail} events past its checkpoint cannot be "
+                               "replayed")
     if state.model_context is None:
         raise ValueError("its checkpoint carries no model context")
     if not engine.spec.context_steps:
@@ -327,9 +332,11 @@ class HandOver:
         try:
             restored = await self._restored(session_id, start, checkpoint, ends.last_output)
         except (ValueError, CheckpointError, ReplayDiverged) as exc:
-            # Never continued on a guess: the session ends, as its worker's loss would.
-            _log.error("session %s: cannot be taken over (%s); ending it", session_id, exc,
-                       extra=log_ids(session_id))
+            # Never continued on a guess: the session ends, as its worker's loss would. A
+            # frame model's output past the checkpoint is a known limit, not a fault.
+            _log.log(logging.WARNING if isinstance(exc, UnreplayableTail) else logging.ERROR,
+                     "session %s: cannot be taken over (%s); ending it", session_id, exc,
+                     extra=log_ids(session_id))
             self._metrics.take_over("ended")
             await self._writer.close(session_id, CloseReason.WORKER_LOST,
                                      owner_epoch=start.owner_epoch)

@@ -55,6 +55,10 @@ class Placement:
     adopter: str | None = None
 
 
+# What ends a session the lost worker still served (one it no longer owned is not its to end).
+_ENDS = frozenset({ReplaceStatus.NO_CHECKPOINT, ReplaceStatus.NO_ROOM, ReplaceStatus.FAILED})
+
+
 class Replacer:
     """Moves a lost worker's sessions to live workers of their model (see the module
     docstring)."""
@@ -69,9 +73,12 @@ class Replacer:
         """The sessions of ``session_ids`` that :meth:`re_place` moved (``store/reaping.py``
         ends the rest)."""
         placements = await self.re_place(lost, session_ids)
-        if self._counted is not None:
-            for placement in placements:
+        for placement in placements:
+            if self._counted is not None:
                 self._counted(placement.status)
+            if placement.status in _ENDS:  # why a session ends rather than moves
+                _log.warning("session %s of lost worker %s not re-placed (%s): it ends",
+                             placement.session_id, lost, placement.status.value)
         return {p.session_id for p in placements if p.status is ReplaceStatus.MOVED}
 
     async def re_place(self, lost: str, session_ids: Sequence[str]) -> list[Placement]:

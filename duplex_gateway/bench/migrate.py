@@ -134,19 +134,10 @@ async def _talk(index: int, url: str, stop: asyncio.Event, start: _Start,
             await client.append_audio(chunk)
         await client.commit()
         await client.create_response()
-        played = b""
-        while True:
-            event = await asyncio.wait_for(client.recv(), 30)
-            talk.times.append(time.monotonic())
-            if event.server_event_seq is not None:
-                talk.seqs.append(event.server_event_seq)
-            if event.type in ("session.closed", "session.expired"):
-                talk.problems.append(f"session {index} ended: {event.data.get('reason')}")
-                return talk
-            played += event.audio
-            if event.type == "response.done":
-                break
-        response = event.data.get("response") or {}
+        answer = await _answer(index, client, talk)
+        if answer is None:
+            return talk
+        played, response = answer
         if response.get("status") == "failed" and talk.cut_short == 0 and (
                 (response.get("status_details") or {}).get("error", {}).get("code")
                 == "worker_lost"):
@@ -163,6 +154,24 @@ async def _talk(index: int, url: str, stop: asyncio.Event, start: _Start,
     return talk
 
 
+async def _answer(index: int, client: Any, talk: _Talk) -> tuple[bytes, dict[str, Any]] | None:
+    """The next answer's audio and its ``response`` as ``response.done`` ends it, each event
+    timed and numbered in ``talk``; None: the session ended (a problem, noted)."""
+    played = b""
+    while True:
+        event = await asyncio.wait_for(client.recv(), 30)
+        talk.times.append(time.monotonic())
+        if event.server_event_seq is not None:
+            talk.seqs.append(event.server_event_seq)
+        if event.type in ("session.closed", "session.expired"):
+            talk.problems.append(f"session {index} ended: {event.data.get('reason')}")
+            return None
+        played += event.audio
+        if event.type == "response.done":
+            response: dict[str, Any] = event.data.get("response") or {}
+            return played, response
+
+
 async def _say_words(index: int, client: Any, stop: asyncio.Event, start: _Start,
                      talk: _Talk) -> None:
     """The fake's turns until ``stop``: a word and its pause sent at once, its echo awaited
@@ -171,18 +180,10 @@ async def _say_words(index: int, client: Any, stop: asyncio.Event, start: _Start
         word = [_frame(index, talk.turns * _WORD_FRAMES + i) for i in range(_WORD_FRAMES)]
         for frame in [*word, *[bytes(_FRAME_BYTES)] * _PAUSE_FRAMES]:
             await client.append_audio(frame)
-        played = b""
-        while True:
-            event = await asyncio.wait_for(client.recv(), 30)
-            talk.times.append(time.monotonic())
-            if event.server_event_seq is not None:
-                talk.seqs.append(event.server_event_seq)
-            if event.type in ("session.closed", "session.expired"):
-                talk.problems.append(f"session {index} ended: {event.data.get('reason')}")
-                return
-            played += event.audio
-            if event.type == "response.done":
-                break
+        answer = await _answer(index, client, talk)
+        if answer is None:
+            return
+        played = answer[0]
         frames = [played[i:i + _FRAME_BYTES] for i in range(0, len(played), _FRAME_BYTES)]
         if [frame for frame in frames if any(frame)] != word:
             talk.problems.append(f"session {index}: word {talk.turns} echoed other audio")

@@ -22,7 +22,7 @@ from inference_worker.audio_frames import float_to_pcm16
 from inference_worker.conversation.checkpoint import decode
 from store.keys import SessionKeys, worker_of_session
 from tests.e2e.helpers import PUSH_TO_TALK_SESSION, collect_until
-from tests.e2e.stack import Stack
+from tests.e2e.stack import Stack, log_dir
 from tests.store._support import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -136,14 +136,18 @@ async def test_a_killed_fake_worker_s_quiet_session_moves_and_its_talking_one_en
 
     await until(lambda: all(context_checkpointed(c) for c in (quiet, talking)),
                 "each session checkpointed with its slot's context", 30)
-    # A long word: its echo is under way, past the checkpoint, when the worker dies.
-    await say(talking, range(100, 160), pause=0)
+    # A long word: its echo is under way, past the checkpoint, when the worker dies (short
+    # enough that the input log still holds what the checkpoint needs).
+    await say(talking, range(100, 120), pause=0)
     await collect_until(talking, "response.output_audio.delta", logs[id(talking)], timeout=30)
     doomed.kill()
 
     closed = await collect_until(talking, "session.closed", logs[id(talking)], timeout=30)
     assert closed.data["reason"] == "worker_lost"
     await talking.aclose()
+    refused = f"session {talking.session_id}: cannot be taken over (a frame model's"
+    await until(lambda: any(refused in path.read_text() for path in log_dir().glob("*.log")),
+                "the survivor refusing to continue it past its model's output", 10)
 
     await say(quiet, range(10, 14))
     done = await collect_until(quiet, "response.done", logs[id(quiet)], timeout=30)

@@ -79,7 +79,7 @@ async def test_a_lost_worker_s_checkpointed_sessions_move_and_the_rest_end(
 
 
 async def test_with_no_room_anywhere_a_lost_worker_s_session_ends_as_before(
-        scripts: Scripts, redis_client: Redis) -> None:
+        scripts: Scripts, redis_client: Redis, caplog: pytest.LogCaptureFixture) -> None:
     lost = await register_worker(scripts, slots=4)
     session_id = (await open_session(scripts, lost)).session_id
     await checkpointed(scripts, session_id)
@@ -93,6 +93,8 @@ async def test_with_no_room_anywhere_a_lost_worker_s_session_ends_as_before(
                                                         counted=outcomes.append).moved)
 
     assert (reaped.ended, reaped.moved, outcomes) == (1, 0, [ReplaceStatus.NO_ROOM])
+    assert f"session {session_id} of lost worker {lost} not re-placed (no_room): it ends" in [
+        record.getMessage() for record in caplog.records if record.levelname == "WARNING"]
     await assert_one_terminal(redis_client, session_id, "session.closed", "worker_lost")
     assert await redis_client.zcard(WorkerKeys(full).adopted) == 0
 

@@ -22,7 +22,7 @@ from inference_worker.audio_frames import float_to_pcm16
 from inference_worker.backends.fake import FakeBackend, FakeOptions
 from inference_worker.conversation.checkpoint import decode
 from inference_worker.engine import Engine, SlotResume
-from inference_worker.hand_over import slot_resume
+from inference_worker.hand_over import UnreplayableTail, slot_resume
 from store.keys import SessionKeys
 from tests.store._support import open_session, until
 from tests.worker._running import running_worker
@@ -94,7 +94,7 @@ def test_a_frame_session_with_events_past_its_checkpoint_is_not_continued() -> N
     engine = Engine(FakeBackend(max_slots=1))
     assert slot_resume(state, engine, 0) == SlotResume(
         context=state.model_context or (), epoch=0, input_frames=3)
-    with pytest.raises(ValueError, match="2 events past its checkpoint"):
+    with pytest.raises(UnreplayableTail, match="2 events past its checkpoint"):
         slot_resume(state, engine, 2)
     with pytest.raises(ValueError, match="carries no model context"):
         slot_resume(dataclasses.replace(state, model_context=None), engine, 0)
