@@ -304,13 +304,22 @@ class Engine:
             if (slot_input is None or slot_input.video or slot_input.partial_video
                     or any(queued.serial == handle.serial for _, queued, _ in self._ops)):
                 return None
-            passed, queued = slot_input.passed, len(slot_input.frames)
+            passed = slot_input.passed
         if input_ms != round(passed * self.spec.frame_seconds * 1000):
             return None
-        samples = queued * self.spec.in_samples + slot_input.partial_len
-        if not slot_input.resampler.identity:
-            return None if samples or slot_input.carry else 0
-        return samples * 2 + len(slot_input.carry)
+        queued = self.queued_bytes(handle)
+        return queued if queued == 0 or slot_input.resampler.identity else None
+
+    def queued_bytes(self, handle: SlotHandle) -> int:
+        """The bytes of the session's pcm16 24 kHz audio that ``handle``'s slot holds and has
+        not stepped (counted at the backend's rate where it resamples). Event loop only."""
+        slot_input = self._inputs.get(handle.serial)
+        if slot_input is None:
+            return 0
+        with self._lock:
+            frames = len(slot_input.frames)
+        samples = frames * self.spec.in_samples + slot_input.partial_len
+        return math.ceil(samples * 2 * PCM_RATE / self.spec.in_rate) + len(slot_input.carry)
 
     def _enqueue(self, handle: SlotHandle, frames: list[Audio],
                  video: _Marks | None = None) -> None:

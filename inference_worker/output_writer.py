@@ -68,6 +68,8 @@ def trim_due(session: Session, forfeit: Callable[[], None]) -> int:
     if session.checkpoints is None:
         return applied
     heard, kept = session.core.input_audio
+    if session.slot_context is not None:  # its engine slot's unstepped input is read back too
+        kept = max(kept, session.slot_context.queued())
     bound, overtaken = session.checkpoints.hold.trim_to(applied, heard, kept)
     if overtaken:
         forfeit()

@@ -59,9 +59,8 @@ class SessionFactory:
             if handle is None:  # more placements than slots: cannot while capacity holds
                 return None
             if checkpoints is not None:
-                steps = engine.spec.context_steps
-                slot_context = (SlotContext(steps) if resume is None
-                                else SlotContext(steps, resume.context, resume.epoch))
+                slot_context = (SlotContext(engine, handle) if resume is None
+                                else SlotContext(engine, handle, resume.context, resume.epoch))
         return Session(core=core, handle=handle, checkpoints=checkpoints,
                        slot_context=slot_context)
 

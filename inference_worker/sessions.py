@@ -335,7 +335,7 @@ class SessionTable:
         slot is not there, see :meth:`SlotContext.at`)."""
         if session.slot_context is None:
             return None
-        return session.slot_context.at(state, self._engine(), session.handle)
+        return session.slot_context.at(state)
 
     def deadline_of(self, session_id: str, session: Session) -> float | None:
         """When the session's core next needs a tick (None: never, or it failed)."""

@@ -35,32 +35,38 @@ class SlotContext:
     """One session's slot as its checkpoints need it.
 
     Args:
-        steps: the records that continue a slot (the backend's ``context_steps``).
+        engine: the engine the slot is in.
+        handle: the session's hold on it.
         records: those a moved session's slot resumed from, oldest first.
         epoch: the epoch of the newest frame consumed (None: none yet).
     """
 
-    __slots__ = ("_epoch", "_records")
+    __slots__ = ("_engine", "_epoch", "_handle", "_records")
 
-    def __init__(self, steps: int, records: tuple[bytes, ...] = (),
+    def __init__(self, engine: Engine, handle: SlotHandle, records: tuple[bytes, ...] = (),
                  epoch: int | None = None) -> None:
-        self._records: deque[bytes] = deque(records, maxlen=steps)
+        self._engine, self._handle = engine, handle
+        self._records: deque[bytes] = deque(records, maxlen=engine.spec.context_steps)
         self._epoch = epoch
+
+    def queued(self) -> int:
+        """The bytes of input audio the slot holds unstepped now: what the session's input
+        log must keep for its next checkpoint, besides its input buffer's."""
+        return self._engine.queued_bytes(self._handle)
 
     def consumed(self, frame: FrameOutput) -> None:
         """The session's core consumed ``frame``."""
         self._records.append(frame.context)
         self._epoch = frame.epoch
 
-    def at(self, state: CoreState, engine: Engine | None,
-           handle: SlotHandle | None) -> SlotPlace | None:
+    def at(self, state: CoreState) -> SlotPlace | None:
         """The records that continue the slot as ``state`` (the core's, just taken) leaves
         it; None where the slot has moved past it, holds what the core asked of it and it
         has not applied, or its newest step cannot be continued from (an empty record)."""
-        if (engine is None or handle is None or self._epoch != state.model.epoch
+        if (self._epoch != state.model.epoch
                 or not self._records or not self._records[-1]):
             return None  # moved past, or its newest step cannot be continued from
-        unconsumed = engine.unconsumed(handle, state.model_input_ms)
+        unconsumed = self._engine.unconsumed(self._handle, state.model_input_ms)
         if unconsumed is None:
             return None
         return SlotPlace(tuple(self._records), unconsumed)

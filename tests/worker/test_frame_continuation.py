@@ -97,7 +97,7 @@ class Run:
         state = self.session.core.checkpoint()
         if state is None or self.session.slot_context is None:
             return None
-        place = self.session.slot_context.at(state, self.engine, self.session.handle)
+        place = self.session.slot_context.at(state)
         if place is None:
             return None
         return dataclasses.replace(state, model_context=place.records,

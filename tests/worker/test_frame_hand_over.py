@@ -10,6 +10,7 @@ order, no terminal event, each response ends once, each word echoed once.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import numpy as np
@@ -80,6 +81,42 @@ async def test_a_drained_frame_session_goes_on_at_another_worker(redis_client: R
         frames = [audio[i:i + SAMPLES * 2] for i in range(0, len(audio), SAMPLES * 2)]
         speech = [marked(m) for m in [*range(1, 4), *range(10, 14)]]
         assert [f for f in frames if f in speech] == speech, "each word echoed once, in order"
+
+
+async def checkpointed_past(client: Redis, record: str, seq: int) -> bool:
+    return int(await client.hget(record, "ck_seq") or 0) >= seq
+
+
+async def test_a_session_ahead_of_its_slot_is_checkpointed_at_each_answer_s_end(
+        redis_client: Redis) -> None:
+    """Each word is sent with its pause at once and the next one as soon as the echo ends,
+    so the slot always holds input it has not stepped: each answer's end is still a
+    checkpoint, its slot's unstepped input counted and kept in the log for the read-back
+    (none refused for want of it, none forfeit)."""
+    async with running_worker(redis_client, slots=2, backend="fake",
+                              checkpoint_interval_s=10.0) as running:
+        opened = await open_session(running.scripts, running.worker.worker_id)
+        await send(running, opened.lease, MANUAL)
+        for n in range(4):
+            await send(running, opened.lease, *word(range(n * 10, n * 10 + 4)))
+            await answered(redis_client, opened.session_id, n + 1)
+            done = [seq for seq, event in await events(redis_client, opened.session_id)
+                    if isinstance(event, msg.ResponseDone)][-1]
+            record = SessionKeys(opened.session_id).record
+            await until(functools.partial(checkpointed_past, redis_client, record, done),
+                        "a checkpoint at the answer's end")
+            core = await redis_client.hget(record, "ck_core")
+            assert isinstance(core, bytes)
+            assert decode(core).model_unconsumed > 0, "written with the pause still queued"
+        registry = running.worker.metrics.registry
+
+        def checkpoints(outcome: str) -> float | None:
+            return registry.get_sample_value("duplex_worker_checkpoints_total",
+                                             {"backend": "fake", "outcome": outcome})
+
+        assert (checkpoints("input_gone"), registry.get_sample_value(
+            "duplex_worker_checkpoint_forfeits_total", {"backend": "fake"})) == (0, 0)
+        assert (checkpoints("written") or 0) >= 4
 
 
 def test_a_frame_session_with_events_past_its_checkpoint_is_not_continued() -> None:
