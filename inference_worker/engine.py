@@ -38,17 +38,14 @@ import numpy as np
 from inference_worker.audio_frames import (
     PCM_RATE,
     FrameOutput,
-    LinearResampler,
     checked_input,
     float_to_pcm16,
     level,
-    pcm16_to_float,
     repaired_output,
 )
 from inference_worker.backend import (
     NO_SLOT_CONFIG,
     Backend,
-    FrameSpec,
     Resumable,
     SlotConfig,
     SlotResult,
@@ -56,7 +53,7 @@ from inference_worker.backend import (
     VideoFrame,
     silence,
 )
-from inference_worker.engine_slots import SlotHandle, SlotResume, TickReport
+from inference_worker.engine_slots import Marks, SlotHandle, SlotInput, SlotResume, TickReport
 from inference_worker.metrics import WorkerMetrics
 
 __all__ = ["Engine", "SlotHandle", "SlotResume", "TickReport"]
@@ -66,8 +63,6 @@ _log = logging.getLogger(__name__)
 Audio = np.ndarray[Any, np.dtype[np.float32]]
 #: Camera frames (image bytes) at a byte offset into the pcm16 they arrived with.
 VideoMarks = tuple[tuple[int, tuple[bytes, ...]], ...]
-# Camera frames at a sample position (at the backend's rate) from some frame's start.
-_Marks = list[tuple[int, tuple[bytes, ...]]]
 
 # Ticks judged before the rolling p99 may refuse admission (one slow first tick is no trend).
 _MIN_SAMPLES = 10
@@ -79,29 +74,6 @@ _OpKind = Literal["open", "close", "stop", "configure"]
 _BACKEND_CALL: Final[dict[_OpKind, str]] = {
     "open": "open_slot", "close": "close_slot", "stop": "stop_response",
     "configure": "configure_slot"}
-
-
-class _SlotInput:
-    """One open slot's input: whole frames waiting, and the partial frame being filled."""
-
-    __slots__ = ("carry", "frames", "out_resampler", "partial", "partial_len",
-                 "partial_video", "passed", "resampler", "video")
-
-    def __init__(self, spec: FrameSpec) -> None:
-        self.frames: deque[Audio] = deque()
-        # Camera frames by the place on the input timeline of the frame they go with, and the
-        # sample their append's audio starts at (under the lock); and those for the partial
-        # frame being filled, by their sample in it (the event loop's).
-        self.video: deque[tuple[int, int, tuple[bytes, ...]]] = deque()
-        self.partial_video: _Marks = []
-        # Frames of the session's input behind the model: stepped, dropped or cleared (under
-        # the lock): the slot's place on the session's input timeline.
-        self.passed = 0
-        self.partial: list[Audio] = []
-        self.partial_len = 0
-        self.carry = b""  # an odd trailing byte of pcm16, completed by the next push
-        self.resampler = LinearResampler(PCM_RATE, spec.in_rate)
-        self.out_resampler = LinearResampler(spec.out_rate, PCM_RATE)
 
 
 class Engine:
@@ -127,7 +99,7 @@ class Engine:
         self._lock = threading.Lock()
         self._free = list(range(self.spec.max_slots))  # a heap: the lowest free slot first
         self._serial = 0
-        self._inputs: dict[int, _SlotInput] = {}  # every handle not yet closed, by serial
+        self._inputs: dict[int, SlotInput] = {}  # every handle not yet closed, by serial
         # for the thread, in order; an open or configure carries the slot's configuration
         self._ops: list[tuple[_OpKind, SlotHandle, SlotConfig | None]] = []
         self._resumes: dict[int, SlotResume] = {}  # by serial: the opens that continue a slot
@@ -169,7 +141,7 @@ class Engine:
                 return None
             self._serial += 1
             handle = SlotHandle(self._serial, heapq.heappop(self._free), session_id)
-            slot_input = _SlotInput(self.spec)
+            slot_input = SlotInput(self.spec)
             self._inputs[handle.serial] = slot_input
             if resume is None:
                 self._ops.append(("open", handle, config))
@@ -240,13 +212,13 @@ class Engine:
         if video:  # resampled piece by piece, so that each frame's place is exact
             marks, pieces, start = [*marks], [], 0
             for offset, images in video:
-                pieces.append(self._resampled(slot_input, pcm16[start:offset]))
+                pieces.append(slot_input.resampled(pcm16[start:offset]))
                 marks.append((slot_input.partial_len + sum(p.size for p in pieces), images))
                 start = offset
-            pieces.append(self._resampled(slot_input, pcm16[start:]))
+            pieces.append(slot_input.resampled(pcm16[start:]))
             samples = np.concatenate(pieces)
         else:
-            samples = self._resampled(slot_input, pcm16)
+            samples = slot_input.resampled(pcm16)
         n = self.spec.in_samples
         if slot_input.partial_len + samples.size < n:
             if samples.size:
@@ -259,20 +231,12 @@ class Engine:
         rest = joined[whole * n:]
         slot_input.partial = [rest] if rest.size else []
         slot_input.partial_len = rest.size
-        attached: _Marks = []
+        attached: Marks = []
         if marks:
             attached = [(position, images) for position, images in marks if position < whole * n]
             slot_input.partial_video = [(position - whole * n, images)
                                         for position, images in marks if position >= whole * n]
         self._enqueue(handle, [joined[i * n:(i + 1) * n] for i in range(whole)], attached)
-
-    @staticmethod
-    def _resampled(slot_input: _SlotInput, pcm16: bytes) -> Audio:
-        """``pcm16`` (after the odd byte the last push left) at the backend's input rate."""
-        data = slot_input.carry + pcm16
-        even = len(data) & ~1
-        slot_input.carry = data[even:]
-        return slot_input.resampler.process(pcm16_to_float(data[:even]))
 
     def push_frame(self, handle: SlotHandle, frame: Any) -> None:
         """Queue one ready-made input frame as is; it is checked when its tick takes it."""
@@ -322,7 +286,7 @@ class Engine:
         return math.ceil(samples * 2 * PCM_RATE / self.spec.in_rate) + len(slot_input.carry)
 
     def _enqueue(self, handle: SlotHandle, frames: list[Audio],
-                 video: _Marks | None = None) -> None:
+                 video: Marks | None = None) -> None:
         """Queue ``frames``, with ``video``'s camera frames by their sample from the first
         frame's start."""
         dropped = 0
@@ -560,7 +524,7 @@ class Engine:
                 raw.append(queued.popleft() if queued else None)
                 if slot_input is not None:
                     if slot_input.video and raw[-1] is not None:
-                        seen = self._video_at(slot_input.video, slot_input.passed)
+                        seen = slot_input.video_at(slot_input.passed, self.spec.in_rate)
                         if seen:
                             video.append((index, seen))
                     slot_input.passed += raw[-1] is not None
@@ -576,18 +540,6 @@ class Engine:
             self.metrics.underruns.inc(underruns)
             self.metrics.bad_input_frames.inc(bad)
         return frames, video
-
-    def _video_at(self, video: deque[tuple[int, int, tuple[bytes, ...]]],
-                  place: int) -> tuple[VideoFrame, ...]:
-        """The camera frames of the frame at ``place`` on the input timeline, taken off
-        ``video``; those of frames before it (dropped with their audio) are dropped too."""
-        seen: list[VideoFrame] = []
-        while video and video[0][0] <= place:
-            at, sample, images = video.popleft()
-            if at == place:
-                at_ms = sample * 1000 / self.spec.in_rate
-                seen += [VideoFrame(image=image, at_ms=at_ms) for image in images]
-        return tuple(seen)
 
     def _convert(self, handle: SlotHandle, result: SlotResult) -> FrameOutput:
         pcm, repaired = repaired_output(result.pcm, self.spec.out_samples)

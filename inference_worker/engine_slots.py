@@ -1,13 +1,28 @@
-"""What the frame engine (:mod:`inference_worker.engine`) hands out and reports: a session's
-hold on a slot, where a moved session's slot resumes, and what one tick produced."""
+"""What the frame engine (:mod:`inference_worker.engine`) hands out and reports, and what it
+keeps per slot: a session's hold on a slot, where a moved session's slot resumes, what one
+tick produced, and a slot's input on its way to the model."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
-from inference_worker.audio_frames import FrameOutput
+import numpy as np
 
-__all__ = ["SlotHandle", "SlotResume", "TickReport"]
+from inference_worker.audio_frames import (
+    PCM_RATE,
+    FrameOutput,
+    LinearResampler,
+    pcm16_to_float,
+)
+from inference_worker.backend import FrameSpec, VideoFrame
+
+__all__ = ["Marks", "SlotHandle", "SlotInput", "SlotResume", "TickReport"]
+
+Audio = np.ndarray[Any, np.dtype[np.float32]]
+#: Camera frames at a sample position (at the backend's rate) from some frame's start.
+Marks = list[tuple[int, tuple[bytes, ...]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,3 +68,44 @@ class TickReport:
     #: Serials whose slot failed (the step raised, or opening or stopping the slot did).
     failed: tuple[int, ...] = ()
     error: str | None = None
+
+
+class SlotInput:
+    """One open slot's input: whole frames waiting, and the partial frame being filled."""
+
+    __slots__ = ("carry", "frames", "out_resampler", "partial", "partial_len",
+                 "partial_video", "passed", "resampler", "video")
+
+    def __init__(self, spec: FrameSpec) -> None:
+        self.frames: deque[Audio] = deque()
+        # Camera frames by the place on the input timeline of the frame they go with, and the
+        # sample their append's audio starts at (under the lock); and those for the partial
+        # frame being filled, by their sample in it (the event loop's).
+        self.video: deque[tuple[int, int, tuple[bytes, ...]]] = deque()
+        self.partial_video: Marks = []
+        # Frames of the session's input behind the model: stepped, dropped or cleared (under
+        # the lock): the slot's place on the session's input timeline.
+        self.passed = 0
+        self.partial: list[Audio] = []
+        self.partial_len = 0
+        self.carry = b""  # an odd trailing byte of pcm16, completed by the next push
+        self.resampler = LinearResampler(PCM_RATE, spec.in_rate)
+        self.out_resampler = LinearResampler(spec.out_rate, PCM_RATE)
+
+    def resampled(self, pcm16: bytes) -> Audio:
+        """``pcm16`` (after the odd byte the last push left) at the backend's input rate."""
+        data = self.carry + pcm16
+        even = len(data) & ~1
+        self.carry = data[even:]
+        return self.resampler.process(pcm16_to_float(data[:even]))
+
+    def video_at(self, place: int, in_rate: int) -> tuple[VideoFrame, ...]:
+        """The camera frames of the frame at ``place`` on the input timeline, taken off the
+        queue; those of frames before it (dropped with their audio) are dropped too."""
+        seen: list[VideoFrame] = []
+        while self.video and self.video[0][0] <= place:
+            at, sample, images = self.video.popleft()
+            if at == place:
+                at_ms = sample * 1000 / in_rate
+                seen += [VideoFrame(image=image, at_ms=at_ms) for image in images]
+        return tuple(seen)
