@@ -91,7 +91,7 @@ class InputHold:
             start = None
         held = [mark for mark in (self.keep, start) if mark is not None]
         if not held:
-            self._marks.clear()
+            self._forget_before(applied)
             return applied, False
         oldest = min(held, key=lambda mark: (mark.fence, mark.index))
         while self._marks and self._marks[0].index < oldest.index:
@@ -101,8 +101,16 @@ class InputHold:
             return min(applied, oldest.index), False
         overtaken = self.keep is not None
         self.keep = None
-        self._marks.clear()
+        self._forget_before(applied)
         return applied, overtaken
+
+    def _forget_before(self, index: int) -> None:
+        """Forget the entries before ``index``: the trim removes them. The entry at it stays
+        in the log, and so does its mark: a checkpoint that needs only its audio back (a frame
+        slot's input not stepped yet, which a client ahead of real time always leaves) can
+        still be taken once what it held past the bounds has been consumed."""
+        while self._marks and self._marks[0].index < index:
+            self._marks.popleft()
 
     def oldest(self) -> Mark | None:
         """The oldest entry held (None: none)."""

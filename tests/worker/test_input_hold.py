@@ -18,9 +18,10 @@ pytestmark = pytest.mark.timeout(60)
 FENCE = 2
 
 
-def applied(hold: InputHold, audio: list[int], *, start: int = 1, size: int = 100) -> int:
-    """Entries ``start, ...`` applied, each with ``audio[i]`` bytes of audio; the audio heard."""
-    heard = 0
+def applied(hold: InputHold, audio: list[int], *, start: int = 1, size: int = 100,
+            heard: int = 0) -> int:
+    """Entries ``start, ...`` applied, each with ``audio[i]`` bytes of audio, after ``heard``
+    bytes of audio; the audio heard then."""
     for offset, length in enumerate(audio):
         heard += length
         hold.applied(FENCE, start + offset, heard, size)
@@ -39,7 +40,7 @@ def test_the_buffer_and_the_checkpoint_hold_their_entries() -> None:
     assert hold.buffer_start(heard, 0) is None
     hold.written(start)
     assert hold.trim_to(5, heard, 0) == (3, False)
-    heard = applied(hold, [10, 10], start=6)
+    heard = applied(hold, [10, 10], start=6, heard=heard)
     assert hold.trim_to(7, heard, 5) == (3, False)  # the buffer: entry 7; the checkpoint: 3
     hold.written(hold.at_end(FENCE, 7, heard))
     assert hold.trim_to(7, heard, 0) == (7, False)
@@ -49,15 +50,18 @@ def test_past_the_entry_bound_the_trim_overtakes_the_checkpoint_once() -> None:
     hold = InputHold(max_entries=10, max_bytes=10_000)
     heard = applied(hold, [0])
     hold.written(hold.at_end(FENCE, 1, heard))
-    heard = applied(hold, [10] * 10, start=2)
+    heard = applied(hold, [10] * 10, start=2, heard=heard)
     assert hold.trim_to(11, heard, 100) == (1, False)  # 10 entries held: at the bound
-    heard = applied(hold, [10], start=12)
+    heard = applied(hold, [10], start=12, heard=heard)
     assert hold.trim_to(12, heard, 110) == (12, True)
     assert hold.keep is None
     with pytest.raises(LookupError):
         hold.buffer_start(heard, 110)  # its first entry is gone: no checkpoint can keep it
     assert hold.trim_to(12, heard, 110) == (12, False)  # nothing more to forfeit
-    heard = applied(hold, [10, 10], start=13)
+    kept = hold.buffer_start(heard, 5)
+    assert kept is not None and kept.index == 12, (
+        "the entry the trim went to stays in the log, and its audio can still be read back")
+    heard = applied(hold, [10, 10], start=13, heard=heard)
     with pytest.raises(LookupError):
         hold.buffer_start(heard, 130)  # the newer entries do not hold its first byte
     last = hold.buffer_start(heard, 10)
