@@ -53,6 +53,8 @@ class Placement:
     session_id: str
     status: ReplaceStatus
     adopter: str | None = None
+    #: What the adoption script answered, where it refused (its log line says it).
+    refusal: AdoptStatus | None = None
 
 
 # What ends a session the lost worker still served (one it no longer owned is not its to end).
@@ -77,8 +79,10 @@ class Replacer:
             if self._counted is not None:
                 self._counted(placement.status)
             if placement.status in _ENDS:  # why a session ends rather than moves
+                why = placement.status.value + (
+                    f": {placement.refusal.value}" if placement.refusal is not None else "")
                 _log.warning("session %s of lost worker %s not re-placed (%s): it ends",
-                             placement.session_id, lost, placement.status.value)
+                             placement.session_id, lost, why)
         return {p.session_id for p in placements if p.status is ReplaceStatus.MOVED}
 
     async def re_place(self, lost: str, session_ids: Sequence[str]) -> list[Placement]:
@@ -137,7 +141,7 @@ class Replacer:
                           if adoption.status in (AdoptStatus.INPUT_GONE,
                                                  AdoptStatus.NO_CHECKPOINT)
                           else ReplaceStatus.FAILED)
-                return Placement(session_id, status)
+                return Placement(session_id, status, refusal=adoption.status)
             with suppress(StoreError):  # its poll finds it otherwise
                 await tell_adopter(self._client, adopter, session_id)
             _log.info("session %s of lost worker %s re-placed on worker %s", session_id,
