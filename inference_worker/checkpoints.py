@@ -145,7 +145,7 @@ class Checkpointer:
         if state is None:
             return None
         if session.slot_context is not None:
-            place = self._sessions.slot_context_at(session, state)
+            place = session.slot_context.at(state)
             if place is None:
                 return None  # its slot holds a change not yet reflected
             state = dataclasses.replace(state, model_context=place.records,

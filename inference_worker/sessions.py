@@ -41,12 +41,11 @@ from contract.messages import (
 )
 from contract.reasons import CloseReason
 from inference_worker.audio_frames import FrameOutput
-from inference_worker.conversation.checkpoint import CoreState
 from inference_worker.conversation.core import ConversationCore
 from inference_worker.engine import Engine, SlotHandle
 from inference_worker.input_hold import SessionCheckpoints
 from inference_worker.metrics import WorkerMetrics
-from inference_worker.slot_context import SlotContext, SlotPlace
+from inference_worker.slot_context import SlotContext
 from runtime.ratelog import RateLimitedLog, cause_of
 from store.keys import worker_of_session
 from store.logs import InputEntry, WriteToken
@@ -329,13 +328,6 @@ class SessionTable:
         except Exception as exc:
             self.fail(session_id, "tick", exc)
         self._mark_dirty(session_id)
-
-    def slot_context_at(self, session: Session, state: CoreState) -> SlotPlace | None:
-        """The records that continue ``session``'s slot as ``state`` leaves it (None: the
-        slot is not there, see :meth:`SlotContext.at`)."""
-        if session.slot_context is None:
-            return None
-        return session.slot_context.at(state)
 
     def deadline_of(self, session_id: str, session: Session) -> float | None:
         """When the session's core next needs a tick (None: never, or it failed)."""

@@ -109,3 +109,15 @@ async def stream_in_real_time(clients: list[DuplexClient], chunks: int, *,
                            for n, client in enumerate(clients)))
     for echoed in await asyncio.gather(*readers):
         assert echoed == list(range(chunks)), "every chunk echoed once, in order"
+
+
+def assert_once_in_order(log: list[RealtimeEvent], responses: int | None = None) -> None:
+    """Each numbered event of ``log`` once and in order (no gap, no repeat), and each response
+    created there ended once, in the order they began (``responses``: how many, if known)."""
+    seqs = [e.server_event_seq for e in log if e.server_event_seq is not None]
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "each event once, in order"
+    created = [e.response_id for e in log if e.type == "response.created"]
+    done = [e.response_id for e in log if e.type == "response.done"]
+    assert created == done and len(done) == len(set(done)), "every response ends once"
+    if responses is not None:
+        assert len(done) == responses, f"{len(done)} responses, not {responses}"

@@ -21,7 +21,7 @@ from duplex_client import DuplexClient, RealtimeEvent
 from inference_worker.audio_frames import float_to_pcm16
 from inference_worker.conversation.checkpoint import decode
 from store.keys import SessionKeys, worker_of_session
-from tests.e2e.helpers import PUSH_TO_TALK_SESSION, collect_until
+from tests.e2e.helpers import PUSH_TO_TALK_SESSION, assert_once_in_order, collect_until
 from tests.e2e.stack import Stack, log_dir
 from tests.store._support import until
 
@@ -105,11 +105,7 @@ async def test_a_rolling_restart_of_fake_workers_moves_every_session_and_loses_n
         owner: Any = reader.hget(SessionKeys(session_id).record, "owner")
         assert owner is not None and owner.decode() != worker_of_session(session_id), (
             "served by another worker than the one that opened it")
-        seqs = [e.server_event_seq for e in talker.log if e.server_event_seq is not None]
-        assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "each event once, in order"
-        created = [e.response_id for e in talker.log if e.type == "response.created"]
-        done = [e.response_id for e in talker.log if e.type == "response.done"]
-        assert created == done and len(set(done)) == talker.words, "each response ends once"
+        assert_once_in_order(talker.log, talker.words)
         await talker.client.close()
         await collect_until(talker.client, "session.closed", [])
         await talker.client.aclose()
@@ -154,11 +150,7 @@ async def test_a_killed_fake_worker_s_quiet_session_moves_and_its_talking_one_en
     assert done.data["response"]["status"] == "completed"
     log = logs[id(quiet)]
     assert not any(e.type in ("session.closed", "session.expired") for e in log)
-    seqs = [e.server_event_seq for e in log if e.server_event_seq is not None]
-    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "every event once, in order"
-    created = [e.response_id for e in log if e.type == "response.created"]
-    done_ids = [e.response_id for e in log if e.type == "response.done"]
-    assert created == done_ids and len(set(done_ids)) == 2, "every response ends once"
+    assert_once_in_order(log, 2)
     speech = [marked(m) for m in [*range(1, 4), *range(10, 14)]]
     assert [f for f in echoed(log) if f in speech] == speech, "each word echoed once"
     owner: Any = reader.hget(SessionKeys(quiet.session_id or "").record, "owner")

@@ -20,7 +20,13 @@ import pytest
 
 from duplex_client import DuplexClient, RealtimeEvent
 from store.keys import SessionKeys, WorkerKeys, worker_of_session
-from tests.e2e.helpers import PUSH_TO_TALK_SESSION, collect_until, marked_chunk, next_event
+from tests.e2e.helpers import (
+    PUSH_TO_TALK_SESSION,
+    assert_once_in_order,
+    collect_until,
+    marked_chunk,
+    next_event,
+)
 from tests.e2e.stack import Proc, Stack
 from tests.store._support import until
 
@@ -128,12 +134,7 @@ async def test_a_rolling_restart_moves_every_session_and_loses_nothing(stack: St
 
 def check_log(talker: Talker) -> None:
     """Each event once, in order; every response ends once; nothing ended the session."""
-    seqs = [e.server_event_seq for e in talker.log if e.server_event_seq is not None]
-    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "each event once, in order"
-    created = [e.response_id for e in talker.log if e.type == "response.created"]
-    done = [e.response_id for e in talker.log if e.type == "response.done"]
-    assert created == done and len(done) == len(set(done)) == talker.turns, (
-        "every response ends once")
+    assert_once_in_order(talker.log, talker.turns)
 
 
 async def test_a_sigkilled_worker_s_sessions_move_to_the_live_one_and_talk_on(

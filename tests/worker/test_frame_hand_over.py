@@ -28,7 +28,7 @@ from store.keys import SessionKeys
 from tests.store._support import open_session, until
 from tests.worker._running import running_worker
 from tests.worker.test_frame_continuation import Run
-from tests.worker.test_hand_over import answered, events, send
+from tests.worker.test_hand_over import answered, drained_to, events, send
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -61,12 +61,7 @@ async def test_a_drained_frame_session_goes_on_at_another_worker(redis_client: R
                 core = await redis_client.hget(record, "ck_core")
                 return isinstance(core, bytes) and decode(core).model_context is not None
             await until(checkpointed_quiet, "a checkpoint carrying the slot's context")
-            draining.worker.stop()
-            await until(lambda: opened.session_id in adopter.worker.session_ids,
-                        "the session taken over")
-            metrics = draining.worker.metrics.registry
-            assert metrics.get_sample_value("duplex_worker_hand_overs_total",
-                                            {"backend": "fake", "outcome": "moved"}) == 1
+            await drained_to(draining, adopter, opened.session_id, "moved")
         await send(adopter, opened.lease, *word(range(10, 14)))
         await answered(redis_client, opened.session_id, 2)
         assert adopter.worker.metrics.registry.get_sample_value(

@@ -52,6 +52,17 @@ async def answered(client: Redis, session_id: str, count: int) -> None:
     await until(done, f"{count} responses done", timeout=20.0)
 
 
+async def drained_to(draining: Running, adopter: Running, session_id: str,
+                     outcome: str) -> None:
+    """Drain ``draining`` until ``adopter`` took ``session_id`` over, handed over with
+    ``outcome`` (a ``duplex_worker_hand_overs_total`` outcome, counted once)."""
+    draining.worker.stop()
+    await until(lambda: session_id in adopter.worker.session_ids, "the session taken over")
+    backend = draining.worker.settings.backend
+    assert draining.worker.metrics.registry.get_sample_value(
+        "duplex_worker_hand_overs_total", {"backend": backend, "outcome": outcome}) == 1
+
+
 async def test_a_drained_session_goes_on_at_another_worker_as_if_unmoved(
         redis_client: Redis) -> None:
     async with running_worker(redis_client, slots=4, checkpoint_interval_s=0.2) as adopter:
@@ -159,12 +170,7 @@ async def test_a_session_that_never_pauses_moves_late_from_its_last_checkpoint(
                            for _, event in await events(redis_client, opened.session_id))
 
             await until(echoing, "the echo playing")
-            draining.worker.stop()
-            await until(lambda: opened.session_id in adopter.worker.session_ids,
-                        "the session taken over")
-            metrics = draining.worker.metrics.registry
-            assert metrics.get_sample_value("duplex_worker_hand_overs_total",
-                                            {"backend": "loopback", "outcome": "late"}) == 1
+            await drained_to(draining, adopter, opened.session_id, "late")
         await send(adopter, opened.lease, *[encode_message(msg.AppendAudio(audio=CHUNK))] * 3,
                    encode_message(msg.Heartbeat()))
 
