@@ -4,15 +4,17 @@ input an adopter would read back kept in each session's input log
 
 A checkpoint is the conversation core's state (:meth:`ConversationCore.checkpoint`) with the
 input position it reflects and the last event it reflects, written by
-``store/lua/write_checkpoint.lua`` only where the output log ends at that event. It is taken
-after a write that carried events (a response's end, an item's change) and at least every
-``CHECKPOINT_INTERVAL_S`` while the session changed, whenever the session is at a safe point
-with nothing unsent: between the state read here and the call nothing can reach the store
-that the state does not reflect, and a write that came between is caught by the script
-(``behind``: taken again). A frame backend's session's checkpoint carries its slot's newest
-step records too, taken where the slot has applied all the core asked of it, with the count
-of the input it holds unstepped, which the input log then keeps for the adopter to read back
-(``inference_worker/slot_context.py``).
+``store/lua/write_checkpoint.lua`` only where the output log ends at that event. At a
+response's end it rides the write of the events that end it (:meth:`Checkpointer.at_write`),
+where the session will be at a safe point once they land: a client whose next turn follows at
+once leaves no other. Otherwise it is taken after a write that carried events (an item's
+change) and at least every ``CHECKPOINT_INTERVAL_S`` while the session changed, whenever the
+session is at a safe point with nothing unsent: between the state read here and the call
+nothing can reach the store that the state does not reflect, and a write that came between
+is caught by the script (``behind``: taken again). A frame backend's session's checkpoint
+carries its slot's newest step records too, taken where the slot has applied all the core
+asked of it, with the count of the input it holds unstepped, which the input log then keeps
+for the adopter to read back (``inference_worker/slot_context.py``).
 
 The input log keeps what an adopter needs (``inference_worker/input_hold.py``), within bounds:
 a session off a safe point for long (a model that talks on) has its checkpoint overtaken by
@@ -138,8 +140,28 @@ class Checkpointer:
         """The session's checkpoint at a safe point with nothing unsent (None: off one, or
         it cannot be taken): the state, the input applied and the events written read
         together, nothing awaited between. Nothing applied yet is input position 0-0."""
-        applied, seq = session.follower.next_index - 1, session.next_seq - 1
-        if session.failed or session.unsent or session.core.active_response is not None:
+        if session.unsent:
+            return None
+        return self._taken(session_id, session, marks, now)
+
+    def at_write(self, session_id: str, session: Session) -> tuple[CheckpointWrite, Mark] | None:
+        """The checkpoint the write of the session's unsent events carries (None: none):
+        where they end a response and the session is at a safe point after them."""
+        marks = session.checkpoints
+        if marks is None or not session.unsent_ends_response:
+            return None
+        return self._taken(session_id, session, marks, self._clock())
+
+    def written_with_events(self, session: Session, item: CheckpointWrite, keep: Mark) -> None:
+        """A checkpoint :meth:`at_write` took landed with the events it reflects."""
+        self._landed(session, item, keep, self._clock())
+
+    def _taken(self, session_id: str, session: Session, marks: SessionCheckpoints,
+               now: float) -> tuple[CheckpointWrite, Mark] | None:
+        """The checkpoint of the session as it will be once its unsent events are written."""
+        applied = session.follower.next_index - 1
+        seq = session.next_seq + len(session.unsent) - 1
+        if session.failed or session.core.active_response is not None:
             return None  # the common case off a safe point, without building a state
         state = session.core.checkpoint()
         if state is None:
@@ -181,14 +203,19 @@ class Checkpointer:
             return
         self._outages.succeeded()
         for (session, item, keep), status in zip(batch, statuses, strict=True):
-            marks = session.checkpoints
-            if status is CheckpointStatus.OK and marks is not None:
-                marks.hold.written(keep)
-                marks.written_at, marks.events_since = now, False
-                marks.applied, marks.seq = int(item.applied.rsplit("-", 1)[1]), item.seq
-                self._metrics.checkpoint("written")
-                self._metrics.checkpoint_bytes.observe(len(item.core))
+            if status is CheckpointStatus.OK:
+                self._landed(session, item, keep, now)
             elif status is CheckpointStatus.BEHIND:
                 self._metrics.checkpoint("behind")
             else:  # the flusher finds it ended or moved, and stops serving it
                 self._metrics.checkpoint("ended")
+
+    def _landed(self, session: Session, item: CheckpointWrite, keep: Mark, now: float) -> None:
+        marks = session.checkpoints
+        if marks is None:
+            return
+        marks.hold.written(keep)
+        marks.written_at, marks.events_since = now, False
+        marks.applied, marks.seq = int(item.applied.rsplit("-", 1)[1]), item.seq
+        self._metrics.checkpoint("written")
+        self._metrics.checkpoint_bytes.observe(len(item.core))

@@ -17,6 +17,8 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from contract.reasons import CloseReason
+from inference_worker.checkpoints import Checkpointer
+from inference_worker.input_hold import Mark
 from inference_worker.sessions import FAILED_REASON, OutputPart, Session, SessionTable, log_ids
 from runtime.ratelog import RateLimitedLog
 from store import (
@@ -28,6 +30,8 @@ from store import (
     StoreError,
     WorkerFenced,
 )
+from store.answers import CheckpointFields
+from store.checkpoints import CheckpointWrite
 from store.errors import raise_if_cancelled
 from store.logs import INPUT_TRIM_EVERY
 from store.outages import OutageLog, plain_reason
@@ -113,19 +117,20 @@ class OutputWriter:
     def __init__(self, scripts: Scripts, sessions: SessionTable, pending: Pending,
                  outages: OutageLog, *, fence: Callable[[], None],
                  spawn: Callable[[Coroutine[Any, Any, None]], None],
-                 events_written: Callable[[Session], None] = lambda session: None,
+                 checkpointer: Checkpointer | None = None,
                  forfeit: Callable[[], None] = lambda: None) -> None:
         """Write through ``scripts`` what ``pending`` names of the sessions of ``sessions``; a
         write refused because this worker was declared lost calls ``fence``; ``spawn`` runs
-        a close in the background; ``events_written`` is told of each session whose events
-        landed (its checkpoint is due), ``forfeit`` of each trim that overtook one."""
+        a close in the background; ``checkpointer`` adds the checkpoint a response's end
+        carries and is told of each session whose events landed (its checkpoint is due),
+        ``forfeit`` of each trim that overtook one."""
         self._scripts = scripts
         self._sessions = sessions
         self._pending = pending
         self._outages = outages
         self._fence = fence
         self._spawn = spawn
-        self._events_written = events_written
+        self._checkpointer = checkpointer
         self._forfeit = forfeit
 
     async def run(self) -> None:
@@ -176,6 +181,9 @@ class OutputWriter:
         """
         trims = {session_id: trim for session_id, session, _ in batch
                  if (trim := trim_due(session, self._forfeit))}
+        checkpoints = {session_id: taken for session_id, session, reason in batch
+                       if reason is None and self._checkpointer is not None
+                       and (taken := self._checkpointer.at_write(session_id, session))}
         routes = self._scripts.route_changes
         try:
             outcomes = await self._scripts.append_output_many(
@@ -186,7 +194,10 @@ class OutputWriter:
                               output_log_max_entries=session.output_log_max_entries,
                               session=session.unsent_session,
                               top_known_at=session.output_known_at,
-                              owner_epoch=session.owner_epoch)
+                              owner_epoch=session.owner_epoch,
+                              checkpoint=None if (taken := checkpoints.get(session_id)) is None
+                              else CheckpointFields(applied=taken[0].applied,
+                                                    keep=taken[0].keep, core=taken[0].core))
                  for session_id, session, reason in batch])
         except WorkerFenced:
             self._fence()
@@ -204,7 +215,7 @@ class OutputWriter:
             if session_id in trims:
                 session.trimmed_to = max(session.trimmed_to, trims[session_id])
         self._settle(batch, outcomes,
-                     routes if self._scripts.route_changes == routes else None)
+                     routes if self._scripts.route_changes == routes else None, checkpoints)
         return True
 
     async def _write_apart(self, batch: list[OutputPart], exc: Exception) -> bool:
@@ -224,9 +235,11 @@ class OutputWriter:
         return True
 
     def _settle(self, batch: list[OutputPart],
-                outcomes: list[int | SessionGone | OutputMismatch], routes: int | None) -> None:
+                outcomes: list[int | SessionGone | OutputMismatch], routes: int | None,
+                checkpoints: dict[str, tuple[CheckpointWrite, Mark]]) -> None:
         """Apply the outcome of a write to each of its sessions; ``routes``: the store's
-        route changes it was answered at (None: they changed meanwhile)."""
+        route changes it was answered at (None: they changed meanwhile); ``checkpoints``:
+        those it carried."""
         for (session_id, session, reason), outcome in zip(batch, outcomes, strict=True):
             if isinstance(outcome, SessionGone):
                 self._sessions.forget(session_id)
@@ -242,9 +255,13 @@ class OutputWriter:
                 continue
             if session.unsent:
                 session.output_known_at = routes
-                self._events_written(session)
+                if self._checkpointer is not None:
+                    self._checkpointer.events_written(session)
+                    if (taken := checkpoints.get(session_id)) is not None:
+                        self._checkpointer.written_with_events(session, *taken)
             session.next_seq += len(session.unsent)
             session.unsent, session.unsent_session = [], None
+            session.unsent_ends_response = False
             if reason is not None:
                 self._sessions.forget(session_id)
 

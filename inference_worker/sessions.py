@@ -35,6 +35,7 @@ from contract.messages import (
     Event,
     JsonObject,
     MessageDecodeError,
+    ResponseDone,
     SessionUpdated,
     decode_command,
     encode_message,
@@ -107,6 +108,9 @@ class Session:
     # The session object of the newest session.updated among ``unsent`` (None: none there):
     # the write that carries them stores it in the session's record, for session.resumed.
     unsent_session: JsonObject | None = None
+    # A response.done is among ``unsent``: the write that carries it ends a response, and the
+    # session may be at a safe point right after it (its checkpoint is taken there).
+    unsent_ends_response: bool = False
     # The server_event_seq of unsent[0]. This worker is the only writer of the session's events
     # (the store adds only the terminal one), so it numbers them and a resend is exactly-once.
     next_seq: int = 1
@@ -384,6 +388,8 @@ class SessionTable:
                     session.unsent.append(encode_message(event))
                     if isinstance(event, SessionUpdated):
                         session.unsent_session = event.session
+                    elif isinstance(event, ResponseDone):
+                        session.unsent_ends_response = True
             except Exception as exc:
                 self.fail(session_id, "encode", exc)
         reason = self.close_reason_of(session_id, session)

@@ -140,7 +140,7 @@ class Worker:
                                           interval_s=settings.checkpoint_interval_s)
         self._writer = OutputWriter(
             self._scripts, self._sessions, self._pending, self._outages, fence=self._fence,
-            spawn=self._spawn, events_written=self._checkpointer.events_written,
+            spawn=self._spawn, checkpointer=self._checkpointer,
             forfeit=self.metrics.checkpoint_forfeits.inc)
         self._puller = InputPuller(client, self._sessions, self._offer, self._outages,
                                    self._spawn)

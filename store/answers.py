@@ -20,6 +20,7 @@ __all__ = [
     "AbandonStatus",
     "AppendResult",
     "AttachmentHolder",
+    "CheckpointFields",
     "CloseStatus",
     "DetachStatus",
     "EndedSession",
@@ -210,6 +211,23 @@ class AppendResult:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class CheckpointFields:
+    """A checkpoint written by the append that carries the events it reflects, the last of
+    them its event (``store/checkpoints.py`` has the fields' meaning): taken at a response's
+    end, where a client's next turn may follow before any later call.
+
+    Attributes:
+        applied: the ID of the last input entry the state reflects.
+        keep: the ID of the oldest input entry an adopter reads back.
+        core: the conversation core's state, encoded.
+    """
+
+    applied: str
+    keep: str
+    core: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class OutputAppend:
     """One session's part of :meth:`Scripts.append_output_many`.
 
@@ -238,6 +256,8 @@ class OutputAppend:
         owner_epoch: the owner epoch the worker serves the session under (1 from its open;
             each hand-over adds one): under another than the record's, nothing is written
             (``Gone.MOVED``).
+        checkpoint: the session's checkpoint after ``events`` (which it needs), written
+            with them; None: none.
     """
 
     session_id: str
@@ -250,6 +270,7 @@ class OutputAppend:
     session: JsonObject | None = None
     top_known_at: int | None = None
     owner_epoch: int = 1
+    checkpoint: CheckpointFields | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -3,16 +3,17 @@ each session's events under the numbers the worker gave them (``server_event_seq
 
 Two scripts write them. ``store/lua/append_output.lua`` reads each session's log end first
 (its last event, to tell a resend, a gap or a conflict) and does the rare parts: a terminal
-event, a session object, a bound read from the record. ``store/lua/flush_output.lua`` reads
-nothing per session: it is for a session whose log the worker knows ends just before its
-first event, because its last append was answered on a connection the store has kept since
-(``OutputAppend.top_known_at``). Every failover that can lose an acknowledged write breaks
-or redirects the store's connection (a master that crashed, or one demoted: Sentinel cuts
-its clients, a Cluster redirects them), so while none did, the log still ends there. Redis
-refuses the rest itself: an event stored already (a resend: "equal or smaller" ID), a
-session that ended (its terminal event moved the log's last ID to the highest there is), a
-log that is gone (``NOMKSTREAM``). Whatever the fast script was refused goes to the full
-script in a second call, which says why; so does every session of a fast call that failed.
+event, a session object, a checkpoint, a bound read from the record.
+``store/lua/flush_output.lua`` reads nothing per session: it is for a session whose log the
+worker knows ends just before its first event, because its last append was answered on a
+connection the store has kept since (``OutputAppend.top_known_at``). Every failover that can
+lose an acknowledged write breaks or redirects the store's connection (a master that
+crashed, or one demoted: Sentinel cuts its clients, a Cluster redirects them), so while none
+did, the log still ends there. Redis refuses the rest itself: an event stored already (a
+resend: "equal or smaller" ID), a session that ended (its terminal event moved the log's
+last ID to the highest there is), a log that is gone (``NOMKSTREAM``). Whatever the fast
+script was refused goes to the full script in a second call, which says why; so does every
+session of a fast call that failed.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def _end_known(item: OutputAppend, route_changes: int) -> bool:
     numbered, with the bound named, after an append answered on these connections."""
     return (item.top_known_at == route_changes and item.first_seq > 0
             and item.close_reason is None and item.session is None
-            and item.output_log_max_entries is not None)
+            and item.checkpoint is None and item.output_log_max_entries is not None)
 
 
 async def _flush(fast: RunScript, worker: WorkerKeys, batch: Sequence[OutputAppend]) -> str:
@@ -129,11 +130,16 @@ async def _append_carefully(careful: RunScript, worker: WorkerKeys,
         terminal = b""
         if item.close_reason is not None:
             terminal = encode_message(SessionClosed(reason=item.close_reason))
-        bound = item.output_log_max_entries
+        bound, checkpoint = item.output_log_max_entries, item.checkpoint
+        if checkpoint is not None and (not item.events or not item.first_seq
+                                       or item.close_reason is not None):
+            raise ValueError("a checkpoint rides numbered events of an open session")
         args += [item.session_id, item.owner_epoch, item.first_seq,
                  "" if bound is None else bound, _trim_id(item), terminal,
-                 item.close_reason or "", json_argument(item.session), len(item.events),
-                 *item.events]
+                 item.close_reason or "", json_argument(item.session),
+                 *(("", "", "") if checkpoint is None else
+                   (checkpoint.applied, checkpoint.keep, checkpoint.core)),
+                 len(item.events), *item.events]
     answers = await careful(keys, args)
     if answers and reply_text(answers[0]) == "fenced":
         raise WorkerFenced(f"worker {worker.worker_id} was declared lost")

@@ -62,12 +62,16 @@ def test_regimes_run_beside_the_sweep_and_place_one_session_per_pair(
         # the output flush's three (its worker's state, XADD, SPUBLISH: no log's end or
         # record read once the worker knows the log's end); a command more a chunk fails it
         assert 240 <= row["in_scripts_per_session_s"] < 320
-        assert row["redis_us_per_round_trip"] is not None
         if row["busy"]:
+            # Under load the relay's share can be smaller than the generator's own drift: the
+            # figure is then withheld and marked, never printed as a negative or a zero.
+            assert (row["redis_us_per_round_trip"] is None) is row["under_generator_drift"]
             assert row["generator_commands"] > 0 and row["modelled_us_per_round_trip"] > 0
             assert row["generator_alone"]["connections"] == 4
             assert row["point"]["redis"]["calls_by_command"]["echo"] > 0
         else:
+            assert row["redis_us_per_round_trip"] is not None
+            assert not row["under_generator_drift"]
             assert row["generator_commands"] == 0 and row["generator_alone"] is None
             assert row["modelled_us_per_round_trip"] is None
     printed = capsys.readouterr().out

@@ -8,6 +8,9 @@
 -- moment the reaper marks it (one read of its state per call, whatever the number of
 -- sessions): the reaper ends its sessions in later calls, and until then only this read
 -- keeps it from writing (DESIGN §2.9).
+-- A checkpoint (docs/design/hand-over.md) rides the events it reflects, the last of them its
+-- event: taken at a response's end, where a client's next turn may follow before any later
+-- call could write it, it is stored with them or not at all. Rare, it reads the record.
 -- With a terminal payload a session ends after its events, exactly once. A session object
 -- (the newest session.updated among the events) is stored in the record with them, so a
 -- resume through any gateway announces it; its 'idle_timeout_s' (the seed's session setting,
@@ -26,7 +29,8 @@
 --   next), the output log's entry bound (MAXLEN ~; '': the record's, one read more), the ID
 --   of the input entry to trim the input log to ('<fence>-<index>', kept with everything
 --   after it; '' leaves it alone), terminal payload ('' none), terminal reason, the session
---   object (JSON; '' none), event count c, then c encoded events
+--   object (JSON; '' none), the checkpoint's input entry ID, kept entry ID and core state
+--   ('' '' '': none; the fields of write_checkpoint.lua), event count c, then c encoded events
 -- returns {'fenced'} if the worker was declared lost (or its record is gone), else per
 --   session in order {status, first seq (0 if no events) or, for gap and conflict, the log's
 --   last seq}: status ok | closed | unknown | gap | conflict | other_format (the
@@ -78,7 +82,7 @@ local function store_session(sid, rec, session)
 end
 
 local function append_one(sid, keys, owner_epoch, first, out_max, trim_to, terminal, reason,
-                          session, at, count)
+                          session, checkpoint, at, count)
   if check_owners and owner_epoch_of(keys.rec) ~= owner_epoch then return {'moved', 0} end
   local top = output_top(keys.out_log)
   if top.closed then return {'closed', 0} end
@@ -115,10 +119,15 @@ local function append_one(sid, keys, owner_epoch, first, out_max, trim_to, termi
   -- The worker applied the commands before this entry; only a gap fill could still read them.
   -- The entry itself stays: the log's last entry tells the next append its index and fence.
   if trim_to ~= '' then redis.call('XTRIM', keys.in_log, 'MINID', trim_to) end
-  if session ~= '' or terminal ~= '' then
+  if session ~= '' or terminal ~= '' or checkpoint ~= 0 then
     local state, refused = record_state(keys.rec)
     if not state then return {refused, 0} end
     if session ~= '' then store_session(sid, keys.rec, session) end
+    if checkpoint ~= 0 then
+      redis.call('HSET', keys.rec, 'ck_epoch', owner_epoch, 'ck_in', ARGV[checkpoint],
+                 'ck_keep', ARGV[checkpoint + 1], 'ck_seq', first + count - 1,
+                 'ck_ms', now_ms(), 'ck_core', ARGV[checkpoint + 2])
+    end
     if terminal ~= '' then terminate(sid, keys, wk, terminal, reason) end
   end
   if count == 0 then first = 0 end
@@ -128,11 +137,14 @@ end
 local answers = {}
 local at = 2
 for k = 9, #KEYS, 4 do
-  local count = tonumber(ARGV[at + 8])
+  local count = tonumber(ARGV[at + 11])
   local keys = session_keys(KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3])
+  -- The checkpoint's arguments' position, 0 for none (its arguments are binary: not copied).
+  local checkpoint = 0
+  if ARGV[at + 8] ~= '' then checkpoint = at + 8 end
   answers[#answers + 1] = append_one(ARGV[at], keys, ARGV[at + 1], tonumber(ARGV[at + 2]),
                                      ARGV[at + 3], ARGV[at + 4], ARGV[at + 5], ARGV[at + 6],
-                                     ARGV[at + 7], at + 9, count)
-  at = at + 9 + count
+                                     ARGV[at + 7], checkpoint, at + 12, count)
+  at = at + 12 + count
 end
 return answers

@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 
 from contract.reasons import CloseReason
 from store import OutputAppend, Scripts, SessionGone
+from store.answers import CheckpointFields
 from store.checkpoints import AdoptStatus, CheckpointStatus, CheckpointWrite
 from store.errors import Gone
 from store.keys import SessionKeys, new_session_id, new_worker_id
@@ -68,6 +69,42 @@ async def test_a_checkpoint_lands_only_where_the_output_log_ends(
     assert await scripts.write_checkpoints([checkpoint(sid, 4, core=b"{}")]) == [
         CheckpointStatus.OK]
     assert (await record(redis_client, sid))[b"ck_core"] == b"{}"
+
+
+async def test_a_checkpoint_rides_the_events_it_reflects(
+        scripts: Scripts, redis_client: Redis) -> None:
+    """A checkpoint carried by an append (a response's end) lands with its events, naming the
+    last of them, even where the worker knows its log's end (it goes through the careful
+    script); a resend of those events lands it again, the same; an old owner's append after
+    an adoption writes neither; one can ride only numbered events of an open session."""
+    home = await register_worker(scripts)
+    sid = (await open_session(scripts, home)).session_id
+    assert await written(scripts, sid, 1, 2) == 1
+    fields = CheckpointFields(applied="2-5", keep="2-3", core=CORE)
+    for _ in range(2):  # the second: a resend whose reply was lost
+        assert await written(scripts, sid, 3, 2, checkpoint=fields,
+                             top_known_at=scripts.route_changes,
+                             output_log_max_entries=100) == 3
+        stored = await record(redis_client, sid)
+        assert (stored[b"ck_epoch"], stored[b"ck_in"], stored[b"ck_keep"], stored[b"ck_seq"],
+                stored[b"ck_core"]) == (b"1", b"2-5", b"2-3", b"4", CORE)
+    assert [seq for seq, _ in await events_of(redis_client, sid)] == [1, 2, 3, 4]
+    taken = await scripts.adopt_session(sid, replaces_epoch=1, adopter=new_worker_id(),
+                                        checkpoint_seq=4)
+    assert taken.status is AdoptStatus.OK and taken.keep == "2-3"
+    refused = await written(scripts, sid, 5, 1, checkpoint=CheckpointFields(
+        applied="2-9", keep="2-9", core=b"{}"))
+    assert isinstance(refused, SessionGone) and refused.status is Gone.MOVED
+    assert (await record(redis_client, sid))[b"ck_seq"] == b"4"
+    unfit = [OutputAppend(session_id=sid, events=[ev(5)], first_seq=0, owner_epoch=2,
+                          checkpoint=fields),
+             OutputAppend(session_id=sid, events=[], first_seq=5, owner_epoch=2,
+                          checkpoint=fields),
+             OutputAppend(session_id=sid, events=[ev(5)], first_seq=5, owner_epoch=2,
+                          close_reason=CloseReason.CLIENT_CLOSE, checkpoint=fields)]
+    for append in unfit:
+        with pytest.raises(ValueError, match="numbered events of an open session"):
+            await scripts.append_output_many([append])
 
 
 async def test_checkpoints_of_many_sessions_in_one_call_each_answered(

@@ -10,13 +10,14 @@ more for it and stops serving it, without ending it.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
 from contract import messages as msg
-from contract.messages import decode_command, encode_message
+from contract.messages import decode_command, decode_message, encode_message
 from inference_worker.backends.registry import loopback_core
 from inference_worker.conversation.checkpoint import decode
 from inference_worker.worker import Worker
@@ -170,3 +171,41 @@ async def test_the_poll_reads_past_a_long_hold(redis_client: Redis) -> None:
         await until(answered, "the unpushed heartbeat answered")
         # Applied, all of it, and held: the buffer's entries were not trimmed.
         assert int(await redis_client.xlen(SessionKeys(sid).input_log)) > 700
+
+
+async def test_each_answer_of_a_client_that_never_pauses_is_checkpointed(
+        redis_client: Redis) -> None:
+    """A client whose next turn follows each answer at once (sent the moment its
+    response.done reaches the output log, before the worker's next pass over its sessions)
+    leaves a safe point only between the answer's write and its next commands: the checkpoint
+    is taken at the write that ends the answer, so every answer's end is checkpointed, the
+    last one's at its event."""
+    turns = 6
+    manual = encode_message(msg.UpdateSession(
+        session={"audio": {"input": {"turn_detection": None}}}))
+    turn = [encode_message(msg.AppendAudio(audio=bytes(4800))),
+            encode_message(msg.CommitInput()), encode_message(msg.CreateResponse())]
+    async with running_worker(redis_client, slots=2, checkpoint_interval_s=60.0) as running:
+        opened = await open_session(running.scripts, running.worker.worker_id)
+        sid = opened.session_id
+        log, last = SessionKeys(sid).output_log, "0-0"
+        done: list[int] = []  # the seq of each response.done
+        await running.scripts.append_input(opened.lease, [(None, c) for c in [manual, *turn]],
+                                           max_entries=1000)
+        deadline = time.monotonic() + 10.0
+        while len(done) < turns:
+            assert time.monotonic() < deadline, f"{len(done)} of {turns} answers in 10 s"
+            read: Any = await redis_client.xread({log: last}, block=200)
+            for entry_id, fields in read[0][1] if read else []:
+                last = entry_id
+                if isinstance(decode_message(fields[b"d"]), msg.ResponseDone):
+                    done.append(int(entry_id.split(b"-")[0]))
+                    if len(done) < turns:
+                        await running.scripts.append_input(
+                            opened.lease, [(None, c) for c in turn], max_entries=1000)
+        # the write that ends an answer carries its rate_limits.updated too, the last event
+        last_seq = (await events_of(redis_client, sid))[-1][0]
+        assert last_seq > done[-1]
+        await checkpointed_at(running, sid, last_seq)
+        assert sample(running.worker, "duplex_worker_checkpoints_total",
+                      outcome="written") == turns
