@@ -38,12 +38,33 @@ def test_bench_worker_fake_writes_table_and_json(tmp_path: Path,
     assert rows[0]["ratio_vs_b1"] == 1.0
     assert all(row["steps"] == 3 and row["fits_frame"] for row in rows)
     assert rows[2]["p50_ms"] >= 2.0  # 4 slots x 0.5 ms of simulated compute
+    # the fake's slot moves with one record: its whole state
+    assert result["resume"]["records"] == 1 and len(result["resume"]["resume_ms"]) == 3
     printed = capsys.readouterr().out
+    assert "resume: a slot rebuilt from its newest 1 step records" in printed
     assert "per-session ms" in printed
     assert f"results: {output}\nstep time plot: {output.with_suffix('.svg')}" in printed
     chart = ET.parse(output.with_suffix(".svg")).getroot()
     titles = [t.text for t in chart.iter("{http://www.w3.org/2000/svg}title")]
     assert titles == ["fake p50", "fake p99"]
+
+
+@pytest.mark.timeout(120)
+def test_bench_worker_times_a_moshi_slot_rebuilt_from_its_records(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A tiny Moshi: the resume phase steps a slot for a checkpoint's worth of records (125)
+    and rebuilds another from them, reporting their size (PCM16 input: 4,184 bytes each)
+    and how many frames the rebuild holds the adopter's other sessions up."""
+    output = tmp_path / "worker.json"
+    with pytest.raises(SystemExit) as done:
+        main(["bench", "worker", "--backend", "moshi", "--batch", "1", "--steps", "2",
+              "--warmup", "0", "--threads", "1", "--relay-seconds", "0",
+              "--output", str(output)])
+    assert done.value.code == 0
+    resume = json.loads(output.read_text())["resume"]
+    assert resume["records"] == 125 and resume["record_bytes"] == 4184
+    assert resume["frames_held_up"] >= 1 and all(t > 0 for t in resume["resume_ms"])
+    assert "resume: a slot rebuilt from its newest 125 step records" in capsys.readouterr().out
 
 
 @pytest.mark.timeout(180)

@@ -12,6 +12,10 @@ builds a tiny random Moshi on the fly (the project's design target for it on a C
 step costs at most 4x a B=1 step). ``--backend fake`` needs nothing and shows the harness's
 own overhead.
 
+Then a **resume phase** (:mod:`duplex_gateway.bench.worker_resume`), for a backend whose
+slots move with their context: a slot rebuilt from another's newest step records, as an adopter
+does on its model thread, timed, with the records' size (``"resume"`` in the JSON).
+
 Then, unless ``--relay-seconds 0``, a **relay phase** for each measured B (frame backends: fake
 and moshi): an embedded Redis, one gateway and one worker of the same backend with B slots, and
 B sessions streaming 20 ms pcm16 24 kHz chunks in real time from client processes for
@@ -60,6 +64,7 @@ from duplex_gateway.bench.worker_relay import (
     run_relays,
     write_relay_chart,
 )
+from duplex_gateway.bench.worker_resume import ResumeRow, format_resume, measure_resume
 from duplex_gateway.bench.worker_rows import BenchRow
 
 if TYPE_CHECKING:
@@ -305,20 +310,22 @@ def _load_backend(args: argparse.Namespace, slots: int, scratch: Path) -> Backen
         return None
 
 
-def _measure_all(args: argparse.Namespace, batches: Sequence[int],
-                 scratch: Path) -> tuple[list[BenchRow], float] | None:
-    """Every batch size's row and the frame in ms; None when the backend did not load."""
-    backend = _load_backend(args, max(batches), scratch)
+def _measure_all(args: argparse.Namespace, batches: Sequence[int], scratch: Path,
+                 ) -> tuple[list[BenchRow], ResumeRow | None, float] | None:
+    """Every batch size's row, the resume phase's (None: the backend's slots do not move)
+    and the frame in ms; None when the backend did not load."""
+    backend = _load_backend(args, max(2, *batches), scratch)
     if backend is None:
         return None
+    sync = _device_sync(args.device)
     try:
-        rows = run_batches(backend, batches, steps=args.steps, warmup=args.warmup,
-                           sync=_device_sync(args.device))
+        rows = run_batches(backend, batches, steps=args.steps, warmup=args.warmup, sync=sync)
+        resume = measure_resume(backend, sync=sync)
     finally:
         close = getattr(backend, "close", None)
         if callable(close):
             close()
-    return rows, backend.spec.frame_seconds * 1000
+    return rows, resume, backend.spec.frame_seconds * 1000
 
 
 def _relay_phase(args: argparse.Namespace, rows: Sequence[BenchRow], frame_ms: float,
@@ -345,13 +352,15 @@ def run_worker_bench(args: argparse.Namespace) -> int:
         measured = _measure_all(args, batches, Path(scratch))
         if measured is None:
             return 2
-        rows, frame_ms = measured
+        rows, resume, frame_ms = measured
         relays = _relay_phase(args, rows, frame_ms, Path(scratch))
     if relays is None:
         return 2
     print(format_table(rows, frame_ms))
     if relays:
         print(format_relay_table(relays))
+    if resume is not None:
+        print(format_resume(resume))
     by_batch = {row.batch: row for row in rows}
     ratio_16 = by_batch[16].ratio_vs_b1 if 16 in by_batch else None
     if ratio_16 is not None:
@@ -362,6 +371,7 @@ def run_worker_bench(args: argparse.Namespace) -> int:
         "device": args.device, "dtype": args.dtype, "frame_ms": frame_ms,
         "steps": args.steps, "warmup": args.warmup, "ratio_b16_vs_b1": ratio_16,
         "rows": [asdict(row) for row in rows], "relay": relay_result(args, relays),
+        "resume": None if resume is None else asdict(resume),
     }
     output = output_path(args.output, "worker")
     output.parent.mkdir(parents=True, exist_ok=True)

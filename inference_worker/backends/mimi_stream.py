@@ -116,6 +116,14 @@ class MimiStreamer:
         self._encoder_kv.reset_slot(slot)
         self._decoder_kv.reset_slot(slot)
 
+    def place(self, slot: int, *, encoded: int, decoded: int) -> None:
+        """Put a freshly reset slot where one that encoded and decoded that many frames is,
+        its history unknown: its transformers' positions moved on, their rings and the conv
+        tails empty, its downsample no longer fresh (a slot rebuilt from a later frame on)."""
+        self._encoder_kv.offsets[slot] = encoded * self.chunk
+        self._decoder_kv.offsets[slot] = decoded * self.chunk
+        self._fresh[slot] = encoded == 0
+
     # ------------------------------------------------------------------ streaming layers
 
     def _commit(self, tail: torch.Tensor, new: torch.Tensor) -> None:

@@ -11,6 +11,10 @@ One :meth:`MoshiBackend.step` runs, batched over the listed slots (models.md §3
    frame (empty pcm), then one frame per tick;
 5. streaming Mimi decode of that frame -> 1920 samples, and its text token -> a transcript delta.
 
+Each step returns a record of what it added to the slot's context (the input, the tokens the
+temporal step read, the frame decoded: :mod:`.moshi_context`), from which
+:meth:`MoshiBackend.resume_slot` rebuilds the slot on another worker.
+
 A stopped response (:meth:`MoshiBackend.stop_response`) loses the frames the delay still held
 for it and its half-decoded text; the model's own context goes on (it cannot be rewound).
 
@@ -23,8 +27,10 @@ The step's cost is that of the row range, so a worker should fill the lowest fre
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +38,6 @@ from typing import Any
 import numpy as np
 import torch
 import transformers
-from packaging.version import Version
 from transformers import (
     AutoTokenizer,
     DynamicCache,
@@ -52,7 +57,19 @@ from inference_worker.backend import (
 )
 from inference_worker.backends.mimi_stream import MimiStreamer
 from inference_worker.backends.moshi_cache import SlotRingCache
+from inference_worker.backends.moshi_context import (
+    RecordShape,
+    StepRecord,
+    decode_record,
+    encode_record,
+)
 from inference_worker.backends.moshi_graphs import compile_transformers, require_cuda
+from inference_worker.backends.moshi_loading import (
+    parse_dtype,
+    place,
+    require_supported_transformers,
+)
+from inference_worker.backends.moshi_sampling import SamplingParams, candidates, sample
 from inference_worker.backends.moshi_text import TextStream
 
 __all__ = [
@@ -65,54 +82,9 @@ __all__ = [
     "require_supported_transformers",
 ]
 
-# The streaming code drives Mimi's and Moshi's submodules and their cache interface directly.
-# Both changed shape in 5.24 (Mimi split into encoder/decoder sub-models, the ``cache=`` kwarg);
-# earlier releases fail deep inside the first step, so they are refused up front.
-MIN_TRANSFORMERS = Version("5.24.0")
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 _EMPTY: Audio = np.zeros(0, dtype=np.float32)
 _EMPTY.flags.writeable = False  # shared by every warm-up result
-
-
-def require_supported_transformers(version: str | None = None) -> None:
-    """Raise ``RuntimeError`` naming the fix if ``transformers`` is older than this backend needs.
-
-    Args:
-        version: the version to judge; the installed one by default.
-    """
-    found = Version(version if version is not None else transformers.__version__)
-    if found < MIN_TRANSFORMERS:
-        raise RuntimeError(
-            f"the moshi backend needs transformers >= {MIN_TRANSFORMERS}, found {found}: install"
-            " the project's moshi extra (pip install 'duplex-gateway[moshi]')"
-        )
-
-
-def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
-    """``"float32"``/``"bfloat16"``/``"float16"`` (or a ``torch.dtype``) -> ``torch.dtype``."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    try:
-        return _DTYPES[dtype]
-    except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {sorted(_DTYPES)}") from None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SamplingParams:
-    """Token sampling; a temperature of 0 means greedy. Defaults are Kyutai's ``LMGen``'s."""
-
-    temperature: float = 0.8
-    top_k: int = 250
-    text_temperature: float = 0.7
-    text_top_k: int = 25
-
-    @classmethod
-    def greedy(cls) -> SamplingParams:
-        """Argmax for text and audio (deterministic without any generator)."""
-        return cls(temperature=0.0, text_temperature=0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +113,7 @@ class StepTrace:
 class _Frames:
     ready: torch.Tensor  # [n] bool: an output frame exists for the row
     frame: torch.Tensor  # [n, 1 + K]: text token and K audio codes of that frame
+    lm_input: torch.Tensor  # [n, 1 + 2K]: the tokens the temporal step read
 
 
 class MoshiBackend:
@@ -159,6 +132,11 @@ class MoshiBackend:
         text_pad_ids: text tokens that produce no transcript (Kyutai: 0 and 3).
         cuda_graphs: replay the temporal and depth transformers as CUDA graphs
             (:meth:`compile_graphs`); needs the model on a CUDA device.
+        resume_steps: the newest step records a checkpoint carries (``FrameSpec.context_steps``:
+            a moved slot is rebuilt exactly from them while its session is at most this many
+            frames old, from them alone after that; 0: none, its sessions do not move). The
+            default is Mimi's encoder window (10 s): each record holds a frame of input audio,
+            and a session's checkpoint lives in Redis.
     """
 
     def __init__(
@@ -173,9 +151,10 @@ class MoshiBackend:
         acoustic_delay: int = 1,
         text_pad_ids: Iterable[int] = (0, 3),
         cuda_graphs: bool = False,
+        resume_steps: int = 125,
     ) -> None:
-        if max_slots < 1 or acoustic_delay < 0:
-            raise ValueError("max_slots must be >= 1 and acoustic_delay >= 0")
+        if max_slots < 1 or acoustic_delay < 0 or resume_steps < 0:
+            raise ValueError("max_slots must be >= 1, acoustic_delay and resume_steps >= 0")
         config: MoshiConfig = model.config
         self.model = model
         self.config = config
@@ -191,6 +170,7 @@ class MoshiBackend:
             out_rate=self.mimi.sample_rate,
             out_samples=self.mimi.frame_size,
             max_slots=max_slots,
+            context_steps=resume_steps,
         )
         self._silence: Audio = np.zeros(self.spec.out_samples, dtype=np.float32)
         self._silence.flags.writeable = False  # shared by every muted result
@@ -217,6 +197,9 @@ class MoshiBackend:
         )
         self._offsets = torch.zeros(max_slots, dtype=torch.long, device=self.device)
         self._generators: dict[int, torch.Generator] = {}
+        self._slot_seeds: dict[int, int] = {}  # what each open slot's generator was seeded with
+        self._records = RecordShape(codebooks=k, ring_size=self.max_delay + 2,
+                                    samples=self.spec.in_samples)
         self._seeds = torch.Generator().manual_seed(seed)
         self._text: dict[int, TextStream] = {}
         # Per open slot: frames still to come out silent, their tokens sampled before a stop.
@@ -269,7 +252,7 @@ class MoshiBackend:
         tokenizer = None
         if any((path / name).is_file() for name in _TOKENIZER_FILES):
             tokenizer = AutoTokenizer.from_pretrained(path)
-        _place(model, torch.device(device), parse_dtype(mimi_dtype))
+        place(model, torch.device(device), parse_dtype(mimi_dtype))
         return cls(model, max_slots=max_slots, tokenizer=tokenizer, **kwargs)
 
     def compile_graphs(self, compile_backend: str = "inductor") -> None:
@@ -308,9 +291,55 @@ class MoshiBackend:
         if generator is None:
             generator = self._generators[slot] = torch.Generator(device=self.device)
         generator.manual_seed(seed)
+        self._slot_seeds[slot] = seed
         self._text[slot] = TextStream(self.tokenizer, self.text_pad_ids)
         self._muted[slot] = 0
         self.last_tokens[slot] = None
+
+    def resume_slot(self, slot: int, config: SlotConfig, context: Sequence[bytes]) -> None:
+        """Open ``slot`` as the slot whose newest step records are ``context`` was after its
+        last step: the records replayed teacher-forced on a fresh slot (:mod:`.moshi_context`),
+        then its delay ring, counters and text context set as the last one says.
+
+        Raises:
+            ValueError: a record this backend did not write, or records not of consecutive
+                steps of one slot (the slot stays as it was).
+        """
+        if not context:
+            self.open_slot(slot, config)
+            return
+        records = [decode_record(data, self._records) for data in context]
+        first = records[0]
+        if any(b.offset != a.offset + 1 or b.seed != first.seed
+               for a, b in itertools.pairwise(records)):
+            raise ValueError("Moshi step records of other than consecutive steps of one slot")
+        self.open_slot(slot, config, seed=first.seed)
+        rows, run = slice(slot, slot + 1), torch.ones(1, dtype=torch.bool, device=self.device)
+        before = first.offset - 1  # steps the records do not reach back to
+        if before:
+            self._kv.offsets[slot] = before
+            self.mimi.place(slot, encoded=before, decoded=max(0, before - self.max_delay))
+            for _ in range(before):
+                self._noise(rows, [slot])
+        with torch.no_grad():
+            for record in records:
+                self._replay(rows, run, record)
+        last = records[-1]
+        self._ring[slot] = torch.tensor(last.ring, device=self.device).view(
+            self._ring.shape[1:])
+        self._offsets[slot] = last.offset
+        self._muted[slot] = last.muted
+        self._text[slot].context = list(last.text_context)
+
+    def _replay(self, rows: slice, run: torch.Tensor, record: StepRecord) -> None:
+        """One recorded step on one row, teacher-forced, in the order :meth:`step` runs."""
+        pcm = torch.from_numpy(np.ascontiguousarray(record.pcm))[None, None]
+        self.mimi.encode(rows, run, pcm.to(self.device))
+        self._temporal(rows, run, torch.tensor([record.lm_input], device=self.device))
+        self._noise(rows, [rows.start])
+        if record.frame is not None:
+            codes = torch.tensor([record.frame[1:]], device=self.device)
+            self.mimi.decode(rows, run, codes)
 
     def configure_slot(self, slot: int, config: SlotConfig) -> None:
         """Nothing to apply (see :meth:`open_slot`)."""
@@ -320,6 +349,7 @@ class MoshiBackend:
         """Free ``slot``; its state is left as it is until the next :meth:`open_slot`."""
         self._check_slot(slot)
         self._text.pop(slot, None)
+        self._slot_seeds.pop(slot, None)
         self._muted.pop(slot, None)
         self.last_tokens.pop(slot, None)
 
@@ -380,8 +410,19 @@ class MoshiBackend:
             codes = frames.frame[:, 1:]
             audio = self.mimi.decode(rows, frames.ready, codes).float().cpu().numpy()
         tokens = frames.frame.cpu().tolist()
-        return [self._result(item.slot, lo, bool(ready[item.slot - lo]), tokens, audio)
-                for item in inputs]
+        read = frames.lm_input.cpu().tolist()
+        results = [self._result(item.slot, lo, bool(ready[item.slot - lo]), tokens, audio)
+                   for item in inputs]
+        if not self.spec.context_steps:
+            return results
+        rings = self._ring[rows].cpu()
+        return [dataclasses.replace(result, context=encode_record(StepRecord(
+            offset=int(self._offsets[item.slot]), seed=self._slot_seeds[item.slot],
+            muted=self._muted[item.slot], lm_input=tuple(read[item.slot - lo]),
+            frame=tuple(tokens[item.slot - lo]) if ready[item.slot - lo] else None,
+            ring=tuple(rings[item.slot - lo].flatten().tolist()),
+            text_context=tuple(self._text[item.slot].context), pcm=item.pcm)))
+            for item, result in zip(inputs, results, strict=True)]
 
     def _result(
         self, slot: int, lo: int, ready: bool, tokens: list[list[int]], audio: Audio | None
@@ -421,7 +462,7 @@ class MoshiBackend:
         text_logits, hidden = self._temporal(rows, exec_mask, lm_input)
         text_noise, audio_noise = self._noise(rows, slots)
         params = self.sampling
-        text = _sample(text_logits, params.text_temperature, params.text_top_k, text_noise)
+        text = sample(text_logits, params.text_temperature, params.text_top_k, text_noise)
         audio, depth_logits = self._depth(hidden, text, audio_noise)
 
         # The sampled tokens belong to the next position; only executing rows store them.
@@ -438,7 +479,8 @@ class MoshiBackend:
             self.last_trace = StepTrace(
                 rows, exec_mask, user, lm_input, text_logits, depth_logits, text, audio
             )
-        return _Frames(ready=exec_mask & (offsets > self.max_delay), frame=frame)
+        return _Frames(ready=exec_mask & (offsets > self.max_delay), frame=frame,
+                       lm_input=lm_input)
 
     def _temporal(
         self, rows: slice, exec_mask: torch.Tensor, tokens: torch.Tensor
@@ -483,7 +525,7 @@ class MoshiBackend:
             )
             step_logits = out.logits[:, -1]
             step_noise = None if noise is None else noise[:, j]
-            code = _sample(step_logits, params.temperature, params.top_k, step_noise)
+            code = sample(step_logits, params.temperature, params.top_k, step_noise)
             codes.append(code)
             logits.append(step_logits)
             previous = code[:, None]
@@ -500,8 +542,9 @@ class MoshiBackend:
         random stream does not depend on which other slots are in the batch.
         """
         params = self.sampling
-        text_k = _k(params.text_temperature, params.text_top_k, self.config.vocab_size)
-        audio_k = _k(params.temperature, params.top_k, int(self.config.audio_vocab_size or 0))
+        text_k = candidates(params.text_temperature, params.text_top_k, self.config.vocab_size)
+        audio_vocab = int(self.config.audio_vocab_size or 0)
+        audio_k = candidates(params.temperature, params.top_k, audio_vocab)
         size = text_k + self.num_codebooks * audio_k
         if size == 0:
             return None, None
@@ -511,39 +554,6 @@ class MoshiBackend:
         text_noise = noise[:, :text_k] if text_k else None
         audio_noise = noise[:, text_k:].view(-1, self.num_codebooks, audio_k) if audio_k else None
         return text_noise, audio_noise
-
-
-def _k(temperature: float, top_k: int, vocab: int) -> int:
-    """Candidates kept when sampling (0 for greedy)."""
-    if temperature <= 0:
-        return 0
-    return vocab if top_k <= 0 else min(top_k, vocab)
-
-
-def _sample(
-    logits: torch.Tensor, temperature: float, top_k: int, noise: torch.Tensor | None
-) -> torch.Tensor:
-    """Greedy, or top-k sampling as Kyutai does it: ``argmax(p / Exp(1) noise)`` ~ ``p``."""
-    if temperature <= 0 or noise is None:
-        return logits.argmax(dim=-1)
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    top, index = probs.topk(noise.shape[-1], dim=-1)
-    choice = (top / noise).argmax(dim=-1, keepdim=True)
-    return index.gather(-1, choice)[:, 0]
-
-
-def _place(
-    model: MoshiForConditionalGeneration, device: torch.device, mimi_dtype: torch.dtype
-) -> None:
-    """Move to ``device``, put Mimi in ``mimi_dtype``, and switch to eval mode."""
-    # nn.Module's own methods: PreTrainedModel's wrappers of `to`/`eval` are untyped.
-    torch.nn.Module.to(model, device)
-    torch.nn.Module.to(model.audio_encoder, mimi_dtype)
-    torch.nn.Module.train(model, False)
-    # Mimi caches its codebooks' embedding tables on first use; drop any made before the move.
-    for module in model.audio_encoder.modules():
-        if hasattr(module, "_embed"):
-            module._embed = None
 
 
 def build_full_size_on(
@@ -568,5 +578,5 @@ def build_full_size_on(
         model = MoshiForConditionalGeneration._from_config(  # type: ignore[no-untyped-call]
             config, dtype=torch_dtype
         )
-    _place(model, torch_device, parse_dtype(kwargs.pop("mimi_dtype", torch.float32)))
+    place(model, torch_device, parse_dtype(kwargs.pop("mimi_dtype", torch.float32)))
     return MoshiBackend(model, max_slots=max_slots, **kwargs)

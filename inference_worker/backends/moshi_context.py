@@ -1,0 +1,119 @@
+"""A Moshi slot's context as step records, and the slot rebuilt from them
+(docs/design/hand-over.md, "Moshi's context").
+
+After a step a slot is a function of what it was given and what it sampled: the user's audio
+(through Mimi's encoder), the tokens the temporal step read (the text token, Moshi's codes and
+the user's, each at its delay), the frames it decoded (through Mimi's decoder), how often its
+sampling generator drew, and the text stream's context. A step's record keeps these for that
+step, and the delay ring and the counters as the step left them. Replaying the records on a
+fresh slot, teacher-forced (the recorded tokens fed to the temporal step, nothing sampled, the
+depth transformer skipped: it keeps nothing from one step to the next), puts every cache where
+the recording slot's was: Mimi's conv tails and transformer rings, the temporal KV ring, the
+generator (drawn as often), then the ring, the counters and the text context are copied.
+
+The input is kept as PCM16 where the frame is exactly that (a client's PCM16 at 24 kHz,
+every frame the worker gives a slot unresampled), as float32 otherwise, so the rebuilt
+encoder hears what the recording one heard, bit for bit. Records that do not reach back to
+the slot's first step rebuild it from their first (its older context lost, its rings placed
+at the right positions): exact only within the records, as the backend's ``resume_steps``
+says.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["RecordShape", "StepRecord", "decode_record", "encode_record"]
+
+_VERSION = 1
+# version, flags, text-context length, offset after the step, generator seed, muted frames
+_HEADER = struct.Struct("<BBHIqI")
+_FRAME_DECODED = 1  # flags: the step decoded a frame
+_PCM_FLOAT = 2  # flags: the input is float32 (else PCM16)
+_TOKEN = np.dtype("<i4")
+
+
+@dataclass(frozen=True, slots=True)
+class RecordShape:
+    """The sizes a backend's records have: what a record is checked against."""
+
+    codebooks: int
+    ring_size: int
+    samples: int
+
+    @property
+    def streams(self) -> int:
+        """Token streams the temporal step reads: text, Moshi's codebooks, the user's."""
+        return 1 + 2 * self.codebooks
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One step of a slot, as the rebuild replays it.
+
+    Attributes:
+        offset: the slot's temporal position after the step (1 after its first).
+        seed: the seed its sampling generator was opened with.
+        muted: frames it still plays as silence after the step (a stopped response's).
+        lm_input: the tokens the temporal step read, one per stream.
+        frame: the text token and codes of the frame the step decoded (None: none yet).
+        ring: the delay ring after the step, stream by stream.
+        text_context: the text stream's detokenizing context after the step.
+        pcm: the step's input frame.
+    """
+
+    offset: int
+    seed: int
+    muted: int
+    lm_input: tuple[int, ...]
+    frame: tuple[int, ...] | None
+    ring: tuple[int, ...]
+    text_context: tuple[int, ...]
+    pcm: np.ndarray
+
+
+def encode_record(record: StepRecord) -> bytes:
+    """The record's bytes (little-endian: the header, the tokens as int32, the input)."""
+    pcm16 = np.round(record.pcm * 32768.0)
+    exact = bool(np.all(np.abs(pcm16) <= 32767)
+                 and np.array_equal(pcm16 / 32768.0, record.pcm.astype(np.float64)))
+    flags = (_FRAME_DECODED if record.frame is not None else 0) | (0 if exact else _PCM_FLOAT)
+    tokens = np.array([*record.lm_input, *(record.frame or ()), *record.ring,
+                       *record.text_context], dtype=_TOKEN)
+    pcm = pcm16.astype("<i2") if exact else record.pcm.astype("<f4")
+    return b"".join((_HEADER.pack(_VERSION, flags, len(record.text_context), record.offset,
+                                  record.seed, record.muted), tokens.tobytes(), pcm.tobytes()))
+
+
+def decode_record(data: bytes, shape: RecordShape) -> StepRecord:
+    """The record ``data`` holds, checked against ``shape``.
+
+    Raises:
+        ValueError: not a record of a slot of this shape.
+    """
+    if len(data) < _HEADER.size:
+        raise ValueError(f"a Moshi step record of {len(data)} bytes is shorter than its header")
+    version, flags, context, offset, seed, muted = _HEADER.unpack_from(data)
+    if version != _VERSION:
+        raise ValueError(f"a Moshi step record of version {version}, not {_VERSION}")
+    frame = 1 + shape.codebooks if flags & _FRAME_DECODED else 0
+    count = shape.streams + frame + shape.streams * shape.ring_size + context
+    sample = np.dtype("<f4") if flags & _PCM_FLOAT else np.dtype("<i2")
+    expected = _HEADER.size + count * _TOKEN.itemsize + shape.samples * sample.itemsize
+    if len(data) != expected or offset < 1:
+        raise ValueError(f"a Moshi step record of {len(data)} bytes (offset {offset}) is not"
+                         f" one of a slot of {shape.codebooks} codebooks and"
+                         f" {shape.samples}-sample frames")
+    tokens = np.frombuffer(data, dtype=_TOKEN, count=count, offset=_HEADER.size).tolist()
+    pcm = np.frombuffer(data, dtype=sample, offset=_HEADER.size + count * _TOKEN.itemsize)
+    at = shape.streams + frame
+    ring_end = at + shape.streams * shape.ring_size
+    return StepRecord(
+        offset=offset, seed=seed, muted=muted, lm_input=tuple(tokens[:shape.streams]),
+        frame=tuple(tokens[shape.streams:at]) if frame else None,
+        ring=tuple(tokens[at:ring_end]), text_context=tuple(tokens[ring_end:]),
+        pcm=(pcm.astype(np.float32) if flags & _PCM_FLOAT
+             else (pcm.astype(np.float32) / np.float32(32768.0))))
