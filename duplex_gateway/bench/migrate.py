@@ -16,7 +16,7 @@ every answer its own turn's audio (or a prefix of it, cut by the kill), every re
 once, no session ended.
 
 ``--backend`` picks the worker: ``loopback`` (a turn is marked 20 ms chunks, a commit and a
-response that plays them back, the next turn 100 ms after the answer ends) or ``fake``, the
+response that plays them back, the next turn the moment the answer ends) or ``fake``, the
 frame path (a turn is a word of marked 80 ms frames and a pause, all sent at once, which the
 fake's slot echoes as the model's answer: its session moves with its engine slot, and after a
 kill only where its model said nothing past its last checkpoint).
@@ -71,10 +71,6 @@ _TURN_CHUNKS = 5
 # How long each window lasts: before the signal (the baseline) and from it; a kill's takes
 # the heartbeat's lapse as well.
 _WINDOW_S = {"drain": 3.0, "kill": 5.0}
-# A loopback client's next turn comes this long after an answer ends, as a listener's reply
-# does: one that answers within milliseconds, every turn, leaves its worker no safe point to
-# checkpoint at, and after a kill its session ends (docs/design/hand-over.md).
-_REPLY_PAUSE_S = 0.1
 
 
 @dataclass(slots=True)
@@ -150,7 +146,6 @@ async def _talk(index: int, url: str, stop: asyncio.Event, start: _Start,
                 talk.problems.append(f"session {index}: turn {talk.turns} cut, other audio")
         elif played != b"".join(chunks):
             talk.problems.append(f"session {index}: turn {talk.turns} played other audio")
-        await asyncio.sleep(_REPLY_PAUSE_S)
         talk.turns += 1
         if talk.turns == 1:
             start.one()

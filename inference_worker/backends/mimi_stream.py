@@ -124,6 +124,22 @@ class MimiStreamer:
         self._decoder_kv.offsets[slot] = decoded * self.chunk
         self._fresh[slot] = encoded == 0
 
+    @torch.no_grad()
+    def replay(self, slot: int, pcm: torch.Tensor, codes: torch.Tensor) -> None:
+        """Put a freshly reset (or :meth:`place`-d) slot where it would be after encoding the
+        frames of ``pcm [frames * frame_size]`` and decoding ``codes [num_codebooks,
+        frames]``: as many frames at once as the transformer's empty ring holds, then one by
+        one (the conv tails carry across calls, so the state is the stepped one's)."""
+        rows, run = slice(slot, slot + 1), torch.ones(1, dtype=torch.bool, device=self.device)
+        at_once = self._encoder_kv.capacity // self.chunk
+        frames = pcm.shape[0] // self.frame_size
+        for start, stop in _spans(frames, at_once):
+            part = pcm[start * self.frame_size:stop * self.frame_size]
+            self._encode_latents(rows, run, part.view(1, 1, -1))
+        at_once = self._decoder_kv.capacity // self.chunk
+        for start, stop in _spans(codes.shape[1], at_once):
+            self._decode(rows, run, codes[None, :, start:stop])
+
     # ------------------------------------------------------------------ streaming layers
 
     def _commit(self, tail: torch.Tensor, new: torch.Tensor) -> None:
@@ -204,9 +220,13 @@ class MimiStreamer:
         self, rows: slice, exec_mask: torch.Tensor, pcm: torch.Tensor
     ) -> torch.Tensor:
         """Encode one frame per row: ``pcm [n, 1, frame_size]`` -> latents ``[n, dim, 1]``."""
-        self._begin(rows, exec_mask, pcm.shape[0])
         if pcm.shape[1:] != (1, self.frame_size):
             raise ValueError(f"expected pcm [n, 1, {self.frame_size}], got {tuple(pcm.shape)}")
+        return self._encode_latents(rows, exec_mask, pcm)
+
+    def _encode_latents(self, rows: slice, exec_mask: torch.Tensor,
+                        pcm: torch.Tensor) -> torch.Tensor:
+        self._begin(rows, exec_mask, pcm.shape[0])
         h = self._seanet(self.encoder.encoder_seanet.layers, pcm.to(self.dtype))
         h = self._transformer(self.encoder.encoder_transformer, self._encoder_kv, h)
         if self.encoder.downsample is not None:
@@ -224,10 +244,19 @@ class MimiStreamer:
     @torch.no_grad()
     def decode(self, rows: slice, exec_mask: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
         """Decode one frame per row: codes ``[n, num_codebooks]`` -> pcm ``[n, frame_size]``."""
+        return self._decode(rows, exec_mask, codes[..., None])
+
+    def _decode(self, rows: slice, exec_mask: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
         self._begin(rows, exec_mask, codes.shape[0])
-        h = self.mimi.quantizer.decode(codes[..., None]).to(self.dtype)
+        h = self.mimi.quantizer.decode(codes).to(self.dtype)
         if self.decoder.upsample is not None:
             h = self._convtr(self.decoder.upsample, h)
         h = self._transformer(self.decoder.decoder_transformer, self._decoder_kv, h)
         pcm = self._seanet(self.decoder.decoder_seanet.layers, h)
         return pcm[:, 0]
+
+
+def _spans(count: int, first: int) -> list[tuple[int, int]]:
+    """``[0, count)`` as one span of up to ``first``, then spans of one."""
+    head = min(count, first)
+    return ([(0, head)] if head else []) + [(i, i + 1) for i in range(head, count)]

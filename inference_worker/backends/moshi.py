@@ -314,16 +314,22 @@ class MoshiBackend:
                for a, b in itertools.pairwise(records)):
             raise ValueError("Moshi step records of other than consecutive steps of one slot")
         self.open_slot(slot, config, seed=first.seed)
-        rows, run = slice(slot, slot + 1), torch.ones(1, dtype=torch.bool, device=self.device)
+        rows = slice(slot, slot + 1)
         before = first.offset - 1  # steps the records do not reach back to
         if before:
             self._kv.offsets[slot] = before
             self.mimi.place(slot, encoded=before, decoded=max(0, before - self.max_delay))
-            for _ in range(before):
-                self._noise(rows, [slot])
+        # Each cache is a function of its own inputs alone, so each replays on its own, as
+        # many steps at once as it can take (the order of a step's parts does not matter).
+        decoded = [record.frame[1:] for record in records if record.frame is not None]
         with torch.no_grad():
-            for record in records:
-                self._replay(rows, run, record)
+            self.mimi.replay(
+                slot, torch.from_numpy(np.concatenate([r.pcm for r in records])).to(self.device),
+                torch.tensor(decoded, dtype=torch.long, device=self.device).view(
+                    len(decoded), self.num_codebooks).T)
+            self._prefill(rows, torch.tensor([r.lm_input for r in records], device=self.device))
+            for _ in range(before + len(records)):
+                self._noise(rows, [slot])  # the generator drawn as often as the slot's was
         last = records[-1]
         self._ring[slot] = torch.tensor(last.ring, device=self.device).view(
             self._ring.shape[1:])
@@ -331,15 +337,22 @@ class MoshiBackend:
         self._muted[slot] = last.muted
         self._text[slot].context = list(last.text_context)
 
-    def _replay(self, rows: slice, run: torch.Tensor, record: StepRecord) -> None:
-        """One recorded step on one row, teacher-forced, in the order :meth:`step` runs."""
-        pcm = torch.from_numpy(np.ascontiguousarray(record.pcm))[None, None]
-        self.mimi.encode(rows, run, pcm.to(self.device))
-        self._temporal(rows, run, torch.tensor([record.lm_input], device=self.device))
-        self._noise(rows, [rows.start])
-        if record.frame is not None:
-            codes = torch.tensor([record.frame[1:]], device=self.device)
-            self.mimi.decode(rows, run, codes)
+    def _prefill(self, rows: slice, tokens: torch.Tensor) -> None:
+        """The temporal steps that read ``tokens [steps, 1 + 2K]``, teacher-forced, on one
+        row: as many at once as its empty ring holds, then one by one (and always one by one
+        with compiled graphs, which are made for one shape)."""
+        run = torch.ones(1, dtype=torch.bool, device=self.device)
+        at_once = 1 if self._compiled else self._kv.capacity
+        head = min(at_once, tokens.shape[0])
+        if head > 1:
+            position_ids, mask = self._kv.begin(rows, head)
+            self.model.decoder(inputs_embeds=self._embed(tokens[None, :head]),
+                               attention_mask=mask, position_ids=position_ids, cache=self._kv,
+                               use_cache=True)
+            self._kv.commit(run)
+            tokens = tokens[head:]
+        for step in tokens:
+            self._temporal(rows, run, step[None])
 
     def configure_slot(self, slot: int, config: SlotConfig) -> None:
         """Nothing to apply (see :meth:`open_slot`)."""
@@ -486,13 +499,9 @@ class MoshiBackend:
         self, rows: slice, exec_mask: torch.Tensor, tokens: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Embed ``[n, 1 + 2K]`` tokens as Moshi's forward does and run one cached position."""
-        model = self.model
-        embeds = model.decoder.model.embed_tokens(tokens[:, :1])
-        for j, table in enumerate(model.embed_tokens):
-            embeds = embeds + table(tokens[:, 1 + j : 2 + j])
         position_ids, mask = self._kv.begin(rows, 1)
-        out = model.decoder(
-            inputs_embeds=embeds,
+        out = self.model.decoder(
+            inputs_embeds=self._embed(tokens[:, None]),
             attention_mask=mask,
             position_ids=position_ids,
             cache=self._kv,
@@ -500,6 +509,14 @@ class MoshiBackend:
         )
         self._kv.commit(exec_mask)
         return out.logits[:, -1], out.last_hidden_state
+
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``[n, q, 1 + 2K]`` tokens embedded as Moshi's forward does: ``[n, q, hidden]``."""
+        model = self.model
+        embeds: torch.Tensor = model.decoder.model.embed_tokens(tokens[..., 0])
+        for j, table in enumerate(model.embed_tokens):
+            embeds = embeds + table(tokens[..., 1 + j])
+        return embeds
 
     def _depth(
         self, hidden: torch.Tensor, text: torch.Tensor, noise: torch.Tensor | None

@@ -73,7 +73,9 @@ class SlotRingCache(Cache):
 
     Use per tick: ``position_ids, mask = cache.begin(rows, q)``, run the model with
     ``attention_mask=mask, position_ids=position_ids, cache=cache``, then
-    ``cache.commit(exec_mask)``.
+    ``cache.commit(exec_mask)``. A tick of more positions than ``chunk`` is a prefill (a slot
+    rebuilt from its history): only into rows that hold nothing yet, at most ``capacity``
+    positions, so no entry a query of the tick needs is overwritten within it.
 
     Args:
         num_layers: attention layers of the model.
@@ -119,6 +121,7 @@ class SlotRingCache(Cache):
         # Absolute position held by each ring entry, -1 when empty.
         self.entry_pos = torch.full((max_slots, self.capacity), -1, dtype=torch.long, device=device)
         self._steps = torch.arange(chunk, device=device)
+        self._tick_positions = chunk
         self.tick_rows = slice(0, 0)
         self.tick_index: torch.Tensor | None = None
 
@@ -145,18 +148,22 @@ class SlotRingCache(Cache):
         ``position_ids`` is ``[n, q]``; ``mask`` is a bool ``[n, 1, q, capacity]`` (True =
         attend). Every computed row sees its own current entries, so no softmax row is empty.
         """
+        steps = self._steps
         if q != self.chunk:
-            raise ValueError(f"this cache writes {self.chunk} positions per tick, got {q}")
-        positions = self.offsets[rows][:, None] + self._steps[None, :]
+            if not 0 < q <= self.capacity or bool((self.entry_pos[rows] >= 0).any()):
+                raise ValueError(f"this cache writes {self.chunk} positions per tick, or up to"
+                                 f" {self.capacity} into empty rows; got {q}")
+            steps = torch.arange(q, device=self._steps.device)
+        positions = self.offsets[rows][:, None] + steps[None, :]
         index = positions % self.capacity
         entry_pos = self.entry_pos[rows]
         entry_pos.scatter_(1, index, positions)
         keys = entry_pos[:, None, :]
         query = positions[:, :, None]
         visible = (keys >= 0) & (keys <= query) & (keys > query - self.window)
-        self.tick_rows, self.tick_index = rows, index
+        self.tick_rows, self.tick_index, self._tick_positions = rows, index, q
         return positions, visible[:, None]
 
     def commit(self, exec_mask: torch.Tensor) -> None:
         """Advance the executing rows of the current tick; the others stay where they were."""
-        self.offsets[self.tick_rows] += exec_mask.long() * self.chunk
+        self.offsets[self.tick_rows] += exec_mask.long() * self._tick_positions

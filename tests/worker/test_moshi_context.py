@@ -12,7 +12,7 @@ replay left out), which the "a part left out" test holds.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -20,14 +20,10 @@ import pytest
 import torch
 
 from inference_worker.audio_frames import FrameOutput, pcm16_to_float
-from inference_worker.backend import NO_SLOT_CONFIG, SlotResult
+from inference_worker.backend import NO_SLOT_CONFIG, SlotConfig, SlotResult
 from inference_worker.backends.moshi import MoshiBackend
-from inference_worker.backends.moshi_context import (
-    RecordShape,
-    StepRecord,
-    decode_record,
-    encode_record,
-)
+from inference_worker.backends.moshi_cache import SlotRingCache
+from inference_worker.backends.moshi_context import RecordShape, decode_record, encode_record
 from inference_worker.engine import Engine, SlotHandle, SlotResume
 from tests.worker.moshi_fixtures import Session, load, run_alone, same_audio, write_tiny
 
@@ -124,18 +120,17 @@ def test_a_part_left_out_of_the_rebuild_shows(tiny_dir: Path,
     """The rebuild without the encoder's replay (the user's codes then start cold) gives other
     tokens: the comparison above can fail."""
     reference = unmoved(tiny_dir, as_pcm16(Session(3, FRAMES, sample_seed=7)))
-    original = MoshiBackend._replay
+    original = MoshiBackend.resume_slot
 
-    def without_encoder(self: MoshiBackend, rows: slice, run: torch.Tensor,
-                        record: StepRecord) -> None:
-        encode = self.mimi.encode
-        self.mimi.encode = lambda *args: None  # type: ignore[method-assign,assignment]
+    def without_encoder(self: MoshiBackend, slot: int, config: SlotConfig,
+                        context: Sequence[bytes]) -> None:
+        self.mimi._encode_latents = lambda *args: None  # type: ignore[method-assign,assignment]
         try:
-            original(self, rows, run, record)
+            original(self, slot, config, context)
         finally:
-            self.mimi.encode = encode  # type: ignore[method-assign]
+            del self.mimi._encode_latents
 
-    monkeypatch.setattr(MoshiBackend, "_replay", without_encoder)
+    monkeypatch.setattr(MoshiBackend, "resume_slot", without_encoder)
     session, _ = moved(tiny_dir, as_pcm16(Session(3, FRAMES, sample_seed=7)))
     assert session.tokens != reference.tokens
 
@@ -229,3 +224,23 @@ def test_an_engine_slot_resumed_from_a_checkpoints_records_goes_on_unmoved(
     assert all(same_audio(pcm16_to_float(a.audio), pcm16_to_float(b.audio))
                for a, b in zip(before + after, unmoved, strict=True))
     assert [f.input_ms for f in after] == [f.input_ms for f in unmoved[MOVE_AT:]]
+
+
+def test_a_prefill_goes_only_into_an_empty_ring() -> None:
+    """A ring cache takes more positions than its chunk in one tick only into rows that hold
+    nothing and only as many as it has room for, so no key a query of the tick needs is
+    overwritten within it."""
+    cache = SlotRingCache(num_layers=1, max_slots=2, num_kv_heads=1, head_dim=2, window=4,
+                          chunk=1, device=torch.device("cpu"), dtype=torch.float32)
+    positions, mask = cache.begin(slice(0, 1), 4)
+    assert positions.tolist() == [[0, 1, 2, 3]]
+    assert mask[0, 0].int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0],
+                                         [1, 1, 1, 1]]
+    cache.commit(torch.ones(1, dtype=torch.bool))
+    assert int(cache.offsets[0]) == 4
+    with pytest.raises(ValueError, match="into empty rows"):
+        cache.begin(slice(0, 1), 2)  # the row holds keys now
+    with pytest.raises(ValueError, match="into empty rows"):
+        cache.begin(slice(1, 2), 5)  # more than the ring holds
+    positions, _ = cache.begin(slice(0, 1), 1)
+    assert positions.tolist() == [[4]]
