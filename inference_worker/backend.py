@@ -27,6 +27,7 @@ from inference_worker.conversation.seed_settings import NO_SLOT_CONFIG, SlotConf
 __all__ = [
     "NO_SLOT_CONFIG",
     "Backend",
+    "Compacting",
     "FrameSpec",
     "Resumable",
     "SlotConfig",
@@ -54,6 +55,8 @@ class FrameSpec:
             (:attr:`SlotResult.context`) another slot continues it from
             (:meth:`Resumable.resume_slot`); 0: its slots cannot be continued elsewhere, so a
             worker of this backend takes no checkpoints.
+        whole_context_steps: of those, how many of the newest are kept whole; the older ones
+            are kept as :meth:`Compacting.compact_record` makes them (0: all whole).
     """
 
     in_rate: int
@@ -62,6 +65,7 @@ class FrameSpec:
     out_samples: int
     max_slots: int
     context_steps: int = 0
+    whole_context_steps: int = 0
 
     @property
     def frame_seconds(self) -> float:
@@ -167,6 +171,21 @@ class Resumable(Backend, Protocol):
 
         Raises:
             ValueError: a record this backend did not write (the slot stays closed).
+        """
+
+
+@runtime_checkable
+class Compacting(Resumable, Protocol):
+    """A resumable backend whose older step records shrink: a record carries what only the
+    newest steps need (a codec's input, say), and what is left of an older one still
+    continues the slot (``FrameSpec.whole_context_steps``)."""
+
+    def compact_record(self, record: bytes) -> bytes:
+        """``record`` as a checkpoint keeps it once ``whole_context_steps`` newer ones follow
+        (a compact one as it is).
+
+        Raises:
+            ValueError: a record this backend did not write.
         """
 
 

@@ -46,6 +46,7 @@ from inference_worker.audio_frames import (
 from inference_worker.backend import (
     NO_SLOT_CONFIG,
     Backend,
+    Compacting,
     Resumable,
     SlotConfig,
     SlotResult,
@@ -273,6 +274,12 @@ class Engine:
             return None
         queued = self.queued_bytes(handle)
         return queued if queued == 0 or slot_input.resampler.identity else None
+
+    def compact_record(self, record: bytes) -> bytes:
+        """A step record as a checkpoint keeps it once it is no longer among the newest
+        (``FrameSpec.whole_context_steps``). Any thread: it reads no slot's state."""
+        backend = self.backend
+        return backend.compact_record(record) if isinstance(backend, Compacting) else record
 
     def queued_bytes(self, handle: SlotHandle) -> int:
         """The bytes of the session's pcm16 24 kHz audio that ``handle``'s slot holds and has

@@ -2,7 +2,8 @@
 step records, from which another worker's slot continues it (``docs/design/hand-over.md``).
 
 The records come with the frames the session consumes, in order, so those kept are always
-the steps whose output its core reflects. A checkpoint carries them where the slot holds no
+the steps whose output its core reflects; past the newest ``FrameSpec.whole_context_steps``
+they are kept compact (``Compacting``). A checkpoint carries them where the slot holds no
 change the core asked for and has not applied (a stop, a configuration) and the newest frame
 consumed is of the core's epoch (:meth:`SlotContext.at`), with the count of the input bytes
 the slot was given and has not stepped: the newest the session heard, which the adopter reads
@@ -41,12 +42,18 @@ class SlotContext:
         epoch: the epoch of the newest frame consumed (None: none yet).
     """
 
-    __slots__ = ("_engine", "_epoch", "_handle", "_records")
+    __slots__ = ("_compact", "_engine", "_epoch", "_handle", "_records")
 
     def __init__(self, engine: Engine, handle: SlotHandle, records: tuple[bytes, ...] = (),
                  epoch: int | None = None) -> None:
         self._engine, self._handle = engine, handle
-        self._records: deque[bytes] = deque(records, maxlen=engine.spec.context_steps)
+        spec = engine.spec
+        whole = spec.whole_context_steps or spec.context_steps
+        # The newest records whole, the older ones compact: together at most context_steps.
+        self._records: deque[bytes] = deque(maxlen=whole)
+        self._compact: deque[bytes] = deque(maxlen=max(0, spec.context_steps - whole))
+        for record in records[-spec.context_steps:] if spec.context_steps else ():
+            self._keep(record)
         self._epoch = epoch
 
     def queued(self) -> int:
@@ -56,8 +63,22 @@ class SlotContext:
 
     def consumed(self, frame: FrameOutput) -> None:
         """The session's core consumed ``frame``."""
-        self._records.append(frame.context)
+        self._keep(frame.context)
         self._epoch = frame.epoch
+
+    def _keep(self, record: bytes) -> None:
+        records = self._records
+        if len(records) == records.maxlen and self._compact.maxlen:
+            if records[0]:
+                self._compact.append(self._engine.compact_record(records[0]))
+            else:  # the slot cannot be continued across that step: what came before is moot
+                self._compact.clear()
+        records.append(record)
+
+    @property
+    def records(self) -> tuple[bytes, ...]:
+        """The records kept, oldest first: the compact ones, then the newest whole."""
+        return (*self._compact, *self._records)
 
     def at(self, state: CoreState) -> SlotPlace | None:
         """The records that continue the slot as ``state`` (the core's, just taken) leaves
@@ -69,4 +90,4 @@ class SlotContext:
         unconsumed = self._engine.unconsumed(self._handle, state.model_input_ms)
         if unconsumed is None:
             return None
-        return SlotPlace(tuple(self._records), unconsumed)
+        return SlotPlace(self.records, unconsumed)

@@ -52,19 +52,24 @@ def test_bench_worker_fake_writes_table_and_json(tmp_path: Path,
 @pytest.mark.timeout(120)
 def test_bench_worker_times_a_moshi_slot_rebuilt_from_its_records(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A tiny Moshi: the resume phase steps a slot for a checkpoint's worth of records (125)
-    and rebuilds another from them, reporting their size (PCM16 input: 4,184 bytes each)
-    and how many frames the rebuild holds the adopter's other sessions up."""
+    """A tiny Moshi of a 200-frame context: the resume phase steps a slot for a checkpoint's
+    worth of records (200: the newest 125 whole, 4,184 bytes with PCM16 input, the older 75
+    compact, 40) and rebuilds another from them, reporting their size and how many frames
+    the rebuild holds the adopter's other sessions up."""
+    from inference_worker.backends.moshi_tiny import write_tiny_moshi
+
+    write_tiny_moshi(tmp_path / "tiny", sliding_window=200)
     output = tmp_path / "worker.json"
     with pytest.raises(SystemExit) as done:
-        main(["bench", "worker", "--backend", "moshi", "--batch", "1", "--steps", "2",
-              "--warmup", "0", "--threads", "1", "--relay-seconds", "0",
-              "--output", str(output)])
+        main(["bench", "worker", "--backend", "moshi", "--model-path", str(tmp_path / "tiny"),
+              "--batch", "1", "--steps", "2", "--warmup", "0", "--threads", "1",
+              "--relay-seconds", "0", "--output", str(output)])
     assert done.value.code == 0
     resume = json.loads(output.read_text())["resume"]
-    assert resume["records"] == 125 and resume["record_bytes"] == 4184
+    assert resume["records"] == 200 and resume["record_bytes"] == 4184
+    assert resume["records_bytes"] == 125 * 4184 + 75 * 40
     assert resume["frames_held_up"] >= 1 and all(t > 0 for t in resume["resume_ms"])
-    assert "resume: a slot rebuilt from its newest 125 step records" in capsys.readouterr().out
+    assert "resume: a slot rebuilt from its newest 200 step records" in capsys.readouterr().out
 
 
 @pytest.mark.timeout(180)

@@ -3,8 +3,9 @@
 A backend whose slots continue on another worker (``Resumable``, ``FrameSpec.context_steps``
 above 0) hands a checkpoint its slot's newest step records; the adopter opens a slot from them
 on its model thread, between two ticks, so every other session there waits for it. This
-phase steps one slot for as many steps as a checkpoint carries, then times opening another
-slot from those records a few times, and reports the records' size and the rebuild's time,
+phase steps one slot for as many steps as a checkpoint carries, keeps their records as a
+session does (the older ones compact, where the backend makes them so), then times opening
+another slot from them a few times, and reports the records' size and the rebuild's time,
 also in frames: the ticks the adopter's other sessions go without while it runs.
 """
 
@@ -46,7 +47,7 @@ def measure_resume(backend: Backend, *,
     slots do not continue, or it has fewer than two)."""
     import numpy as np
 
-    from inference_worker.backend import NO_SLOT_CONFIG, Resumable, SlotStep
+    from inference_worker.backend import NO_SLOT_CONFIG, Compacting, Resumable, SlotStep
 
     spec = backend.spec
     if not spec.context_steps or spec.max_slots < 2 or not isinstance(backend, Resumable):
@@ -63,7 +64,11 @@ def measure_resume(backend: Backend, *,
             records.append(result.context)
     finally:
         backend.close_slot(0)
+    # kept as a session's slot context keeps them: the newest whole, the older compact
     kept = records[-spec.context_steps:]
+    whole = spec.whole_context_steps or len(kept)
+    if isinstance(backend, Compacting) and len(kept) > whole:
+        kept = [backend.compact_record(r) for r in kept[:-whole]] + kept[-whole:]
     times: list[float] = []
     for _ in range(RESUME_TRIES):
         if sync is not None:

@@ -31,7 +31,6 @@ import dataclasses
 import itertools
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +59,8 @@ from inference_worker.backends.moshi_cache import SlotRingCache
 from inference_worker.backends.moshi_context import (
     RecordShape,
     StepRecord,
+    TokenRecord,
+    compact_record,
     decode_record,
     encode_record,
 )
@@ -71,6 +72,7 @@ from inference_worker.backends.moshi_loading import (
 )
 from inference_worker.backends.moshi_sampling import SamplingParams, candidates, sample
 from inference_worker.backends.moshi_text import TextStream
+from inference_worker.backends.moshi_ticks import SlotTokens, StepFrames, StepTrace
 
 __all__ = [
     "MoshiBackend",
@@ -85,35 +87,6 @@ __all__ = [
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 _EMPTY: Audio = np.zeros(0, dtype=np.float32)
 _EMPTY.flags.writeable = False  # shared by every warm-up result
-
-
-@dataclass(frozen=True, slots=True)
-class SlotTokens:
-    """The tokens of the frame a slot emitted this tick (after undoing the acoustic delay)."""
-
-    text: int
-    audio: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class StepTrace:
-    """Internals of the last tick over ``rows`` (kept only when ``MoshiBackend.trace`` is set)."""
-
-    rows: slice
-    exec_mask: torch.Tensor  #: [n] bool
-    user_codes: torch.Tensor  #: [n, K] Mimi codes of the input frame
-    lm_input: torch.Tensor  #: [n, 1 + 2K] text, Moshi audio, user audio fed to the temporal step
-    text_logits: torch.Tensor  #: [n, text_vocab]
-    depth_logits: torch.Tensor  #: [n, K, audio_vocab]
-    text: torch.Tensor  #: [n] sampled text token
-    audio: torch.Tensor  #: [n, K] sampled audio codes (for the delayed position)
-
-
-@dataclass(frozen=True, slots=True)
-class _Frames:
-    ready: torch.Tensor  # [n] bool: an output frame exists for the row
-    frame: torch.Tensor  # [n, 1 + K]: text token and K audio codes of that frame
-    lm_input: torch.Tensor  # [n, 1 + 2K]: the tokens the temporal step read
 
 
 class MoshiBackend:
@@ -132,11 +105,15 @@ class MoshiBackend:
         text_pad_ids: text tokens that produce no transcript (Kyutai: 0 and 3).
         cuda_graphs: replay the temporal and depth transformers as CUDA graphs
             (:meth:`compile_graphs`); needs the model on a CUDA device.
-        resume_steps: the newest step records a checkpoint carries (``FrameSpec.context_steps``:
-            a moved slot is rebuilt exactly from them while its session is at most this many
-            frames old, from them alone after that; 0: none, its sessions do not move). The
-            default is Mimi's encoder window (10 s): each record holds a frame of input audio,
-            and a session's checkpoint lives in Redis.
+        resume_steps: the newest step records a checkpoint carries (``FrameSpec.context_steps``;
+            None: the temporal context's window; 0: none, its sessions do not move): the
+            temporal context a moved slot is rebuilt with.
+        codec_steps: of those, how many keep the step's input audio and decoded frame
+            (``FrameSpec.whole_context_steps``), from which Mimi's caches are rebuilt; the
+            older ones keep only their tokens. A moved slot is rebuilt exactly while its
+            session is at most this many frames old. The default is Mimi's encoder window
+            (10 s): each whole record holds a frame of input audio, and a session's checkpoint
+            lives in Redis.
     """
 
     def __init__(
@@ -151,11 +128,14 @@ class MoshiBackend:
         acoustic_delay: int = 1,
         text_pad_ids: Iterable[int] = (0, 3),
         cuda_graphs: bool = False,
-        resume_steps: int = 125,
+        resume_steps: int | None = None,
+        codec_steps: int = 125,
     ) -> None:
-        if max_slots < 1 or acoustic_delay < 0 or resume_steps < 0:
-            raise ValueError("max_slots must be >= 1, acoustic_delay and resume_steps >= 0")
         config: MoshiConfig = model.config
+        window = context if context is not None else int(config.sliding_window)
+        resume_steps = window if resume_steps is None else resume_steps
+        if max_slots < 1 or min(acoustic_delay, resume_steps, codec_steps) < 0:
+            raise ValueError("max_slots must be >= 1, acoustic_delay and the steps >= 0")
         self.model = model
         self.config = config
         self.sampling = sampling if sampling is not None else SamplingParams()
@@ -171,6 +151,7 @@ class MoshiBackend:
             out_samples=self.mimi.frame_size,
             max_slots=max_slots,
             context_steps=resume_steps,
+            whole_context_steps=min(codec_steps, resume_steps),
         )
         self._silence: Audio = np.zeros(self.spec.out_samples, dtype=np.float32)
         self._silence.flags.writeable = False  # shared by every muted result
@@ -179,7 +160,7 @@ class MoshiBackend:
             max_slots=max_slots,
             num_kv_heads=int(config.num_key_value_heads or config.num_attention_heads),
             head_dim=int(config.head_dim or config.hidden_size // config.num_attention_heads),
-            window=context if context is not None else int(config.sliding_window),
+            window=window,
             chunk=1,
             device=self.device,
             dtype=next(model.decoder.parameters()).dtype,
@@ -308,27 +289,31 @@ class MoshiBackend:
         if not context:
             self.open_slot(slot, config)
             return
-        records = [decode_record(data, self._records) for data in context]
-        first = records[0]
-        if any(b.offset != a.offset + 1 or b.seed != first.seed
-               for a, b in itertools.pairwise(records)):
-            raise ValueError("Moshi step records of other than consecutive steps of one slot")
-        self.open_slot(slot, config, seed=first.seed)
+        decoded = [decode_record(data, self._records) for data in context]
+        tokens = [r for r in decoded if isinstance(r, TokenRecord)]
+        records = [r for r in decoded if isinstance(r, StepRecord)]
+        if (not records or decoded[:len(tokens)] != tokens
+                or any(b.offset != a.offset + 1 for a, b in itertools.pairwise(decoded))
+                or any(r.seed != records[0].seed for r in records)):
+            raise ValueError("Moshi step records of other than consecutive steps of one slot,"
+                             " compact ones first, the newest whole")
+        self.open_slot(slot, config, seed=records[0].seed)
         rows = slice(slot, slot + 1)
-        before = first.offset - 1  # steps the records do not reach back to
-        if before:
-            self._kv.offsets[slot] = before
-            self.mimi.place(slot, encoded=before, decoded=max(0, before - self.max_delay))
+        before = decoded[0].offset - 1  # steps the records do not reach back to
+        self._kv.offsets[slot] = before
+        heard = records[0].offset - 1  # steps before the whole records: Mimi starts there
+        if heard:
+            self.mimi.place(slot, encoded=heard, decoded=max(0, heard - self.max_delay))
         # Each cache is a function of its own inputs alone, so each replays on its own, as
         # many steps at once as it can take (the order of a step's parts does not matter).
-        decoded = [record.frame[1:] for record in records if record.frame is not None]
+        frames = [record.frame[1:] for record in records if record.frame is not None]
         with torch.no_grad():
             self.mimi.replay(
                 slot, torch.from_numpy(np.concatenate([r.pcm for r in records])).to(self.device),
-                torch.tensor(decoded, dtype=torch.long, device=self.device).view(
-                    len(decoded), self.num_codebooks).T)
-            self._prefill(rows, torch.tensor([r.lm_input for r in records], device=self.device))
-            for _ in range(before + len(records)):
+                torch.tensor(frames, dtype=torch.long, device=self.device).view(
+                    len(frames), self.num_codebooks).T)
+            self._prefill(rows, torch.tensor([r.lm_input for r in decoded], device=self.device))
+            for _ in range(decoded[-1].offset):
                 self._noise(rows, [slot])  # the generator drawn as often as the slot's was
         last = records[-1]
         self._ring[slot] = torch.tensor(last.ring, device=self.device).view(
@@ -353,6 +338,11 @@ class MoshiBackend:
             tokens = tokens[head:]
         for step in tokens:
             self._temporal(rows, run, step[None])
+
+    def compact_record(self, record: bytes) -> bytes:
+        """A step record past the newest ``codec_steps``: the tokens its step read, which
+        rebuild the temporal context (:func:`.moshi_context.compact_record`)."""
+        return compact_record(record, self._records)
 
     def configure_slot(self, slot: int, config: SlotConfig) -> None:
         """Nothing to apply (see :meth:`open_slot`)."""
@@ -455,7 +445,7 @@ class MoshiBackend:
 
     def _lm_step(
         self, rows: slice, exec_mask: torch.Tensor, user: torch.Tensor, slots: list[int]
-    ) -> _Frames:
+    ) -> StepFrames:
         """One temporal + depth step over ``rows`` with the delay ring (Kyutai ``LMGen._step``)."""
         k = self.num_codebooks
         offsets = self._offsets[rows]
@@ -492,7 +482,7 @@ class MoshiBackend:
             self.last_trace = StepTrace(
                 rows, exec_mask, user, lm_input, text_logits, depth_logits, text, audio
             )
-        return _Frames(ready=exec_mask & (offsets > self.max_delay), frame=frame,
+        return StepFrames(ready=exec_mask & (offsets > self.max_delay), frame=frame,
                        lm_input=lm_input)
 
     def _temporal(

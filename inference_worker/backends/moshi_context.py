@@ -11,6 +11,11 @@ depth transformer skipped: it keeps nothing from one step to the next), puts eve
 the recording slot's was: Mimi's conv tails and transformer rings, the temporal KV ring, the
 generator (drawn as often), then the ring, the counters and the text context are copied.
 
+A record older than the codec's reach is kept compact (:func:`compact_record`): the step's
+position and the tokens its temporal step read, 40 bytes, which rebuild the temporal
+transformer's context over its whole window; Mimi's caches and the rest are rebuilt from the
+whole records that follow (its rings placed at their positions, its older history lost).
+
 The input is kept as PCM16 where the frame is exactly that (a client's PCM16 at 24 kHz,
 every frame the worker gives a slot unresampled), as float32 otherwise, so the rebuilt
 encoder hears what the recording one heard, bit for bit. Records that do not reach back to
@@ -26,7 +31,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["RecordShape", "StepRecord", "decode_record", "encode_record"]
+__all__ = ["RecordShape", "StepRecord", "TokenRecord", "compact_record", "decode_record",
+           "encode_record"]
 
 _VERSION = 1
 # version, flags, text-context length, offset after the step, generator seed, muted frames
@@ -34,6 +40,11 @@ _HEADER = struct.Struct("<BBHIqI")
 _FRAME_DECODED = 1  # flags: the step decoded a frame
 _PCM_FLOAT = 2  # flags: the input is float32 (else PCM16)
 _TOKEN = np.dtype("<i4")
+# A compact record: version, flags (_COMPACT, _WIDE), the offset after the step; then the
+# tokens the temporal step read, as int16 unless one does not fit (_WIDE: int32).
+_COMPACT_HEADER = struct.Struct("<BBI")
+_COMPACT = 4
+_WIDE = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +86,35 @@ class StepRecord:
     pcm: np.ndarray
 
 
+@dataclass(frozen=True, slots=True)
+class TokenRecord:
+    """A step kept compact: what rebuilds the temporal transformer's context.
+
+    Attributes:
+        offset: the slot's temporal position after the step.
+        lm_input: the tokens the temporal step read, one per stream.
+    """
+
+    offset: int
+    lm_input: tuple[int, ...]
+
+
+def compact_record(data: bytes, shape: RecordShape) -> bytes:
+    """A whole record made compact (a compact one as it is).
+
+    Raises:
+        ValueError: not a record of a slot of this shape.
+    """
+    record = decode_record(data, shape)
+    if isinstance(record, TokenRecord):
+        return data
+    tokens = np.array(record.lm_input)
+    wide = bool(tokens.max(initial=0) > 32767 or tokens.min(initial=0) < -32768)
+    packed = tokens.astype("<i4" if wide else "<i2").tobytes()
+    return _COMPACT_HEADER.pack(_VERSION, _COMPACT | (_WIDE if wide else 0),
+                                record.offset) + packed
+
+
 def encode_record(record: StepRecord) -> bytes:
     """The record's bytes (little-endian: the header, the tokens as int32, the input)."""
     pcm16 = np.round(record.pcm * 32768.0)
@@ -88,17 +128,22 @@ def encode_record(record: StepRecord) -> bytes:
                                   record.seed, record.muted), tokens.tobytes(), pcm.tobytes()))
 
 
-def decode_record(data: bytes, shape: RecordShape) -> StepRecord:
-    """The record ``data`` holds, checked against ``shape``.
+def decode_record(data: bytes, shape: RecordShape) -> StepRecord | TokenRecord:
+    """The record ``data`` holds, whole or compact, checked against ``shape``.
 
     Raises:
         ValueError: not a record of a slot of this shape.
     """
-    if len(data) < _HEADER.size:
+    if len(data) < _COMPACT_HEADER.size:
         raise ValueError(f"a Moshi step record of {len(data)} bytes is shorter than its header")
-    version, flags, context, offset, seed, muted = _HEADER.unpack_from(data)
+    version, flags = data[0], data[1]
     if version != _VERSION:
         raise ValueError(f"a Moshi step record of version {version}, not {_VERSION}")
+    if flags & _COMPACT:
+        return _decode_compact(data, flags, shape)
+    if len(data) < _HEADER.size:
+        raise ValueError(f"a Moshi step record of {len(data)} bytes is shorter than its header")
+    _, flags, context, offset, seed, muted = _HEADER.unpack_from(data)
     frame = 1 + shape.codebooks if flags & _FRAME_DECODED else 0
     count = shape.streams + frame + shape.streams * shape.ring_size + context
     sample = np.dtype("<f4") if flags & _PCM_FLOAT else np.dtype("<i2")
@@ -117,3 +162,13 @@ def decode_record(data: bytes, shape: RecordShape) -> StepRecord:
         ring=tuple(tokens[at:ring_end]), text_context=tuple(tokens[ring_end:]),
         pcm=(pcm.astype(np.float32) if flags & _PCM_FLOAT
              else (pcm.astype(np.float32) / np.float32(32768.0))))
+
+
+def _decode_compact(data: bytes, flags: int, shape: RecordShape) -> TokenRecord:
+    token = np.dtype("<i4") if flags & _WIDE else np.dtype("<i2")
+    (_, _, offset) = _COMPACT_HEADER.unpack_from(data)
+    if len(data) != _COMPACT_HEADER.size + shape.streams * token.itemsize or offset < 1:
+        raise ValueError(f"a compact Moshi step record of {len(data)} bytes (offset {offset})"
+                         f" is not one of a slot of {shape.codebooks} codebooks")
+    tokens = np.frombuffer(data, dtype=token, offset=_COMPACT_HEADER.size)
+    return TokenRecord(offset=offset, lm_input=tuple(tokens.tolist()))

@@ -67,7 +67,7 @@ def test_loads_a_save_pretrained_dir(tiny_dir: Path) -> None:
     assert isinstance(backend, Backend)
     assert backend.spec == FrameSpec(
         in_rate=24000, in_samples=FRAME, out_rate=24000, out_samples=FRAME, max_slots=3,
-        context_steps=125,
+        context_steps=3000, whole_context_steps=125,
     )
     assert backend.tokenizer is not None
     assert backend.model.config._attn_implementation == "sdpa"

@@ -23,8 +23,14 @@ from inference_worker.audio_frames import FrameOutput, pcm16_to_float
 from inference_worker.backend import NO_SLOT_CONFIG, SlotConfig, SlotResult
 from inference_worker.backends.moshi import MoshiBackend
 from inference_worker.backends.moshi_cache import SlotRingCache
-from inference_worker.backends.moshi_context import RecordShape, decode_record, encode_record
+from inference_worker.backends.moshi_context import (
+    RecordShape,
+    StepRecord,
+    decode_record,
+    encode_record,
+)
 from inference_worker.engine import Engine, SlotHandle, SlotResume
+from inference_worker.slot_context import SlotContext
 from tests.worker.moshi_fixtures import Session, load, run_alone, same_audio, write_tiny
 
 pytestmark = pytest.mark.timeout(120)
@@ -157,6 +163,7 @@ def test_records_are_checked(tiny_dir: Path) -> None:
         steps.append(result)
     shape = RecordShape(codebooks=8, ring_size=3, samples=1920)
     record = decode_record(steps[-1].context, shape)
+    assert isinstance(record, StepRecord)
     assert record.offset == 3 and record.seed == 1 and record.frame is not None
     assert encode_record(record) == steps[-1].context
     for bad, why in [(steps[0].context[:-2], "not one of a slot"),
@@ -244,3 +251,40 @@ def test_a_prefill_goes_only_into_an_empty_ring() -> None:
         cache.begin(slice(1, 2), 5)  # more than the ring holds
     positions, _ = cache.begin(slice(0, 1), 1)
     assert positions.tolist() == [[4]]
+
+
+def test_older_records_keep_their_tokens_and_rebuild_the_temporal_context(
+        tiny_dir: Path) -> None:
+    """With ``codec_steps`` 4, a session's slot context keeps its newest four records whole and
+    the older ones compact (40 bytes: the position and the tokens read); rebuilt from them,
+    the moved slot's temporal context is the unmoved one's, every position of it, and its
+    delay ring and place are the last record's (Mimi's caches start at the whole records, so
+    its next words may differ)."""
+    first = load(tiny_dir, max_slots=2, codec_steps=4)
+    engine = Engine(first)
+    handle = engine.open("sess_long")
+    assert handle is not None
+    kept = SlotContext(engine, handle)
+    inputs = [np.round(frame * 32767).astype("<i2").tobytes()
+              for frame in Session(8, MOVE_AT).inputs]
+    for frame in engine_frames(engine, handle, inputs):
+        kept.consumed(frame)
+    records = kept.records
+    assert [len(r) for r in records[:MOVE_AT - 4]] == [40] * (MOVE_AT - 4)
+    assert all(len(r) > 4000 for r in records[MOVE_AT - 4:])
+    assert first.compact_record(records[0]) == records[0]  # compact once and for all
+
+    second = load(tiny_dir, max_slots=2, codec_steps=4)
+    second.resume_slot(1, NO_SLOT_CONFIG, records)
+    assert int(second._offsets[1]) == int(first._offsets[0]) == MOVE_AT
+    assert torch.equal(second._ring[1], first._ring[0])
+    assert int(second._kv.offsets[1]) == MOVE_AT
+    for moved, unmoved in zip(second._kv._rings, first._kv._rings, strict=True):
+        assert torch.allclose(moved.ring_keys[1, :, :MOVE_AT],
+                              unmoved.ring_keys[0, :, :MOVE_AT], atol=1e-5)
+        assert torch.allclose(moved.ring_values[1, :, :MOVE_AT],
+                              unmoved.ring_values[0, :, :MOVE_AT], atol=1e-5)
+    with pytest.raises(ValueError, match="compact ones first"):
+        second.resume_slot(0, NO_SLOT_CONFIG, [records[-1], records[0]])
+    with pytest.raises(ValueError, match="the newest whole"):
+        second.resume_slot(0, NO_SLOT_CONFIG, records[:3])
