@@ -5,10 +5,13 @@ This module imports the model stack (the moshi extra, which the test command ins
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from inference_worker.backend import SlotResult, SlotStep
 from inference_worker.backends.moshi import MoshiBackend, SamplingParams, SlotTokens
@@ -80,3 +83,17 @@ def write_tiny(path: Path) -> Path:
     """A tiny random Moshi + Mimi + tokenizer in ``path``, written with ``save_pretrained``."""
     write_tiny_moshi(path, seed=0)
     return path
+
+
+@contextlib.contextmanager
+def seeded_one_thread() -> Iterator[None]:
+    """Seeded torch on one thread, restored afterwards: the CI cores are shared, and
+    oversubscribed BLAS threads spin (a test ran 10x slower on 2 threads next to another
+    test process)."""
+    threads = torch.get_num_threads()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

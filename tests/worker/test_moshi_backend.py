@@ -32,6 +32,7 @@ from tests.worker.moshi_fixtures import (
     load,
     run_alone,
     same_audio,
+    seeded_one_thread,
     write_tiny,
 )
 
@@ -44,14 +45,8 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def _seeded() -> Iterator[None]:
-    """Seeded torch on one thread, restored afterwards."""
-    # One thread: the CI cores are shared, and oversubscribed BLAS threads spin (a test ran
-    # 10x slower on 2 threads next to another test process).
-    threads = torch.get_num_threads()
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with seeded_one_thread():
+        yield
 
 
 # ------------------------------------------------------------------------------- loading

@@ -31,7 +31,14 @@ from inference_worker.backends.moshi_context import (
 )
 from inference_worker.engine import Engine, SlotHandle, SlotResume
 from inference_worker.slot_context import SlotContext
-from tests.worker.moshi_fixtures import Session, load, run_alone, same_audio, write_tiny
+from tests.worker.moshi_fixtures import (
+    Session,
+    load,
+    run_alone,
+    same_audio,
+    seeded_one_thread,
+    write_tiny,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -46,11 +53,8 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def _seeded() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with seeded_one_thread():
+        yield
 
 
 def as_pcm16(session: Session) -> Session:
