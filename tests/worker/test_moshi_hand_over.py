@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 from contract import messages as msg
 from contract.messages import encode_message
 from inference_worker.backends.moshi import MoshiBackend
-from inference_worker.backends.moshi_context import RecordShape, decode_record
+from inference_worker.backends.moshi_context import RecordShape, StepRecord, decode_record
 from inference_worker.conversation.checkpoint import decode
 from store.keys import SessionKeys
 from tests.store._support import events_of, open_session, until
@@ -73,6 +73,7 @@ async def test_a_drained_moshi_session_goes_on_from_its_slots_records(
             await until(checkpointed, "a checkpoint carrying the slot's records")
             newest = decode_record(context[-1], RecordShape(codebooks=8, ring_size=3,
                                                             samples=1920))
+            assert isinstance(newest, StepRecord), "the newest record is kept whole"
             await drained_to(draining, adopter, sid, "moved")
         backend = moshi_of(adopter)
         slot = 1  # beside the adopter's own session
