@@ -278,13 +278,15 @@ class MoshiBackend:
         self.last_tokens[slot] = None
 
     def resume_slot(self, slot: int, config: SlotConfig, context: Sequence[bytes]) -> None:
-        """Open ``slot`` as the slot whose newest step records are ``context`` was after its
-        last step: the records replayed teacher-forced on a fresh slot (:mod:`.moshi_context`),
-        then its delay ring, counters and text context set as the last one says.
+        """Open ``slot`` as the slot whose newest step records are ``context`` (compact ones
+        first, then whole ones) was after its last step: the records replayed teacher-forced
+        on a fresh slot (:mod:`.moshi_context`), then its delay ring, counters and text
+        context set as the last one says.
 
         Raises:
             ValueError: a record this backend did not write, or records not of consecutive
-                steps of one slot (the slot stays as it was).
+                steps of one slot, compact ones first and the newest whole (the slot stays
+                as it was).
         """
         if not context:
             self.open_slot(slot, config)

@@ -20,8 +20,8 @@ The input is kept as PCM16 where the frame is exactly that (a client's PCM16 at 
 every frame the worker gives a slot unresampled), as float32 otherwise, so the rebuilt
 encoder hears what the recording one heard, bit for bit. Records that do not reach back to
 the slot's first step rebuild it from their first (its older context lost, its rings placed
-at the right positions): exact only within the records, as the backend's ``resume_steps``
-says.
+at the right positions): exact only within the whole records (the backend's
+``codec_steps``), the temporal context within all of them (its ``resume_steps``).
 """
 
 from __future__ import annotations
