@@ -93,6 +93,8 @@ class Engine:
             clock: monotonic seconds (tests pass a fake one to :meth:`tick_once`).
         """
         self.backend = backend
+        # Checked once: a protocol's isinstance looks at each of its methods.
+        self._compact = backend.compact_record if isinstance(backend, Compacting) else None
         self.spec = backend.spec
         self.metrics = metrics
         self._clock = clock
@@ -278,8 +280,7 @@ class Engine:
     def compact_record(self, record: bytes) -> bytes:
         """A step record as a checkpoint keeps it once it is no longer among the newest
         (``FrameSpec.whole_context_steps``). Any thread: it reads no slot's state."""
-        backend = self.backend
-        return backend.compact_record(record) if isinstance(backend, Compacting) else record
+        return record if self._compact is None else self._compact(record)
 
     def queued_bytes(self, handle: SlotHandle) -> int:
         """The bytes of the session's pcm16 24 kHz audio that ``handle``'s slot holds and has

@@ -105,14 +105,14 @@ def compact_record(data: bytes, shape: RecordShape) -> bytes:
     Raises:
         ValueError: not a record of a slot of this shape.
     """
-    record = decode_record(data, shape)
-    if isinstance(record, TokenRecord):
+    if _checked_flags(data) & _COMPACT:
+        _decode_compact(data, data[1], shape)
         return data
-    tokens = np.array(record.lm_input)
+    _, offset, _, _, _ = _whole_layout(data, shape)  # its audio is neither read nor copied
+    tokens = np.frombuffer(data, dtype=_TOKEN, count=shape.streams, offset=_HEADER.size)
     wide = bool(tokens.max(initial=0) > 32767 or tokens.min(initial=0) < -32768)
     packed = tokens.astype("<i4" if wide else "<i2").tobytes()
-    return _COMPACT_HEADER.pack(_VERSION, _COMPACT | (_WIDE if wide else 0),
-                                record.offset) + packed
+    return _COMPACT_HEADER.pack(_VERSION, _COMPACT | (_WIDE if wide else 0), offset) + packed
 
 
 def encode_record(record: StepRecord) -> bytes:
@@ -134,24 +134,12 @@ def decode_record(data: bytes, shape: RecordShape) -> StepRecord | TokenRecord:
     Raises:
         ValueError: not a record of a slot of this shape.
     """
-    if len(data) < _COMPACT_HEADER.size:
-        raise ValueError(f"a Moshi step record of {len(data)} bytes is shorter than its header")
-    version, flags = data[0], data[1]
-    if version != _VERSION:
-        raise ValueError(f"a Moshi step record of version {version}, not {_VERSION}")
+    flags = _checked_flags(data)
     if flags & _COMPACT:
         return _decode_compact(data, flags, shape)
-    if len(data) < _HEADER.size:
-        raise ValueError(f"a Moshi step record of {len(data)} bytes is shorter than its header")
-    _, flags, context, offset, seed, muted = _HEADER.unpack_from(data)
+    _, offset, seed, muted, count = _whole_layout(data, shape)
     frame = 1 + shape.codebooks if flags & _FRAME_DECODED else 0
-    count = shape.streams + frame + shape.streams * shape.ring_size + context
     sample = np.dtype("<f4") if flags & _PCM_FLOAT else np.dtype("<i2")
-    expected = _HEADER.size + count * _TOKEN.itemsize + shape.samples * sample.itemsize
-    if len(data) != expected or offset < 1:
-        raise ValueError(f"a Moshi step record of {len(data)} bytes (offset {offset}) is not"
-                         f" one of a slot of {shape.codebooks} codebooks and"
-                         f" {shape.samples}-sample frames")
     tokens = np.frombuffer(data, dtype=_TOKEN, count=count, offset=_HEADER.size).tolist()
     pcm = np.frombuffer(data, dtype=sample, offset=_HEADER.size + count * _TOKEN.itemsize)
     at = shape.streams + frame
@@ -162,6 +150,31 @@ def decode_record(data: bytes, shape: RecordShape) -> StepRecord | TokenRecord:
         ring=tuple(tokens[at:ring_end]), text_context=tuple(tokens[ring_end:]),
         pcm=(pcm.astype(np.float32) if flags & _PCM_FLOAT
              else (pcm.astype(np.float32) / np.float32(32768.0))))
+
+
+def _checked_flags(data: bytes) -> int:
+    """The flags of a record of this version (whole or compact)."""
+    if len(data) < _COMPACT_HEADER.size:
+        raise ValueError(f"a Moshi step record of {len(data)} bytes is shorter than its header")
+    if data[0] != _VERSION:
+        raise ValueError(f"a Moshi step record of version {data[0]}, not {_VERSION}")
+    return data[1]
+
+
+def _whole_layout(data: bytes, shape: RecordShape) -> tuple[int, int, int, int, int]:
+    """A whole record's text-context length, offset, seed, muted frames and token count,
+    its size checked against ``shape``."""
+    if len(data) < _HEADER.size:
+        raise ValueError(f"a Moshi step record of {len(data)} bytes is shorter than its header")
+    _, flags, context, offset, seed, muted = _HEADER.unpack_from(data)
+    frame = 1 + shape.codebooks if flags & _FRAME_DECODED else 0
+    count = shape.streams + frame + shape.streams * shape.ring_size + context
+    sample = 4 if flags & _PCM_FLOAT else 2
+    if len(data) != _HEADER.size + count * _TOKEN.itemsize + shape.samples * sample or offset < 1:
+        raise ValueError(f"a Moshi step record of {len(data)} bytes (offset {offset}) is not"
+                         f" one of a slot of {shape.codebooks} codebooks and"
+                         f" {shape.samples}-sample frames")
+    return context, offset, seed, muted, count
 
 
 def _decode_compact(data: bytes, flags: int, shape: RecordShape) -> TokenRecord:

@@ -178,6 +178,8 @@ def test_records_are_checked(tiny_dir: Path) -> None:
         backend.resume_slot(1, NO_SLOT_CONFIG, [steps[0].context, steps[2].context])
     with pytest.raises(ValueError, match="not one of a slot"):
         decode_record(steps[0].context, RecordShape(codebooks=4, ring_size=3, samples=1920))
+    with pytest.raises(ValueError, match="not one of a slot"):
+        backend.compact_record(steps[0].context[:-2])  # checked, though its audio is not read
     backend.resume_slot(1, NO_SLOT_CONFIG, [])
     assert int(backend._offsets[1]) == 0
 
